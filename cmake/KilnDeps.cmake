@@ -1,0 +1,43 @@
+# Finds kiln's dependencies, all from Debian. A missing one stops configuration with the package name.
+function(kiln_require found pkg what)
+  if(NOT ${found})
+    message(FATAL_ERROR "kiln needs ${what}: install the Debian package '${pkg}' "
+                        "(sudo apt-get install ${pkg}, or run scripts/setup.sh)")
+  endif()
+endfunction()
+
+find_package(fmt CONFIG QUIET)
+kiln_require(fmt_FOUND libfmt-dev "the fmt library")
+
+find_package(OpenMP QUIET COMPONENTS CXX)
+kiln_require(OpenMP_CXX_FOUND libgomp1 "OpenMP (comes with g++)")
+
+# OpenBLAS, OpenMP flavour (one thread pool shared with kiln's own loops).
+set(KILN_OPENBLAS_DIR "/usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp")
+find_library(KILN_OPENBLAS_LIB NAMES libopenblas.so.0 openblas PATHS ${KILN_OPENBLAS_DIR} NO_DEFAULT_PATH)
+kiln_require(KILN_OPENBLAS_LIB libopenblas0-openmp "OpenBLAS built with OpenMP")
+find_path(KILN_CBLAS_INCLUDE NAMES cblas.h PATHS /usr/include/${CMAKE_LIBRARY_ARCHITECTURE} /usr/include)
+kiln_require(KILN_CBLAS_INCLUDE libopenblas-dev "the CBLAS header")
+add_library(kiln_blas INTERFACE)
+target_link_libraries(kiln_blas INTERFACE ${KILN_OPENBLAS_LIB})
+target_include_directories(kiln_blas INTERFACE ${KILN_CBLAS_INCLUDE})
+
+if(KILN_WITH_ONEDNN)
+  find_package(OpenCL QUIET)  # dnnl's exported target names OpenCL::OpenCL
+  if(NOT TARGET OpenCL::OpenCL)
+    add_library(OpenCL::OpenCL INTERFACE IMPORTED)
+  endif()
+  find_package(dnnl CONFIG QUIET)
+  kiln_require(dnnl_FOUND libdnnl-dev "oneDNN (or configure with -DKILN_WITH_ONEDNN=OFF)")
+endif()
+
+if(KILN_BUILD_TESTS)
+  find_path(KILN_CATCH2_INCLUDE NAMES catch2/catch.hpp)
+  kiln_require(KILN_CATCH2_INCLUDE catch2 "Catch2 v2 (single header)")
+endif()
+if(KILN_BUILD_BENCH)
+  find_package(benchmark CONFIG QUIET)
+  kiln_require(benchmark_FOUND libbenchmark-dev "Google Benchmark")
+endif()
+find_package(nlohmann_json CONFIG QUIET)
+kiln_require(nlohmann_json_FOUND nlohmann-json3-dev "nlohmann-json")

@@ -1,0 +1,79 @@
+#pragma once
+// Counter-based random numbers (Philox-4x32-10, Salmon et al. 2011). Element i of a random fill with
+// (seed, offset) depends only on (seed, offset + i/4, i%4), never on the backend, the thread count or
+// the order of evaluation: a model initialised on CPU and on CUDA is the same model.
+#include <cmath>
+#include <cstdint>
+
+#include "core/dtype.hpp"
+
+namespace kiln {
+
+struct Philox4x32 {
+  uint32_t v[4];
+};
+
+KILN_HD inline Philox4x32 philox4x32_10(uint64_t counter, uint64_t seed) {
+  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
+    const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
+    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
+    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+// Uniform in [0, 1) with 24 (f32) resolution from one 32-bit word: identical on every backend.
+KILN_HD inline double philox_uniform(uint32_t u) { return static_cast<double>(u >> 8) * (1.0 / 16777216.0); }
+
+// Element i of a uniform fill.
+KILN_HD inline double philox_uniform_at(uint64_t seed, uint64_t offset, uint64_t i) {
+  return philox_uniform(philox4x32_10(offset + i / 4, seed).v[i % 4]);
+}
+
+// Element i of a standard-normal fill: Box-Muller on the pairs (v0,v1) and (v2,v3) of block i/4,
+// computed in double so every backend rounds to the same float.
+KILN_HD inline double philox_normal_at(uint64_t seed, uint64_t offset, uint64_t i) {
+  const Philox4x32 r = philox4x32_10(offset + i / 4, seed);
+  const unsigned lane = static_cast<unsigned>(i % 4), pair = lane / 2;
+  const double u1 = (static_cast<double>(r.v[2 * pair]) + 1.0) * (1.0 / 4294967296.0);  // (0, 1]
+  const double u2 = static_cast<double>(r.v[2 * pair + 1]) * (1.0 / 4294967296.0);
+  const double rad = std::sqrt(-2.0 * std::log(u1));
+  const double ang = 6.283185307179586 * u2;
+  return (lane % 2 == 0) ? rad * std::cos(ang) : rad * std::sin(ang);
+}
+
+// A generator is a seed and a counter. Each fill of n elements consumes ceil(n/4) counter blocks, so
+// consecutive fills never overlap. Its state (seed, offset) is what checkpoints save.
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0) : seed_(seed) {}
+  uint64_t seed() const { return seed_; }
+  uint64_t offset() const { return offset_; }
+  void set_state(uint64_t seed, uint64_t offset) { seed_ = seed; offset_ = offset; }
+  void manual_seed(uint64_t seed) { seed_ = seed; offset_ = 0; }
+  // Reserves counter blocks for n elements and returns the first block.
+  uint64_t advance(uint64_t n) {
+    const uint64_t first = offset_;
+    offset_ += (n + 3) / 4;
+    return first;
+  }
+
+ private:
+  uint64_t seed_ = 0;
+  uint64_t offset_ = 0;
+};
+
+// The thread's default generator (used when a factory gets none).
+Generator& default_generator();
+void manual_seed(uint64_t seed);
+
+}  // namespace kiln
