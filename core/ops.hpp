@@ -61,7 +61,7 @@ KILN_UNARY(GeluTanh, "gelu_tanh", true,
 KILN_BINARY(Add, "add", false, false, static_cast<T>(a + b))
 KILN_BINARY(Sub, "sub", false, false, static_cast<T>(a - b))
 KILN_BINARY(Mul, "mul", false, false, static_cast<T>(a * b))
-KILN_BINARY(Div, "div", false, false, static_cast<T>(a / b))
+KILN_BINARY(Div, "div", true, false, static_cast<T>(a / b))
 // maximum/minimum propagate NaN like PyTorch.
 KILN_BINARY(Maximum, "maximum", false, false, static_cast<T>((a != a || a > b) ? a : b))
 KILN_BINARY(Minimum, "minimum", false, false, static_cast<T>((a != a || a < b) ? a : b))

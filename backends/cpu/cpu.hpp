@@ -1,0 +1,49 @@
+#pragma once
+// The Cpu backend: OpenBLAS (OpenMP build) or oneDNN for matmul, whichever measures faster for the
+// shape class; OpenMP-parallel, vectorised loops for everything else; fused softmax. One OpenMP
+// thread pool serves kiln and BLAS; its size comes from KILN_NUM_THREADS, else OMP_NUM_THREADS, else
+// all cores (see threads.cpp).
+#include <memory>
+#include <string_view>
+
+#include "backends/host_storage.hpp"
+#include "core/backend.hpp"
+#include "core/tensor.hpp"
+
+namespace kiln {
+
+struct Cpu {
+  using Storage = HostStorage;
+  using V = View<Storage>;
+  using M = MutView<Storage>;
+  static constexpr std::string_view name = "cpu";
+
+  static std::shared_ptr<Storage> allocate(size_t bytes) { return HostStorage::make(bytes); }
+  static void write(Storage& s, size_t off, const void* src, size_t n) { s.write(off, src, n); }
+  static void read(const Storage& s, size_t off, void* dst, size_t n) { s.read(off, dst, n); }
+
+  static void fill(M out, Scalar value);
+  static void copy(M out, V in);
+  template <class Op> static void unary(M out, V in);
+  template <class Op> static void binary(M out, V a, V b);
+  static void where(M out, V cond, V a, V b);
+  template <class Op> static void reduce(M out, V in, int axis);
+  static void matmul(M out, V a, V b);
+  static void gather(M out, V src, int axis, V index);
+  static void scatter_add(M out, int axis, V index, V src);
+  static void rand_uniform(M out, uint64_t seed, uint64_t offset, double lo, double hi);
+  static void rand_normal(M out, uint64_t seed, uint64_t offset, double mean, double std);
+
+  // fused overrides (core/fused.hpp)
+  static void softmax_lastdim(M out, V x, bool log);
+  static void softmax_lastdim_backward(M dx, V y, V dy, bool log);
+};
+static_assert(Backend<Cpu>);
+
+// Threads used by kiln's loops and BLAS (KILN_NUM_THREADS > OMP_NUM_THREADS > all cores).
+int num_threads();
+void set_num_threads(int n);
+
+extern template class Tensor<Cpu>;
+
+}  // namespace kiln
