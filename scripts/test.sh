@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The README's test command: install what is missing, configure, build, run the whole suite.
+#   scripts/test.sh                 default suite (what CI runs)
+#   KILN_SANITIZE=ON scripts/test.sh   the same suite under ASan+UBSan (build-asan/)
+#   scripts/test.sh -L slow         extra ctest arguments are passed through (here: only slow tests)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --python
+san="${KILN_SANITIZE:-OFF}"
+dir=build
+[ "$san" = "ON" ] && dir=build-asan
+jobs="$(nproc)"
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKILN_SANITIZE="$san" -DKILN_BUILD_BENCH=OFF
+cmake --build "$dir" -j"$jobs"
+export KILN_NUM_THREADS="${KILN_NUM_THREADS:-2}"
+ctest --test-dir "$dir" --output-on-failure -j"$jobs" "$@"
