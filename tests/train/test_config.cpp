@@ -1,0 +1,139 @@
+// model.json / train.json parsing, LR schedules against the reference's lr_at, token batches.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "backends/backends.hpp"
+#include "train/config.hpp"
+#include "train/data.hpp"
+#include "train/progress.hpp"
+
+using namespace kiln;
+using json = nlohmann::json;
+
+namespace {
+std::string run_python(const std::string& code) {
+  const std::string script = (std::filesystem::temp_directory_path() / fmt::format("kiln-py-{}.py", ::getpid())).string();
+  std::ofstream(script) << code;
+  std::string out;
+  FILE* p = ::popen(fmt::format("/usr/bin/python3 {}", script).c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  REQUIRE(::pclose(p) == 0);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("config: defaults, resolution and the reference's ffn rule", "[config]") {
+  const ModelConfig c = ModelConfig{}.resolved();
+  CHECK(c.n_kv_heads == 4);
+  CHECK(c.ffn_hidden == 384);  // ((8·128 // 3) + 63) // 64 · 64
+  ModelConfig d;
+  d.d_model = 200;
+  d.n_heads = 5;
+  d.rope = false;
+  CHECK(d.resolved().ffn_hidden == 576);  // 8·200//3 = 533 -> 576
+}
+
+TEST_CASE("config: unknown keys, wrong types and bad values name the key", "[config]") {
+  CHECK_THROWS_WITH(ModelConfig::from_json(json{{"d_modle", 64}}, "m.json"),
+                    Catch::Contains("m.json") && Catch::Contains("d_modle") && Catch::Contains("valid keys") &&
+                        Catch::Contains("d_model"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(json{{"d_model", "big"}}, "m.json"), Catch::Contains("'d_model' must be an integer"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(json{{"attention", "flash"}}), Catch::Contains("flash") && Catch::Contains("mha, diff"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(json{{"n_heads", 4}, {"n_kv_heads", 3}}), Catch::Contains("n_kv_heads (3)"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(json{{"attention", "diff"}, {"d_model", 36}, {"n_heads", 4}}),
+                    Catch::Contains("2·n_heads (8)"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(json{{"attention", "diff"}, {"d_model", 24}, {"n_heads", 4}}),
+                    Catch::Contains("odd"));  // sub-head width 3 with RoPE
+  CHECK_NOTHROW(ModelConfig::from_json(json{{"attention", "diff"}, {"d_model", 24}, {"n_heads", 4}, {"rope", false}}));
+  CHECK_THROWS_WITH(ModelConfig::from_json(json{{"attnres_block_size", 0}}), Catch::Contains("attnres_block_size"));
+  CHECK_THROWS_WITH(TrainConfig::from_json(json{{"optimizer", {{"name", "adamw"}, {"lr", 1e-3}, {"beta", 0.9}}}}, "t.json"),
+                    Catch::Contains("t.json: optimizer") && Catch::Contains("'beta'") && Catch::Contains("betas"));
+  CHECK_THROWS_WITH(TrainConfig::from_json(json{{"schedule", {{"name", "exp"}}}}), Catch::Contains("exp"));
+  CHECK_THROWS_WITH(TrainConfig::from_json(json{{"batch_size", 0}}), Catch::Contains("batch_size"));
+  CHECK_THROWS_WITH(ModelConfig::load("/nonexistent/model.json"), Catch::Contains("/nonexistent/model.json"));
+}
+
+TEST_CASE("config: a given optimizer object takes torch's defaults for missing keys, like the reference", "[config]") {
+  const TrainConfig t = TrainConfig::from_json(json{{"optimizer", {{"name", "adamw"}, {"lr", 3e-4}}}});
+  CHECK(t.optimizer.beta2 == 0.999);
+  CHECK(t.optimizer.weight_decay == 0.0);
+  const TrainConfig d = TrainConfig::from_json(json::object());
+  CHECK(d.optimizer.beta2 == 0.95);
+  CHECK(d.optimizer.weight_decay == 0.1);
+  CHECK(TrainConfig::from_json(t.to_json()).to_json() == t.to_json());
+}
+
+TEST_CASE("schedule: equals the reference's lr_at for every schedule", "[config]") {
+  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) FAIL("python3-torch missing: run scripts/setup.sh --python");
+  const std::vector<json> schedules{
+      {{"name", "constant"}},
+      {{"name", "cosine"}, {"warmup_steps", 5}, {"min_lr_ratio", 0.1}},
+      {{"name", "cosine"}, {"warmup_steps", 0}, {"min_lr_ratio", 0.0}},
+      {{"name", "linear"}, {"warmup_steps", 3}, {"min_lr_ratio", 0.25}},
+      {{"name", "linear"}, {"warmup_steps", 40}},  // warmup longer than the run
+  };
+  const std::string code = fmt::format(R"(
+import json, sys
+sys.path.insert(0, "{}/reference")
+import kiln_ref
+out = []
+for s in json.loads('{}'):
+    t = {{"optimizer": {{"lr": 0.003}}, "schedule": s, "steps": 30}}
+    out.append([kiln_ref.lr_at(i, t) for i in range(30)])
+print(json.dumps(out))
+)", KILN_SHARED_DIR, json(schedules).dump());
+  const json ref = json::parse(run_python(code));
+  for (size_t k = 0; k < schedules.size(); ++k) {
+    const TrainConfig t = TrainConfig::from_json(json{{"schedule", schedules[k]}, {"steps", 30}});
+    for (int64_t i = 0; i < 30; ++i) {
+      INFO(schedules[k].dump() << " step " << i);
+      CHECK(t.schedule.at(0.003, i, 30) == Approx(ref[k][static_cast<size_t>(i)].get<double>()).epsilon(1e-14));
+    }
+  }
+  LrSchedule st{.name = "step", .warmup_steps = 2, .step_size = 3, .gamma = 0.5};
+  CHECK(st.at(1.0, 1, 10) == Approx(1.0));   // warmup (2/2)
+  CHECK(st.at(1.0, 4, 10) == Approx(1.0));   // (4-2)/3 = 0
+  CHECK(st.at(1.0, 5, 10) == Approx(0.5));   // (5-2)/3 = 1
+  CHECK(st.at(1.0, 8, 10) == Approx(0.25));
+}
+
+TEST_CASE("token data: batches follow SPECS §4 exactly", "[data]") {
+  std::vector<int64_t> toks(50);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<int64_t>(i);
+  const TokenData d(toks);
+  const auto [x, y] = d.batch<Cpu>(3, 2, 7);
+  CHECK(x.shape() == Shape{2, 7});
+  const auto xv = to_vector<int64_t>(x), yv = to_vector<int64_t>(y);
+  for (int64_t r = 0; r < 2; ++r) {
+    const int64_t start = ((3 * 2 + r) * 7) % (50 - 7);
+    for (int64_t t = 0; t < 7; ++t) {
+      CHECK(xv[static_cast<size_t>(r * 7 + t)] == start + t);
+      CHECK(yv[static_cast<size_t>(r * 7 + t)] == start + t + 1);
+    }
+  }
+  CHECK_THROWS_WITH(d.batch<Cpu>(0, 1, 50), Catch::Contains("50 tokens") && Catch::Contains("seq_len=50"));
+  CHECK_THROWS_WITH(d.check_vocab(40), Catch::Contains("token 40 at position 40"));
+}
+
+TEST_CASE("progress bar: plain lines off a terminal", "[progress]") {
+  std::FILE* f = std::tmpfile();
+  ProgressBar bar(10, f, 0, 5);
+  for (int i = 0; i < 10; ++i) bar.update(i, 2.0 - 0.1 * i, 1e-3, 128);
+  bar.finish();
+  std::rewind(f);
+  std::string s(4096, '\0');
+  s.resize(std::fread(s.data(), 1, s.size(), f));
+  CHECK(ProgressBar(4, f, 1).line(1, 1.5, 1e-3, 2500, 65, "").rfind(
+            "[############............] 2/4 loss 1.5000 lr 1.00e-03 2.5k tok/s ETA 01:05", 0) == 0);
+  std::fclose(f);
+  CHECK(s.find('\r') == std::string::npos);
+  CHECK(s.find("1/10 loss 2.0000") != std::string::npos);
+  CHECK(s.find("5/10 loss 1.6000") != std::string::npos);
+  CHECK(s.find("10/10 loss 1.1000") != std::string::npos);
+  CHECK(s.find("3/10") == std::string::npos);
+}

@@ -1,0 +1,31 @@
+#pragma once
+// A training progress bar: step/total, loss, lr, tokens/s and ETA, redrawn in place on a terminal
+// and printed as plain lines (every `every` steps and at the end) when stdout is not a terminal.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace kiln {
+
+class ProgressBar {
+ public:
+  // tty: -1 = detect with isatty(stdout).
+  explicit ProgressBar(int64_t total, std::FILE* out = stdout, int tty = -1, int64_t every = 0);
+  // step is 0-based; tokens is the number processed by this step.
+  void update(int64_t step, double loss, double lr, int64_t tokens, const std::string& extra = "");
+  void finish();
+  // The line update() draws, without the carriage return (exposed for tests).
+  std::string line(int64_t step, double loss, double lr, double tokens_per_s, double eta_s, const std::string& extra) const;
+
+ private:
+  int64_t total_;
+  std::FILE* out_;
+  bool tty_;
+  int64_t every_;
+  bool open_line_ = false;
+  int64_t tokens_ = 0;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace kiln
