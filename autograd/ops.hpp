@@ -1,0 +1,157 @@
+#pragma once
+// Differentiable ops on Var<B>: the per-family structs whose bodies live in autograd/ops/<family>.cpp
+// (explicitly instantiated for the built-in backends), and the free functions and operators.
+// Include autograd/var.hpp (which includes this file).
+#include <vector>
+
+#include "autograd/var.hpp"
+#include "backends/backends.hpp"
+
+namespace kiln {
+namespace autograd {
+
+// autograd/ops/elementwise.cpp
+template <Backend B> struct Elementwise {
+  using X = Var<B>;
+  static X neg(const X& x);
+  static X abs(const X& x);
+  static X square(const X& x);
+  static X exp(const X& x);
+  static X log(const X& x);
+  static X log1p(const X& x);
+  static X expm1(const X& x);
+  static X sqrt(const X& x);
+  static X rsqrt(const X& x);
+  static X reciprocal(const X& x);
+  static X sin(const X& x);
+  static X cos(const X& x);
+  static X tanh(const X& x);
+  static X sigmoid(const X& x);
+  static X relu(const X& x);
+  static X silu(const X& x);
+  static X gelu(const X& x, bool tanh_approx);
+  static X add(const X& a, const X& b);
+  static X sub(const X& a, const X& b);
+  static X mul(const X& a, const X& b);
+  static X div(const X& a, const X& b);
+  static X pow(const X& a, const X& b);
+  static X maximum(const X& a, const X& b);
+  static X minimum(const X& a, const X& b);
+  static X add_scalar(const X& x, Scalar s);
+  static X mul_scalar(const X& x, Scalar s);
+  static X div_scalar(const X& x, Scalar s);
+  static X pow_scalar(const X& x, Scalar s);
+  static X rsub_scalar(Scalar s, const X& x);  // s - x
+  static X rdiv_scalar(Scalar s, const X& x);  // s / x
+  static X maximum_scalar(const X& x, Scalar s);
+  static X minimum_scalar(const X& x, Scalar s);
+  static X clamp(const X& x, Scalar lo, Scalar hi);
+  static X where(const Tensor<B>& cond, const X& a, const X& b);
+  static X to(const X& x, DType dtype);
+};
+
+// autograd/ops/reduce.cpp
+template <Backend B> struct Reduce {
+  using X = Var<B>;
+  static X sum(const X& x, const std::vector<int64_t>& axes, bool keepdim);
+  static X mean(const X& x, const std::vector<int64_t>& axes, bool keepdim);
+  static X max(const X& x, const std::vector<int64_t>& axes, bool keepdim);
+  static X min(const X& x, const std::vector<int64_t>& axes, bool keepdim);
+  static X sum_to(const X& x, const Shape& shape);
+};
+
+// autograd/ops/matmul.cpp
+template <Backend B> struct Linalg {
+  static Var<B> matmul(const Var<B>& a, const Var<B>& b);
+};
+
+// autograd/ops/softmax.cpp
+template <Backend B> struct SoftmaxOps {
+  static Var<B> softmax(const Var<B>& x, int64_t axis, bool log);
+};
+
+// autograd/ops/views.cpp
+template <Backend B> struct Views {
+  using X = Var<B>;
+  static X view(const X& x, Shape shape);
+  static X reshape(const X& x, Shape shape);
+  static X permute(const X& x, std::vector<int64_t> axes);
+  static X transpose(const X& x, int64_t a, int64_t b);
+  static X t(const X& x);
+  static X narrow(const X& x, int64_t axis, int64_t start, int64_t length);
+  static X slice(const X& x, int64_t axis, int64_t start, int64_t end, int64_t step);
+  static X select(const X& x, int64_t axis, int64_t index);
+  static X expand(const X& x, const Shape& shape);
+  static X squeeze(const X& x);
+  static X squeeze_axis(const X& x, int64_t axis);
+  static X unsqueeze(const X& x, int64_t axis);
+  static X flatten(const X& x, int64_t start, int64_t end);
+  static X contiguous(const X& x);
+  static X clone(const X& x);
+  static std::vector<X> split(const X& x, int64_t size, int64_t axis);
+  static std::vector<X> split_sizes(const X& x, const std::vector<int64_t>& sizes, int64_t axis);
+  static std::vector<X> chunk(const X& x, int64_t n, int64_t axis);
+  static X cat(const std::vector<X>& xs, int64_t axis);
+  static X stack(const std::vector<X>& xs, int64_t axis);
+};
+
+// autograd/ops/indexing.cpp
+template <Backend B> struct Indexing {
+  using X = Var<B>;
+  static X gather(const X& x, int64_t axis, const Tensor<B>& index);
+  static X index_select(const X& x, int64_t axis, const Tensor<B>& index);
+  static X scatter_add(const X& x, int64_t axis, const Tensor<B>& index, const X& src);
+  static X index_add(const X& x, int64_t axis, const Tensor<B>& index, const X& src);
+};
+
+}  // namespace autograd
+
+// ---------------------------------------------------------------------------------- free functions
+template <Backend B> Var<B> operator+(const Var<B>& a, const Var<B>& b) { return a.add(b); }
+template <Backend B> Var<B> operator-(const Var<B>& a, const Var<B>& b) { return a.sub(b); }
+template <Backend B> Var<B> operator*(const Var<B>& a, const Var<B>& b) { return a.mul(b); }
+template <Backend B> Var<B> operator/(const Var<B>& a, const Var<B>& b) { return a.div(b); }
+// Var with a constant Tensor (no gradient flows into the Tensor).
+template <Backend B> Var<B> operator+(const Var<B>& a, const Tensor<B>& b) { return a.add(Var<B>(b)); }
+template <Backend B> Var<B> operator-(const Var<B>& a, const Tensor<B>& b) { return a.sub(Var<B>(b)); }
+template <Backend B> Var<B> operator*(const Var<B>& a, const Tensor<B>& b) { return a.mul(Var<B>(b)); }
+template <Backend B> Var<B> operator/(const Var<B>& a, const Tensor<B>& b) { return a.div(Var<B>(b)); }
+template <Backend B> Var<B> operator+(const Tensor<B>& a, const Var<B>& b) { return Var<B>(a).add(b); }
+template <Backend B> Var<B> operator-(const Tensor<B>& a, const Var<B>& b) { return Var<B>(a).sub(b); }
+template <Backend B> Var<B> operator*(const Tensor<B>& a, const Var<B>& b) { return Var<B>(a).mul(b); }
+template <Backend B> Var<B> operator/(const Tensor<B>& a, const Var<B>& b) { return Var<B>(a).div(b); }
+template <Backend B> Var<B> operator+(const Var<B>& a, Scalar s) { return a.add(s); }
+template <Backend B> Var<B> operator-(const Var<B>& a, Scalar s) { return a.sub(s); }
+template <Backend B> Var<B> operator*(const Var<B>& a, Scalar s) { return a.mul(s); }
+template <Backend B> Var<B> operator/(const Var<B>& a, Scalar s) { return a.div(s); }
+template <Backend B> Var<B> operator+(Scalar s, const Var<B>& a) { return a.add(s); }
+template <Backend B> Var<B> operator-(Scalar s, const Var<B>& a) { return autograd::Elementwise<B>::rsub_scalar(s, a); }
+template <Backend B> Var<B> operator*(Scalar s, const Var<B>& a) { return a.mul(s); }
+template <Backend B> Var<B> operator/(Scalar s, const Var<B>& a) { return autograd::Elementwise<B>::rdiv_scalar(s, a); }
+template <Backend B> Var<B> operator-(const Var<B>& a) { return a.neg(); }
+
+template <Backend B> Var<B> matmul(const Var<B>& a, const Var<B>& b) { return a.matmul(b); }
+template <Backend B> Var<B> where(const Tensor<B>& cond, const Var<B>& a, const Var<B>& b) { return Var<B>::where(cond, a, b); }
+template <Backend B> Var<B> where(const Tensor<B>& cond, const Var<B>& a, Scalar b) {
+  return Var<B>::where(cond, a, Var<B>(Tensor<B>::scalar(b, a.dtype())));
+}
+template <Backend B> Var<B> where(const Tensor<B>& cond, Scalar a, const Var<B>& b) {
+  return Var<B>::where(cond, Var<B>(Tensor<B>::scalar(a, b.dtype())), b);
+}
+template <Backend B> Var<B> cat(const std::vector<Var<B>>& xs, int64_t axis = 0) { return Var<B>::cat(xs, axis); }
+template <Backend B> Var<B> stack(const std::vector<Var<B>>& xs, int64_t axis = 0) { return Var<B>::stack(xs, axis); }
+
+// ---------------------------------------------------------------------------------- instantiation
+#define KILN_AUTOGRAD_EXTERN(B)                       \
+  extern template class Var<B>;                       \
+  extern template struct autograd::Node<B>;           \
+  extern template struct autograd::Elementwise<B>;    \
+  extern template struct autograd::Reduce<B>;         \
+  extern template struct autograd::Linalg<B>;         \
+  extern template struct autograd::SoftmaxOps<B>;     \
+  extern template struct autograd::Views<B>;          \
+  extern template struct autograd::Indexing<B>;
+KILN_FOR_EACH_BACKEND(KILN_AUTOGRAD_EXTERN)
+#undef KILN_AUTOGRAD_EXTERN
+
+}  // namespace kiln

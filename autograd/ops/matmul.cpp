@@ -1,0 +1,42 @@
+// matmul with torch.matmul semantics:
+//   a [..., M, K] @ b [..., K, N] -> y [broadcast(...), M, N]
+//   a [K] is treated as [1, K] (the M axis is dropped from y); b [K] as [K, 1] (the N axis is dropped).
+// Backward, with a2/b2/g2 the operands and dy with those axes restored:
+//   da2 = dy2 @ b2^T  [batch, M, K] -> summed over broadcast batch dims to a2's shape -> a's shape
+//   db2 = a2^T @ dy2  [batch, K, N] -> summed to b2's shape -> b's shape
+// Each operand is saved only when the other one needs a gradient.
+#include "autograd/record.hpp"
+
+namespace kiln::autograd {
+
+template <Backend B> Var<B> Linalg<B>::matmul(const Var<B>& a, const Var<B>& b) {
+  using T = Tensor<B>;
+  const bool na = needs_grad(a), nb = needs_grad(b);
+  return record<B>("matmul", a.value().matmul(b.value()), {&a, &b},
+                   [na, nb, sa = a.shape(), sb = b.shape(), av = keep_if(nb, a.value()), bv = keep_if(na, b.value())](const T& g) {
+                     const bool a1 = sa.size() == 1, b1 = sb.size() == 1;
+                     T g2 = g;
+                     if (a1 && b1) g2 = g.reshape({1, 1});
+                     else if (b1) g2 = g.unsqueeze(-1);
+                     else if (a1) g2 = g.unsqueeze(-2);
+                     Shape sa2 = sa, sb2 = sb;
+                     if (a1) sa2.insert(sa2.begin(), 1);
+                     if (b1) sb2.push_back(1);
+                     T ga, gb;
+                     if (na) {
+                       const T b2 = b1 ? bv.unsqueeze(-1) : bv;
+                       ga = g2.matmul(b2.transpose(-1, -2)).sum_to(sa2).reshape(sa);
+                     }
+                     if (nb) {
+                       const T a2 = a1 ? av.unsqueeze(0) : av;
+                       gb = a2.transpose(-1, -2).matmul(g2).sum_to(sb2).reshape(sb);
+                     }
+                     return Grads<B>{ga, gb};
+                   });
+}
+
+#define KILN_INST(B) template struct Linalg<B>;
+KILN_FOR_EACH_BACKEND(KILN_INST)
+#undef KILN_INST
+
+}  // namespace kiln::autograd

@@ -1,0 +1,208 @@
+// Var<B>, the grad mode and the backward pass (the tape replayed in reverse). See autograd/var.hpp.
+#include "autograd/var.hpp"
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autograd/record.hpp"
+#include "backends/backends.hpp"
+
+namespace kiln {
+
+// ---------------------------------------------------------------------------------- grad mode
+namespace {
+thread_local bool t_grad_enabled = true;
+std::atomic<uint64_t> g_seq{0};
+}  // namespace
+
+bool grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool on) { t_grad_enabled = on; }
+NoGrad::NoGrad() : prev_(t_grad_enabled) { t_grad_enabled = false; }
+NoGrad::~NoGrad() { t_grad_enabled = prev_; }
+
+namespace autograd {
+uint64_t next_seq() { return g_seq.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+std::vector<int64_t> reduce_axes(const std::vector<int64_t>& axes, const Shape& shape, const char* op) {
+  const auto rank = static_cast<int64_t>(shape.size());
+  std::vector<int64_t> out;
+  if (axes.empty() || rank == 0) {
+    for (int64_t i = 0; i < rank; ++i) out.push_back(i);
+    if (rank == 0)
+      for (int64_t a : axes) normalize_axis(a, rank, op, shape);  // still validate
+    return out;
+  }
+  for (int64_t a : axes) {
+    const int64_t n = normalize_axis(a, rank, op, shape);
+    KILN_CHECK(std::find(out.begin(), out.end(), n) == out.end(), "{}: axis {} repeated (shape {})", op, a, shape_str(shape));
+    out.push_back(n);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Shape keepdim_shape(const Shape& shape, const std::vector<int64_t>& axes) {
+  Shape s = shape;
+  for (int64_t a : axes) s[static_cast<size_t>(a)] = 1;
+  return s;
+}
+
+template <Backend B> Node<B>::~Node() {
+  // Destroying the last handle to a long chain would recurse once per node; unlink iteratively.
+  std::vector<std::shared_ptr<Node>> stack = std::move(inputs);
+  while (!stack.empty()) {
+    std::shared_ptr<Node> n = std::move(stack.back());
+    stack.pop_back();
+    if (n && n.use_count() == 1) {
+      for (auto& i : n->inputs) stack.push_back(std::move(i));
+      n->inputs.clear();
+    }
+  }
+}
+
+namespace {
+// Adds g into a leaf's .grad. The first gradient is stored as a fresh contiguous tensor that nothing
+// else shares, so optimizers and clipping may update .grad in place.
+template <Backend B> void accumulate_leaf(Node<B>& n, Tensor<B> g) {
+  if (!n.grad.defined()) {
+    if (!g.is_contiguous() || g.storage().use_count() > 1) g = g.clone();
+    n.grad = std::move(g);
+  } else {
+    n.grad = n.grad.add(g);
+  }
+}
+
+template <Backend B> void check_grad(const Node<B>& to, const Tensor<B>& g, const char* from) {
+  KILN_CHECK(g.shape() == to.value.shape() && g.dtype() == to.value.dtype(),
+             "backward: '{}' produced a gradient of shape {} {} for an input of shape {} {}", from, shape_str(g.shape()),
+             g.dtype(), shape_str(to.value.shape()), to.value.dtype());
+}
+
+template <Backend B> void run_backward(const std::shared_ptr<Node<B>>& root, Tensor<B> seed) {
+  using N = Node<B>;
+  // Collect the interior nodes reachable from the root that carry gradient.
+  std::vector<std::shared_ptr<N>> tape;
+  std::unordered_set<N*> seen;
+  std::vector<N*> stack{root.get()};
+  seen.insert(root.get());
+  while (!stack.empty()) {
+    N* n = stack.back();
+    stack.pop_back();
+    if (n->is_leaf()) continue;
+    KILN_CHECK(!n->released,
+               "backward: the graph through '{}' (output shape {}) was already freed by an earlier backward(); "
+               "recompute the forward pass to backward again",
+               n->op, shape_str(n->value.shape()));
+    for (const auto& in : n->inputs) {
+      if (in && in->requires_grad && seen.insert(in.get()).second) {
+        stack.push_back(in.get());
+        tape.push_back(in);
+      }
+    }
+  }
+  if (!root->is_leaf()) tape.push_back(root);
+  std::erase_if(tape, [](const std::shared_ptr<N>& n) { return n->is_leaf(); });
+  // Tape order is creation order: replay it in reverse.
+  std::sort(tape.begin(), tape.end(), [](const auto& a, const auto& b) { return a->seq > b->seq; });
+
+  if (root->is_leaf()) {
+    accumulate_leaf(*root, std::move(seed));
+    return;
+  }
+  std::unordered_map<N*, Tensor<B>> pending;
+  pending.emplace(root.get(), std::move(seed));
+  for (const auto& n : tape) {
+    auto it = pending.find(n.get());
+    if (it == pending.end()) continue;  // no gradient reached this node
+    const Tensor<B> g = std::move(it->second);
+    pending.erase(it);
+    Grads<B> gin = n->backward(g);
+    KILN_CHECK(gin.size() == n->inputs.size(), "backward: '{}' returned {} gradients for {} inputs", n->op, gin.size(),
+               n->inputs.size());
+    for (size_t i = 0; i < gin.size(); ++i) {
+      N* in = n->inputs[i].get();
+      if (!in || !in->requires_grad || !gin[i].defined()) continue;
+      check_grad(*in, gin[i], n->op);
+      if (in->is_leaf()) {
+        accumulate_leaf(*in, std::move(gin[i]));
+      } else {
+        auto [slot, fresh] = pending.try_emplace(in, gin[i]);
+        if (!fresh) slot->second = slot->second.add(gin[i]);
+      }
+    }
+  }
+  // retain_graph=false: free the closures (and the tensors they saved) and the links.
+  for (const auto& n : tape) {
+    n->backward = nullptr;
+    n->inputs.clear();
+    n->released = true;
+  }
+}
+}  // namespace
+}  // namespace autograd
+
+// ---------------------------------------------------------------------------------- Var
+template <Backend B> Var<B>::Var(Tensor<B> value, bool requires_grad) : n_(std::make_shared<Node>()) {
+  KILN_CHECK(value.defined(), "Var: undefined tensor");
+  n_->value = std::move(value);
+  if (requires_grad) requires_grad_(true);
+}
+
+template <Backend B> const Tensor<B>& Var<B>::value() const {
+  static const Tensor<B> undefined;
+  return n_ ? n_->value : undefined;
+}
+
+template <Backend B> Tensor<B> Var<B>::grad() const { return n_ ? n_->grad : Tensor<B>(); }
+
+template <Backend B> void Var<B>::set_grad(Tensor<B> g) {
+  KILN_CHECK(n_, "set_grad: undefined Var");
+  KILN_CHECK(!g.defined() || (g.shape() == shape() && g.dtype() == dtype()), "set_grad: gradient {} {} for a Var of shape {} {}",
+             shape_str(g.shape()), g.dtype(), shape_str(shape()), dtype());
+  n_->grad = std::move(g);
+}
+
+template <Backend B> void Var<B>::zero_grad() {
+  if (n_) n_->grad = Tensor<B>();
+}
+
+template <Backend B> Var<B>& Var<B>::requires_grad_(bool on) {
+  KILN_CHECK(n_, "requires_grad_: undefined Var");
+  KILN_CHECK(n_->is_leaf(), "requires_grad_: only leaves can change requires_grad; this Var was computed by '{}' (use detach())",
+             n_->op);
+  KILN_CHECK(!on || is_floating(dtype()), "requires_grad_: only float tensors can require grad, got {} (shape {})", dtype(),
+             shape_str(shape()));
+  n_->requires_grad = on;
+  return *this;
+}
+
+template <Backend B> Var<B> Var<B>::detach() const {
+  KILN_CHECK(n_, "detach: undefined Var");
+  return Var(n_->value, false);
+}
+
+template <Backend B> void Var<B>::backward() const {
+  KILN_CHECK(n_, "backward: undefined Var");
+  KILN_CHECK(numel() == 1, "backward: loss has shape {}; pass a gradient of that shape", shape_str(shape()));
+  backward(value().ones_like());
+}
+
+template <Backend B> void Var<B>::backward(const Tensor<B>& grad_output) const {
+  KILN_CHECK(n_, "backward: undefined Var");
+  KILN_CHECK(n_->requires_grad,
+             "backward: the loss (shape {}) does not require grad: no input requires grad, or it was computed under NoGrad",
+             shape_str(shape()));
+  KILN_CHECK(grad_output.defined(), "backward: undefined gradient for a loss of shape {}", shape_str(shape()));
+  KILN_CHECK(grad_output.shape() == shape() && grad_output.dtype() == dtype(),
+             "backward: gradient of shape {} {} for a loss of shape {} {}", shape_str(grad_output.shape()), grad_output.dtype(),
+             shape_str(shape()), dtype());
+  autograd::run_backward<B>(n_, grad_output);
+}
+
+#define KILN_AUTOGRAD_INSTANTIATE(B) \
+  template class Var<B>;             \
+  template struct autograd::Node<B>;
+KILN_FOR_EACH_BACKEND(KILN_AUTOGRAD_INSTANTIATE)
+
+}  // namespace kiln
