@@ -1,0 +1,33 @@
+#pragma once
+// Embedding: a lookup table.
+// # Shapes
+//   weight [num, dim]; ids (i32/i64, any shape S, values in [0, num)) -> [S..., dim]
+// Init: N(0, 1), PyTorch's default. Out-of-range ids are a kiln::Error naming the id and num.
+#include "nn/module.hpp"
+
+namespace kiln::nn {
+
+struct EmbeddingOptions {
+  int64_t num = 0;
+  int64_t dim = 0;
+  DType dtype = DType::f32;
+};
+
+template <Backend B> class Embedding : public Module<B> {
+ public:
+  explicit Embedding(EmbeddingOptions o);
+  Var<B> forward(const Tensor<B>& ids) const;
+  Var<B> operator()(const Tensor<B>& ids) const { return forward(ids); }
+  Var<B>& weight() { return w_; }
+  const EmbeddingOptions& options() const { return o_; }
+
+ private:
+  EmbeddingOptions o_;
+  Var<B> w_;
+};
+
+#define KILN_EXTERN(B) extern template class Embedding<B>;
+KILN_FOR_EACH_BACKEND(KILN_EXTERN)
+#undef KILN_EXTERN
+
+}  // namespace kiln::nn

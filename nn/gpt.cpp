@@ -1,0 +1,141 @@
+#include "nn/gpt.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "nn/init.hpp"
+
+namespace kiln::nn {
+
+namespace {
+// A module holding a list of submodules named 0, 1, ... (PyTorch's ModuleList), for the "layers.{i}" names.
+template <Backend B> class ModuleList : public Module<B> {
+ public:
+  template <class M> std::shared_ptr<M> push(std::shared_ptr<M> m) {
+    return this->register_module(std::to_string(n_++), std::move(m));
+  }
+
+ private:
+  int64_t n_ = 0;
+};
+}  // namespace
+
+template <Backend B> GPTLayer<B>::GPTLayer(const ModelConfig& c, int64_t depth) {
+  (void)depth;  // the differential attention of the next layer family depends on it
+  const DType dt = DType::f32;
+  attn_norm_ = this->register_module("attn_norm", std::make_shared<RMSNorm<B>>(RMSNormOptions{.dim = c.d_model, .eps = c.norm_eps, .dtype = dt}));
+  attn_ = this->register_module(
+      "attn", std::make_shared<MultiHeadAttention<B>>(AttentionOptions{.d_model = c.d_model, .n_heads = c.n_heads,
+                                                                       .n_kv_heads = c.n_kv_heads, .rope = c.rope,
+                                                                       .rope_theta = c.rope_theta, .max_seq_len = c.max_seq_len, .dtype = dt}));
+  mlp_norm_ = this->register_module("mlp_norm", std::make_shared<RMSNorm<B>>(RMSNormOptions{.dim = c.d_model, .eps = c.norm_eps, .dtype = dt}));
+  mlp_ = this->register_module("mlp", std::make_shared<SwiGLU<B>>(SwiGLUOptions{.dim = c.d_model, .hidden = c.ffn_hidden, .dtype = dt}));
+}
+
+template <Backend B> Var<B> GPTLayer<B>::attn_sublayer(const Var<B>& h, KVCache<B>* cache) const {
+  return attn_->forward(attn_norm_->forward(h), cache);
+}
+template <Backend B> Var<B> GPTLayer<B>::mlp_sublayer(const Var<B>& h) const { return mlp_->forward(mlp_norm_->forward(h)); }
+
+template <Backend B> GPT<B>::GPT(const ModelConfig& config, DType dtype) : c_(config.resolved()) {
+  KILN_CHECK(c_.attention == "mha", "GPT: attention \"{}\" is not available yet (only \"mha\")", c_.attention);
+  KILN_CHECK(c_.residual == "standard", "GPT: residual \"{}\" is not available yet (only \"standard\")", c_.residual);
+  tok_emb_ = this->register_module("tok_emb", std::make_shared<Embedding<B>>(EmbeddingOptions{.num = c_.vocab_size, .dim = c_.d_model}));
+  auto list = this->register_module("layers", std::make_shared<ModuleList<B>>());
+  for (int64_t i = 0; i < c_.n_layers; ++i) layers_.push_back(list->push(std::make_shared<GPTLayer<B>>(c_, i)));
+  norm_ = this->register_module("norm", std::make_shared<RMSNorm<B>>(RMSNormOptions{.dim = c_.d_model, .eps = c_.norm_eps}));
+  if (!c_.tie_embeddings)
+    lm_head_ = this->register_module("lm_head", std::make_shared<Linear<B>>(LinearOptions{.in = c_.d_model, .out = c_.vocab_size}));
+  init_weights(0);
+  if (dtype != DType::f32) this->to(dtype);
+}
+
+template <Backend B> void GPT<B>::init_weights(uint64_t seed) {
+  Generator g(seed);
+  for (auto& [name, p] : this->named_parameters()) {
+    const bool query = name.size() >= 5 && name.compare(name.size() - 5, 5, "query") == 0;
+    if (query) init::zeros_(p);
+    else if (name.find(".lambda_") != std::string::npos) init::normal_(p, 0.0, 0.1, &g);
+    else if (p.dim() >= 2) init::normal_(p, 0.0, 0.02, &g);
+    else init::ones_(p);
+  }
+}
+
+template <Backend B> Var<B> GPT<B>::run(const Tensor<B>& ids, std::vector<KVCache<B>>* caches) const {
+  KILN_CHECK(ids.dim() == 2, "GPT: ids must be [B, T], got {}", shape_str(ids.shape()));
+  const int64_t pos0 = caches && !caches->empty() ? (*caches)[0].len : 0;
+  KILN_CHECK(pos0 + ids.size(1) <= c_.max_seq_len, "GPT: sequence length {} exceeds max_seq_len {}", pos0 + ids.size(1),
+             c_.max_seq_len);
+  if (caches && caches->size() != layers_.size()) caches->assign(layers_.size(), KVCache<B>{});
+  Var<B> x = tok_emb_->forward(ids);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    x = x + layers_[i]->attn_sublayer(x, caches ? &(*caches)[i] : nullptr);
+    x = x + layers_[i]->mlp_sublayer(x);
+  }
+  x = norm_->forward(x);
+  if (c_.tie_embeddings) return x.matmul(tok_emb_->weight().t());
+  return lm_head_->forward(x);
+}
+
+template <Backend B> Var<B> GPT<B>::forward(const Tensor<B>& ids) const { return run(ids, nullptr); }
+template <Backend B> Var<B> GPT<B>::forward(const Tensor<B>& ids, std::vector<KVCache<B>>& caches) const { return run(ids, &caches); }
+
+template <Backend B> std::vector<int64_t> GPT<B>::generate(const std::vector<int64_t>& prompt, const SampleOptions& o) const {
+  KILN_CHECK(!prompt.empty(), "generate: the prompt is empty");
+  KILN_CHECK(o.temperature >= 0, "generate: temperature must be >= 0, got {}", o.temperature);
+  for (int64_t t : prompt)
+    KILN_CHECK(t >= 0 && t < c_.vocab_size, "generate: prompt token {} outside the vocabulary [0, {})", t, c_.vocab_size);
+  NoGrad ng;
+  Generator g(o.seed);
+  std::vector<int64_t> all = prompt, out;
+  std::vector<KVCache<B>> caches;
+  auto prefill = [&](int64_t keep) {
+    for (auto& c : caches) c.reset();
+    const std::vector<int64_t> ctx(all.end() - std::min<int64_t>(keep, static_cast<int64_t>(all.size())), all.end());
+    return run(Tensor<B>::from_vector(ctx, {1, static_cast<int64_t>(ctx.size())}), &caches);
+  };
+  Var<B> logits = prefill(c_.max_seq_len);
+  for (int64_t n = 0; n < o.max_new_tokens; ++n) {
+    std::vector<float> l = to_vector<float>(logits.value().select(1, -1).reshape({-1}));
+    int64_t next = 0;
+    if (o.temperature == 0) {
+      next = std::max_element(l.begin(), l.end()) - l.begin();
+    } else {
+      std::vector<float> sorted = l;
+      float cut = -INFINITY;
+      if (o.top_k > 0 && o.top_k < static_cast<int64_t>(l.size())) {
+        std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<float>());
+        cut = sorted[static_cast<size_t>(o.top_k - 1)];
+      }
+      const float mx = *std::max_element(l.begin(), l.end());
+      std::vector<double> p(l.size());
+      double total = 0;
+      for (size_t i = 0; i < l.size(); ++i) {
+        p[i] = l[i] < cut ? 0.0 : std::exp((static_cast<double>(l[i]) - mx) / o.temperature);
+        total += p[i];
+      }
+      const double u = philox_uniform_at(g.seed(), g.advance(1), 0) * total;
+      double acc = 0;
+      next = static_cast<int64_t>(l.size()) - 1;
+      for (size_t i = 0; i < p.size(); ++i) {
+        acc += p[i];
+        if (u < acc) {
+          next = static_cast<int64_t>(i);
+          break;
+        }
+      }
+    }
+    all.push_back(next);
+    out.push_back(next);
+    if (n + 1 == o.max_new_tokens) break;
+    if (caches[0].len + 1 > c_.max_seq_len) logits = prefill(std::max<int64_t>(1, c_.max_seq_len / 2));
+    else logits = run(Tensor<B>::from_vector(std::vector<int64_t>{next}, {1, 1}), &caches);
+  }
+  return out;
+}
+
+#define KILN_INST(B) template class GPTLayer<B>; template class GPT<B>;
+KILN_FOR_EACH_BACKEND(KILN_INST)
+#undef KILN_INST
+
+}  // namespace kiln::nn

@@ -1,0 +1,71 @@
+#pragma once
+// The GPT model family of SPECS.md §3: pre-RMSNorm decoder, SwiGLU MLP, causal attention with
+// optional RoPE and GQA, no biases, optionally tied embeddings.
+// # Shapes
+//   ids [B, T] (i32/i64, T ≤ max_seq_len) -> logits [B, T, vocab_size]
+// Parameter names are the reference's (tok_emb.weight, layers.{i}.attn.q_proj.weight, ..., lm_head.weight),
+// registered in the reference's order, so state dicts and safetensors files interchange with it.
+#include <memory>
+#include <vector>
+
+#include "nn/attention.hpp"
+#include "nn/config.hpp"
+#include "nn/embedding.hpp"
+#include "nn/layers.hpp"
+#include "nn/norm.hpp"
+
+namespace kiln::nn {
+
+// One decoder layer: attn_norm, attn, mlp_norm, mlp (two sublayers).
+template <Backend B> class GPTLayer : public Module<B> {
+ public:
+  GPTLayer(const ModelConfig& c, int64_t depth);
+  // The two sublayer functions f(h): attention(attn_norm(h)) and mlp(mlp_norm(h)).
+  Var<B> attn_sublayer(const Var<B>& h, KVCache<B>* cache) const;
+  Var<B> mlp_sublayer(const Var<B>& h) const;
+
+ private:
+  std::shared_ptr<RMSNorm<B>> attn_norm_, mlp_norm_;
+  std::shared_ptr<MultiHeadAttention<B>> attn_;
+  std::shared_ptr<SwiGLU<B>> mlp_;
+};
+
+struct SampleOptions {
+  int64_t max_new_tokens = 100;
+  double temperature = 1.0;  // 0: greedy
+  int64_t top_k = 0;         // 0: all tokens
+  uint64_t seed = 0;
+};
+
+template <Backend B> class GPT : public Module<B> {
+ public:
+  explicit GPT(const ModelConfig& c, DType dtype = DType::f32);
+  const ModelConfig& config() const { return c_; }
+
+  Var<B> forward(const Tensor<B>& ids) const;
+  Var<B> operator()(const Tensor<B>& ids) const { return forward(ids); }
+  // With per-layer KV caches (generation): ids are the positions after the cached ones.
+  Var<B> forward(const Tensor<B>& ids, std::vector<KVCache<B>>& caches) const;
+
+  // SPECS §3 init: matrices and embeddings N(0, 0.02²), norm weights 1, λ vectors N(0, 0.1²),
+  // AttnRes queries 0, drawn from a Philox generator seeded with `seed` in named_parameters() order.
+  void init_weights(uint64_t seed);
+
+  // Samples a continuation of `prompt` with the KV cache (under NoGrad). When the context would exceed
+  // max_seq_len, it re-reads the last max_seq_len/2 tokens and goes on.
+  std::vector<int64_t> generate(const std::vector<int64_t>& prompt, const SampleOptions& o) const;
+
+ private:
+  Var<B> run(const Tensor<B>& ids, std::vector<KVCache<B>>* caches) const;
+  ModelConfig c_;
+  std::shared_ptr<Embedding<B>> tok_emb_;
+  std::vector<std::shared_ptr<GPTLayer<B>>> layers_;
+  std::shared_ptr<RMSNorm<B>> norm_;
+  std::shared_ptr<Linear<B>> lm_head_;
+};
+
+#define KILN_EXTERN(B) extern template class GPTLayer<B>; extern template class GPT<B>;
+KILN_FOR_EACH_BACKEND(KILN_EXTERN)
+#undef KILN_EXTERN
+
+}  // namespace kiln::nn

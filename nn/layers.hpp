@@ -1,0 +1,55 @@
+#pragma once
+// Small layers: Dropout, activations as modules, and the SwiGLU MLP.
+// # Shapes (all): x [..., D] -> [..., D] (SwiGLU: D -> hidden -> D)
+#include <memory>
+
+#include "nn/linear.hpp"
+
+namespace kiln::nn {
+
+// Dropout: in training, zeroes each element with probability p and scales the rest by 1/(1 − p),
+// drawing from the thread's default generator (so a checkpointed run resumes identically); identity in eval.
+template <Backend B> class Dropout : public Module<B> {
+ public:
+  explicit Dropout(double p = 0.5);
+  Var<B> forward(const Var<B>& x) const;
+  Var<B> operator()(const Var<B>& x) const { return forward(x); }
+
+ private:
+  double p_;
+};
+
+enum class Activation { relu, silu, gelu, gelu_tanh };
+
+template <Backend B> class Act : public Module<B> {
+ public:
+  explicit Act(Activation a) : a_(a) {}
+  Var<B> forward(const Var<B>& x) const;
+  Var<B> operator()(const Var<B>& x) const { return forward(x); }
+
+ private:
+  Activation a_;
+};
+
+struct SwiGLUOptions {
+  int64_t dim = 0;
+  int64_t hidden = 0;
+  DType dtype = DType::f32;
+};
+
+// down_proj(silu(gate_proj(x)) ⊙ up_proj(x)); parameters gate_proj, up_proj, down_proj (no biases).
+template <Backend B> class SwiGLU : public Module<B> {
+ public:
+  explicit SwiGLU(SwiGLUOptions o);
+  Var<B> forward(const Var<B>& x) const;
+  Var<B> operator()(const Var<B>& x) const { return forward(x); }
+
+ private:
+  std::shared_ptr<Linear<B>> gate_, up_, down_;
+};
+
+#define KILN_EXTERN(B) extern template class Dropout<B>; extern template class Act<B>; extern template class SwiGLU<B>;
+KILN_FOR_EACH_BACKEND(KILN_EXTERN)
+#undef KILN_EXTERN
+
+}  // namespace kiln::nn

@@ -1,0 +1,36 @@
+#pragma once
+// Linear: y = x Wᵀ (+ b).
+// # Shapes
+//   weight [out, in] (PyTorch layout), bias [out]; x [..., in] -> y [..., out]
+// Init: PyTorch's default, U(−1/√in, 1/√in) for weight and bias.
+#include "nn/module.hpp"
+
+namespace kiln::nn {
+
+struct LinearOptions {
+  int64_t in = 0;
+  int64_t out = 0;
+  bool bias = false;
+  DType dtype = DType::f32;
+};
+
+template <Backend B> class Linear : public Module<B> {
+ public:
+  explicit Linear(LinearOptions o);
+  Var<B> forward(const Var<B>& x) const;
+  Var<B> operator()(const Var<B>& x) const { return forward(x); }
+
+  const LinearOptions& options() const { return o_; }
+  Var<B>& weight() { return w_; }
+  Var<B>& bias() { return b_; }
+
+ private:
+  LinearOptions o_;
+  Var<B> w_, b_;
+};
+
+#define KILN_EXTERN(B) extern template class Linear<B>;
+KILN_FOR_EACH_BACKEND(KILN_EXTERN)
+#undef KILN_EXTERN
+
+}  // namespace kiln::nn

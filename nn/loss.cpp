@@ -1,0 +1,39 @@
+#include "nn/loss.hpp"
+
+namespace kiln::nn {
+
+template <Backend B> Var<B> cross_entropy(const Var<B>& logits, const Tensor<B>& targets, CrossEntropyOptions o) {
+  KILN_CHECK(logits.dim() >= 1, "cross_entropy: logits must have rank >= 1, got {}", shape_str(logits.shape()));
+  KILN_CHECK(is_integral(targets.dtype()), "cross_entropy: targets must be i32 or i64, got {} (shape {})", targets.dtype(),
+             shape_str(targets.shape()));
+  const int64_t C = logits.shape().back();
+  Shape rows(logits.shape().begin(), logits.shape().end() - 1);
+  KILN_CHECK(targets.shape() == rows, "cross_entropy: logits {} need targets of shape {}, got {}", shape_str(logits.shape()),
+             shape_str(rows), shape_str(targets.shape()));
+  KILN_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1, "cross_entropy: label_smoothing must be in [0, 1], got {}",
+             o.label_smoothing);
+  const Tensor<B> t = targets.reshape({-1}).to(DType::i64);
+  const Tensor<B> keep = t.ne(o.ignore_index);
+  if (t.numel()) {
+    const Tensor<B> bad = keep.logical_and(t.lt(0).logical_or(t.ge(C)));
+    KILN_CHECK(item<int64_t>(bad.sum()) == 0, "cross_entropy: target values must be in [0, {}) or ignore_index {}; got min {} max {}",
+               C, o.ignore_index, item<int64_t>(t.min()), item<int64_t>(t.max()));
+  }
+  const Tensor<B> safe = Tensor<B>::where(keep, t, Tensor<B>::zeros({}, DType::i64));
+  const Var<B> lp = logits.reshape({-1, C}).log_softmax(-1);                  // [N, C]
+  Var<B> loss = lp.gather(1, safe.unsqueeze(1)).squeeze(1).neg();            // [N]
+  if (o.label_smoothing > 0) loss = loss.mul(1.0 - o.label_smoothing) + lp.mean({-1}).neg().mul(o.label_smoothing);
+  const Tensor<B> w = keep.to(logits.dtype());
+  const double n = static_cast<double>(item<int64_t>(keep.sum()));
+  return loss.mul(Var<B>(w)).sum().div(n);
+}
+
+template <Backend B> Var<B> mse_loss(const Var<B>& a, const Var<B>& b) { return (a - b).square().mean(); }
+
+#define KILN_INST(B)                                                                          \
+  template Var<B> cross_entropy<B>(const Var<B>&, const Tensor<B>&, CrossEntropyOptions);     \
+  template Var<B> mse_loss<B>(const Var<B>&, const Var<B>&);
+KILN_FOR_EACH_BACKEND(KILN_INST)
+#undef KILN_INST
+
+}  // namespace kiln::nn

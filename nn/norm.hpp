@@ -1,0 +1,59 @@
+#pragma once
+// Normalisation over the last axis.
+// # Shapes
+//   x [..., dim] -> [..., dim]; weight [dim] (if affine), bias [dim] (LayerNorm with bias)
+// RMSNorm:   y = x · rsqrt(mean(x²) + eps) · w
+// LayerNorm: y = (x − mean) · rsqrt(var + eps) · w + b   (biased variance, like PyTorch)
+#include "nn/module.hpp"
+
+namespace kiln::nn {
+
+namespace functional {
+// weight may be undefined (no affine). Differentiable in x and weight.
+template <Backend B> Var<B> rms_norm(const Var<B>& x, const Var<B>& weight, double eps);
+template <Backend B> Var<B> layer_norm(const Var<B>& x, const Var<B>& weight, const Var<B>& bias, double eps);
+}  // namespace functional
+
+struct RMSNormOptions {
+  int64_t dim = 0;
+  double eps = 1e-5;
+  bool affine = true;
+  DType dtype = DType::f32;
+};
+
+template <Backend B> class RMSNorm : public Module<B> {
+ public:
+  explicit RMSNorm(RMSNormOptions o);
+  Var<B> forward(const Var<B>& x) const;
+  Var<B> operator()(const Var<B>& x) const { return forward(x); }
+  const RMSNormOptions& options() const { return o_; }
+
+ private:
+  RMSNormOptions o_;
+  Var<B> w_;
+};
+
+struct LayerNormOptions {
+  int64_t dim = 0;
+  double eps = 1e-5;
+  bool affine = true;
+  bool bias = true;
+  DType dtype = DType::f32;
+};
+
+template <Backend B> class LayerNorm : public Module<B> {
+ public:
+  explicit LayerNorm(LayerNormOptions o);
+  Var<B> forward(const Var<B>& x) const;
+  Var<B> operator()(const Var<B>& x) const { return forward(x); }
+
+ private:
+  LayerNormOptions o_;
+  Var<B> w_, b_;
+};
+
+#define KILN_EXTERN(B) extern template class RMSNorm<B>; extern template class LayerNorm<B>;
+KILN_FOR_EACH_BACKEND(KILN_EXTERN)
+#undef KILN_EXTERN
+
+}  // namespace kiln::nn

@@ -1,0 +1,179 @@
+#include "optim/optimizer.hpp"
+
+#include <cmath>
+#include <set>
+
+namespace kiln::optim {
+
+template <Backend B>
+std::vector<ParamGroup<B>> decay_groups(const NamedParams<B>& params, double lr, double weight_decay,
+                                        const std::function<bool(const std::string&, const Var<B>&)>& decays) {
+  ParamGroup<B> d{.params = {}, .lr = lr, .weight_decay = weight_decay}, n{.params = {}, .lr = lr, .weight_decay = 0.0};
+  for (const auto& [name, p] : params) {
+    const bool yes = decays ? decays(name, p) : p.dim() >= 2;
+    (yes ? d : n).params.emplace_back(name, p);
+  }
+  return {d, n};
+}
+
+template <Backend B> Optimizer<B>::Optimizer(std::vector<ParamGroup<B>> groups) : groups_(std::move(groups)) {
+  std::set<std::string> seen;
+  for (const auto& g : groups_) {
+    KILN_CHECK(g.lr >= 0 && g.weight_decay >= 0, "optimizer: lr and weight_decay must be >= 0, got lr={} weight_decay={}", g.lr,
+               g.weight_decay);
+    for (const auto& [name, p] : g.params) {
+      KILN_CHECK(seen.insert(name).second, "optimizer: parameter '{}' appears twice", name);
+      KILN_CHECK(p.defined() && p.is_leaf(), "optimizer: '{}' must be a leaf parameter", name);
+      KILN_CHECK(is_floating(p.dtype()), "optimizer: '{}' must be floating point, got {}", name, p.dtype());
+    }
+  }
+}
+
+template <Backend B> void Optimizer<B>::zero_grad() {
+  for (auto& g : groups_)
+    for (auto& [n, p] : g.params) p.zero_grad();
+}
+
+template <Backend B> void Optimizer<B>::set_lr(double lr) {
+  KILN_CHECK(lr >= 0, "optimizer: lr must be >= 0, got {}", lr);
+  for (auto& g : groups_) g.lr = lr;
+}
+
+template <Backend B>
+Tensor<B>& Optimizer<B>::buffer(const std::string& buf, const std::string& param, const Tensor<B>& like, bool& created) {
+  auto& m = state_[buf];
+  auto it = m.find(param);
+  created = it == m.end();
+  if (created) it = m.emplace(param, Tensor<B>::zeros(like.shape(), like.dtype())).first;
+  return it->second;
+}
+
+template <Backend B> std::vector<std::pair<std::string, Tensor<B>>> Optimizer<B>::state_dict() const {
+  std::vector<std::pair<std::string, Tensor<B>>> out;
+  for (const auto& [buf, m] : state_)
+    for (const auto& [name, t] : m) out.emplace_back(buf + "." + name, t);
+  out.emplace_back("step", Tensor<B>::full({}, steps_, DType::i64));
+  return out;
+}
+
+template <Backend B> void Optimizer<B>::load_state_dict(const std::map<std::string, Tensor<B>>& state) {
+  std::map<std::string, Shape> params;
+  for (const auto& g : groups_)
+    for (const auto& [name, p] : g.params) params.emplace(name, p.shape());
+  const auto it = state.find("step");
+  KILN_CHECK(it != state.end(), "optimizer state: no 'step' entry");
+  decltype(state_) next;
+  for (const auto& [key, t] : state) {
+    if (key == "step") continue;
+    const auto dot = key.find('.');
+    const std::string buf = dot == std::string::npos ? key : key.substr(0, dot);
+    const auto names = buffer_names();
+    KILN_CHECK(dot != std::string::npos && std::find(names.begin(), names.end(), buf) != names.end(),
+               "optimizer state: unexpected entry '{}' (this optimizer keeps: {})", key, fmt::join(names, ", "));
+    const std::string name = key.substr(dot + 1);
+    const auto p = params.find(name);
+    KILN_CHECK(p != params.end(), "optimizer state: '{}' names no parameter of this optimizer", key);
+    KILN_CHECK(p->second == t.shape(), "optimizer state: '{}' has shape {}, the parameter has {}", key, shape_str(t.shape()),
+               shape_str(p->second));
+    next[buf][name] = t.clone();
+  }
+  state_ = std::move(next);
+  steps_ = item<int64_t>(it->second);
+}
+
+// ------------------------------------------------------------------------------------------ SGD
+template <Backend B> SGD<B>::SGD(std::vector<ParamGroup<B>> groups, SGDOptions o) : Optimizer<B>(std::move(groups)), o_(o) {
+  KILN_CHECK(o.momentum >= 0 && o.dampening >= 0, "SGD: momentum and dampening must be >= 0, got {} and {}", o.momentum, o.dampening);
+  KILN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "SGD: nesterov needs momentum > 0 and dampening 0");
+}
+
+template <Backend B> std::vector<std::string> SGD<B>::buffer_names() const { return {"momentum_buffer"}; }
+
+template <Backend B> void SGD<B>::step() {
+  NoGrad ng;
+  ++this->steps_;
+  for (auto& g : this->groups_)
+    for (auto& [name, p] : g.params) {
+      const Tensor<B> grad = p.grad();
+      if (!grad.defined()) continue;
+      Tensor<B> w = p.value();
+      Tensor<B> d = grad;
+      if (g.weight_decay != 0) d = d.add(w.mul(g.weight_decay));
+      if (o_.momentum != 0) {
+        bool created = false;
+        Tensor<B>& buf = this->buffer("momentum_buffer", name, w, created);
+        if (created) buf.copy_(d);
+        else buf.mul_(o_.momentum).add_(d.mul(1.0 - o_.dampening));
+        d = o_.nesterov ? d.add(buf.mul(o_.momentum)) : buf;
+      }
+      w.sub_(d.mul(g.lr));
+    }
+}
+
+// ------------------------------------------------------------------------------------------ Adam(W)
+template <Backend B> Adam<B>::Adam(std::vector<ParamGroup<B>> groups, AdamOptions o) : Optimizer<B>(std::move(groups)), o_(o) {
+  KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "Adam: betas must be in [0, 1), got [{}, {}]", o.beta1,
+             o.beta2);
+  KILN_CHECK(o.eps >= 0, "Adam: eps must be >= 0, got {}", o.eps);
+}
+
+template <Backend B> std::vector<std::string> Adam<B>::buffer_names() const { return {"exp_avg", "exp_avg_sq"}; }
+
+template <Backend B> void Adam<B>::step() {
+  NoGrad ng;
+  const int64_t t = ++this->steps_;
+  const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(o_.beta2, static_cast<double>(t)));
+  for (auto& g : this->groups_)
+    for (auto& [name, p] : g.params) {
+      Tensor<B> grad = p.grad();
+      if (!grad.defined()) continue;
+      Tensor<B> w = p.value();
+      if (g.weight_decay != 0) {
+        if (o_.decoupled) w.mul_(1.0 - g.lr * g.weight_decay);
+        else grad = grad.add(w.mul(g.weight_decay));
+      }
+      bool c1 = false, c2 = false;
+      Tensor<B>& m = this->buffer("exp_avg", name, w, c1);
+      Tensor<B>& v = this->buffer("exp_avg_sq", name, w, c2);
+      m.mul_(o_.beta1).add_(grad.mul(1.0 - o_.beta1));
+      v.mul_(o_.beta2).add_(grad.mul(grad).mul(1.0 - o_.beta2));
+      const Tensor<B> denom = v.sqrt().div(bc2_sqrt).add(o_.eps);
+      w.sub_(m.div(denom).mul(g.lr / bc1));
+    }
+}
+
+// ------------------------------------------------------------------------------------------ clipping
+template <Backend B> double grad_norm(const std::vector<Var<B>>& params) {
+  double total = 0;
+  for (const auto& p : params) {
+    const Tensor<B> g = p.grad();
+    if (g.defined() && g.numel()) total += item<double>(g.to(DType::f64).square().sum());
+  }
+  return std::sqrt(total);
+}
+
+template <Backend B> double clip_grad_norm(const std::vector<Var<B>>& params, double max_norm) {
+  KILN_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got {}", max_norm);
+  const double norm = grad_norm(params);
+  const double coef = std::min(1.0, max_norm / (norm + 1e-6));
+  if (coef < 1.0)
+    for (const auto& p : params) {
+      Tensor<B> g = p.grad();
+      if (g.defined()) g.mul_(coef);
+    }
+  return norm;
+}
+
+#define KILN_INST(B)                                                                                              \
+  template std::vector<ParamGroup<B>> decay_groups<B>(const NamedParams<B>&, double, double,                    \
+                                                      const std::function<bool(const std::string&, const Var<B>&)>&); \
+  template class Optimizer<B>;                                                                                    \
+  template class SGD<B>;                                                                                          \
+  template class Adam<B>;                                                                                         \
+  template double grad_norm<B>(const std::vector<Var<B>>&);                                                       \
+  template double clip_grad_norm<B>(const std::vector<Var<B>>&, double);
+KILN_FOR_EACH_BACKEND(KILN_INST)
+#undef KILN_INST
+
+}  // namespace kiln::optim

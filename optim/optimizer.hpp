@@ -1,0 +1,107 @@
+#pragma once
+// Optimizers with PyTorch semantics (torch 1.13's single-tensor code paths, operation for operation,
+// so a kiln run tracks the reference step by step), parameter groups, gradient clipping, and state
+// dicts keyed by parameter name ("exp_avg.layers.0.attn.q_proj.weight"), so checkpoints survive a
+// change in parameter order.
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/var.hpp"
+
+namespace kiln::optim {
+
+template <Backend B> using NamedParams = std::vector<std::pair<std::string, Var<B>>>;
+
+template <Backend B> struct ParamGroup {
+  NamedParams<B> params;
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+};
+
+// The default grouping (SPECS §4): weight decay on tensors of rank >= 2 only — never on norms, biases,
+// λ vectors or AttnRes queries. `decays(name, var)` overrides the rule.
+template <Backend B>
+std::vector<ParamGroup<B>> decay_groups(const NamedParams<B>& params, double lr, double weight_decay,
+                                        const std::function<bool(const std::string&, const Var<B>&)>& decays = nullptr);
+
+template <Backend B> class Optimizer {
+ public:
+  explicit Optimizer(std::vector<ParamGroup<B>> groups);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient (parameters without one are skipped, as in PyTorch).
+  virtual void step() = 0;
+  void zero_grad();
+  void set_lr(double lr);  // every group
+  std::vector<ParamGroup<B>>& groups() { return groups_; }
+  const std::vector<ParamGroup<B>>& groups() const { return groups_; }
+  int64_t step_count() const { return steps_; }
+
+  // Optimizer state by name: "<buffer>.<param name>" tensors plus "step".
+  std::vector<std::pair<std::string, Tensor<B>>> state_dict() const;
+  // Strict: every buffer the optimizer would need must be there with the right shape, and nothing else.
+  void load_state_dict(const std::map<std::string, Tensor<B>>& state);
+
+ protected:
+  // Per-parameter state buffers, by buffer name then parameter name.
+  Tensor<B>& buffer(const std::string& buf, const std::string& param, const Tensor<B>& like, bool& created);
+  virtual std::vector<std::string> buffer_names() const = 0;
+  std::vector<ParamGroup<B>> groups_;
+  std::map<std::string, std::map<std::string, Tensor<B>>> state_;
+  int64_t steps_ = 0;
+};
+
+struct SGDOptions {
+  double lr = 1e-3;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;  // L2, added to the gradient
+  bool nesterov = false;
+};
+
+template <Backend B> class SGD : public Optimizer<B> {
+ public:
+  SGD(std::vector<ParamGroup<B>> groups, SGDOptions o);
+  SGD(const NamedParams<B>& params, SGDOptions o) : SGD(decay_groups(params, o.lr, o.weight_decay), o) {}
+  void step() override;
+
+ private:
+  std::vector<std::string> buffer_names() const override;
+  SGDOptions o_;
+};
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool decoupled = true;  // true: AdamW (decay the weights), false: Adam (L2 added to the gradient)
+};
+
+// Adam and AdamW (decoupled = true).
+template <Backend B> class Adam : public Optimizer<B> {
+ public:
+  Adam(std::vector<ParamGroup<B>> groups, AdamOptions o);
+  Adam(const NamedParams<B>& params, AdamOptions o) : Adam(decay_groups(params, o.lr, o.weight_decay), o) {}
+  void step() override;
+
+ private:
+  std::vector<std::string> buffer_names() const override;
+  AdamOptions o_;
+};
+
+// The global L2 norm of the gradients (computed in double), and the clip of PyTorch's clip_grad_norm_:
+// gradients are scaled by min(1, max_norm / (norm + 1e-6)). Returns the norm before clipping.
+template <Backend B> double grad_norm(const std::vector<Var<B>>& params);
+template <Backend B> double clip_grad_norm(const std::vector<Var<B>>& params, double max_norm);
+
+#define KILN_EXTERN(B) extern template class Optimizer<B>; extern template class SGD<B>; extern template class Adam<B>;
+KILN_FOR_EACH_BACKEND(KILN_EXTERN)
+#undef KILN_EXTERN
+
+}  // namespace kiln::optim

@@ -1,0 +1,40 @@
+#pragma once
+// Runs ../shared/reference/kiln_ref.py (Debian's python3 + torch) for the parity tests.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kiln::test {
+
+inline std::string ref_script() { return std::string(KILN_SHARED_DIR) + "/reference/kiln_ref.py"; }
+
+inline void require_torch() {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
+    FAIL("PyTorch for Debian's python3 is missing: run scripts/setup.sh --python (the README test command does)");
+}
+
+// A fresh temporary directory per call.
+inline std::filesystem::path temp_dir(const std::string& tag) {
+  static int n = 0;
+  const auto d = std::filesystem::temp_directory_path() / fmt::format("kiln-{}-{}-{}", tag, ::getpid(), n++);
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+inline void write_json(const std::filesystem::path& p, const nlohmann::json& j) { std::ofstream(p) << j.dump(2); }
+
+// Runs `kiln_ref.py <args>` and fails the test (showing the command) if it does not succeed.
+inline void run_ref(const std::string& args) {
+  const std::string cmd = fmt::format("OMP_NUM_THREADS=2 /usr/bin/python3 {} {} >/dev/null", ref_script(), args);
+  INFO(cmd);
+  REQUIRE(std::system(cmd.c_str()) == 0);
+}
+
+}  // namespace kiln::test

@@ -1,0 +1,84 @@
+// GPT forward and backward against the PyTorch reference (kiln_ref.py grads), in float64 so that any
+// disagreement beyond rounding is a bug: logits, loss and the gradient of every parameter.
+#include <catch2/catch.hpp>
+
+#include "backends/backends.hpp"
+#include "nn/gpt.hpp"
+#include "nn/loss.hpp"
+#include "nn/safetensors.hpp"
+#include "ref.hpp"
+#include "train/data.hpp"
+
+using namespace kiln;
+using json = nlohmann::json;
+
+namespace {
+
+double rel_l2(const Tensor<Cpu>& a, const Tensor<Cpu>& b) {
+  const Tensor<Cpu> x = a.to(DType::f64), y = b.to(DType::f64);
+  const double num = std::sqrt(item<double>(x.sub(y).square().sum()));
+  const double den = std::sqrt(item<double>(y.square().sum()));
+  return den == 0 ? num : num / den;
+}
+
+void check_config(const json& model_json) {
+  test::require_torch();
+  INFO("model.json: " << model_json.dump());
+  const auto dir = test::temp_dir("grads");
+  test::write_json(dir / "model.json", model_json);
+  const std::string m = (dir / "model.json").string(), init = (dir / "init.safetensors").string(),
+                    tok = (dir / "tokens.safetensors").string(), grads = (dir / "grads.safetensors").string();
+  const ModelConfig cfg = ModelConfig::from_json(model_json).resolved();
+  test::run_ref(fmt::format("init --model {} --seed 3 --out {}", m, init));
+  test::run_ref(fmt::format("tokens --vocab {} --n 3000 --seed 1 --out {}", cfg.vocab_size, tok));
+  const int64_t Bn = 2, T = std::min<int64_t>(16, cfg.max_seq_len);
+  test::run_ref(fmt::format("grads --model {} --data {} --init-from {} --batch {} --seq-len {} --dtype float64 --out {}", m, tok,
+                            init, Bn, T, grads));
+
+  nn::GPT<Cpu> model(cfg, DType::f64);
+  model.load(init);
+  const auto [x, y] = TokenData::load(tok).batch<Cpu>(0, Bn, T);
+  const Var<Cpu> logits = model.forward(x);
+  const Var<Cpu> loss = nn::cross_entropy(logits.reshape({-1, cfg.vocab_size}), y.reshape({-1}));
+  loss.backward();
+
+  const auto ref = safetensors::load<Cpu>(grads);
+  CHECK(item<double>(loss.value()) == Approx(item<double>(ref.at("loss"))).epsilon(1e-10));
+  CHECK(rel_l2(logits.value(), ref.at("logits")) < 1e-10);
+  for (const auto& [name, p] : model.named_parameters()) {
+    INFO(name);
+    REQUIRE(ref.count("grad." + name));
+    REQUIRE(p.grad().defined());
+    CHECK(rel_l2(p.grad(), ref.at("grad." + name)) < 1e-9);
+  }
+  CHECK(model.named_parameters().size() + 2 == ref.size());
+}
+
+}  // namespace
+
+TEST_CASE("parity: GPT (mha) logits, loss and every gradient equal the reference in float64", "[parity]") {
+  const json base = {{"vocab_size", 61}, {"d_model", 32}, {"n_layers", 2}, {"n_heads", 4}, {"max_seq_len", 32}};
+  SECTION("defaults: RoPE, untied, MHA") { check_config(base); }
+  SECTION("GQA 4:2, tied embeddings") {
+    json j = base;
+    j["n_kv_heads"] = 2;
+    j["tie_embeddings"] = true;
+    check_config(j);
+  }
+  SECTION("GQA 6:1 (MQA), no RoPE, odd ffn width") {
+    json j = base;
+    j["d_model"] = 48;
+    j["n_heads"] = 6;
+    j["n_kv_heads"] = 1;
+    j["rope"] = false;
+    j["ffn_hidden"] = 37;
+    check_config(j);
+  }
+  SECTION("three layers, theta and eps changed") {
+    json j = base;
+    j["n_layers"] = 3;
+    j["rope_theta"] = 500.0;
+    j["norm_eps"] = 1e-3;
+    check_config(j);
+  }
+}
