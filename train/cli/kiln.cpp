@@ -1,0 +1,305 @@
+// The `kiln` command line: train, sample, eval, tokenize, inspect. See `kiln --help`.
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/dispatch.hpp"
+#include "nn/safetensors.hpp"
+#include "train/data.hpp"
+#include "train/text.hpp"
+#include "train/trainer.hpp"
+
+using namespace kiln;
+
+namespace {
+
+struct Flag {
+  std::string name;  // without "--"
+  std::string help;
+  bool boolean = false;
+};
+
+// Parses "--flag value" / "--flag=value" / "--switch"; unknown flags are an error listing the valid ones.
+class Args {
+ public:
+  Args(std::string cmd, std::string usage, std::vector<Flag> flags) : cmd_(std::move(cmd)), usage_(std::move(usage)), flags_(std::move(flags)) {
+    flags_.push_back({"help", "show this help", true});
+  }
+  void parse(int argc, char** argv, int first) {
+    for (int i = first; i < argc; ++i) {
+      std::string a = argv[i];
+      KILN_CHECK(a.rfind("--", 0) == 0, "kiln {}: unexpected argument '{}' (flags start with --; see kiln {} --help)", cmd_, a, cmd_);
+      std::string name = a.substr(2), value;
+      const auto eq = name.find('=');
+      const bool has_eq = eq != std::string::npos;
+      if (has_eq) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+      }
+      const Flag* f = find(name);
+      if (!f) {
+        std::vector<std::string> valid;
+        for (const Flag& g : flags_) valid.push_back("--" + g.name);
+        fail("kiln {}: unknown flag '--{}' (valid: {})", cmd_, name, fmt::join(valid, ", "));
+      }
+      if (f->boolean) {
+        values_[name] = has_eq ? value : "1";
+      } else {
+        if (!has_eq) {
+          KILN_CHECK(i + 1 < argc, "kiln {}: --{} needs a value", cmd_, name);
+          value = argv[++i];
+        }
+        values_[name] = value;
+      }
+    }
+    if (has("help")) {
+      fmt::print("{}\n\nflags:\n", usage_);
+      for (const Flag& f : flags_) fmt::print("  --{:<16} {}\n", f.name + (f.boolean ? "" : " X"), f.help);
+      std::exit(0);
+    }
+  }
+  bool has(const std::string& n) const { return values_.count(n) != 0; }
+  std::string str(const std::string& n, const std::string& def = "") const { return has(n) ? values_.at(n) : def; }
+  std::string required(const std::string& n) const {
+    KILN_CHECK(has(n), "kiln {}: --{} is required (see kiln {} --help)", cmd_, n, cmd_);
+    return values_.at(n);
+  }
+  int64_t integer(const std::string& n, int64_t def) const {
+    if (!has(n)) return def;
+    try {
+      size_t used = 0;
+      const int64_t v = std::stoll(values_.at(n), &used);
+      if (used == values_.at(n).size()) return v;
+    } catch (const std::exception&) {
+    }
+    fail("kiln {}: --{} must be an integer, got '{}'", cmd_, n, values_.at(n));
+  }
+  double number(const std::string& n, double def) const {
+    if (!has(n)) return def;
+    try {
+      size_t used = 0;
+      const double v = std::stod(values_.at(n), &used);
+      if (used == values_.at(n).size()) return v;
+    } catch (const std::exception&) {
+    }
+    fail("kiln {}: --{} must be a number, got '{}'", cmd_, n, values_.at(n));
+  }
+
+ private:
+  const Flag* find(const std::string& n) const {
+    for (const Flag& f : flags_)
+      if (f.name == n) return &f;
+    return nullptr;
+  }
+  std::string cmd_, usage_;
+  std::vector<Flag> flags_;
+  std::map<std::string, std::string> values_;
+};
+
+const char* kUsage = R"(kiln: train and sample GPT models (differential attention, attention residuals) in C++
+
+usage: kiln <command> [flags]      kiln <command> --help for the flags of a command
+
+commands:
+  train      train a GPT on a token file (SPECS §5 contract; checkpoints, resume, JSONL log)
+  sample     generate text from a checkpoint (KV cache, temperature, top-k)
+  eval       mean cross-entropy of a checkpoint on a token file
+  tokenize   turn a text file into a token file (byte-level, or character-level with --chars)
+  inspect    list the tensors and metadata of a safetensors file or checkpoint)";
+
+int cmd_train(int argc, char** argv) {
+  Args a("train", "kiln train --model model.json --train train.json --data tokens.safetensors [flags]",
+         {{"model", "model config JSON (SPECS §3); defaults when absent"},
+          {"train", "training config JSON (SPECS §4); defaults when absent"},
+          {"data", "token file: safetensors with a 1-D integer tensor 'tokens' (required)"},
+          {"eval-data", "held-out token file, evaluated every eval_every steps"},
+          {"init-from", "initial weights (safetensors with the model's parameter names)"},
+          {"save", "write the final weights here (safetensors)"},
+          {"log", "write one JSON object per step here (JSONL)"},
+          {"checkpoint", "write a resumable checkpoint here (every checkpoint_every steps and at the end)"},
+          {"resume", "resume from this checkpoint (weights, optimizer, step, RNG)"},
+          {"stop-after", "stop after this many steps in total (the checkpoint lets a later run resume)"},
+          {"device", "cpu (default), reference, or cuda"},
+          {"seed", "seed for initialisation and sampling (default 0)"},
+          {"dtype", "parameter dtype: f32 (default) or f64"},
+          {"progress", "progress bar: auto (default), on, off"},
+          {"quiet", "print nothing but errors", true}});
+  a.parse(argc, argv, 2);
+  TrainOptions o;
+  o.model_path = a.str("model");
+  o.train_path = a.str("train");
+  o.data_path = a.required("data");
+  o.eval_data_path = a.str("eval-data");
+  o.init_from = a.str("init-from");
+  o.save_path = a.str("save");
+  o.log_path = a.str("log");
+  o.checkpoint_path = a.str("checkpoint");
+  o.resume_path = a.str("resume");
+  o.stop_after = a.integer("stop-after", -1);
+  o.device = a.str("device", "cpu");
+  o.seed = static_cast<uint64_t>(a.integer("seed", 0));
+  o.dtype = parse_dtype(a.str("dtype", "f32"));
+  KILN_CHECK(o.dtype == DType::f32 || o.dtype == DType::f64, "kiln train: --dtype must be f32 or f64, got {}", o.dtype);
+  const std::string p = a.str("progress", "auto");
+  KILN_CHECK(p == "auto" || p == "on" || p == "off", "kiln train: --progress must be auto, on or off, got '{}'", p);
+  o.progress = p == "auto" ? -1 : p == "on" ? 1 : 0;
+  o.quiet = a.has("quiet");
+  const TrainResult r = train_gpt(o);
+  return r.interrupted ? 130 : 0;
+}
+
+// Text <-> tokens for sampling: a checkpoint trained with `kiln tokenize --chars` carries its alphabet.
+struct Codec {
+  std::optional<CharTokenizer> chars;
+  std::vector<int64_t> encode(const std::string& s) const { return chars ? chars->encode(s) : ByteTokenizer::encode(s); }
+  std::string decode(const std::vector<int64_t>& ids) const { return chars ? chars->decode(ids) : ByteTokenizer::decode(ids); }
+};
+
+Codec codec_for(const std::string& data_path) {
+  Codec c;
+  if (data_path.empty()) return c;
+  try {
+    const auto f = safetensors::File::open(data_path);
+    const auto it = f.metadata().find("alphabet");
+    if (it != f.metadata().end()) c.chars = CharTokenizer(it->second);
+  } catch (const Error&) {
+    // the data file may have moved: fall back to bytes
+  }
+  return c;
+}
+
+int cmd_sample(int argc, char** argv) {
+  Args a("sample", "kiln sample --checkpoint ckpt.safetensors [--prompt TEXT] [flags]",
+         {{"checkpoint", "checkpoint or weights file (required)"},
+          {"model", "model config JSON (needed for a plain weights file)"},
+          {"data", "token file the model was trained on (for its alphabet; default: the checkpoint's)"},
+          {"prompt", "text to continue (default: a newline)"},
+          {"tokens", "number of tokens to generate (default 200)"},
+          {"temperature", "sampling temperature, 0 = greedy (default 0.8)"},
+          {"top-k", "sample among the k most likely tokens, 0 = all (default 40)"},
+          {"seed", "sampling seed (default 0)"},
+          {"device", "cpu (default), reference, or cuda"}});
+  a.parse(argc, argv, 2);
+  const std::string ck = a.required("checkpoint");
+  const CheckpointInfo info = read_checkpoint_info(ck);
+  const Codec codec = codec_for(a.str("data", info.data_path));
+  const std::string prompt = a.str("prompt", "\n");
+  nn::SampleOptions so{.max_new_tokens = a.integer("tokens", 200), .temperature = a.number("temperature", 0.8),
+                       .top_k = a.integer("top-k", 40), .seed = static_cast<uint64_t>(a.integer("seed", 0))};
+  KILN_CHECK(so.max_new_tokens >= 0 && so.top_k >= 0, "kiln sample: --tokens and --top-k must be >= 0");
+  const std::vector<int64_t> out = dispatch(a.str("device", "cpu"), [&]<Backend B>() {
+    auto model = load_gpt<B>(ck, a.str("model"));
+    return model->generate(codec.encode(prompt), so);
+  });
+  fmt::print("{}{}\n", prompt, codec.decode(out));
+  return 0;
+}
+
+int cmd_eval(int argc, char** argv) {
+  Args a("eval", "kiln eval --checkpoint ckpt.safetensors --data tokens.safetensors [flags]",
+         {{"checkpoint", "checkpoint or weights file (required)"},
+          {"model", "model config JSON (needed for a plain weights file)"},
+          {"data", "token file (required)"},
+          {"batches", "number of batches (default 16)"},
+          {"batch-size", "rows per batch (default 8)"},
+          {"seq-len", "tokens per row (default 64)"},
+          {"device", "cpu (default), reference, or cuda"}});
+  a.parse(argc, argv, 2);
+  const TokenData data = TokenData::load(a.required("data"));
+  const double loss = dispatch(a.str("device", "cpu"), [&]<Backend B>() {
+    auto model = load_gpt<B>(a.required("checkpoint"), a.str("model"));
+    data.check_vocab(model->config().vocab_size);
+    model->eval();
+    return evaluate<B>(*model, data, a.integer("batches", 16), a.integer("batch-size", 8), a.integer("seq-len", 64));
+  });
+  fmt::print("{}\n", nlohmann::json{{"loss", loss}, {"perplexity", std::exp(loss)}}.dump());
+  return 0;
+}
+
+int cmd_tokenize(int argc, char** argv) {
+  Args a("tokenize", "kiln tokenize --text corpus.txt --out tokens.safetensors [--chars] [--eval-out eval.safetensors]",
+         {{"text", "input text file (required)"},
+          {"out", "output token file (required)"},
+          {"chars", "character-level vocabulary (the corpus's distinct bytes) instead of bytes (256)", true},
+          {"eval-out", "also write the last --eval-fraction of the tokens here, and leave them out of --out"},
+          {"eval-fraction", "held-out fraction for --eval-out (default 0.05)"},
+          {"max-bytes", "read at most this many bytes of the text (default: all)"}});
+  a.parse(argc, argv, 2);
+  std::string text = read_text_file(a.required("text"));
+  const int64_t maxb = a.integer("max-bytes", -1);
+  if (maxb >= 0 && static_cast<size_t>(maxb) < text.size()) text.resize(static_cast<size_t>(maxb));
+  std::vector<int64_t> ids;
+  std::map<std::string, std::string> meta{{"tokenizer", a.has("chars") ? "chars" : "bytes"}};
+  int64_t vocab = 256;
+  if (a.has("chars")) {
+    const CharTokenizer t = CharTokenizer::fit(text);
+    ids = t.encode(text);
+    meta["alphabet"] = t.alphabet();
+    vocab = t.vocab_size();
+  } else {
+    ids = ByteTokenizer::encode(text);
+  }
+  std::vector<int64_t> held;
+  if (a.has("eval-out")) {
+    const double frac = a.number("eval-fraction", 0.05);
+    KILN_CHECK(frac > 0 && frac < 1, "kiln tokenize: --eval-fraction must be in (0, 1), got {}", frac);
+    const auto n = static_cast<size_t>(static_cast<double>(ids.size()) * (1 - frac));
+    held.assign(ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end());
+    ids.resize(n);
+  }
+  meta["vocab_size"] = std::to_string(vocab);
+  auto write = [&](const std::string& path, const std::vector<int64_t>& v) {
+    std::vector<int32_t> v32(v.begin(), v.end());
+    safetensors::save<Cpu>(path, {{"tokens", Tensor<Cpu>::from_vector(v32)}}, meta);
+  };
+  write(a.required("out"), ids);
+  if (a.has("eval-out")) write(a.str("eval-out"), held);
+  fmt::print("{}\n", nlohmann::json{{"tokens", ids.size()}, {"eval_tokens", held.size()}, {"vocab_size", vocab}}.dump());
+  return 0;
+}
+
+int cmd_inspect(int argc, char** argv) {
+  Args a("inspect", "kiln inspect --file model.safetensors", {{"file", "safetensors file or checkpoint (required)"}});
+  a.parse(argc, argv, 2);
+  const auto f = safetensors::File::open(a.required("file"));
+  int64_t total = 0;
+  for (const std::string& n : f.names()) {
+    const auto& i = f.info(n);
+    total += kiln::numel(i.shape);
+    fmt::print("{:<48} {:<5} {}\n", n, i.st_dtype, shape_str(i.shape));
+  }
+  fmt::print("{} tensors, {} elements\n", f.names().size(), total);
+  for (const auto& [k, v] : f.metadata()) fmt::print("meta {} = {}\n", k, v.size() > 200 ? v.substr(0, 200) + "..." : v);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" || std::string(argv[1]) == "help") {
+    fmt::print("{}\n", kUsage);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  try {
+    if (cmd == "train") return cmd_train(argc, argv);
+    if (cmd == "sample") return cmd_sample(argc, argv);
+    if (cmd == "eval") return cmd_eval(argc, argv);
+    if (cmd == "tokenize") return cmd_tokenize(argc, argv);
+    if (cmd == "inspect") return cmd_inspect(argc, argv);
+    fmt::print(stderr, "kiln: unknown command '{}' (valid: train, sample, eval, tokenize, inspect)\n", cmd);
+    return 2;
+  } catch (const Error& e) {
+    fmt::print(stderr, "kiln {}: error: {}\n", cmd, e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "kiln {}: internal error: {}\n", cmd, e.what());
+    return 3;
+  }
+}

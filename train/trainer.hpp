@@ -1,0 +1,78 @@
+#pragma once
+// Training a GPT from files: the engine of `kiln train` (SPECS.md §4–5), usable from C++ as well.
+//
+// Every step s: lr from the schedule; batch s of the token data; zero_grad; mean cross-entropy;
+// backward; global grad norm (before clipping); clip; optimizer step; one JSONL record
+// {"step","loss","lr","grad_norm","ms","tokens_per_s"} — the reference's loop, operation for operation.
+//
+// Checkpoints hold the weights ("model.<name>"), the optimizer state ("optim.<key>"), and in the
+// metadata the completed step count, the RNG state, both configs and the data file. Batches are a
+// pure function of the step, so the step is the data position: a run resumed from step k's
+// checkpoint reproduces, bit for bit, the losses of a run that never stopped. Checkpoints are written
+// to a temporary file, fsync'ed and renamed. SIGINT/SIGTERM finish the current step, write a
+// checkpoint (when a checkpoint path is set) and stop.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nn/gpt.hpp"
+#include "optim/optimizer.hpp"
+#include "train/config.hpp"
+
+namespace kiln {
+
+struct TrainOptions {
+  std::string model_path;      // model.json ("" = defaults)
+  std::string train_path;      // train.json ("" = defaults)
+  std::string data_path;       // tokens.safetensors (required)
+  std::string eval_data_path;  // held-out tokens for periodic evaluation ("" = none)
+  std::string init_from;       // initial weights (safetensors, the reference's names)
+  std::string save_path;       // final weights
+  std::string log_path;        // JSONL metrics
+  std::string checkpoint_path; // checkpoint written every checkpoint_every steps and at the end
+  std::string resume_path;     // checkpoint to resume from
+  std::string device = "cpu";
+  uint64_t seed = 0;
+  int64_t stop_after = -1;     // stop (with a checkpoint) after this many steps in total; -1 = run to the end
+  int progress = -1;           // progress bar: -1 auto (terminal), 0 off, 1 on
+  bool quiet = false;
+  DType dtype = DType::f32;
+};
+
+struct TrainResult {
+  int64_t steps_done = 0;
+  std::vector<double> losses;  // of the steps run in this call
+  double final_eval_loss = -1;
+  bool interrupted = false;
+};
+
+template <Backend B> TrainResult train_gpt(const TrainOptions& o);
+// Dispatches on o.device.
+TrainResult train_gpt(const TrainOptions& o);
+
+// Checkpoint I/O, for `kiln train --resume`, `kiln sample` and `kiln inspect`.
+template <Backend B>
+void save_checkpoint(const std::string& path, const nn::GPT<B>& model, const optim::Optimizer<B>* opt, int64_t step,
+                     const TrainConfig& t, const std::string& data_path);
+
+struct CheckpointInfo {
+  ModelConfig model;
+  std::optional<TrainConfig> train;
+  int64_t step = 0;
+  uint64_t rng_seed = 0, rng_offset = 0;
+  std::string data_path;
+  std::map<std::string, std::string> metadata;
+  bool is_checkpoint = false;  // false: a plain weights file (the reference's --save)
+};
+// Reads a checkpoint's metadata; a plain weights file gives is_checkpoint = false.
+CheckpointInfo read_checkpoint_info(const std::string& path);
+// Loads a model from a checkpoint or a weights file (then model_json gives the config).
+template <Backend B> std::shared_ptr<nn::GPT<B>> load_gpt(const std::string& path, const std::string& model_json = "");
+
+// Mean cross-entropy of `batches` batches of held-out data (under NoGrad).
+template <Backend B>
+double evaluate(const nn::GPT<B>& model, const class TokenData& data, int64_t batches, int64_t batch_size, int64_t seq_len);
+
+}  // namespace kiln
