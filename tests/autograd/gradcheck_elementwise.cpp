@@ -55,9 +55,14 @@ TEMPLATE_TEST_CASE("gradcheck: unary elementwise ops", "[autograd][gradcheck]", 
 }
 
 TEMPLATE_TEST_CASE("gradcheck: gelu at exactly 0 and far in the tails", "[autograd][gradcheck]", Reference, Cpu) {
-  const auto x = f64<TestType>({0.0, -6.0, 6.0, 1e-3, -1e-3}, {5});
+  const auto x = f64<TestType>({0.0, -6.0, 6.0, 1e-3, -1e-3, 2e-5, -9e-6, 1e-300}, {8});
   check_grad<TestType>("gelu", [](const auto& v) { return v[0].gelu(); }, {x});
   check_grad<TestType>("gelu(tanh)", [](const auto& v) { return v[0].gelu(true); }, {x});
+  // torch: x = tensor([0., 1e-30, -1e-7, 0.5], dtype=float64, requires_grad=True); F.gelu(x).sum().backward()
+  //        x.grad.tolist() -> [0.5, 0.5, 0.49999992021154394, 0.8674951246561629]
+  Var<TestType> v(f64<TestType>({0.0, 1e-30, -1e-7, 0.5}, {4}), true);
+  v.gelu().sum().backward();
+  check_values(v.grad(), {0.5, 0.5, 0.49999992021154394, 0.8674951246561629}, 1e-13);
 }
 
 TEMPLATE_TEST_CASE("gradcheck: binary ops with broadcasting", "[autograd][gradcheck]", Reference, Cpu) {

@@ -63,6 +63,9 @@ TEMPLATE_TEST_CASE("gradcheck: matmul, all torch.matmul cases", "[autograd][grad
                        {randn<TestType>({3, 2}, 50), randn<TestType>({4, 3}, 51)});
   check_grad<TestType>("matmul sliced operand", [](const auto& v) { return v[0].slice(1, 0, 6, 2).matmul(v[1]); },
                        {randn<TestType>({2, 6}, 52), randn<TestType>({3, 2}, 53)});
+  // sum's gradient reaches matmul's backward as a stride-0 (expanded) tensor
+  check_grad<TestType>("matmul then sum", [](const auto& v) { return v[0].matmul(v[1]).sum(); },
+                       {randn<TestType>({2, 2, 3}, 57), randn<TestType>({3, 4}, 58)});
   // only one side needs grad
   const auto w = randn<TestType>({3, 2}, 54);
   check_grad<TestType>("matmul, constant right", [&](const auto& v) { return v[0].matmul(Var<TestType>(w)); }, {randn<TestType>({2, 3}, 55)});

@@ -62,6 +62,8 @@ TEMPLATE_TEST_CASE("gradcheck: gather, index_select, scatter_add, index_add", "[
   const auto gi = i64<TestType>({0, 0, 2, 1, 3, 1, 3, 3, 0}, {3, 3});
   check_grad<TestType>("gather axis 1", [&](const auto& v) { return v[0].gather(1, gi); }, {x});
   const auto gi0 = i64<TestType>({2, 2, 0, 1}, {1, 4});
+  check_grad<TestType>("gather, the index passed as a (non-differentiable) gradcheck input",
+                       [](const auto& v) { return v[0].gather(1, v[1].value()); }, {x, gi});
   check_grad<TestType>("gather axis 0", [&](const auto& v) { return v[0].gather(0, gi0); }, {x});
   check_grad<TestType>("gather from transposed", [&](const auto& v) { return v[0].t().gather(1, i64<TestType>({0, 2, 2, 1, 1, 1}, {3, 2})); },
                        {randn<TestType>({3, 4}, 21)});
