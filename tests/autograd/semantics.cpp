@@ -1,5 +1,6 @@
 // Tape semantics: accumulation, NoGrad, detach, freed graphs, error messages, leaf rules.
 #include <cstdio>
+#include <thread>
 
 #include "helpers.hpp"
 
@@ -76,6 +77,14 @@ TEMPLATE_TEST_CASE("autograd: NoGrad records nothing", "[autograd]", Reference, 
   CHECK(z.grad_fn() == nullptr);
 }
 
+TEMPLATE_TEST_CASE("autograd: grad mode is per thread", "[autograd]", Reference, Cpu) {
+  NoGrad ng;
+  bool other = false;
+  std::thread([&] { other = grad_enabled(); }).join();
+  CHECK(other);
+  CHECK_FALSE(grad_enabled());
+}
+
 TEMPLATE_TEST_CASE("autograd: recorded ops name themselves", "[autograd]", Reference, Cpu) {
   using V = Var<TestType>;
   V x(randn<TestType>({2, 3}, 1), true);
@@ -88,6 +97,9 @@ TEMPLATE_TEST_CASE("autograd: recorded ops name themselves", "[autograd]", Refer
   CHECK(std::string(y.softmax(0).grad_fn()) == "softmax");
   CHECK(y.node()->seq > xt.node()->seq);  // tape order = creation order
   CHECK(y.node()->inputs.size() == 2);
+  CHECK_THAT(fmt::format("{}", y), Contains("grad_fn=matmul"));
+  CHECK_THAT(fmt::format("{}", x), Contains("requires_grad=True"));
+  CHECK(fmt::format("{}", Var<TestType>()) == "Var(undefined)");
 }
 
 TEMPLATE_TEST_CASE("autograd: detach stops gradients", "[autograd]", Reference, Cpu) {
