@@ -128,7 +128,12 @@ template <Backend B> class Var {
   int64_t numel() const { return value().numel(); }
   DType dtype() const { return value().dtype(); }
   bool is_contiguous() const { return value().is_contiguous(); }
-  std::string str() const { return value().str(); }
+  // What fmt prints: the tensor, then grad_fn=<op> or requires_grad=True like PyTorch's repr.
+  std::string str() const {
+    if (!n_) return "Var(undefined)";
+    if (n_->op) return fmt::format("{}, grad_fn={}", value().str(), n_->op);
+    return n_->requires_grad ? value().str() + ", requires_grad=True" : value().str();
+  }
   template <class T> T item() const { return value().template item<T>(); }
 
   // ------------------------------------------------------------------------------ elementwise
@@ -235,5 +240,9 @@ template <Backend B> class Var {
 };
 
 }  // namespace kiln
+
+template <kiln::Backend B> struct fmt::formatter<kiln::Var<B>> : fmt::formatter<std::string_view> {
+  template <class Ctx> auto format(const kiln::Var<B>& v, Ctx& ctx) const { return fmt::format_to(ctx.out(), "{}", v.str()); }
+};
 
 #include "autograd/ops.hpp"  // the family structs and the free functions/operators

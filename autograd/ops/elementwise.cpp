@@ -111,7 +111,7 @@ template <Backend B> Var<B> Elementwise<B>::silu(const X& x) {
 }
 
 // exact:  y = x Φ(x)                           dx = dy * (Φ(x) + x φ(x)),  φ(x) = e^(-x²/2) / sqrt(2π)
-//         Φ(x) is recovered as y / x (0.5 at x = 0): Tensor has no erf, and y is saved anyway.
+//         Φ(x) is recovered as y / x (a Taylor series near 0): Tensor has no erf, and y is saved anyway.
 // tanh:   y = x/2 (1 + t), t = tanh(u), u = k (x + c x³), k = sqrt(2/π), c = 0.044715
 //                                              dx = dy * (0.5 (1 + t) + 0.5 x (1 - t²) k (1 + 3c x²))
 template <Backend B> Var<B> Elementwise<B>::gelu(const X& x, bool tanh_approx) {
@@ -127,10 +127,13 @@ template <Backend B> Var<B> Elementwise<B>::gelu(const X& x, bool tanh_approx) {
     });
   }
   return record<B>("gelu", y, {&x}, [x = x.value(), y](const T<B>& g) {
-    const T<B> zero = x.eq(Scalar(0));
-    const T<B> safe_x = T<B>::where(zero, scalar_like<B>(1.0, x), x);
-    const T<B> cdf = T<B>::where(zero, scalar_like<B>(0.5, x), y.div(safe_x));
-    const T<B> pdf = x.square().mul(Scalar(-0.5)).exp().mul(Scalar(0.39894228040143267794));
+    const double inv_sqrt_2pi = 0.39894228040143267794;  // φ(0)
+    // Near 0, y / x would lose precision (and is 0/0 at 0): Φ(x) = 1/2 + φ(0) x + O(x³) is exact
+    // to double precision for |x| < 1e-5.
+    const T<B> small = x.abs().lt(Scalar(1e-5));
+    const T<B> safe_x = T<B>::where(small, scalar_like<B>(1.0, x), x);
+    const T<B> cdf = T<B>::where(small, x.mul(Scalar(inv_sqrt_2pi)).add(Scalar(0.5)), y.div(safe_x));
+    const T<B> pdf = x.square().mul(Scalar(-0.5)).exp().mul(Scalar(inv_sqrt_2pi));
     return Grads<B>{g.mul(cdf.add(x.mul(pdf)))};
   });
 }
