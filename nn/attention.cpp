@@ -44,7 +44,8 @@ std::pair<Tensor<B>, Tensor<B>> kv_cache_append(KVCache<B>& cache, const Tensor<
   return {cache.k.narrow(2, 0, cache.len), cache.v.narrow(2, 0, cache.len)};
 }
 
-template <Backend B> Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0) {
+template <Backend B>
+Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding) {
   KILN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q {}, k {}, v {} must be [B, H, T, d]", shape_str(q.shape()),
              shape_str(k.shape()), shape_str(v.shape()));
   const int64_t Bn = q.size(0), H = q.size(1), T = q.size(2), d = q.size(3);
@@ -64,6 +65,12 @@ template <Backend B> Var<B> attention(const Var<B>& q, const Var<B>& k, const Va
     for (int64_t i = 0; i < T; ++i)
       for (int64_t j = pos0 + i + 1; j < S; ++j) m[static_cast<size_t>(i * S + j)] = -std::numeric_limits<float>::infinity();
     s = s + Var<B>(Tensor<B>::from_vector(m, {T, S}).to(q.dtype()));
+  }
+  if (key_padding.defined()) {
+    KILN_CHECK(key_padding.dtype() == DType::boolean && key_padding.shape() == Shape({Bn, S}),
+               "attention: key_padding must be bool [{}, {}], got {} {}", Bn, S, key_padding.dtype(), shape_str(key_padding.shape()));
+    const Tensor<B> zero = Tensor<B>::zeros({}, q.dtype()), ninf = Tensor<B>::full({}, -INFINITY, q.dtype());
+    s = s + Var<B>(Tensor<B>::where(key_padding, zero, ninf).reshape({Bn, 1, 1, S}));
   }
   return s.softmax(-1).matmul(vv);  // [B, H, T, dv]
 }
@@ -110,7 +117,7 @@ template <Backend B> Var<B> MultiHeadAttention<B>::forward(const Var<B>& x, KVCa
 #define KILN_INST(B)                                                                                                 \
   template Var<B> rope<B>(const Var<B>&, int64_t, double);                                                          \
   template std::pair<Tensor<B>, Tensor<B>> kv_cache_append<B>(KVCache<B>&, const Tensor<B>&, const Tensor<B>&, int64_t); \
-  template Var<B> attention<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t);                         \
+  template Var<B> attention<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&);                         \
   template class MultiHeadAttention<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

@@ -27,7 +27,10 @@ std::pair<Tensor<B>, Tensor<B>> kv_cache_append(KVCache<B>& cache, const Tensor<
 
 // Softmax attention, causal with queries at positions pos0.. and keys at 0..: softmax(q kᵀ/√d + mask) v.
 // q [B, H, T, d], k [B, Hkv, S, d], v [B, Hkv, S, dv]; H a multiple of Hkv. Differentiable in q, k, v.
-template <Backend B> Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0);
+// key_padding: optional bool [B, S], false = a padding key no query attends to (a row with no key
+// left gives NaN, as in PyTorch).
+template <Backend B>
+Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding = {});
 
 struct AttentionOptions {
   int64_t d_model = 0;

@@ -21,28 +21,45 @@ template <Backend B> class ModuleList : public Module<B> {
 }  // namespace
 
 template <Backend B> GPTLayer<B>::GPTLayer(const ModelConfig& c, int64_t depth) {
-  (void)depth;  // the differential attention of the next layer family depends on it
   const DType dt = DType::f32;
-  attn_norm_ = this->register_module("attn_norm", std::make_shared<RMSNorm<B>>(RMSNormOptions{.dim = c.d_model, .eps = c.norm_eps, .dtype = dt}));
-  attn_ = this->register_module(
-      "attn", std::make_shared<MultiHeadAttention<B>>(AttentionOptions{.d_model = c.d_model, .n_heads = c.n_heads,
-                                                                       .n_kv_heads = c.n_kv_heads, .rope = c.rope,
-                                                                       .rope_theta = c.rope_theta, .max_seq_len = c.max_seq_len, .dtype = dt}));
-  mlp_norm_ = this->register_module("mlp_norm", std::make_shared<RMSNorm<B>>(RMSNormOptions{.dim = c.d_model, .eps = c.norm_eps, .dtype = dt}));
+  auto norm = [&] { return std::make_shared<RMSNorm<B>>(RMSNormOptions{.dim = c.d_model, .eps = c.norm_eps, .dtype = dt}); };
+  attn_norm_ = this->register_module("attn_norm", norm());
+  if (c.attention == "diff") {
+    diff_ = this->register_module(
+        "attn", std::make_shared<DifferentialAttention<B>>(DiffAttentionOptions{
+                    .d_model = c.d_model, .n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .depth = depth, .rope = c.rope,
+                    .rope_theta = c.rope_theta, .norm_eps = c.norm_eps, .subln_affine = c.diff_subln_affine,
+                    .max_seq_len = c.max_seq_len, .dtype = dt}));
+  } else {
+    mha_ = this->register_module(
+        "attn", std::make_shared<MultiHeadAttention<B>>(AttentionOptions{.d_model = c.d_model, .n_heads = c.n_heads,
+                                                                         .n_kv_heads = c.n_kv_heads, .rope = c.rope,
+                                                                         .rope_theta = c.rope_theta, .max_seq_len = c.max_seq_len,
+                                                                         .dtype = dt}));
+  }
+  mlp_norm_ = this->register_module("mlp_norm", norm());
   mlp_ = this->register_module("mlp", std::make_shared<SwiGLU<B>>(SwiGLUOptions{.dim = c.d_model, .hidden = c.ffn_hidden, .dtype = dt}));
+  if (c.residual != "standard") {
+    const DepthAttentionOptions r{.d_model = c.d_model, .eps = c.norm_eps, .key_norm_affine = c.attnres_key_norm_affine, .dtype = dt};
+    attn_res_ = this->register_module("attn_res", std::make_shared<DepthAttention<B>>(r));
+    mlp_res_ = this->register_module("mlp_res", std::make_shared<DepthAttention<B>>(r));
+  }
 }
 
 template <Backend B> Var<B> GPTLayer<B>::attn_sublayer(const Var<B>& h, KVCache<B>* cache) const {
-  return attn_->forward(attn_norm_->forward(h), cache);
+  const Var<B> n = attn_norm_->forward(h);
+  return diff_ ? diff_->forward(n, cache) : mha_->forward(n, cache);
 }
 template <Backend B> Var<B> GPTLayer<B>::mlp_sublayer(const Var<B>& h) const { return mlp_->forward(mlp_norm_->forward(h)); }
 
 template <Backend B> GPT<B>::GPT(const ModelConfig& config, DType dtype) : c_(config.resolved()) {
-  KILN_CHECK(c_.attention == "mha", "GPT: attention \"{}\" is not available yet (only \"mha\")", c_.attention);
-  KILN_CHECK(c_.residual == "standard", "GPT: residual \"{}\" is not available yet (only \"standard\")", c_.residual);
   tok_emb_ = this->register_module("tok_emb", std::make_shared<Embedding<B>>(EmbeddingOptions{.num = c_.vocab_size, .dim = c_.d_model}));
   auto list = this->register_module("layers", std::make_shared<ModuleList<B>>());
   for (int64_t i = 0; i < c_.n_layers; ++i) layers_.push_back(list->push(std::make_shared<GPTLayer<B>>(c_, i)));
+  if (c_.residual != "standard")
+    final_res_ = this->register_module(
+        "final_res", std::make_shared<DepthAttention<B>>(DepthAttentionOptions{
+                         .d_model = c_.d_model, .eps = c_.norm_eps, .key_norm_affine = c_.attnres_key_norm_affine}));
   norm_ = this->register_module("norm", std::make_shared<RMSNorm<B>>(RMSNormOptions{.dim = c_.d_model, .eps = c_.norm_eps}));
   if (!c_.tie_embeddings)
     lm_head_ = this->register_module("lm_head", std::make_shared<Linear<B>>(LinearOptions{.in = c_.d_model, .out = c_.vocab_size}));
@@ -68,9 +85,36 @@ template <Backend B> Var<B> GPT<B>::run(const Tensor<B>& ids, std::vector<KVCach
              c_.max_seq_len);
   if (caches && caches->size() != layers_.size()) caches->assign(layers_.size(), KVCache<B>{});
   Var<B> x = tok_emb_->forward(ids);
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    x = x + layers_[i]->attn_sublayer(x, caches ? &(*caches)[i] : nullptr);
-    x = x + layers_[i]->mlp_sublayer(x);
+  auto cache_of = [&](size_t i) { return caches ? &(*caches)[i] : nullptr; };
+  if (c_.residual == "standard") {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      x = x + layers_[i]->attn_sublayer(x, cache_of(i));
+      x = x + layers_[i]->mlp_sublayer(x);
+    }
+  } else {
+    // SPECS §2's state machine. blocks[0] is the embedding, a source of its own; `partial` sums the
+    // outputs of the current block's sublayers; every S sublayers it becomes a completed block.
+    const int64_t S = c_.residual == "attnres_full" ? 1 : c_.attnres_block_size;
+    std::vector<Var<B>> blocks{x};
+    Var<B> partial;
+    int64_t j = 0;
+    auto sources = [&] {
+      std::vector<Var<B>> src = blocks;
+      if (partial.defined()) src.push_back(partial);
+      return src;
+    };
+    for (size_t i = 0; i < layers_.size(); ++i)
+      for (int sub = 0; sub < 2; ++sub, ++j) {
+        if (j > 0 && j % S == 0) {
+          blocks.push_back(partial);
+          partial = Var<B>();
+        }
+        const DepthAttention<B>& res = sub == 0 ? layers_[i]->attn_res() : layers_[i]->mlp_res();
+        const Var<B> h = res.forward(sources());
+        const Var<B> out = sub == 0 ? layers_[i]->attn_sublayer(h, cache_of(i)) : layers_[i]->mlp_sublayer(h);
+        partial = partial.defined() ? partial + out : out;
+      }
+    x = final_res_->forward(sources());
   }
   x = norm_->forward(x);
   if (c_.tie_embeddings) return x.matmul(tok_emb_->weight().t());

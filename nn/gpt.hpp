@@ -1,6 +1,8 @@
 #pragma once
-// The GPT model family of SPECS.md §3: pre-RMSNorm decoder, SwiGLU MLP, causal attention with
-// optional RoPE and GQA, no biases, optionally tied embeddings.
+// The GPT model family of SPECS.md §3: pre-RMSNorm decoder, SwiGLU MLP, causal attention ("mha" or
+// "diff") with optional RoPE and GQA, no biases, optionally tied embeddings; residuals "standard"
+// (x = x + f(x)) or Attention Residuals ("attnres_full": every sublayer reads a depth attention over
+// all earlier outputs; "attnres_block": over completed blocks of S sublayers plus the running partial).
 // # Shapes
 //   ids [B, T] (i32/i64, T ≤ max_seq_len) -> logits [B, T, vocab_size]
 // Parameter names are the reference's (tok_emb.weight, layers.{i}.attn.q_proj.weight, ..., lm_head.weight),
@@ -9,6 +11,8 @@
 #include <vector>
 
 #include "nn/attention.hpp"
+#include "nn/attnres.hpp"
+#include "nn/diff_attention.hpp"
 #include "nn/config.hpp"
 #include "nn/embedding.hpp"
 #include "nn/layers.hpp"
@@ -16,18 +20,23 @@
 
 namespace kiln::nn {
 
-// One decoder layer: attn_norm, attn, mlp_norm, mlp (two sublayers).
+// One decoder layer: attn_norm, attn (MHA or differential), mlp_norm, mlp — two sublayers — and,
+// with Attention Residuals, attn_res and mlp_res (the depth attention in front of each sublayer).
 template <Backend B> class GPTLayer : public Module<B> {
  public:
   GPTLayer(const ModelConfig& c, int64_t depth);
   // The two sublayer functions f(h): attention(attn_norm(h)) and mlp(mlp_norm(h)).
   Var<B> attn_sublayer(const Var<B>& h, KVCache<B>* cache) const;
   Var<B> mlp_sublayer(const Var<B>& h) const;
+  const DepthAttention<B>& attn_res() const { return *attn_res_; }
+  const DepthAttention<B>& mlp_res() const { return *mlp_res_; }
 
  private:
   std::shared_ptr<RMSNorm<B>> attn_norm_, mlp_norm_;
-  std::shared_ptr<MultiHeadAttention<B>> attn_;
+  std::shared_ptr<MultiHeadAttention<B>> mha_;
+  std::shared_ptr<DifferentialAttention<B>> diff_;
   std::shared_ptr<SwiGLU<B>> mlp_;
+  std::shared_ptr<DepthAttention<B>> attn_res_, mlp_res_;
 };
 
 struct SampleOptions {
@@ -60,6 +69,7 @@ template <Backend B> class GPT : public Module<B> {
   ModelConfig c_;
   std::shared_ptr<Embedding<B>> tok_emb_;
   std::vector<std::shared_ptr<GPTLayer<B>>> layers_;
+  std::shared_ptr<DepthAttention<B>> final_res_;
   std::shared_ptr<RMSNorm<B>> norm_;
   std::shared_ptr<Linear<B>> lm_head_;
 };

@@ -56,6 +56,57 @@ void check_config(const json& model_json) {
 
 }  // namespace
 
+TEST_CASE("parity: GPT with differential attention and attention residuals equals the reference in float64", "[parity]") {
+  const json base = {{"vocab_size", 53}, {"d_model", 32}, {"n_layers", 3}, {"n_heads", 2}, {"max_seq_len", 32}};
+  SECTION("diff, RoPE, standard residual") {
+    json j = base;
+    j["attention"] = "diff";
+    check_config(j);
+  }
+  SECTION("diff, GQA 4:2 (K1 != K2 pairing), subln affine, tied") {
+    json j = base;
+    j["attention"] = "diff";
+    j["d_model"] = 64;
+    j["n_heads"] = 4;
+    j["n_kv_heads"] = 2;
+    j["diff_subln_affine"] = true;
+    j["tie_embeddings"] = true;
+    check_config(j);
+  }
+  SECTION("mha + attnres_full") {
+    json j = base;
+    j["residual"] = "attnres_full";
+    check_config(j);
+  }
+  SECTION("mha + attnres_block S=4 with a remainder block, GQA") {
+    json j = base;
+    j["residual"] = "attnres_block";
+    j["attnres_block_size"] = 4;
+    j["n_heads"] = 4;
+    j["n_kv_heads"] = 2;
+    check_config(j);
+  }
+  SECTION("diff + attnres_block S=3, no RoPE, key norm without weight") {
+    json j = base;
+    j["attention"] = "diff";
+    j["residual"] = "attnres_block";
+    j["attnres_block_size"] = 3;
+    j["rope"] = false;
+    j["attnres_key_norm_affine"] = false;
+    check_config(j);
+  }
+  SECTION("diff + attnres_full, MQA 4:1, no RoPE") {
+    json j = base;
+    j["attention"] = "diff";
+    j["residual"] = "attnres_full";
+    j["d_model"] = 48;
+    j["n_heads"] = 4;
+    j["n_kv_heads"] = 1;
+    j["rope"] = false;
+    check_config(j);
+  }
+}
+
 TEST_CASE("parity: GPT (mha) logits, loss and every gradient equal the reference in float64", "[parity]") {
   const json base = {{"vocab_size", 61}, {"d_model", 32}, {"n_layers", 2}, {"n_heads", 4}, {"max_seq_len", 32}};
   SECTION("defaults: RoPE, untied, MHA") { check_config(base); }

@@ -125,6 +125,27 @@ TEST_CASE("parity: kiln train = reference train, MHA variants and optimizers", "
   }
 }
 
+TEST_CASE("parity: kiln train = reference train for every attention x residual combination", "[parity][train]") {
+  json t = kTrain;
+  t["steps"] = 12;
+  t["schedule"] = {{"name", "cosine"}, {"warmup_steps", 2}};
+  for (const char* attention : {"mha", "diff"})
+    for (const char* residual : {"standard", "attnres_full", "attnres_block"}) {
+      json m = kBase;
+      m["attention"] = attention;
+      m["residual"] = residual;
+      m["attnres_block_size"] = 3;
+      if (std::string(attention) == "diff") m["n_heads"] = 2;
+      SECTION(fmt::format("{} + {}", attention, residual)) { check_parity(m, t); }
+      SECTION(fmt::format("{} + {}, GQA, no RoPE", attention, residual)) {
+        m["n_heads"] = 4;
+        m["n_kv_heads"] = 2;
+        m["rope"] = false;
+        check_parity(m, t);
+      }
+    }
+}
+
 TEST_CASE("checkpoints: a run stopped and resumed is bit-identical to one that never stopped", "[train][checkpoint]") {
   test::require_torch();
   json t = kTrain;

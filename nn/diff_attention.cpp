@@ -1,0 +1,77 @@
+#include "nn/diff_attention.hpp"
+
+#include <cmath>
+
+#include "nn/init.hpp"
+
+namespace kiln::nn {
+
+double diff_lambda_init(int64_t depth) { return 0.8 - 0.6 * std::exp(-0.3 * static_cast<double>(depth)); }
+
+template <Backend B> DifferentialAttention<B>::DifferentialAttention(DiffAttentionOptions o) : o_(o) {
+  if (o_.n_kv_heads == 0) o_.n_kv_heads = o_.n_heads;
+  KILN_CHECK(o_.n_heads >= 1 && o_.d_model % (2 * o_.n_heads) == 0,
+             "DifferentialAttention: d_model {} must be divisible by 2·n_heads = {}", o_.d_model, 2 * o_.n_heads);
+  KILN_CHECK(o_.n_kv_heads >= 1 && o_.n_heads % o_.n_kv_heads == 0,
+             "DifferentialAttention: n_heads {} must be a multiple of n_kv_heads {}", o_.n_heads, o_.n_kv_heads);
+  KILN_CHECK(o_.depth >= 0, "DifferentialAttention: depth must be >= 0, got {}", o_.depth);
+  d_ = o_.d_model / o_.n_heads / 2;
+  KILN_CHECK(!o_.rope || d_ % 2 == 0, "DifferentialAttention: RoPE needs an even sub-head width, got d = D/h/2 = {}", d_);
+  lambda_init_ = diff_lambda_init(o_.depth);
+  // Registration order is the reference's named_parameters() order: own λ vectors, then submodules.
+  lq1_ = this->register_parameter("lambda_q1", Tensor<B>::zeros({d_}, o_.dtype));
+  lk1_ = this->register_parameter("lambda_k1", Tensor<B>::zeros({d_}, o_.dtype));
+  lq2_ = this->register_parameter("lambda_q2", Tensor<B>::zeros({d_}, o_.dtype));
+  lk2_ = this->register_parameter("lambda_k2", Tensor<B>::zeros({d_}, o_.dtype));
+  for (Var<B>* l : {&lq1_, &lk1_, &lq2_, &lk2_}) init::normal_(*l, 0.0, 0.1);
+  const int64_t D = o_.d_model, h = o_.n_heads, hkv = o_.n_kv_heads;
+  auto lin = [&](int64_t in, int64_t out) { return std::make_shared<Linear<B>>(LinearOptions{.in = in, .out = out, .dtype = o_.dtype}); };
+  q_ = this->register_module("q_proj", lin(D, h * 2 * d_));
+  k_ = this->register_module("k_proj", lin(D, hkv * 2 * d_));
+  v_ = this->register_module("v_proj", lin(D, hkv * 2 * d_));
+  out_ = this->register_module("out_proj", lin(h * 2 * d_, D));
+  subln_ = this->register_module("subln", std::make_shared<RMSNorm<B>>(RMSNormOptions{
+                                              .dim = 2 * d_, .eps = o_.norm_eps, .affine = o_.subln_affine, .dtype = o_.dtype}));
+}
+
+template <Backend B> Var<B> DifferentialAttention<B>::lambda() const {
+  return (lq1_ * lk1_).sum().exp() - (lq2_ * lk2_).sum().exp() + lambda_init_;
+}
+
+template <Backend B>
+Var<B> DifferentialAttention<B>::forward(const Var<B>& x, KVCache<B>* cache, const Tensor<B>& key_padding) const {
+  KILN_CHECK(x.dim() == 3 && x.size(2) == o_.d_model, "DifferentialAttention: input {} must be [B, T, {}]", shape_str(x.shape()),
+             o_.d_model);
+  const int64_t Bn = x.size(0), T = x.size(1), h = o_.n_heads, hkv = o_.n_kv_heads, d = d_;
+  const int64_t pos0 = cache ? cache->len : 0;
+  KILN_CHECK(pos0 + T <= o_.max_seq_len, "DifferentialAttention: sequence of {} positions exceeds max_seq_len {}", pos0 + T,
+             o_.max_seq_len);
+  // Stripes: [B, T, heads, 2, d] -> [B, heads, 2, T, d]; branch b of head i is [:, i, b].
+  Var<B> q = q_->forward(x).view({Bn, T, h, 2, d}).permute({0, 2, 3, 1, 4});
+  Var<B> k = k_->forward(x).view({Bn, T, hkv, 2, d}).permute({0, 2, 3, 1, 4});
+  Var<B> v = v_->forward(x).view({Bn, T, hkv, 2 * d}).transpose(1, 2);  // [B, hkv, T, 2d]
+  if (o_.rope) {  // each d-wide sub-head rotates on its own
+    q = rope(q, pos0, o_.rope_theta);
+    k = rope(k, pos0, o_.rope_theta);
+  }
+  int64_t S = T;
+  if (cache) {  // the cache holds K as [B, 2·hkv, S, d] (branches interleaved per group) and V
+    auto [kc, vc] = kv_cache_append(*cache, k.value().reshape({Bn, 2 * hkv, T, d}), v.value(), o_.max_seq_len);
+    S = kc.size(2);
+    k = Var<B>(kc.view({Bn, hkv, 2, S, d}));
+    v = Var<B>(vc);
+  }
+  const Var<B> q1 = q.select(2, 0), q2 = q.select(2, 1);  // [B, h, T, d]
+  const Var<B> k1 = k.select(2, 0), k2 = k.select(2, 1);  // [B, hkv, S, d]
+  const Var<B> o1 = attention(q1, k1, v, true, pos0, key_padding);  // [B, h, T, 2d]
+  const Var<B> o2 = attention(q2, k2, v, true, pos0, key_padding);
+  Var<B> o = o1 - o2 * lambda();
+  o = subln_->forward(o).mul(1.0 - lambda_init_);
+  return out_->forward(o.transpose(1, 2).reshape({Bn, T, h * 2 * d}));
+}
+
+#define KILN_INST(B) template class DifferentialAttention<B>;
+KILN_FOR_EACH_BACKEND(KILN_INST)
+#undef KILN_INST
+
+}  // namespace kiln::nn

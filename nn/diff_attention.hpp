@@ -1,0 +1,56 @@
+#pragma once
+// Differential attention (Differential Transformer V1, arXiv 2410.05258), exactly SPECS.md §1.
+// # Shapes
+//   x [B, T, D] -> [B, T, D]; h heads, h_kv kv groups, sub-head width d = D / h / 2
+//   q_proj D -> h·2d, k_proj D -> h_kv·2d, v_proj D -> h_kv·2d, out_proj h·2d -> D (no biases)
+//   lambda_q1, lambda_k1, lambda_q2, lambda_k2 [d]; subln.weight [2d] (if diff_subln_affine)
+// Q and K in stripes: within head i's 2d columns the first d are branch 1, the next d branch 2.
+// Head i uses kv group ⌊i/(h/h_kv)⌋ for both branches. λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init,
+// λ_init = 0.8 − 0.6·exp(−0.3·depth), trained through (never detached).
+//   O_i = (A1 − λ·A2) V_g = FA(Q1,K1,V) − λ·FA(Q2,K2,V);  O_i ← RMSNorm(O_i)·(1 − λ_init);  y = out_proj(O)
+#include <memory>
+
+#include "nn/attention.hpp"
+#include "nn/norm.hpp"
+
+namespace kiln::nn {
+
+double diff_lambda_init(int64_t depth);
+
+struct DiffAttentionOptions {
+  int64_t d_model = 0;
+  int64_t n_heads = 0;     // differential heads
+  int64_t n_kv_heads = 0;  // 0: = n_heads
+  int64_t depth = 0;       // 0-based layer index (sets λ_init)
+  bool rope = true;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  bool subln_affine = false;
+  int64_t max_seq_len = 256;
+  DType dtype = DType::f32;
+};
+
+template <Backend B> class DifferentialAttention : public Module<B> {
+ public:
+  explicit DifferentialAttention(DiffAttentionOptions o);
+  // key_padding: optional bool [B, S] (true = a real token, false = padding never attended to).
+  Var<B> forward(const Var<B>& x, KVCache<B>* cache = nullptr, const Tensor<B>& key_padding = {}) const;
+  Var<B> operator()(const Var<B>& x, KVCache<B>* cache = nullptr) const { return forward(x, cache); }
+  Var<B> lambda() const;  // the scalar λ, differentiable
+  double lambda_init() const { return lambda_init_; }
+  const DiffAttentionOptions& options() const { return o_; }
+
+ private:
+  DiffAttentionOptions o_;
+  int64_t d_;
+  double lambda_init_;
+  Var<B> lq1_, lk1_, lq2_, lk2_;
+  std::shared_ptr<Linear<B>> q_, k_, v_, out_;
+  std::shared_ptr<RMSNorm<B>> subln_;
+};
+
+#define KILN_EXTERN(B) extern template class DifferentialAttention<B>;
+KILN_FOR_EACH_BACKEND(KILN_EXTERN)
+#undef KILN_EXTERN
+
+}  // namespace kiln::nn
