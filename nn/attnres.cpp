@@ -28,7 +28,29 @@ template <Backend B> Var<B> DepthAttention<B>::forward(const std::vector<Var<B>>
   return (alpha.unsqueeze(-1) * V).sum({0});
 }
 
-#define KILN_INST(B) template class DepthAttention<B>;
+template <Backend B> AttnResStack<B>::AttnResStack(Var<B> embedding, int64_t block_size) : S_(block_size), blocks_{std::move(embedding)} {
+  KILN_CHECK(block_size >= 1, "AttnRes: block size must be >= 1 sublayer, got {}", block_size);
+}
+
+template <Backend B> void AttnResStack<B>::boundary() {
+  if (j_ > 0 && j_ % S_ == 0) {
+    blocks_.push_back(partial_);
+    partial_ = Var<B>();
+  }
+}
+
+template <Backend B> void AttnResStack<B>::add(const Var<B>& out) {
+  partial_ = partial_.defined() ? partial_ + out : out;
+  ++j_;
+}
+
+template <Backend B> std::vector<Var<B>> AttnResStack<B>::sources() const {
+  std::vector<Var<B>> src = blocks_;
+  if (partial_.defined()) src.push_back(partial_);
+  return src;
+}
+
+#define KILN_INST(B) template class DepthAttention<B>; template class AttnResStack<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST
 

@@ -35,7 +35,35 @@ template <Backend B> class DepthAttention : public Module<B> {
   std::shared_ptr<RMSNorm<B>> key_norm_;
 };
 
-#define KILN_EXTERN(B) extern template class DepthAttention<B>;
+// SPECS §2's block state machine, shared by the GPT and the tests:
+//   blocks = [embedding]; partial = none
+//   each sublayer j: if j > 0 and j % S == 0: blocks.append(partial); partial = none
+//                    h = depth_attention_j(blocks + [partial]); out = f_j(h); partial += out
+//   x = final_res(blocks + [partial])
+// Full AttnRes is S = 1. The embedding is a source of its own, never summed into a block.
+template <Backend B> class AttnResStack {
+ public:
+  AttnResStack(Var<B> embedding, int64_t block_size);
+  // Runs sublayer j: returns h (the depth attention's mixture) and records out = f(h).
+  template <class F> Var<B> step(const DepthAttention<B>& res, F&& f) {
+    boundary();
+    const Var<B> h = res.forward(sources());
+    add(f(h));
+    return h;
+  }
+  Var<B> finish(const DepthAttention<B>& final_res) const { return final_res.forward(sources()); }
+  std::vector<Var<B>> sources() const;  // completed blocks, then the partial if any
+  int64_t sublayers() const { return j_; }
+
+ private:
+  void boundary();
+  void add(const Var<B>& out);
+  int64_t S_, j_ = 0;
+  std::vector<Var<B>> blocks_;
+  Var<B> partial_;
+};
+
+#define KILN_EXTERN(B) extern template class DepthAttention<B>; extern template class AttnResStack<B>;
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 

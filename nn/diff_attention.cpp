@@ -17,7 +17,7 @@ template <Backend B> DifferentialAttention<B>::DifferentialAttention(DiffAttenti
   KILN_CHECK(o_.depth >= 0, "DifferentialAttention: depth must be >= 0, got {}", o_.depth);
   d_ = o_.d_model / o_.n_heads / 2;
   KILN_CHECK(!o_.rope || d_ % 2 == 0, "DifferentialAttention: RoPE needs an even sub-head width, got d = D/h/2 = {}", d_);
-  lambda_init_ = diff_lambda_init(o_.depth);
+  lambda_init_ = o_.lambda_init >= 0 ? o_.lambda_init : diff_lambda_init(o_.depth);
   // Registration order is the reference's named_parameters() order: own λ vectors, then submodules.
   lq1_ = this->register_parameter("lambda_q1", Tensor<B>::zeros({d_}, o_.dtype));
   lk1_ = this->register_parameter("lambda_k1", Tensor<B>::zeros({d_}, o_.dtype));
@@ -30,7 +30,8 @@ template <Backend B> DifferentialAttention<B>::DifferentialAttention(DiffAttenti
   k_ = this->register_module("k_proj", lin(D, hkv * 2 * d_));
   v_ = this->register_module("v_proj", lin(D, hkv * 2 * d_));
   out_ = this->register_module("out_proj", lin(h * 2 * d_, D));
-  subln_ = this->register_module("subln", std::make_shared<RMSNorm<B>>(RMSNormOptions{
+  if (o_.subln)
+    subln_ = this->register_module("subln", std::make_shared<RMSNorm<B>>(RMSNormOptions{
                                               .dim = 2 * d_, .eps = o_.norm_eps, .affine = o_.subln_affine, .dtype = o_.dtype}));
 }
 
@@ -66,7 +67,8 @@ Var<B> DifferentialAttention<B>::forward(const Var<B>& x, KVCache<B>* cache, con
   const Var<B> o1 = attention(q1, k1, v, true, pos0, key_padding);  // [B, h, T, 2d]
   const Var<B> o2 = attention(q2, k2, v, true, pos0, key_padding);
   Var<B> o = o1 - o2 * lambda();
-  o = subln_->forward(o).mul(1.0 - lambda_init_);
+  if (o_.subln) o = subln_->forward(o);
+  o = o.mul(1.0 - lambda_init_);
   return out_->forward(o.transpose(1, 2).reshape({Bn, T, h * 2 * d}));
 }
 

@@ -26,6 +26,8 @@ struct DiffAttentionOptions {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   bool subln_affine = false;
+  bool subln = true;                 // false only for tests of the paper's identities
+  double lambda_init = -1.0;         // < 0: from depth (the paper); >= 0: this value (tests)
   int64_t max_seq_len = 256;
   DType dtype = DType::f32;
 };

@@ -92,29 +92,12 @@ template <Backend B> Var<B> GPT<B>::run(const Tensor<B>& ids, std::vector<KVCach
       x = x + layers_[i]->mlp_sublayer(x);
     }
   } else {
-    // SPECS §2's state machine. blocks[0] is the embedding, a source of its own; `partial` sums the
-    // outputs of the current block's sublayers; every S sublayers it becomes a completed block.
-    const int64_t S = c_.residual == "attnres_full" ? 1 : c_.attnres_block_size;
-    std::vector<Var<B>> blocks{x};
-    Var<B> partial;
-    int64_t j = 0;
-    auto sources = [&] {
-      std::vector<Var<B>> src = blocks;
-      if (partial.defined()) src.push_back(partial);
-      return src;
-    };
-    for (size_t i = 0; i < layers_.size(); ++i)
-      for (int sub = 0; sub < 2; ++sub, ++j) {
-        if (j > 0 && j % S == 0) {
-          blocks.push_back(partial);
-          partial = Var<B>();
-        }
-        const DepthAttention<B>& res = sub == 0 ? layers_[i]->attn_res() : layers_[i]->mlp_res();
-        const Var<B> h = res.forward(sources());
-        const Var<B> out = sub == 0 ? layers_[i]->attn_sublayer(h, cache_of(i)) : layers_[i]->mlp_sublayer(h);
-        partial = partial.defined() ? partial + out : out;
-      }
-    x = final_res_->forward(sources());
+    AttnResStack<B> stack(x, c_.residual == "attnres_full" ? 1 : c_.attnres_block_size);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      stack.step(layers_[i]->attn_res(), [&](const Var<B>& h) { return layers_[i]->attn_sublayer(h, cache_of(i)); });
+      stack.step(layers_[i]->mlp_res(), [&](const Var<B>& h) { return layers_[i]->mlp_sublayer(h); });
+    }
+    x = stack.finish(*final_res_);
   }
   x = norm_->forward(x);
   if (c_.tie_embeddings) return x.matmul(tok_emb_->weight().t());
