@@ -1,0 +1,169 @@
+#pragma once
+// Shared machinery of the Cpu backend's kernels (private to backends/cpu/):
+//  * parallel_for: one OpenMP pool, no threads for small work, exceptions carried out of the region;
+//  * Plan / for_range: an N-operand strided walk over a common shape. Dimensions are coalesced where
+//    every operand allows it, the innermost dimension becomes a run handed to a kernel with its
+//    per-operand strides, and the outer indices advance incrementally (one div/mod per chunk, not per
+//    element);
+//  * convert<T>(x): the element conversion Reference uses (through double), so copy agrees bit for bit.
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <exception>
+#include <type_traits>
+
+#include "backends/cpu/cpu.hpp"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "core/shape.hpp"
+
+namespace kiln::cpu {
+
+// ---------------------------------------------------------------------------------- threads
+// Work units (elements, rows, ...) per thread below which a loop stays on the calling thread.
+inline constexpr int64_t kGrainCheap = 32768;   // memory-bound elementwise (add, copy, fill)
+inline constexpr int64_t kGrainMath = 4096;     // transcendental elementwise (exp, tanh, ...)
+
+// Calls f(begin, end) over [0, n) split into one contiguous chunk per thread (chunk starts rounded to
+// `align` units). Runs inline when n < 2 * grain, when one thread is configured, or when already inside
+// a parallel region (nested calls, e.g. BLAS from a batch loop). An exception thrown by f is rethrown on
+// the calling thread after the region.
+template <class F> void parallel_for(int64_t n, int64_t grain, F&& f, int64_t align = 16) {
+  if (n <= 0) return;
+  const int nt_max = num_threads();
+  const int64_t want = grain > 0 ? n / grain : n;
+  const int nt = static_cast<int>(std::min<int64_t>(nt_max, want));
+  if (nt <= 1 || omp_in_parallel()) {
+    f(int64_t{0}, n);
+    return;
+  }
+  std::exception_ptr err = nullptr;
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    int64_t chunk = (n + T - 1) / T;
+    chunk = (chunk + align - 1) / align * align;
+    const int64_t b = std::min<int64_t>(n, chunk * t), e = std::min<int64_t>(n, b + chunk);
+    if (b < e) {
+      try {
+        f(b, e);
+      } catch (...) {
+#pragma omp critical(kiln_cpu_err)
+        if (!err) err = std::current_exception();
+      }
+    }
+  }
+  if (err) std::rethrow_exception(err);
+}
+
+// ---------------------------------------------------------------------------------- strided walks
+inline constexpr int kMaxDims = 24;
+
+// A coalesced iteration space shared by N operands; dim 0 is the innermost.
+template <int N> struct Plan {
+  int nd = 0;
+  int64_t numel = 0;
+  int64_t size[kMaxDims] = {};
+  int64_t stride[N][kMaxDims] = {};
+  int64_t base[N] = {};
+
+  // Inner-run strides of every operand.
+  int64_t inner(int k) const { return stride[k][0]; }
+  bool inner_all_unit() const {
+    for (int k = 0; k < N; ++k)
+      if (stride[k][0] != 1) return false;
+    return true;
+  }
+};
+
+// shape: the common iteration shape; strides[k] / offsets[k]: operand k's strides (over `shape`).
+template <int N>
+Plan<N> make_plan(const Shape& shape, const std::array<const Strides*, N>& strides, const std::array<int64_t, N>& offsets) {
+  Plan<N> p;
+  p.numel = kiln::numel(shape);
+  for (int k = 0; k < N; ++k) p.base[k] = offsets[static_cast<size_t>(k)];
+  KILN_CHECK(shape.size() < static_cast<size_t>(kMaxDims), "cpu: rank {} exceeds the supported {}", shape.size(), kMaxDims - 1);
+  for (size_t d = shape.size(); d-- > 0;) {
+    const int64_t s = shape[d];
+    if (s == 1) continue;
+    bool merge = p.nd > 0;
+    for (int k = 0; k < N && merge; ++k)
+      merge = (*strides[static_cast<size_t>(k)])[d] == p.stride[k][p.nd - 1] * p.size[p.nd - 1];
+    if (merge) {
+      p.size[p.nd - 1] *= s;
+    } else {
+      for (int k = 0; k < N; ++k) p.stride[k][p.nd] = (*strides[static_cast<size_t>(k)])[d];
+      p.size[p.nd++] = s;
+    }
+  }
+  if (p.nd == 0) {  // a single element (or none)
+    p.size[0] = p.numel;
+    for (int k = 0; k < N; ++k) p.stride[k][0] = 1;
+    p.nd = 1;
+  }
+  return p;
+}
+
+// Calls kernel(off, n) for the runs covering linear elements [begin, end): off[k] is operand k's
+// element offset of the run's first element; the run advances by plan.inner(k) per element.
+template <int N, class K> void for_range(const Plan<N>& p, int64_t begin, int64_t end, K&& kernel) {
+  if (begin >= end) return;
+  int64_t idx[kMaxDims];
+  std::array<int64_t, N> off;
+  for (int k = 0; k < N; ++k) off[static_cast<size_t>(k)] = p.base[k];
+  int64_t rem = begin;
+  for (int d = 0; d < p.nd; ++d) {
+    idx[d] = rem % p.size[d];
+    rem /= p.size[d];
+    for (int k = 0; k < N; ++k) off[static_cast<size_t>(k)] += idx[d] * p.stride[k][d];
+  }
+  int64_t pos = begin;
+  while (pos < end) {
+    const int64_t n = std::min(p.size[0] - idx[0], end - pos);
+    kernel(off, n);
+    pos += n;
+    if (pos >= end) break;
+    idx[0] += n;
+    for (int k = 0; k < N; ++k) off[static_cast<size_t>(k)] += n * p.stride[k][0];
+    for (int d = 0; d + 1 < p.nd && idx[d] == p.size[d]; ++d) {
+      for (int k = 0; k < N; ++k) off[static_cast<size_t>(k)] += p.stride[k][d + 1] - idx[d] * p.stride[k][d];
+      idx[d] = 0;
+      ++idx[d + 1];
+    }
+  }
+}
+
+// The whole plan, in parallel chunks of at least `grain` elements per thread.
+template <int N, class K> void for_each_parallel(const Plan<N>& p, int64_t grain, K&& kernel) {
+  parallel_for(p.numel, grain, [&](int64_t b, int64_t e) { for_range(p, b, e, kernel); }, 64);
+}
+
+// ---------------------------------------------------------------------------------- conversions
+// Exactly Reference's convert<T>(U): through double; bool is "!= 0"; half types round from float.
+template <class T, class U> inline T convert(U x) {
+  if constexpr (std::is_same_v<T, bool>) return static_cast<double>(x) != 0.0;
+  else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) return T(static_cast<float>(static_cast<double>(x)));
+  else return static_cast<T>(static_cast<double>(x));
+}
+
+// An element of storage type S as Reference reads it for conversion to T (copy semantics).
+template <class T, class S> inline T convert_elem(S x) {
+  if constexpr (std::is_same_v<S, bool>) return convert<T>(x ? 1 : 0);
+  else if constexpr (std::is_same_v<S, bf16> || std::is_same_v<S, f16>) return convert<T>(static_cast<float>(x));
+  else if constexpr (std::is_same_v<S, T>) return x;  // same type: exact
+  else return convert<T>(x);
+}
+
+// Load as compute type / store from compute type.
+template <class T> inline compute_t<T> ld(T x) { return static_cast<compute_t<T>>(x); }
+template <class T> inline T st(compute_t<T> x) {
+  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) return T(x);
+  else return x;
+}
+
+template <class T> T* ptr(HostStorage& s) { return s.as<T>(); }
+template <class T> const T* ptr(const HostStorage& s) { return s.as<T>(); }
+
+}  // namespace kiln::cpu

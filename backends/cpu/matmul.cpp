@@ -1,0 +1,318 @@
+// matmul: [..., M, K] @ [..., K, N] -> [..., M, N] through OpenBLAS (sgemm/dgemm) or oneDNN.
+//
+// Operands go to the library as they lie: a matrix whose last dim has unit stride is passed NoTrans
+// with ld = its row stride, one whose second-to-last dim has unit stride is passed Trans (x @ W^T with
+// W [N, K] costs no copy); only a matrix with neither unit stride (or with a zero stride inside the
+// matrix) is first copied to a contiguous buffer. Batch dims are coalesced; when the right operand is
+// the same matrix for every batch item (stride 0, e.g. [B, T, K] @ [K, N]) and the left operand and
+// output rows are evenly spaced, the batch folds into M and one large GEMM runs.
+//
+// Library choice (measured on this machine, 2 threads, see bench/RESULTS.md):
+//  * f32 with oneDNN available: oneDNN's matmul primitive (cached per shape/stride signature), which
+//    takes batch strides, broadcast batch dims and transposed operands natively, for every shape whose
+//    per-item work is at least kDnnlMinFlops; tiny products go to OpenBLAS, whose call overhead is
+//    lower than oneDNN's execute.
+//  * f64, f32 without oneDNN: OpenBLAS. Batched: when each GEMM is small (< kSmallGemmFlops) and there
+//    are at least as many items as threads, the batch loop is parallel and each GEMM single-threaded
+//    (OpenBLAS runs single-threaded inside a parallel region); else the batch loop is serial and each
+//    GEMM uses all threads.
+//  * bf16/f16: converted to f32, multiplied with f32 accumulation, rounded back.
+// KILN_CPU_MATMUL=blas|onednn forces one library for f32 (for benchmarking).
+#include <cblas.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/common.hpp"
+
+#ifdef KILN_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace kiln {
+using namespace cpu;
+
+namespace {
+
+constexpr double kSmallGemmFlops = 2.0 * 256 * 256 * 256;
+
+// How one matrix (rows x cols with strides rs, cs) can be handed to BLAS.
+struct Operand {
+  bool ok = false;     // false: needs a contiguous copy
+  bool trans = false;  // stored as the transpose (column-major)
+  int64_t ld = 0;
+};
+Operand blas_operand(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  if ((cols == 1 || cs == 1) && (rows == 1 || rs >= std::max<int64_t>(cols, 1))) return {true, false, rows == 1 ? std::max<int64_t>(cols, 1) : rs};
+  if ((rows == 1 || rs == 1) && (cols == 1 || cs >= std::max<int64_t>(rows, 1))) return {true, true, cols == 1 ? std::max<int64_t>(rows, 1) : cs};
+  return {};
+}
+
+void sync_omp_threads() {
+  const int n = num_threads();
+  if (!omp_in_parallel() && omp_get_max_threads() != n) omp_set_num_threads(n);
+}
+
+// A batched GEMM problem in element offsets; every batch item is out[i] = a[i] @ b[i].
+struct Problem {
+  int64_t M = 0, N = 0, K = 0;
+  Operand a, b;
+  int64_t ldc = 0;
+  std::vector<int64_t> oa, ob, oc;  // per batch item offsets
+  // coalesced batch dims (outermost first) with per-operand strides, for oneDNN
+  std::vector<int64_t> bdims, bsa, bsb, bsc;
+};
+
+template <class T>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {
+  const auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
+  const auto m = static_cast<blasint>(M), n = static_cast<blasint>(N), k = static_cast<blasint>(K);
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, TA, TB, m, n, k, 1.0f, a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), 0.0f, c,
+                static_cast<blasint>(ldc));
+  else
+    cblas_dgemm(CblasRowMajor, TA, TB, m, n, k, 1.0, a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), 0.0, c,
+                static_cast<blasint>(ldc));
+}
+
+template <class T> void run_blas(const Problem& p, const T* a, const T* b, T* c) {
+  const auto one = [&](size_t i) {
+    gemm<T>(p.a.trans, p.b.trans, p.M, p.N, p.K, a + p.oa[i], p.a.ld, b + p.ob[i], p.b.ld, c + p.oc[i], p.ldc);
+  };
+  const auto bt = static_cast<int64_t>(p.oa.size());
+  const double flops = 2.0 * static_cast<double>(p.M) * static_cast<double>(p.N) * static_cast<double>(p.K);
+  sync_omp_threads();
+  if (bt > 1 && flops < kSmallGemmFlops && bt >= num_threads()) {
+    parallel_for(bt, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) one(static_cast<size_t>(i));
+    }, 1);
+  } else {
+    for (size_t i = 0; i < p.oa.size(); ++i) one(i);
+  }
+}
+
+#ifdef KILN_HAVE_ONEDNN
+// ---------------------------------------------------------------------------------- oneDNN
+constexpr double kDnnlMinFlops = 2.0 * 32 * 32 * 32;
+
+enum class Lib { automatic, blas, onednn };
+Lib forced_lib() {
+  static const Lib l = [] {
+    const char* v = std::getenv("KILN_CPU_MATMUL");
+    if (!v) return Lib::automatic;
+    if (std::strcmp(v, "blas") == 0) return Lib::blas;
+    if (std::strcmp(v, "onednn") == 0) return Lib::onednn;
+    return Lib::automatic;
+  }();
+  return l;
+}
+
+struct Dnnl {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  std::mutex mu;
+  std::map<std::vector<int64_t>, std::shared_ptr<dnnl::matmul>> cache;
+  static Dnnl& get() {
+    static Dnnl d;
+    return d;
+  }
+};
+
+// The memory desc of one operand: batch dims (size 1 where the operand is broadcast) + the matrix.
+dnnl::memory::desc dnnl_desc(const std::vector<int64_t>& bdims, const std::vector<int64_t>& bstr, int64_t rows, int64_t cols,
+                             const Operand& op) {
+  dnnl::memory::dims dims, strides;
+  for (size_t i = 0; i < bdims.size(); ++i) {
+    dims.push_back(bstr[i] == 0 ? 1 : bdims[i]);
+    strides.push_back(bstr[i]);
+  }
+  dims.push_back(rows);
+  dims.push_back(cols);
+  strides.push_back(op.trans ? 1 : op.ld);
+  strides.push_back(op.trans ? op.ld : 1);
+  return {dims, dnnl::memory::data_type::f32, strides};
+}
+
+// Runs the problem with oneDNN; false when oneDNN declines the layout.
+bool run_dnnl(const Problem& p, const float* a, const float* b, float* c) {
+  Dnnl& d = Dnnl::get();
+  std::vector<int64_t> key{p.M, p.N, p.K, p.a.trans, p.a.ld, p.b.trans, p.b.ld, p.ldc};
+  for (size_t i = 0; i < p.bdims.size(); ++i) key.insert(key.end(), {p.bdims[i], p.bsa[i], p.bsb[i], p.bsc[i]});
+  const dnnl::memory::desc ad = dnnl_desc(p.bdims, p.bsa, p.M, p.K, p.a), bd = dnnl_desc(p.bdims, p.bsb, p.K, p.N, p.b),
+                           cd = dnnl_desc(p.bdims, p.bsc, p.M, p.N, Operand{true, false, p.ldc});
+  std::shared_ptr<dnnl::matmul> prim;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.cache.find(key);
+    if (it != d.cache.end()) {
+      prim = it->second;
+    } else {
+      try {
+        const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), d.eng);
+        prim = std::make_shared<dnnl::matmul>(pd);
+      } catch (const dnnl::error&) {
+        prim = nullptr;
+      }
+      if (d.cache.size() > 512) d.cache.clear();
+      d.cache.emplace(key, prim);
+    }
+  }
+  if (!prim) return false;
+  thread_local dnnl::stream stream(Dnnl::get().eng);
+  dnnl::memory am(ad, d.eng, const_cast<float*>(a + p.oa[0])), bm(bd, d.eng, const_cast<float*>(b + p.ob[0])), cm(cd, d.eng, c + p.oc[0]);
+  sync_omp_threads();
+  prim->execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  stream.wait();
+  return true;
+}
+#endif
+
+// A contiguous copy of a view in dtype `to`. Zero-stride batch dims stay zero-stride, so a broadcast
+// operand is not materialised; the matrix dims (the last two) are always dense.
+struct Staged {
+  std::shared_ptr<HostStorage> storage;
+  Layout layout;
+};
+Staged stage(Cpu::V v, DType to) {
+  const Shape& s = v.layout.shape;
+  Strides st(s.size());
+  int64_t acc = 1;
+  const size_t nb = s.size() >= 2 ? s.size() - 2 : 0;
+  for (size_t i = s.size(); i-- > 0;) {
+    if (i < nb && s[i] > 1 && v.layout.strides[i] == 0) {
+      st[i] = 0;
+    } else {
+      st[i] = acc;
+      acc *= std::max<int64_t>(s[i], 1);
+    }
+  }
+  Staged r{HostStorage::make(static_cast<size_t>(acc) * dtype_size(to)), Layout(s, st, 0)};
+  // copy only the distinct elements: view both through the shape with broadcast dims cut to 1
+  Shape cut = s;
+  Strides src_st = v.layout.strides, dst_st = st;
+  for (size_t i = 0; i < nb; ++i)
+    if (s[i] > 1 && v.layout.strides[i] == 0) cut[i] = 1;
+  const Layout src(cut, src_st, v.layout.offset), dst(cut, dst_st, 0);
+  Cpu::copy(Cpu::M{*r.storage, dst, to}, Cpu::V{v.storage, src, v.dtype});
+  return r;
+}
+
+template <class T> void matmul_typed(Cpu::M out, Cpu::V a, Cpu::V b) {
+  const Shape& os = out.layout.shape;
+  const size_t r = os.size();
+  const int64_t M = os[r - 2], N = os[r - 1], K = a.layout.shape[r - 1];
+  if (M == 0 || N == 0) return;
+  if (K == 0) return Cpu::fill(out, 0);
+
+  // Stage operands BLAS cannot take as they are.
+  Staged sa, sb, sc;
+  const Layout* la = &a.layout;
+  const Layout* lb = &b.layout;
+  const Layout* lc = &out.layout;
+  const T* pa = a.storage.as<T>();
+  const T* pb = b.storage.as<T>();
+  T* pc = out.storage.as<T>();
+  auto mat = [&](const Layout& l, int64_t rows, int64_t cols) { return blas_operand(rows, cols, l.strides[r - 2], l.strides[r - 1]); };
+  Operand A = mat(*la, M, K), B = mat(*lb, K, N), C = mat(*lc, M, N);
+  if (!A.ok) {
+    sa = stage(a, dtype_of<T>);
+    la = &sa.layout;
+    pa = sa.storage->as<T>();
+    A = mat(*la, M, K);
+  }
+  if (!B.ok) {
+    sb = stage(b, dtype_of<T>);
+    lb = &sb.layout;
+    pb = sb.storage->as<T>();
+    B = mat(*lb, K, N);
+  }
+  const bool stage_c = !C.ok || C.trans;
+  if (stage_c) {
+    sc = Staged{HostStorage::make(static_cast<size_t>(out.layout.numel()) * sizeof(T)), Layout(os)};
+    lc = &sc.layout;
+    pc = sc.storage->as<T>();
+    C = mat(*lc, M, N);
+  }
+
+  Problem p;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.a = A;
+  p.b = B;
+  p.ldc = C.ld;
+  const Shape batch(os.begin(), os.end() - 2);
+  const Strides ba(la->strides.begin(), la->strides.end() - 2), bb(lb->strides.begin(), lb->strides.end() - 2),
+      bc(lc->strides.begin(), lc->strides.end() - 2);
+  const Plan<3> bp = make_plan<3>(batch, {&ba, &bb, &bc}, {la->offset, lb->offset, lc->offset});
+  const int64_t bt = bp.numel;
+  bool all_b_zero = true;
+  for (int d = 0; d < bp.nd; ++d) all_b_zero = all_b_zero && (bp.size[d] == 1 || bp.stride[1][d] == 0);
+  if (bt > 1 && all_b_zero && bp.nd == 1 && !A.trans && bp.stride[0][0] == M * A.ld && bp.stride[2][0] == M * C.ld) {
+    p.M = M * bt;  // fold the batch into M
+    p.oa = {la->offset};
+    p.ob = {lb->offset};
+    p.oc = {lc->offset};
+  } else {
+    p.oa.reserve(static_cast<size_t>(bt));
+    for_range(bp, 0, bt, [&](const std::array<int64_t, 3>& off, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        p.oa.push_back(off[0] + i * bp.stride[0][0]);
+        p.ob.push_back(off[1] + i * bp.stride[1][0]);
+        p.oc.push_back(off[2] + i * bp.stride[2][0]);
+      }
+    });
+    if (bt > 1) {
+      for (int d = bp.nd; d-- > 0;) {
+        p.bdims.push_back(bp.size[d]);
+        p.bsa.push_back(bp.stride[0][d]);
+        p.bsb.push_back(bp.stride[1][d]);
+        p.bsc.push_back(bp.stride[2][d]);
+      }
+    }
+  }
+
+  bool done = false;
+#ifdef KILN_HAVE_ONEDNN
+  if constexpr (std::is_same_v<T, float>) {
+    const double flops = 2.0 * static_cast<double>(p.M) * static_cast<double>(N) * static_cast<double>(K);
+    const Lib lib = forced_lib();
+    const bool use = lib == Lib::onednn || (lib == Lib::automatic && flops >= kDnnlMinFlops);
+    // oneDNN addresses the batch through (bdims, strides) from item 0's offsets (p.oa[0], ...).
+    if (use) done = run_dnnl(p, pa, pb, pc);
+  }
+#endif
+  if (!done) run_blas<T>(p, pa, pb, pc);
+  if (stage_c) Cpu::copy(out, Cpu::V{*sc.storage, sc.layout, out.dtype});
+}
+
+}  // namespace
+
+void Cpu::matmul(M out, V a, V b) {
+  const size_t r = out.layout.shape.size();
+  KILN_CHECK(r >= 2 && a.layout.shape.size() == r && b.layout.shape.size() == r, "matmul: ranks differ or < 2: {} @ {} -> {}",
+             shape_str(a.layout.shape), shape_str(b.layout.shape), shape_str(out.layout.shape));
+  KILN_CHECK(a.dtype == b.dtype && a.dtype == out.dtype, "matmul: dtypes differ: {} @ {} -> {}", a.dtype, b.dtype, out.dtype);
+  const int64_t K = a.layout.shape[r - 1];
+  KILN_CHECK(b.layout.shape[r - 2] == K && a.layout.shape[r - 2] == out.layout.shape[r - 2] &&
+                 b.layout.shape[r - 1] == out.layout.shape[r - 1],
+             "matmul: {} @ {} -> {}: shapes do not match", shape_str(a.layout.shape), shape_str(b.layout.shape), shape_str(out.layout.shape));
+  switch (a.dtype) {
+    case DType::f32: return matmul_typed<float>(out, a, b);
+    case DType::f64: return matmul_typed<double>(out, a, b);
+    case DType::bf16:
+    case DType::f16: {
+      const Staged fa = stage(a, DType::f32), fb = stage(b, DType::f32);
+      Staged fc{HostStorage::make(static_cast<size_t>(out.layout.numel()) * 4), Layout(out.layout.shape)};
+      matmul_typed<float>(M{*fc.storage, fc.layout, DType::f32}, V{*fa.storage, fa.layout, DType::f32}, V{*fb.storage, fb.layout, DType::f32});
+      return Cpu::copy(out, V{*fc.storage, fc.layout, DType::f32});
+    }
+    default: fail("matmul: not supported for dtype {} ({} @ {})", a.dtype, shape_str(a.layout.shape), shape_str(b.layout.shape));
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,56 @@
+// rand_uniform / rand_normal: element i (row-major over the output's shape) is the same function of
+// (seed, offset, i) as in Reference (core/rng.hpp), computed in double with the same expressions and
+// rounded the same way, so both backends give bit-identical tensors. One Philox block serves four
+// consecutive elements; one Box-Muller radius serves each pair.
+#include "backends/cpu/common.hpp"
+#include "core/rng.hpp"
+
+namespace kiln {
+using namespace cpu;
+
+namespace {
+
+// gen(i, block) -> double for element i, where block = philox4x32_10(offset + i / 4, seed).
+template <class G> void rand_fill(Cpu::M out, uint64_t seed, uint64_t offset, G&& gen) {
+  visit_dtype(out.dtype, [&]<class T>(type_tag<T>) {
+    const Plan<1> p = make_plan<1>(out.layout.shape, {&out.layout.strides}, {out.layout.offset});
+    T* o = out.storage.as<T>();
+    const int64_t so = p.inner(0);
+    parallel_for(p.numel, 1024, [&](int64_t b, int64_t e) {
+      int64_t pos = b;
+      uint64_t cur = ~uint64_t{0};
+      Philox4x32 blk{};
+      for_range(p, b, e, [&](const std::array<int64_t, 1>& off, int64_t n) {
+        for (int64_t j = 0; j < n; ++j, ++pos) {
+          const auto i = static_cast<uint64_t>(pos);
+          if (i / 4 != cur) {
+            cur = i / 4;
+            blk = philox4x32_10(offset + cur, seed);
+          }
+          o[off[0] + j * so] = convert<T>(gen(i, blk));
+        }
+      });
+    }, 4);
+  });
+}
+
+}  // namespace
+
+void Cpu::rand_uniform(M out, uint64_t seed, uint64_t offset, double lo, double hi) {
+  rand_fill(out, seed, offset, [&](uint64_t i, const Philox4x32& r) { return lo + (hi - lo) * philox_uniform(r.v[i % 4]); });
+}
+
+void Cpu::rand_normal(M out, uint64_t seed, uint64_t offset, double mean, double std) {
+  rand_fill(out, seed, offset, [&](uint64_t i, const Philox4x32& r) {
+    // Exactly philox_normal_at (core/rng.hpp) for this lane.
+    const unsigned lane = static_cast<unsigned>(i % 4), pair = lane / 2;
+    const double u1 = (static_cast<double>(r.v[2 * pair]) + 1.0) * (1.0 / 4294967296.0);
+    const double u2 = static_cast<double>(r.v[2 * pair + 1]) * (1.0 / 4294967296.0);
+    const double rad = std::sqrt(-2.0 * std::log(u1));
+    const double ang = 6.283185307179586 * u2;
+    const double z = (lane % 2 == 0) ? rad * std::cos(ang) : rad * std::sin(ang);
+    return mean + std * z;
+  });
+}
+
+}  // namespace kiln

@@ -1,0 +1,189 @@
+#pragma once
+// Vectorised float32 math for the Cpu backend (AVX2 + FMA, 8 lanes), Cephes-style polynomials with
+// Sleef-like accuracy (about 1-2 ulp over the full range), IEEE special values handled:
+//   exp: round-to-nearest range reduction x = n ln2 + r (ln2 split in two), degree-6 polynomial, 2^n
+//        applied as two factors so results down to the subnormal range are right; NaN passes through.
+//   log: frexp-style split, degree-9 polynomial; 0 -> -inf, x < 0 -> NaN, +inf -> +inf, subnormals
+//        rescaled by 2^23 first.
+//   tanh: odd polynomial for |x| < 0.625, else 1 - 2 / (exp(2|x|) + 1) with the sign restored.
+//   sigmoid: 1 / (1 + e) for x >= 0 and e / (1 + e) for x < 0 with e = exp(-|x|): no cancellation,
+//        no overflow, exact tails. silu = x * sigmoid(x); gelu_tanh = x * sigmoid(2u) (the identity
+//        0.5 (1 + tanh u) = sigmoid(2u) avoids the cancellation of 1 + tanh u for x << 0).
+// Each has a scalar twin used for loop tails and when AVX2 is not available, with the same formula.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define KILN_CPU_AVX2 1
+#endif
+
+namespace kiln::cpu::vm {
+
+// ------------------------------------------------------------------------------------------ scalar
+inline float exp_s(float x) { return std::exp(x); }
+inline float log_s(float x) { return std::log(x); }
+inline float tanh_s(float x) { return std::tanh(x); }
+inline float sigmoid_s(float x) {
+  const float e = std::exp(-std::fabs(x));
+  const float s = 1.0f / (1.0f + e);
+  return x >= 0.0f ? s : e * s;
+}
+inline float silu_s(float x) { return x * sigmoid_s(x); }
+inline float gelu_tanh_s(float x) {
+  const float u = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
+  return x * sigmoid_s(2.0f * u);
+}
+inline float gelu_s(float x) { return 0.5f * x * std::erfc(-x * 0.70710678118654752440f); }
+
+#ifdef KILN_CPU_AVX2
+// ------------------------------------------------------------------------------------------ AVX2
+inline __m256 exp8(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.7228394f), lo = _mm256_set1_ps(-104.0f);
+  const __m256 nan_mask = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  const __m256 xin = x;
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+  const __m256 r2 = _mm256_mul_ps(r, r);
+  p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  // 2^n as 2^(n1) * 2^(n - n1), n1 = n / 2 (both factors are normal floats for n in [-150, 128])
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i n1 = _mm256_srai_epi32(ni, 1);
+  const __m256i n2 = _mm256_sub_epi32(ni, n1);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
+  __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(xin, hi, _CMP_GT_OQ));
+  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(xin, lo, _CMP_LT_OQ));
+  return _mm256_blendv_ps(y, xin, nan_mask);
+}
+
+inline __m256 log8(__m256 x) {
+  const __m256 xin = x;
+  const __m256 one = _mm256_set1_ps(1.0f);
+  // subnormals: scale by 2^23
+  const __m256 sub = _mm256_cmp_ps(x, _mm256_set1_ps(1.17549435e-38f), _CMP_LT_OQ);
+  x = _mm256_blendv_ps(x, _mm256_mul_ps(x, _mm256_set1_ps(8388608.0f)), sub);
+  __m256i xi = _mm256_castps_si256(x);
+  __m256i ei = _mm256_sub_epi32(_mm256_srli_epi32(xi, 23), _mm256_set1_epi32(126));
+  __m256 e = _mm256_cvtepi32_ps(ei);
+  e = _mm256_sub_ps(e, _mm256_and_ps(sub, _mm256_set1_ps(23.0f)));
+  // mantissa in [0.5, 1)
+  __m256 m = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(xi, _mm256_set1_epi32(0x007fffff)),
+                                                 _mm256_set1_epi32(0x3f000000)));
+  const __m256 small = _mm256_cmp_ps(m, _mm256_set1_ps(0.707106781186547524f), _CMP_LT_OQ);
+  e = _mm256_sub_ps(e, _mm256_and_ps(small, one));
+  m = _mm256_add_ps(_mm256_sub_ps(m, one), _mm256_and_ps(small, m));  // m < sqrt(1/2): 2m - 1, else m - 1
+  const __m256 z = _mm256_mul_ps(m, m);
+  __m256 y = _mm256_set1_ps(7.0376836292E-2f);
+  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(-1.1514610310E-1f));
+  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(1.1676998740E-1f));
+  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(-1.2420140846E-1f));
+  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(1.4249322787E-1f));
+  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(-1.6668057665E-1f));
+  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(2.0000714765E-1f));
+  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(-2.4999993993E-1f));
+  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(3.3333331174E-1f));
+  y = _mm256_mul_ps(_mm256_mul_ps(y, m), z);
+  y = _mm256_fmadd_ps(e, _mm256_set1_ps(-2.12194440e-4f), y);
+  y = _mm256_fnmadd_ps(z, _mm256_set1_ps(0.5f), y);
+  __m256 r = _mm256_add_ps(m, y);
+  r = _mm256_fmadd_ps(e, _mm256_set1_ps(0.693359375f), r);
+  // specials
+  r = _mm256_blendv_ps(r, _mm256_set1_ps(-INFINITY), _mm256_cmp_ps(xin, _mm256_setzero_ps(), _CMP_EQ_OQ));
+  r = _mm256_blendv_ps(r, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(xin, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ));
+  r = _mm256_blendv_ps(r, _mm256_set1_ps(NAN), _mm256_cmp_ps(xin, _mm256_setzero_ps(), _CMP_LT_OQ));
+  return _mm256_blendv_ps(r, xin, _mm256_cmp_ps(xin, xin, _CMP_UNORD_Q));
+}
+
+inline __m256 abs8(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
+
+inline __m256 tanh8(__m256 x) {
+  const __m256 ax = abs8(x);
+  const __m256 sign = _mm256_and_ps(x, _mm256_set1_ps(-0.0f));
+  // small: x + x^3 P(x^2)
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 p = _mm256_set1_ps(-5.70498872745E-3f);
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(2.06390887954E-2f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531E-2f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036E-1f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422E-1f));
+  const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), x, x);
+  // large: 1 - 2 / (exp(2|x|) + 1)
+  const __m256 e = exp8(_mm256_add_ps(ax, ax));
+  const __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.0f), _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+  const __m256 r = _mm256_blendv_ps(_mm256_or_ps(big, sign), small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
+  return _mm256_blendv_ps(r, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+inline __m256 sigmoid8(__m256 x) {
+  const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), abs8(x)));
+  const __m256 s = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+  return _mm256_blendv_ps(_mm256_mul_ps(e, s), s, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
+}
+inline __m256 silu8(__m256 x) { return _mm256_mul_ps(x, sigmoid8(x)); }
+inline __m256 gelu_tanh8(__m256 x) {
+  const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+  const __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.79788456080286535588f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x));
+  return _mm256_mul_ps(x, sigmoid8(_mm256_add_ps(u, u)));
+}
+
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline float hmax8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline double hsum4d(__m256d v) {
+  __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  s = _mm_add_sd(s, _mm_unpackhi_pd(s, s));
+  return _mm_cvtsd_f64(s);
+}
+#endif
+
+// ------------------------------------------------------------------------------------------ arrays
+// y[i] = f(x[i]) for n floats (x and y may be the same array). Tails go through the vector formula too
+// (padded), so every element sees the same function.
+#ifdef KILN_CPU_AVX2
+#define KILN_VM_ARRAY(NAME, VEC, SCALAR)                                              \
+  inline void NAME(const float* x, float* y, int64_t n) {                             \
+    int64_t i = 0;                                                                    \
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, VEC(_mm256_loadu_ps(x + i)));  \
+    if (i < n) {                                                                      \
+      alignas(32) float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};                            \
+      for (int64_t j = i; j < n; ++j) buf[j - i] = x[j];                              \
+      _mm256_store_ps(buf, VEC(_mm256_load_ps(buf)));                                 \
+      for (int64_t j = i; j < n; ++j) y[j] = buf[j - i];                              \
+    }                                                                                 \
+  }
+#else
+#define KILN_VM_ARRAY(NAME, VEC, SCALAR)                  \
+  inline void NAME(const float* x, float* y, int64_t n) { \
+    for (int64_t i = 0; i < n; ++i) y[i] = SCALAR(x[i]);  \
+  }
+#endif
+KILN_VM_ARRAY(exp_n, exp8, exp_s)
+KILN_VM_ARRAY(log_n, log8, log_s)
+KILN_VM_ARRAY(tanh_n, tanh8, tanh_s)
+KILN_VM_ARRAY(sigmoid_n, sigmoid8, sigmoid_s)
+KILN_VM_ARRAY(silu_n, silu8, silu_s)
+KILN_VM_ARRAY(gelu_tanh_n, gelu_tanh8, gelu_tanh_s)
+#undef KILN_VM_ARRAY
+
+}  // namespace kiln::cpu::vm
