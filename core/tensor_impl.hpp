@@ -744,10 +744,15 @@ template <Backend B> std::string format_tensor(const Tensor<B>& t) {
   const std::vector<double> v = t.template to_vector<double>();
   const bool fl = is_floating(t.dtype());
   const bool ints = !fl || std::all_of(v.begin(), v.end(), [](double x) { return !std::isfinite(x) || x == std::floor(x); });
-  double amax = 0;
+  // PyTorch's rule (torch/_tensor_str.py): scientific when the nonzero finite magnitudes span more
+  // than 1000x or exceed 1e8, or (non-integral values) when the smallest is below 1e-4.
+  double amax = 0, amin = std::numeric_limits<double>::infinity();
   for (double x : v)
-    if (std::isfinite(x)) amax = std::max(amax, std::abs(x));
-  const bool sci = fl && !ints && (amax >= 1e8 || (amax > 0 && amax < 1e-4));
+    if (std::isfinite(x) && x != 0) {
+      amax = std::max(amax, std::abs(x));
+      amin = std::min(amin, std::abs(x));
+    }
+  const bool sci = fl && amax > 0 && (amax / amin > 1000 || amax > 1e8 || (!ints && amin < 1e-4));
   auto fmt1 = [&](double x) -> std::string {
     if (t.dtype() == DType::boolean) return x != 0 ? "True" : "False";
     if (!fl) return fmt::format("{}", static_cast<int64_t>(x));
