@@ -200,13 +200,18 @@ struct Gen {
     return s;
   }
 
+  // Options for values(): a fraction of NaNs (floats), integral values (ties for max/argmax).
+  double p_nan = 0;
+  bool ties = false;
+
   // Host values for dtype d, in [lo, hi] for floats (rounded to d), small integers for ints.
   std::vector<double> values(int64_t n, DType d, double lo = -3, double hi = 3) {
     std::vector<double> v(static_cast<size_t>(n));
     for (auto& x : v) {
       if (d == DType::boolean) x = coin() ? 1 : 0;
-      else if (kiln::is_integral(d)) x = static_cast<double>(integer(static_cast<int64_t>(std::floor(lo)) , static_cast<int64_t>(std::ceil(hi))));
+      else if (kiln::is_integral(d) || ties) x = static_cast<double>(integer(static_cast<int64_t>(std::ceil(lo)), static_cast<int64_t>(std::floor(hi))));
       else x = real(lo, hi);
+      if (p_nan > 0 && kiln::is_floating(d) && coin(p_nan)) x = std::nan("");
     }
     return v;
   }
