@@ -261,6 +261,7 @@ template <Backend B> Tensor<B> Tensor<B>::expand(const Shape& target) const {
     }
     const int64_t have = layout_.shape[i - lead];
     const int64_t want = target[i] == -1 ? have : target[i];
+    KILN_CHECK(want >= 0, "expand: invalid size {} in {} (sizes are >= 0, or -1 to keep)", target[i], shape_str(target));
     KILN_CHECK(have == want || have == 1, "expand: cannot expand {} to {} (dim {}: {} -> {})", shape_str(shape()),
                shape_str(target), i, have, want);
     l.shape[i] = want;
