@@ -645,6 +645,7 @@ template <Backend B> Tensor<B> Tensor<B>::scatter_add(int64_t axis, const Tensor
 
 template <Backend B> Tensor<B> Tensor<B>::index_add(int64_t axis, const Tensor& index, const Tensor& src) const {
   KILN_CHECK(defined() && index.defined() && src.defined(), "index_add: undefined tensor");
+  KILN_CHECK(dim() >= 1, "index_add: input must have rank >= 1, got shape {}", shape_str(shape()));
   KILN_CHECK(index.dim() == 1, "index_add: index must be 1-D, got shape {}", shape_str(index.shape()));
   const auto a = static_cast<size_t>(normalize_axis(axis, dim(), "index_add", shape()));
   Shape want = shape();
