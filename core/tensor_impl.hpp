@@ -648,6 +648,7 @@ template <Backend B> Tensor<B> Tensor<B>::index_add(int64_t axis, const Tensor& 
   KILN_CHECK(dim() >= 1, "index_add: input must have rank >= 1, got shape {}", shape_str(shape()));
   KILN_CHECK(index.dim() == 1, "index_add: index must be 1-D, got shape {}", shape_str(index.shape()));
   const auto a = static_cast<size_t>(normalize_axis(axis, dim(), "index_add", shape()));
+  check_index("index_add", index, shape()[a]);
   Shape want = shape();
   want[a] = index.numel();
   KILN_CHECK(src.shape() == want, "index_add: src shape {} != expected {} (input {}, {} indices on axis {})", shape_str(src.shape()),
