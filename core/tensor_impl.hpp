@@ -158,6 +158,7 @@ inline bool view_strides(const Layout& l, const Shape& shape, Strides& out) {
 }  // namespace detail
 
 template <Backend B> Tensor<B> Tensor<B>::view(Shape s) const {
+  KILN_CHECK(defined(), "view: undefined tensor");
   s = detail::infer_shape(std::move(s), numel(), shape(), "view");
   Strides st;
   KILN_CHECK(detail::view_strides(layout_, s, st), "view: tensor of shape {} with strides {} cannot be viewed as {}; use reshape",
@@ -166,6 +167,7 @@ template <Backend B> Tensor<B> Tensor<B>::view(Shape s) const {
 }
 
 template <Backend B> Tensor<B> Tensor<B>::reshape(Shape s) const {
+  KILN_CHECK(defined(), "reshape: undefined tensor");
   s = detail::infer_shape(std::move(s), numel(), shape(), "reshape");
   Strides st;
   if (detail::view_strides(layout_, s, st)) return Tensor(storage_, Layout(s, st, layout_.offset), dtype_);
