@@ -34,7 +34,8 @@ KILN_UNARY(Sin, "sin", true, std::sin(x))
 KILN_UNARY(Cos, "cos", true, std::cos(x))
 KILN_UNARY(Tanh, "tanh", true, std::tanh(x))
 KILN_UNARY(Sigmoid, "sigmoid", true, T(1) / (T(1) + std::exp(-x)))
-KILN_UNARY(Relu, "relu", false, static_cast<T>(x > T(0) ? x : T(0)))
+// relu propagates NaN like PyTorch (x > 0 is false for NaN).
+KILN_UNARY(Relu, "relu", false, static_cast<T>((x > T(0) || x != x) ? x : T(0)))
 KILN_UNARY(Silu, "silu", true, x / (T(1) + std::exp(-x)))
 // GELU, exact (erf) form: PyTorch's default.
 KILN_UNARY(Gelu, "gelu", true, T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440))))

@@ -51,6 +51,32 @@ KILN_HD inline double philox_normal_at(uint64_t seed, uint64_t offset, uint64_t 
   return (lane % 2 == 0) ? rad * std::cos(ang) : rad * std::sin(ang);
 }
 
+// A uniform draw x in [lo, hi) stored as T: x rounded to nearest, except that a value rounding up to
+// hi (bf16/f16 have 8/11 significand bits, so lo + (hi-lo)*u with u = 1 - 2^-24 often does) becomes
+// the largest T below hi. Every backend stores uniform draws through this so [lo, hi) holds and the
+// bits agree. T is float, double, bf16 or f16.
+template <class T> KILN_HD inline T round_uniform(double x, double hi) {
+  const T y = T(static_cast<float>(x));
+  if constexpr (sizeof(T) == 8) {
+    return x < hi ? static_cast<T>(x) : static_cast<T>(std::nextafter(hi, -INFINITY));
+  } else if constexpr (sizeof(T) == 4) {
+    if (static_cast<double>(y) < hi) return y;
+    float h = static_cast<float>(hi);
+    while (static_cast<double>(h) >= hi) h = std::nextafter(h, -INFINITY);
+    return h;
+  } else {
+    if (static_cast<double>(static_cast<float>(y)) < hi) return y;
+    T h = T(static_cast<float>(hi));
+    while (static_cast<double>(static_cast<float>(h)) >= hi) {
+      // one step toward -inf on the 16-bit sign-magnitude encoding
+      if (h.bits == 0x0000u) h.bits = 0x8001u;
+      else if (h.bits & 0x8000u) ++h.bits;
+      else --h.bits;
+    }
+    return h;
+  }
+}
+
 // A generator is a seed and a counter. Each fill of n elements consumes ceil(n/4) counter blocks, so
 // consecutive fills never overlap. Its state (seed, offset) is what checkpoints save.
 class Generator {

@@ -42,6 +42,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op) {
 }
 
 bool Layout::is_contiguous() const {
+  if (numel() == 0) return true;  // no elements: any strides describe the same (empty) memory
   int64_t expect = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     if (shape[i] == 1) continue;

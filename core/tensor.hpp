@@ -299,6 +299,37 @@ T Tensor<B>::at(const std::vector<int64_t>& index) const {
   return v.template item<T>();
 }
 
+// Public member templates (any op tag) are defined here, not in tensor_impl.hpp: an explicit
+// instantiation of Tensor<B> does not emit member templates, so callers must instantiate them.
+template <Backend B> template <class Op> Tensor<B> Tensor<B>::map() const {
+  KILN_CHECK(defined(), "{}: undefined tensor", Op::name);
+  KILN_CHECK(dtype_ != DType::boolean, "{}: not defined for bool tensors (shape {})", Op::name, shape_str(shape()));
+  if constexpr (Op::float_only)
+    KILN_CHECK(is_floating(dtype_), "{}: needs a float dtype, got {} (shape {})", Op::name, dtype_, shape_str(shape()));
+  Tensor out = empty(shape(), dtype_);
+  if (numel()) B::template unary<Op>(out.mview(), cview());
+  return out;
+}
+
+template <Backend B> template <class Op> Tensor<B> Tensor<B>::binary_op(const Tensor& o) const {
+  KILN_CHECK(defined() && o.defined(), "{}: undefined tensor", Op::name);
+  KILN_CHECK(dtype_ == o.dtype_, "{}: dtype mismatch {} vs {} (shapes {} and {})", Op::name, dtype_, o.dtype_,
+             shape_str(shape()), shape_str(o.shape()));
+  if constexpr (Op::float_only)
+    KILN_CHECK(is_floating(dtype_), "{}: needs a float dtype, got {} (shapes {} and {})", Op::name, dtype_,
+               shape_str(shape()), shape_str(o.shape()));
+  if constexpr (!Op::compare)
+    KILN_CHECK(dtype_ != DType::boolean, "{}: not defined for bool tensors (shapes {} and {})", Op::name,
+               shape_str(shape()), shape_str(o.shape()));
+  const Shape s = broadcast_shapes(shape(), o.shape(), Op::name);
+  const Tensor a = shape() == s ? *this : expand(s);
+  const Tensor b = o.shape() == s ? o : o.expand(s);
+  Tensor out = empty(s, Op::compare ? DType::boolean : dtype_);
+  if (out.numel()) B::template binary<Op>(out.mview(), a.cview(), b.cview());
+  return out;
+}
+template <Backend B> template <class Op> Tensor<B> Tensor<B>::zip(const Tensor& o) const { return binary_op<Op>(o); }
+
 template <Backend B>
 template <Backend B2>
 Tensor<B2> Tensor<B>::to() const {

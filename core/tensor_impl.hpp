@@ -158,6 +158,7 @@ inline bool view_strides(const Layout& l, const Shape& shape, Strides& out) {
 }  // namespace detail
 
 template <Backend B> Tensor<B> Tensor<B>::view(Shape s) const {
+  KILN_CHECK(defined(), "view: undefined tensor");
   s = detail::infer_shape(std::move(s), numel(), shape(), "view");
   Strides st;
   KILN_CHECK(detail::view_strides(layout_, s, st), "view: tensor of shape {} with strides {} cannot be viewed as {}; use reshape",
@@ -166,6 +167,7 @@ template <Backend B> Tensor<B> Tensor<B>::view(Shape s) const {
 }
 
 template <Backend B> Tensor<B> Tensor<B>::reshape(Shape s) const {
+  KILN_CHECK(defined(), "reshape: undefined tensor");
   s = detail::infer_shape(std::move(s), numel(), shape(), "reshape");
   Strides st;
   if (detail::view_strides(layout_, s, st)) return Tensor(storage_, Layout(s, st, layout_.offset), dtype_);
@@ -261,6 +263,7 @@ template <Backend B> Tensor<B> Tensor<B>::expand(const Shape& target) const {
     }
     const int64_t have = layout_.shape[i - lead];
     const int64_t want = target[i] == -1 ? have : target[i];
+    KILN_CHECK(want >= 0, "expand: invalid size {} in {} (sizes are >= 0, or -1 to keep)", target[i], shape_str(target));
     KILN_CHECK(have == want || have == 1, "expand: cannot expand {} to {} (dim {}: {} -> {})", shape_str(shape()),
                shape_str(target), i, have, want);
     l.shape[i] = want;
@@ -336,15 +339,8 @@ template <Backend B> Tensor<B> Tensor<B>::to(DType dtype) const {
 }
 
 // ====================================================================================== elementwise
-template <Backend B> template <class Op> Tensor<B> Tensor<B>::map() const {
-  KILN_CHECK(defined(), "{}: undefined tensor", Op::name);
-  KILN_CHECK(dtype_ != DType::boolean, "{}: not defined for bool tensors (shape {})", Op::name, shape_str(shape()));
-  if constexpr (Op::float_only)
-    KILN_CHECK(is_floating(dtype_), "{}: needs a float dtype, got {} (shape {})", Op::name, dtype_, shape_str(shape()));
-  Tensor out = empty(shape(), dtype_);
-  if (numel()) B::template unary<Op>(out.mview(), cview());
-  return out;
-}
+// map<Op>, zip<Op> and binary_op<Op> live in core/tensor.hpp: member templates are not emitted by the
+// explicit instantiation of the class, so user code must be able to instantiate them itself.
 
 template <Backend B> Tensor<B> Tensor<B>::neg() const { return map<op::Neg>(); }
 template <Backend B> Tensor<B> Tensor<B>::abs() const { return map<op::Abs>(); }
@@ -367,24 +363,6 @@ template <Backend B> Tensor<B> Tensor<B>::gelu(bool tanh_approx) const {
   return tanh_approx ? map<op::GeluTanh>() : map<op::Gelu>();
 }
 
-template <Backend B> template <class Op> Tensor<B> Tensor<B>::binary_op(const Tensor& o) const {
-  KILN_CHECK(defined() && o.defined(), "{}: undefined tensor", Op::name);
-  KILN_CHECK(dtype_ == o.dtype_, "{}: dtype mismatch {} vs {} (shapes {} and {})", Op::name, dtype_, o.dtype_,
-             shape_str(shape()), shape_str(o.shape()));
-  if constexpr (Op::float_only)
-    KILN_CHECK(is_floating(dtype_), "{}: needs a float dtype, got {} (shapes {} and {})", Op::name, dtype_,
-               shape_str(shape()), shape_str(o.shape()));
-  if constexpr (!Op::compare)
-    KILN_CHECK(dtype_ != DType::boolean, "{}: not defined for bool tensors (shapes {} and {})", Op::name,
-               shape_str(shape()), shape_str(o.shape()));
-  const Shape s = broadcast_shapes(shape(), o.shape(), Op::name);
-  const Tensor a = shape() == s ? *this : expand(s);
-  const Tensor b = o.shape() == s ? o : o.expand(s);
-  Tensor out = empty(s, Op::compare ? DType::boolean : dtype_);
-  if (out.numel()) B::template binary<Op>(out.mview(), a.cview(), b.cview());
-  return out;
-}
-template <Backend B> template <class Op> Tensor<B> Tensor<B>::zip(const Tensor& o) const { return binary_op<Op>(o); }
 
 template <Backend B> template <class Op> Tensor<B> Tensor<B>::scalar_op(Scalar s) const {
   KILN_CHECK(defined(), "{}: undefined tensor", Op::name);
@@ -669,8 +647,10 @@ template <Backend B> Tensor<B> Tensor<B>::scatter_add(int64_t axis, const Tensor
 
 template <Backend B> Tensor<B> Tensor<B>::index_add(int64_t axis, const Tensor& index, const Tensor& src) const {
   KILN_CHECK(defined() && index.defined() && src.defined(), "index_add: undefined tensor");
+  KILN_CHECK(dim() >= 1, "index_add: input must have rank >= 1, got shape {}", shape_str(shape()));
   KILN_CHECK(index.dim() == 1, "index_add: index must be 1-D, got shape {}", shape_str(index.shape()));
   const auto a = static_cast<size_t>(normalize_axis(axis, dim(), "index_add", shape()));
+  check_index("index_add", index, shape()[a]);
   Shape want = shape();
   want[a] = index.numel();
   KILN_CHECK(src.shape() == want, "index_add: src shape {} != expected {} (input {}, {} indices on axis {})", shape_str(src.shape()),
@@ -769,10 +749,15 @@ template <Backend B> std::string format_tensor(const Tensor<B>& t) {
   const std::vector<double> v = t.template to_vector<double>();
   const bool fl = is_floating(t.dtype());
   const bool ints = !fl || std::all_of(v.begin(), v.end(), [](double x) { return !std::isfinite(x) || x == std::floor(x); });
-  double amax = 0;
+  // PyTorch's rule (torch/_tensor_str.py): scientific when the nonzero finite magnitudes span more
+  // than 1000x or exceed 1e8, or (non-integral values) when the smallest is below 1e-4.
+  double amax = 0, amin = std::numeric_limits<double>::infinity();
   for (double x : v)
-    if (std::isfinite(x)) amax = std::max(amax, std::abs(x));
-  const bool sci = fl && !ints && (amax >= 1e8 || (amax > 0 && amax < 1e-4));
+    if (std::isfinite(x) && x != 0) {
+      amax = std::max(amax, std::abs(x));
+      amin = std::min(amin, std::abs(x));
+    }
+  const bool sci = fl && amax > 0 && (amax / amin > 1000 || amax > 1e8 || (!ints && amin < 1e-4));
   auto fmt1 = [&](double x) -> std::string {
     if (t.dtype() == DType::boolean) return x != 0 ? "True" : "False";
     if (!fl) return fmt::format("{}", static_cast<int64_t>(x));
