@@ -33,6 +33,8 @@ template <Backend B> Tensor<B> softmax(const Tensor<B>& x, int64_t axis, bool lo
       return last ? out : out.transpose(a, -1).contiguous();
     }
   }
+  if (x.dtype() == DType::bf16 || x.dtype() == DType::f16)  // compute in f32, round once (as PyTorch does)
+    return softmax(x.to(DType::f32), a, log).to(x.dtype());
   const std::vector<int64_t> ax{a};
   const Tensor<B> shifted = x.sub(x.numel() ? x.max(ax, true) : x);
   const Tensor<B> e = shifted.exp();
@@ -56,6 +58,8 @@ template <Backend B> Tensor<B> softmax_backward(const Tensor<B>& y, const Tensor
       return last ? dx : dx.transpose(a, -1).contiguous();
     }
   }
+  if (y.dtype() == DType::bf16 || y.dtype() == DType::f16)
+    return softmax_backward(y.to(DType::f32), dy.to(DType::f32), a, log).to(y.dtype());
   const std::vector<int64_t> ax{a};
   if (log) return dy.sub(y.exp().mul(dy.sum(ax, true)));
   return y.mul(dy.sub(dy.mul(y).sum(ax, true)));

@@ -11,7 +11,9 @@ using namespace cpu;
 namespace {
 
 // gen(i, block) -> double for element i, where block = philox4x32_10(offset + i / 4, seed).
-template <class G> void rand_fill(Cpu::M out, uint64_t seed, uint64_t offset, G&& gen) {
+// Uniform draws are stored through round_uniform<T> (core/rng.hpp), like Reference, so that a
+// rounding up to `hi` in a narrow float type never happens.
+template <bool Uniform, class G> void rand_fill(Cpu::M out, uint64_t seed, uint64_t offset, G&& gen, double hi = 0.0) {
   visit_dtype(out.dtype, [&]<class T>(type_tag<T>) {
     const Plan<1> p = make_plan<1>(out.layout.shape, {&out.layout.strides}, {out.layout.offset});
     T* o = out.storage.as<T>();
@@ -27,7 +29,8 @@ template <class G> void rand_fill(Cpu::M out, uint64_t seed, uint64_t offset, G&
             cur = i / 4;
             blk = philox4x32_10(offset + cur, seed);
           }
-          o[off[0] + j * so] = convert<T>(gen(i, blk));
+          if constexpr (Uniform && is_float_v<T>) o[off[0] + j * so] = round_uniform<T>(gen(i, blk), hi);
+          else o[off[0] + j * so] = convert<T>(gen(i, blk));
         }
       });
     }, 4);
@@ -37,11 +40,11 @@ template <class G> void rand_fill(Cpu::M out, uint64_t seed, uint64_t offset, G&
 }  // namespace
 
 void Cpu::rand_uniform(M out, uint64_t seed, uint64_t offset, double lo, double hi) {
-  rand_fill(out, seed, offset, [&](uint64_t i, const Philox4x32& r) { return lo + (hi - lo) * philox_uniform(r.v[i % 4]); });
+  rand_fill<true>(out, seed, offset, [&](uint64_t i, const Philox4x32& r) { return lo + (hi - lo) * philox_uniform(r.v[i % 4]); }, hi);
 }
 
 void Cpu::rand_normal(M out, uint64_t seed, uint64_t offset, double mean, double std) {
-  rand_fill(out, seed, offset, [&](uint64_t i, const Philox4x32& r) {
+  rand_fill<false>(out, seed, offset, [&](uint64_t i, const Philox4x32& r) {
     // Exactly philox_normal_at (core/rng.hpp) for this lane.
     const unsigned lane = static_cast<unsigned>(i % 4), pair = lane / 2;
     const double u1 = (static_cast<double>(r.v[2 * pair]) + 1.0) * (1.0 / 4294967296.0);
