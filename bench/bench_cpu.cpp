@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -183,6 +184,24 @@ void BM_softmax(benchmark::State& state) {
 #endif
 }
 BENCHMARK(BM_softmax)->Args({4096, 1024})->Args({8192, 256})->ArgNames({"rows", "cols"})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(1.0);
+
+// ------------------------------------------------------------------------------------------ transpose copy
+// x.t().contiguous() for a square matrix vs a plain contiguous copy of the same bytes (memcpy).
+void BM_transpose_copy(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  num_threads();
+  const C x = C::randn({n, n});
+  const C xt = x.t();
+  C out = C::empty({n, n});
+  std::vector<float> dst(static_cast<size_t>(n * n));
+  Interleaved r;
+  r.run(state, [&] { Cpu::copy(out.mview(), xt.cview()); },
+        {[&] { std::memcpy(dst.data(), x.storage()->as<float>(), dst.size() * 4); }});
+  const double bytes = 2.0 * 4.0 * static_cast<double>(n * n);
+  state.counters["kiln_GBs"] = bytes / r.mean(0) / 1e9;
+  state.counters["memcpy_GBs"] = bytes / r.mean(1) / 1e9;
+}
+BENCHMARK(BM_transpose_copy)->Arg(1024)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(1.0);
 
 }  // namespace
 
