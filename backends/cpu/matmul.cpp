@@ -8,10 +8,12 @@
 // output rows are evenly spaced, the batch folds into M and one large GEMM runs.
 //
 // Library choice (measured on this machine, 2 threads, see bench/RESULTS.md):
-//  * f32 with oneDNN available: oneDNN's matmul primitive (cached per shape/stride signature), which
-//    takes batch strides, broadcast batch dims and transposed operands natively, for every shape whose
-//    per-item work is at least kDnnlMinFlops; tiny products go to OpenBLAS, whose call overhead is
-//    lower than oneDNN's execute.
+//  * f32 with oneDNN available: oneDNN's matmul primitive (cached per thread and shape/stride
+//    signature), which takes batch strides, broadcast batch dims and transposed operands natively, for
+//    batched products and for single GEMMs of 32^3 <= M N K < 1024^3 (oneDNN measured 5-60% faster
+//    there: 256^3, 512^3, 1024x256x1024, per-head 128x64x128); single GEMMs of M N K >= 1024^3 go to
+//    OpenBLAS, which measured equal or a few % faster there (1024^3, 1024x1024x4096, 1024x4096x4096);
+//    tiny products go to OpenBLAS too, whose call overhead is lower than oneDNN's execute.
 //  * f64, f32 without oneDNN: OpenBLAS. Batched: when each GEMM is small (< kSmallGemmFlops) and there
 //    are at least as many items as threads, the batch loop is parallel and each GEMM single-threaded
 //    (OpenBLAS runs single-threaded inside a parallel region); else the batch loop is serial and each
@@ -22,9 +24,8 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <map>
+#include <unordered_map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,7 @@ template <class T> void run_blas(const Problem& p, const T* a, const T* b, T* c)
 #ifdef KILN_HAVE_ONEDNN
 // ---------------------------------------------------------------------------------- oneDNN
 constexpr double kDnnlMinFlops = 2.0 * 32 * 32 * 32;
+constexpr double kDnnlMaxFlops = 2.0 * 1024 * 1024 * 1024;  // single GEMMs at least this big: OpenBLAS
 
 enum class Lib { automatic, blas, onednn };
 Lib forced_lib() {
@@ -112,14 +114,23 @@ Lib forced_lib() {
   return l;
 }
 
-struct Dnnl {
-  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
-  std::mutex mu;
-  std::map<std::vector<int64_t>, std::shared_ptr<dnnl::matmul>> cache;
-  static Dnnl& get() {
-    static Dnnl d;
-    return d;
+// One cache per thread: the primitive and its three memory objects per shape/stride signature, so a
+// repeated call costs three set_data_handle calls and an execute (no lock, no descriptor work).
+struct DnnlEntry {
+  std::shared_ptr<dnnl::matmul> prim;  // null: oneDNN declined this layout
+  dnnl::memory a, b, c;
+};
+struct VecHash {
+  size_t operator()(const std::vector<int64_t>& v) const {
+    size_t h = 1469598103934665603ull;
+    for (int64_t x : v) h = (h ^ static_cast<size_t>(x)) * 1099511628211ull;
+    return h;
   }
+};
+struct DnnlThread {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{eng};
+  std::unordered_map<std::vector<int64_t>, DnnlEntry, VecHash> cache;
 };
 
 // The memory desc of one operand: batch dims (size 1 where the operand is broadcast) + the matrix.
@@ -137,36 +148,37 @@ dnnl::memory::desc dnnl_desc(const std::vector<int64_t>& bdims, const std::vecto
   return {dims, dnnl::memory::data_type::f32, strides};
 }
 
-// Runs the problem with oneDNN; false when oneDNN declines the layout.
+// Runs the problem with oneDNN (batch addressed through bdims and strides from item 0's offsets);
+// false when oneDNN declines the layout.
 bool run_dnnl(const Problem& p, const float* a, const float* b, float* c) {
-  Dnnl& d = Dnnl::get();
+  thread_local DnnlThread t;
   std::vector<int64_t> key{p.M, p.N, p.K, p.a.trans, p.a.ld, p.b.trans, p.b.ld, p.ldc};
   for (size_t i = 0; i < p.bdims.size(); ++i) key.insert(key.end(), {p.bdims[i], p.bsa[i], p.bsb[i], p.bsc[i]});
-  const dnnl::memory::desc ad = dnnl_desc(p.bdims, p.bsa, p.M, p.K, p.a), bd = dnnl_desc(p.bdims, p.bsb, p.K, p.N, p.b),
-                           cd = dnnl_desc(p.bdims, p.bsc, p.M, p.N, Operand{true, false, p.ldc});
-  std::shared_ptr<dnnl::matmul> prim;
-  {
-    std::lock_guard<std::mutex> lock(d.mu);
-    auto it = d.cache.find(key);
-    if (it != d.cache.end()) {
-      prim = it->second;
-    } else {
-      try {
-        const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), d.eng);
-        prim = std::make_shared<dnnl::matmul>(pd);
-      } catch (const dnnl::error&) {
-        prim = nullptr;
-      }
-      if (d.cache.size() > 512) d.cache.clear();
-      d.cache.emplace(key, prim);
+  auto it = t.cache.find(key);
+  if (it == t.cache.end()) {
+    const dnnl::memory::desc ad = dnnl_desc(p.bdims, p.bsa, p.M, p.K, p.a), bd = dnnl_desc(p.bdims, p.bsb, p.K, p.N, p.b),
+                             cd = dnnl_desc(p.bdims, p.bsc, p.M, p.N, Operand{true, false, p.ldc});
+    DnnlEntry e;
+    try {
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), t.eng);
+      e.prim = std::make_shared<dnnl::matmul>(pd);
+      e.a = dnnl::memory(ad, t.eng, DNNL_MEMORY_NONE);
+      e.b = dnnl::memory(bd, t.eng, DNNL_MEMORY_NONE);
+      e.c = dnnl::memory(cd, t.eng, DNNL_MEMORY_NONE);
+    } catch (const dnnl::error&) {
+      e.prim = nullptr;
     }
+    if (t.cache.size() > 256) t.cache.clear();
+    it = t.cache.emplace(std::move(key), std::move(e)).first;
   }
-  if (!prim) return false;
-  thread_local dnnl::stream stream(Dnnl::get().eng);
-  dnnl::memory am(ad, d.eng, const_cast<float*>(a + p.oa[0])), bm(bd, d.eng, const_cast<float*>(b + p.ob[0])), cm(cd, d.eng, c + p.oc[0]);
+  DnnlEntry& e = it->second;
+  if (!e.prim) return false;
+  e.a.set_data_handle(const_cast<float*>(a + p.oa[0]));
+  e.b.set_data_handle(const_cast<float*>(b + p.ob[0]));
+  e.c.set_data_handle(c + p.oc[0]);
   sync_omp_threads();
-  prim->execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-  stream.wait();
+  e.prim->execute(t.stream, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
+  t.stream.wait();
   return true;
 }
 #endif
@@ -281,7 +293,8 @@ template <class T> void matmul_typed(Cpu::M out, Cpu::V a, Cpu::V b) {
   if constexpr (std::is_same_v<T, float>) {
     const double flops = 2.0 * static_cast<double>(p.M) * static_cast<double>(N) * static_cast<double>(K);
     const Lib lib = forced_lib();
-    const bool use = lib == Lib::onednn || (lib == Lib::automatic && flops >= kDnnlMinFlops);
+    const bool batched = p.oa.size() > 1 || !p.bdims.empty();
+    const bool use = lib == Lib::onednn || (lib == Lib::automatic && flops >= kDnnlMinFlops && (batched || flops < kDnnlMaxFlops));
     // oneDNN addresses the batch through (bdims, strides) from item 0's offsets (p.oa[0], ...).
     if (use) done = run_dnnl(p, pa, pb, pc);
   }

@@ -1,8 +1,9 @@
 #pragma once
 // Vectorised float32 math for the Cpu backend (AVX2 + FMA, 8 lanes), Cephes-style polynomials with
 // Sleef-like accuracy (about 1-2 ulp over the full range), IEEE special values handled:
-//   exp: round-to-nearest range reduction x = n ln2 + r (ln2 split in two), degree-6 polynomial, 2^n
-//        applied as two factors so results down to the subnormal range are right; NaN passes through.
+//   exp: round-to-nearest range reduction x = n ln2 + r (ln2 split in two), degree-6 polynomial, times
+//        2^n; a vector with a lane outside [-87.3, 88] (or NaN) takes the full-range path, which
+//        applies 2^n as two factors so results down to the subnormals are right and passes NaN through.
 //   log: frexp-style split, degree-9 polynomial; 0 -> -inf, x < 0 -> NaN, +inf -> +inf, subnormals
 //        rescaled by 2^23 first.
 //   tanh: odd polynomial for |x| < 0.625, else 1 - 2 / (exp(2|x|) + 1) with the sign restored.
@@ -39,13 +40,9 @@ inline float gelu_s(float x) { return 0.5f * x * std::erfc(-x * 0.70710678118654
 
 #ifdef KILN_CPU_AVX2
 // ------------------------------------------------------------------------------------------ AVX2
-inline __m256 exp8(__m256 x) {
-  const __m256 hi = _mm256_set1_ps(88.7228394f), lo = _mm256_set1_ps(-104.0f);
-  const __m256 nan_mask = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-  const __m256 xin = x;
-  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+// exp polynomial on r in [-ln2/2, ln2/2] with n = round(x / ln2): returns (p(r), n).
+inline __m256 exp_poly(__m256 x, __m256& n) {
+  n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
   __m256 p = _mm256_set1_ps(1.9875691500E-4f);
@@ -55,8 +52,25 @@ inline __m256 exp8(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
   const __m256 r2 = _mm256_mul_ps(r, r);
-  p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  // 2^n as 2^(n1) * 2^(n - n1), n1 = n / 2 (both factors are normal floats for n in [-150, 128])
+  return _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+}
+
+// Every lane in [-87.3, 88]: 2^n is one normal float.
+inline __m256 exp8_inrange(__m256 x) {
+  __m256 n;
+  const __m256 p = exp_poly(x, n);
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// The full range: overflow to inf, results down to the subnormals (2^n applied as two factors), 0
+// below, NaN passes through.
+inline __m256 exp8_full(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.7228394f), lo = _mm256_set1_ps(-104.0f);
+  const __m256 xin = x;
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  __m256 n;
+  const __m256 p = exp_poly(x, n);
   const __m256i ni = _mm256_cvtps_epi32(n);
   const __m256i n1 = _mm256_srai_epi32(ni, 1);
   const __m256i n2 = _mm256_sub_epi32(ni, n1);
@@ -65,7 +79,14 @@ inline __m256 exp8(__m256 x) {
   __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
   y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(xin, hi, _CMP_GT_OQ));
   y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(xin, lo, _CMP_LT_OQ));
-  return _mm256_blendv_ps(y, xin, nan_mask);
+  return _mm256_blendv_ps(y, xin, _mm256_cmp_ps(xin, xin, _CMP_UNORD_Q));
+}
+
+inline __m256 exp8(__m256 x) {
+  const __m256 out = _mm256_or_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_NGE_UQ),
+                                  _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_NLE_UQ));
+  if (__builtin_expect(_mm256_movemask_ps(out) != 0, 0)) return exp8_full(x);
+  return exp8_inrange(x);
 }
 
 inline __m256 log8(__m256 x) {
