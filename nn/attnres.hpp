@@ -28,6 +28,9 @@ template <Backend B> class DepthAttention : public Module<B> {
   // Per-source logits [n, B, T] (what forward softmaxes), for tests and two-phase inference.
   Var<B> logits(const std::vector<Var<B>>& sources) const;
   Var<B>& query() { return w_; }
+  // w ⊙ g (g = the key-norm weight, or ones): logit_i = (w ⊙ g) · (v_i / rms(v_i)). Used by two-phase inference.
+  Tensor<B> effective_query() const;
+  double eps() const { return o_.eps; }
 
  private:
   DepthAttentionOptions o_;
@@ -41,13 +44,20 @@ template <Backend B> class DepthAttention : public Module<B> {
 //                    h = depth_attention_j(blocks + [partial]); out = f_j(h); partial += out
 //   x = final_res(blocks + [partial])
 // Full AttnRes is S = 1. The embedding is a source of its own, never summed into a block.
+//
+// Two-phase inference (pass the depth attentions of every sublayer, in order, as `schedule`; use under
+// NoGrad): when a block starts, Phase 1 scores all of its S queries against the completed blocks in one
+// batched matmul and keeps, per query and token, the max logit m, l = Σ exp(logit − m) and the
+// unnormalised sum acc = Σ exp(logit − m)·v; Phase 2, at each sublayer, merges the one running
+// partial with an online-softmax step. Exactly the sequential result, with each completed block read
+// once per block instead of once per sublayer.
 template <Backend B> class AttnResStack {
  public:
-  AttnResStack(Var<B> embedding, int64_t block_size);
+  AttnResStack(Var<B> embedding, int64_t block_size, std::vector<const DepthAttention<B>*> schedule = {});
   // Runs sublayer j: returns h (the depth attention's mixture) and records out = f(h).
   template <class F> Var<B> step(const DepthAttention<B>& res, F&& f) {
     boundary();
-    const Var<B> h = res.forward(sources());
+    const Var<B> h = schedule_.empty() ? res.forward(sources()) : Var<B>(two_phase_read(res));
     add(f(h));
     return h;
   }
@@ -58,9 +68,14 @@ template <Backend B> class AttnResStack {
  private:
   void boundary();
   void add(const Var<B>& out);
+  void phase1();
+  Tensor<B> two_phase_read(const DepthAttention<B>& res) const;
   int64_t S_, j_ = 0;
   std::vector<Var<B>> blocks_;
   Var<B> partial_;
+  std::vector<const DepthAttention<B>*> schedule_;
+  Tensor<B> m_, l_, acc_;  // Phase 1 of the current block: [B, T, S'], [B, T, S'], [B, T, S', D]
+  int64_t block_start_ = 0;
 };
 
 #define KILN_EXTERN(B) extern template class DepthAttention<B>; extern template class AttnResStack<B>;

@@ -92,7 +92,10 @@ template <Backend B> Var<B> GPT<B>::run(const Tensor<B>& ids, std::vector<KVCach
       x = x + layers_[i]->mlp_sublayer(x);
     }
   } else {
-    AttnResStack<B> stack(x, c_.residual == "attnres_full" ? 1 : c_.attnres_block_size);
+    std::vector<const DepthAttention<B>*> schedule;
+    if (two_phase_ && !grad_enabled())
+      for (const auto& l : layers_) schedule.insert(schedule.end(), {&l->attn_res(), &l->mlp_res()});
+    AttnResStack<B> stack(x, c_.residual == "attnres_full" ? 1 : c_.attnres_block_size, std::move(schedule));
     for (size_t i = 0; i < layers_.size(); ++i) {
       stack.step(layers_[i]->attn_res(), [&](const Var<B>& h) { return layers_[i]->attn_sublayer(h, cache_of(i)); });
       stack.step(layers_[i]->mlp_res(), [&](const Var<B>& h) { return layers_[i]->mlp_sublayer(h); });

@@ -64,9 +64,13 @@ template <Backend B> class GPT : public Module<B> {
   // max_seq_len, it re-reads the last max_seq_len/2 tokens and goes on.
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt, const SampleOptions& o) const;
 
+  // AttnRes models under NoGrad use two-phase inference (nn/attnres.hpp) unless this is turned off.
+  void set_two_phase(bool on) { two_phase_ = on; }
+
  private:
   Var<B> run(const Tensor<B>& ids, std::vector<KVCache<B>>* caches) const;
   ModelConfig c_;
+  bool two_phase_ = true;
   std::shared_ptr<Embedding<B>> tok_emb_;
   std::vector<std::shared_ptr<GPTLayer<B>>> layers_;
   std::shared_ptr<DepthAttention<B>> final_res_;

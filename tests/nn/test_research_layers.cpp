@@ -7,6 +7,7 @@
 #include "nn/attnres.hpp"
 #include "nn/diff_attention.hpp"
 #include "nn/gpt.hpp"
+#include "nn/init.hpp"
 #include "param_gradcheck.hpp"
 
 using namespace kiln;
@@ -221,4 +222,59 @@ TEMPLATE_TEST_CASE("attnres: query and key-norm weight get FD-correct gradients 
     for (int j = 0; j < 5; ++j) s.step(j % 2 ? r2 : r1, [&](const Var<B>& h) { return h.matmul(Var<B>(w)).tanh(); });
     return s.finish(fin).square().sum();
   });
+}
+
+TEMPLATE_TEST_CASE("attnres: two-phase inference equals the sequential form at every sublayer", "[attnres]", Reference, Cpu) {
+  using B = TestType;
+  const int64_t D = 16, n_sub = 7;
+  Generator g(21);
+  std::vector<std::unique_ptr<DepthAttention<B>>> res;
+  for (int64_t j = 0; j < n_sub; ++j) {
+    res.push_back(std::make_unique<DepthAttention<B>>(DepthAttentionOptions{.d_model = D, .key_norm_affine = j % 3 != 2}));
+    for (auto& [n, p] : res.back()->named_parameters()) {
+      Tensor<B> t = p.value();
+      t.copy_(Tensor<B>::randn(t.shape(), DType::f32, &g).mul(n == "query" ? 1.0 : 0.3).add(n == "query" ? 0.0 : 1.0));
+    }
+  }
+  std::vector<const DepthAttention<B>*> schedule;
+  for (auto& r : res) schedule.push_back(r.get());
+  const Tensor<B> emb = Tensor<B>::randn({2, 3, D}, DType::f32, &g).mul(2.0);
+  const Tensor<B> w = Tensor<B>::randn({D, D}, DType::f32, &g).mul(0.5);
+  NoGrad ng;
+  for (int64_t S : {1, 2, 3, 4, 7, 9}) {  // full, even, odd, several blocks, one block, larger than the depth
+    INFO("S = " << S);
+    AttnResStack<B> seq(Var<B>(emb), S), two(Var<B>(emb), S, schedule);
+    for (int64_t j = 0; j < n_sub; ++j) {
+      auto f = [&](const Var<B>& h) { return h.matmul(Var<B>(w)).tanh().mul(3.0); };
+      const auto a = to_vector<float>(seq.step(*res[static_cast<size_t>(j)], f).value());
+      const auto b = to_vector<float>(two.step(*res[static_cast<size_t>(j)], f).value());
+      INFO("sublayer " << j);
+      for (size_t i = 0; i < a.size(); ++i) REQUIRE(b[i] == Approx(a[i]).margin(1e-5));
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("attnres: GPT logits with two-phase inference equal the sequential ones", "[attnres]", Reference, Cpu) {
+  using B = TestType;
+  for (const char* residual : {"attnres_full", "attnres_block"}) {
+    ModelConfig c;
+    c.vocab_size = 40;
+    c.d_model = 32;
+    c.n_layers = 3;
+    c.n_heads = 2;
+    c.attention = "diff";
+    c.residual = residual;
+    c.attnres_block_size = 4;
+    GPT<B> m(c);
+    m.init_weights(5);
+    for (auto& [n, p] : m.named_parameters())  // non-zero queries, so the mixtures are not plain means
+      if (n.find("query") != std::string::npos) init::normal_(p, 0.0, 0.5);
+    Generator g(1);
+    const Tensor<B> ids = Tensor<B>::rand({2, 9}, DType::f32, &g).mul(40).to(DType::i64);
+    NoGrad ng;
+    const auto two = to_vector<float>(m.forward(ids).value());
+    m.set_two_phase(false);
+    const auto seq = to_vector<float>(m.forward(ids).value());
+    for (size_t i = 0; i < seq.size(); ++i) REQUIRE(two[i] == Approx(seq[i]).margin(1e-5));
+  }
 }
