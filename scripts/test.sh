@@ -10,7 +10,7 @@ san="${KILN_SANITIZE:-OFF}"
 dir=build
 [ "$san" = "ON" ] && dir=build-asan
 jobs="$(nproc)"
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKILN_SANITIZE="$san" -DKILN_BUILD_BENCH=OFF
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKILN_SANITIZE="$san" -DKILN_BUILD_TESTS=ON -DKILN_BUILD_EXAMPLES=ON -DKILN_BUILD_BENCH=OFF
 cmake --build "$dir" -j"$jobs"
 export KILN_NUM_THREADS="${KILN_NUM_THREADS:-2}"
 ctest --test-dir "$dir" --output-on-failure -j"$jobs" "$@"

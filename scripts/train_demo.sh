@@ -10,7 +10,7 @@ dpkg-query -W -f='${Status}' fortunes 2>/dev/null | grep -q "install ok installe
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q fortunes
 }
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_BENCH=OFF >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" --target kiln_cli
 
 out=out/char_gpt
