@@ -3,6 +3,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -186,9 +187,10 @@ IdxArray read_idx(const std::string& path) {
     const int64_t d = load_be<uint32_t>(buf.data() + 4 + 4 * i);
     KILN_CHECK(d <= kMaxDim, "read_idx: '{}': dimension {} has size {} (more than 2^31 - 1)", path, i, d);
     a.dims.push_back(d);
+    // count · d · element size <= 2^34, checked without overflowing (count <= 2^34 here, d < 2^31).
+    KILN_CHECK(d == 0 || count <= kMaxBytes / type_size(a.type) / static_cast<uint64_t>(d),
+               "read_idx: '{}': sizes [{}] describe more than 2^34 bytes", path, fmt::join(a.dims, ", "));
     count *= static_cast<uint64_t>(d);
-    KILN_CHECK(count * type_size(a.type) <= kMaxBytes, "read_idx: '{}': sizes {} describe more than 2^34 bytes", path,
-               fmt::join(a.dims, " x "));
   }
   const uint64_t want = count * type_size(a.type);
   const uint64_t have = buf.size() - header;

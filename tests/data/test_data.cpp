@@ -167,6 +167,8 @@ TEST_CASE("idx: corrupt and truncated files are errors naming the file and the p
   expect(trailing, "1 unexpected trailing bytes");
   expect({0, 0, 0x08, 1, 0x80, 0, 0, 0}, "more than 2^31 - 1");
   expect({0, 0, 0x0E, 2, 0x7F, 0xFF, 0xFF, 0xFF, 0x7F, 0xFF, 0xFF, 0xFF}, "more than 2^34 bytes");
+  // 2^31-1 cubed overflows 64 bits if multiplied before checking.
+  expect({0, 0, 0x08, 3, 0x7F, 0xFF, 0xFF, 0xFF, 0x7F, 0xFF, 0xFF, 0xFF, 0x7F, 0xFF, 0xFF, 0xFF}, "more than 2^34 bytes");
 
   // gzip: cut short, corrupted, garbage after the stream, and content that decompresses to a bad IDX.
   const auto gz = gzip_bytes(idx_u8({64, 8, 8}, pixels(64 * 64)));
@@ -188,7 +190,7 @@ TEST_CASE("idx: corrupt and truncated files are errors naming the file and the p
   CHECK_THROWS_WITH(read_idx(dir / "nope"), Contains("nope") && Contains("no such file"));
 }
 
-TEST_CASE("idx: image/label pairs are cross-checked; load_split finds the MNIST names", "[idx][errors]") {
+TEST_CASE("idx: image/label pairs are cross-checked, load_split finds the MNIST names", "[idx][errors]") {
   TempDir dir;
   write_bytes(dir / "im", idx_u8({3, 2, 2}, pixels(12)));
   write_bytes(dir / "lb4", idx_u8({4}, {0, 1, 2, 3}));
@@ -235,7 +237,7 @@ std::vector<std::vector<int64_t>> take(BatchSampler& s, int64_t k) {
 }
 }  // namespace
 
-TEST_CASE("dataloader: same seed, same order; every sample exactly once per epoch", "[dataloader]") {
+TEST_CASE("dataloader: same seed, same order, every sample exactly once per epoch", "[dataloader]") {
   for (bool drop_last : {false, true}) {
     INFO("drop_last " << drop_last);
     const DataLoaderOptions o{.batch_size = 10, .shuffle = true, .drop_last = drop_last, .seed = 7};
@@ -272,7 +274,7 @@ TEST_CASE("dataloader: same seed, same order; every sample exactly once per epoc
   CHECK(shuffled_indices(0, 5, 3).empty());
 }
 
-TEST_CASE("dataloader: epochs and seeds give different orders; shuffle off is index order", "[dataloader]") {
+TEST_CASE("dataloader: epochs and seeds give different orders, shuffle off is index order", "[dataloader]") {
   const auto e0 = shuffled_indices(100, 1, 0), e1 = shuffled_indices(100, 1, 1), s2 = shuffled_indices(100, 2, 0);
   CHECK(e0 != e1);
   CHECK(e0 != s2);
@@ -334,7 +336,7 @@ TEST_CASE("dataloader: a restored state continues with identical batches", "[dat
   CHECK_THROWS_WITH(BatchSampler(10, {.batch_size = 0}), Contains("batch_size must be positive"));
 }
 
-TEST_CASE("dataloader: TensorDataset batches hold the rows of their indices; range-for is one epoch", "[dataloader]") {
+TEST_CASE("dataloader: TensorDataset batches hold the rows of their indices, range-for is one epoch", "[dataloader]") {
   const int64_t n = 23;
   std::vector<float> xs;
   std::vector<int64_t> ys;
