@@ -3,14 +3,16 @@
 # installs nothing and takes a second. Both README commands call it first.
 #   scripts/setup.sh            build + test dependencies
 #   scripts/setup.sh --python   also PyTorch/NumPy for the parity tests and the reference benchmark
+#   scripts/setup.sh --data     also the Fashion-MNIST dataset (examples/fashion_mnist_mlp)
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config libopenblas-dev libopenblas0-openmp libdnnl-dev catch2
-      libfmt-dev nlohmann-json3-dev libbenchmark-dev)
+      libfmt-dev nlohmann-json3-dev libbenchmark-dev zlib1g-dev)
 for arg in "$@"; do
   case "$arg" in
     --python) pkgs+=(python3 python3-torch python3-numpy) ;;
-    *) echo "setup.sh: unknown argument '$arg' (valid: --python)" >&2; exit 2 ;;
+    --data) pkgs+=(dataset-fashion-mnist) ;;
+    *) echo "setup.sh: unknown argument '$arg' (valid: --python, --data)" >&2; exit 2 ;;
   esac
 done
 

@@ -1,0 +1,127 @@
+// A character-level GPT trained from C++ with the library's pieces (not train_gpt): CharTokenizer,
+// TokenData batches, nn::GPT, AdamW on decay groups, a cosine schedule with warmup, gradient
+// clipping, the progress bar, a held-out loss, and sampling with GPT::generate.
+//
+//   example_char_gpt [corpus.txt] [steps]
+//     corpus.txt  default (or ""): Debian's fortunes corpus (package `fortunes`), assembled like
+//                 scripts/train_demo.sh does: the plain-text files of /usr/share/games/fortunes,
+//                 '%' separator lines blanked, only tab, newline and printable ASCII kept
+//     steps       default 200 (a minute or two on 2 cores)
+// (model.json/train.json beside this file configure the CLI demo, scripts/train_demo.sh.)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "autograd/var.hpp"
+#include "backends/backends.hpp"
+#include "nn/gpt.hpp"
+#include "nn/loss.hpp"
+#include "optim/optimizer.hpp"
+#include "optim/schedule.hpp"
+#include "train/data.hpp"
+#include "train/progress.hpp"
+#include "train/text.hpp"
+#include "train/trainer.hpp"
+
+using namespace kiln;
+
+// The fortunes corpus, as scripts/train_demo.sh builds it.
+std::string fortunes_corpus(const std::string& dir) {
+  namespace fs = std::filesystem;
+  KILN_CHECK(fs::is_directory(dir), "char_gpt: no fortunes directory '{}' (install the Debian package: sudo apt-get install fortunes), "
+             "or pass a text file", dir);
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    const bool index = name.ends_with(".dat") || name.ends_with(".u8");
+    if (e.is_regular_file() && !index) files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  std::string out;
+  for (const auto& f : files) {
+    const std::string text = read_text_file(f);
+    size_t start = 0;
+    while (start < text.size()) {
+      size_t end = text.find('\n', start);
+      const bool has_nl = end != std::string::npos;
+      if (!has_nl) end = text.size();
+      const std::string_view line(text.data() + start, end - start);
+      if (line != "%")
+        for (char c : line)
+          if (c == '\t' || (c >= 32 && c <= 126)) out += c;
+      if (has_nl) out += '\n';
+      start = end + 1;
+    }
+  }
+  KILN_CHECK(!out.empty(), "char_gpt: no text found in '{}'", dir);
+  return out;
+}
+
+template <Backend B> int run(const std::string& text, int64_t steps) {
+  // Tokens: the corpus's own alphabet; the last 5% held out.
+  const CharTokenizer tok = CharTokenizer::fit(text);
+  const std::vector<int64_t> ids = tok.encode(text);
+  const auto split = static_cast<std::ptrdiff_t>(static_cast<double>(ids.size()) * 0.95);
+  const TokenData train_data(std::vector<int64_t>(ids.begin(), ids.begin() + split), "train");
+  const TokenData eval_data(std::vector<int64_t>(ids.begin() + split, ids.end()), "eval");
+  fmt::print("corpus: {} characters, vocabulary {}\n", ids.size(), tok.vocab_size());
+
+  // The model, from a config written in code.
+  ModelConfig cfg;
+  cfg.vocab_size = tok.vocab_size();
+  cfg.d_model = 128;
+  cfg.n_layers = 4;
+  cfg.n_heads = 4;
+  cfg.max_seq_len = 128;
+  cfg.rope = true;
+  cfg.tie_embeddings = true;
+  nn::GPT<B> model(cfg.resolved());
+  model.init_weights(/*seed=*/0);
+  fmt::print("model: {} parameters\n", model.num_parameters());
+
+  // AdamW: weight decay on matrices only (decay_groups), cosine schedule with warmup, clipping at 1.
+  const int64_t batch = 16, seq = 64;
+  const double peak_lr = 3e-3, clip = 1.0;
+  optim::Adam<B> opt(optim::decay_groups(model.named_parameters(), peak_lr, 0.1),
+                     {.lr = peak_lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .decoupled = true});
+  const LrSchedule schedule{.name = "cosine", .warmup_steps = std::min<int64_t>(20, steps / 5), .min_lr_ratio = 0.1};
+  const std::vector<Var<B>> params = model.parameters();
+
+  ProgressBar bar(steps);
+  for (int64_t step = 0; step < steps; ++step) {
+    const double lr = schedule.at(peak_lr, step, steps);
+    opt.set_lr(lr);
+    const auto [x, y] = train_data.batch<B>(step, batch, seq);  // x, y: i64 [batch, seq]
+    opt.zero_grad();
+    const Var<B> logits = model(x);                            // [batch, seq, vocab]
+    const Var<B> loss = nn::cross_entropy(logits.reshape({-1, cfg.vocab_size}), y.reshape({-1}));
+    loss.backward();
+    const double norm = optim::clip_grad_norm(params, clip);
+    opt.step();
+    bar.update(step, loss.template item<double>(), lr, batch * seq, fmt::format("|g| {:.2f}", norm));
+  }
+  bar.finish();
+  fmt::print("held-out loss {:.4f}\n", evaluate(model, eval_data, 8, batch, seq));
+
+  const std::vector<int64_t> sample =
+      model.generate(tok.encode("The "), {.max_new_tokens = 300, .temperature = 0.8, .top_k = 40, .seed = 1});
+  fmt::print("--- sample (temperature 0.8, top-k 40) ---\nThe {}\n", tok.decode(sample));
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    const bool given = argc > 1 && argv[1][0] != '\0';  // "" also means the default corpus
+    const std::string text = given ? read_text_file(argv[1]) : fortunes_corpus("/usr/share/games/fortunes");
+    const int64_t steps = argc > 2 ? std::atoll(argv[2]) : 200;
+    KILN_CHECK(steps > 0, "char_gpt: steps must be a positive integer, got '{}'", argc > 2 ? argv[2] : "");
+    return run<Cpu>(text, steps);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
