@@ -189,12 +189,12 @@ int cmd_sample(int argc, char** argv) {
           {"device", "cpu (default), reference, or cuda"}});
   a.parse(argc, argv, 2);
   const std::string ck = a.required("checkpoint");
-  const CheckpointInfo info = read_checkpoint_info(ck);
-  const Codec codec = codec_for(a.str("data", info.data_path));
   const std::string prompt = a.str("prompt", "\n");
   nn::SampleOptions so{.max_new_tokens = a.integer("tokens", 200), .temperature = a.number("temperature", 0.8),
                        .top_k = a.integer("top-k", 40), .seed = static_cast<uint64_t>(a.integer("seed", 0))};
   KILN_CHECK(so.max_new_tokens >= 0 && so.top_k >= 0, "kiln sample: --tokens and --top-k must be >= 0");
+  const CheckpointInfo info = read_checkpoint_info(ck);
+  const Codec codec = codec_for(a.str("data", info.data_path));
   const std::vector<int64_t> out = dispatch(a.str("device", "cpu"), [&]<Backend B>() {
     auto model = load_gpt<B>(ck, a.str("model"));
     return model->generate(codec.encode(prompt), so);

@@ -1,0 +1,66 @@
+// The `kiln` command line: help, bad flags, bad files and bad configs give one clear line naming the problem.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+namespace {
+
+struct Result {
+  int status;
+  std::string out;
+};
+
+Result kiln(const std::string& args) {
+  const std::string cmd = fmt::format("{} {} 2>&1", KILN_CLI, args);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = ::pclose(p);
+  return {WEXITSTATUS(st), out};
+}
+
+std::string temp(const std::string& name, const std::string& content) {
+  const auto p = std::filesystem::temp_directory_path() / fmt::format("kiln-cli-{}-{}", ::getpid(), name);
+  std::ofstream(p) << content;
+  return p.string();
+}
+
+}  // namespace
+
+TEST_CASE("cli: help for every command; unknown commands and flags list the valid ones", "[cli]") {
+  for (const char* c : {"train", "sample", "eval", "tokenize", "inspect"}) {
+    const Result r = kiln(fmt::format("{} --help", c));
+    CHECK(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("flags:"));
+  }
+  CHECK_THAT(kiln("--help").out, Catch::Contains("commands:"));
+  const Result u = kiln("trian");
+  CHECK(u.status != 0);
+  CHECK_THAT(u.out, Catch::Contains("unknown command 'trian'") && Catch::Contains("train"));
+  const Result f = kiln("train --data x --lr 3");
+  CHECK(f.status == 1);
+  CHECK_THAT(f.out, Catch::Contains("unknown flag '--lr'") && Catch::Contains("--model") && Catch::Contains("--resume"));
+  CHECK_THAT(kiln("train").out, Catch::Contains("--data is required"));
+  CHECK_THAT(kiln("sample --checkpoint x --tokens many").out, Catch::Contains("--tokens must be an integer"));
+}
+
+TEST_CASE("cli: missing and malformed files name the file and the problem", "[cli]") {
+  CHECK_THAT(kiln("train --data /nonexistent/tokens.safetensors").out,
+             Catch::Contains("/nonexistent/tokens.safetensors") && Catch::Contains("cannot open"));
+  const std::string bad_json = temp("bad.json", "{\"d_model\": 64,");
+  CHECK_THAT(kiln(fmt::format("train --model {} --data x", bad_json)).out, Catch::Contains(bad_json) && Catch::Contains("not valid JSON"));
+  const std::string unknown = temp("unknown.json", "{\"d_modle\": 64}");
+  CHECK_THAT(kiln(fmt::format("train --model {} --data x", unknown)).out,
+             Catch::Contains("unknown key 'd_modle'") && Catch::Contains("valid keys"));
+  const std::string diff = temp("diff.json", "{\"attention\": \"diff\", \"d_model\": 36, \"n_heads\": 4}");
+  CHECK_THAT(kiln(fmt::format("train --model {} --data x", diff)).out, Catch::Contains("divisible by 2·n_heads (8)"));
+  const std::string garbage = temp("garbage.safetensors", "this is not a safetensors file at all");
+  CHECK_THAT(kiln(fmt::format("inspect --file {}", garbage)).out, Catch::Contains(garbage));
+}
