@@ -1,0 +1,154 @@
+// Module mechanics (names, state dicts, modes) and the small layers, each against an independent answer.
+#include <catch2/catch.hpp>
+
+#include "backends/backends.hpp"
+#include "nn/attention.hpp"
+#include "nn/gpt.hpp"
+#include "nn/init.hpp"
+#include "nn/layers.hpp"
+#include "nn/loss.hpp"
+#include "nn/norm.hpp"
+#include "param_gradcheck.hpp"
+
+using namespace kiln;
+using namespace kiln::nn;
+
+namespace {
+template <Backend B> class Two : public Module<B> {
+ public:
+  Two() {
+    a = this->register_module("a", std::make_shared<Linear<B>>(LinearOptions{.in = 3, .out = 4, .bias = true}));
+    s = this->register_parameter("scale", Tensor<B>::ones({4}));
+    this->register_buffer("steps", Tensor<B>::zeros({1}, DType::i64));
+    b = this->register_module("b", std::make_shared<Linear<B>>(LinearOptions{.in = 4, .out = 2}));
+  }
+  void bad_names() {
+    this->register_parameter("scale", Tensor<B>::ones({1}));
+  }
+  void dotted() { this->register_parameter("x.y", Tensor<B>::ones({1})); }
+  std::shared_ptr<Linear<B>> a, b;
+  Var<B> s;
+};
+}  // namespace
+
+TEMPLATE_TEST_CASE("module: PyTorch names and order, counting, strict state dicts listing every problem", "[module]", Reference, Cpu) {
+  using B = TestType;
+  Two<B> m;
+  std::vector<std::string> names;
+  for (auto& [n, p] : m.named_parameters()) names.push_back(n);
+  CHECK(names == std::vector<std::string>{"scale", "a.weight", "a.bias", "b.weight"});  // own first, then children
+  CHECK(m.num_parameters() == 4 + 12 + 4 + 8);
+  CHECK(m.state_dict().size() == 5);  // + the persistent buffer
+  CHECK_THROWS_WITH(m.bad_names(), Catch::Contains("'scale' is already registered"));
+  CHECK_THROWS_WITH(m.dotted(), Catch::Contains("invalid name 'x.y'"));
+  CHECK_THROWS_WITH(m.parameter("a.wieght"), Catch::Contains("no parameter 'a.wieght'") && Catch::Contains("a.weight"));
+
+  std::map<std::string, Tensor<B>> sd;
+  for (auto& [n, t] : m.state_dict()) sd[n] = t.clone();
+  sd.erase("b.weight");
+  sd["a.weight"] = Tensor<B>::zeros({4, 4});
+  sd["c.weight"] = Tensor<B>::zeros({1});
+  const auto before = to_vector<float>(m.parameter("scale").value());
+  CHECK_THROWS_WITH(m.load_state_dict(sd), Catch::Contains("missing 1 [b.weight]") && Catch::Contains("unexpected 1 [c.weight]") &&
+                                               Catch::Contains("a.weight: [4, 4] in the state, [4, 3] in the model"));
+  CHECK(to_vector<float>(m.parameter("scale").value()) == before);  // nothing half-loaded
+
+  // A good state dict (f64 values into f32 parameters) loads into the existing tensors.
+  Var<B> scale = m.parameter("scale");
+  std::map<std::string, Tensor<B>> good;
+  for (auto& [n, t] : m.state_dict()) good[n] = t.to(is_floating(t.dtype()) ? DType::f64 : t.dtype()).add(0);
+  good["scale"] = Tensor<B>::full({4}, 2.5, DType::f64);
+  m.load_state_dict(good);
+  CHECK(to_vector<float>(scale.value()) == std::vector<float>(4, 2.5f));
+  m.eval();
+  CHECK_FALSE(m.a->is_training());
+  m.train();
+  CHECK(m.b->is_training());
+}
+
+TEMPLATE_TEST_CASE("layers: LayerNorm/RMSNorm against the formula and FD; Dropout; MSE; init bounds", "[layers]", Reference, Cpu) {
+  using B = TestType;
+  Generator g(1);
+  const Tensor<B> x = Tensor<B>::randn({3, 5, 8}, DType::f64, &g).mul(3).add(1);
+  LayerNorm<B> ln({.dim = 8, .eps = 1e-5, .dtype = DType::f64});
+  Var<B> lw = ln.parameter("weight");
+  init::normal_(lw, 1.0, 0.3, &g);
+  const auto y = to_vector<double>(ln.forward(Var<B>(x)).value());
+  const auto xv = to_vector<double>(x), w = to_vector<double>(ln.parameter("weight").value());
+  for (int r = 0; r < 15; ++r) {
+    double mu = 0, var = 0;
+    for (int k = 0; k < 8; ++k) mu += xv[static_cast<size_t>(r * 8 + k)] / 8;
+    for (int k = 0; k < 8; ++k) var += std::pow(xv[static_cast<size_t>(r * 8 + k)] - mu, 2) / 8;
+    for (int k = 0; k < 8; ++k)
+      CHECK(y[static_cast<size_t>(r * 8 + k)] == Approx((xv[static_cast<size_t>(r * 8 + k)] - mu) / std::sqrt(var + 1e-5) * w[static_cast<size_t>(k)]).margin(1e-12));
+  }
+  const Tensor<B> r = Tensor<B>::randn({3, 5, 8}, DType::f64, &g);
+  test::check_param_grads<B>(ln.named_parameters(), [&] { return (ln.forward(Var<B>(x)) * Var<B>(r)).sum(); });
+  RMSNorm<B> rms({.dim = 8, .dtype = DType::f64});
+  test::check_param_grads<B>(rms.named_parameters(), [&] { return (rms.forward(Var<B>(x)) * Var<B>(r)).sum(); });
+
+  Dropout<B> d(0.25);
+  const Tensor<B> ones = Tensor<B>::ones({20000});
+  const auto kept = to_vector<float>(d.forward(Var<B>(ones)).value());
+  int zeros = 0;
+  for (float v : kept) {
+    zeros += v == 0.0f;
+    CHECK((v == 0.0f || v == Approx(1.0f / 0.75f)));
+  }
+  CHECK(zeros == Approx(5000).margin(300));  // 0.25 · 20000 ± 4.9σ
+  d.eval();
+  CHECK(to_vector<float>(d.forward(Var<B>(ones)).value()) == to_vector<float>(ones));
+  CHECK_THROWS_WITH(Dropout<B>(1.0), Catch::Contains("Dropout: p must be in [0, 1)"));
+
+  const Var<B> a(Tensor<B>::from_vector(std::vector<double>{1, 2, 3}), true);
+  const Var<B> mse = mse_loss(a, Var<B>(Tensor<B>::from_vector(std::vector<double>{1, 0, 0})));
+  CHECK(item<double>(mse.value()) == Approx((0 + 4 + 9) / 3.0));
+
+  Var<B> w2(Tensor<B>::zeros({64, 100}), true);
+  init::kaiming_uniform_(w2, 0.0, &g);
+  const double bound = std::sqrt(2.0) * std::sqrt(3.0 / 100.0);
+  CHECK(item<double>(w2.value().abs().max()) <= bound);
+  CHECK(item<double>(w2.value().abs().max()) > 0.9 * bound);
+  init::xavier_normal_(w2, 1.0, &g);
+  CHECK(std::sqrt(item<double>(w2.value().square().mean())) == Approx(std::sqrt(2.0 / 164.0)).epsilon(0.05));
+  Var<B> v1(Tensor<B>::zeros({5}), true);
+  CHECK_THROWS_WITH(init::kaiming_uniform_(v1), Catch::Contains("rank >= 2"));
+}
+
+TEMPLATE_TEST_CASE("attention: KV-cached decoding equals the full forward; generate is seeded", "[attention]", Reference, Cpu) {
+  using B = TestType;
+  manual_seed(2);
+  MultiHeadAttention<B> a({.d_model = 16, .n_heads = 4, .n_kv_heads = 2, .max_seq_len = 12});
+  Generator g(3);
+  const Tensor<B> x = Tensor<B>::randn({2, 7, 16}, DType::f32, &g);
+  NoGrad ng;
+  const auto full = to_vector<float>(a.forward(Var<B>(x)).value());
+  KVCache<B> c;
+  std::vector<Tensor<B>> parts{a.forward(Var<B>(x.narrow(1, 0, 3)), &c).value()};
+  for (int64_t t = 3; t < 7; ++t) parts.push_back(a.forward(Var<B>(x.narrow(1, t, 1)), &c).value());
+  const auto inc = to_vector<float>(Tensor<B>::cat(parts, 1));
+  for (size_t i = 0; i < full.size(); ++i) CHECK(inc[i] == Approx(full[i]).margin(1e-5));
+  CHECK_THROWS_WITH(a.forward(Var<B>(Tensor<B>::zeros({2, 6, 16})), &c), Catch::Contains("max_seq_len 12"));
+
+  ModelConfig cfg;
+  cfg.vocab_size = 30;
+  cfg.d_model = 16;
+  cfg.n_layers = 2;
+  cfg.n_heads = 2;
+  cfg.max_seq_len = 8;
+  GPT<B> m(cfg);
+  const SampleOptions so{.max_new_tokens = 20, .temperature = 0.9, .top_k = 5, .seed = 4};
+  const auto s1 = m.generate({1, 2, 3}, so), s2 = m.generate({1, 2, 3}, so);  // longer than the context: re-reads
+  CHECK(s1 == s2);
+  CHECK(s1.size() == 20);
+  for (int64_t t : s1) CHECK((t >= 0 && t < 30));
+  // Greedy decoding with the cache equals argmax of a full forward, token by token.
+  const auto greedy = m.generate({4, 5}, {.max_new_tokens = 4, .temperature = 0});
+  std::vector<int64_t> ctx{4, 5};
+  for (int64_t t : greedy) {
+    const Tensor<B> logits = m.forward(Tensor<B>::from_vector(ctx, {1, static_cast<int64_t>(ctx.size())})).value();
+    CHECK(item<int64_t>(logits.select(1, -1).argmax()) == t);
+    ctx.push_back(t);
+  }
+  CHECK_THROWS_WITH(m.generate({31}, so), Catch::Contains("prompt token 31"));
+}
