@@ -33,6 +33,9 @@ struct Cpu {
   static void scatter_add(M out, int axis, V index, V src);
   static void rand_uniform(M out, uint64_t seed, uint64_t offset, double lo, double hi);
   static void rand_normal(M out, uint64_t seed, uint64_t offset, double mean, double std);
+  // fused RMSNorm (backends/cpu/norm.cpp; contract in core/fused_norm.hpp)
+  static void rms_norm_forward(M y, M rstd, V x, const V* w, double eps);
+  static void rms_norm_backward(M dx, M* dw, V x, const V* w, V rstd, V dy);
 
   // fused overrides (core/fused.hpp)
   static void softmax_lastdim(M out, V x, bool log);
