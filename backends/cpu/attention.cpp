@@ -36,8 +36,12 @@ using namespace cpu;
 
 namespace {
 
-constexpr int64_t kBr = 64;  // query rows per tile
-constexpr int64_t kBc = 64;  // keys per tile
+// Tiles (measured at B=8, H=4, d=64, T=128/512, one thread: 32..128 rows × 32..128 keys are within
+// ~10% of each other, 64 × 64 among the best for both passes; see bench/attention/RESULTS.md).
+constexpr int64_t kBr = 64;   // forward: query rows per tile
+constexpr int64_t kBc = 64;   // forward: keys per tile
+constexpr int64_t kBrB = 64;  // backward: query rows per tile
+constexpr int64_t kBcB = 64;  // backward: keys per tile
 
 template <class T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
@@ -221,19 +225,19 @@ template <class T>
 void backward_key_tile(const Problem<T>& P, const Rows<T>& g, const T* lse, const T* D, int64_t b, int64_t hk, int64_t j0, T* dk, T* dv,
                        T* dq_base, T* s, T* dp) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
-  const int64_t bc = std::min(kBc, P.S - j0);
+  const int64_t bc = std::min(kBcB, P.S - j0);
   const bool* kp = P.kp_row(b);
   T* dk_t = dk + ((b * P.Hkv + hk) * P.S + j0) * P.d;
   T* dv_t = dv + ((b * P.Hkv + hk) * P.S + j0) * P.dv;
   const int64_t i_first = P.causal ? std::max<int64_t>(0, j0 - P.pos0) : 0;  // queries that see key j0 or later
   for (int64_t hr = 0; hr < P.rep; ++hr) {
     const int64_t h = hk * P.rep + hr, bh = b * P.H + h;
-    for (int64_t i0 = i_first; i0 < P.T_; i0 += kBr) {
-      const int64_t br = std::min(kBr, P.T_ - i0);
-      gemm<T>(false, true, br, bc, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBc);
+    for (int64_t i0 = i_first; i0 < P.T_; i0 += kBrB) {
+      const int64_t br = std::min(kBrB, P.T_ - i0);
+      gemm<T>(false, true, br, bc, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBcB);
       const bool diag = P.causal && j0 + bc - 1 > P.pos0 + i0;
       for (int64_t r = 0; r < br; ++r) {
-        T* row = s + r * kBc;
+        T* row = s + r * kBcB;
         const T L = lse[bh * P.T_ + i0 + r];
         if (L == ninf) {  // a row with no visible key contributes nothing
           std::fill(row, row + bc, T(0));
@@ -243,16 +247,16 @@ void backward_key_tile(const Problem<T>& P, const Rows<T>& g, const T* lse, cons
         exp_shift_sum(row, bc, L);
       }
       const T* grow = g.row(b, h, i0);
-      gemm<T>(true, false, bc, P.dv, br, T(1), s, kBc, grow, g.ld, T(1), dv_t, P.dv);                  // dV += Pᵀ dO
-      gemm<T>(false, true, br, bc, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), dp, kBc);  // dP = dO Vᵀ
+      gemm<T>(true, false, bc, P.dv, br, T(1), s, kBcB, grow, g.ld, T(1), dv_t, P.dv);                  // dV += Pᵀ dO
+      gemm<T>(false, true, br, bc, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), dp, kBcB);  // dP = dO Vᵀ
       for (int64_t r = 0; r < br; ++r) {
         const T Dr = D[bh * P.T_ + i0 + r];
-        T* pr = s + r * kBc;
-        T* dr = dp + r * kBc;
+        T* pr = s + r * kBcB;
+        T* dr = dp + r * kBcB;
         for (int64_t c = 0; c < bc; ++c) dr[c] = P.scale * pr[c] * (dr[c] - Dr);  // dS (scaled)
       }
-      gemm<T>(true, false, bc, P.d, br, T(1), dp, kBc, P.q.row(b, h, i0), P.q.ld, T(1), dk_t, P.d);  // dK += dSᵀ Q
-      gemm<T>(false, false, br, P.d, bc, T(1), dp, kBc, P.k.row(b, hk, j0), P.k.ld, T(1), dq_base + (bh * P.T_ + i0) * P.d,
+      gemm<T>(true, false, bc, P.d, br, T(1), dp, kBcB, P.q.row(b, h, i0), P.q.ld, T(1), dk_t, P.d);  // dK += dSᵀ Q
+      gemm<T>(false, false, br, P.d, bc, T(1), dp, kBcB, P.k.row(b, hk, j0), P.k.ld, T(1), dq_base + (bh * P.T_ + i0) * P.d,
               P.d);  // dQ += dS K
     }
   }
@@ -276,12 +280,12 @@ template <class T> void backward(const Problem<T>& P, const Rows<T>& o, const Ro
     }
   }, 1);
 
-  const int64_t nkt = (P.S + kBc - 1) / kBc;
+  const int64_t nkt = (P.S + kBcB - 1) / kBcB;
   const int64_t units = P.B * P.Hkv;
   const int nt_max = threads_for(units * nkt);
   const bool per_unit = units >= nt_max;  // enough (batch, kv head) units: no shared dQ rows
   const int nt = per_unit ? threads_for(units) : nt_max;
-  const size_t tile = static_cast<size_t>(2 * kBr * kBc);
+  const size_t tile = static_cast<size_t>(2 * kBrB * kBcB);
   std::vector<T> scratch(static_cast<size_t>(nt) * tile);
   const size_t nq = static_cast<size_t>(rows * P.d);
   std::vector<T> priv(per_unit ? 0 : static_cast<size_t>(nt) * nq, T(0));
@@ -289,18 +293,18 @@ template <class T> void backward(const Problem<T>& P, const Rows<T>& o, const Ro
   {
     const int tid = omp_get_thread_num();
     T* s = scratch.data() + static_cast<size_t>(tid) * tile;
-    T* dp = s + kBr * kBc;
+    T* dp = s + kBrB * kBcB;
     if (per_unit) {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t u = 0; u < units; ++u)
         for (int64_t jt = 0; jt < nkt; ++jt)
-          backward_key_tile(P, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBc, dk, dv, dq, s, dp);
+          backward_key_tile(P, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBcB, dk, dv, dq, s, dp);
     } else {
       T* mine = priv.data() + static_cast<size_t>(tid) * nq;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t w = 0; w < units * nkt; ++w) {
         const int64_t u = w / nkt, jt = w % nkt;
-        backward_key_tile(P, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBc, dk, dv, mine, s, dp);
+        backward_key_tile(P, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBcB, dk, dv, mine, s, dp);
       }
       // (implicit barrier) sum the private dQ buffers
       const int team = omp_get_num_threads();
