@@ -104,6 +104,25 @@ template <Backend B> struct Indexing {
   static X index_add(const X& x, int64_t axis, const Tensor<B>& index, const X& src);
 };
 
+// autograd/ops/attention.cpp
+// Fused softmax attention (core/fused.hpp attention_forward/attention_backward): q [B, H, T, d],
+// k [B, Hkv, S, d], v [B, Hkv, S, dv] -> O [B, H, T, dv]. The node saves q, k, v, O and the row
+// log-sum-exp (plus the bool key padding), never a [T, S] tensor; backward recomputes the
+// probabilities. AttentionBackward is the node's closure, a named type so tests can inspect what is
+// saved (node()->backward.target<AttentionBackward<B>>()).
+template <Backend B> struct AttentionBackward {
+  Tensor<B> q, k, v, o, lse, key_padding;
+  double scale = 1;
+  bool causal = false;
+  int64_t pos0 = 0;
+  Grads<B> operator()(const Tensor<B>& grad_out) const;
+  std::vector<Tensor<B>> saved() const { return {q, k, v, o, lse, key_padding}; }
+};
+template <Backend B> struct AttentionOps {
+  static Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, double scale, bool causal, int64_t pos0,
+                          const Tensor<B>& key_padding = {});
+};
+
 }  // namespace autograd
 
 // ---------------------------------------------------------------------------------- free functions
@@ -153,5 +172,10 @@ template <Backend B> Var<B> stack(const std::vector<Var<B>>& xs, int64_t axis = 
   extern template struct autograd::Indexing<B>;
 KILN_FOR_EACH_BACKEND(KILN_AUTOGRAD_EXTERN)
 #undef KILN_AUTOGRAD_EXTERN
+#define KILN_AUTOGRAD_ATTN_EXTERN(B) \
+  extern template struct autograd::AttentionBackward<B>; \
+  extern template struct autograd::AttentionOps<B>;
+KILN_FOR_EACH_BACKEND(KILN_AUTOGRAD_ATTN_EXTERN)
+#undef KILN_AUTOGRAD_ATTN_EXTERN
 
 }  // namespace kiln

@@ -5,6 +5,17 @@
 //
 //   softmax_lastdim(MutView out, View x, bool log)            rows of the last axis, x contiguous
 //   softmax_lastdim_backward(MutView dx, View y, View dy, bool log)   y = forward output
+//   attention_forward(MutView o, MutView lse, View q, View k, View v, const View* key_padding,
+//                     double scale, bool causal, int64_t pos0)
+//   attention_backward(MutView dq, MutView dk, MutView dv, View q, View k, View v, View o, View lse,
+//                      View dout, const View* key_padding, double scale, bool causal, int64_t pos0)
+//     see attention_forward below for what the override receives.
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <utility>
+#include <vector>
+
 #include "core/tensor.hpp"
 
 namespace kiln::fused {
@@ -63,6 +74,213 @@ template <Backend B> Tensor<B> softmax_backward(const Tensor<B>& y, const Tensor
   const std::vector<int64_t> ax{a};
   if (log) return dy.sub(y.exp().mul(dy.sum(ax, true)));
   return y.mul(dy.sub(dy.mul(y).sum(ax, true)));
+}
+
+// ------------------------------------------------------------------------------------------ attention
+// Softmax attention without the [T, S] matrix in memory (the flash-attention contract):
+//   q [B, H, T, d], k [B, Hkv, S, d], v [B, Hkv, S, dv]; H a multiple of Hkv, query head i uses kv
+//   head i / (H/Hkv) (GQA); dv may differ from d.
+//   scores s_ij = scale · q_i·k_j, masked to −inf where causal && j > pos0 + i (query i sits at
+//   position pos0 + i, keys at 0..S−1: KV-cache decoding has T ≠ S) and where key_padding [B, S] (bool,
+//   optional) is false.
+//   O = softmax(s) v  [B, H, T, dv] in q's dtype;  LSE = log Σ_j exp(s_ij)  [B, H, T], in f64 for f64
+//   inputs and f32 otherwise (bf16/f16 are computed in f32 and O rounded once).
+// A row with no visible key gives O = NaN (as PyTorch) and LSE = −inf; attention_backward treats such
+// a row as contributing nothing (zero dq row, nothing added to dk, dv).
+//
+// Backend override (B::attention_forward / B::attention_backward): receives f32 or f64 tensors only
+// (half types are converted here); q, k, v, o, dout have a unit-stride last dim and a row stride >= the
+// row width (else they are made contiguous here), any strides elsewhere (zero included); the outputs
+// and lse are contiguous; key_padding is nullptr or a contiguous bool [B, S]. dq, dk, dv arrive
+// zero-filled.
+template <class B>
+concept HasAttention = requires(MutView<typename B::Storage> out, View<typename B::Storage> in, const View<typename B::Storage>* kp,
+                                double scale, bool causal, int64_t pos0) {
+  B::attention_forward(out, out, in, in, in, kp, scale, causal, pos0);
+};
+template <class B>
+concept HasAttentionBackward = requires(MutView<typename B::Storage> out, View<typename B::Storage> in,
+                                        const View<typename B::Storage>* kp, double scale, bool causal, int64_t pos0) {
+  B::attention_backward(out, out, out, in, in, in, in, in, in, kp, scale, causal, pos0);
+};
+
+namespace detail {
+
+struct AttnDims {
+  int64_t B, H, Hkv, T, S, d, dv;
+  bool empty() const { return B * H * T * S * d * dv == 0; }
+};
+
+template <Backend B>
+AttnDims attention_check(const char* op, const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v, const Tensor<B>& key_padding,
+                         int64_t pos0) {
+  KILN_CHECK(q.defined() && k.defined() && v.defined(), "{}: undefined q, k or v", op);
+  KILN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "{}: q {}, k {}, v {} must be [B, H, T, d]", op, shape_str(q.shape()),
+             shape_str(k.shape()), shape_str(v.shape()));
+  KILN_CHECK(is_floating(q.dtype()) && q.dtype() == k.dtype() && q.dtype() == v.dtype(),
+             "{}: q, k, v need one float dtype, got {}, {}, {} (q {})", op, q.dtype(), k.dtype(), v.dtype(), shape_str(q.shape()));
+  const AttnDims a{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
+  KILN_CHECK(k.size(0) == a.B && v.size(0) == a.B && k.size(3) == a.d && v.size(1) == a.Hkv && v.size(2) == a.S && a.Hkv >= 1 &&
+                 a.H % a.Hkv == 0,
+             "{}: q {}, k {}, v {} do not fit (H must be a multiple of Hkv, widths and lengths must agree)", op, shape_str(q.shape()),
+             shape_str(k.shape()), shape_str(v.shape()));
+  KILN_CHECK(pos0 >= 0, "{}: pos0 must be >= 0, got {} (q {})", op, pos0, shape_str(q.shape()));
+  if (key_padding.defined())
+    KILN_CHECK(key_padding.dtype() == DType::boolean && key_padding.shape() == Shape({a.B, a.S}),
+               "{}: key_padding must be bool [{}, {}], got {} {}", op, a.B, a.S, key_padding.dtype(), shape_str(key_padding.shape()));
+  return a;
+}
+
+inline DType lse_dtype(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
+
+// What an override may read directly: unit-stride rows no shorter than their stride says.
+template <Backend B> Tensor<B> attn_rows(const Tensor<B>& x) {
+  const bool unit = x.size(3) <= 1 || x.strides()[3] == 1;
+  const bool rows = x.size(2) <= 1 || x.strides()[2] >= x.size(3);
+  return unit && rows ? x : x.contiguous();
+}
+
+// The additive mask [1|B, 1, 1, T, S] (0 or −inf) in dtype dt, undefined when nothing is masked.
+template <Backend B>
+Tensor<B> attention_mask(const AttnDims& a, bool causal, int64_t pos0, const Tensor<B>& key_padding, DType dt) {
+  Tensor<B> m;
+  if (causal && pos0 < a.S - 1) {  // (with pos0 >= S − 1 every query sees every key)
+    std::vector<double> c(static_cast<size_t>(a.T * a.S), 0.0);
+    for (int64_t i = 0; i < a.T; ++i)
+      for (int64_t j = std::max<int64_t>(0, pos0 + i + 1); j < a.S; ++j)
+        c[static_cast<size_t>(i * a.S + j)] = -std::numeric_limits<double>::infinity();
+    m = Tensor<B>::from_vector(c, {1, 1, 1, a.T, a.S}).to(dt);
+  }
+  if (key_padding.defined()) {
+    const Tensor<B> p = Tensor<B>::where(key_padding, Tensor<B>::zeros({}, dt), Tensor<B>::full({}, -INFINITY, dt))
+                            .reshape({a.B, 1, 1, 1, a.S});
+    m = m.defined() ? m.add(p) : p;
+  }
+  return m;
+}
+
+}  // namespace detail
+
+// Composite attention forward (also the oracle of the fused kernels): the [B, Hkv, rep, T, S] scores
+// are materialised. Returns {O, LSE}.
+template <Backend B>
+std::pair<Tensor<B>, Tensor<B>> attention_forward_composite(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v, double scale,
+                                                            bool causal, int64_t pos0, const Tensor<B>& key_padding = {}) {
+  const detail::AttnDims a = detail::attention_check("attention_forward", q, k, v, key_padding, pos0);
+  if (q.dtype() == DType::bf16 || q.dtype() == DType::f16) {
+    auto [o, lse] = attention_forward_composite(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), scale, causal, pos0, key_padding);
+    return {o.to(q.dtype()), lse};
+  }
+  const int64_t rep = a.H / a.Hkv;
+  const Tensor<B> q5 = q.reshape({a.B, a.Hkv, rep, a.T, a.d});
+  const Tensor<B> k5 = k.unsqueeze(2), v5 = v.unsqueeze(2);
+  Tensor<B> s = q5.matmul(k5.transpose(-1, -2)).mul(scale);  // [B, Hkv, rep, T, S]
+  const Tensor<B> mask = detail::attention_mask(a, causal, pos0, key_padding, q.dtype());
+  if (mask.defined()) s = s.add(mask);
+  Tensor<B> m = a.S > 0 ? s.max({-1}, true) : Tensor<B>::full({a.B, a.Hkv, rep, a.T, 1}, -INFINITY, q.dtype());
+  m = Tensor<B>::where(m.eq(-INFINITY), Tensor<B>::zeros({}, q.dtype()), m);  // rows with no key: shift by 0
+  const Tensor<B> e = s.sub(m).exp();
+  const Tensor<B> l = e.sum({-1}, true);
+  const Tensor<B> lse = m.add(l.log());  // −inf for a row with no key
+  const Tensor<B> o = e.matmul(v5).div(l);  // 0/0 = NaN for a row with no key
+  return {o.reshape({a.B, a.H, a.T, a.dv}), lse.reshape({a.B, a.H, a.T})};
+}
+
+// Composite attention backward from the saved {q, k, v, O, LSE} and dO (FlashAttention-2 formulas):
+//   P = exp(s − LSE), dV = Pᵀ dO, dP = dO Vᵀ, D = rowsum(dO ⊙ O), dS = P ⊙ (dP − D),
+//   dQ = scale dS K, dK = scale dSᵀ Q (dK, dV summed over the query heads of each kv head).
+template <Backend B>
+std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward_composite(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
+                                                                         const Tensor<B>& o, const Tensor<B>& lse,
+                                                                         const Tensor<B>& dout, double scale, bool causal, int64_t pos0,
+                                                                         const Tensor<B>& key_padding = {}) {
+  const detail::AttnDims a = detail::attention_check("attention_backward", q, k, v, key_padding, pos0);
+  if (q.dtype() == DType::bf16 || q.dtype() == DType::f16) {
+    const DType f = DType::f32;
+    auto [dq, dk, dv] = attention_backward_composite(q.to(f), k.to(f), v.to(f), o.to(f), lse.to(f), dout.to(f), scale, causal, pos0,
+                                                     key_padding);
+    return {dq.to(q.dtype()), dk.to(q.dtype()), dv.to(q.dtype())};
+  }
+  const int64_t rep = a.H / a.Hkv;
+  const DType dt = q.dtype();
+  const Tensor<B> q5 = q.reshape({a.B, a.Hkv, rep, a.T, a.d});
+  const Tensor<B> k5 = k.unsqueeze(2), v5 = v.unsqueeze(2);
+  const Tensor<B> o5 = o.reshape({a.B, a.Hkv, rep, a.T, a.dv}), g5 = dout.reshape({a.B, a.Hkv, rep, a.T, a.dv});
+  const Tensor<B> l5 = lse.to(dt).reshape({a.B, a.Hkv, rep, a.T, 1});
+  const Tensor<B> dead = l5.eq(-INFINITY);  // rows with no visible key
+  const Tensor<B> zero = Tensor<B>::zeros({}, dt);
+  Tensor<B> s = q5.matmul(k5.transpose(-1, -2)).mul(scale);
+  const Tensor<B> mask = detail::attention_mask(a, causal, pos0, key_padding, dt);
+  if (mask.defined()) s = s.add(mask);
+  const Tensor<B> p = Tensor<B>::where(dead, zero, s.sub(l5).exp());         // [B, Hkv, rep, T, S]
+  const Tensor<B> dvv = p.transpose(-1, -2).matmul(g5).sum({2});             // [B, Hkv, S, dv]
+  const Tensor<B> dp = g5.matmul(v5.transpose(-1, -2));                      // [B, Hkv, rep, T, S]
+  const Tensor<B> D = Tensor<B>::where(dead, zero, g5.mul(o5).sum({-1}, true));
+  const Tensor<B> ds = p.mul(dp.sub(D)).mul(scale);
+  const Tensor<B> dq = ds.matmul(k5).reshape({a.B, a.H, a.T, a.d});
+  const Tensor<B> dk = ds.transpose(-1, -2).matmul(q5).sum({2});
+  return {dq, dk, dvv};
+}
+
+// Fused attention forward: {O [B, H, T, dv], LSE [B, H, T]} (see the contract above).
+template <Backend B>
+std::pair<Tensor<B>, Tensor<B>> attention_forward(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v, double scale, bool causal,
+                                                  int64_t pos0, const Tensor<B>& key_padding = {}) {
+  const detail::AttnDims a = detail::attention_check("attention_forward", q, k, v, key_padding, pos0);
+  if constexpr (HasAttention<B>) {
+    const DType dt = q.dtype();
+    if (dt == DType::bf16 || dt == DType::f16) {
+      auto [o, lse] = attention_forward(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), scale, causal, pos0, key_padding);
+      return {o.to(dt), lse};
+    }
+    if (a.empty()) return attention_forward_composite(q, k, v, scale, causal, pos0, key_padding);
+    Tensor<B> o = Tensor<B>::empty({a.B, a.H, a.T, a.dv}, dt);
+    Tensor<B> lse = Tensor<B>::empty({a.B, a.H, a.T}, dt);
+    const Tensor<B> qc = detail::attn_rows(q), kc = detail::attn_rows(k), vc = detail::attn_rows(v);
+    const Tensor<B> kp = key_padding.defined() ? key_padding.contiguous() : Tensor<B>();
+    const View<typename B::Storage> kpv = kp.defined() ? kp.cview() : qc.cview();
+    B::attention_forward(o.mview(), lse.mview(), qc.cview(), kc.cview(), vc.cview(), kp.defined() ? &kpv : nullptr, scale, causal,
+                         pos0);
+    return {o, lse};
+  } else {
+    (void)a;
+    return attention_forward_composite(q, k, v, scale, causal, pos0, key_padding);
+  }
+}
+
+// Fused attention backward: {dq, dk, dv} in q's dtype, from the saved q, k, v, O, LSE and dO.
+template <Backend B>
+std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
+                                                               const Tensor<B>& o, const Tensor<B>& lse, const Tensor<B>& dout,
+                                                               double scale, bool causal, int64_t pos0,
+                                                               const Tensor<B>& key_padding = {}) {
+  const detail::AttnDims a = detail::attention_check("attention_backward", q, k, v, key_padding, pos0);
+  KILN_CHECK(o.defined() && dout.defined() && lse.defined() && o.shape() == Shape({a.B, a.H, a.T, a.dv}) && dout.shape() == o.shape() &&
+                 lse.shape() == Shape({a.B, a.H, a.T}) && o.dtype() == q.dtype() && dout.dtype() == q.dtype() &&
+                 lse.dtype() == detail::lse_dtype(q.dtype()),
+             "attention_backward: o {} {}, dout {} {}, lse {} {} do not fit q {} {}, v {}", shape_str(o.shape()), o.dtype(),
+             shape_str(dout.shape()), dout.dtype(), shape_str(lse.shape()), lse.dtype(), shape_str(q.shape()), q.dtype(),
+             shape_str(v.shape()));
+  if constexpr (HasAttentionBackward<B>) {
+    const DType dt = q.dtype();
+    if (dt == DType::bf16 || dt == DType::f16) {
+      const DType f = DType::f32;
+      auto [dq, dk, dv] = attention_backward(q.to(f), k.to(f), v.to(f), o.to(f), lse, dout.to(f), scale, causal, pos0, key_padding);
+      return {dq.to(dt), dk.to(dt), dv.to(dt)};
+    }
+    if (a.empty()) return attention_backward_composite(q, k, v, o, lse, dout, scale, causal, pos0, key_padding);
+    Tensor<B> dq = Tensor<B>::zeros(q.shape(), dt), dk = Tensor<B>::zeros(k.shape(), dt), dv = Tensor<B>::zeros(v.shape(), dt);
+    const Tensor<B> qc = detail::attn_rows(q), kc = detail::attn_rows(k), vc = detail::attn_rows(v);
+    const Tensor<B> oc = detail::attn_rows(o), gc = detail::attn_rows(dout), lc = lse.contiguous();
+    const Tensor<B> kp = key_padding.defined() ? key_padding.contiguous() : Tensor<B>();
+    const View<typename B::Storage> kpv = kp.defined() ? kp.cview() : qc.cview();
+    B::attention_backward(dq.mview(), dk.mview(), dv.mview(), qc.cview(), kc.cview(), vc.cview(), oc.cview(), lc.cview(), gc.cview(),
+                          kp.defined() ? &kpv : nullptr, scale, causal, pos0);
+    return {dq, dk, dv};
+  } else {
+    (void)a;
+    return attention_backward_composite(q, k, v, o, lse, dout, scale, causal, pos0, key_padding);
+  }
 }
 
 }  // namespace kiln::fused

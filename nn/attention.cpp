@@ -46,6 +46,12 @@ std::pair<Tensor<B>, Tensor<B>> kv_cache_append(KVCache<B>& cache, const Tensor<
 
 template <Backend B>
 Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding) {
+  KILN_CHECK(q.dim() == 4, "attention: q {} must be [B, H, T, d]", shape_str(q.shape()));
+  return autograd::AttentionOps<B>::attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(q.size(3))), causal, pos0, key_padding);
+}
+
+template <Backend B>
+Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding) {
   KILN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q {}, k {}, v {} must be [B, H, T, d]", shape_str(q.shape()),
              shape_str(k.shape()), shape_str(v.shape()));
   const int64_t Bn = q.size(0), H = q.size(1), T = q.size(2), d = q.size(3);
@@ -118,6 +124,7 @@ template <Backend B> Var<B> MultiHeadAttention<B>::forward(const Var<B>& x, KVCa
   template Var<B> rope<B>(const Var<B>&, int64_t, double);                                                          \
   template std::pair<Tensor<B>, Tensor<B>> kv_cache_append<B>(KVCache<B>&, const Tensor<B>&, const Tensor<B>&, int64_t); \
   template Var<B> attention<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&);                         \
+  template Var<B> attention_decomposed<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&);              \
   template class MultiHeadAttention<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

@@ -31,6 +31,15 @@ std::pair<Tensor<B>, Tensor<B>> kv_cache_append(KVCache<B>& cache, const Tensor<
 // left gives NaN, as in PyTorch).
 template <Backend B>
 Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding = {});
+// Runs the fused kernel (fused::attention_forward/backward through autograd::AttentionOps): memory O(T)
+// beyond q, k, v, O — the autograd node saves q, k, v, O and the row log-sum-exp only. A row with no
+// visible key gets a zero gradient (it contributes nothing to dq, dk, dv).
+
+// The same attention built from autograd ops (scores [B, H, T, S], softmax, matmul): the test oracle
+// of the fused path.
+template <Backend B>
+Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
+                            const Tensor<B>& key_padding = {});
 
 struct AttentionOptions {
   int64_t d_model = 0;

@@ -40,6 +40,10 @@ struct Cpu {
   // fused overrides (core/fused.hpp)
   static void softmax_lastdim(M out, V x, bool log);
   static void softmax_lastdim_backward(M dx, V y, V dy, bool log);
+  // flash attention (backends/cpu/attention.cpp; contract in core/fused.hpp)
+  static void attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, double scale, bool causal, int64_t pos0);
+  static void attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, double scale, bool causal,
+                                 int64_t pos0);
 };
 static_assert(Backend<Cpu>);
 

@@ -1,0 +1,397 @@
+// Flash attention on the Cpu backend, forward and backward (contract: core/fused.hpp).
+//
+// Forward (FlashAttention-2 loop order): the work units are (batch, head, query tile of kBr rows),
+// spread over the OpenMP threads with a dynamic schedule (heaviest causal tiles first). A unit walks
+// the key tiles of kBc keys its rows can see (causal: tiles entirely above the diagonal are never
+// visited) and keeps, per query row, the running max m and sum l of the online softmax:
+//   S = scale · Q_i K_jᵀ (sgemm/dgemm, kBr × kBc, in a thread-local buffer), mask (causal, padding)
+//   to −inf, m' = max(m, rowmax S), P = exp(S − m'), l = l·e^(m−m') + ΣP, O = O·e^(m−m') + P V_j.
+// At the end O /= l and LSE = m + log l. The [T, S] matrix never exists; per thread the scratch is one
+// kBr × kBc tile, and O accumulates directly in the (contiguous) output.
+//
+// Backward (recompute from LSE): D = rowsum(dO ⊙ O) first; then the units are (batch, kv head) and
+// each walks its key tiles; for a key tile it loops over the query heads of its GQA group and the
+// query tiles that can see the tile and accumulates
+//   P = exp(S − LSE), dV_j += Pᵀ dO_i, dP = dO_i V_jᵀ, dS = scale · P ⊙ (dP − D),
+//   dK_j += dSᵀ Q_i, dQ_i += dS K_j.
+// A unit owns dK, dV of its kv head and dQ of its group's query heads, so no two threads ever write
+// the same element. When there are fewer (batch, kv head) units than threads (e.g. B = 1, one kv
+// head, long sequences), the units become (batch, kv head, key tile) and each thread accumulates dQ in
+// a private buffer that is summed at the end.
+//
+// The tile products go to OpenBLAS (single-threaded inside the parallel region) with the operands'
+// row strides as leading dimensions, so strided q/k/v/dO views (heads interleaved, a sliced KV cache)
+// cost no copy. f32 rows use the AVX2 exp of vecmath.hpp; f64 uses std::exp.
+#include <cblas.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backends/cpu/common.hpp"
+#include "backends/cpu/vecmath.hpp"
+
+namespace kiln {
+using namespace cpu;
+
+namespace {
+
+// Tiles (measured at B=8, H=4, d=64, T=128/512, one thread: 32..128 rows × 32..128 keys are within
+// ~10% of each other, 64 × 64 among the best for both passes; see bench/attention/RESULTS.md).
+constexpr int64_t kBr = 64;   // forward: query rows per tile
+constexpr int64_t kBc = 64;   // forward: keys per tile
+constexpr int64_t kBrB = 64;  // backward: query rows per tile
+constexpr int64_t kBcB = 64;  // backward: keys per tile
+
+template <class T>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
+          int64_t ldc) {
+  const auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
+  const auto m = static_cast<blasint>(M), n = static_cast<blasint>(N), k = static_cast<blasint>(K);
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, TA, TB, m, n, k, alpha, a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+                static_cast<blasint>(ldc));
+  else
+    cblas_dgemm(CblasRowMajor, TA, TB, m, n, k, alpha, a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+                static_cast<blasint>(ldc));
+}
+
+// A [B, H, N, w] operand with unit-stride rows.
+template <class T> struct Rows {
+  const T* p = nullptr;
+  int64_t sb = 0, sh = 0, st = 0, ld = 0;
+  Rows(Cpu::V v) {  // NOLINT
+    const Layout& l = v.layout;
+    p = v.storage.as<T>() + l.offset;
+    sb = l.strides[0];
+    sh = l.strides[1];
+    st = l.strides[2];
+    ld = std::max<int64_t>({l.shape[2] > 1 ? st : 0, l.shape[3], 1});
+  }
+  const T* row(int64_t b, int64_t h, int64_t t) const { return p + b * sb + h * sh + t * st; }
+};
+
+constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
+
+// ---------------------------------------------------------------------------------- row kernels
+template <class T> T row_max(const T* x, int64_t n) {
+  int64_t i = 0;
+  T m = -std::numeric_limits<T>::infinity();
+#ifdef KILN_CPU_AVX2
+  if constexpr (std::is_same_v<T, float>) {
+    __m256 m0 = _mm256_set1_ps(kNegInfF), m1 = m0;
+    for (; i + 16 <= n; i += 16) {
+      m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
+      m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + i + 8));
+    }
+    m = vm::hmax8(_mm256_max_ps(m0, m1));
+  }
+#endif
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// y = exp(x − c) in place; returns Σ y.
+template <class T> T exp_shift_sum(T* x, int64_t n, T c) {
+  int64_t i = 0;
+  T s = 0;
+#ifdef KILN_CPU_AVX2
+  if constexpr (std::is_same_v<T, float>) {
+    const __m256 cv = _mm256_set1_ps(c);
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+      const __m256 a = vm::exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), cv));
+      const __m256 b = vm::exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), cv));
+      _mm256_storeu_ps(x + i, a);
+      _mm256_storeu_ps(x + i + 8, b);
+      s0 = _mm256_add_ps(s0, a);
+      s1 = _mm256_add_ps(s1, b);
+    }
+    for (; i + 8 <= n; i += 8) {
+      const __m256 a = vm::exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), cv));
+      _mm256_storeu_ps(x + i, a);
+      s0 = _mm256_add_ps(s0, a);
+    }
+    s = vm::hsum8(_mm256_add_ps(s0, s1));
+    if (i < n) {
+      alignas(32) float buf[8];
+      for (int64_t j = 0; j < 8; ++j) buf[j] = i + j < n ? x[i + j] - c : kNegInfF;
+      _mm256_store_ps(buf, vm::exp8(_mm256_load_ps(buf)));
+      for (int64_t j = i; j < n; ++j) {
+        x[j] = buf[j - i];
+        s += buf[j - i];
+      }
+    }
+    return s;
+  }
+#endif
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - c);
+    s += x[i];
+  }
+  return s;
+}
+
+// Sets the scores of keys row `i` (query index) may not see to −inf: causal (key j0 + c > pos0 + i)
+// and padding (kp[j0 + c] false).
+template <class T> void mask_row(T* row, int64_t bc, int64_t i, int64_t j0, bool causal, int64_t pos0, const bool* kp) {
+  constexpr T ninf = -std::numeric_limits<T>::infinity();
+  if (causal) {
+    const int64_t vis = pos0 + i - j0 + 1;  // keys c < vis are visible
+    for (int64_t c = std::max<int64_t>(vis, 0); c < bc; ++c) row[c] = ninf;
+  }
+  if (kp)
+    for (int64_t c = 0; c < bc; ++c)
+      if (!kp[j0 + c]) row[c] = ninf;
+}
+
+// ---------------------------------------------------------------------------------- problem
+template <class T> struct Problem {
+  Rows<T> q, k, v;
+  int64_t B = 0, H = 0, Hkv = 0, T_ = 0, S = 0, d = 0, dv = 0, rep = 1;
+  T scale = 1;
+  bool causal = false;
+  int64_t pos0 = 0;
+  const bool* kp = nullptr;  // [B, S] contiguous or nullptr
+  Problem(Cpu::V q_, Cpu::V k_, Cpu::V v_) : q(q_), k(k_), v(v_) {}
+
+  const bool* kp_row(int64_t b) const { return kp ? kp + b * S : nullptr; }
+  // Keys [0, kend) are visible to some query of [i0, i0 + br).
+  int64_t key_end(int64_t i0, int64_t br) const { return causal ? std::min(S, pos0 + i0 + br) : S; }
+};
+
+int threads_for(int64_t units) {
+  if (omp_in_parallel()) return 1;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads(), units)));
+}
+
+template <class T> void forward(const Problem<T>& P, T* o, T* lse) {
+  constexpr T ninf = -std::numeric_limits<T>::infinity();
+  const int64_t nqt = (P.T_ + kBr - 1) / kBr;
+  const int64_t units = P.B * P.H * nqt;
+  const int nt = threads_for(units);
+  std::vector<T> scratch(static_cast<size_t>(nt) * static_cast<size_t>(kBr * kBc + 2 * kBr));
+#pragma omp parallel num_threads(nt)
+  {
+    T* s = scratch.data() + static_cast<size_t>(omp_get_thread_num()) * static_cast<size_t>(kBr * kBc + 2 * kBr);
+    T* m = s + kBr * kBc;
+    T* l = m + kBr;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t qt = nqt - 1 - u % nqt, bh = u / nqt, b = bh / P.H, h = bh % P.H, hk = h / P.rep;
+      const int64_t i0 = qt * kBr, br = std::min(kBr, P.T_ - i0);
+      T* orow = o + (bh * P.T_ + i0) * P.dv;
+      std::fill(orow, orow + br * P.dv, T(0));
+      std::fill(m, m + br, ninf);
+      std::fill(l, l + br, T(0));
+      const int64_t kend = P.key_end(i0, br);
+      const bool* kp = P.kp_row(b);
+      for (int64_t j0 = 0; j0 < kend; j0 += kBc) {
+        const int64_t bc = std::min(kBc, kend - j0);
+        gemm<T>(false, true, br, bc, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBc);
+        const bool diag = P.causal && j0 + bc - 1 > P.pos0 + i0;  // some key of the tile is hidden from row 0
+        for (int64_t r = 0; r < br; ++r) {
+          T* row = s + r * kBc;
+          if (diag || kp) mask_row(row, bc, i0 + r, j0, diag, P.pos0, kp);
+          const T mnew = std::max(m[r], row_max(row, bc));
+          if (mnew == ninf) {  // nothing visible yet
+            std::fill(row, row + bc, T(0));
+            continue;
+          }
+          const T alpha = m[r] == ninf ? T(0) : std::exp(m[r] - mnew);
+          const T sum = exp_shift_sum(row, bc, mnew);
+          l[r] = l[r] * alpha + sum;
+          m[r] = mnew;
+          if (alpha != T(1)) {
+            T* orr = orow + r * P.dv;
+            for (int64_t c = 0; c < P.dv; ++c) orr[c] *= alpha;
+          }
+        }
+        gemm<T>(false, false, br, P.dv, bc, T(1), s, kBc, P.v.row(b, hk, j0), P.v.ld, T(1), orow, P.dv);
+      }
+      for (int64_t r = 0; r < br; ++r) {
+        const T inv = T(1) / l[r];  // l = 0 (no visible key): 0 · inf = NaN, as PyTorch
+        T* orr = orow + r * P.dv;
+        for (int64_t c = 0; c < P.dv; ++c) orr[c] *= inv;
+        lse[bh * P.T_ + i0 + r] = m[r] + std::log(l[r]);
+      }
+    }
+  }
+}
+
+// One key tile [j0, j0 + bc) of (b, hk): accumulates into dk, dv (rows of that tile) and dq_base
+// (a contiguous [B, H, T, d] buffer).
+template <class T>
+void backward_key_tile(const Problem<T>& P, const Rows<T>& g, const T* lse, const T* D, int64_t b, int64_t hk, int64_t j0, T* dk, T* dv,
+                       T* dq_base, T* s, T* dp) {
+  constexpr T ninf = -std::numeric_limits<T>::infinity();
+  const int64_t bc = std::min(kBcB, P.S - j0);
+  const bool* kp = P.kp_row(b);
+  T* dk_t = dk + ((b * P.Hkv + hk) * P.S + j0) * P.d;
+  T* dv_t = dv + ((b * P.Hkv + hk) * P.S + j0) * P.dv;
+  const int64_t i_first = P.causal ? std::max<int64_t>(0, j0 - P.pos0) : 0;  // queries that see key j0 or later
+  for (int64_t hr = 0; hr < P.rep; ++hr) {
+    const int64_t h = hk * P.rep + hr, bh = b * P.H + h;
+    for (int64_t i0 = i_first; i0 < P.T_; i0 += kBrB) {
+      const int64_t br = std::min(kBrB, P.T_ - i0);
+      gemm<T>(false, true, br, bc, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBcB);
+      const bool diag = P.causal && j0 + bc - 1 > P.pos0 + i0;
+      for (int64_t r = 0; r < br; ++r) {
+        T* row = s + r * kBcB;
+        const T L = lse[bh * P.T_ + i0 + r];
+        if (L == ninf) {  // a row with no visible key contributes nothing
+          std::fill(row, row + bc, T(0));
+          continue;
+        }
+        if (diag || kp) mask_row(row, bc, i0 + r, j0, diag, P.pos0, kp);
+        exp_shift_sum(row, bc, L);
+      }
+      const T* grow = g.row(b, h, i0);
+      gemm<T>(true, false, bc, P.dv, br, T(1), s, kBcB, grow, g.ld, T(1), dv_t, P.dv);                  // dV += Pᵀ dO
+      gemm<T>(false, true, br, bc, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), dp, kBcB);  // dP = dO Vᵀ
+      for (int64_t r = 0; r < br; ++r) {
+        const T Dr = D[bh * P.T_ + i0 + r];
+        T* pr = s + r * kBcB;
+        T* dr = dp + r * kBcB;
+        for (int64_t c = 0; c < bc; ++c) dr[c] = P.scale * pr[c] * (dr[c] - Dr);  // dS (scaled)
+      }
+      gemm<T>(true, false, bc, P.d, br, T(1), dp, kBcB, P.q.row(b, h, i0), P.q.ld, T(1), dk_t, P.d);  // dK += dSᵀ Q
+      gemm<T>(false, false, br, P.d, bc, T(1), dp, kBcB, P.k.row(b, hk, j0), P.k.ld, T(1), dq_base + (bh * P.T_ + i0) * P.d,
+              P.d);  // dQ += dS K
+    }
+  }
+}
+
+template <class T> void backward(const Problem<T>& P, const Rows<T>& o, const Rows<T>& g, const T* lse, T* dq, T* dk, T* dv) {
+  constexpr T ninf = -std::numeric_limits<T>::infinity();
+  // D = rowsum(dO ⊙ O), 0 for rows with no visible key (their O is NaN)
+  const int64_t rows = P.B * P.H * P.T_;
+  std::vector<T> D(static_cast<size_t>(rows));
+  parallel_for(rows, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(P.dv, 1)), [&](int64_t rb, int64_t re) {
+    for (int64_t x = rb; x < re; ++x) {
+      const int64_t t = x % P.T_, bh = x / P.T_, b = bh / P.H, h = bh % P.H;
+      T acc = 0;
+      if (lse[x] != ninf) {
+        const T* orow = o.row(b, h, t);
+        const T* grow = g.row(b, h, t);
+        for (int64_t c = 0; c < P.dv; ++c) acc += orow[c] * grow[c];
+      }
+      D[static_cast<size_t>(x)] = acc;
+    }
+  }, 1);
+
+  const int64_t nkt = (P.S + kBcB - 1) / kBcB;
+  const int64_t units = P.B * P.Hkv;
+  const int nt_max = threads_for(units * nkt);
+  const bool per_unit = units >= nt_max;  // enough (batch, kv head) units: no shared dQ rows
+  const int nt = per_unit ? threads_for(units) : nt_max;
+  const size_t tile = static_cast<size_t>(2 * kBrB * kBcB);
+  std::vector<T> scratch(static_cast<size_t>(nt) * tile);
+  const size_t nq = static_cast<size_t>(rows * P.d);
+  std::vector<T> priv(per_unit ? 0 : static_cast<size_t>(nt) * nq, T(0));
+#pragma omp parallel num_threads(nt)
+  {
+    const int tid = omp_get_thread_num();
+    T* s = scratch.data() + static_cast<size_t>(tid) * tile;
+    T* dp = s + kBrB * kBcB;
+    if (per_unit) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t u = 0; u < units; ++u)
+        for (int64_t jt = 0; jt < nkt; ++jt)
+          backward_key_tile(P, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBcB, dk, dv, dq, s, dp);
+    } else {
+      T* mine = priv.data() + static_cast<size_t>(tid) * nq;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t w = 0; w < units * nkt; ++w) {
+        const int64_t u = w / nkt, jt = w % nkt;
+        backward_key_tile(P, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBcB, dk, dv, mine, s, dp);
+      }
+      // (implicit barrier) sum the private dQ buffers
+      const int team = omp_get_num_threads();
+#pragma omp for schedule(static)
+      for (int64_t x = 0; x < static_cast<int64_t>(nq); ++x) {
+        T acc = 0;
+        for (int t = 0; t < team; ++t) acc += priv[static_cast<size_t>(t) * nq + static_cast<size_t>(x)];
+        dq[x] = acc;
+      }
+    }
+  }
+}
+
+void check_views(const char* op, std::initializer_list<Cpu::V> vs, DType dt) {
+  for (const Cpu::V& v : vs) {
+    KILN_CHECK(v.dtype == dt && v.layout.rank() == 4 && (v.layout.shape[3] <= 1 || v.layout.strides[3] == 1),
+               "{}: needs {} [B, H, N, w] operands with unit-stride rows, got {} {}", op, dt, v.dtype, shape_str(v.layout.shape));
+  }
+}
+
+template <class T>
+Problem<T> make_problem(Cpu::V q, Cpu::V k, Cpu::V v, const Cpu::V* key_padding, double scale, bool causal, int64_t pos0) {
+  Problem<T> P(q, k, v);
+  const Shape &qs = q.layout.shape, &ks = k.layout.shape, &vs = v.layout.shape;
+  P.B = qs[0];
+  P.H = qs[1];
+  P.T_ = qs[2];
+  P.d = qs[3];
+  P.Hkv = ks[1];
+  P.S = ks[2];
+  P.dv = vs[3];
+  KILN_CHECK(ks[0] == P.B && vs[0] == P.B && ks[3] == P.d && vs[1] == P.Hkv && vs[2] == P.S && P.Hkv >= 1 && P.H % P.Hkv == 0,
+             "attention: q {}, k {}, v {} do not fit", shape_str(qs), shape_str(ks), shape_str(vs));
+  P.rep = P.H / P.Hkv;
+  P.scale = static_cast<T>(scale);
+  P.causal = causal;
+  P.pos0 = pos0;
+  if (key_padding) {
+    KILN_CHECK(key_padding->dtype == DType::boolean && key_padding->layout.is_contiguous() &&
+                   key_padding->layout.shape == Shape({P.B, P.S}),
+               "attention: key_padding must be a contiguous bool [{}, {}], got {} {}", P.B, P.S, key_padding->dtype,
+               shape_str(key_padding->layout.shape));
+    P.kp = key_padding->storage.as<bool>() + key_padding->layout.offset;
+  }
+  return P;
+}
+
+}  // namespace
+
+void Cpu::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, double scale, bool causal, int64_t pos0) {
+  KILN_CHECK(q.dtype == DType::f32 || q.dtype == DType::f64, "attention_forward: cpu kernel takes f32 or f64, got {}", q.dtype);
+  check_views("attention_forward", {q, k, v}, q.dtype);
+  KILN_CHECK(o.layout.is_contiguous() && lse.layout.is_contiguous() && o.dtype == q.dtype && lse.dtype == q.dtype &&
+                 o.layout.shape == Shape({q.layout.shape[0], q.layout.shape[1], q.layout.shape[2], v.layout.shape[3]}) &&
+                 lse.layout.shape == Shape({q.layout.shape[0], q.layout.shape[1], q.layout.shape[2]}),
+             "attention_forward: outputs o {} and lse {} must be contiguous [B, H, T, dv] and [B, H, T] (q {}, v {})",
+             shape_str(o.layout.shape), shape_str(lse.layout.shape), shape_str(q.layout.shape), shape_str(v.layout.shape));
+  if (q.dtype == DType::f32) {
+    const Problem<float> P = make_problem<float>(q, k, v, key_padding, scale, causal, pos0);
+    forward(P, o.storage.as<float>() + o.layout.offset, lse.storage.as<float>() + lse.layout.offset);
+  } else {
+    const Problem<double> P = make_problem<double>(q, k, v, key_padding, scale, causal, pos0);
+    forward(P, o.storage.as<double>() + o.layout.offset, lse.storage.as<double>() + lse.layout.offset);
+  }
+}
+
+void Cpu::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, double scale, bool causal,
+                             int64_t pos0) {
+  KILN_CHECK(q.dtype == DType::f32 || q.dtype == DType::f64, "attention_backward: cpu kernel takes f32 or f64, got {}", q.dtype);
+  check_views("attention_backward", {q, k, v, o, dout}, q.dtype);
+  KILN_CHECK(dq.layout.is_contiguous() && dk.layout.is_contiguous() && dv.layout.is_contiguous() && lse.layout.is_contiguous() &&
+                 dq.layout.shape == q.layout.shape && dk.layout.shape == k.layout.shape && dv.layout.shape == v.layout.shape &&
+                 o.layout.shape == dout.layout.shape && lse.dtype == q.dtype,
+             "attention_backward: dq {}, dk {}, dv {} must be contiguous like q {}, k {}, v {}", shape_str(dq.layout.shape),
+             shape_str(dk.layout.shape), shape_str(dv.layout.shape), shape_str(q.layout.shape), shape_str(k.layout.shape),
+             shape_str(v.layout.shape));
+  auto run = [&]<class T>(type_tag<T>) {
+    const Problem<T> P = make_problem<T>(q, k, v, key_padding, scale, causal, pos0);
+    backward(P, Rows<T>(o), Rows<T>(dout), lse.storage.as<T>() + lse.layout.offset, dq.storage.as<T>() + dq.layout.offset,
+             dk.storage.as<T>() + dk.layout.offset, dv.storage.as<T>() + dv.layout.offset);
+  };
+  if (q.dtype == DType::f32) run(type_tag<float>{});
+  else run(type_tag<double>{});
+}
+
+}  // namespace kiln
+
+#include "core/fused.hpp"
+static_assert(kiln::fused::HasAttention<kiln::Cpu> && kiln::fused::HasAttentionBackward<kiln::Cpu>,
+              "Cpu's flash attention must match the override signatures of core/fused.hpp");

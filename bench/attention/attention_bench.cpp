@@ -1,0 +1,89 @@
+// Fused attention (nn::attention -> the Cpu flash kernel) vs the decomposed path
+// (nn::attention_decomposed: scores [B, H, T, S], softmax, matmul through autograd ops), forward +
+// backward through autograd, f32, causal:
+//   MHA:  B = 8, H = 4, d = 64 (d_model 256, 4 heads) at T = 128, 512, 1024
+//   Diff: B = 8, h = 4, d = 32, dv = 2d = 64 (d_model 256): O = FA(q1, k1, v) − λ FA(q2, k2, v)
+// Counters: saved_MiB = bytes the autograd graph keeps for backward (fused: q, k, v, O, LSE; decomposed:
+// q, k, v and the [B, H, T, S] probabilities, which both softmax and the P·V matmul keep), and
+// transient_MiB = the largest [B, H, T, S]-sized buffers the decomposed forward allocates
+// (scores, scaled scores, masked scores, probabilities: 4 of them).
+// Run with KILN_NUM_THREADS set (results in RESULTS.md).
+#include <benchmark/benchmark.h>
+
+#include "autograd/var.hpp"
+#include "backends/cpu/cpu.hpp"
+#include "nn/attention.hpp"
+
+using namespace kiln;
+using T = Tensor<Cpu>;
+using V = Var<Cpu>;
+
+namespace {
+
+constexpr int64_t kB = 8, kH = 4;
+
+void set_counters(benchmark::State& st, int64_t Tn, int64_t d, int64_t dv, int attns, bool fused) {
+  const double f = 4.0 / (1 << 20);
+  const double qkv = static_cast<double>(kB * kH * Tn * (2 * d + dv));
+  const double tt = static_cast<double>(kB * kH * Tn * Tn);
+  const double o = static_cast<double>(kB * kH * Tn * dv), lse = static_cast<double>(kB * kH * Tn);
+  st.counters["saved_MiB"] = attns * (fused ? (qkv + o + lse) : (qkv + tt)) * f;
+  st.counters["transient_MiB"] = fused ? 0.0 : 4 * tt * f;
+}
+
+void BM_MHA(benchmark::State& st, bool fused) {
+  const int64_t Tn = st.range(0), d = 64;
+  Generator gen(1);
+  V q(T::randn({kB, kH, Tn, d}, DType::f32, &gen), true), k(T::randn({kB, kH, Tn, d}, DType::f32, &gen), true),
+      v(T::randn({kB, kH, Tn, d}, DType::f32, &gen), true);
+  const T g = T::randn({kB, kH, Tn, d}, DType::f32, &gen);
+  for (auto _ : st) {
+    const V o = fused ? nn::attention(q, k, v, true, 0) : nn::attention_decomposed(q, k, v, true, 0);
+    o.backward(g);
+    benchmark::DoNotOptimize(q.grad().storage().get());
+    q.zero_grad();
+    k.zero_grad();
+    v.zero_grad();
+  }
+  set_counters(st, Tn, d, d, 1, fused);
+}
+
+void BM_Diff(benchmark::State& st, bool fused) {
+  const int64_t Tn = st.range(0), d = 32;
+  Generator gen(2);
+  V q1(T::randn({kB, kH, Tn, d}, DType::f32, &gen), true), k1(T::randn({kB, kH, Tn, d}, DType::f32, &gen), true);
+  V q2(T::randn({kB, kH, Tn, d}, DType::f32, &gen), true), k2(T::randn({kB, kH, Tn, d}, DType::f32, &gen), true);
+  V v(T::randn({kB, kH, Tn, 2 * d}, DType::f32, &gen), true), lam(T::scalar(0.3), true);
+  const T g = T::randn({kB, kH, Tn, 2 * d}, DType::f32, &gen);
+  auto att = [&](const V& a, const V& b) { return fused ? nn::attention(a, b, v, true, 0) : nn::attention_decomposed(a, b, v, true, 0); };
+  for (auto _ : st) {
+    const V o = att(q1, k1) - att(q2, k2) * lam;
+    o.backward(g);
+    benchmark::DoNotOptimize(q1.grad().storage().get());
+    for (V* x : {&q1, &k1, &q2, &k2, &v, &lam}) x->zero_grad();
+  }
+  set_counters(st, Tn, d, 2 * d, 2, fused);
+}
+
+void BM_MHA_forward(benchmark::State& st, bool fused) {  // inference: no graph
+  const int64_t Tn = st.range(0), d = 64;
+  Generator gen(3);
+  const V q(T::randn({kB, kH, Tn, d}, DType::f32, &gen)), k(T::randn({kB, kH, Tn, d}, DType::f32, &gen)),
+      v(T::randn({kB, kH, Tn, d}, DType::f32, &gen));
+  NoGrad ng;
+  for (auto _ : st) {
+    const V o = fused ? nn::attention(q, k, v, true, 0) : nn::attention_decomposed(q, k, v, true, 0);
+    benchmark::DoNotOptimize(o.value().storage().get());
+  }
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(BM_MHA, fused, true)->Arg(128)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_MHA, decomposed, false)->Arg(128)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Diff, fused, true)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Diff, decomposed, false)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_MHA_forward, fused, true)->Arg(128)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_MHA_forward, decomposed, false)->Arg(128)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+BENCHMARK_MAIN();

@@ -1,0 +1,349 @@
+// Fused attention (core/fused.hpp attention_forward/backward, the Cpu flash kernel, the autograd op,
+// nn::attention) against the decomposed oracle nn::attention_decomposed (scores, softmax, matmul
+// through autograd ops), on Reference (composite default) and Cpu (flash kernel).
+//
+// Tolerances. f64 runs compare fused f64 with decomposed f64; f32 runs compare fused f32 with the
+// decomposed path evaluated in f64 on the same (f32-representable) inputs, so the whole difference is
+// the f32 kernel's roundoff. Both use one bound, derived from Higham's summation bound: every output
+// element is a chain of sums whose lengths add up to at most n = d + dv + S + rep·T (scores: length d;
+// softmax denominator and P·V: S; dP: dv; dK/dV accumulate over the rep·T queries of a group), plus a
+// few roundings per element (exp to ~8 ulp, scale, division): so |err| <= (n + 32) u · (1 + max|s|) · M,
+// with u the unit roundoff of the compute type, max|s| the largest score magnitude (the relative error
+// of exp(s) grows with |s|), and M the largest magnitude of that output in the oracle (a bound on the
+// partial sums, which are convex combinations or sums of same-signed terms of that size, times n).
+// This is the worst-case form, not a fitted one: f64 gives ~1e-13·M, f32 ~1e-4·M at these sizes.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "autograd/gradcheck.hpp"
+#include "backends/backends.hpp"
+#include "common/kiln_test.hpp"
+#include "core/fused.hpp"
+#include "nn/attention.hpp"
+#include "nn/diff_attention.hpp"
+
+using namespace kiln;
+
+namespace {
+
+struct Case {
+  int64_t B, H, Hkv, T, S, d, dv;
+  bool causal;
+  int64_t pos0;
+  bool padding = false;  // random key padding (every row keeps a visible key)
+  int layout = 0;        // 0 contiguous, 1 q/k/v transposed views [B, T, H, d], 2 sliced cache + strided last dim
+  std::string str() const {
+    return fmt::format("B={} H={} Hkv={} T={} S={} d={} dv={} causal={} pos0={} padding={} layout={}", B, H, Hkv, T, S, d, dv, causal,
+                       pos0, padding, layout);
+  }
+};
+
+const std::vector<Case> kCases = {
+    {2, 4, 4, 37, 37, 16, 16, true, 0},
+    {2, 4, 2, 37, 53, 16, 16, true, 16},          // KV-cache decoding chunk: T != S, pos0 = S - T, GQA 2
+    {1, 4, 1, 5, 53, 8, 8, true, 48},             // GQA 4
+    {1, 1, 1, 1, 70, 16, 16, true, 69},           // one decoded token, H = Hkv = 1
+    {2, 2, 2, 37, 53, 8, 16, false, 0},           // d != dv, no mask
+    {1, 2, 1, 130, 130, 32, 24, true, 0},         // several tiles with ragged ends
+    {1, 1, 1, 150, 200, 16, 8, true, 50},         // one (batch, kv head) unit: private dQ buffers
+    {2, 2, 1, 20, 20, 8, 8, true, 5},             // pos0 > 0 with T = S: a partly visible diagonal
+    {2, 4, 2, 37, 53, 16, 16, true, 16, true},    // key padding
+    {2, 4, 2, 33, 45, 8, 12, false, 0, true},     // key padding without causal
+    {2, 4, 2, 37, 53, 16, 16, true, 16, false, 1},
+    {2, 4, 2, 37, 53, 16, 8, false, 0, true, 2},
+};
+
+template <Backend B> struct Inputs {
+  Tensor<B> q, k, v, kp, dout;
+};
+
+// Random inputs in dtype dt with the case's layout; values are f32-representable (drawn in f32).
+template <Backend B> Inputs<B> make_inputs(const Case& c, DType dt, uint64_t seed) {
+  Generator gen(seed);
+  auto rnd = [&](Shape s) { return Tensor<B>::randn(s, DType::f32, &gen).to(dt); };
+  Inputs<B> in;
+  if (c.layout == 0) {
+    in.q = rnd({c.B, c.H, c.T, c.d});
+    in.k = rnd({c.B, c.Hkv, c.S, c.d});
+    in.v = rnd({c.B, c.Hkv, c.S, c.dv});
+  } else if (c.layout == 1) {  // heads interleaved, as after a projection: [B, T, H, d] transposed
+    in.q = rnd({c.B, c.T, c.H, c.d}).transpose(1, 2);
+    in.k = rnd({c.B, c.S, c.Hkv, c.d}).transpose(1, 2);
+    in.v = rnd({c.B, c.S, c.Hkv, c.dv}).transpose(1, 2);
+  } else {  // a sliced KV cache, a stepped q, a v with stride 2 in the last dim
+    in.q = rnd({c.B, c.H, c.T + 3, c.d}).narrow(2, 3, c.T);
+    in.k = rnd({c.B, c.Hkv, c.S + 10, c.d}).narrow(2, 0, c.S);
+    in.v = rnd({c.B, c.Hkv, c.S, 2 * c.dv}).slice(3, 1, 2 * c.dv, 2);
+  }
+  in.dout = rnd({c.B, c.H, c.T, c.dv});
+  if (c.padding) {
+    // pad out about a third of the keys, but never key 0 (visible to every causal row)
+    const Tensor<B> r = Tensor<B>::rand({c.B, c.S}, DType::f32, &gen);
+    Tensor<B> keep = r.gt(0.33);
+    keep.narrow(1, 0, 1).fill_(1);
+    in.kp = keep;
+  }
+  return in;
+}
+
+double max_abs(const std::vector<double>& x) {
+  double m = 0;
+  for (double a : x)
+    if (std::isfinite(a)) m = std::max(m, std::abs(a));
+  return m;
+}
+
+// The bound described at the top of the file.
+kt::Tol bound(const Case& c, DType compute, double max_score, double magnitude) {
+  const double n = static_cast<double>(c.d + c.dv + c.S + (c.H / c.Hkv) * c.T + 32);
+  return {0.0, n * kt::u_acc(compute) * (1 + max_score) * magnitude};
+}
+
+template <Backend B> double max_score(const Inputs<B>& in, const Case& c) {
+  // |s_ij| <= scale ‖q_i‖ ‖k_j‖
+  auto row_norm_max = [](const Tensor<B>& x) {
+    const Tensor<B> x64 = x.to(DType::f64);
+    return std::sqrt(max_abs(kt::host(x64.mul(x64).sum({-1}))));
+  };
+  return row_norm_max(in.q) * row_norm_max(in.k) / std::sqrt(static_cast<double>(c.d));
+}
+
+struct Result {
+  std::vector<double> o, dq, dk, dv;
+};
+
+// Runs nn::attention (fused) or nn::attention_decomposed on the inputs, converted to dtype dt.
+template <Backend B> Result run(const Inputs<B>& in, const Case& c, DType dt, bool fused) {
+  Var<B> q(in.q.to(dt), true), k(in.k.to(dt), true), v(in.v.to(dt), true);
+  const Var<B> o = fused ? nn::attention(q, k, v, c.causal, c.pos0, in.kp) : nn::attention_decomposed(q, k, v, c.causal, c.pos0, in.kp);
+  if (fused) CHECK(std::string(o.grad_fn()) == "attention");
+  o.backward(in.dout.to(dt));
+  return {kt::host(o.value()), kt::host(q.grad()), kt::host(k.grad()), kt::host(v.grad())};
+}
+
+void compare(const std::vector<double>& got, const std::vector<double>& want, kt::Tol tol, const std::string& what) {
+  INFO(what);
+  REQUIRE(got.size() == want.size());
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double a = got[i], b = want[i];
+    const bool ok = std::isnan(b) ? std::isnan(a) : std::abs(a - b) <= tol.atol + tol.rtol * std::abs(b);
+    if (!ok && bad++ == 0) first = static_cast<int64_t>(i);
+  }
+  INFO("tolerance " << tol.atol << "; mismatches " << bad
+                    << (first >= 0 ? fmt::format(" first at {}: got {} want {}", first, got[static_cast<size_t>(first)],
+                                                 want[static_cast<size_t>(first)])
+                                   : std::string()));
+  CHECK(bad == 0);
+}
+
+template <Backend B> void check_case(const Case& c, DType dt, uint64_t seed) {
+  INFO(c.str() << " dtype " << dtype_name(dt));
+  const Inputs<B> in = make_inputs<B>(c, dt, seed);
+  const Result got = run(in, c, dt, true);
+  const Result want = run(in, c, DType::f64, false);  // the oracle in f64 on the same inputs
+  const double ms = max_score(in, c);
+  compare(got.o, want.o, bound(c, dt, ms, max_abs(want.o)), "O");
+  compare(got.dq, want.dq, bound(c, dt, ms, max_abs(want.dq)), "dq");
+  compare(got.dk, want.dk, bound(c, dt, ms, max_abs(want.dk)), "dk");
+  compare(got.dv, want.dv, bound(c, dt, ms, max_abs(want.dv)), "dv");
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("attention: fused forward and backward match the decomposed oracle (f64)", "[attention]", Reference, Cpu) {
+  uint64_t seed = 100;
+  for (const Case& c : kCases) check_case<TestType>(c, DType::f64, seed++);
+}
+
+TEMPLATE_TEST_CASE("attention: fused forward and backward match the decomposed oracle (f32 vs f64 oracle)", "[attention]", Reference,
+                   Cpu) {
+  uint64_t seed = 200;
+  for (const Case& c : kCases) check_case<TestType>(c, DType::f32, seed++);
+}
+
+TEMPLATE_TEST_CASE("attention: f32 fused equals the f32 decomposed path within the same bound", "[attention]", Reference, Cpu) {
+  // (both sides f32: the bound covers the roundoff of each, so it is doubled)
+  uint64_t seed = 300;
+  for (const Case& c : {kCases[1], kCases[5], kCases[8]}) {
+    INFO(c.str());
+    const Inputs<TestType> in = make_inputs<TestType>(c, DType::f32, seed++);
+    const Result got = run(in, c, DType::f32, true), want = run(in, c, DType::f32, false);
+    const double ms = max_score(in, c);
+    auto tol = [&](const std::vector<double>& w) { return kt::Tol{0.0, 2 * bound(c, DType::f32, ms, max_abs(w)).atol}; };
+    compare(got.o, want.o, tol(want.o), "O");
+    compare(got.dq, want.dq, tol(want.dq), "dq");
+    compare(got.dk, want.dk, tol(want.dk), "dk");
+    compare(got.dv, want.dv, tol(want.dv), "dv");
+  }
+}
+
+TEMPLATE_TEST_CASE("attention: bf16 and f16 compute in f32 and round once", "[attention]", Reference, Cpu) {
+  const Case c{2, 4, 2, 37, 53, 16, 16, true, 16};
+  for (DType dt : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(dt));
+    const Inputs<TestType> in = make_inputs<TestType>(c, dt, 7);
+    auto [o, lse] = fused::attention_forward(in.q, in.k, in.v, 0.25, c.causal, c.pos0);
+    CHECK(o.dtype() == dt);
+    CHECK(lse.dtype() == DType::f32);
+    auto [o64, lse64] =
+        fused::attention_forward_composite(in.q.to(DType::f64), in.k.to(DType::f64), in.v.to(DType::f64), 0.25, c.causal, c.pos0);
+    const std::vector<double> want = kt::host(o64);
+    // f32 roundoff (bound above) plus one rounding to the storage type
+    const kt::Tol tol{2 * kt::u_store(dt), bound(c, DType::f32, max_score(in, c), max_abs(want)).atol};
+    compare(kt::host(o), want, tol, "O");
+    compare(kt::host(lse), kt::host(lse64), {0.0, bound(c, DType::f32, max_score(in, c), 1.0).atol * 8}, "LSE");
+    auto [dq, dk, dv] = fused::attention_backward(in.q, in.k, in.v, o, lse, in.dout, 0.25, c.causal, c.pos0);
+    CHECK(dq.dtype() == dt);
+    CHECK(dk.dtype() == dt);
+    CHECK(dv.dtype() == dt);
+  }
+}
+
+TEMPLATE_TEST_CASE("attention: LSE is the row log-sum-exp of the masked scores", "[attention]", Reference, Cpu) {
+  const Case c{1, 2, 1, 9, 12, 4, 3, true, 3, true};
+  const Inputs<TestType> in = make_inputs<TestType>(c, DType::f64, 11);
+  auto [o, lse] = fused::attention_forward(in.q, in.k, in.v, 0.5, c.causal, c.pos0, in.kp);
+  const std::vector<double> q = kt::host(in.q), k = kt::host(in.k), l = kt::host(lse);
+  const std::vector<double> kp = kt::host(in.kp.to(DType::f64));
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < c.T; ++i) {
+      double s = 0;
+      for (int64_t j = 0; j <= std::min(c.S - 1, c.pos0 + i); ++j) {
+        if (kp[static_cast<size_t>(j)] == 0) continue;
+        double dot = 0;
+        for (int64_t x = 0; x < c.d; ++x) dot += q[static_cast<size_t>((h * c.T + i) * c.d + x)] * k[static_cast<size_t>(j * c.d + x)];
+        s += std::exp(0.5 * dot);
+      }
+      CHECK(l[static_cast<size_t>(h * c.T + i)] == Approx(std::log(s)).epsilon(1e-13));
+    }
+}
+
+TEMPLATE_TEST_CASE("attention: gradcheck of the fused op in q, k, v (f64 finite differences)", "[attention]", Reference, Cpu) {
+  Generator gen(5);
+  using T = Tensor<TestType>;
+  Tensor<TestType> kp = T::ones({2, 7}, DType::boolean);
+  kp.narrow(1, 3, 1).fill_(0);
+  for (bool causal : {true, false}) {
+    INFO("causal " << causal);
+    const auto r = gradcheck<TestType>(
+        [&](const std::vector<Var<TestType>>& x) { return nn::attention(x[0], x[1], x[2], causal, 2, kp); },
+        {T::randn({2, 4, 5, 3}, DType::f64, &gen), T::randn({2, 7, 2, 3}, DType::f64, &gen).transpose(1, 2),
+         T::randn({2, 2, 7, 6}, DType::f64, &gen)});
+    INFO(r.message);
+    CHECK(r.ok);
+  }
+}
+
+TEMPLATE_TEST_CASE("attention: the autograd node saves q, k, v, O, LSE and nothing of size T·S", "[attention]", Reference, Cpu) {
+  using T = Tensor<TestType>;
+  const int64_t Bn = 1, H = 2, Tn = 256, S = 256, d = 8;
+  Var<TestType> q(T::randn({Bn, H, Tn, d}), true), k(T::randn({Bn, 1, S, d}), true), v(T::randn({Bn, 1, S, d}), true);
+  const Var<TestType> o = nn::attention(q, k, v, true, 0);
+  const auto* saved = o.node()->backward.template target<autograd::AttentionBackward<TestType>>();
+  REQUIRE(saved != nullptr);
+  size_t bytes = 0;
+  for (const T& t : saved->saved()) {
+    if (!t.defined()) continue;
+    CHECK(t.numel() < Tn * S);
+    bytes += static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
+  }
+  const size_t expect = static_cast<size_t>(q.numel() + k.numel() + v.numel() + o.numel() + Bn * H * Tn) * 4;
+  CHECK(bytes == expect);  // the decomposed path keeps (at least) the [B, H, T, S] probabilities: 2 MiB here
+  CHECK(saved->o.storage() == o.value().storage());  // O is the output itself, not a copy
+  {
+    NoGrad ng;
+    CHECK(nn::attention(q, k, v, true, 0).grad_fn() == nullptr);
+  }
+}
+
+TEMPLATE_TEST_CASE("attention: a row with no visible key gives NaN (as PyTorch) and a zero gradient", "[attention]", Reference, Cpu) {
+  using T = Tensor<TestType>;
+  Generator gen(9);
+  T kp = T::ones({1, 6}, DType::boolean);
+  kp.narrow(1, 0, 2).fill_(0);  // keys 0, 1 padded: causal rows 0 and 1 see nothing
+  Var<TestType> q(T::randn({1, 2, 6, 4}, DType::f64, &gen), true), k(T::randn({1, 2, 6, 4}, DType::f64, &gen), true),
+      v(T::randn({1, 2, 6, 5}, DType::f64, &gen), true);
+  const Var<TestType> o = nn::attention(q, k, v, true, 0, kp);
+  const Var<TestType> od = nn::attention_decomposed(q, k, v, true, 0, kp);
+  compare(kt::host(o.value()), kt::host(od.value()), {1e-14, 1e-14}, "O with NaN rows");
+  const std::vector<double> ov = kt::host(o.value());
+  CHECK(std::isnan(ov[0]));
+  CHECK(std::isfinite(ov[2 * 5]));
+  o.backward(T::ones(o.shape(), DType::f64));
+  const std::vector<double> dq = kt::host(q.grad());
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t x = 0; x < 2 * 4; ++x) CHECK(dq[static_cast<size_t>(h * 24 + x)] == 0.0);
+  for (double g : kt::host(k.grad())) CHECK(std::isfinite(g));
+  for (double g : kt::host(v.grad())) CHECK(std::isfinite(g));
+}
+
+TEMPLATE_TEST_CASE("attention: differential attention's fused form and dλ match the decomposed path", "[attention][diff]", Reference,
+                   Cpu) {
+  using T = Tensor<TestType>;
+  Generator gen(21);
+  const int64_t Bn = 2, h = 4, hkv = 2, Tn = 37, S = 45, d = 8, pos0 = 8;
+  const T q1 = T::randn({Bn, h, Tn, d}, DType::f64, &gen), q2 = T::randn({Bn, h, Tn, d}, DType::f64, &gen);
+  const T k1 = T::randn({Bn, hkv, S, d}, DType::f64, &gen), k2 = T::randn({Bn, hkv, S, d}, DType::f64, &gen);
+  const T v = T::randn({Bn, hkv, S, 2 * d}, DType::f64, &gen), dout = T::randn({Bn, h, Tn, 2 * d}, DType::f64, &gen);
+  std::vector<std::vector<double>> res[2];
+  for (int fusedi = 0; fusedi < 2; ++fusedi) {
+    std::vector<Var<TestType>> x{Var<TestType>(q1, true), Var<TestType>(k1, true), Var<TestType>(q2, true), Var<TestType>(k2, true),
+                                 Var<TestType>(v, true), Var<TestType>(T::scalar(0.37, DType::f64), true)};
+    auto att = [&](const Var<TestType>& a, const Var<TestType>& b) {
+      return fusedi ? nn::attention(a, b, x[4], true, pos0) : nn::attention_decomposed(a, b, x[4], true, pos0);
+    };
+    const Var<TestType> a2 = att(x[2], x[3]);
+    const Var<TestType> o = att(x[0], x[1]) - a2 * x[5];
+    o.backward(dout);
+    res[fusedi].push_back(kt::host(o.value()));
+    for (auto& xi : x) res[fusedi].push_back(kt::host(xi.grad()));
+    // SPECS §1: dλ = −Σ dO ⊙ FA(Q2, K2, V)
+    CHECK(x[5].grad().template item<double>() == Approx(-dout.mul(a2.value()).sum().template item<double>()).epsilon(1e-12));
+  }
+  const char* names[] = {"O", "dq1", "dk1", "dq2", "dk2", "dv", "dλ"};
+  const Case c{Bn, h, hkv, Tn, S, d, 2 * d, true, pos0};
+  const double ms = std::max(max_score(Inputs<TestType>{q1, k1, v, {}, dout}, c), max_score(Inputs<TestType>{q2, k2, v, {}, dout}, c));
+  for (size_t i = 0; i < res[0].size(); ++i) {
+    // f64 on both sides: twice the bound of the file's header; dλ is a sum over every output element
+    // (Σ |dO| |FA(Q2, K2, V)| <= numel · max|dO| · max|v|)
+    const double m = i == 6 ? static_cast<double>(dout.numel()) * max_abs(kt::host(dout)) * max_abs(kt::host(v)) : max_abs(res[0][i]);
+    compare(res[1][i], res[0][i], {0.0, 2 * bound(c, DType::f64, ms, m).atol}, names[i]);
+  }
+}
+
+TEMPLATE_TEST_CASE("attention: DifferentialAttention and MHA run the fused op", "[attention]", Reference, Cpu) {
+  nn::DiffAttentionOptions o;
+  o.d_model = 16;
+  o.n_heads = 2;
+  o.depth = 1;
+  o.dtype = DType::f64;
+  nn::DifferentialAttention<TestType> da(o);
+  Var<TestType> x(Tensor<TestType>::randn({2, 5, 16}, DType::f64), true);
+  da.forward(x).sum().backward();
+  CHECK(x.grad().defined());
+  nn::MultiHeadAttention<TestType> mha(nn::AttentionOptions{.d_model = 16, .n_heads = 4, .n_kv_heads = 2, .dtype = DType::f64});
+  Var<TestType> x2(Tensor<TestType>::randn({2, 5, 16}, DType::f64), true);
+  mha.forward(x2).sum().backward();
+  CHECK(x2.grad().defined());
+}
+
+TEMPLATE_TEST_CASE("attention: bad shapes and dtypes throw kiln::Error naming the op and shapes", "[attention][errors]", Reference, Cpu) {
+  using T = Tensor<TestType>;
+  const T q = T::randn({1, 4, 5, 8}), k = T::randn({1, 3, 6, 8}), v = T::randn({1, 3, 6, 8});
+  CHECK_THROWS_WITH(fused::attention_forward(q, k, v, 1.0, true, 0), Catch::Contains("attention_forward") && Catch::Contains("[1, 4, 5, 8]"));
+  const T k2 = T::randn({1, 2, 6, 7});
+  CHECK_THROWS_WITH(fused::attention_forward(q, k2, T::randn({1, 2, 6, 8}), 1.0, false, 0), Catch::Contains("do not fit"));
+  CHECK_THROWS_WITH(fused::attention_forward(q, T::randn({1, 2, 6, 8}, DType::f64), T::randn({1, 2, 6, 8}), 1.0, false, 0),
+                    Catch::Contains("dtype"));
+  CHECK_THROWS_WITH(fused::attention_forward(q, T::randn({1, 2, 6, 8}), T::randn({1, 2, 6, 8}), 1.0, true, 0, T::ones({1, 5}, DType::boolean)),
+                    Catch::Contains("key_padding"));
+  CHECK_THROWS_WITH(fused::attention_forward(q, T::randn({1, 2, 6, 8}), T::randn({1, 2, 6, 8}), 1.0, true, -1), Catch::Contains("pos0"));
+  CHECK_THROWS_AS(nn::attention(Var<TestType>(T::randn({4, 5, 8})), Var<TestType>(k), Var<TestType>(v), true, 0), kiln::Error);
+  CHECK_THROWS_WITH(fused::attention_forward(T::ones({1, 1, 2, 2}, DType::i32), T::ones({1, 1, 2, 2}, DType::i32),
+                                             T::ones({1, 1, 2, 2}, DType::i32), 1.0, false, 0),
+                    Catch::Contains("float"));
+}
