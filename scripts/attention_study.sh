@@ -23,4 +23,6 @@ export KILN_NUM_THREADS="${KILN_NUM_THREADS:-2}" GOMP_SPINCOUNT="${GOMP_SPINCOUN
 start=$(date +%s)
 build/examples/example_attention_study --out "$out" "$@" 2>&1 | tee "$out/log.txt"
 echo "study wall time (script): $(( $(date +%s) - start )) s" | tee -a "$out/log.txt"
-python3 examples/attention_study/plot.py "$out" "${PNG:-docs/attention_study.png}"
+# The Debian python3-matplotlib belongs to the system interpreter (a pyenv python3 may shadow it).
+py=/usr/bin/python3; [ -x "$py" ] || py=python3
+"$py" examples/attention_study/plot.py "$out" "${PNG:-docs/attention_study.png}"
