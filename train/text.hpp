@@ -31,4 +31,9 @@ class CharTokenizer {
 // Reads a whole file; throws naming the file.
 std::string read_text_file(const std::string& path);
 
+// The text of Debian's `fortunes` package as scripts/train_demo.sh assembles it: the plain fortune
+// files of `dir` in name order (not the .dat/.u8 indexes), '%' separator lines blank, only tab,
+// newline and printable ASCII kept. Throws naming the directory when it is missing or empty.
+std::string fortunes_corpus(const std::string& dir = "/usr/share/games/fortunes");
+
 }  // namespace kiln

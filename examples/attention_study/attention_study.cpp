@@ -243,35 +243,6 @@ ModelConfig make_config(const TaskSizes& t, const Variant& v, int64_t vocab) {
 // ---------------------------------------------------------------------------------------------
 // Data
 
-// The fortunes corpus, as scripts/train_demo.sh builds it (and examples/char_gpt).
-std::string fortunes_corpus(const std::string& dir) {
-  KILN_CHECK(fs::is_directory(dir), "attention_study: no fortunes directory '{}' (apt-get install fortunes), or pass --corpus", dir);
-  std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    const bool index = name.ends_with(".dat") || name.ends_with(".u8");
-    if (e.is_regular_file() && !index) files.push_back(e.path().string());
-  }
-  std::sort(files.begin(), files.end());
-  std::string out;
-  for (const auto& f : files) {
-    const std::string text = read_text_file(f);
-    size_t start = 0;
-    while (start < text.size()) {
-      size_t end = text.find('\n', start);
-      const bool has_nl = end != std::string::npos;
-      if (!has_nl) end = text.size();
-      const std::string_view line(text.data() + start, end - start);
-      if (line != "%")
-        for (char c : line)
-          if (c == '\t' || (c >= 32 && c <= 126)) out += c;
-      if (has_nl) out += '\n';
-      start = end + 1;
-    }
-  }
-  KILN_CHECK(!out.empty(), "attention_study: no text found in '{}'", dir);
-  return out;
-}
 
 // splitmix64: a small portable generator, so the data are the same on every platform.
 struct Rng {
