@@ -4,5 +4,9 @@
 //   KILN_FOR_EACH_BACKEND(X)
 #include "backends/cpu/cpu.hpp"
 #include "backends/reference/reference.hpp"
-
+#if defined(KILN_HAVE_CUDA_BACKEND)
+#include "backends/cuda/cuda.hpp"
+#define KILN_FOR_EACH_BACKEND(X) X(::kiln::Reference) X(::kiln::Cpu) X(::kiln::Cuda)
+#else
 #define KILN_FOR_EACH_BACKEND(X) X(::kiln::Reference) X(::kiln::Cpu)
+#endif

@@ -1,7 +1,8 @@
 #pragma once
 // The one-line runtime switch between backends:
 //   kiln::dispatch(device, [&]<kiln::Backend B>() { train<B>(cfg); });
-// device: "cpu", "reference" (the slow oracle), or "cuda" (when built with the CUDA backend).
+// device: "cpu", "reference" (the slow oracle), or "cuda" / "cuda:N" (when built with the CUDA backend).
+#include <charconv>
 #include <string_view>
 
 #include "backends/backends.hpp"
@@ -11,8 +12,22 @@ namespace kiln {
 template <class F> decltype(auto) dispatch(std::string_view device, F&& f) {
   if (device == "cpu") return f.template operator()<Cpu>();
   if (device == "reference") return f.template operator()<Reference>();
-  if (device == "cuda") fail("device 'cuda': this kiln was built without the CUDA backend (configure with -DKILN_WITH_CUDA=ON)");
-  fail("unknown device '{}' (valid: cpu, reference, cuda)", device);
+#if defined(KILN_HAVE_CUDA_BACKEND)
+  if (device == "cuda" || device.starts_with("cuda:")) {
+    KILN_CHECK(cuda::available(), "device '{}': no CUDA device ({})", device, cuda::unavailable_reason());
+    if (device.size() > 5) {
+      int idx = -1;
+      const auto r = std::from_chars(device.data() + 5, device.data() + device.size(), idx);
+      KILN_CHECK(r.ec == std::errc() && r.ptr == device.data() + device.size(), "unknown device '{}' (valid: cpu, reference, cuda, cuda:N)", device);
+      cuda::set_device(idx);
+    }
+    return f.template operator()<Cuda>();
+  }
+#else
+  if (device == "cuda" || device.starts_with("cuda:"))
+    fail("device '{}': this kiln was built without the CUDA backend (configure with -DKILN_WITH_CUDA=ON)", device);
+#endif
+  fail("unknown device '{}' (valid: cpu, reference, cuda, cuda:N)", device);
 }
 
 }  // namespace kiln

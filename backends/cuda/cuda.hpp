@@ -1,0 +1,45 @@
+#pragma once
+// The Cuda backend for users: Tensor<Cuda>, and the device runtime's controls.
+//
+//   if (kiln::cuda::available()) { auto x = kiln::Tensor<kiln::Cuda>::randn({1024, 1024}, gen); ... }
+//
+// One stream per device; every op on a device is queued on it, so host code never waits except
+// where it reads values back (item(), to_vector(), to<Cpu>(), printing) or calls synchronize().
+#include <cstddef>
+#include <string>
+
+#include "backends/cuda/allocator.hpp"
+#include "backends/cuda/cuda_backend.hpp"
+#include "core/tensor.hpp"
+
+namespace kiln {
+
+extern template class Tensor<Cuda>;
+
+namespace cuda {
+
+// True when a CUDA device can be used (a driver is loaded and at least one device is visible).
+bool available();
+// Devices visible (0 without a driver or a device).
+int device_count();
+// Why no device can be used ("" when one can): the CUDA error string of cudaGetDeviceCount.
+std::string unavailable_reason();
+// The device new tensors are allocated on and ops run on, for the calling thread (default 0).
+void set_device(int device);
+int current_device();
+std::string device_name(int device = -1);
+// Waits for everything queued on the current device's stream.
+void synchronize();
+
+// The current device's caching allocator (allocator.hpp).
+MemoryStats memory_stats();
+void reset_peak_memory_stats();
+void empty_cache();
+
+// f32 matmuls may use TF32 tensor cores (10-bit mantissa inputs, f32 accumulation). Off by default,
+// so f32 results match the CPU to f32 roundoff; on for speed (PyTorch's allow_tf32).
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+}  // namespace cuda
+}  // namespace kiln

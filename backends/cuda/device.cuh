@@ -1,0 +1,75 @@
+#pragma once
+// Device-side helpers shared by the Cuda backend's kernels (include from .cu files only).
+//  * Element access: kiln's storage types (float, double, bf16, f16, int32, int64, bool) loaded into
+//    and stored from their compute type (compute_t: float for the half types), with the hardware
+//    conversion instructions for bf16/f16 (round to nearest even, like kiln's host conversion).
+//  * Warp and block reductions (shuffles; a block is at most 1024 threads = 32 warps).
+//  * Launch arithmetic.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "backends/cuda/runtime.hpp"
+#include "core/dtype.hpp"
+
+namespace kiln::cuda {
+
+inline constexpr int kWarp = 32;
+
+KILN_HD inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks for n work items at `threads` per block, capped for grid-stride loops.
+inline unsigned grid_for(int64_t n, int threads, int64_t cap = 65535LL * 32) {
+  const int64_t g = ceil_div(n, threads);
+  return static_cast<unsigned>(g < 1 ? 1 : (g > cap ? cap : g));
+}
+
+// ---------------------------------------------------------------------------------- element access
+template <class T> __device__ __forceinline__ compute_t<T> ld(const T* p) {
+  if constexpr (std::is_same_v<T, bf16>) return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
+  else if constexpr (std::is_same_v<T, f16>) return __half2float(*reinterpret_cast<const __half*>(p));
+  else return *p;
+}
+template <class T> __device__ __forceinline__ void st(T* p, compute_t<T> v) {
+  if constexpr (std::is_same_v<T, bf16>) *reinterpret_cast<__nv_bfloat16*>(p) = __float2bfloat16_rn(v);
+  else if constexpr (std::is_same_v<T, f16>) *reinterpret_cast<__half*>(p) = __float2half_rn(v);
+  else *p = v;
+}
+
+// ---------------------------------------------------------------------------------- reductions
+template <class T> __device__ __forceinline__ T warp_sum(T v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <class T> __device__ __forceinline__ T warp_max(T v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    const T u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = (u > v || u != u) ? u : v;  // NaN propagates
+  }
+  return v;
+}
+// Sum / max over the whole block (blockDim.x a multiple of 32); every thread gets the result.
+// `scratch` holds 32 values of T in shared memory; it may be reused after the call returns.
+template <class T> __device__ T block_sum(T v, T* scratch) {
+  const int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp, nw = blockDim.x / kWarp;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[w] = v;
+  __syncthreads();
+  v = lane < nw ? scratch[lane] : T(0);
+  return warp_sum(v);
+}
+template <class T> __device__ T block_max(T v, T* scratch, T lowest) {
+  const int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp, nw = blockDim.x / kWarp;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[w] = v;
+  __syncthreads();
+  v = lane < nw ? scratch[lane] : lowest;
+  return warp_max(v);
+}
+
+}  // namespace kiln::cuda

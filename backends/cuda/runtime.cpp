@@ -1,0 +1,210 @@
+// Devices, streams, library handles, the caching allocators and host <-> device copies.
+#include "backends/cuda/runtime.hpp"
+
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "backends/cuda/cuda.hpp"
+#include "core/error.hpp"
+
+namespace kiln::cuda {
+
+void raise_cuda(cudaError_t e, std::string_view op, const char* call, const char* file, int line) {
+  const char* base = std::strrchr(file, '/');
+  fail("{}: CUDA error {} ({}): {} [{} at {}:{}]", op, cudaGetErrorName(e), static_cast<int>(e), cudaGetErrorString(e), call,
+       base ? base + 1 : file, line);
+}
+
+void raise_cublas(cublasStatus_t s, std::string_view op, const char* call, const char* file, int line) {
+  const char* base = std::strrchr(file, '/');
+  fail("{}: cuBLAS error {} ({}) [{} at {}:{}]", op, cublasGetStatusName(s), cublasGetStatusString(s), call, base ? base + 1 : file,
+       line);
+}
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr size_t kLtWorkspace = size_t{32} << 20;  // cuBLASLt workspace per device (what cuBLAS uses on Hopper)
+
+bool sync_after_launch() {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_CUDA_SYNC");
+    return e && *e && std::string(e) != "0";
+  }();
+  return on;
+}
+
+struct Probe {
+  int count = 0;
+  std::string reason;
+};
+const Probe& probe() {
+  static const Probe p = [] {
+    Probe r;
+    const cudaError_t e = cudaGetDeviceCount(&r.count);
+    if (e != cudaSuccess) {
+      r.count = 0;
+      r.reason = fmt::format("{}: {}", cudaGetErrorName(e), cudaGetErrorString(e));
+      (void)cudaGetLastError();  // clear it: this is not a sticky error
+    } else if (r.count == 0) {
+      r.reason = "no device visible";
+    }
+    return r;
+  }();
+  return p;
+}
+
+thread_local int t_device = 0;
+std::atomic<bool> g_tf32{false};
+
+// One device's state, created on first use and never destroyed: storage freed during static
+// destruction still finds its allocator, and the driver reclaims everything at exit.
+struct DeviceState {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* lt_workspace = nullptr;
+  cudaDeviceProp prop{};
+  std::unique_ptr<CachingAllocator> alloc;
+};
+
+std::array<std::once_flag, kMaxDevices> g_once;
+std::array<DeviceState*, kMaxDevices> g_state{};
+
+void* raw_malloc(int device, size_t bytes) {
+  void* p = nullptr;
+  KILN_CUDA_CHECK_OP("cuda allocate", cudaSetDevice(device));
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  KILN_CUDA_CHECK_OP("cuda allocate", e);
+  return p;
+}
+
+DeviceState& state(int device) {
+  KILN_CHECK(device >= 0 && device < kMaxDevices, "cuda: device index {} out of range", device);
+  std::call_once(g_once[static_cast<size_t>(device)], [device] {
+    auto* s = new DeviceState;
+    s->device = device;
+    KILN_CUDA_CHECK_OP("cuda init", cudaSetDevice(device));
+    KILN_CUDA_CHECK_OP("cuda init", cudaGetDeviceProperties(&s->prop, device));
+    KILN_CUDA_CHECK_OP("cuda init", cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    KILN_CUBLAS_CHECK_OP("cuda init", cublasCreate(&s->blas));
+    KILN_CUBLAS_CHECK_OP("cuda init", cublasSetStream(s->blas, s->stream));
+    KILN_CUBLAS_CHECK_OP("cuda init", cublasLtCreate(&s->lt));
+    KILN_CUDA_CHECK_OP("cuda init", cudaMalloc(&s->lt_workspace, kLtWorkspace));
+    s->alloc = std::make_unique<CachingAllocator>(
+        fmt::format("cuda:{} allocator", device), [device](size_t n) { return raw_malloc(device, n); },
+        [device](void* p) {
+          (void)cudaSetDevice(device);
+          (void)cudaFree(p);
+        });
+    g_state[static_cast<size_t>(device)] = s;
+  });
+  return *g_state[static_cast<size_t>(device)];
+}
+
+DeviceState& current(std::string_view op) { return state(require_device(op)); }
+
+}  // namespace
+
+void after_launch(std::string_view op, const char* file, int line) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) raise_cuda(e, op, "kernel launch", file, line);
+  if (sync_after_launch()) {
+    const cudaError_t s = cudaStreamSynchronize(stream());
+    if (s != cudaSuccess) raise_cuda(s, op, "kernel execution (KILN_CUDA_SYNC)", file, line);
+  }
+}
+
+int require_device(std::string_view op) {
+  const Probe& p = probe();
+  if (p.count == 0) fail("{}: no CUDA device ({})", op, p.reason);
+  KILN_CHECK(t_device < p.count, "{}: device {} selected but only {} CUDA device(s) visible", op, t_device, p.count);
+  int cur = -1;
+  KILN_CUDA_CHECK_OP(op, cudaGetDevice(&cur));
+  if (cur != t_device) KILN_CUDA_CHECK_OP(op, cudaSetDevice(t_device));
+  return t_device;
+}
+
+void check_device(const CudaStorage& s, std::string_view op) {
+  const int d = require_device(op);
+  KILN_CHECK(s.device() == d, "{}: tensor lives on cuda:{} but the current device is cuda:{} (move it with to<Cpu>() and back, or set_device)",
+             op, s.device(), d);
+}
+
+cudaStream_t stream() { return current("cuda").stream; }
+cublasHandle_t cublas() { return current("cuda").blas; }
+cublasLtHandle_t cublaslt() { return current("cuda").lt; }
+void* cublaslt_workspace() { return current("cuda").lt_workspace; }
+size_t cublaslt_workspace_bytes() { return kLtWorkspace; }
+const cudaDeviceProp& device_properties() { return current("cuda").prop; }
+
+// ------------------------------------------------------------------------------------ user API
+bool available() { return probe().count > 0; }
+int device_count() { return probe().count; }
+std::string unavailable_reason() { return probe().reason; }
+void set_device(int device) {
+  KILN_CHECK(device >= 0 && device < probe().count, "cuda::set_device: device {} does not exist ({} visible{}{})", device, probe().count,
+             probe().reason.empty() ? "" : "; ", probe().reason);
+  t_device = device;
+}
+int current_device() { return t_device; }
+std::string device_name(int device) {
+  if (device < 0) device = require_device("cuda::device_name");
+  KILN_CHECK(device < probe().count, "cuda::device_name: device {} does not exist ({} visible)", device, probe().count);
+  return state(device).prop.name;
+}
+void synchronize() { KILN_CUDA_CHECK_OP("cuda::synchronize", cudaStreamSynchronize(stream())); }
+MemoryStats memory_stats() { return current("cuda::memory_stats").alloc->stats(); }
+void reset_peak_memory_stats() { current("cuda::reset_peak_memory_stats").alloc->reset_peak(); }
+void empty_cache() {
+  DeviceState& s = current("cuda::empty_cache");
+  KILN_CUDA_CHECK_OP("cuda::empty_cache", cudaStreamSynchronize(s.stream));
+  s.alloc->empty_cache();
+}
+void set_allow_tf32(bool allow) { g_tf32 = allow; }
+bool allow_tf32() { return g_tf32; }
+
+}  // namespace kiln::cuda
+
+namespace kiln {
+
+// ------------------------------------------------------------------------------------ storage
+CudaStorage::~CudaStorage() {
+  if (block_.ptr) cuda::state(device_).alloc->release(block_, bytes_);
+}
+
+std::shared_ptr<CudaStorage> Cuda::allocate(size_t bytes) {
+  const int d = cuda::require_device("allocate");
+  return std::make_shared<CudaStorage>(cuda::state(d).alloc->allocate(bytes), bytes, d);
+}
+
+void Cuda::write(Storage& s, size_t off, const void* src, size_t n) {
+  KILN_CHECK(off + n <= s.bytes(), "write: {} bytes at offset {} overflow a storage of {} bytes", n, off, s.bytes());
+  if (!n) return;
+  cuda::check_device(s, "write");
+  const cudaStream_t st = cuda::stream();
+  // the host buffer may be freed as soon as we return: wait for the copy
+  KILN_CUDA_CHECK_OP("write", cudaMemcpyAsync(static_cast<char*>(s.data()) + off, src, n, cudaMemcpyHostToDevice, st));
+  KILN_CUDA_CHECK_OP("write", cudaStreamSynchronize(st));
+}
+
+void Cuda::read(const Storage& s, size_t off, void* dst, size_t n) {
+  KILN_CHECK(off + n <= s.bytes(), "read: {} bytes at offset {} overflow a storage of {} bytes", n, off, s.bytes());
+  if (!n) return;
+  cuda::check_device(s, "read");
+  const cudaStream_t st = cuda::stream();
+  KILN_CUDA_CHECK_OP("read", cudaMemcpyAsync(dst, static_cast<const char*>(s.data()) + off, n, cudaMemcpyDeviceToHost, st));
+  KILN_CUDA_CHECK_OP("read", cudaStreamSynchronize(st));
+}
+
+}  // namespace kiln
