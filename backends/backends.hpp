@@ -2,11 +2,14 @@
 // The built-in backends, for explicit instantiation of generic code (autograd, nn, optim):
 //   #define X(B) template class Linear<B>;
 //   KILN_FOR_EACH_BACKEND(X)
+// and as a type list (e.g. Catch's TEMPLATE_TEST_CASE(..., KILN_BACKEND_TYPES)).
 #include "backends/cpu/cpu.hpp"
 #include "backends/reference/reference.hpp"
 #if defined(KILN_HAVE_CUDA_BACKEND)
 #include "backends/cuda/cuda.hpp"
 #define KILN_FOR_EACH_BACKEND(X) X(::kiln::Reference) X(::kiln::Cpu) X(::kiln::Cuda)
+#define KILN_BACKEND_TYPES ::kiln::Reference, ::kiln::Cpu, ::kiln::Cuda
 #else
 #define KILN_FOR_EACH_BACKEND(X) X(::kiln::Reference) X(::kiln::Cpu)
+#define KILN_BACKEND_TYPES ::kiln::Reference, ::kiln::Cpu
 #endif

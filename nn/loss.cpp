@@ -1,5 +1,8 @@
 #include "nn/loss.hpp"
 
+#include "autograd/record.hpp"
+#include "core/fused_loss.hpp"
+
 namespace kiln::nn {
 
 template <Backend B> Var<B> cross_entropy(const Var<B>& logits, const Tensor<B>& targets, CrossEntropyOptions o) {
@@ -19,13 +22,19 @@ template <Backend B> Var<B> cross_entropy(const Var<B>& logits, const Tensor<B>&
     KILN_CHECK(item<int64_t>(bad.sum()) == 0, "cross_entropy: target values must be in [0, {}) or ignore_index {}; got min {} max {}",
                C, o.ignore_index, item<int64_t>(t.min()), item<int64_t>(t.max()));
   }
-  const Tensor<B> safe = Tensor<B>::where(keep, t, Tensor<B>::zeros({}, DType::i64));
-  const Var<B> lp = logits.reshape({-1, C}).log_softmax(-1);                  // [N, C]
-  Var<B> loss = lp.gather(1, safe.unsqueeze(1)).squeeze(1).neg();            // [N]
-  if (o.label_smoothing > 0) loss = loss.mul(1.0 - o.label_smoothing) + lp.mean({-1}).neg().mul(o.label_smoothing);
-  const Tensor<B> w = keep.to(logits.dtype());
+  // One recorded op on the fused kernel (core/fused_loss.hpp): backward keeps the logits and lse [N],
+  // never the [N, C] log-probabilities.
+  const Var<B> x = logits.reshape({-1, C});
+  const Tensor<B> xv = x.value();
+  auto [rows_loss, lse] = fused::cross_entropy_forward(xv, t, o.ignore_index, o.label_smoothing);
+  const int64_t ignore = o.ignore_index;
+  const double smoothing = o.label_smoothing;
+  const Var<B> loss = autograd::record<B>("cross_entropy", rows_loss.to(logits.dtype()), {&x},
+                                          [xv, lse, t, ignore, smoothing](const Tensor<B>& g) {
+                                            return autograd::Grads<B>{fused::cross_entropy_backward(xv, lse, t, g, ignore, smoothing)};
+                                          });
   const double n = static_cast<double>(item<int64_t>(keep.sum()));
-  return loss.mul(Var<B>(w)).sum().div(n);
+  return loss.sum().div(n);
 }
 
 template <Backend B> Var<B> mse_loss(const Var<B>& a, const Var<B>& b) { return (a - b).square().mean(); }

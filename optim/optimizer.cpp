@@ -1,5 +1,7 @@
 #include "optim/optimizer.hpp"
 
+#include "core/fused_optim.hpp"
+
 #include <cmath>
 #include <set>
 
@@ -122,25 +124,29 @@ template <Backend B> std::vector<std::string> Adam<B>::buffer_names() const { re
 template <Backend B> void Adam<B>::step() {
   NoGrad ng;
   const int64_t t = ++this->steps_;
-  const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(o_.beta2, static_cast<double>(t)));
-  for (auto& g : this->groups_)
+  fused::AdamHyper h{.beta1 = o_.beta1, .beta2 = o_.beta2, .eps = o_.eps, .decoupled = o_.decoupled};
+  h.bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));
+  h.bc2_sqrt = std::sqrt(1.0 - std::pow(o_.beta2, static_cast<double>(t)));
+  for (auto& g : this->groups_) {
+    // one multi-tensor update per group (core/fused_optim.hpp)
+    std::vector<Tensor<B>> ws, grads;
+    std::vector<Tensor<B>*> ms, vs;
+    ws.reserve(g.params.size());
     for (auto& [name, p] : g.params) {
       Tensor<B> grad = p.grad();
       if (!grad.defined()) continue;
-      Tensor<B> w = p.value();
-      if (g.weight_decay != 0) {
-        if (o_.decoupled) w.mul_(1.0 - g.lr * g.weight_decay);
-        else grad = grad.add(w.mul(g.weight_decay));
-      }
+      ws.push_back(p.value());
+      grads.push_back(std::move(grad));
       bool c1 = false, c2 = false;
-      Tensor<B>& m = this->buffer("exp_avg", name, w, c1);
-      Tensor<B>& v = this->buffer("exp_avg_sq", name, w, c2);
-      m.mul_(o_.beta1).add_(grad.mul(1.0 - o_.beta1));
-      v.mul_(o_.beta2).add_(grad.mul(grad).mul(1.0 - o_.beta2));
-      const Tensor<B> denom = v.sqrt().div(bc2_sqrt).add(o_.eps);
-      w.sub_(m.div(denom).mul(g.lr / bc1));
+      ms.push_back(&this->buffer("exp_avg", name, ws.back(), c1));
+      vs.push_back(&this->buffer("exp_avg_sq", name, ws.back(), c2));
     }
+    std::vector<Tensor<B>*> wp;
+    for (auto& w : ws) wp.push_back(&w);
+    h.lr = g.lr;
+    h.weight_decay = g.weight_decay;
+    fused::adam_step(wp, ms, vs, grads, h);
+  }
 }
 
 // ------------------------------------------------------------------------------------------ clipping

@@ -1,2 +1,78 @@
-#define CATCH_CONFIG_MAIN
+// The test runner of every tests/ executable: Catch2's, plus CUDA skipping.
+//
+// A test needs a GPU when its name contains "Cuda" (a TEMPLATE_TEST_CASE instantiated for the Cuda
+// backend) or it is tagged [cuda]. Where no device is usable (or kiln was built without the backend):
+//  * a run that selects only such tests prints "no CUDA device (...): skipped" and exits 77, which CTest
+//    reports as skipped (SKIP_RETURN_CODE, tests/CMakeLists.txt);
+//  * a run that selects some runs the others and says how many it left out.
+#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#if defined(KILN_HAVE_CUDA_BACKEND)
+#include "backends/cuda/cuda.hpp"
+#endif
+
+namespace {
+
+bool needs_gpu(const Catch::TestCase& t) {
+  if (t.name.find("Cuda") != std::string::npos) return true;
+  for (const std::string& tag : t.tags)
+    if (tag == "cuda") return true;
+  return false;
+}
+
+// An exact-name test spec (Catch's special characters escaped).
+std::string escape_name(const std::string& s) {
+  std::string r;
+  for (char c : s) {
+    if (c == ',' || c == '[' || c == ']' || c == '\\' || c == '*' || c == '~' || c == '"') r += '\\';
+    r += c;
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  Catch::Session session;
+  if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
+#if defined(KILN_HAVE_CUDA_BACKEND)
+  const bool gpu_ok = kiln::cuda::available();
+  const std::string why = gpu_ok ? "" : kiln::cuda::unavailable_reason();
+#else
+  const bool gpu_ok = false;
+  const std::string why = "kiln built without the CUDA backend";
+#endif
+  if (!gpu_ok && !session.configData().listTests && !session.configData().listTestNamesOnly &&
+      !session.configData().listTags) {
+    const Catch::Config& cfg = session.config();
+    const std::vector<Catch::TestCase> matched = Catch::filterTests(Catch::getAllTestCasesSorted(cfg), cfg.testSpec(), cfg);
+    std::vector<std::string> keep;
+    size_t gpu = 0;
+    for (const Catch::TestCase& t : matched) {
+      if (needs_gpu(t)) ++gpu;
+      else keep.push_back(t.name);
+    }
+    if (gpu > 0) {
+      if (keep.empty()) {
+        std::printf("no CUDA device (%s): skipped %zu CUDA test case(s)\n", why.c_str(), gpu);
+        return 77;
+      }
+      std::printf("no CUDA device (%s): leaving out %zu CUDA test case(s)\n", why.c_str(), gpu);
+      Catch::ConfigData data = session.configData();
+      if (data.testsOrTags.empty()) {
+        data.testsOrTags = {"~*Cuda*", "~[cuda]"};
+      } else {
+        std::string spec;
+        for (const std::string& n : keep) spec += (spec.empty() ? "" : ",") + escape_name(n);
+        data.testsOrTags = {spec};
+      }
+      session.useConfigData(data);
+    }
+  }
+  return session.run();
+}

@@ -5,9 +5,11 @@
 // all cores (see threads.cpp).
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "backends/host_storage.hpp"
 #include "core/backend.hpp"
+#include "core/fused_optim_params.hpp"
 #include "core/tensor.hpp"
 
 namespace kiln {
@@ -40,6 +42,12 @@ struct Cpu {
   // fused overrides (core/fused.hpp)
   static void softmax_lastdim(M out, V x, bool log);
   static void softmax_lastdim_backward(M dx, V y, V dy, bool log);
+  // fused softmax cross-entropy (backends/cpu/softmax.cpp; contract in core/fused_loss.hpp)
+  static void cross_entropy_forward(M loss, M lse, V logits, V targets, int64_t ignore_index, double smoothing);
+  static void cross_entropy_backward(M dlogits, V logits, V lse, V targets, V g, int64_t ignore_index, double smoothing);
+  // multi-tensor Adam/AdamW (backends/cpu/optim.cpp; contract in core/fused_optim.hpp)
+  static void adam_step(const std::vector<M>& w, const std::vector<M>& m, const std::vector<M>& v, const std::vector<V>& g,
+                        const fused::AdamHyper& h);
   // flash attention (backends/cpu/attention.cpp; contract in core/fused.hpp)
   static void attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, double scale, bool causal, int64_t pos0);
   static void attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, double scale, bool causal,

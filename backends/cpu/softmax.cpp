@@ -186,4 +186,102 @@ void Cpu::softmax_lastdim_backward(M dx, V y, V dy, bool log) {
   });
 }
 
+
+// ------------------------------------------------------------------------------ cross-entropy
+// Fused softmax cross-entropy (contract in core/fused_loss.hpp): rows of contiguous f32/f64 logits
+// [N, C], one row per task. The forward makes one pass for the max and one for Σ exp (into a scratch
+// row); the backward writes exp(x − lse) straight into dx and finishes the row in place.
+namespace {
+
+template <class T> void ce_check_views(const char* op, const Layout& x, DType d) {
+  KILN_CHECK(x.rank() == 2 && x.is_contiguous(), "{}: logits must be contiguous [N, C], got {}", op, shape_str(x.shape));
+  KILN_CHECK(d == DType::f32 || d == DType::f64, "{}: f32/f64 logits only, got {}", op, d);
+}
+
+template <class T> T ce_row_lse(const T* x, int64_t C, std::vector<float>& scratch) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float m = row_max(x, C);
+    if (m == -std::numeric_limits<float>::infinity()) return m;
+    scratch.resize(static_cast<size_t>(C));
+    return m + std::log(exp_shift_sum(x, scratch.data(), C, m));
+  } else {
+    T m = -std::numeric_limits<T>::infinity();
+    for (int64_t c = 0; c < C; ++c) m = std::max(m, x[c]);
+    if (m == -std::numeric_limits<T>::infinity()) return m;
+    T s = 0;
+    for (int64_t c = 0; c < C; ++c) s += std::exp(x[c] - m);
+    return m + std::log(s);
+  }
+}
+
+}  // namespace
+
+void Cpu::cross_entropy_forward(M loss, M lse, V logits, V targets, int64_t ignore_index, double smoothing) {
+  const int64_t N = logits.layout.shape[0], C = logits.layout.shape[1];
+  visit_dtype(logits.dtype, [&]<class T>(type_tag<T>) {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      ce_check_views<T>("cross_entropy", logits.layout, logits.dtype);
+      const T* x = logits.storage.as<T>() + logits.layout.offset;
+      const int64_t* t = targets.storage.as<int64_t>() + targets.layout.offset;
+      T* lp = loss.storage.as<T>() + loss.layout.offset;
+      T* lsp = lse.storage.as<T>() + lse.layout.offset;
+      const T s = static_cast<T>(smoothing);
+      parallel_for(N, std::max<int64_t>(1, kGrainMath / C), [&](int64_t b, int64_t e) {
+        std::vector<float> scratch;
+        for (int64_t i = b; i < e; ++i) {
+          const T* row = x + i * C;
+          const T l = ce_row_lse<T>(row, C, scratch);
+          lsp[i] = l;
+          if (t[i] == ignore_index) {
+            lp[i] = 0;
+            continue;
+          }
+          T v = l - (T(1) - s) * row[t[i]];
+          if (smoothing > 0) {
+            T sum = 0;
+            for (int64_t c = 0; c < C; ++c) sum += row[c];
+            v -= s * sum / static_cast<T>(C);
+          }
+          lp[i] = v;
+        }
+      });
+    } else {
+      fail("cross_entropy: f32/f64 logits only, got {}", logits.dtype);
+    }
+  });
+}
+
+void Cpu::cross_entropy_backward(M dlogits, V logits, V lse, V targets, V g, int64_t ignore_index, double smoothing) {
+  const int64_t N = logits.layout.shape[0], C = logits.layout.shape[1];
+  visit_dtype(logits.dtype, [&]<class T>(type_tag<T>) {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      ce_check_views<T>("cross_entropy_backward", logits.layout, logits.dtype);
+      const T* x = logits.storage.as<T>() + logits.layout.offset;
+      const T* lsp = lse.storage.as<T>() + lse.layout.offset;
+      const T* gp = g.storage.as<T>() + g.layout.offset;
+      const int64_t* t = targets.storage.as<int64_t>() + targets.layout.offset;
+      T* dx = dlogits.storage.as<T>() + dlogits.layout.offset;
+      const T s = static_cast<T>(smoothing), sc = s / static_cast<T>(C);
+      parallel_for(N, std::max<int64_t>(1, kGrainMath / C), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const T* row = x + i * C;
+          T* d = dx + i * C;
+          if (t[i] == ignore_index) {
+            std::fill(d, d + C, T(0));
+            continue;
+          }
+          const T gi = gp[i];
+          if constexpr (std::is_same_v<T, float>) (void)exp_shift_sum(row, d, C, lsp[i]);
+          else
+            for (int64_t c = 0; c < C; ++c) d[c] = std::exp(row[c] - lsp[i]);
+          for (int64_t c = 0; c < C; ++c) d[c] = gi * (d[c] - sc);
+          d[t[i]] -= gi * (T(1) - s);
+        }
+      });
+    } else {
+      fail("cross_entropy_backward: f32/f64 logits only, got {}", logits.dtype);
+    }
+  });
+}
+
 }  // namespace kiln

@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "backends/cuda/storage.hpp"
 #include "core/backend.hpp"
+#include "core/fused_optim_params.hpp"
 
 namespace kiln {
 
@@ -47,6 +49,10 @@ struct Cuda {
   static void softmax_lastdim_backward(M dx, V y, V dy, bool log);          // softmax.cu
   static void rms_norm_forward(M y, M rstd, V x, const V* w, double eps);   // norm.cu
   static void rms_norm_backward(M dx, M* dw, V x, const V* w, V rstd, V dy);
+  static void cross_entropy_forward(M loss, M lse, V logits, V targets, int64_t ignore_index, double smoothing);  // loss.cu
+  static void cross_entropy_backward(M dlogits, V logits, V lse, V targets, V g, int64_t ignore_index, double smoothing);
+  static void adam_step(const std::vector<M>& w, const std::vector<M>& m, const std::vector<M>& v, const std::vector<V>& g,
+                        const fused::AdamHyper& h);  // optim.cu
   static void attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, double scale, bool causal, int64_t pos0);  // attention.cu
   static void attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, double scale, bool causal,
                                  int64_t pos0);

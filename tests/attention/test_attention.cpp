@@ -154,7 +154,7 @@ template <Backend B> void check_case(const Case& c, DType dt, uint64_t seed) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("attention: fused forward and backward match the decomposed oracle (f64)", "[attention]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("attention: fused forward and backward match the decomposed oracle (f64)", "[attention]", KILN_BACKEND_TYPES) {
   uint64_t seed = 100;
   for (const Case& c : kCases) check_case<TestType>(c, DType::f64, seed++);
 }
@@ -165,7 +165,7 @@ TEMPLATE_TEST_CASE("attention: fused forward and backward match the decomposed o
   for (const Case& c : kCases) check_case<TestType>(c, DType::f32, seed++);
 }
 
-TEMPLATE_TEST_CASE("attention: f32 fused equals the f32 decomposed path within the same bound", "[attention]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("attention: f32 fused equals the f32 decomposed path within the same bound", "[attention]", KILN_BACKEND_TYPES) {
   // (both sides f32: the bound covers the roundoff of each, so it is doubled)
   uint64_t seed = 300;
   for (const Case& c : {kCases[1], kCases[5], kCases[8]}) {
@@ -181,7 +181,7 @@ TEMPLATE_TEST_CASE("attention: f32 fused equals the f32 decomposed path within t
   }
 }
 
-TEMPLATE_TEST_CASE("attention: bf16 and f16 compute in f32 and round once", "[attention]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("attention: bf16 and f16 compute in f32 and round once", "[attention]", KILN_BACKEND_TYPES) {
   const Case c{2, 4, 2, 37, 53, 16, 16, true, 16};
   for (DType dt : {DType::bf16, DType::f16}) {
     INFO(dtype_name(dt));
@@ -203,7 +203,7 @@ TEMPLATE_TEST_CASE("attention: bf16 and f16 compute in f32 and round once", "[at
   }
 }
 
-TEMPLATE_TEST_CASE("attention: LSE is the row log-sum-exp of the masked scores", "[attention]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("attention: LSE is the row log-sum-exp of the masked scores", "[attention]", KILN_BACKEND_TYPES) {
   const Case c{1, 2, 1, 9, 12, 4, 3, true, 3, true};
   const Inputs<TestType> in = make_inputs<TestType>(c, DType::f64, 11);
   auto [o, lse] = fused::attention_forward(in.q, in.k, in.v, 0.5, c.causal, c.pos0, in.kp);
@@ -222,7 +222,7 @@ TEMPLATE_TEST_CASE("attention: LSE is the row log-sum-exp of the masked scores",
     }
 }
 
-TEMPLATE_TEST_CASE("attention: gradcheck of the fused op in q, k, v (f64 finite differences)", "[attention]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("attention: gradcheck of the fused op in q, k, v (f64 finite differences)", "[attention]", KILN_BACKEND_TYPES) {
   Generator gen(5);
   using T = Tensor<TestType>;
   Tensor<TestType> kp = T::ones({2, 7}, DType::boolean);
@@ -238,7 +238,7 @@ TEMPLATE_TEST_CASE("attention: gradcheck of the fused op in q, k, v (f64 finite 
   }
 }
 
-TEMPLATE_TEST_CASE("attention: the autograd node saves q, k, v, O, LSE and nothing of size T·S", "[attention]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("attention: the autograd node saves q, k, v, O, LSE and nothing of size T·S", "[attention]", KILN_BACKEND_TYPES) {
   using T = Tensor<TestType>;
   const int64_t Bn = 1, H = 2, Tn = 256, S = 256, d = 8;
   Var<TestType> q(T::randn({Bn, H, Tn, d}), true), k(T::randn({Bn, 1, S, d}), true), v(T::randn({Bn, 1, S, d}), true);
@@ -260,7 +260,7 @@ TEMPLATE_TEST_CASE("attention: the autograd node saves q, k, v, O, LSE and nothi
   }
 }
 
-TEMPLATE_TEST_CASE("attention: a row with no visible key gives NaN (as PyTorch) and a zero gradient", "[attention]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("attention: a row with no visible key gives NaN (as PyTorch) and a zero gradient", "[attention]", KILN_BACKEND_TYPES) {
   using T = Tensor<TestType>;
   Generator gen(9);
   T kp = T::ones({1, 6}, DType::boolean);
@@ -315,7 +315,7 @@ TEMPLATE_TEST_CASE("attention: differential attention's fused form and dλ match
   }
 }
 
-TEMPLATE_TEST_CASE("attention: DifferentialAttention and MHA run the fused op", "[attention]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("attention: DifferentialAttention and MHA run the fused op", "[attention]", KILN_BACKEND_TYPES) {
   nn::DiffAttentionOptions o;
   o.d_model = 16;
   o.n_heads = 2;
@@ -331,7 +331,7 @@ TEMPLATE_TEST_CASE("attention: DifferentialAttention and MHA run the fused op", 
   CHECK(x2.grad().defined());
 }
 
-TEMPLATE_TEST_CASE("attention: bad shapes and dtypes throw kiln::Error naming the op and shapes", "[attention][errors]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("attention: bad shapes and dtypes throw kiln::Error naming the op and shapes", "[attention][errors]", KILN_BACKEND_TYPES) {
   using T = Tensor<TestType>;
   const T q = T::randn({1, 4, 5, 8}), k = T::randn({1, 3, 6, 8}), v = T::randn({1, 3, 6, 8});
   CHECK_THROWS_WITH(fused::attention_forward(q, k, v, 1.0, true, 0), Catch::Contains("attention_forward") && Catch::Contains("[1, 4, 5, 8]"));

@@ -19,7 +19,7 @@ template <Backend B> std::vector<std::pair<std::string, Tensor<B>>> unary_inputs
 }
 }  // namespace
 
-TEMPLATE_TEST_CASE("gradcheck: unary elementwise ops", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: unary elementwise ops", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   struct U {
     const char* name;
@@ -54,7 +54,7 @@ TEMPLATE_TEST_CASE("gradcheck: unary elementwise ops", "[autograd][gradcheck]", 
   }
 }
 
-TEMPLATE_TEST_CASE("gradcheck: gelu at exactly 0 and far in the tails", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: gelu at exactly 0 and far in the tails", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   const auto x = f64<TestType>({0.0, -6.0, 6.0, 1e-3, -1e-3, 2e-5, -9e-6, 1e-300}, {8});
   check_grad<TestType>("gelu", [](const auto& v) { return v[0].gelu(); }, {x});
   check_grad<TestType>("gelu(tanh)", [](const auto& v) { return v[0].gelu(true); }, {x});
@@ -65,7 +65,7 @@ TEMPLATE_TEST_CASE("gradcheck: gelu at exactly 0 and far in the tails", "[autogr
   check_values(v.grad(), {0.5, 0.5, 0.49999992021154394, 0.8674951246561629}, 1e-13);
 }
 
-TEMPLATE_TEST_CASE("gradcheck: binary ops with broadcasting", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: binary ops with broadcasting", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   struct Bin {
     const char* name;
@@ -103,7 +103,7 @@ TEMPLATE_TEST_CASE("gradcheck: binary ops with broadcasting", "[autograd][gradch
   }
 }
 
-TEMPLATE_TEST_CASE("gradcheck: operators with constant tensors", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: operators with constant tensors", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   const auto c = uniform<TestType>({3, 1}, 0.5, 2.0, 7);
   const auto x = randn<TestType>({3, 4}, 8);
   check_grad<TestType>("var + tensor", [&](const auto& v) { return v[0] + c; }, {x});
@@ -112,7 +112,7 @@ TEMPLATE_TEST_CASE("gradcheck: operators with constant tensors", "[autograd][gra
   check_grad<TestType>("tensor / var", [&](const auto& v) { return c / (v[0].square() + 1.0); }, {x});
 }
 
-TEMPLATE_TEST_CASE("gradcheck: maximum/minimum with ties", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: maximum/minimum with ties", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   // ties at positions 0 and 2; the tie gets half the gradient on each side, which is also what the
   // central difference sees.
   const auto a = f64<TestType>({1.0, 2.0, -0.5, 0.25}, {4});
@@ -123,7 +123,7 @@ TEMPLATE_TEST_CASE("gradcheck: maximum/minimum with ties", "[autograd][gradcheck
   check_grad<TestType>("minimum(scalar) tie", [](const auto& v) { return v[0].minimum(-0.5); }, {a});
 }
 
-TEMPLATE_TEST_CASE("gradcheck: scalar forms and clamp", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: scalar forms and clamp", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   const auto x = randn<TestType>({2, 3}, 31);
   const auto xp = uniform<TestType>({2, 3}, 0.5, 2.0, 32);
   check_grad<TestType>("x + s", [](const auto& v) { return v[0] + 2.5; }, {x});
@@ -143,7 +143,7 @@ TEMPLATE_TEST_CASE("gradcheck: scalar forms and clamp", "[autograd][gradcheck]",
   check_grad<TestType>("clamp(-0.5, 0.5)", [](const auto& v) { return v[0].clamp(-0.5, 0.5); }, {x});
 }
 
-TEMPLATE_TEST_CASE("gradcheck: where with broadcasting", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: where with broadcasting", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   const auto cond = randn<TestType>({3, 4}, 41).gt(0.0);
   const auto a = randn<TestType>({3, 4}, 42);
   const auto b = randn<TestType>({4}, 43);

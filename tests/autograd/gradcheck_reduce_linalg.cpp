@@ -5,7 +5,7 @@
 using namespace kiln;
 using namespace kiln::test;
 
-TEMPLATE_TEST_CASE("gradcheck: sum/mean/max/min over axes", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: sum/mean/max/min over axes", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   const std::vector<std::vector<int64_t>> axes_list = {{}, {0}, {1}, {-1}, {0, 2}, {2, 0, 1}};
   const std::vector<std::pair<std::string, Tensor<TestType>>> inputs = {
@@ -29,7 +29,7 @@ TEMPLATE_TEST_CASE("gradcheck: sum/mean/max/min over axes", "[autograd][gradchec
   check_grad<TestType>("sum_to [3, 1]", [](const auto& v) { return v[0].sum_to({3, 1}); }, {randn<TestType>({2, 3, 4}, 5)});
 }
 
-TEMPLATE_TEST_CASE("gradcheck: max/min with two-way ties", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: max/min with two-way ties", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   // Rows tie in pairs: ties split the gradient equally, which a central difference confirms for two.
   const auto x = f64<TestType>({1.0, 3.0, 3.0, -2.0, 0.5, -2.0}, {2, 3});
   check_grad<TestType>("max axis 1", [](const auto& v) { return v[0].max({1}); }, {x});
@@ -39,7 +39,7 @@ TEMPLATE_TEST_CASE("gradcheck: max/min with two-way ties", "[autograd][gradcheck
   check_grad<TestType>("max axis 0 (no ties)", [](const auto& v) { return v[0].max({0}); }, {x});
 }
 
-TEMPLATE_TEST_CASE("gradcheck: matmul, all torch.matmul cases", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: matmul, all torch.matmul cases", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   const std::vector<std::pair<Shape, Shape>> cases = {
       {{3}, {3}},             // dot
       {{3}, {3, 4}},          // vector @ matrix
@@ -72,7 +72,7 @@ TEMPLATE_TEST_CASE("gradcheck: matmul, all torch.matmul cases", "[autograd][grad
   check_grad<TestType>("matmul, constant left", [&](const auto& v) { return Var<TestType>(w).t().matmul(v[0]); }, {randn<TestType>({3, 2}, 56)});
 }
 
-TEMPLATE_TEST_CASE("gradcheck: softmax and log_softmax on every axis", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: softmax and log_softmax on every axis", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   const auto x = randn<TestType>({2, 3, 4}, 60);
   const auto xt = randn<TestType>({4, 3, 2}, 61).transpose(0, 2);
   for (int64_t axis : {0, 1, 2, -1}) {
@@ -85,7 +85,7 @@ TEMPLATE_TEST_CASE("gradcheck: softmax and log_softmax on every axis", "[autogra
   check_grad<TestType>("softmax over a size-1 axis", [](const auto& v) { return v[0].softmax(1); }, {randn<TestType>({3, 1}, 62)});
 }
 
-TEMPLATE_TEST_CASE("gradcheck: composites", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: composites", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   // cross-entropy: -mean(log_softmax(logits)[target])
   const auto target = i64<TestType>({2, 0, 2, 1}, {4, 1});
   check_grad<TestType>("cross-entropy", [&](const auto& v) { return v[0].log_softmax(1).gather(1, target).mean().neg(); },

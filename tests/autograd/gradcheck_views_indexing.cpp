@@ -4,7 +4,7 @@
 using namespace kiln;
 using namespace kiln::test;
 
-TEMPLATE_TEST_CASE("gradcheck: views", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: views", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   const auto x = randn<TestType>({2, 3, 4}, 1);
   const auto xt = randn<TestType>({4, 3, 2}, 2).transpose(0, 2);  // non-contiguous [2, 3, 4]
   for (const auto& [layout, in] : {std::pair{"contiguous", x}, std::pair{"transposed", xt}}) {
@@ -32,7 +32,7 @@ TEMPLATE_TEST_CASE("gradcheck: views", "[autograd][gradcheck]", Reference, Cpu) 
                        {randn<TestType>({4, 2}, 8)});
 }
 
-TEMPLATE_TEST_CASE("gradcheck: cat, stack, split, chunk", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: cat, stack, split, chunk", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   const auto a = randn<TestType>({2, 1, 3}, 10), b = randn<TestType>({2, 3, 3}, 11), c = randn<TestType>({3, 2}, 12).t().unsqueeze(1);
   check_grad<TestType>("cat axis 1", [](const auto& v) { return cat<TestType>({v[0], v[1], v[2]}, 1); }, {a, b, c});
   check_grad<TestType>("cat with a repeated input", [](const auto& v) { return cat<TestType>({v[0], v[0].exp()}, -1); }, {a});
@@ -56,7 +56,7 @@ TEMPLATE_TEST_CASE("gradcheck: cat, stack, split, chunk", "[autograd][gradcheck]
   }, {x});
 }
 
-TEMPLATE_TEST_CASE("gradcheck: gather, index_select, scatter_add, index_add", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: gather, index_select, scatter_add, index_add", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   const auto x = randn<TestType>({3, 4}, 20);
   // repeated indices (0 twice in row 0, 3 twice in row 2), index narrower than x along the other axis
   const auto gi = i64<TestType>({0, 0, 2, 1, 3, 1, 3, 3, 0}, {3, 3});

@@ -8,6 +8,7 @@
 
 #include "autograd/gradcheck.hpp"
 #include "autograd/var.hpp"
+#include "backends/backends.hpp"
 
 namespace kiln::test {
 

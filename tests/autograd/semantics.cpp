@@ -8,7 +8,7 @@ using namespace kiln;
 using namespace kiln::test;
 using Catch::Matchers::Contains;
 
-TEMPLATE_TEST_CASE("autograd: a value used twice accumulates", "[autograd]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("autograd: a value used twice accumulates", "[autograd]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   V x(f64<TestType>({1.0, -2.0, 3.0}, {3}), true);
   (x * x).sum().backward();
@@ -22,7 +22,7 @@ TEMPLATE_TEST_CASE("autograd: a value used twice accumulates", "[autograd]", Ref
   check_values(x.grad(), {2 * std::exp(2.0) + std::exp(1.0), 2 * std::exp(-4.0) + std::exp(-2.0), 2 * std::exp(6.0) + std::exp(3.0)}, 1e-9);
 }
 
-TEMPLATE_TEST_CASE("autograd: leaves accumulate across backward calls until zero_grad", "[autograd]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("autograd: leaves accumulate across backward calls until zero_grad", "[autograd]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   V w(f64<TestType>({1.0, 2.0}, {2}), true);
   (w * 3.0).sum().backward();
@@ -35,7 +35,7 @@ TEMPLATE_TEST_CASE("autograd: leaves accumulate across backward calls until zero
   check_values(w.grad(), {2.0, 2.0});
 }
 
-TEMPLATE_TEST_CASE("autograd: leaf grads are private, contiguous tensors", "[autograd]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("autograd: leaf grads are private, contiguous tensors", "[autograd]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   V a(f64<TestType>({1.0, 2.0}, {2}), true), b(f64<TestType>({3.0, 4.0}, {2}), true);
   (a + b).sum().backward();  // both receive the very same upstream gradient
@@ -48,7 +48,7 @@ TEMPLATE_TEST_CASE("autograd: leaf grads are private, contiguous tensors", "[aut
   check_values(c.grad(), {4.0, 4.0, 4.0});
 }
 
-TEMPLATE_TEST_CASE("autograd: NoGrad records nothing", "[autograd]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("autograd: NoGrad records nothing", "[autograd]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   V x(f64<TestType>({1.0, 2.0}, {2}), true);
   CHECK(grad_enabled());
@@ -77,7 +77,7 @@ TEMPLATE_TEST_CASE("autograd: NoGrad records nothing", "[autograd]", Reference, 
   CHECK(z.grad_fn() == nullptr);
 }
 
-TEMPLATE_TEST_CASE("autograd: grad mode is per thread", "[autograd]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("autograd: grad mode is per thread", "[autograd]", KILN_BACKEND_TYPES) {
   NoGrad ng;
   bool other = false;
   std::thread([&] { other = grad_enabled(); }).join();
@@ -85,7 +85,7 @@ TEMPLATE_TEST_CASE("autograd: grad mode is per thread", "[autograd]", Reference,
   CHECK_FALSE(grad_enabled());
 }
 
-TEMPLATE_TEST_CASE("autograd: recorded ops name themselves", "[autograd]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("autograd: recorded ops name themselves", "[autograd]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   V x(randn<TestType>({2, 3}, 1), true);
   CHECK(x.is_leaf());
@@ -102,7 +102,7 @@ TEMPLATE_TEST_CASE("autograd: recorded ops name themselves", "[autograd]", Refer
   CHECK(fmt::format("{}", Var<TestType>()) == "Var(undefined)");
 }
 
-TEMPLATE_TEST_CASE("autograd: detach stops gradients", "[autograd]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("autograd: detach stops gradients", "[autograd]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   V x(f64<TestType>({1.0, 2.0, 3.0}, {3}), true);
   const V d = x.detach();
@@ -112,7 +112,7 @@ TEMPLATE_TEST_CASE("autograd: detach stops gradients", "[autograd]", Reference, 
   check_values(x.grad(), {1.0, 2.0, 3.0});
 }
 
-TEMPLATE_TEST_CASE("autograd: backward twice through a freed graph throws", "[autograd]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("autograd: backward twice through a freed graph throws", "[autograd]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   V x(f64<TestType>({1.0, 2.0}, {2}), true);
   const V h = x.exp();
@@ -130,7 +130,7 @@ TEMPLATE_TEST_CASE("autograd: backward twice through a freed graph throws", "[au
   check_values(x.grad(), {2 * (e1 + e1), 2 * (e2 + 2 * e2)}, 1e-9);
 }
 
-TEMPLATE_TEST_CASE("autograd: non-scalar backward needs a gradient", "[autograd]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("autograd: non-scalar backward needs a gradient", "[autograd]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   V x(randn<TestType>({2, 3}, 2), true);
   const V y = x * 2.0;
@@ -143,7 +143,7 @@ TEMPLATE_TEST_CASE("autograd: non-scalar backward needs a gradient", "[autograd]
   check_values(s.grad(), {1.0});
 }
 
-TEMPLATE_TEST_CASE("autograd: inputs that need no grad get none", "[autograd]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("autograd: inputs that need no grad get none", "[autograd]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   V x(randn<TestType>({2, 3}, 3));
   V w(randn<TestType>({3, 2}, 4), true);
@@ -158,7 +158,7 @@ TEMPLATE_TEST_CASE("autograd: inputs that need no grad get none", "[autograd]", 
   CHECK(r.ok);
 }
 
-TEMPLATE_TEST_CASE("autograd: leaf rules", "[autograd]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("autograd: leaf rules", "[autograd]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   V x(randn<TestType>({2}, 8), true);
   V y = x * 2.0;
@@ -175,7 +175,7 @@ TEMPLATE_TEST_CASE("autograd: leaf rules", "[autograd]", Reference, Cpu) {
   CHECK_THROWS_AS(u.backward(), Error);
 }
 
-TEMPLATE_TEST_CASE("autograd: max/min split ties equally, clamp is inclusive", "[autograd]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("autograd: max/min split ties equally, clamp is inclusive", "[autograd]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   // torch: x = tensor([1., 3., 3., 3.], requires_grad=True); x.max().backward() -> [0, 1/3, 1/3, 1/3]
   V x(f64<TestType>({1.0, 3.0, 3.0, 3.0}, {4}), true);
@@ -194,7 +194,7 @@ TEMPLATE_TEST_CASE("autograd: max/min split ties equally, clamp is inclusive", "
   check_values(r.grad(), {0.0, 0.0, 1.0});
 }
 
-TEMPLATE_TEST_CASE("autograd: to(dtype) casts the gradient back", "[autograd]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("autograd: to(dtype) casts the gradient back", "[autograd]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   V x(Tensor<TestType>::from_vector(std::vector<float>{1.f, 2.f}, {2}), true);
   const V y = x.to(DType::f64);
@@ -208,7 +208,7 @@ TEMPLATE_TEST_CASE("autograd: to(dtype) casts the gradient back", "[autograd]", 
   CHECK(x.to(DType::f32).node() == x.node());
 }
 
-TEMPLATE_TEST_CASE("autograd: pow edge cases match torch", "[autograd]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("autograd: pow edge cases match torch", "[autograd]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   // torch: a = tensor([0., 2.], requires_grad=True); b = tensor([2., 0.], requires_grad=True)
   //        (a ** b).sum().backward() -> a.grad = [0, 0], b.grad = [0, log 2]
@@ -218,7 +218,7 @@ TEMPLATE_TEST_CASE("autograd: pow edge cases match torch", "[autograd]", Referen
   check_values(b.grad(), {0.0, std::log(2.0)});
 }
 
-TEMPLATE_TEST_CASE("autograd: long chains neither overflow the stack nor leak", "[autograd]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("autograd: long chains neither overflow the stack nor leak", "[autograd]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   V x(f64<TestType>({1.0}, {1}), true);
   V y = x;
@@ -236,7 +236,7 @@ TEMPLATE_TEST_CASE("autograd: long chains neither overflow the stack nor leak", 
   CHECK(first.expired());
 }
 
-TEMPLATE_TEST_CASE("gradcheck: catches a wrong gradient and names it", "[autograd][gradcheck]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("gradcheck: catches a wrong gradient and names it", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   // x.detach() * x has numeric derivative 2x but analytic x: gradcheck must fail. (Both sides are
   // scaled by gradcheck's random projection, so only the factor 2 between them is predictable.)
   const auto r = gradcheck<TestType>([](const auto& v) { return v[1] + v[0].detach() * v[0]; },

@@ -4,7 +4,7 @@
 using namespace kiln;
 using namespace kiln::test;
 
-TEMPLATE_TEST_CASE("torch parity: cross-entropy via log_softmax + gather", "[autograd][parity]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("torch parity: cross-entropy via log_softmax + gather", "[autograd][parity]", KILN_BACKEND_TYPES) {
   // import torch
   // x = torch.tensor([[0.5, -1.0, 2.0, 0.0], [1.5, 0.25, -0.5, 3.0]], dtype=torch.float64, requires_grad=True)
   // t = torch.tensor([2, 0])
@@ -21,7 +21,7 @@ TEMPLATE_TEST_CASE("torch parity: cross-entropy via log_softmax + gather", "[aut
                 0.024265552820983825, 0.011462235536403133, 0.37957711024497387});
 }
 
-TEMPLATE_TEST_CASE("torch parity: linear + gelu + sigmoid + softmax(axis 0)", "[autograd][parity]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("torch parity: linear + gelu + sigmoid + softmax(axis 0)", "[autograd][parity]", KILN_BACKEND_TYPES) {
   // x = torch.tensor([[0.1, -0.2, 0.3], [0.4, 0.5, -0.6]], dtype=torch.float64)
   // W = torch.tensor([[0.2, -0.1], [0.3, 0.4], [-0.5, 0.6]], dtype=torch.float64, requires_grad=True)
   // b = torch.tensor([0.05, -0.05], dtype=torch.float64, requires_grad=True)

@@ -194,7 +194,7 @@ TEMPLATE_TEST_CASE("conformance: views match host index arithmetic", "[core][con
   }
 }
 
-TEMPLATE_TEST_CASE("views share storage; reshape copies only when it must", "[core][views]", KILN_TEST_BACKENDS) {
+TEMPLATE_TEST_CASE("views share storage, reshape copies only when it must", "[core][views]", KILN_TEST_BACKENDS) {
   using B = TestType;
   auto x = Tensor<B>::arange(24, DType::f32).reshape({2, 3, 4});
   CHECK(x.storage() == Tensor<B>(x).storage());

@@ -63,7 +63,7 @@ TEMPLATE_TEST_CASE("property: softmax rows sum to 1, log_softmax = log(softmax)"
   }
 }
 
-TEMPLATE_TEST_CASE("property: sum over all axes equals the sum of to_vector; mean*n == sum", "[core][property]", KILN_ALL_BACKENDS) {
+TEMPLATE_TEST_CASE("property: sum over all axes equals the sum of to_vector, mean*n == sum", "[core][property]", KILN_ALL_BACKENDS) {
   using B = TestType;
   Gen g(2003);
   for (int it = 0; it < 40; ++it) {

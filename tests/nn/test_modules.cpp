@@ -31,7 +31,7 @@ template <Backend B> class Two : public Module<B> {
 };
 }  // namespace
 
-TEMPLATE_TEST_CASE("module: PyTorch names and order, counting, strict state dicts listing every problem", "[module]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("module: PyTorch names and order, counting, strict state dicts listing every problem", "[module]", KILN_BACKEND_TYPES) {
   using B = TestType;
   Two<B> m;
   std::vector<std::string> names;
@@ -66,7 +66,7 @@ TEMPLATE_TEST_CASE("module: PyTorch names and order, counting, strict state dict
   CHECK(m.b->is_training());
 }
 
-TEMPLATE_TEST_CASE("layers: LayerNorm/RMSNorm against the formula and FD; Dropout; MSE; init bounds", "[layers]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("layers: LayerNorm/RMSNorm against the formula and FD, Dropout, MSE, init bounds", "[layers]", KILN_BACKEND_TYPES) {
   using B = TestType;
   Generator g(1);
   const Tensor<B> x = Tensor<B>::randn({3, 5, 8}, DType::f64, &g).mul(3).add(1);
@@ -115,7 +115,7 @@ TEMPLATE_TEST_CASE("layers: LayerNorm/RMSNorm against the formula and FD; Dropou
   CHECK_THROWS_WITH(init::kaiming_uniform_(v1), Catch::Contains("rank >= 2"));
 }
 
-TEMPLATE_TEST_CASE("attention: KV-cached decoding equals the full forward; generate is seeded", "[attention]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("attention: KV-cached decoding equals the full forward, generate is seeded", "[attention]", KILN_BACKEND_TYPES) {
   using B = TestType;
   manual_seed(2);
   MultiHeadAttention<B> a({.d_model = 16, .n_heads = 4, .n_kv_heads = 2, .max_seq_len = 12});

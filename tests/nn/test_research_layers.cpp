@@ -28,7 +28,7 @@ TEST_CASE("diff attention: lambda_init by depth (SPECS literal)", "[diff]") {
   for (int d = 0; d < 8; ++d) CHECK(diff_lambda_init(d) == Approx(want[d]).margin(1e-6));
 }
 
-TEMPLATE_TEST_CASE("diff attention: the SPECS literal example (identity weights, D=4, h=1)", "[diff]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("diff attention: the SPECS literal example (identity weights, D=4, h=1)", "[diff]", KILN_BACKEND_TYPES) {
   using B = TestType;
   DifferentialAttention<B> a({.d_model = 4, .n_heads = 1, .depth = 0, .rope = false, .dtype = DType::f64});
   for (auto& [name, p] : a.named_parameters()) {
@@ -51,7 +51,7 @@ TEMPLATE_TEST_CASE("diff attention: the SPECS literal example (identity weights,
   for (size_t i = 0; i < want.size(); ++i) CHECK(y[i] == Approx(want[i]).margin(1e-5));
 }
 
-TEMPLATE_TEST_CASE("diff attention: causal — later tokens never change earlier outputs (bit-identical)", "[diff]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("diff attention: causal — later tokens never change earlier outputs (bit-identical)", "[diff]", KILN_BACKEND_TYPES) {
   using B = TestType;
   manual_seed(3);
   DifferentialAttention<B> a({.d_model = 16, .n_heads = 2, .n_kv_heads = 1, .depth = 2, .rope = true});
@@ -64,7 +64,7 @@ TEMPLATE_TEST_CASE("diff attention: causal — later tokens never change earlier
   CHECK(to_vector<float>(y.narrow(1, 5, 2)) != to_vector<float>(y2.narrow(1, 5, 2)));
 }
 
-TEMPLATE_TEST_CASE("diff attention: λ = 0, no subln, λ_init = 0 is plain attention on (Q1, K1, V)", "[diff]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("diff attention: λ = 0, no subln, λ_init = 0 is plain attention on (Q1, K1, V)", "[diff]", KILN_BACKEND_TYPES) {
   using B = TestType;
   manual_seed(4);
   DifferentialAttention<B> a({.d_model = 16, .n_heads = 2, .rope = true, .subln = false, .lambda_init = 0.0, .dtype = DType::f64});
@@ -85,7 +85,7 @@ TEMPLATE_TEST_CASE("diff attention: λ = 0, no subln, λ_init = 0 is plain atten
   for (size_t i = 0; i < a1.size(); ++i) CHECK(a1[i] == Approx(a2[i]).margin(1e-12));
 }
 
-TEMPLATE_TEST_CASE("diff attention: GQA equals MHA-shaped weights with each group's K/V duplicated", "[diff]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("diff attention: GQA equals MHA-shaped weights with each group's K/V duplicated", "[diff]", KILN_BACKEND_TYPES) {
   using B = TestType;
   manual_seed(6);
   const int64_t D = 32, h = 4, hkv = 2, d = D / h / 2;
@@ -108,7 +108,7 @@ TEMPLATE_TEST_CASE("diff attention: GQA equals MHA-shaped weights with each grou
   for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == Approx(b[i]).margin(1e-12));
 }
 
-TEMPLATE_TEST_CASE("diff attention: every parameter (all four λ vectors) has FD-correct, non-zero gradients", "[diff]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("diff attention: every parameter (all four λ vectors) has FD-correct, non-zero gradients", "[diff]", KILN_BACKEND_TYPES) {
   using B = TestType;
   manual_seed(8);
   DifferentialAttention<B> a({.d_model = 16, .n_heads = 2, .n_kv_heads = 1, .depth = 3, .subln_affine = true, .dtype = DType::f64});
@@ -118,7 +118,7 @@ TEMPLATE_TEST_CASE("diff attention: every parameter (all four λ vectors) has FD
   test::check_param_grads<B>(a.named_parameters(), [&] { return (a.forward(Var<B>(x)) * Var<B>(r)).sum(); });
 }
 
-TEMPLATE_TEST_CASE("diff attention: key padding hides keys; KV cache equals the full forward", "[diff]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("diff attention: key padding hides keys, KV cache equals the full forward", "[diff]", KILN_BACKEND_TYPES) {
   using B = TestType;
   manual_seed(11);
   DifferentialAttention<B> a({.d_model = 16, .n_heads = 2, .n_kv_heads = 1, .depth = 1, .max_seq_len = 16});
@@ -144,7 +144,7 @@ TEMPLATE_TEST_CASE("diff attention: key padding hides keys; KV cache equals the 
   (void)four;
 }
 
-TEMPLATE_TEST_CASE("diff attention: bad configurations name the values", "[diff]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("diff attention: bad configurations name the values", "[diff]", KILN_BACKEND_TYPES) {
   using B = TestType;
   CHECK_THROWS_WITH(DifferentialAttention<B>({.d_model = 20, .n_heads = 3}), Catch::Contains("20") && Catch::Contains("2·n_heads = 6"));
   CHECK_THROWS_WITH(DifferentialAttention<B>({.d_model = 24, .n_heads = 4, .n_kv_heads = 3}), Catch::Contains("n_kv_heads 3"));
@@ -154,7 +154,7 @@ TEMPLATE_TEST_CASE("diff attention: bad configurations name the values", "[diff]
 }
 
 // ------------------------------------------------------------------------------------ AttnRes
-TEMPLATE_TEST_CASE("attnres: the SPECS literal checks (single read and the S=2 block sequence)", "[attnres]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("attnres: the SPECS literal checks (single read and the S=2 block sequence)", "[attnres]", KILN_BACKEND_TYPES) {
   using B = TestType;
   DepthAttention<B> res({.d_model = 4, .eps = 1e-6, .dtype = DType::f64});
   set(res.query(), {2, 0, 0, 0});
@@ -183,7 +183,7 @@ TEMPLATE_TEST_CASE("attnres: the SPECS literal checks (single read and the S=2 b
   }
 }
 
-TEMPLATE_TEST_CASE("attnres: zero query gives the mean of the sources; the final read sees every block", "[attnres]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("attnres: zero query gives the mean of the sources, the final read sees every block", "[attnres]", KILN_BACKEND_TYPES) {
   using B = TestType;
   DepthAttention<B> res({.d_model = 8, .dtype = DType::f64});
   Generator g(2);
@@ -202,7 +202,7 @@ TEMPLATE_TEST_CASE("attnres: zero query gives the mean of the sources; the final
   CHECK_THROWS_WITH(AttnResStack<B>(src[0], 0), Catch::Contains("block size") && Catch::Contains("0"));
 }
 
-TEMPLATE_TEST_CASE("attnres: query and key-norm weight get FD-correct gradients through a block stack", "[attnres]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("attnres: query and key-norm weight get FD-correct gradients through a block stack", "[attnres]", KILN_BACKEND_TYPES) {
   using B = TestType;
   DepthAttention<B> r1({.d_model = 6, .dtype = DType::f64}), r2({.d_model = 6, .dtype = DType::f64}),
       fin({.d_model = 6, .dtype = DType::f64});
@@ -224,7 +224,7 @@ TEMPLATE_TEST_CASE("attnres: query and key-norm weight get FD-correct gradients 
   });
 }
 
-TEMPLATE_TEST_CASE("attnres: two-phase inference equals the sequential form at every sublayer", "[attnres]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("attnres: two-phase inference equals the sequential form at every sublayer", "[attnres]", KILN_BACKEND_TYPES) {
   using B = TestType;
   const int64_t D = 16, n_sub = 7;
   Generator g(21);
@@ -254,7 +254,7 @@ TEMPLATE_TEST_CASE("attnres: two-phase inference equals the sequential form at e
   }
 }
 
-TEMPLATE_TEST_CASE("attnres: GPT logits with two-phase inference equal the sequential ones", "[attnres]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("attnres: GPT logits with two-phase inference equal the sequential ones", "[attnres]", KILN_BACKEND_TYPES) {
   using B = TestType;
   for (const char* residual : {"attnres_full", "attnres_block"}) {
     ModelConfig c;

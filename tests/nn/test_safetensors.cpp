@@ -29,7 +29,7 @@ void write_raw(const std::string& path, const std::string& header, const std::st
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("safetensors: round trip of every dtype, views and empty tensors", "[safetensors]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("safetensors: round trip of every dtype, views and empty tensors", "[safetensors]", KILN_BACKEND_TYPES) {
   using T = Tensor<TestType>;
   Generator g(7);
   const T a = T::randn({3, 4}, DType::f32, &g);

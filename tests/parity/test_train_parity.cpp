@@ -57,14 +57,15 @@ Files prepare(const json& model, const json& train, int64_t vocab) {
   return f;
 }
 
-void check_parity(const json& model, const json& train) {
+// `device`: where `kiln train` runs ("cpu" or "cuda"); the reference always runs on the CPU.
+void check_parity(const json& model, const json& train, const std::string& device = "cpu") {
   test::require_torch();
   INFO("model " << model.dump() << "\ntrain " << train.dump());
   const Files f = prepare(model, train, model.value("vocab_size", 256));
   const std::string common = fmt::format("--model {} --train {} --data {} --init-from {}", f.model, f.train, f.tokens, f.init);
   test::run_ref(fmt::format("train {} --save {} --log {}", common, (f.dir / "ref.safetensors").string(), (f.dir / "ref.jsonl").string()));
-  REQUIRE(run_kiln(fmt::format("train {} --save {} --log {} --progress off", common, (f.dir / "kiln.safetensors").string(),
-                               (f.dir / "kiln.jsonl").string())) == 0);
+  REQUIRE(run_kiln(fmt::format("train {} --save {} --log {} --progress off --device {}", common, (f.dir / "kiln.safetensors").string(),
+                               (f.dir / "kiln.jsonl").string(), device)) == 0);
   const auto ref = read_log(f.dir / "ref.jsonl"), got = read_log(f.dir / "kiln.jsonl");
   REQUIRE(ref.size() == got.size());
   REQUIRE(!ref.empty());
@@ -144,6 +145,24 @@ TEST_CASE("parity: kiln train = reference train for every attention x residual c
         check_parity(m, t);
       }
     }
+}
+
+// The same parity on the GPU: `kiln train --device cuda` against the reference (which runs on the CPU),
+// so a training script moves from CPU to CUDA by one flag and gives the same run. Skipped without a GPU.
+TEST_CASE("parity: kiln train --device cuda = reference train (diff + attnres_block with GQA and RoPE, mha + standard)", "[parity][train][cuda]") {
+  json m = kBase;
+  m["attention"] = "diff";
+  m["residual"] = "attnres_block";
+  m["attnres_block_size"] = 2;
+  m["n_kv_heads"] = 2;
+  json t = kTrain;
+  t["schedule"] = {{"name", "cosine"}, {"warmup_steps", 2}};
+  SECTION("diff + attnres_block, GQA") { check_parity(m, t, "cuda"); }
+  SECTION("mha + standard, SGD") {
+    json t2 = kTrain;
+    t2["optimizer"] = {{"name", "sgd"}, {"lr", 0.05}, {"momentum", 0.9}};
+    check_parity(kBase, t2, "cuda");
+  }
 }
 
 TEST_CASE("checkpoints: a run stopped and resumed is bit-identical to one that never stopped", "[train][checkpoint]") {

@@ -34,7 +34,7 @@ std::string temp(const std::string& name, const std::string& content) {
 
 }  // namespace
 
-TEST_CASE("cli: help for every command; unknown commands and flags list the valid ones", "[cli]") {
+TEST_CASE("cli: help for every command, unknown commands and flags list the valid ones", "[cli]") {
   for (const char* c : {"train", "sample", "eval", "tokenize", "inspect"}) {
     const Result r = kiln(fmt::format("{} --help", c));
     CHECK(r.status == 0);

@@ -1,0 +1,73 @@
+#pragma once
+// Multi-tensor Adam/AdamW step (see core/fused.hpp for the override pattern): one call updates every
+// parameter of a group, element by element in one pass over w, g, m, v (the composite takes eight
+// tensor ops per parameter, each a kernel launch or a parallel region):
+//   decoupled (AdamW): w ← w·(1 − lr·wd);   else (Adam): g ← g + wd·w
+//   m ← β1·m + (1 − β1)·g;   v ← β2·v + (1 − β2)·g²
+//   w ← w − (lr / bc1) · m / (√v / √bc2 + eps),   bc1 = 1 − β1^t, bc2 = 1 − β2^t
+// A backend overrides with
+//   adam_step(const std::vector<MutView>& w, const std::vector<MutView>& m, const std::vector<MutView>& v,
+//             const std::vector<View>& g, const AdamHyper& h)
+// receiving contiguous tensors, each quadruple of one shape and one dtype (f32 or f64). Others (half
+// types, strided) take the composite path here.
+#include <cmath>
+#include <vector>
+
+#include "core/fused_optim_params.hpp"
+#include "core/tensor.hpp"
+
+namespace kiln::fused {
+
+template <class B>
+concept HasAdam = requires(const std::vector<MutView<typename B::Storage>>& w, const std::vector<View<typename B::Storage>>& g,
+                           const AdamHyper& h) { B::adam_step(w, w, w, g, h); };
+
+// The composite update of one parameter (also the oracle of the fused kernels).
+template <Backend B> void adam_step_composite(Tensor<B>& w, Tensor<B>& m, Tensor<B>& v, Tensor<B> grad, const AdamHyper& h) {
+  if (h.weight_decay != 0) {
+    if (h.decoupled) w.mul_(1.0 - h.lr * h.weight_decay);
+    else grad = grad.add(w.mul(h.weight_decay));
+  }
+  m.mul_(h.beta1).add_(grad.mul(1.0 - h.beta1));
+  v.mul_(h.beta2).add_(grad.mul(grad).mul(1.0 - h.beta2));
+  const Tensor<B> denom = v.sqrt().div(h.bc2_sqrt).add(h.eps);
+  w.sub_(m.div(denom).mul(h.lr / h.bc1));
+}
+
+// Updates w[i], m[i], v[i] in place from g[i], for every i.
+template <Backend B>
+void adam_step(const std::vector<Tensor<B>*>& w, const std::vector<Tensor<B>*>& m, const std::vector<Tensor<B>*>& v,
+               const std::vector<Tensor<B>>& g, const AdamHyper& h) {
+  KILN_CHECK(w.size() == m.size() && w.size() == v.size() && w.size() == g.size(), "adam_step: {} weights, {} m, {} v, {} gradients",
+             w.size(), m.size(), v.size(), g.size());
+  std::vector<size_t> fused_idx;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const Tensor<B>& p = *w[i];
+    KILN_CHECK(m[i]->shape() == p.shape() && v[i]->shape() == p.shape() && g[i].shape() == p.shape(),
+               "adam_step: parameter {} has shape {}, m {}, v {}, gradient {}", i, shape_str(p.shape()), shape_str(m[i]->shape()),
+               shape_str(v[i]->shape()), shape_str(g[i].shape()));
+    bool fusable = false;
+    if constexpr (HasAdam<B>) {
+      const DType d = p.dtype();
+      fusable = (d == DType::f32 || d == DType::f64) && m[i]->dtype() == d && v[i]->dtype() == d && g[i].dtype() == d &&
+                p.is_contiguous() && m[i]->is_contiguous() && v[i]->is_contiguous() && g[i].is_contiguous();
+    }
+    if (fusable) fused_idx.push_back(i);
+    else adam_step_composite(*w[i], *m[i], *v[i], g[i], h);
+  }
+  if constexpr (HasAdam<B>) {
+    if (fused_idx.empty()) return;
+    std::vector<MutView<typename B::Storage>> wv, mv, vv;
+    std::vector<View<typename B::Storage>> gv;
+    for (size_t i : fused_idx) {
+      if (w[i]->numel() == 0) continue;
+      wv.push_back(w[i]->mview());
+      mv.push_back(m[i]->mview());
+      vv.push_back(v[i]->mview());
+      gv.push_back(g[i].cview());
+    }
+    if (!wv.empty()) B::adam_step(wv, mv, vv, gv, h);
+  }
+}
+
+}  // namespace kiln::fused

@@ -1,0 +1,104 @@
+// The fused softmax cross-entropy (core/fused_loss.hpp) and multi-tensor Adam/AdamW
+// (core/fused_optim.hpp): each backend's kernels against the composite built from tensor ops
+// (Reference runs the composite), float64 finite differences of the loss, and the fused optimizer step
+// against the per-parameter composite update.
+#include <catch2/catch.hpp>
+
+#include "autograd/gradcheck.hpp"
+#include "backends/backends.hpp"
+#include "core/fused_loss.hpp"
+#include "core/fused_optim.hpp"
+#include "nn/loss.hpp"
+
+using namespace kiln;
+
+namespace {
+
+template <Backend B> double max_rel(const Tensor<B>& a, const Tensor<Reference>& b) {
+  const std::vector<double> x = a.template to<Cpu>().template to_vector<double>(), y = b.template to_vector<double>();
+  REQUIRE(x.size() == y.size());
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]) / (1.0 + std::abs(y[i])));
+  return worst;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("fused cross-entropy: forward, lse and dlogits equal the composite (ignore_index, smoothing)", "[loss][fused]",
+                   KILN_BACKEND_TYPES) {
+  using B = TestType;
+  Generator gen(31);
+  for (DType d : {DType::f32, DType::f64})
+    for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 1}, {7, 37}, {33, 1000}, {5, 4099}})
+      for (double s : {0.0, 0.1}) {
+        INFO("N " << N << " C " << C << " smoothing " << s << " dtype " << dtype_name(d));
+        const Tensor<Reference> x = Tensor<Reference>::randn({N, C}, DType::f64, &gen).mul(3.0).to(d);
+        std::vector<int64_t> tv;
+        for (int64_t i = 0; i < N; ++i) tv.push_back(i % 3 == 2 ? -100 : (i * 7919) % C);
+        const Tensor<Reference> t = Tensor<Reference>::from_vector(tv, {N});
+        const Tensor<Reference> g = Tensor<Reference>::randn({N}, DType::f64, &gen).to(d);
+        auto [rl, rlse] = fused::cross_entropy_forward(x, t, -100, s);
+        const Tensor<Reference> rdx = fused::cross_entropy_backward(x, rlse, t, g, -100, s);
+        const Tensor<B> bx = x.to<B>(), bt = t.to<B>(), bg = g.to<B>();
+        auto [bl, blse] = fused::cross_entropy_forward(bx, bt, -100, s);
+        const Tensor<B> bdx = fused::cross_entropy_backward(bx, blse, bt, bg, -100, s);
+        const double tol = d == DType::f64 ? 1e-12 : 2e-5;
+        CHECK(max_rel(bl, rl) < tol);
+        CHECK(max_rel(blse, rlse) < tol);
+        CHECK(max_rel(bdx, rdx) < tol);
+      }
+}
+
+TEMPLATE_TEST_CASE("fused cross-entropy: nn::cross_entropy passes float64 finite differences", "[loss][fused][gradcheck]",
+                   KILN_BACKEND_TYPES) {
+  using B = TestType;
+  Generator gen(5);
+  const Tensor<B> x = Tensor<B>::randn({2, 3, 11}, DType::f64, &gen);
+  const Tensor<B> t = Tensor<B>::from_vector(std::vector<int64_t>{3, -100, 10, 0, 7, 7}, {2, 3});
+  for (double s : {0.0, 0.2}) {
+    const auto r = gradcheck<B>(
+        [&](const std::vector<Var<B>>& in) { return nn::cross_entropy(in[0], t, {.ignore_index = -100, .label_smoothing = s}); }, {x});
+    INFO(r.message);
+    CHECK(r.ok);
+  }
+}
+
+TEMPLATE_TEST_CASE("fused Adam/AdamW: the multi-tensor step equals the per-parameter composite", "[optim][fused]", KILN_BACKEND_TYPES) {
+  using B = TestType;
+  for (DType d : {DType::f32, DType::f64})
+    for (bool decoupled : {true, false}) {
+      INFO("dtype " << dtype_name(d) << " decoupled " << decoupled);
+      Generator gen(11);
+      const std::vector<Shape> shapes{{0}, {1}, {3, 5}, {4097}, {64, 129}};
+      std::vector<Tensor<B>> w1, m1, v1, w2, m2, v2;
+      for (const Shape& s : shapes) {
+        w1.push_back(Tensor<B>::randn(s, d, &gen));
+        w2.push_back(w1.back().clone());
+        m1.push_back(Tensor<B>::zeros(s, d));
+        m2.push_back(Tensor<B>::zeros(s, d));
+        v1.push_back(Tensor<B>::zeros(s, d));
+        v2.push_back(Tensor<B>::zeros(s, d));
+      }
+      for (int step = 1; step <= 3; ++step) {
+        fused::AdamHyper h{.lr = 1e-2, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1, .decoupled = decoupled};
+        h.bc1 = 1 - std::pow(h.beta1, step);
+        h.bc2_sqrt = std::sqrt(1 - std::pow(h.beta2, step));
+        std::vector<Tensor<B>> grads;
+        std::vector<Tensor<B>*> pw, pm, pv;
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          grads.push_back(Tensor<B>::randn(shapes[i], d, &gen));
+          pw.push_back(&w1[i]);
+          pm.push_back(&m1[i]);
+          pv.push_back(&v1[i]);
+          fused::adam_step_composite(w2[i], m2[i], v2[i], grads[i], h);
+        }
+        fused::adam_step(pw, pm, pv, grads, h);
+      }
+      const double tol = d == DType::f64 ? 1e-13 : 1e-5;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        CHECK(max_rel(w1[i], w2[i].template to<Reference>()) < tol);
+        CHECK(max_rel(m1[i], m2[i].template to<Reference>()) < tol);
+        CHECK(max_rel(v1[i], v2[i].template to<Reference>()) < tol);
+      }
+    }
+}
