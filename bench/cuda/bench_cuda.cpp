@@ -1,0 +1,99 @@
+// GPU benchmarks of the Cuda backend against its peers on the same device, one JSON line per case:
+//  * GEMM: kiln's matmul (Tensor<Cuda>::matmul: layout analysis, allocation from the caching allocator,
+//    cuBLAS) against a raw cublasGemmEx call on preallocated buffers (target >= 95%).
+//  * Flash attention forward + backward (fused::attention_forward/backward), B=4 H=12 T=1024 d=64 causal,
+//    for the PyTorch side see gpu_vs_torch.py (scaled_dot_product_attention on the same device).
+// Run by bench/cuda/run.sh; timings are medians of CUDA-event-timed repetitions after warm-up.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+#include "backends/cuda/cuda.hpp"
+#include "core/fused.hpp"
+
+using namespace kiln;
+using T = Tensor<Cuda>;
+
+namespace {
+
+double median_ms(const std::function<void()>& f, int reps = 20) {
+  for (int i = 0; i < 3; ++i) f();
+  cuda::synchronize();
+  std::vector<double> t;
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a, nullptr);
+    f();
+    cuda::synchronize();
+    cudaEventRecord(b, nullptr);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void gemm(int64_t M, int64_t N, int64_t K, DType d, bool tf32) {
+  cuda::set_allow_tf32(tf32);
+  Generator g(1);
+  const T a = T::randn({M, K}, DType::f32, &g).to(d), b = T::randn({K, N}, DType::f32, &g).to(d);
+  T c = T::empty({M, N}, d);
+  const double kiln_ms = median_ms([&] { c = a.matmul(b); });
+  cublasHandle_t h;
+  cublasCreate(&h);
+  const cudaDataType_t ty = d == DType::f32 ? CUDA_R_32F : d == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  const cublasComputeType_t ct = d == DType::f32 && !tf32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+  const float one = 1, zero = 0;
+  T out = T::empty({M, N}, d);
+  const double raw_ms = median_ms([&] {  // row-major C = A B as column-major C^T = B^T A^T
+    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &one, b.storage().data(),
+                 ty, static_cast<int>(N), a.storage().data(), ty, static_cast<int>(K), &zero, out.storage().data(), ty,
+                 static_cast<int>(N), d == DType::f32 ? ct : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  });
+  cublasDestroy(h);
+  const double tflops = 2.0 * M * N * K / 1e9;
+  std::printf("{\"bench\": \"gemm\", \"M\": %ld, \"N\": %ld, \"K\": %ld, \"dtype\": \"%s\", \"tf32\": %s, \"kiln_tflops\": %.1f, "
+              "\"cublas_tflops\": %.1f, \"ratio\": %.3f}\n",
+              M, N, K, dtype_name(d), tf32 ? "true" : "false", tflops / kiln_ms, tflops / raw_ms, raw_ms / kiln_ms);
+  cuda::set_allow_tf32(false);
+}
+
+void attention(int64_t Bt, int64_t H, int64_t Hkv, int64_t Tn, int64_t d, int64_t dv) {
+  Generator g(2);
+  const T q = T::randn({Bt, H, Tn, d}, DType::f32, &g), k = T::randn({Bt, Hkv, Tn, d}, DType::f32, &g),
+          v = T::randn({Bt, Hkv, Tn, dv}, DType::f32, &g), dout = T::randn({Bt, H, Tn, dv}, DType::f32, &g);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::pair<T, T> fwd;
+  const double f_ms = median_ms([&] { fwd = fused::attention_forward(q, k, v, scale, true, 0); });
+  const double b_ms = median_ms([&] { (void)fused::attention_backward(q, k, v, fwd.first, fwd.second, dout, scale, true, 0); });
+  std::printf("{\"bench\": \"attention\", \"B\": %ld, \"H\": %ld, \"Hkv\": %ld, \"T\": %ld, \"d\": %ld, \"dv\": %ld, \"fwd_ms\": %.3f, "
+              "\"bwd_ms\": %.3f}\n",
+              Bt, H, Hkv, Tn, d, dv, f_ms, b_ms);
+}
+
+}  // namespace
+
+int main() {
+  if (!cuda::available()) {
+    std::printf("no CUDA device (%s)\n", cuda::unavailable_reason().c_str());
+    return 77;
+  }
+  std::printf("{\"device\": \"%s\"}\n", cuda::device_name().c_str());
+  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{1024, 1024, 1024}, {4096, 4096, 4096}, {8192, 768, 768}, {8192, 3072, 768},
+                                                            {8192, 768, 3072}, {8192, 50304, 768}})
+    for (auto [d, tf32] : std::vector<std::pair<DType, bool>>{{DType::f32, false}, {DType::f32, true}, {DType::bf16, false}}) gemm(M, N, K, d, tf32);
+  attention(4, 12, 12, 1024, 64, 64);     // GPT-2 small, MHA
+  attention(4, 6, 6, 1024, 64, 128);      // Diff: half the heads, value width 2d
+  attention(4, 12, 4, 1024, 64, 64);      // GQA 3:1
+  return 0;
+}
