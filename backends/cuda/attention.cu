@@ -1,0 +1,652 @@
+// Flash attention on the Cuda backend, forward and backward (contract: core/fused.hpp; the same
+// algorithm and formulas as backends/cpu/attention.cpp). Plain SIMT FMA code (no tensor cores), f32 in
+// f32 and f64 in f64, head dims d, dv up to 256.
+//
+// Every kernel runs 128 threads as 16 groups of 8 consecutive lanes (a group never straddles a warp).
+// A group owns one query row (forward, dQ) or one key (dK/dV); its 8 threads split that row's keys
+// (scores) or its output columns (thread g owns columns g, g + 8, g + 16, ...: accumulators in
+// registers, NC per thread, NC = 8, 16 or 32 by head dim). Row statistics (running max, sum) are
+// reduced over the group with xor shuffles, so all 8 threads hold bit-identical copies.
+//
+// Forward (FlashAttention-2): one block per (batch, head, tile of 16 query rows), heaviest causal
+// tiles first. The Q tile is staged in shared memory once; K and V tiles of BC keys (32 for f32, 16
+// for f64) are staged in turn. Per key tile: S = scale · Q Kᵀ, masked (causal: key j > pos0 + i,
+// padding: key_padding false) to −inf, m' = max(m, rowmax S), P = exp(S − m'), l = l·e^(m−m') + ΣP,
+// O = O·e^(m−m') + P V. At the end O /= l and LSE = m + log l. Key tiles no row of the block can see
+// (causal) are never visited. A row with no visible key keeps l = 0: O = 0 · (1/0) = NaN, LSE = −inf.
+//
+// Backward (recompute from LSE, deterministic: no atomics):
+//   1. D_i = rowsum(dO_i ⊙ O_i) (0 for a row with LSE = −inf), one warp per row.
+//   2. dK, dV: one block per (batch, kv head, tile of 16 keys), K and V tiles staged once; it walks
+//      the query heads of its GQA group and their tiles of 16 query rows that can see the key tile,
+//      and per query tile computes P = exp(S − LSE), dP = dO Vᵀ, dS = scale · P ⊙ (dP − D), then
+//      dV += Pᵀ dO, dK += dSᵀ Q (the group of key j accumulates row j in registers).
+//   3. dQ: one block per (batch, head, tile of 16 query rows), Q and dO staged once; it walks the key
+//      tiles the rows can see, recomputes P and dS and accumulates dQ += dS K in registers.
+// Masked keys and rows with no visible key get P = dS = 0, so they contribute nothing.
+//
+// Shared memory: tiles read down a column by the 8 threads of a group have an odd leading dimension
+// (bank-conflict free). Sizes are computed by one function for the host and the device; above the
+// 48 KiB default a kernel opts in (cudaFuncSetAttribute) up to the device's per-block maximum, and
+// beyond that (large d with f64 on small GPUs) throws kiln::Error naming the shapes. Largest case,
+// d = dv = 256: forward 84 KiB (f32) / 98 KiB (f64), dK/dV 66 / 133 KiB, dQ 98 / 131 KiB.
+#include "backends/cuda/dense_common.cuh"
+
+namespace kiln {
+
+namespace {
+
+using namespace cuda;
+using namespace cuda::dense;
+
+constexpr int kThreads = 128;           // threads per block, every kernel
+constexpr int kTPR = 8;                 // threads per group (per query row / per key)
+constexpr int kRows = kThreads / kTPR;  // 16 groups: query rows per block (forward, dQ), keys per block (dK/dV)
+constexpr int kQTile = 16;              // dK/dV: query rows per tile
+constexpr int kNU2 = kQTile / kTPR;     // dK/dV: query rows per thread in the score phase
+constexpr int kMaxHead = 256;           // d, dv <= this (NC <= 32)
+constexpr int kDeltaWarps = 4;          // D kernel: rows (warps) per block
+template <class T> constexpr int kKeyTile = sizeof(T) == 4 ? 32 : 16;  // forward, dQ: keys per tile
+static_assert(kThreads % kWarp == 0 && kWarp % kTPR == 0 && kQTile % kTPR == 0 && kKeyTile<float> % kTPR == 0 &&
+              kKeyTile<double> % kTPR == 0 && kKeyTile<float> <= kThreads && kRows <= kThreads && kQTile <= kThreads);
+
+// An odd leading dimension >= n.
+__host__ __device__ constexpr int odd(int n) { return n | 1; }
+
+// A [B, heads, rows, width] operand with a unit-stride last dim: element (b, h, t, x) at
+// p + b sb + h sh + t st + x.
+template <class T> struct Rows4 {
+  const T* p = nullptr;
+  int64_t sb = 0, sh = 0, st = 0;
+  __device__ const T* row(int64_t b, int64_t h, int64_t t) const { return p + b * sb + h * sh + t * st; }
+};
+
+template <class T> struct Params {
+  Rows4<T> q, k, v, o, g;          // o, g (dO): backward only
+  const unsigned char* kp;         // key_padding [B, S] (bool bytes) or nullptr
+  int64_t nb, nh, nhkv, tq, sk;    // B, H, Hkv, T, S
+  int d, dv, rep;                  // head dims, H / Hkv
+  T scale;
+  bool causal;
+  int64_t pos0;
+};
+
+// Group (8 lanes) reductions: every lane of the group gets the result. Must be reached by all 32
+// lanes of the warp.
+template <class T> __device__ __forceinline__ T group_max(T v) {
+#pragma unroll
+  for (int off = kTPR / 2; off > 0; off /= 2) {
+    const T u = __shfl_xor_sync(0xffffffffu, v, off);
+    v = u > v ? u : v;
+  }
+  return v;
+}
+template <class T> __device__ __forceinline__ T group_sum(T v) {
+#pragma unroll
+  for (int off = kTPR / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// Copies rows [t0, t0 + n) of one (b, h) of an operand into a [R, ld] shared tile (R = the tile's
+// rows: rows >= n are zero-filled). All threads of the block take part.
+template <class T>
+__device__ __forceinline__ void load_tile(T* dst, int ld, int R, const T* src, int64_t st, int64_t t0, int n, int width) {
+  for (int e = static_cast<int>(threadIdx.x); e < R * width; e += kThreads) {
+    const int r = e / width, x = e - r * width;
+    dst[r * ld + x] = r < n ? src[(t0 + r) * st + x] : T(0);
+  }
+}
+
+// ------------------------------------------------------------------------------- shared memory plans
+// Offsets in elements of T; the int key flags follow the last T array.
+struct FwdSmem {
+  int q, k, v, p, kval;
+  size_t bytes;
+};
+template <class T> __host__ __device__ constexpr FwdSmem fwd_smem(int d, int dv) {
+  constexpr int BC = kKeyTile<T>;
+  FwdSmem s{};
+  s.q = 0;                           // Q   [kRows, odd(d)]
+  s.k = s.q + kRows * odd(d);        // K   [BC, odd(d)]
+  s.v = s.k + BC * odd(d);           // V   [BC, dv]
+  s.p = s.v + BC * dv;               // P   [kRows, BC + 1]
+  s.kval = s.p + kRows * (BC + 1);   // key visible (padding, range) [BC] ints
+  s.bytes = static_cast<size_t>(s.kval) * sizeof(T) + BC * sizeof(int);
+  return s;
+}
+
+struct DkvSmem {
+  int k, v, q, g, p, ds, l, dd, kval;
+  size_t bytes;
+};
+template <class T> __host__ __device__ constexpr DkvSmem dkv_smem(int d, int dv) {
+  DkvSmem s{};
+  s.k = 0;                             // K   [kRows, odd(d)]
+  s.v = s.k + kRows * odd(d);          // V   [kRows, odd(dv)]
+  s.q = s.v + kRows * odd(dv);         // Q   [kQTile, odd(d)]
+  s.g = s.q + kQTile * odd(d);         // dO  [kQTile, odd(dv)]
+  s.p = s.g + kQTile * odd(dv);        // P   [kQTile, kRows + 1]
+  s.ds = s.p + kQTile * (kRows + 1);   // dS  [kQTile, kRows + 1]
+  s.l = s.ds + kQTile * (kRows + 1);   // LSE [kQTile]
+  s.dd = s.l + kQTile;                 // D   [kQTile]
+  s.kval = s.dd + kQTile;              // key visible [kRows] ints
+  s.bytes = static_cast<size_t>(s.kval) * sizeof(T) + kRows * sizeof(int);
+  return s;
+}
+
+struct DqSmem {
+  int q, g, k, v, ds, kval;
+  size_t bytes;
+};
+template <class T> __host__ __device__ constexpr DqSmem dq_smem(int d, int dv) {
+  constexpr int BC = kKeyTile<T>;
+  DqSmem s{};
+  s.q = 0;                           // Q   [kRows, odd(d)]
+  s.g = s.q + kRows * odd(d);        // dO  [kRows, odd(dv)]
+  s.k = s.g + kRows * odd(dv);       // K   [BC, odd(d)]
+  s.v = s.k + BC * odd(d);           // V   [BC, odd(dv)]
+  s.ds = s.v + BC * odd(dv);         // dS  [kRows, BC + 1]
+  s.kval = s.ds + kRows * (BC + 1);  // key visible [BC] ints
+  s.bytes = static_cast<size_t>(s.kval) * sizeof(T) + BC * sizeof(int);
+  return s;
+}
+
+// Key flags of a tile [j0, j0 + n) in a [R]-entry array: visible unless out of range or padded.
+__device__ __forceinline__ void load_kval(int* kval, int R, const unsigned char* kp_row, int64_t j0, int n) {
+  for (int c = static_cast<int>(threadIdx.x); c < R; c += kThreads) kval[c] = c < n && (!kp_row || kp_row[j0 + c] != 0) ? 1 : 0;
+}
+
+// ------------------------------------------------------------------------------------------ forward
+// Grid: kRows-row query tiles × B·H, unit = tile-from-the-end · B·H + (b·H + h).
+template <class T, int NC>
+__global__ void __launch_bounds__(kThreads) attn_fwd(const Params<T> P, T* __restrict__ o, T* __restrict__ lse, int64_t nqt) {
+  constexpr int BC = kKeyTile<T>;
+  constexpr int NU = BC / kTPR;  // keys per thread in the score phase
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* const sm = reinterpret_cast<T*>(smem_raw);
+  constexpr T ninf = -std::numeric_limits<T>::infinity();
+  const int d = P.d, dv = P.dv;
+  const FwdSmem L = fwd_smem<T>(d, dv);
+  T* const Qs = sm + L.q;
+  T* const Ks = sm + L.k;
+  T* const Vs = sm + L.v;
+  T* const Ps = sm + L.p;
+  int* const kval = reinterpret_cast<int*>(sm + L.kval);
+  const int ldq = odd(d), ldk = odd(d), ldv = dv, ldp = BC + 1;
+
+  const int64_t BH = P.nb * P.nh;
+  const int64_t unit = blockIdx.x;
+  const int64_t qt = nqt - 1 - unit / BH, bh = unit % BH;
+  const int64_t b = bh / P.nh, h = bh % P.nh, hk = h / P.rep;
+  const int64_t i0 = qt * kRows;
+  const int br = static_cast<int>(P.tq - i0 < kRows ? P.tq - i0 : kRows);
+  const int tid = static_cast<int>(threadIdx.x), r = tid / kTPR, g = tid % kTPR;
+  const int64_t i = i0 + r;  // this group's query row (>= T for the padding rows of a last tile)
+
+  load_tile(Qs, ldq, kRows, P.q.row(b, h, 0), P.q.st, i0, br, d);
+  const T* const kb = P.k.row(b, hk, 0);
+  const T* const vb = P.v.row(b, hk, 0);
+  const unsigned char* const kpb = P.kp ? P.kp + b * P.sk : nullptr;
+  // keys [0, kend) are visible to some row of the tile
+  const int64_t kend = P.causal ? (P.pos0 + i0 + br < P.sk ? P.pos0 + i0 + br : P.sk) : P.sk;
+
+  T m = ninf, l = 0;
+  T acc[NC];
+#pragma unroll
+  for (int k = 0; k < NC; ++k) acc[k] = 0;
+
+  for (int64_t j0 = 0; j0 < kend; j0 += BC) {
+    const int bc = static_cast<int>(kend - j0 < BC ? kend - j0 : BC);
+    __syncthreads();  // the previous tile's reads of Ks, Vs, Ps are done
+    load_tile(Ks, ldk, BC, kb, P.k.st, j0, bc, d);
+    load_tile(Vs, ldv, BC, vb, P.v.st, j0, bc, dv);
+    load_kval(kval, BC, kpb, j0, bc);
+    __syncthreads();
+
+    // scores of keys c = g + kTPR u
+    T s[NU];
+#pragma unroll
+    for (int u = 0; u < NU; ++u) s[u] = 0;
+    for (int x = 0; x < d; ++x) {
+      const T qx = Qs[r * ldq + x];
+#pragma unroll
+      for (int u = 0; u < NU; ++u) s[u] += qx * Ks[(g + kTPR * u) * ldk + x];
+    }
+    T tmax = ninf;
+#pragma unroll
+    for (int u = 0; u < NU; ++u) {
+      const int c = g + kTPR * u;
+      const bool vis = kval[c] != 0 && (!P.causal || j0 + c <= P.pos0 + i);
+      s[u] = vis ? P.scale * s[u] : ninf;
+      tmax = s[u] > tmax ? s[u] : tmax;
+    }
+    tmax = group_max(tmax);
+    const T mnew = tmax > m ? tmax : m;
+    T alpha = 1, psum = 0;
+    T p[NU];
+    if (mnew != ninf) {
+      alpha = m == ninf ? T(0) : dexp(m - mnew);
+#pragma unroll
+      for (int u = 0; u < NU; ++u) {
+        p[u] = dexp(s[u] - mnew);  // exp(−inf) = 0 for masked keys
+        psum += p[u];
+      }
+    } else {  // nothing visible to this row yet
+#pragma unroll
+      for (int u = 0; u < NU; ++u) p[u] = 0;
+    }
+    psum = group_sum(psum);
+    l = l * alpha + psum;
+    m = mnew;
+#pragma unroll
+    for (int u = 0; u < NU; ++u) Ps[r * ldp + g + kTPR * u] = p[u];
+#pragma unroll
+    for (int k = 0; k < NC; ++k) acc[k] *= alpha;
+    __syncthreads();
+
+    // O += P V for this thread's columns c = g + kTPR k
+    for (int j = 0; j < bc; ++j) {
+      const T pj = Ps[r * ldp + j];
+#pragma unroll
+      for (int k = 0; k < NC; ++k) {
+        const int c = g + kTPR * k;
+        if (c < dv) acc[k] += pj * Vs[j * ldv + c];
+      }
+    }
+  }
+
+  if (r < br) {
+    const T inv = T(1) / l;  // l = 0 (no visible key): 0 · inf = NaN, as PyTorch
+    T* const orow = o + (bh * P.tq + i) * dv;
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+      const int c = g + kTPR * k;
+      if (c < dv) orow[c] = acc[k] * inv;
+    }
+    if (g == 0) lse[bh * P.tq + i] = m + dlog(l);  // −inf + log 0 = −inf
+  }
+}
+
+// -------------------------------------------------------------------------------- backward: D = Σ dO·O
+// One warp per row x of [B, H, T]; D[x] = 0 where lse[x] = −inf (O is NaN there).
+template <class T>
+__global__ void __launch_bounds__(kDeltaWarps* kWarp) attn_bwd_delta(const Params<T> P, const T* __restrict__ lse, T* __restrict__ D) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t rows = P.nb * P.nh * P.tq;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kDeltaWarps;
+  for (int64_t x = static_cast<int64_t>(blockIdx.x) * kDeltaWarps + threadIdx.x / kWarp; x < rows; x += step) {
+    const int64_t t = x % P.tq, bh = x / P.tq, b = bh / P.nh, h = bh % P.nh;
+    const T* const orow = P.o.row(b, h, t);
+    const T* const grow = P.g.row(b, h, t);
+    T acc = 0;
+    for (int c = lane; c < P.dv; c += kWarp) acc += orow[c] * grow[c];
+    acc = warp_sum(acc);
+    if (lane == 0) D[x] = lse[x] == -std::numeric_limits<T>::infinity() ? T(0) : acc;
+  }
+}
+
+// ----------------------------------------------------------------------------- backward: dK and dV
+// Grid: kRows-key tiles × B·Hkv, unit = key tile · B·Hkv + (b·Hkv + hk) (low key tiles, which more
+// causal queries see, first). The group of key j (jj = tid / 8) owns dK[j], dV[j].
+template <class T, int NC>
+__global__ void __launch_bounds__(kThreads) attn_bwd_dkdv(const Params<T> P, const T* __restrict__ lse, const T* __restrict__ D,
+                                                          T* __restrict__ dk, T* __restrict__ dvo) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* const sm = reinterpret_cast<T*>(smem_raw);
+  constexpr T ninf = -std::numeric_limits<T>::infinity();
+  const int d = P.d, dv = P.dv;
+  const DkvSmem L = dkv_smem<T>(d, dv);
+  T* const Ks = sm + L.k;
+  T* const Vs = sm + L.v;
+  T* const Qs = sm + L.q;
+  T* const Gs = sm + L.g;
+  T* const Ps = sm + L.p;
+  T* const Ss = sm + L.ds;
+  T* const Ls = sm + L.l;
+  T* const Ds = sm + L.dd;
+  int* const kval = reinterpret_cast<int*>(sm + L.kval);
+  const int ldk = odd(d), ldv = odd(dv), ldq = odd(d), ldg = odd(dv), ldp = kRows + 1;
+
+  const int64_t BHk = P.nb * P.nhkv;
+  const int64_t unit = blockIdx.x;
+  const int64_t kt = unit / BHk, bk = unit % BHk;
+  const int64_t b = bk / P.nhkv, hk = bk % P.nhkv;
+  const int64_t j0 = kt * kRows;
+  const int bkn = static_cast<int>(P.sk - j0 < kRows ? P.sk - j0 : kRows);
+  const int tid = static_cast<int>(threadIdx.x), jj = tid / kTPR, g = tid % kTPR;
+  const int64_t j = j0 + jj;  // this group's key (>= S for the padding keys of a last tile)
+
+  load_tile(Ks, ldk, kRows, P.k.row(b, hk, 0), P.k.st, j0, bkn, d);
+  load_tile(Vs, ldv, kRows, P.v.row(b, hk, 0), P.v.st, j0, bkn, dv);
+  load_kval(kval, kRows, P.kp ? P.kp + b * P.sk : nullptr, j0, bkn);
+
+  T dka[NC], dva[NC];
+#pragma unroll
+  for (int k = 0; k < NC; ++k) dka[k] = dva[k] = 0;
+
+  // queries i < j0 − pos0 see no key of the tile
+  const int64_t i_first = P.causal ? (j0 - P.pos0 > 0 ? j0 - P.pos0 : 0) : 0;
+  for (int hr = 0; hr < P.rep; ++hr) {
+    const int64_t h = hk * P.rep + hr, bh = b * P.nh + h;
+    for (int64_t i0 = i_first; i0 < P.tq; i0 += kQTile) {
+      const int bq = static_cast<int>(P.tq - i0 < kQTile ? P.tq - i0 : kQTile);
+      __syncthreads();  // the previous tile's reads are done (and, the first time, Ks/Vs/kval are visible after the next one)
+      load_tile(Qs, ldq, kQTile, P.q.row(b, h, 0), P.q.st, i0, bq, d);
+      load_tile(Gs, ldg, kQTile, P.g.row(b, h, 0), P.g.st, i0, bq, dv);
+      for (int e = tid; e < kQTile; e += kThreads) {
+        Ls[e] = e < bq ? lse[bh * P.tq + i0 + e] : ninf;  // padding rows: "no visible key"
+        Ds[e] = e < bq ? D[bh * P.tq + i0 + e] : T(0);
+      }
+      __syncthreads();
+
+      // P and dS for query rows il = g + kTPR u and key jj
+      const bool key_ok = kval[jj] != 0;
+#pragma unroll
+      for (int u = 0; u < kNU2; ++u) {
+        const int il = g + kTPR * u;
+        T s = 0, dp = 0;
+        for (int x = 0; x < d; ++x) s += Qs[il * ldq + x] * Ks[jj * ldk + x];
+        for (int x = 0; x < dv; ++x) dp += Gs[il * ldg + x] * Vs[jj * ldv + x];
+        const T li = Ls[il];
+        const bool vis = key_ok && li != ninf && (!P.causal || j <= P.pos0 + i0 + il);
+        const T p = vis ? dexp(P.scale * s - li) : T(0);
+        Ps[il * ldp + jj] = p;
+        Ss[il * ldp + jj] = vis ? P.scale * p * (dp - Ds[il]) : T(0);
+      }
+      __syncthreads();
+
+      // dV[j] += Σ_i P[i, j] dO[i],  dK[j] += Σ_i dS[i, j] Q[i]  (columns c = g + kTPR k)
+      for (int il = 0; il < bq; ++il) {
+        const T p = Ps[il * ldp + jj], ds = Ss[il * ldp + jj];
+#pragma unroll
+        for (int k = 0; k < NC; ++k) {
+          const int c = g + kTPR * k;
+          if (c < dv) dva[k] += p * Gs[il * ldg + c];
+          if (c < d) dka[k] += ds * Qs[il * ldq + c];
+        }
+      }
+    }
+  }
+
+  if (jj < bkn) {
+    T* const dkr = dk + ((b * P.nhkv + hk) * P.sk + j) * d;
+    T* const dvr = dvo + ((b * P.nhkv + hk) * P.sk + j) * dv;
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+      const int c = g + kTPR * k;
+      if (c < d) dkr[c] = dka[k];
+      if (c < dv) dvr[c] = dva[k];
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------ backward: dQ
+// Grid as the forward's. The group of query row i owns dQ[i].
+template <class T, int NC>
+__global__ void __launch_bounds__(kThreads) attn_bwd_dq(const Params<T> P, const T* __restrict__ lse, const T* __restrict__ D,
+                                                        T* __restrict__ dq, int64_t nqt) {
+  constexpr int BC = kKeyTile<T>;
+  constexpr int NU = BC / kTPR;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* const sm = reinterpret_cast<T*>(smem_raw);
+  constexpr T ninf = -std::numeric_limits<T>::infinity();
+  const int d = P.d, dv = P.dv;
+  const DqSmem L = dq_smem<T>(d, dv);
+  T* const Qs = sm + L.q;
+  T* const Gs = sm + L.g;
+  T* const Ks = sm + L.k;
+  T* const Vs = sm + L.v;
+  T* const Ss = sm + L.ds;
+  int* const kval = reinterpret_cast<int*>(sm + L.kval);
+  const int ldq = odd(d), ldg = odd(dv), ldk = odd(d), ldv = odd(dv), ldp = BC + 1;
+
+  const int64_t BH = P.nb * P.nh;
+  const int64_t unit = blockIdx.x;
+  const int64_t qt = nqt - 1 - unit / BH, bh = unit % BH;
+  const int64_t b = bh / P.nh, h = bh % P.nh, hk = h / P.rep;
+  const int64_t i0 = qt * kRows;
+  const int br = static_cast<int>(P.tq - i0 < kRows ? P.tq - i0 : kRows);
+  const int tid = static_cast<int>(threadIdx.x), r = tid / kTPR, g = tid % kTPR;
+  const int64_t i = i0 + r;
+
+  load_tile(Qs, ldq, kRows, P.q.row(b, h, 0), P.q.st, i0, br, d);
+  load_tile(Gs, ldg, kRows, P.g.row(b, h, 0), P.g.st, i0, br, dv);
+  const T li = r < br ? lse[bh * P.tq + i] : ninf;  // padding rows: "no visible key"
+  const T di = r < br ? D[bh * P.tq + i] : T(0);
+  const T* const kb = P.k.row(b, hk, 0);
+  const T* const vb = P.v.row(b, hk, 0);
+  const unsigned char* const kpb = P.kp ? P.kp + b * P.sk : nullptr;
+  const int64_t kend = P.causal ? (P.pos0 + i0 + br < P.sk ? P.pos0 + i0 + br : P.sk) : P.sk;
+
+  T dqa[NC];
+#pragma unroll
+  for (int k = 0; k < NC; ++k) dqa[k] = 0;
+
+  for (int64_t j0 = 0; j0 < kend; j0 += BC) {
+    const int bc = static_cast<int>(kend - j0 < BC ? kend - j0 : BC);
+    __syncthreads();  // the previous tile's reads of Ks, Vs, Ss are done
+    load_tile(Ks, ldk, BC, kb, P.k.st, j0, bc, d);
+    load_tile(Vs, ldv, BC, vb, P.v.st, j0, bc, dv);
+    load_kval(kval, BC, kpb, j0, bc);
+    __syncthreads();
+
+    // dS for row r and keys c = g + kTPR u
+#pragma unroll
+    for (int u = 0; u < NU; ++u) {
+      const int c = g + kTPR * u;
+      T s = 0, dp = 0;
+      for (int x = 0; x < d; ++x) s += Qs[r * ldq + x] * Ks[c * ldk + x];
+      for (int x = 0; x < dv; ++x) dp += Gs[r * ldg + x] * Vs[c * ldv + x];
+      const bool vis = kval[c] != 0 && li != ninf && (!P.causal || j0 + c <= P.pos0 + i);
+      const T p = vis ? dexp(P.scale * s - li) : T(0);
+      Ss[r * ldp + c] = vis ? P.scale * p * (dp - di) : T(0);
+    }
+    __syncthreads();
+
+    // dQ[i] += Σ_j dS[i, j] K[j]  (columns c = g + kTPR k)
+    for (int jl = 0; jl < bc; ++jl) {
+      const T ds = Ss[r * ldp + jl];
+#pragma unroll
+      for (int k = 0; k < NC; ++k) {
+        const int c = g + kTPR * k;
+        if (c < d) dqa[k] += ds * Ks[jl * ldk + c];
+      }
+    }
+  }
+
+  if (r < br) {
+    T* const dqr = dq + (bh * P.tq + i) * d;
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+      const int c = g + kTPR * k;
+      if (c < d) dqr[c] = dqa[k];
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------ host side
+struct Shapes {
+  int64_t B, H, Hkv, T, S, d, dv;
+  std::string str(const Cuda::V& q, const Cuda::V& k, const Cuda::V& v) const {
+    return fmt::format("q {}, k {}, v {}", shape_str(q.layout.shape), shape_str(k.layout.shape), shape_str(v.layout.shape));
+  }
+};
+
+void check_operand(const char* op, const char* name, const Cuda::V& x, DType dt, const Shape& want, const std::string& shapes) {
+  const Layout& l = x.layout;
+  KILN_CHECK(x.dtype == dt && l.shape == want && (l.shape[3] <= 1 || l.strides[3] == 1),
+             "{}: {} must be {} {} with unit-stride rows, got {} {} strides {} ({})", op, name, dt, shape_str(want), x.dtype,
+             shape_str(l.shape), shape_str(l.strides), shapes);
+  cuda::check_device(x.storage, op);
+}
+void check_output(const char* op, const char* name, const Cuda::M& x, DType dt, const Shape& want, const std::string& shapes) {
+  KILN_CHECK(x.dtype == dt && x.layout.shape == want && x.layout.is_contiguous(), "{}: {} must be a contiguous {} {}, got {} {} ({})", op,
+             name, dt, shape_str(want), x.dtype, shape_str(x.layout.shape), shapes);
+  cuda::check_device(x.storage, op);
+}
+
+// Validates q, k, v and key_padding; fills the common part of the kernel parameters.
+template <class T>
+Params<T> make_params(const char* op, Shapes& s, Cuda::V q, Cuda::V k, Cuda::V v, const Cuda::V* kp, double scale, bool causal,
+                      int64_t pos0) {
+  KILN_CHECK(q.layout.rank() == 4 && k.layout.rank() == 4 && v.layout.rank() == 4, "{}: q {}, k {}, v {} must be [B, H, T, d]", op,
+             shape_str(q.layout.shape), shape_str(k.layout.shape), shape_str(v.layout.shape));
+  const Shape &qs = q.layout.shape, &ks = k.layout.shape, &vs = v.layout.shape;
+  s = Shapes{qs[0], qs[1], ks[1], qs[2], ks[2], qs[3], vs[3]};
+  const std::string shapes = s.str(q, k, v);
+  KILN_CHECK(ks[0] == s.B && vs[0] == s.B && ks[3] == s.d && vs[1] == s.Hkv && vs[2] == s.S && s.Hkv >= 1 && s.H % s.Hkv == 0,
+             "{}: {} do not fit (H must be a multiple of Hkv, widths and lengths must agree)", op, shapes);
+  KILN_CHECK(s.d <= kMaxHead && s.dv <= kMaxHead, "{}: head dims d = {}, dv = {} exceed the Cuda kernel's limit of {} ({})", op, s.d, s.dv,
+             kMaxHead, shapes);
+  KILN_CHECK(pos0 >= 0, "{}: pos0 must be >= 0, got {} ({})", op, pos0, shapes);
+  check_operand(op, "q", q, dtype_of<T>, qs, shapes);
+  check_operand(op, "k", k, dtype_of<T>, ks, shapes);
+  check_operand(op, "v", v, dtype_of<T>, vs, shapes);
+  auto rows = [](const Cuda::V& x) {
+    const Layout& l = x.layout;
+    return Rows4<T>{x.storage.template as<T>() + l.offset, l.strides[0], l.strides[1], l.strides[2]};
+  };
+  Params<T> P{};
+  P.q = rows(q);
+  P.k = rows(k);
+  P.v = rows(v);
+  P.kp = nullptr;
+  if (kp) {
+    KILN_CHECK(kp->dtype == DType::boolean && kp->layout.is_contiguous() && kp->layout.shape == Shape({s.B, s.S}),
+               "{}: key_padding must be a contiguous bool [{}, {}], got {} {} ({})", op, s.B, s.S, kp->dtype, shape_str(kp->layout.shape),
+               shapes);
+    cuda::check_device(kp->storage, op);
+    P.kp = static_cast<const unsigned char*>(kp->storage.data()) + kp->layout.offset;
+  }
+  P.nb = s.B;
+  P.nh = s.H;
+  P.nhkv = s.Hkv;
+  P.tq = s.T;
+  P.sk = s.S;
+  P.d = static_cast<int>(s.d);
+  P.dv = static_cast<int>(s.dv);
+  P.rep = static_cast<int>(s.H / s.Hkv);
+  P.scale = static_cast<T>(scale);
+  P.causal = causal;
+  P.pos0 = pos0;
+  return P;
+}
+
+// Accumulator columns per thread for a head dim.
+int nc_for(int64_t width) { return width <= 8 * kTPR ? 8 : width <= 16 * kTPR ? 16 : 32; }
+
+// Calls f(std::integral_constant<int, NC>) for NC = nc_for(width).
+template <class F> void with_nc(int64_t width, F&& f) {
+  switch (nc_for(width)) {
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    default: return f(std::integral_constant<int, 32>{});
+  }
+}
+
+unsigned grid_of(const char* op, int64_t units, const std::string& shapes) {
+  KILN_CHECK(units <= 0x7fffffff, "{}: {} thread blocks exceed CUDA's grid limit ({})", op, units, shapes);
+  return static_cast<unsigned>(units);
+}
+
+// Launches kernel<<<grid, kThreads, smem>>>(args...), opting in to more than 48 KiB of dynamic
+// shared memory where needed.
+template <class... KArgs, class... Args>
+void launch(const char* op, void (*kernel)(KArgs...), unsigned grid, size_t smem, const std::string& shapes, Args&&... args) {
+  constexpr size_t kDefault = 48 * 1024;
+  if (smem > kDefault) {
+    const size_t optin = cuda::device_properties().sharedMemPerBlockOptin;
+    KILN_CHECK(smem <= optin, "{}: needs {} bytes of shared memory per block, the device allows {} ({}): use smaller head dims or f32", op,
+               smem, optin, shapes);
+    KILN_CUDA_CHECK_OP(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+  kernel<<<grid, kThreads, smem, cuda::stream()>>>(std::forward<Args>(args)...);
+  KILN_CUDA_LAUNCHED(op);
+}
+
+template <class T> void forward(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cuda::V v, const Cuda::V* kp, double scale, bool causal,
+                                int64_t pos0) {
+  const char* op = "attention_forward";
+  Shapes s{};
+  const Params<T> P = make_params<T>(op, s, q, k, v, kp, scale, causal, pos0);
+  const std::string shapes = s.str(q, k, v);
+  check_output(op, "o", o, dtype_of<T>, {s.B, s.H, s.T, s.dv}, shapes);
+  check_output(op, "lse", lse, dtype_of<T>, {s.B, s.H, s.T}, shapes);
+  if (s.B * s.H * s.T == 0) return;  // nothing to write (S = 0 is handled by the kernel: O = NaN, LSE = −inf)
+  const int64_t nqt = ceil_div(s.T, kRows);
+  const unsigned grid = grid_of(op, nqt * s.B * s.H, shapes);
+  T* const op_ = o.storage.as<T>() + o.layout.offset;
+  T* const lp = lse.storage.as<T>() + lse.layout.offset;
+  const size_t smem = fwd_smem<T>(P.d, P.dv).bytes;
+  with_nc(s.dv, [&](auto nc) { launch(op, attn_fwd<T, decltype(nc)::value>, grid, smem, shapes, P, op_, lp, nqt); });
+}
+
+template <class T>
+void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, Cuda::V k, Cuda::V v, Cuda::V o, Cuda::V lse, Cuda::V dout, const Cuda::V* kp,
+              double scale, bool causal, int64_t pos0) {
+  const char* op = "attention_backward";
+  Shapes s{};
+  Params<T> P = make_params<T>(op, s, q, k, v, kp, scale, causal, pos0);
+  const std::string shapes = s.str(q, k, v);
+  check_operand(op, "o", o, dtype_of<T>, {s.B, s.H, s.T, s.dv}, shapes);
+  check_operand(op, "dout", dout, dtype_of<T>, {s.B, s.H, s.T, s.dv}, shapes);
+  KILN_CHECK(lse.dtype == dtype_of<T> && lse.layout.shape == Shape({s.B, s.H, s.T}) && lse.layout.is_contiguous(),
+             "{}: lse must be a contiguous {} [{}, {}, {}], got {} {} ({})", op, dtype_of<T>, s.B, s.H, s.T, lse.dtype,
+             shape_str(lse.layout.shape), shapes);
+  cuda::check_device(lse.storage, op);
+  check_output(op, "dq", dq, dtype_of<T>, {s.B, s.H, s.T, s.d}, shapes);
+  check_output(op, "dk", dk, dtype_of<T>, {s.B, s.Hkv, s.S, s.d}, shapes);
+  check_output(op, "dv", dv, dtype_of<T>, {s.B, s.Hkv, s.S, s.dv}, shapes);
+  // dq, dk, dv arrive zero-filled: with no query row or no key there is nothing to add
+  if (s.B * s.H * s.T == 0 || s.S == 0) return;
+  const auto rows = [](const Cuda::V& x) {
+    const Layout& l = x.layout;
+    return Rows4<T>{x.storage.template as<T>() + l.offset, l.strides[0], l.strides[1], l.strides[2]};
+  };
+  P.o = rows(o);
+  P.g = rows(dout);
+  const T* const lp = lse.storage.as<T>() + lse.layout.offset;
+  T* const dqp = dq.storage.as<T>() + dq.layout.offset;
+  T* const dkp = dk.storage.as<T>() + dk.layout.offset;
+  T* const dvp = dv.storage.as<T>() + dv.layout.offset;
+  const cudaStream_t st = cuda::stream();
+
+  // 1. D = rowsum(dO ⊙ O)
+  const int64_t rows_n = s.B * s.H * s.T;
+  const std::shared_ptr<CudaStorage> dbuf = Cuda::allocate(static_cast<size_t>(rows_n) * sizeof(T));
+  T* const Dp = dbuf->as<T>();
+  attn_bwd_delta<T><<<grid_for(rows_n, kDeltaWarps), kDeltaWarps * kWarp, 0, st>>>(P, lp, Dp);
+  KILN_CUDA_LAUNCHED(op);
+
+  // 2. dK, dV
+  const int64_t nkt = ceil_div(s.S, kRows);
+  const unsigned grid_kv = grid_of(op, nkt * s.B * s.Hkv, shapes);
+  const size_t smem_kv = dkv_smem<T>(P.d, P.dv).bytes;
+  with_nc(std::max(s.d, s.dv),
+          [&](auto nc) { launch(op, attn_bwd_dkdv<T, decltype(nc)::value>, grid_kv, smem_kv, shapes, P, lp, Dp, dkp, dvp); });
+
+  // 3. dQ
+  const int64_t nqt = ceil_div(s.T, kRows);
+  const unsigned grid_q = grid_of(op, nqt * s.B * s.H, shapes);
+  const size_t smem_q = dq_smem<T>(P.d, P.dv).bytes;
+  with_nc(s.d, [&](auto nc) { launch(op, attn_bwd_dq<T, decltype(nc)::value>, grid_q, smem_q, shapes, P, lp, Dp, dqp, nqt); });
+}
+
+}  // namespace
+
+void Cuda::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, double scale, bool causal, int64_t pos0) {
+  visit_f32_f64(q.dtype, "attention_forward", q.layout.shape,
+                [&]<class T>(type_tag<T>) { forward<T>(o, lse, q, k, v, key_padding, scale, causal, pos0); });
+}
+
+void Cuda::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, double scale, bool causal,
+                              int64_t pos0) {
+  visit_f32_f64(q.dtype, "attention_backward", q.layout.shape,
+                [&]<class T>(type_tag<T>) { backward<T>(dq, dk, dv, q, k, v, o, lse, dout, key_padding, scale, causal, pos0); });
+}
+
+}  // namespace kiln
+
+#include "core/fused.hpp"
+static_assert(kiln::fused::HasAttention<kiln::Cuda> && kiln::fused::HasAttentionBackward<kiln::Cuda>,
+              "Cuda's flash attention must match the override signatures of core/fused.hpp");
