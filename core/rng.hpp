@@ -34,6 +34,11 @@ KILN_HD inline Philox4x32 philox4x32_10(uint64_t counter, uint64_t seed) {
 // Uniform in [0, 1) with 24 (f32) resolution from one 32-bit word: identical on every backend.
 KILN_HD inline double philox_uniform(uint32_t u) { return static_cast<double>(u >> 8) * (1.0 / 16777216.0); }
 
+// lo + scale * x rounded once (a fused multiply-add) on every backend and build: compilers contract
+// a + b * c into an FMA or not depending on the target and the context, which would change the last
+// bit of a draw between backends.
+KILN_HD inline double philox_affine(double lo, double scale, double x) { return std::fma(scale, x, lo); }
+
 // Element i of a uniform fill.
 KILN_HD inline double philox_uniform_at(uint64_t seed, uint64_t offset, uint64_t i) {
   return philox_uniform(philox4x32_10(offset + i / 4, seed).v[i % 4]);

@@ -40,7 +40,7 @@ template <bool Uniform, class G> void rand_fill(Cpu::M out, uint64_t seed, uint6
 }  // namespace
 
 void Cpu::rand_uniform(M out, uint64_t seed, uint64_t offset, double lo, double hi) {
-  rand_fill<true>(out, seed, offset, [&](uint64_t i, const Philox4x32& r) { return lo + (hi - lo) * philox_uniform(r.v[i % 4]); }, hi);
+  rand_fill<true>(out, seed, offset, [&](uint64_t i, const Philox4x32& r) { return philox_affine(lo, hi - lo, philox_uniform(r.v[i % 4])); }, hi);
 }
 
 void Cpu::rand_normal(M out, uint64_t seed, uint64_t offset, double mean, double std) {
@@ -52,7 +52,7 @@ void Cpu::rand_normal(M out, uint64_t seed, uint64_t offset, double mean, double
     const double rad = std::sqrt(-2.0 * std::log(u1));
     const double ang = 6.283185307179586 * u2;
     const double z = (lane % 2 == 0) ? rad * std::cos(ang) : rad * std::sin(ang);
-    return mean + std * z;
+    return philox_affine(mean, std, z);
   });
 }
 

@@ -194,7 +194,7 @@ void Reference::scatter_add(M out, int axis, V index, V src) {
 void Reference::rand_uniform(M out, uint64_t seed, uint64_t offset, double lo, double hi) {
   visit_dtype(out.dtype, [&]<class T>(type_tag<T>) {
     for (int64_t i = 0; i < out.layout.numel(); ++i) {
-      const double x = lo + (hi - lo) * philox_uniform_at(seed, offset, static_cast<uint64_t>(i));
+      const double x = philox_affine(lo, hi - lo, philox_uniform_at(seed, offset, static_cast<uint64_t>(i)));
       if constexpr (is_float_v<T>) store<T>(out, i, round_uniform<T>(x, hi));
       else store<T>(out, i, convert<T>(x));
     }
@@ -204,7 +204,7 @@ void Reference::rand_uniform(M out, uint64_t seed, uint64_t offset, double lo, d
 void Reference::rand_normal(M out, uint64_t seed, uint64_t offset, double mean, double std) {
   visit_dtype(out.dtype, [&]<class T>(type_tag<T>) {
     for (int64_t i = 0; i < out.layout.numel(); ++i)
-      store<T>(out, i, convert<T>(mean + std * philox_normal_at(seed, offset, static_cast<uint64_t>(i))));
+      store<T>(out, i, convert<T>(philox_affine(mean, std, philox_normal_at(seed, offset, static_cast<uint64_t>(i)))));
   });
 }
 

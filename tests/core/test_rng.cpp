@@ -50,7 +50,7 @@ TEST_CASE("philox4x32-10: Random123 known-answer vectors", "[core][rng]") {
   }
 }
 
-TEST_CASE("philox element functions: uniform is 24-bit and in [0, 1), normal is Box-Muller", "[core][rng]") {
+TEST_CASE("philox element functions: uniform is 24-bit and in 0 <= u < 1, normal is Box-Muller", "[core][rng]") {
   CHECK(philox_uniform(0) == 0.0);
   CHECK(philox_uniform(0xffffffffu) == 1.0 - 0x1p-24);
   CHECK(philox_uniform(0xffffffffu) < 1.0);
