@@ -1,5 +1,6 @@
 // binary<Op>: the walk hands each run its three strides; unit strides, a scalar operand (stride 0) and
 // the general strided case each get their own loop so the first two vectorise.
+#include "backends/checks.hpp"
 #include "backends/cpu/common.hpp"
 
 namespace kiln {
@@ -47,16 +48,9 @@ template <class Op, class T> void binary_kernel(Cpu::M out, Cpu::V a, Cpu::V b) 
 }  // namespace
 
 template <class Op> void Cpu::binary(M out, V a, V b) {
-  KILN_CHECK(a.dtype == b.dtype, "{}: dtype mismatch {} vs {} (shapes {} and {})", Op::name, a.dtype, b.dtype, shape_str(a.layout.shape),
-             shape_str(b.layout.shape));
-  KILN_CHECK(out.dtype == (Op::compare ? DType::boolean : a.dtype), "{}: output dtype {} does not fit input dtype {}", Op::name,
-             out.dtype, a.dtype);
+  checks::binary<Op>(out, a, b);
   visit_dtype(a.dtype, [&]<class T>(type_tag<T>) {
-    if constexpr ((Op::float_only && !is_float_v<T>) || (!Op::compare && std::is_same_v<T, bool>)) {
-      fail("{}: not supported for dtype {} (shapes {} and {})", Op::name, a.dtype, shape_str(a.layout.shape), shape_str(b.layout.shape));
-    } else {
-      binary_kernel<Op, T>(out, a, b);
-    }
+    if constexpr (checks::binary_supported_v<Op, T>) binary_kernel<Op, T>(out, a, b);
   });
 }
 

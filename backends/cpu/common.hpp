@@ -140,6 +140,13 @@ template <int N, class K> void for_each_parallel(const Plan<N>& p, int64_t grain
   parallel_for(p.numel, grain, [&](int64_t b, int64_t e) { for_range(p, b, e, kernel); }, 64);
 }
 
+// Calls f(type_tag<T>{}) for f32 and f64, the fused kernels' dtypes; throws naming the op otherwise.
+template <class F> void float_types(DType d, const char* op, F&& f) {
+  if (d == DType::f32) f(type_tag<float>{});
+  else if (d == DType::f64) f(type_tag<double>{});
+  else fail("{}: the Cpu kernel takes f32 or f64, got {}", op, d);
+}
+
 // ---------------------------------------------------------------------------------- conversions
 // Exactly Reference's convert<T>(U): through double; bool is "!= 0"; half types round from float.
 template <class T, class U> inline T convert(U x) {

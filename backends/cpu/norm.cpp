@@ -85,12 +85,6 @@ template <class T> void rms_bwd(T* dx, T* dw, const T* x, const T* w, const T* r
   }
 }
 
-template <class F> void float_types(DType d, const char* op, F&& f) {
-  if (d == DType::f32) f(type_tag<float>{});
-  else if (d == DType::f64) f(type_tag<double>{});
-  else fail("{}: the Cpu kernel takes f32 or f64, got {}", op, d);
-}
-
 }  // namespace
 
 void Cpu::rms_norm_forward(M y, M rstd, V x, const V* w, double eps) {

@@ -9,6 +9,7 @@
 // type for max/min (exact), the element type for integers.
 #include <vector>
 
+#include "backends/checks.hpp"
 #include "backends/cpu/common.hpp"
 #include "backends/cpu/vecmath.hpp"
 
@@ -186,20 +187,9 @@ template <class Op, class T> void reduce_kernel(Cpu::M out, Cpu::V in, int axis)
 }  // namespace
 
 template <class Op> void Cpu::reduce(M out, V in, int axis) {
-  KILN_CHECK(axis >= 0 && axis < in.layout.rank(), "{}: axis {} out of range for shape {}", Op::name, axis, shape_str(in.layout.shape));
-  KILN_CHECK(in.layout.shape[static_cast<size_t>(axis)] > 0, "{}: cannot reduce the empty axis {} of shape {}", Op::name, axis,
-             shape_str(in.layout.shape));
-  if constexpr (Op::index) {
-    KILN_CHECK(out.dtype == DType::i64, "{}: output must be i64, got {}", Op::name, out.dtype);
-  } else {
-    KILN_CHECK(out.dtype == in.dtype, "{}: output dtype {} differs from input dtype {}", Op::name, out.dtype, in.dtype);
-  }
+  checks::reduce<Op>(out, in, axis);
   visit_dtype(in.dtype, [&]<class T>(type_tag<T>) {
-    if constexpr (std::is_same_v<T, bool>) {
-      fail("{}: not supported for dtype bool (shape {})", Op::name, shape_str(in.layout.shape));
-    } else {
-      reduce_kernel<Op, T>(out, in, axis);
-    }
+    if constexpr (checks::reduce_supported_v<T>) reduce_kernel<Op, T>(out, in, axis);
   });
 }
 

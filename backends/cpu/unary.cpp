@@ -1,5 +1,6 @@
 // unary<Op>: contiguous runs go straight to the array kernels; strided runs and the half types pass
 // through a small float buffer so they use the same vector code.
+#include "backends/checks.hpp"
 #include "backends/cpu/common.hpp"
 #include "backends/cpu/vecmath.hpp"
 
@@ -71,13 +72,9 @@ template <class Op, class T> void unary_kernel(Cpu::M out, Cpu::V in) {
 }  // namespace
 
 template <class Op> void Cpu::unary(M out, V in) {
-  KILN_CHECK(out.dtype == in.dtype, "{}: output dtype {} differs from input dtype {}", Op::name, out.dtype, in.dtype);
+  checks::unary<Op>(out, in);
   visit_dtype(in.dtype, [&]<class T>(type_tag<T>) {
-    if constexpr (std::is_same_v<T, bool> || (Op::float_only && !is_float_v<T>)) {
-      fail("{}: not supported for dtype {} (shape {})", Op::name, in.dtype, shape_str(in.layout.shape));
-    } else {
-      unary_kernel<Op, T>(out, in);
-    }
+    if constexpr (checks::unary_supported_v<Op, T>) unary_kernel<Op, T>(out, in);
   });
 }
 
