@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <map>
 #include <set>
 #include <thread>
 #include <vector>
@@ -27,7 +28,7 @@ namespace {
 // A raw allocator over malloc with a byte budget, counting its calls.
 struct FakeDevice {
   size_t budget = size_t{1} << 40, used = 0;
-  std::set<void*> live;
+  std::map<void*, size_t> live;  // pointer -> bytes
   std::vector<size_t> sizes;
   cuda::CachingAllocator make() {
     return cuda::CachingAllocator(
@@ -36,12 +37,13 @@ struct FakeDevice {
           if (used + n > budget) return nullptr;
           void* p = std::malloc(n);
           used += n;
-          live.insert(p);
+          live.emplace(p, n);
           sizes.push_back(n);
           return p;
         },
         [this](void* p) {
           REQUIRE(live.count(p) == 1);
+          used -= live[p];  // the budget counts what is held, like a device's free memory
           live.erase(p);
           std::free(p);
         });
