@@ -1,5 +1,8 @@
 #include "nn/attnres.hpp"
 
+#include "autograd/record.hpp"
+#include "core/fused_depth.hpp"
+
 namespace kiln::nn {
 
 template <Backend B> DepthAttention<B>::DepthAttention(DepthAttentionOptions o) : o_(o) {
@@ -10,19 +13,43 @@ template <Backend B> DepthAttention<B>::DepthAttention(DepthAttentionOptions o) 
 }
 
 template <Backend B> Var<B> DepthAttention<B>::logits(const std::vector<Var<B>>& sources) const {
+  check_sources(sources);
+  return key_norm_->forward(Var<B>::stack(sources, 0)).matmul(w_);  // [n, B, T, D] -> [n, B, T]
+}
+
+template <Backend B> void DepthAttention<B>::check_sources(const std::vector<Var<B>>& sources) const {
   KILN_CHECK(!sources.empty(), "DepthAttention: no sources");
   for (size_t i = 0; i < sources.size(); ++i)
     KILN_CHECK(sources[i].shape() == sources[0].shape() && sources[i].shape().back() == o_.d_model,
                "DepthAttention: source {} has shape {}, source 0 {} (last dim must be d_model {})", i, shape_str(sources[i].shape()),
                shape_str(sources[0].shape()), o_.d_model);
-  return key_norm_->forward(Var<B>::stack(sources, 0)).matmul(w_);  // [n, B, T, D] -> [n, B, T]
 }
 
+// One recorded op on the fused kernel (core/fused_depth.hpp): the backward keeps α and the per-token
+// rstd [n, B, T] and the sources themselves, never a stacked or normalised copy.
 template <Backend B> Var<B> DepthAttention<B>::forward(const std::vector<Var<B>>& sources) const {
-  (void)logits({sources.front()});  // validates the first source's width
-  for (size_t i = 1; i < sources.size(); ++i)
-    KILN_CHECK(sources[i].shape() == sources[0].shape(), "DepthAttention: source {} has shape {}, source 0 {}", i,
-               shape_str(sources[i].shape()), shape_str(sources[0].shape()));
+  check_sources(sources);
+  std::vector<Tensor<B>> vs;
+  vs.reserve(sources.size());
+  for (const Var<B>& s : sources) vs.push_back(s.value());
+  const Var<B> g = key_norm_->named_parameters().empty() ? Var<B>() : key_norm_->parameter("weight");
+  const Tensor<B> wv = w_.value(), gv = g.defined() ? g.value() : Tensor<B>();
+  const Tensor<B> q = gv.defined() ? wv.mul(gv) : wv;
+  auto [h, alpha, rstd] = fused::depth_attention_forward(vs, q, o_.eps);
+  std::vector<const Var<B>*> ins;
+  for (const Var<B>& s : sources) ins.push_back(&s);
+  ins.push_back(&w_);
+  if (g.defined()) ins.push_back(&g);
+  return autograd::record<B>("depth_attention", h, ins, [vs, wv, gv, q, alpha = alpha, rstd = rstd](const Tensor<B>& dh) {
+    auto [grads, dq] = fused::depth_attention_backward(vs, q, alpha, rstd, dh);
+    grads.push_back(gv.defined() ? dq.mul(gv) : dq);  // q = w ⊙ g
+    if (gv.defined()) grads.push_back(dq.mul(wv));
+    return grads;
+  });
+}
+
+template <Backend B> Var<B> DepthAttention<B>::forward_decomposed(const std::vector<Var<B>>& sources) const {
+  check_sources(sources);
   const Var<B> V = Var<B>::stack(sources, 0);                                 // [n, B, T, D]
   const Var<B> alpha = key_norm_->forward(V).matmul(w_).softmax(0);         // [n, B, T]
   return (alpha.unsqueeze(-1) * V).sum({0});

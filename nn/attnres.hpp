@@ -6,6 +6,8 @@
 // # Shapes
 //   sources: n tensors [B, T, D] -> h [B, T, D];  query w [D] (init 0: h starts as the mean),
 //   key_norm.weight [D] (if attnres_key_norm_affine)
+// forward() is one fused op (core/fused_depth.hpp) whose backward keeps α and the per-token rstd,
+// [n, B, T] each, and references to the sources: no stacked or normalised copy per sublayer.
 #include <memory>
 #include <vector>
 
@@ -25,6 +27,9 @@ template <Backend B> class DepthAttention : public Module<B> {
   explicit DepthAttention(DepthAttentionOptions o);
   Var<B> forward(const std::vector<Var<B>>& sources) const;
   Var<B> operator()(const std::vector<Var<B>>& sources) const { return forward(sources); }
+  // The same mixture from composite autograd ops (stack, RMSNorm, matmul, softmax): the test oracle
+  // of the fused forward and backward.
+  Var<B> forward_decomposed(const std::vector<Var<B>>& sources) const;
   // Per-source logits [n, B, T] (what forward softmaxes), for tests and two-phase inference.
   Var<B> logits(const std::vector<Var<B>>& sources) const;
   Var<B>& query() { return w_; }
@@ -33,6 +38,7 @@ template <Backend B> class DepthAttention : public Module<B> {
   double eps() const { return o_.eps; }
 
  private:
+  void check_sources(const std::vector<Var<B>>& sources) const;
   DepthAttentionOptions o_;
   Var<B> w_;
   std::shared_ptr<RMSNorm<B>> key_norm_;

@@ -1,0 +1,119 @@
+#pragma once
+// Fused depth attention (Attention Residuals, SPECS §2) over n sources v_0..v_{n-1}, each [N, D] rows:
+//   r_i = 1/√(mean(v_i²) + eps),  s_i = q·v_i  with q = w ⊙ g (g = key-norm weight, or ones)
+//   logit_i = r_i s_i  (= w · RMSNorm(v_i): keys normalised, values raw, no 1/√D)
+//   α = softmax_i(logit),  h = Σ_i α_i v_i
+// Backward, given dh:
+//   a_i = dh·v_i,  dlogit_i = α_i (a_i − Σ_j α_j a_j),  c_i = dlogit_i r_i
+//   dv_i = α_i dh + c_i (q − s_i r_i² v_i / D),   dq = Σ_rows Σ_i c_i v_i
+// What the backward keeps: α and r, [n, N] each, and the sources themselves (the op's inputs, alive
+// anyway); never a stacked or normalised copy of the sources.
+//
+// A backend overrides with
+//   depth_attention_forward(MutView h, MutView alpha, MutView rstd, const std::vector<View>& v, View q, double eps)
+//   depth_attention_backward(const std::vector<MutView>& dv, MutView dq, const std::vector<View>& v, View q,
+//                            View alpha, View rstd, View dh)
+// receiving contiguous f32/f64 operands: v_i, h, dh, dv_i [N, D]; alpha, rstd [n, N]; q, dq [D].
+// dq is the gradient of q = w ⊙ g (the caller turns it into dw = dq ⊙ g and dg = dq ⊙ w).
+#include <tuple>
+#include <vector>
+
+#include "core/tensor.hpp"
+
+namespace kiln::fused {
+
+template <class B>
+concept HasDepthAttention = requires(MutView<typename B::Storage> out, View<typename B::Storage> in,
+                                     const std::vector<MutView<typename B::Storage>>& outs,
+                                     const std::vector<View<typename B::Storage>>& ins, double eps) {
+  B::depth_attention_forward(out, out, out, ins, in, eps);
+  B::depth_attention_backward(outs, out, ins, in, in, in, in);
+};
+
+namespace detail {
+inline DType depth_check(const char* op, const Shape& s0, DType d0, const Shape& s, DType d, size_t i) {
+  KILN_CHECK(!s0.empty() && s0.back() > 0, "{}: sources need rank >= 1 and a non-empty last axis, got {}", op, shape_str(s0));
+  KILN_CHECK(is_floating(d0), "{}: needs float sources, got {}", op, d0);
+  KILN_CHECK(s == s0 && d == d0, "{}: source {} is {} {}, source 0 {} {}", op, i, shape_str(s), d, shape_str(s0), d0);
+  return d0 == DType::f64 ? DType::f64 : DType::f32;
+}
+}  // namespace detail
+
+// (h like the sources, alpha [n, rows...], rstd [n, rows...]), alpha/rstd f32 for half sources.
+template <Backend B>
+std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> depth_attention_forward(const std::vector<Tensor<B>>& v, const Tensor<B>& q, double eps) {
+  KILN_CHECK(!v.empty(), "depth_attention: no sources");
+  DType cd = DType::f32;
+  for (size_t i = 0; i < v.size(); ++i) cd = detail::depth_check("depth_attention", v[0].shape(), v[0].dtype(), v[i].shape(), v[i].dtype(), i);
+  const Shape& shape = v[0].shape();
+  const int64_t D = shape.back(), N = v[0].numel() / D, n = static_cast<int64_t>(v.size());
+  KILN_CHECK(q.shape() == Shape{D}, "depth_attention: query {} does not match the sources' width {}", shape_str(q.shape()), D);
+  Shape stat{n};
+  stat.insert(stat.end(), shape.begin(), shape.end() - 1);
+  const Tensor<B> qc = q.to(cd).contiguous();
+  if constexpr (HasDepthAttention<B>) {
+    std::vector<Tensor<B>> vc;
+    std::vector<View<typename B::Storage>> vv;
+    vc.reserve(v.size());
+    for (const Tensor<B>& t : v) vc.push_back(t.to(cd).contiguous().reshape({N, D}));
+    for (const Tensor<B>& t : vc) vv.push_back(t.cview());
+    Tensor<B> h = Tensor<B>::empty({N, D}, cd), alpha = Tensor<B>::empty({n, N}, cd), r = Tensor<B>::empty({n, N}, cd);
+    if (N) B::depth_attention_forward(h.mview(), alpha.mview(), r.mview(), vv, qc.cview(), eps);
+    return {h.reshape(shape).to(v[0].dtype()), alpha.reshape(stat), r.reshape(stat)};
+  } else {
+    std::vector<Tensor<B>> vc;
+    for (const Tensor<B>& t : v) vc.push_back(t.to(cd).reshape({N, D}));
+    const Tensor<B> V = Tensor<B>::stack(vc, 0);                                         // [n, N, D]
+    const Tensor<B> r = V.square().mean({-1}).add(eps).rsqrt();                         // [n, N]
+    const Tensor<B> alpha = V.matmul(qc).mul(r).softmax(0);                             // [n, N]
+    const Tensor<B> h = alpha.unsqueeze(-1).mul(V).sum({0});                            // [N, D]
+    return {h.reshape(shape).to(v[0].dtype()), alpha.reshape(stat), r.reshape(stat)};
+  }
+}
+
+// (dv_0..dv_{n-1} like the sources, dq like q).
+template <Backend B>
+std::pair<std::vector<Tensor<B>>, Tensor<B>> depth_attention_backward(const std::vector<Tensor<B>>& v, const Tensor<B>& q, const Tensor<B>& alpha,
+                                                                      const Tensor<B>& rstd, const Tensor<B>& dh) {
+  KILN_CHECK(!v.empty(), "depth_attention_backward: no sources");
+  DType cd = DType::f32;
+  for (size_t i = 0; i < v.size(); ++i)
+    cd = detail::depth_check("depth_attention_backward", v[0].shape(), v[0].dtype(), v[i].shape(), v[i].dtype(), i);
+  KILN_CHECK(dh.shape() == v[0].shape(), "depth_attention_backward: dh {} differs from the sources' {}", shape_str(dh.shape()),
+             shape_str(v[0].shape()));
+  const int64_t D = v[0].shape().back(), N = v[0].numel() / D, n = static_cast<int64_t>(v.size());
+  KILN_CHECK(alpha.numel() == n * N && rstd.numel() == n * N, "depth_attention_backward: alpha {} / rstd {} do not hold {} x {} values",
+             shape_str(alpha.shape()), shape_str(rstd.shape()), n, N);
+  const Tensor<B> qc = q.to(cd).contiguous(), dhc = dh.to(cd).contiguous().reshape({N, D});
+  const Tensor<B> ac = alpha.to(cd).contiguous().reshape({n, N}), rc = rstd.to(cd).contiguous().reshape({n, N});
+  std::vector<Tensor<B>> dv;
+  Tensor<B> dq;
+  if constexpr (HasDepthAttention<B>) {
+    std::vector<Tensor<B>> vc;
+    std::vector<View<typename B::Storage>> vv;
+    std::vector<MutView<typename B::Storage>> dvv;
+    for (const Tensor<B>& t : v) vc.push_back(t.to(cd).contiguous().reshape({N, D}));
+    for (const Tensor<B>& t : vc) vv.push_back(t.cview());
+    for (int64_t i = 0; i < n; ++i) dv.push_back(Tensor<B>::empty({N, D}, cd));
+    for (Tensor<B>& t : dv) dvv.push_back(t.mview());
+    dq = Tensor<B>::empty({D}, cd);
+    if (N) B::depth_attention_backward(dvv, dq.mview(), vv, qc.cview(), ac.cview(), rc.cview(), dhc.cview());
+    else dq.zero_();
+  } else {
+    std::vector<Tensor<B>> vc;
+    for (const Tensor<B>& t : v) vc.push_back(t.to(cd).reshape({N, D}));
+    const Tensor<B> V = Tensor<B>::stack(vc, 0);                                        // [n, N, D]
+    const Tensor<B> a = V.mul(dhc).sum({-1});                                           // [n, N]
+    const Tensor<B> s = V.matmul(qc);                                                   // [n, N]
+    const Tensor<B> dlogit = ac.mul(a.sub(ac.mul(a).sum({0}, true)));
+    const Tensor<B> c = dlogit.mul(rc);
+    const Tensor<B> e = c.mul(s).mul(rc).mul(rc).div(static_cast<double>(D));
+    const Tensor<B> dV = ac.unsqueeze(-1).mul(dhc).add(c.unsqueeze(-1).mul(qc)).sub(e.unsqueeze(-1).mul(V));
+    dq = c.unsqueeze(-1).mul(V).sum({0, 1});
+    for (int64_t i = 0; i < n; ++i) dv.push_back(dV.select(0, i));
+  }
+  for (int64_t i = 0; i < n; ++i) dv[static_cast<size_t>(i)] = dv[static_cast<size_t>(i)].reshape(v[0].shape()).to(v[0].dtype());
+  return {dv, dq.to(q.dtype())};
+}
+
+}  // namespace kiln::fused
