@@ -15,6 +15,18 @@
 //                            View alpha, View rstd, View dh)
 // receiving contiguous f32/f64 operands: v_i, h, dh, dv_i [N, D]; alpha, rstd [n, N]; q, dq [D].
 // dq is the gradient of q = w ⊙ g (the caller turns it into dw = dq ⊙ g and dg = dq ⊙ w).
+//
+// Two-phase inference (SPECS §2; under NoGrad, no backward) has two more:
+//   Phase 1, S queries Q [S, D] against the completed blocks v_i: per query j and row
+//     m_j = max_i logit_ij,  l_j = Σ_i exp(logit_ij − m_j),  acc_j = Σ_i exp(logit_ij − m_j) v_i
+//   Phase 2, sublayer j merges the running partial p (if any) by one online-softmax step:
+//     lp = r_p (q·p),  M = max(m, lp),  h = (acc e^{m−M} + p e^{lp−M}) / (l e^{m−M} + e^{lp−M})
+//     (no partial: h = acc / l)
+// overridden by
+//   depth_attention_phase1(MutView m, MutView l, MutView acc, const std::vector<View>& v, View Q, double eps)
+//     m, l [S, N]; acc [S, N, D]; Q [S, D]
+//   depth_attention_merge(MutView h, View m, View l, View acc, const View* p, View q, double eps)
+//     h, acc, p [N, D]; m, l [N]; q [D]
 #include <tuple>
 #include <vector>
 
@@ -28,6 +40,13 @@ concept HasDepthAttention = requires(MutView<typename B::Storage> out, View<type
                                      const std::vector<View<typename B::Storage>>& ins, double eps) {
   B::depth_attention_forward(out, out, out, ins, in, eps);
   B::depth_attention_backward(outs, out, ins, in, in, in, in);
+};
+
+template <class B>
+concept HasDepthTwoPhase = requires(MutView<typename B::Storage> out, View<typename B::Storage> in, const View<typename B::Storage>* p,
+                                    const std::vector<View<typename B::Storage>>& ins, double eps) {
+  B::depth_attention_phase1(out, out, out, ins, in, eps);
+  B::depth_attention_merge(out, in, in, in, p, in, eps);
 };
 
 namespace detail {
@@ -114,6 +133,79 @@ std::pair<std::vector<Tensor<B>>, Tensor<B>> depth_attention_backward(const std:
   }
   for (int64_t i = 0; i < n; ++i) dv[static_cast<size_t>(i)] = dv[static_cast<size_t>(i)].reshape(v[0].shape()).to(v[0].dtype());
   return {dv, dq.to(q.dtype())};
+}
+
+// Phase 1: (m [S, rows...], l [S, rows...], acc [S, rows..., D]) in the compute dtype (f32 for half
+// sources, f64 for f64).
+template <Backend B>
+std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> depth_attention_phase1(const std::vector<Tensor<B>>& v, const Tensor<B>& Q, double eps) {
+  KILN_CHECK(!v.empty(), "depth_attention_phase1: no sources");
+  DType cd = DType::f32;
+  for (size_t i = 0; i < v.size(); ++i)
+    cd = detail::depth_check("depth_attention_phase1", v[0].shape(), v[0].dtype(), v[i].shape(), v[i].dtype(), i);
+  const Shape& shape = v[0].shape();
+  const int64_t D = shape.back(), N = v[0].numel() / D;
+  KILN_CHECK(Q.dim() == 2 && Q.shape()[1] == D, "depth_attention_phase1: queries {} do not match the sources' width {}", shape_str(Q.shape()),
+             D);
+  const int64_t S = Q.shape()[0];
+  Shape stat{S};
+  stat.insert(stat.end(), shape.begin(), shape.end() - 1);
+  Shape full = stat;
+  full.push_back(D);
+  const Tensor<B> Qc = Q.to(cd).contiguous();
+  if constexpr (HasDepthTwoPhase<B>) {
+    std::vector<Tensor<B>> vc;
+    std::vector<View<typename B::Storage>> vv;
+    for (const Tensor<B>& t : v) vc.push_back(t.to(cd).contiguous().reshape({N, D}));
+    for (const Tensor<B>& t : vc) vv.push_back(t.cview());
+    Tensor<B> m = Tensor<B>::empty({S, N}, cd), l = Tensor<B>::empty({S, N}, cd), acc = Tensor<B>::empty({S, N, D}, cd);
+    if (N && S) B::depth_attention_phase1(m.mview(), l.mview(), acc.mview(), vv, Qc.cview(), eps);
+    return {m.reshape(stat), l.reshape(stat), acc.reshape(full)};
+  } else {
+    std::vector<Tensor<B>> vc;
+    for (const Tensor<B>& t : v) vc.push_back(t.to(cd).reshape({N, D}));
+    const Tensor<B> V = Tensor<B>::stack(vc, 1);                                      // [N, n, D]
+    const Tensor<B> U = V.mul(V.square().mean({-1}, true).add(eps).rsqrt());          // v / rms(v)
+    const Tensor<B> L = U.matmul(Qc.t());                                             // [N, n, S]
+    const Tensor<B> m = L.max({1}, true);                                             // [N, 1, S]
+    const Tensor<B> E = L.sub(m).exp();                                               // [N, n, S]
+    const Tensor<B> l = E.sum({1});                                                   // [N, S]
+    const Tensor<B> acc = E.transpose(1, 2).matmul(V);                                // [N, S, D]
+    return {m.squeeze(1).t().contiguous().reshape(stat), l.t().contiguous().reshape(stat), acc.transpose(0, 1).contiguous().reshape(full)};
+  }
+}
+
+// Phase 2: h (like p, or in the compute dtype without a partial) from one query's Phase-1 statistics
+// (m, l [rows...], acc [rows..., D]) and the running partial p (undefined: none).
+template <Backend B>
+Tensor<B> depth_attention_merge(const Tensor<B>& m, const Tensor<B>& l, const Tensor<B>& acc, const Tensor<B>& p, const Tensor<B>& q,
+                                double eps) {
+  const Shape& shape = acc.shape();
+  KILN_CHECK(!shape.empty() && shape.back() > 0, "depth_attention_merge: acc must have rank >= 1, got {}", shape_str(shape));
+  const int64_t D = shape.back(), N = acc.numel() / D;
+  const Shape rows(shape.begin(), shape.end() - 1);
+  KILN_CHECK(m.shape() == rows && l.shape() == rows, "depth_attention_merge: m {} / l {} do not match acc {}", shape_str(m.shape()),
+             shape_str(l.shape()), shape_str(shape));
+  KILN_CHECK(!p.defined() || p.shape() == shape, "depth_attention_merge: partial {} differs from acc {}", shape_str(p.shape()),
+             shape_str(shape));
+  KILN_CHECK(q.shape() == Shape{D}, "depth_attention_merge: query {} does not match width {}", shape_str(q.shape()), D);
+  const DType cd = acc.dtype(), out = p.defined() ? p.dtype() : cd;
+  if constexpr (HasDepthTwoPhase<B>) {
+    const Tensor<B> mc = m.to(cd).contiguous(), lc = l.to(cd).contiguous(), ac = acc.contiguous(), qc = q.to(cd).contiguous();
+    const Tensor<B> pc = p.defined() ? p.to(cd).contiguous() : Tensor<B>();
+    Tensor<B> h = Tensor<B>::empty({N, D}, cd);
+    const View<typename B::Storage> pv = pc.defined() ? pc.cview() : ac.cview();
+    if (N) B::depth_attention_merge(h.mview(), mc.cview(), lc.cview(), ac.cview(), pc.defined() ? &pv : nullptr, qc.cview(), eps);
+    return h.reshape(shape).to(out);
+  } else {
+    const Tensor<B> mu = m.to(cd).unsqueeze(-1), lu = l.to(cd).unsqueeze(-1);       // [rows..., 1]
+    if (!p.defined()) return acc.div(lu);
+    const Tensor<B> pf = p.to(cd);
+    const Tensor<B> lp = pf.mul(pf.square().mean({-1}, true).add(eps).rsqrt()).matmul(q.to(cd)).unsqueeze(-1);
+    const Tensor<B> mx = mu.maximum(lp);
+    const Tensor<B> a = mu.sub(mx).exp(), b = lp.sub(mx).exp();
+    return acc.mul(a).add(pf.mul(b)).div(lu.mul(a).add(b)).to(out);
+  }
 }
 
 }  // namespace kiln::fused

@@ -75,12 +75,8 @@ template <Backend B> void AttnResStack<B>::boundary() {
   if (!schedule_.empty() && j_ % S_ == 0) phase1();
 }
 
-namespace {
-// v / rms(v) over the last axis (the key norm without its weight).
-template <Backend B> Tensor<B> unit_rms(const Tensor<B>& v, double eps) { return v.mul(v.square().mean({-1}, true).add(eps).rsqrt()); }
-}  // namespace
-
-// Phase 1: the block's S' queries against the n completed blocks, in one batched product.
+// Phase 1: the block's S' queries against the n completed blocks, in one pass over the blocks
+// (fused::depth_attention_phase1).
 template <Backend B> void AttnResStack<B>::phase1() {
   KILN_CHECK(j_ < static_cast<int64_t>(schedule_.size()), "AttnRes: sublayer {} beyond the {} scheduled", j_, schedule_.size());
   block_start_ = j_;
@@ -88,29 +84,16 @@ template <Backend B> void AttnResStack<B>::phase1() {
   std::vector<Tensor<B>> qs, vs;
   for (int64_t r = 0; r < Sq; ++r) qs.push_back(schedule_[static_cast<size_t>(j_ + r)]->effective_query());
   for (const Var<B>& b : blocks_) vs.push_back(b.value());
-  const double eps = schedule_[static_cast<size_t>(j_)]->eps();
-  const Tensor<B> V = Tensor<B>::stack(vs, 2);                              // [B, T, n, D]
-  const Tensor<B> Q = Tensor<B>::stack(qs, 0);                              // [S', D]
-  const Tensor<B> L = unit_rms(V, eps).matmul(Q.t());                       // [B, T, n, S']
-  m_ = L.max({2}, true);                                                    // [B, T, 1, S']
-  const Tensor<B> E = L.sub(m_).exp();                                      // [B, T, n, S']
-  l_ = E.sum({2});                                                          // [B, T, S']
-  acc_ = E.transpose(2, 3).matmul(V);                                       // [B, T, S', D]
-  m_ = m_.squeeze(2);                                                       // [B, T, S']
+  std::tie(m_, l_, acc_) = fused::depth_attention_phase1(vs, Tensor<B>::stack(qs, 0), schedule_[static_cast<size_t>(j_)]->eps());
 }
 
 // Phase 2: merge the running partial (if any) into sublayer j's Phase-1 statistics.
 template <Backend B> Tensor<B> AttnResStack<B>::two_phase_read(const DepthAttention<B>& res) const {
   KILN_CHECK(&res == schedule_[static_cast<size_t>(j_)], "AttnRes: sublayer {} is not the depth attention scheduled for it", j_);
   const int64_t r = j_ - block_start_;
-  const Tensor<B> m = m_.select(2, r).unsqueeze(-1), l = l_.select(2, r).unsqueeze(-1);  // [B, T, 1]
-  const Tensor<B> acc = acc_.select(2, r);                                                 // [B, T, D]
-  if (!partial_.defined()) return acc.div(l);
-  const Tensor<B> p = partial_.value();
-  const Tensor<B> lp = unit_rms(p, res.eps()).matmul(res.effective_query()).unsqueeze(-1);  // [B, T, 1]
-  const Tensor<B> mx = m.maximum(lp);
-  const Tensor<B> a = m.sub(mx).exp(), b = lp.sub(mx).exp();
-  return acc.mul(a).add(p.mul(b)).div(l.mul(a).add(b));
+  const Tensor<B> p = partial_.defined() ? partial_.value() : Tensor<B>();
+  const Tensor<B> h = fused::depth_attention_merge(m_.select(0, r), l_.select(0, r), acc_.select(0, r), p, res.effective_query(), res.eps());
+  return h.to(blocks_.front().dtype());
 }
 
 template <Backend B> void AttnResStack<B>::add(const Var<B>& out) {

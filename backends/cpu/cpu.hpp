@@ -42,6 +42,8 @@ struct Cpu {
   // fused depth attention of Attention Residuals (backends/cpu/depth.cpp; contract in core/fused_depth.hpp)
   static void depth_attention_forward(M h, M alpha, M rstd, const std::vector<V>& v, V q, double eps);
   static void depth_attention_backward(const std::vector<M>& dv, M dq, const std::vector<V>& v, V q, V alpha, V rstd, V dh);
+  static void depth_attention_phase1(M m, M l, M acc, const std::vector<V>& v, V Q, double eps);
+  static void depth_attention_merge(M h, V m, V l, V acc, const V* p, V q, double eps);
 
   // fused overrides (core/fused.hpp)
   static void softmax_lastdim(M out, V x, bool log);

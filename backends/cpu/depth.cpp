@@ -1,8 +1,8 @@
-// Fused depth attention (Attention Residuals) over contiguous rows; contract and formulas in
-// core/fused_depth.hpp. Rows are split over the threads. Forward: one pass over each source row for
+// Fused depth attention (Attention Residuals) over contiguous rows, and the two primitives of its
+// two-phase inference; contract and formulas in core/fused_depth.hpp. Rows are split over the threads. Forward: one pass over each source row for
 // Σv² and q·v, one to accumulate h; backward: one pass for dh·v and q·v, one to write dv_i and
 // accumulate dq. dq is summed per fixed chunk of rows, then over the chunks in order (deterministic for
-// a given thread count, like RMSNorm's dw). `omp simd` reductions vectorise the row sums.
+// a given thread count, like RMSNorm's dw). Row sums through dot2 (common.hpp).
 #include <cmath>
 #include <vector>
 
@@ -13,6 +13,17 @@ using namespace cpu;
 
 namespace {
 
+// out = w·x (first) or out += w·x over a row.
+template <class T> inline void weighted_add(T* out, T w, const T* x, int64_t D, bool first) {
+  if (first) {
+#pragma omp simd
+    for (int64_t k = 0; k < D; ++k) out[k] = w * x[k];
+  } else {
+#pragma omp simd
+    for (int64_t k = 0; k < D; ++k) out[k] += w * x[k];
+  }
+}
+
 template <class T> void depth_fwd(T* h, T* alpha, T* rstd, const std::vector<const T*>& v, const T* q, int64_t N, int64_t D, double eps) {
   const auto n = static_cast<int64_t>(v.size());
   parallel_for(N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(n * D, 1)), [&](int64_t b, int64_t e) {
@@ -22,12 +33,8 @@ template <class T> void depth_fwd(T* h, T* alpha, T* rstd, const std::vector<con
       bool nan = false;
       for (int64_t i = 0; i < n; ++i) {
         const T* x = v[static_cast<size_t>(i)] + t * D;
-        T ss = 0, s = 0;
-#pragma omp simd reduction(+ : ss, s)
-        for (int64_t k = 0; k < D; ++k) {
-          ss += x[k] * x[k];
-          s += q[k] * x[k];
-        }
+        T ss, s;
+        dot2(x, x, q, D, ss, s);
         const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(ss) / static_cast<double>(D) + eps));
         rstd[i * N + t] = r;
         const T l = r * s;
@@ -45,14 +52,7 @@ template <class T> void depth_fwd(T* h, T* alpha, T* rstd, const std::vector<con
       for (int64_t i = 0; i < n; ++i) {
         const T a = logit[static_cast<size_t>(i)] / z;
         alpha[i * N + t] = a;
-        const T* x = v[static_cast<size_t>(i)] + t * D;
-        if (i == 0) {
-#pragma omp simd
-          for (int64_t k = 0; k < D; ++k) hr[k] = a * x[k];
-        } else {
-#pragma omp simd
-          for (int64_t k = 0; k < D; ++k) hr[k] += a * x[k];
-        }
+        weighted_add(hr, a, v[static_cast<size_t>(i)] + t * D, D, i == 0);
       }
     }
   }, 1);
@@ -77,12 +77,8 @@ void depth_bwd(const std::vector<T*>& dv, T* dq, const std::vector<const T*>& v,
       T dot = 0;
       for (int64_t i = 0; i < n; ++i) {
         const T* x = v[static_cast<size_t>(i)] + t * D;
-        T ai = 0, si = 0;
-#pragma omp simd reduction(+ : ai, si)
-        for (int64_t k = 0; k < D; ++k) {
-          ai += g[k] * x[k];
-          si += q[k] * x[k];
-        }
+        T ai, si;
+        dot2(x, g, q, D, ai, si);
         a[static_cast<size_t>(i)] = ai;
         s[static_cast<size_t>(i)] = si;
         dot += alpha[i * N + t] * ai;
@@ -113,6 +109,66 @@ void depth_bwd(const std::vector<T*>& dv, T* dq, const std::vector<const T*>& v,
     for (int64_t k = 0; k < D; ++k) dq[k] += partial[static_cast<size_t>(th)][static_cast<size_t>(k)];
 }
 
+// Phase 1 of two-phase inference: S queries against n sources, per row.
+template <class T>
+void depth_phase1(T* m, T* l, T* acc, const std::vector<const T*>& v, const T* Q, int64_t S, int64_t N, int64_t D, double eps) {
+  const auto n = static_cast<int64_t>(v.size());
+  parallel_for(N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(n * D * S, 1)), [&](int64_t b, int64_t e) {
+    std::vector<T> w(static_cast<size_t>(n * S));  // logits, then weights, [i * S + j]
+    for (int64_t t = b; t < e; ++t) {
+      for (int64_t i = 0; i < n; ++i) {
+        const T* x = v[static_cast<size_t>(i)] + t * D;
+        const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(dot(x, x, D)) / static_cast<double>(D) + eps));
+        for (int64_t j = 0; j < S; ++j) w[static_cast<size_t>(i * S + j)] = r * dot(x, Q + j * D, D);
+      }
+      for (int64_t j = 0; j < S; ++j) {
+        T mj = -std::numeric_limits<T>::infinity();
+        for (int64_t i = 0; i < n; ++i) {
+          const T x = w[static_cast<size_t>(i * S + j)];
+          mj = (x > mj || x != x) ? x : mj;  // NaN propagates
+        }
+        T lj = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          T& x = w[static_cast<size_t>(i * S + j)];
+          x = std::exp(x - mj);
+          lj += x;
+        }
+        m[j * N + t] = mj;
+        l[j * N + t] = lj;
+        T* a = acc + (j * N + t) * D;
+        for (int64_t i = 0; i < n; ++i) {
+          weighted_add(a, w[static_cast<size_t>(i * S + j)], v[static_cast<size_t>(i)] + t * D, D, i == 0);
+        }
+      }
+    }
+  }, 1);
+}
+
+// Phase 2: one online-softmax step merging the partial p (or none) into a query's statistics.
+template <class T> void depth_merge(T* h, const T* m, const T* l, const T* acc, const T* p, const T* q, int64_t N, int64_t D, double eps) {
+  parallel_for(N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(D, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const T* a = acc + t * D;
+      T* hr = h + t * D;
+      if (!p) {
+        const T lt = l[t];
+#pragma omp simd
+        for (int64_t k = 0; k < D; ++k) hr[k] = a[k] / lt;
+        continue;
+      }
+      const T* x = p + t * D;
+      T ss, s;
+      dot2(x, x, q, D, ss, s);
+      const T lp = static_cast<T>(1.0 / std::sqrt(static_cast<double>(ss) / static_cast<double>(D) + eps)) * s;
+      const T mt = m[t], mx = (lp > mt || lp != lp) ? lp : mt;
+      const T wa = std::exp(mt - mx), wb = std::exp(lp - mx);
+      const T z = l[t] * wa + wb;
+#pragma omp simd
+      for (int64_t k = 0; k < D; ++k) hr[k] = (a[k] * wa + x[k] * wb) / z;
+    }
+  }, 1);
+}
+
 template <class T, class X> const T* at(const X& x) { return ptr<T>(x.storage) + x.layout.offset; }
 template <class T> T* at_mut(const Cpu::M& x) { return ptr<T>(x.storage) + x.layout.offset; }
 
@@ -135,6 +191,22 @@ void Cpu::depth_attention_backward(const std::vector<M>& dv, M dq, const std::ve
     for (const V& x : v) vp.push_back(at<T>(x));
     for (const M& x : dv) dp.push_back(at_mut<T>(x));
     depth_bwd<T>(dp, at_mut<T>(dq), vp, at<T>(q), at<T>(alpha), at<T>(rstd), at<T>(dh), N, D);
+  });
+}
+
+void Cpu::depth_attention_phase1(M m, M l, M acc, const std::vector<V>& v, V Q, double eps) {
+  const int64_t S = Q.layout.shape[0], D = Q.layout.shape[1], N = m.layout.numel() / std::max<int64_t>(S, 1);
+  float_types(Q.dtype, "depth_attention_phase1", [&]<class T>(type_tag<T>) {
+    std::vector<const T*> vp;
+    for (const V& x : v) vp.push_back(at<T>(x));
+    depth_phase1<T>(at_mut<T>(m), at_mut<T>(l), at_mut<T>(acc), vp, at<T>(Q), S, N, D, eps);
+  });
+}
+
+void Cpu::depth_attention_merge(M h, V m, V l, V acc, const V* p, V q, double eps) {
+  const int64_t D = h.layout.shape.back(), N = h.layout.numel() / std::max<int64_t>(D, 1);
+  float_types(h.dtype, "depth_attention_merge", [&]<class T>(type_tag<T>) {
+    depth_merge<T>(at_mut<T>(h), at<T>(m), at<T>(l), at<T>(acc), p ? at<T>(*p) : nullptr, at<T>(q), N, D, eps);
   });
 }
 

@@ -56,8 +56,8 @@ void gemm(int64_t M, int64_t N, int64_t K, DType d, bool tf32) {
   const float one = 1, zero = 0;
   T out = T::empty({M, N}, d);
   const double raw_ms = median_ms([&] {  // row-major C = A B as column-major C^T = B^T A^T
-    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &one, b.storage().data(),
-                 ty, static_cast<int>(N), a.storage().data(), ty, static_cast<int>(K), &zero, out.storage().data(), ty,
+    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &one, b.storage()->data(),
+                 ty, static_cast<int>(N), a.storage()->data(), ty, static_cast<int>(K), &zero, out.storage()->data(), ty,
                  static_cast<int>(N), d == DType::f32 ? ct : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   });
   cublasDestroy(h);

@@ -279,47 +279,65 @@ TEMPLATE_TEST_CASE("attnres: GPT logits with two-phase inference equal the seque
   }
 }
 
+// f64: fused and decomposed agree to 1e-11. f32: both are compared with the f64 oracle on the same
+// inputs, and the fused result may be at most 4x as far from it as the decomposed f32 path is, plus
+// 8 f32 ulps of the result's largest magnitude (the composite path is sometimes luckier than its
+// error bound): as accurate as the composite ops, whatever the conditioning (one source is scaled
+// by 40, so some logits are large; D = 1 makes the query's gradient a sum of cancelling terms).
 TEMPLATE_TEST_CASE("attnres: the fused depth attention equals its decomposed oracle, values and every gradient", "[attnres]",
                    KILN_BACKEND_TYPES) {
   using B = TestType;
+  using Results = std::vector<std::vector<double>>;
   Generator g(31);
-  for (const DType dt : {DType::f64, DType::f32})
-    for (const int64_t D : {1, 7, 33})
-      for (const int n : {1, 2, 5})
-        for (const bool affine : {true, false}) {
-          INFO("dtype " << dtype_name(dt) << " D " << D << " sources " << n << " affine " << affine);
+  for (const int64_t D : {1, 7, 33})
+    for (const int n : {1, 2, 5})
+      for (const bool affine : {true, false}) {
+        INFO("D " << D << " sources " << n << " affine " << affine);
+        // f64 master values; each dtype's module and inputs are converted from them
+        std::vector<Tensor<B>> params, base;
+        DepthAttention<B> shape_of({.d_model = D, .key_norm_affine = affine});
+        for (auto& [name, p] : shape_of.named_parameters())
+          params.push_back(Tensor<B>::randn(p.shape(), DType::f64, &g).mul(0.7).add(name == "query" ? 0.0 : 1.0));
+        for (int i = 0; i < n; ++i) {
+          Tensor<B> t = i == 1 ? Tensor<B>::randn({3, 2, D}, DType::f64, &g) : Tensor<B>::randn({2, 3, D}, DType::f64, &g);
+          base.push_back(i == 2 ? t.mul(40.0) : t);
+        }
+        const Tensor<B> dh64 = Tensor<B>::randn({2, 3, D}, DType::f64, &g);
+        auto run = [&](DType dt, bool fused) {
           DepthAttention<B> res({.d_model = D, .eps = 1e-5, .key_norm_affine = affine, .dtype = dt});
+          size_t k = 0;
           for (auto& [name, p] : res.named_parameters()) {
             Tensor<B> t = p.value();
-            t.copy_(Tensor<B>::randn(t.shape(), dt, &g).mul(0.7).add(name == "query" ? 0.0 : 1.0));
+            t.copy_(params[k++].to(dt));
           }
           std::vector<Var<B>> src;
           for (int i = 0; i < n; ++i) {
-            // one source a transposed (non-contiguous) view, one with a large scale
-            Tensor<B> t = i == 1 ? Tensor<B>::randn({3, 2, D}, dt, &g).transpose(0, 1) : Tensor<B>::randn({2, 3, D}, dt, &g);
-            if (i == 2) t = t.mul(40.0);
-            src.emplace_back(t, true);
+            const Tensor<B> t = base[static_cast<size_t>(i)].to(dt);
+            src.emplace_back(i == 1 ? t.transpose(0, 1) : t, true);  // one source a non-contiguous view
           }
-          const Tensor<B> dh = Tensor<B>::randn({2, 3, D}, dt, &g);
-          const double tol = dt == DType::f64 ? 1e-11 : 2e-5;
-          auto run = [&](bool fused) {
-            for (auto& s : src) s.zero_grad();
-            for (auto& [name, p] : res.named_parameters()) p.zero_grad();
-            const Var<B> h = fused ? res.forward(src) : res.forward_decomposed(src);
-            (h * Var<B>(dh)).sum().backward();
-            std::vector<std::vector<double>> out{to_vector<double>(h.value().to(DType::f64))};
-            for (auto& s : src) out.push_back(to_vector<double>(s.grad().to(DType::f64)));
-            for (auto& [name, p] : res.named_parameters()) out.push_back(to_vector<double>(p.grad().to(DType::f64)));
-            return out;
-          };
-          const auto a = run(true), b = run(false);
-          REQUIRE(a.size() == b.size());
-          for (size_t k = 0; k < a.size(); ++k) {
-            INFO("result " << k << " (0: h, then each source's gradient, then the parameters')");
-            REQUIRE(a[k].size() == b[k].size());
-            for (size_t i = 0; i < a[k].size(); ++i) CHECK(a[k][i] == Approx(b[k][i]).margin(tol).epsilon(tol));
+          const Var<B> h = fused ? res.forward(src) : res.forward_decomposed(src);
+          (h * Var<B>(dh64.to(dt))).sum().backward();
+          Results out{to_vector<double>(h.value().to(DType::f64))};
+          for (auto& s : src) out.push_back(to_vector<double>(s.grad().to(DType::f64)));
+          for (auto& [name, p] : res.named_parameters()) out.push_back(to_vector<double>(p.grad().to(DType::f64)));
+          return out;
+        };
+        const Results oracle = run(DType::f64, false), fused64 = run(DType::f64, true), fused32 = run(DType::f32, true),
+                      dec32 = run(DType::f32, false);
+        for (size_t k = 0; k < oracle.size(); ++k) {
+          INFO("result " << k << " (0: h, then each source's gradient, then the parameters')");
+          REQUIRE(fused64[k].size() == oracle[k].size());
+          double err_fused = 0, err_dec = 0, scale = 0;
+          for (size_t i = 0; i < oracle[k].size(); ++i) {
+            CHECK(fused64[k][i] == Approx(oracle[k][i]).margin(1e-11).epsilon(1e-11));
+            err_fused = std::max(err_fused, std::abs(fused32[k][i] - oracle[k][i]));
+            err_dec = std::max(err_dec, std::abs(dec32[k][i] - oracle[k][i]));
+            scale = std::max(scale, std::abs(oracle[k][i]));
           }
+          INFO("f32 max error: fused " << err_fused << ", decomposed " << err_dec << ", scale " << scale);
+          CHECK(err_fused <= 4 * err_dec + 0x1p-20 * scale);
         }
+      }
 }
 
 TEMPLATE_TEST_CASE("attnres: the sources get FD-correct gradients through the fused op", "[attnres]", KILN_BACKEND_TYPES) {
