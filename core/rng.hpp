@@ -4,6 +4,7 @@
 // the order of evaluation: a model initialised on CPU and on CUDA is the same model.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "core/dtype.hpp"
 
@@ -44,16 +45,79 @@ KILN_HD inline double philox_uniform_at(uint64_t seed, uint64_t offset, uint64_t
   return philox_uniform(philox4x32_10(offset + i / 4, seed).v[i % 4]);
 }
 
+// Box-Muller's log, sin and cos, computed the same way on every backend: libm's double log/sin/cos
+// differ by an ulp or two between glibc and CUDA, which would make a normal draw differ between the
+// CPU and the GPU. These use only +, −, ×, ÷, sqrt and explicit fma, each correctly rounded on every
+// host and GPU, and leave no a·b + c for a compiler to contract: the same bits everywhere. They are
+// within a few ulp of libm (tests/core/test_rng.cpp).
+namespace rng_math {
+
+// log(x) for x in (0, 1] (a normal double): x = 2^e·f, f in [√½, √2), log f = 2·atanh(s) with
+// s = (f − 1)/(f + 1), |s| < 0.172, by its series to s^21.
+KILN_HD inline double log_unit(double x) {
+  uint64_t b;
+  std::memcpy(&b, &x, 8);
+  int e = static_cast<int>((b >> 52) & 0x7ffu) - 1023;
+  b = (b & 0x000fffffffffffffull) | 0x3ff0000000000000ull;
+  double f;
+  std::memcpy(&f, &b, 8);  // [1, 2)
+  if (f > 1.4142135623730951) {
+    f *= 0.5;
+    e += 1;
+  }
+  const double s = (f - 1.0) / (f + 1.0), z = s * s;
+  double p = 1.0 / 21;
+  for (int k = 19; k >= 3; k -= 2) p = std::fma(p, z, 1.0 / k);
+  p = std::fma(p, z, 1.0);
+  const double ed = static_cast<double>(e);
+  // ln 2 = hi + lo with hi's low bits zero, so ed·hi is exact
+  return std::fma(ed, 0x1.62e42fefa3800p-1, std::fma(ed, 0x1.ef35793c76730p-45, (2.0 * s) * p));
+}
+
+// sin and cos of 2π·u for u in [0, 1) with u·8 exact (u = k / 2^32): octant o = ⌊8u⌋ and r = 8u − o
+// are exact, θ = r·π/4 (or (1 − r)·π/4 in odd octants) lies in [0, π/4], where Taylor series to θ^19
+// and θ^18 are below half an ulp.
+KILN_HD inline void sincos_turn(double u, double& sn, double& cs) {
+  const double y = u * 8.0;
+  const int o = static_cast<int>(y);
+  const double r = y - static_cast<double>(o);
+  const double t = ((o & 1) ? 1.0 - r : r) * 0.78539816339744830962, t2 = t * t;
+  constexpr double kSin[] = {-1.0 / 121645100408832000.0, 1.0 / 355687428096000.0, -1.0 / 1307674368000.0, 1.0 / 6227020800.0,
+                             -1.0 / 39916800.0,          1.0 / 362880.0,          -1.0 / 5040.0,         1.0 / 120.0,
+                             -1.0 / 6.0};  // 1/19!, ..., 1/3! with signs
+  constexpr double kCos[] = {-1.0 / 6402373705728000.0, 1.0 / 20922789888000.0, -1.0 / 87178291200.0, 1.0 / 479001600.0,
+                             -1.0 / 3628800.0,          1.0 / 40320.0,          -1.0 / 720.0,         1.0 / 24.0,
+                             -0.5};  // 1/18!, ..., 1/2! with signs
+  double ps = kSin[0], pc = kCos[0];
+  for (int k = 1; k < 9; ++k) {
+    ps = std::fma(ps, t2, kSin[k]);
+    pc = std::fma(pc, t2, kCos[k]);
+  }
+  const double st = t * std::fma(ps, t2, 1.0), ct = std::fma(pc, t2, 1.0);
+  const double a = (o & 1) ? ct : st, c = (o & 1) ? st : ct;  // sin, cos of the angle within its quadrant
+  switch (o >> 1) {
+    case 0: sn = a; cs = c; break;
+    case 1: sn = c; cs = -a; break;
+    case 2: sn = -a; cs = -c; break;
+    default: sn = -c; cs = a; break;
+  }
+}
+
+}  // namespace rng_math
+
 // Element i of a standard-normal fill: Box-Muller on the pairs (v0,v1) and (v2,v3) of block i/4,
-// computed in double so every backend rounds to the same float.
-KILN_HD inline double philox_normal_at(uint64_t seed, uint64_t offset, uint64_t i) {
-  const Philox4x32 r = philox4x32_10(offset + i / 4, seed);
-  const unsigned lane = static_cast<unsigned>(i % 4), pair = lane / 2;
+// computed in double (with rng_math's functions) so every backend rounds to the same float.
+KILN_HD inline double philox_normal_from(const Philox4x32& r, unsigned lane) {
+  const unsigned pair = lane / 2;
   const double u1 = (static_cast<double>(r.v[2 * pair]) + 1.0) * (1.0 / 4294967296.0);  // (0, 1]
-  const double u2 = static_cast<double>(r.v[2 * pair + 1]) * (1.0 / 4294967296.0);
-  const double rad = std::sqrt(-2.0 * std::log(u1));
-  const double ang = 6.283185307179586 * u2;
-  return (lane % 2 == 0) ? rad * std::cos(ang) : rad * std::sin(ang);
+  const double u2 = static_cast<double>(r.v[2 * pair + 1]) * (1.0 / 4294967296.0);       // [0, 1)
+  const double rad = std::sqrt(-2.0 * rng_math::log_unit(u1));
+  double sn, cs;
+  rng_math::sincos_turn(u2, sn, cs);
+  return (lane % 2 == 0) ? rad * cs : rad * sn;
+}
+KILN_HD inline double philox_normal_at(uint64_t seed, uint64_t offset, uint64_t i) {
+  return philox_normal_from(philox4x32_10(offset + i / 4, seed), static_cast<unsigned>(i % 4));
 }
 
 // A uniform draw x in [lo, hi) stored as T: x rounded to nearest, except that a value rounding up to

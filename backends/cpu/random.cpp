@@ -45,14 +45,7 @@ void Cpu::rand_uniform(M out, uint64_t seed, uint64_t offset, double lo, double 
 
 void Cpu::rand_normal(M out, uint64_t seed, uint64_t offset, double mean, double std) {
   rand_fill<false>(out, seed, offset, [&](uint64_t i, const Philox4x32& r) {
-    // Exactly philox_normal_at (core/rng.hpp) for this lane.
-    const unsigned lane = static_cast<unsigned>(i % 4), pair = lane / 2;
-    const double u1 = (static_cast<double>(r.v[2 * pair]) + 1.0) * (1.0 / 4294967296.0);
-    const double u2 = static_cast<double>(r.v[2 * pair + 1]) * (1.0 / 4294967296.0);
-    const double rad = std::sqrt(-2.0 * std::log(u1));
-    const double ang = 6.283185307179586 * u2;
-    const double z = (lane % 2 == 0) ? rad * std::cos(ang) : rad * std::sin(ang);
-    return philox_affine(mean, std, z);
+    return philox_affine(mean, std, philox_normal_from(r, static_cast<unsigned>(i % 4)));
   });
 }
 

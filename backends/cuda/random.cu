@@ -4,10 +4,8 @@
 // expressions (the affine step an explicit FMA, philox_affine) and stored through the same roundings
 // (round_uniform, kiln's bf16/f16 conversion).
 //
-// Uniform fills agree bit for bit with the CPU. Normal fills use CUDA's double log, sqrt, sin and cos
-// (sqrt is correctly rounded, the others within 1-2 ulp of glibc's): an f32/bf16/f16 normal draw
-// agrees unless the double lands within an ulp of a rounding boundary of the narrower type (about
-// once in 2^28 draws); an f64 normal draw may differ in its last bits.
+// Uniform and normal fills agree bit for bit with the CPU: Box-Muller uses kiln's own log/sin/cos
+// (core/rng.hpp rng_math), not CUDA's libm.
 #include "backends/cuda/indexing.cuh"
 #include "core/rng.hpp"
 
@@ -36,14 +34,7 @@ __global__ void __launch_bounds__(256) rand_kernel(T* __restrict__ o, const Walk
       for (int l = 0; l < 4; ++l) z[l] = philox_affine(a, b - a, philox_uniform(r.v[l]));
     } else {
 #pragma unroll
-      for (int pair = 0; pair < 2; ++pair) {
-        const double u1 = (static_cast<double>(r.v[2 * pair]) + 1.0) * (1.0 / 4294967296.0);
-        const double u2 = static_cast<double>(r.v[2 * pair + 1]) * (1.0 / 4294967296.0);
-        const double rad = sqrt(-2.0 * log(u1));
-        const double ang = 6.283185307179586 * u2;
-        z[2 * pair] = philox_affine(a, b, rad * cos(ang));
-        z[2 * pair + 1] = philox_affine(a, b, rad * sin(ang));
-      }
+      for (int l = 0; l < 4; ++l) z[l] = philox_affine(a, b, philox_normal_from(r, static_cast<unsigned>(l)));
     }
 #pragma unroll
     for (int l = 0; l < 4; ++l) {

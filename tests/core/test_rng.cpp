@@ -59,8 +59,39 @@ TEST_CASE("philox element functions: uniform is 24-bit and in 0 <= u < 1, normal
   CHECK(philox_uniform_at(9, 5, 9) == philox_uniform(b.v[1]));
   // normal: lanes 0/1 from (v0, v1), lanes 2/3 from (v2, v3)
   const double u1 = (static_cast<double>(b.v[2]) + 1.0) / 4294967296.0, u2 = static_cast<double>(b.v[3]) / 4294967296.0;
-  CHECK(philox_normal_at(9, 5, 10) == std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2));
-  CHECK(std::abs(philox_normal_at(9, 5, 11) - std::sqrt(-2.0 * std::log(u1)) * std::sin(2 * M_PI * u2)) < 1e-15);
+  const double z0 = std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2), z1 = std::sqrt(-2.0 * std::log(u1)) * std::sin(2 * M_PI * u2);
+  CHECK(philox_normal_at(9, 5, 10) == Approx(z0).epsilon(1e-14).margin(1e-15));
+  CHECK(philox_normal_at(9, 5, 11) == Approx(z1).epsilon(1e-14).margin(1e-15));
+}
+
+// Box-Muller's own log/sin/cos (core/rng.hpp): same bits on every backend, and within a few ulp of
+// glibc over the whole input range the generator produces (u1 = k/2^32 in (0, 1], u2 = k/2^32 in [0, 1)).
+TEST_CASE("rng_math: log, sin and cos agree with libm to a few ulp over every input the generator makes", "[core][rng]") {
+  const auto ulps = [](double got, double want) {
+    const double scale = std::max(std::abs(want), 0x1p-1022);
+    return std::abs(got - want) / (std::nextafter(scale, INFINITY) - scale);
+  };
+  double worst_log = 0, worst_trig = 0;
+  std::mt19937_64 rng(5);
+  std::vector<uint64_t> ks{0, 1, 2, 3, 0x7fffffffu, 0x80000000u, 0xb504f333u, 0xfffffffeu, 0xffffffffu};
+  for (uint64_t k = 0; k < 32; ++k) ks.push_back(uint64_t{1} << k);  // every binade of u1
+  for (int i = 0; i < 200000; ++i) ks.push_back(rng() & 0xffffffffu);
+  for (uint64_t k : ks) {
+    const double u1 = (static_cast<double>(k) + 1.0) * (1.0 / 4294967296.0), u2 = static_cast<double>(k) * (1.0 / 4294967296.0);
+    const double l = rng_math::log_unit(u1);
+    if (u1 == 1.0) CHECK(l == 0.0);
+    else worst_log = std::max(worst_log, ulps(l, std::log(u1)));
+    double s, c;
+    rng_math::sincos_turn(u2, s, c);
+    // compare with libm on the same angle in long double (2π·u2 rounded to double would cost up to
+    // an ulp of the angle, i.e. many ulp of sin near its zeros); scale-relative: |sin|, |cos| <= 1
+    const long double ang = 2.0L * 3.141592653589793238462643383279502884L * static_cast<long double>(u2);
+    worst_trig = std::max({worst_trig, std::abs(s - static_cast<double>(std::sin(ang))) / 0x1p-52,
+                           std::abs(c - static_cast<double>(std::cos(ang))) / 0x1p-52});
+  }
+  INFO("worst log error " << worst_log << " ulp, worst sin/cos error " << worst_trig << " ulp of 1");
+  CHECK(worst_log <= 4);
+  CHECK(worst_trig <= 4);
 }
 
 TEST_CASE("round_uniform: a draw that rounds up to hi becomes the largest value below hi", "[core][rng]") {
@@ -132,8 +163,8 @@ TEMPLATE_TEST_CASE("rng: values follow the documented formula exactly (f64)", "[
     const auto u = host(Tensor<B>::uniform({3, 7}, -1, 3, DType::f64, &gen));
     const auto n = host(Tensor<B>::normal({21}, 2, 3, DType::f64, &gen));  // starts at block 4 + 6
     for (uint64_t i = 0; i < 21; ++i) {
-      CHECK(u[i] == -1 + 4 * philox_uniform_at(seed, 4, i));
-      CHECK(n[i] == 2 + 3 * philox_normal_at(seed, 10, i));
+      CHECK(u[i] == philox_affine(-1, 4, philox_uniform_at(seed, 4, i)));
+      CHECK(n[i] == philox_affine(2, 3, philox_normal_at(seed, 10, i)));
     }
     // f32/bf16/f16 are the f64 value rounded once
     Generator g2(seed);
