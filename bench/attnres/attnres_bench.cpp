@@ -1,18 +1,18 @@
 // Attention Residuals and differential attention in the GPT, on the Cpu backend: what each costs
 // against the standard residual / MHA at the same size, in training and in generation.
 //
-//   attnres_bench [--steps N] [--new-tokens N] [--variants mha,diff+attnres_block,...]
+//   attnres_bench [--steps N] [--new-tokens N] [--gen-rounds N] [--variants mha,diff+attnres_block:2,...]
 //
-// For every variant (attention x residual; block size 2 and 4 for attnres_block), one child process
-// (so that each peak RSS is its own) builds the GPT of bench/train_vs_ref.py (d_model 256, 4 layers,
-// 4 heads (diff: 2), vocab 256, T 128, B 8, f32, seed 0) and measures
-//   * train ms: median over N steps of one AdamW training step (forward, cross-entropy, backward,
-//     step), after 2 warm-up steps;
-//   * peak RSS of the training process;
-//   * gen ms/token: greedy generation of --new-tokens tokens after a 16-token prompt with the KV
-//     cache, best of 3 (two-phase inference for AttnRes; "seq" = the same with two-phase turned off).
-// The whole list runs --rounds times (default 3), variants interleaved, and each figure is the best
-// round's: the machine's noise moves single runs by up to 10%.
+// Every variant (attention x residual; block size 2 and 4 for attnres_block) is the GPT of
+// bench/train_vs_ref.py (d_model 256, 4 layers, 4 heads (diff: 2), vocab 256, T 128, B 8, f32, seed 0):
+//   * train ms: median over --steps rounds of one AdamW training step (forward, cross-entropy,
+//     backward, step), after 2 warm-up steps;
+//   * gen ms/token: median over --gen-rounds of greedy generation of --new-tokens tokens after a
+//     16-token prompt with the KV cache (two-phase inference for AttnRes; "seq" = two-phase off);
+//   * peak RSS: a child process per variant that builds it and runs 3 training steps.
+// All variants live in one process and the timings interleave them step by step (round r times
+// every variant once), so a drift of the machine's speed (other tenants, clocks: single runs move by
+// 10-30% here over minutes) hits every variant alike and the ratios stay meaningful.
 // Ratios are against the standard residual with the same attention (and, for diff, against mha).
 // Run with KILN_NUM_THREADS set; results in bench/RESULTS.md.
 #include <sys/resource.h>
@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -62,86 +63,83 @@ ModelConfig config_for(const std::string& variant) {
   return c.resolved();
 }
 
-// Runs in the child: fills r (training, then generation).
-void measure(const std::string& variant, int steps, int new_tokens, Result& r) {
-  const ModelConfig c = config_for(variant);
-  nn::GPT<Cpu> model(c);
-  model.init_weights(0);
-  optim::Adam<Cpu> opt(model.named_parameters(), {.lr = 1e-3, .weight_decay = 0.1});
-  const int64_t B = 8, T = 128;
-  Generator g(1);
-  const Tensor<Cpu> ids = Tensor<Cpu>::uniform({B, T + 1}, 0.0, static_cast<double>(c.vocab_size), DType::f64, &g).to(DType::i64);
-  const Tensor<Cpu> x = ids.narrow(1, 0, T).contiguous(), y = ids.narrow(1, 1, T).contiguous();
-  std::vector<double> ms;
-  for (int s = 0; s < steps + 2; ++s) {
+// One variant's model, optimiser and batch.
+struct Bench {
+  std::string name;
+  ModelConfig c;
+  std::unique_ptr<nn::GPT<Cpu>> model;
+  std::unique_ptr<optim::Adam<Cpu>> opt;
+  Tensor<Cpu> x, y;
+  std::vector<double> train, gen, gen_seq;
+
+  explicit Bench(const std::string& v) : name(v), c(config_for(v)) {
+    model = std::make_unique<nn::GPT<Cpu>>(c);
+    model->init_weights(0);
+    opt = std::make_unique<optim::Adam<Cpu>>(model->named_parameters(), optim::AdamOptions{.lr = 1e-3, .weight_decay = 0.1});
+    const int64_t B = 8, T = 128;
+    Generator g(1);
+    const Tensor<Cpu> ids = Tensor<Cpu>::uniform({B, T + 1}, 0.0, static_cast<double>(c.vocab_size), DType::f64, &g).to(DType::i64);
+    x = ids.narrow(1, 0, T).contiguous();
+    y = ids.narrow(1, 1, T).contiguous();
+  }
+  double step() {
     const double t0 = now_ms();
-    opt.zero_grad();
-    const Var<Cpu> loss = nn::cross_entropy(model(x).reshape({-1, c.vocab_size}), y.reshape({-1}));
+    opt->zero_grad();
+    const Var<Cpu> loss = nn::cross_entropy((*model)(x).reshape({-1, c.vocab_size}), y.reshape({-1}));
     loss.backward();
-    opt.step();
-    if (s >= 2) ms.push_back(now_ms() - t0);
+    opt->step();
+    return now_ms() - t0;
   }
-  std::sort(ms.begin(), ms.end());
-  r.train_ms = ms[ms.size() / 2];
-  const std::vector<int64_t> prompt(16, 7);
-  const nn::SampleOptions so{.max_new_tokens = new_tokens, .temperature = 0.0, .top_k = 0, .seed = 0};
-  for (const bool two_phase : {true, false}) {
-    model.set_two_phase(two_phase);
-    (void)model.generate(prompt, {.max_new_tokens = 4, .temperature = 0.0});  // warm-up
-    double best = 1e300;
-    for (int rep = 0; rep < 3; ++rep) {
-      const double t0 = now_ms();
-      (void)model.generate(prompt, so);
-      best = std::min(best, (now_ms() - t0) / new_tokens);
-    }
-    (two_phase ? r.gen_ms : r.gen_seq_ms) = best;
+  double generate(int new_tokens, bool two_phase) {
+    model->set_two_phase(two_phase);
+    const std::vector<int64_t> prompt(16, 7);
+    const double t0 = now_ms();
+    (void)model->generate(prompt, {.max_new_tokens = new_tokens, .temperature = 0.0, .top_k = 0, .seed = 0});
+    return (now_ms() - t0) / new_tokens;
   }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-Result run_child(const std::string& variant, int steps, int new_tokens) {
-  int fd[2];
-  if (pipe(fd) != 0) std::exit(1);
+// Peak RSS of a child that builds the variant and runs 3 training steps.
+double peak_rss_mib(const std::string& variant) {
   const pid_t pid = fork();
   if (pid == 0) {
-    close(fd[0]);
-    Result r;
     try {
-      measure(variant, steps, new_tokens, r);
+      Bench b(variant);
+      for (int s = 0; s < 3; ++s) (void)b.step();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s: %s\n", variant.c_str(), e.what());
       _exit(2);
     }
-    if (write(fd[1], &r, sizeof r) != static_cast<ssize_t>(sizeof r)) _exit(3);
     _exit(0);
   }
-  close(fd[1]);
-  Result r;
-  const bool got = read(fd[0], &r, sizeof r) == static_cast<ssize_t>(sizeof r);
-  close(fd[0]);
   int status = 0;
   rusage ru{};
   wait4(pid, &status, 0, &ru);
-  if (!got || status != 0) {
+  if (status != 0) {
     std::fprintf(stderr, "attnres_bench: variant %s failed\n", variant.c_str());
     std::exit(1);
   }
-  r.rss_mib = static_cast<double>(ru.ru_maxrss) / 1024.0;
-  return r;
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 10, new_tokens = 112, rounds = 3;
+  int steps = 15, new_tokens = 32, rounds = 15;
   std::string variants =
       "mha,mha+attnres_block:2,mha+attnres_block:4,mha+attnres_full,diff,diff+attnres_block:2,diff+attnres_block:4,diff+attnres_full";
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--new-tokens")) new_tokens = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--steps")) steps = std::max(1, std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--new-tokens")) new_tokens = std::max(1, std::atoi(argv[i + 1]));
     else if (!std::strcmp(argv[i], "--variants")) variants = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--rounds")) rounds = std::max(1, std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--gen-rounds")) rounds = std::max(1, std::atoi(argv[i + 1]));
     else {
-      std::fprintf(stderr, "attnres_bench: unknown flag %s (valid: --steps, --new-tokens, --variants, --rounds)\n", argv[i]);
+      std::fprintf(stderr, "attnres_bench: unknown flag %s (valid: --steps, --new-tokens, --gen-rounds, --variants)\n", argv[i]);
       return 2;
     }
   }
@@ -151,30 +149,33 @@ int main(int argc, char** argv) {
     if (end > start) list.push_back(variants.substr(start, end - start));
     start = end + 1;
   }
-  std::map<std::string, Result> best;
-  for (int round = 0; round < rounds; ++round)
-    for (const std::string& v : list) {
-      const Result r = run_child(v, steps, new_tokens);
-      auto [it, fresh] = best.emplace(v, r);
-      if (!fresh) {
-        Result& b = it->second;
-        b.train_ms = std::min(b.train_ms, r.train_ms);
-        b.gen_ms = std::min(b.gen_ms, r.gen_ms);
-        b.gen_seq_ms = std::min(b.gen_seq_ms, r.gen_seq_ms);
-        b.rss_mib = std::max(b.rss_mib, r.rss_mib);
+  std::map<std::string, double> rss;
+  for (const std::string& v : list) rss[v] = peak_rss_mib(v);
+  std::vector<std::unique_ptr<Bench>> benches;
+  for (const std::string& v : list) benches.push_back(std::make_unique<Bench>(v));
+  for (auto& b : benches) (void)b->step();  // warm-up
+  for (auto& b : benches) (void)b->step();
+  for (int s = 0; s < steps; ++s)
+    for (auto& b : benches) b->train.push_back(b->step());
+  for (auto& b : benches) (void)b->generate(4, true);  // warm-up
+  for (int r = 0; r < rounds; ++r)
+    for (auto& b : benches)
+      for (const bool two_phase : {true, false}) {
+        if (!two_phase && b->c.residual == "standard") continue;
+        (two_phase ? b->gen : b->gen_seq).push_back(b->generate(new_tokens, two_phase));
       }
-      std::fprintf(stderr, "round %d: %s done\n", round + 1, v.c_str());
-    }
-  std::printf("threads %d, %d training steps (median), %d generated tokens (best of 3), best of %d rounds\n\n", num_threads(), steps,
-              new_tokens, rounds);
+  std::printf("threads %d; medians of %d training steps and of %d generations of %d tokens, the variants interleaved step by step\n\n",
+              num_threads(), steps, rounds, new_tokens);
   std::printf("| variant | train ms | vs standard | vs mha | peak RSS MiB | gen ms/token | vs standard | seq ms/token |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
+  std::map<std::string, Result> res;
+  for (auto& b : benches) res[b->name] = {median(b->train), median(b->gen), median(b->gen_seq), rss[b->name]};
   const auto ratio = [](double a, double b) { return b > 0 ? fmt::format("{:.2f}x", a / b) : std::string("-"); };
   for (const std::string& v : list) {
-    const Result& r = best.at(v);
+    const Result& r = res.at(v);
     const std::string att = v.substr(0, v.find('+'));
-    const Result s = best.count(att) ? best.at(att) : Result{};
-    const Result m = best.count("mha") ? best.at("mha") : Result{};
+    const Result s = res.count(att) ? res.at(att) : Result{};
+    const Result m = res.count("mha") ? res.at("mha") : Result{};
     const std::string seq = v.find("attnres") == std::string::npos ? std::string("-") : fmt::format("{:.3f}", r.gen_seq_ms);
     std::printf("| %s | %.1f | %s | %s | %.0f | %.3f | %s | %s |\n", v.c_str(), r.train_ms, ratio(r.train_ms, s.train_ms).c_str(),
                 ratio(r.train_ms, m.train_ms).c_str(), r.rss_mib, r.gen_ms, ratio(r.gen_ms, s.gen_ms).c_str(), seq.c_str());
