@@ -210,7 +210,8 @@ template <class T> inline T dot(const T* x, const T* u, int64_t n) {
 // ---------------------------------------------------------------------------------- conversions
 // Exactly Reference's convert<T>(U): through double; bool is "!= 0"; half types round from float.
 template <class T, class U> inline T convert(U x) {
-  if constexpr (std::is_same_v<T, bool>) return static_cast<double>(x) != 0.0;
+  if constexpr (std::is_same_v<T, U>) return x;  // exact (an i64 beyond 2^53 survives)
+  else if constexpr (std::is_same_v<T, bool>) return static_cast<double>(x) != 0.0;
   else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) return T(static_cast<float>(static_cast<double>(x)));
   else return static_cast<T>(static_cast<double>(x));
 }

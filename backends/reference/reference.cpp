@@ -18,7 +18,8 @@ template <class T> T load(const V& v, int64_t i) { return v.storage.as<T>()[v.la
 template <class T> void store(const M& m, int64_t i, T x) { m.storage.as<T>()[m.layout.offset_of(i)] = x; }
 
 template <class T, class U> T convert(U x) {
-  if constexpr (std::is_same_v<T, bool>) return static_cast<double>(x) != 0.0;
+  if constexpr (std::is_same_v<T, U>) return x;  // exact (an i64 beyond 2^53 survives)
+  else if constexpr (std::is_same_v<T, bool>) return static_cast<double>(x) != 0.0;
   else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) return T(static_cast<float>(static_cast<double>(x)));
   else return static_cast<T>(static_cast<double>(x));
 }

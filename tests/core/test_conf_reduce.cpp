@@ -181,3 +181,20 @@ TEMPLATE_TEST_CASE("conformance: softmax and log_softmax on any axis", "[core][c
     check_close(bx.log_softmax(a), rx.log_softmax(a), Tol{4 * u_acc(d) + 2 * u_store(d), c}, "log_softmax " + w);
   }
 }
+
+// i64 arithmetic is exact: values beyond 2^53 (where a trip through double would round) survive
+// sums, max, negation, addition and same-dtype copies on every backend.
+TEMPLATE_TEST_CASE("conformance: i64 beyond 2^53 stays exact through reductions and arithmetic", "[core][conformance][reduce]",
+                   ::kiln::Reference, KILN_TEST_BACKENDS) {
+  using B = TestType;
+  using T = Tensor<B>;
+  const int64_t big = (int64_t{1} << 53) + 1;
+  const T x = T::from_vector(std::vector<int64_t>{big, 2, big + 2, -3}, {2, 2});
+  CHECK(x.sum().template item<int64_t>() == 2 * big + 1);
+  CHECK(x.sum({0}).template to_vector<int64_t>() == std::vector<int64_t>{2 * big + 2, -1});
+  CHECK(x.sum({1}).template to_vector<int64_t>() == std::vector<int64_t>{big + 2, big - 1});
+  CHECK(x.max().template item<int64_t>() == big + 2);
+  CHECK(x.neg().template to_vector<int64_t>() == std::vector<int64_t>{-big, -2, -big - 2, 3});
+  CHECK(x.add(x).template to_vector<int64_t>() == std::vector<int64_t>{2 * big, 4, 2 * big + 4, -6});
+  CHECK(x.t().contiguous().template to_vector<int64_t>() == std::vector<int64_t>{big, big + 2, 2, -3});
+}
