@@ -2,6 +2,7 @@
 // against the standard residual / MHA at the same size, in training and in generation.
 //
 //   attnres_bench [--steps N] [--new-tokens N] [--gen-rounds N] [--variants mha,diff+attnres_block:2,...]
+//                 [--d-model 256] [--layers 4] [--heads 4]      (--steps 0: generation only)
 //
 // Every variant (attention x residual; block size 2 and 4 for attnres_block) is the GPT of
 // bench/train_vs_ref.py (d_model 256, 4 layers, 4 heads (diff: 2), vocab 256, T 128, B 8, f32, seed 0):
@@ -45,15 +46,18 @@ double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// The model's size (flags --d-model, --layers, --heads; diff gets half the heads: equal parameters).
+int64_t g_d_model = 256, g_layers = 4, g_heads = 4;
+
 ModelConfig config_for(const std::string& variant) {
   ModelConfig c;
   c.vocab_size = 256;
-  c.d_model = 256;
-  c.n_layers = 4;
+  c.d_model = g_d_model;
+  c.n_layers = g_layers;
   c.max_seq_len = 128;
   const auto plus = variant.find('+');
   c.attention = variant.substr(0, plus);
-  c.n_heads = c.attention == "diff" ? 2 : 4;
+  c.n_heads = c.attention == "diff" ? g_heads / 2 : g_heads;
   std::string res = plus == std::string::npos ? "standard" : variant.substr(plus + 1);
   if (res.rfind("attnres_block", 0) == 0) {
     c.attnres_block_size = res.size() > 13 ? std::stoll(res.substr(14)) : 4;  // attnres_block:S
@@ -134,12 +138,15 @@ int main(int argc, char** argv) {
   std::string variants =
       "mha,mha+attnres_block:2,mha+attnres_block:4,mha+attnres_full,diff,diff+attnres_block:2,diff+attnres_block:4,diff+attnres_full";
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--steps")) steps = std::max(1, std::atoi(argv[i + 1]));
+    if (!std::strcmp(argv[i], "--steps")) steps = std::max(0, std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--d-model")) g_d_model = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--layers")) g_layers = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--heads")) g_heads = std::atoll(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--new-tokens")) new_tokens = std::max(1, std::atoi(argv[i + 1]));
     else if (!std::strcmp(argv[i], "--variants")) variants = argv[i + 1];
     else if (!std::strcmp(argv[i], "--gen-rounds")) rounds = std::max(1, std::atoi(argv[i + 1]));
     else {
-      std::fprintf(stderr, "attnres_bench: unknown flag %s (valid: --steps, --new-tokens, --gen-rounds, --variants)\n", argv[i]);
+      std::fprintf(stderr, "attnres_bench: unknown flag %s (valid: --steps, --new-tokens, --gen-rounds, --variants, --d-model, --layers, --heads)\n", argv[i]);
       return 2;
     }
   }
@@ -150,11 +157,12 @@ int main(int argc, char** argv) {
     start = end + 1;
   }
   std::map<std::string, double> rss;
-  for (const std::string& v : list) rss[v] = peak_rss_mib(v);
+  if (steps > 0)
+    for (const std::string& v : list) rss[v] = peak_rss_mib(v);
   std::vector<std::unique_ptr<Bench>> benches;
   for (const std::string& v : list) benches.push_back(std::make_unique<Bench>(v));
-  for (auto& b : benches) (void)b->step();  // warm-up
-  for (auto& b : benches) (void)b->step();
+  for (int w = 0; w < (steps > 0 ? 2 : 0); ++w)  // warm-up
+    for (auto& b : benches) (void)b->step();
   for (int s = 0; s < steps; ++s)
     for (auto& b : benches) b->train.push_back(b->step());
   for (auto& b : benches) (void)b->generate(4, true);  // warm-up
@@ -164,8 +172,10 @@ int main(int argc, char** argv) {
         if (!two_phase && b->c.residual == "standard") continue;
         (two_phase ? b->gen : b->gen_seq).push_back(b->generate(new_tokens, two_phase));
       }
-  std::printf("threads %d; medians of %d training steps and of %d generations of %d tokens, the variants interleaved step by step\n\n",
-              num_threads(), steps, rounds, new_tokens);
+  std::printf("d_model %lld, %lld layers, %lld heads; threads %d; medians of %d training steps and of %d generations of %d tokens, "
+              "the variants interleaved step by step\n\n",
+              static_cast<long long>(g_d_model), static_cast<long long>(g_layers), static_cast<long long>(g_heads), num_threads(), steps,
+              rounds, new_tokens);
   std::printf("| variant | train ms | vs standard | vs mha | peak RSS MiB | gen ms/token | vs standard | seq ms/token |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   std::map<std::string, Result> res;
