@@ -34,8 +34,9 @@ template <int N> struct Walk {
   int64_t stride[kWalkDims][N] = {};
   int64_t base[N] = {};
 
-  // Element offsets of every operand for the row-major linear index i.
-  __device__ __forceinline__ void offsets(int64_t i, int64_t (&off)[N]) const {
+  // Element offsets of every operand for the row-major linear index i (callable on the host too, for
+  // backends/cuda/testing.hpp).
+  __host__ __device__ __forceinline__ void offsets(int64_t i, int64_t (&off)[N]) const {
 #pragma unroll
     for (int k = 0; k < N; ++k) off[k] = base[k];
     if (contiguous) {

@@ -3,8 +3,11 @@
 // device are tagged [cuda] or named for Cuda and skip themselves without one (tests/catch_main.cpp).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <map>
+#include <random>
 #include <set>
 #include <thread>
 #include <vector>
@@ -17,6 +20,7 @@
 #if defined(KILN_HAVE_CUDA_BACKEND)
 #include "backends/cuda/allocator.hpp"
 #include "backends/cuda/cuda.hpp"
+#include "backends/cuda/testing.hpp"
 #endif
 
 using namespace kiln;
@@ -218,4 +222,64 @@ TEST_CASE("cuda backend not built: --device cuda says how to get it", "[cuda-hos
   CHECK_THROWS_WITH(dispatch("cuda", []<Backend B>() { return 0; }), Catch::Contains("built without the CUDA backend"));
 }
 
+#endif
+
+#if defined(KILN_HAVE_CUDA_BACKEND)
+// The index arithmetic of every Cuda elementwise, reduction, indexing and random kernel (indexing.cuh),
+// evaluated on the host: each operand's offset for linear index i must be Layout::offset_of(i), for
+// merged and unmerged dims, size-1 dims, broadcast (zero) strides, negative-free transposes, base
+// offsets, 0-d shapes, and the 64-bit path (more than 2^31 elements, offsets only: nothing allocated).
+TEST_CASE("cuda walk: kernel offsets equal the layout's for any strides (host)", "[cuda-host][walk]") {
+  std::mt19937_64 rng(11);
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  for (int it = 0; it < 400; ++it) {
+    const auto rank = static_cast<size_t>(pick(0, 6));
+    Shape shape(rank);
+    for (auto& d : shape) d = pick(0, 9) == 0 ? 1 : pick(1, 5);
+    std::array<Strides, 3> strides;
+    std::array<int64_t, 3> base{};
+    for (int k = 0; k < 3; ++k) {
+      Strides st = contiguous_strides(shape);
+      // operand kinds: contiguous, permuted (transposed), broadcast dims, stepped
+      const int64_t kind = pick(0, 3);
+      if (kind == 1 && rank >= 2) {
+        Shape perm_shape = shape;
+        std::vector<size_t> perm(rank);
+        for (size_t d = 0; d < rank; ++d) perm[d] = d;
+        std::shuffle(perm.begin(), perm.end(), rng);
+        Shape ps(rank);
+        for (size_t d = 0; d < rank; ++d) ps[d] = shape[perm[d]];
+        const Strides pst = contiguous_strides(ps);
+        for (size_t d = 0; d < rank; ++d) st[perm[d]] = pst[d];
+      } else if (kind == 2) {
+        for (size_t d = 0; d < rank; ++d)
+          if (pick(0, 2) == 0) st[d] = 0;
+      } else if (kind == 3) {
+        for (auto& s : st) s *= pick(1, 3);
+      }
+      strides[static_cast<size_t>(k)] = st;
+      base[static_cast<size_t>(k)] = pick(0, 50);
+    }
+    const int64_t n = numel(shape);
+    std::vector<int64_t> lin;
+    for (int64_t i = 0; i < n; ++i) lin.push_back(i);
+    const auto got = cuda::testing::walk_offsets(shape, strides, base, lin);
+    for (int k = 0; k < 3; ++k) {
+      const Layout L(shape, strides[static_cast<size_t>(k)], base[static_cast<size_t>(k)]);
+      for (int64_t i = 0; i < n; ++i) {
+        INFO("shape " << shape_str(shape) << " operand " << k << " strides " << shape_str(L.strides) << " element " << i);
+        REQUIRE(got[static_cast<size_t>(i)][static_cast<size_t>(k)] == L.offset_of(i));
+      }
+    }
+  }
+  // 2^33 elements: the 64-bit index path, sampled
+  const Shape big{1 << 11, 3, 1 << 11, 1 << 11};
+  const std::array<Strides, 3> bs{contiguous_strides(big), Strides{1, 0, int64_t{1} << 12, 2}, Strides{0, 1, 3, int64_t{1} << 30}};
+  std::vector<int64_t> lin{0, 1, (int64_t{1} << 31) - 1, int64_t{1} << 31, (int64_t{1} << 32) + 12345, numel(big) - 1};
+  const auto got = cuda::testing::walk_offsets(big, bs, {7, 0, 3}, lin);
+  for (int k = 0; k < 3; ++k) {
+    const Layout L(big, bs[static_cast<size_t>(k)], std::array<int64_t, 3>{7, 0, 3}[static_cast<size_t>(k)]);
+    for (size_t j = 0; j < lin.size(); ++j) CHECK(got[j][static_cast<size_t>(k)] == L.offset_of(lin[j]));
+  }
+}
 #endif
