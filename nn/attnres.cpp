@@ -84,7 +84,8 @@ template <Backend B> void AttnResStack<B>::phase1() {
   std::vector<Tensor<B>> qs, vs;
   for (int64_t r = 0; r < Sq; ++r) qs.push_back(schedule_[static_cast<size_t>(j_ + r)]->effective_query());
   for (const Var<B>& b : blocks_) vs.push_back(b.value());
-  std::tie(m_, l_, acc_) = fused::depth_attention_phase1(vs, Tensor<B>::stack(qs, 0), schedule_[static_cast<size_t>(j_)]->eps());
+  Q_ = Tensor<B>::stack(qs, 0);  // the merges of this block reuse their rows
+  std::tie(m_, l_, acc_) = fused::depth_attention_phase1(vs, Q_, schedule_[static_cast<size_t>(j_)]->eps());
 }
 
 // Phase 2: merge the running partial (if any) into sublayer j's Phase-1 statistics.
@@ -92,7 +93,7 @@ template <Backend B> Tensor<B> AttnResStack<B>::two_phase_read(const DepthAttent
   KILN_CHECK(&res == schedule_[static_cast<size_t>(j_)], "AttnRes: sublayer {} is not the depth attention scheduled for it", j_);
   const int64_t r = j_ - block_start_;
   const Tensor<B> p = partial_.defined() ? partial_.value() : Tensor<B>();
-  const Tensor<B> h = fused::depth_attention_merge(m_.select(0, r), l_.select(0, r), acc_.select(0, r), p, res.effective_query(), res.eps());
+  const Tensor<B> h = fused::depth_attention_merge(m_.select(0, r), l_.select(0, r), acc_.select(0, r), p, Q_.select(0, r), res.eps());
   return h.to(blocks_.front().dtype());
 }
 

@@ -80,7 +80,7 @@ template <Backend B> class AttnResStack {
   std::vector<Var<B>> blocks_;
   Var<B> partial_;
   std::vector<const DepthAttention<B>*> schedule_;
-  Tensor<B> m_, l_, acc_;  // Phase 1 of the current block: [S', B, T], [S', B, T], [S', B, T, D]
+  Tensor<B> Q_, m_, l_, acc_;  // Phase 1 of the current block: queries [S', D], [S', B, T], [S', B, T], [S', B, T, D]
   int64_t block_start_ = 0;
 };
 
