@@ -51,6 +51,11 @@ struct Cuda {
   static void rms_norm_backward(M dx, M* dw, V x, const V* w, V rstd, V dy);
   static void cross_entropy_forward(M loss, M lse, V logits, V targets, int64_t ignore_index, double smoothing);  // loss.cu
   static void cross_entropy_backward(M dlogits, V logits, V lse, V targets, V g, int64_t ignore_index, double smoothing);
+  // depth.cu (contract in core/fused_depth.hpp)
+  static void depth_attention_forward(M h, M alpha, M rstd, const std::vector<V>& v, V q, double eps);
+  static void depth_attention_backward(const std::vector<M>& dv, M dq, const std::vector<V>& v, V q, V alpha, V rstd, V dh);
+  static void depth_attention_phase1(M m, M l, M acc, const std::vector<V>& v, V Q, double eps);
+  static void depth_attention_merge(M h, V m, V l, V acc, const V* p, V q, double eps);
   static void adam_step(const std::vector<M>& w, const std::vector<M>& m, const std::vector<M>& v, const std::vector<V>& g,
                         const fused::AdamHyper& h);  // optim.cu
   static void attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, double scale, bool causal, int64_t pos0);  // attention.cu

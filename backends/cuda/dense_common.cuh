@@ -27,6 +27,16 @@ template <class C> __device__ __forceinline__ C neg_inf() { return -std::numeric
 // max(a, b) that propagates a NaN in b (a is a running maximum, so a NaN there stays).
 template <class C> __device__ __forceinline__ C max_nan(C a, C b) { return (b > a || b != b) ? b : a; }
 
+// out[c] = Σ_{p < P} partial[p, c], in order: the second pass of the deterministic column sums
+// (RMSNorm's dw, the depth attention's dq), one thread per column.
+template <class T> __global__ void sum_partials_in_order(T* __restrict__ out, const T* __restrict__ partial, int64_t P, int64_t D) {
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < D; c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    T s = 0;
+    for (int64_t p = 0; p < P; ++p) s += partial[p * D + c];
+    out[c] = s;
+  }
+}
+
 // Calls f(type_tag<T>{}) for the float storage types; throws naming the op and shape otherwise.
 template <class F> void visit_float(DType d, std::string_view op, const Shape& shape, F&& f) {
   switch (d) {

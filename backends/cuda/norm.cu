@@ -122,15 +122,6 @@ __global__ void __launch_bounds__(kDwCols* kDwRows) rms_bwd_dw_partial(T* __rest
   }
 }
 
-// dw[c] = Σ_{p < P} partial[p, c], in order.
-template <class T> __global__ void rms_bwd_dw_final(T* __restrict__ dw, const T* __restrict__ partial, int64_t P, int64_t D) {
-  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < D; c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    T s = 0;
-    for (int64_t p = 0; p < P; ++p) s += partial[p * D + c];
-    dw[c] = s;
-  }
-}
-
 // ------------------------------------------------------------------------------------------ host side
 struct Dims {
   int64_t N = 0, D = 0;
@@ -219,7 +210,7 @@ void Cuda::rms_norm_backward(M dx, M* dw, V x, const V* w, V rstd, V dy) {
     rms_bwd_dw_partial<T><<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(P)), dim3(kDwCols, kDwRows), 0, s>>>(
         pp, xp, rp, gp, N, D, rows_per_chunk);
     KILN_CUDA_LAUNCHED(op);
-    rms_bwd_dw_final<T><<<grid_for(D, 256), 256, 0, s>>>(dwp, pp, P, D);
+    sum_partials_in_order<T><<<grid_for(D, 256), 256, 0, s>>>(dwp, pp, P, D);
     KILN_CUDA_LAUNCHED(op);
   });
 }

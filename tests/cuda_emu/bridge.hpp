@@ -1,0 +1,51 @@
+#pragma once
+// The bridge between the test (namespace kiln, linked with libkiln) and the emulated Cuda backend
+// (compiled with -Dkiln=kilnemu): plain types only. A Buf is a caller-owned host buffer with a view
+// on it; dtype is kiln::DType as an int. Every call throws std::runtime_error with the backend's
+// message when the primitive throws.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cuda_emu {
+
+struct Buf {
+  void* data = nullptr;
+  size_t bytes = 0;
+  int dtype = 0;
+  std::vector<int64_t> shape, strides;
+  int64_t offset = 0;
+};
+
+void fill(const Buf& out, double value, bool integral, int64_t ivalue);
+void copy(const Buf& out, const Buf& in);
+void unary(const std::string& op, const Buf& out, const Buf& in);     // op: the Op's name ("exp")
+void binary(const std::string& op, const Buf& out, const Buf& a, const Buf& b);
+void where(const Buf& out, const Buf& cond, const Buf& a, const Buf& b);
+void reduce(const std::string& op, const Buf& out, const Buf& in, int axis);  // sum prod max min argmax argmin
+void gather(const Buf& out, const Buf& src, int axis, const Buf& index);
+void scatter_add(const Buf& out, int axis, const Buf& index, const Buf& src);
+void rand_uniform(const Buf& out, uint64_t seed, uint64_t offset, double lo, double hi);
+void rand_normal(const Buf& out, uint64_t seed, uint64_t offset, double mean, double std);
+// fused ops (f32/f64 or float dtypes as the kernels allow)
+void softmax_lastdim(const Buf& out, const Buf& x, bool log);
+void softmax_lastdim_backward(const Buf& dx, const Buf& y, const Buf& dy, bool log);
+void rms_norm_forward(const Buf& y, const Buf& rstd, const Buf& x, const Buf* w, double eps);
+void rms_norm_backward(const Buf& dx, const Buf* dw, const Buf& x, const Buf* w, const Buf& rstd, const Buf& dy);
+void cross_entropy_forward(const Buf& loss, const Buf& lse, const Buf& logits, const Buf& targets, int64_t ignore_index, double smoothing);
+void cross_entropy_backward(const Buf& dlogits, const Buf& logits, const Buf& lse, const Buf& targets, const Buf& g, int64_t ignore_index,
+                            double smoothing);
+// Attention Residuals' fused depth attention (depth.cu; f32/f64 contiguous rows)
+void depth_attention_forward(const Buf& h, const Buf& alpha, const Buf& rstd, const std::vector<Buf>& v, const Buf& q, double eps);
+void depth_attention_backward(const std::vector<Buf>& dv, const Buf& dq, const std::vector<Buf>& v, const Buf& q, const Buf& alpha,
+                              const Buf& rstd, const Buf& dh);
+void depth_attention_phase1(const Buf& m, const Buf& l, const Buf& acc, const std::vector<Buf>& v, const Buf& Q, double eps);
+void depth_attention_merge(const Buf& h, const Buf& m, const Buf& l, const Buf& acc, const Buf* p, const Buf& q, double eps);
+
+// Kernel launches so far (emu::stats()).
+uint64_t launches();
+// Schedule the threads of a block in reverse order (emu::set_reverse_order).
+void set_reverse_order(bool on);
+
+}  // namespace cuda_emu

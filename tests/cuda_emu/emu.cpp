@@ -1,0 +1,206 @@
+// The fiber scheduler of the CUDA host emulator (emu.hpp).
+#include "emu.hpp"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace emu {
+
+uint3 g_threadIdx, g_blockIdx;
+dim3 g_blockDim, g_gridDim;
+
+namespace {
+
+constexpr size_t kStack = size_t{256} << 10;  // per fiber, with a guard page below
+constexpr int kWarp = 32;
+
+enum class St : uint8_t { runnable, wait_block, wait_warp, done };
+
+struct Fiber {
+  ucontext_t ctx;
+  char* mem = nullptr;  // guard page + stack
+  St st = St::done;
+  uint3 tid{};
+};
+
+struct Sched {
+  ucontext_t main;
+  std::vector<Fiber> fib;  // grows, never shrinks (stacks are reused)
+  int n = 0;               // threads of the current block
+  int cur = -1;
+  int live = 0, block_wait = 0;
+  std::vector<int> warp_live, warp_wait;
+  std::vector<unsigned char> slots;  // per warp: 32 lanes x kSlotBytes
+  void (*body)(void*) = nullptr;
+  void* ctx = nullptr;
+  std::exception_ptr exc;
+  Stats stats;
+};
+Sched g;
+bool g_reverse = false;
+
+void release_block() {
+  if (g.block_wait > 0 && g.block_wait == g.live) {
+    for (int i = 0; i < g.n; ++i)
+      if (g.fib[static_cast<size_t>(i)].st == St::wait_block) g.fib[static_cast<size_t>(i)].st = St::runnable;
+    g.block_wait = 0;
+  }
+}
+void release_warp(int w) {
+  const auto wi = static_cast<size_t>(w);
+  if (g.warp_wait[wi] > 0 && g.warp_wait[wi] == g.warp_live[wi]) {
+    const int lo = w * kWarp, hi = std::min(g.n, lo + kWarp);
+    for (int i = lo; i < hi; ++i)
+      if (g.fib[static_cast<size_t>(i)].st == St::wait_warp) g.fib[static_cast<size_t>(i)].st = St::runnable;
+    g.warp_wait[wi] = 0;
+  }
+}
+
+void yield_to_main() { swapcontext(&g.fib[static_cast<size_t>(g.cur)].ctx, &g.main); }
+
+void entry() {
+  try {
+    g.body(g.ctx);
+  } catch (...) {
+    if (!g.exc) g.exc = std::current_exception();
+  }
+  Fiber& f = g.fib[static_cast<size_t>(g.cur)];
+  f.st = St::done;
+  --g.live;
+  --g.warp_live[static_cast<size_t>(g.cur / kWarp)];
+  release_block();
+  release_warp(g.cur / kWarp);
+  swapcontext(&f.ctx, &g.main);  // never resumed
+}
+
+char* new_stack() {
+  const long page = sysconf(_SC_PAGESIZE);
+  void* p = mmap(nullptr, kStack + static_cast<size_t>(page), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) throw std::runtime_error("emu: cannot allocate a fiber stack");
+  mprotect(p, static_cast<size_t>(page), PROT_NONE);  // guard page: a stack overflow faults
+  return static_cast<char*>(p);
+}
+
+}  // namespace
+
+Stats& stats() { return g.stats; }
+void set_reverse_order(bool on) { g_reverse = on; }
+
+int lane_id() { return g.cur % kWarp; }
+unsigned char* warp_slot(int lane) {
+  return g.slots.data() + (static_cast<size_t>(g.cur / kWarp) * kWarp + static_cast<size_t>(lane)) * kSlotBytes;
+}
+
+void sync_block() {
+  Fiber& f = g.fib[static_cast<size_t>(g.cur)];
+  f.st = St::wait_block;
+  ++g.block_wait;
+  release_block();
+  if (f.st != St::runnable) yield_to_main();
+}
+
+void sync_warp() {
+  Fiber& f = g.fib[static_cast<size_t>(g.cur)];
+  const int w = g.cur / kWarp;
+  f.st = St::wait_warp;
+  ++g.warp_wait[static_cast<size_t>(w)];
+  release_warp(w);
+  if (f.st != St::runnable) yield_to_main();
+}
+
+void run_grid(const char* name, const Config& c, void (*body)(void*), void* ctx) {
+  if (g.cur != -1) throw std::runtime_error(std::string("emu: launch of ") + name + " from inside a kernel");
+  const uint64_t threads = uint64_t{c.block.x} * c.block.y * c.block.z;
+  const uint64_t blocks = uint64_t{c.grid.x} * c.grid.y * c.grid.z;
+  // The limits of every GPU since sm_30 (a real launch fails with cudaErrorInvalidConfiguration).
+  if (threads == 0 || threads > 1024 || c.block.z > 64 || blocks == 0 || c.grid.y > 65535 || c.grid.z > 65535 ||
+      c.grid.x > 2147483647u)
+    throw std::runtime_error(std::string("emu: invalid launch configuration for ") + name + ": grid (" + std::to_string(c.grid.x) + ", " +
+                             std::to_string(c.grid.y) + ", " + std::to_string(c.grid.z) + "), block (" + std::to_string(c.block.x) +
+                             ", " + std::to_string(c.block.y) + ", " + std::to_string(c.block.z) + ")");
+  if (c.smem > 48 * 1024) throw std::runtime_error(std::string("emu: ") + name + ": dynamic shared memory not emulated");
+  g.n = static_cast<int>(threads);
+  while (g.fib.size() < static_cast<size_t>(g.n)) {
+    g.fib.emplace_back();
+    g.fib.back().mem = new_stack();
+  }
+  const int warps = (g.n + kWarp - 1) / kWarp;
+  g.warp_live.assign(static_cast<size_t>(warps), 0);
+  g.warp_wait.assign(static_cast<size_t>(warps), 0);
+  g.slots.assign(static_cast<size_t>(warps) * kWarp * kSlotBytes, 0);
+  g.body = body;
+  g.ctx = ctx;
+  g.exc = nullptr;
+  g_gridDim = c.grid;
+  g_blockDim = c.block;
+  ++g.stats.launches;
+  static const bool trace = [] {
+    const char* e = std::getenv("KILN_EMU_TRACE");
+    return e && *e && std::string(e) != "0";
+  }();
+  if (trace)  // KILN_EMU_TRACE=1: one line per launch on stderr
+    std::fprintf(stderr, "emu launch %s grid (%u,%u,%u) block (%u,%u,%u)\n", name, c.grid.x, c.grid.y, c.grid.z, c.block.x, c.block.y,
+                 c.block.z);
+  const long page = sysconf(_SC_PAGESIZE);
+  for (unsigned bz = 0; bz < c.grid.z; ++bz)
+    for (unsigned by = 0; by < c.grid.y; ++by)
+      for (unsigned bx = 0; bx < c.grid.x; ++bx) {
+        g_blockIdx = uint3{bx, by, bz};
+        ++g.stats.blocks;
+        g.stats.threads += threads;
+        for (int i = 0; i < g.n; ++i) {
+          Fiber& f = g.fib[static_cast<size_t>(i)];
+          getcontext(&f.ctx);
+          f.ctx.uc_stack.ss_sp = f.mem + page;
+          f.ctx.uc_stack.ss_size = kStack;
+          f.ctx.uc_link = nullptr;
+          makecontext(&f.ctx, entry, 0);
+          f.st = St::runnable;
+          const auto u = static_cast<unsigned>(i);
+          f.tid = uint3{u % c.block.x, (u / c.block.x) % c.block.y, u / (c.block.x * c.block.y)};
+          ++g.warp_live[static_cast<size_t>(i / kWarp)];
+        }
+        g.live = g.n;
+        g.block_wait = 0;
+        std::fill(g.warp_wait.begin(), g.warp_wait.end(), 0);
+        while (g.live > 0) {
+          bool ran = false;
+          for (int k = 0; k < g.n; ++k) {
+            const int i = g_reverse ? g.n - 1 - k : k;
+            Fiber& f = g.fib[static_cast<size_t>(i)];
+            if (f.st != St::runnable) continue;
+            g.cur = i;
+            g_threadIdx = f.tid;
+            swapcontext(&g.main, &f.ctx);
+            g.cur = -1;
+            ran = true;
+          }
+          if (g.exc) break;
+          if (!ran && g.live > 0) {
+            int wb = 0, ww = 0;
+            for (int i = 0; i < g.n; ++i) {
+              wb += g.fib[static_cast<size_t>(i)].st == St::wait_block;
+              ww += g.fib[static_cast<size_t>(i)].st == St::wait_warp;
+            }
+            g.cur = -1;
+            throw std::runtime_error(std::string("emu: deadlock in kernel ") + name + " (block " + std::to_string(bx) + "," +
+                                     std::to_string(by) + "," + std::to_string(bz) + "): " + std::to_string(g.live) + " live threads, " +
+                                     std::to_string(wb) + " at __syncthreads, " + std::to_string(ww) + " at a warp barrier");
+          }
+        }
+        if (g.exc) {
+          g.cur = -1;
+          std::rethrow_exception(g.exc);
+        }
+      }
+}
+
+}  // namespace emu

@@ -1,0 +1,177 @@
+#pragma once
+// A host emulator of the CUDA execution model, force-included (g++ -include) into the Cuda backend's
+// kernel sources after tests/cuda_emu/transform.py rewrote their launches `k<<<cfg>>>(args)` into
+// `::emu::launch("k", k, ::emu::Config{cfg}, args)`.
+//
+//  * The threads of a block are cooperative fibers (ucontext) on the calling OS thread; blocks of a
+//    grid run one after another. __shared__ becomes `static` (one block at a time).
+//  * __syncthreads releases when every live thread of the block waits on it; warp shuffles exchange
+//    through a per-warp slot array between two warp barriers (released when every live lane of the
+//    warp arrived). No runnable fiber while some wait = deadlock: emu::launch throws naming the kernel.
+//  * Only one fiber runs at a time, so atomics are plain read-modify-writes.
+//  * threadIdx/blockIdx/blockDim/gridDim are globals the scheduler sets on every switch.
+//  * KILN_EMU_TRACE=1 prints every launch (kernel, grid, block) on stderr.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// ------------------------------------------------------------------------------ CUDA keywords
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __forceinline__
+#undef __noinline__
+#undef __launch_bounds__
+#undef __shared__
+#undef __constant__
+#undef __restrict__
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __constant__ static
+#define __restrict__ __restrict
+
+namespace emu {
+
+// The running thread's coordinates (set by the scheduler before each switch into a fiber).
+extern uint3 g_threadIdx, g_blockIdx;
+extern dim3 g_blockDim, g_gridDim;
+
+void sync_block();                 // __syncthreads
+void sync_warp();                  // every live lane of the caller's warp
+int lane_id();                     // linear thread index % 32
+unsigned char* warp_slot(int lane);  // 16 bytes for `lane` of the caller's warp
+constexpr size_t kSlotBytes = 16;
+
+template <class T> T shfl_from(T v, int src) {
+  static_assert(sizeof(T) <= kSlotBytes && std::is_trivially_copyable_v<T>, "emu shuffle: type too large");
+  std::memcpy(warp_slot(lane_id()), &v, sizeof(T));
+  sync_warp();
+  T r;
+  std::memcpy(&r, warp_slot(src), sizeof(T));
+  sync_warp();  // nobody overwrites a slot before every lane has read
+  return r;
+}
+
+template <class T> dim3 to_dim3(T v) {
+  if constexpr (std::is_same_v<std::decay_t<T>, dim3>) {
+    return v;
+  } else if constexpr (std::is_same_v<std::decay_t<T>, uint3>) {
+    return dim3(v.x, v.y, v.z);
+  } else {
+    static_assert(std::is_integral_v<T>, "emu launch: grid/block must be an integer or dim3");
+    return dim3(static_cast<unsigned>(v));
+  }
+}
+
+struct Config {
+  dim3 grid, block;
+  size_t smem = 0;
+  cudaStream_t stream = nullptr;
+  template <class G, class B>
+  Config(G g, B b, size_t sm = 0, cudaStream_t s = nullptr) : grid(to_dim3(g)), block(to_dim3(b)), smem(sm), stream(s) {}
+};
+
+// Runs body(ctx) for every thread of every block of the grid; throws std::runtime_error on an invalid
+// configuration or a deadlock, and rethrows an exception escaping a thread.
+void run_grid(const char* name, const Config& c, void (*body)(void*), void* ctx);
+
+// Launch statistics (for tests).
+struct Stats {
+  uint64_t launches = 0, blocks = 0, threads = 0;
+};
+Stats& stats();
+// Threads of a block run in reverse order (highest index first, at the start and after every
+// barrier): a kernel that reads another thread's write without a barrier between them gives a
+// different answer in one of the two orders.
+void set_reverse_order(bool on);
+
+template <class K, class... A> void launch(const char* name, K kernel, const Config& c, A&&... args) {
+  // Arguments are captured by value, like CUDA's kernel parameters.
+  auto params = std::make_tuple(std::decay_t<A>(std::forward<A>(args))...);
+  auto call = [&] { std::apply([&](const auto&... p) { kernel(p...); }, params); };
+  run_grid(name, c, [](void* f) { (*static_cast<decltype(call)*>(f))(); }, &call);
+}
+
+}  // namespace emu
+
+#define threadIdx (::emu::g_threadIdx)
+#define blockIdx (::emu::g_blockIdx)
+#define blockDim (::emu::g_blockDim)
+#define gridDim (::emu::g_gridDim)
+
+inline void __syncthreads() { ::emu::sync_block(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { ::emu::sync_warp(); }
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+
+template <class T> T __shfl_sync(unsigned, T v, int src, int width = 32) {
+  const int lane = ::emu::lane_id();
+  return ::emu::shfl_from(v, (lane / width) * width + ((src % width) + width) % width);
+}
+template <class T> T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
+  const int lane = ::emu::lane_id();
+  int src = lane ^ mask;
+  if (src / width != lane / width) src = lane;
+  return ::emu::shfl_from(v, src);
+}
+template <class T> T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
+  const int lane = ::emu::lane_id();
+  const int src = (lane % width) + static_cast<int>(delta) < width ? lane + static_cast<int>(delta) : lane;
+  return ::emu::shfl_from(v, src);
+}
+template <class T> T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
+  const int lane = ::emu::lane_id();
+  const int src = (lane % width) >= static_cast<int>(delta) ? lane - static_cast<int>(delta) : lane;
+  return ::emu::shfl_from(v, src);
+}
+
+// ------------------------------------------------------------------------------ atomics
+// One fiber runs at a time and never yields inside these: a plain read-modify-write is atomic.
+inline float atomicAdd(float* p, float v) { const float o = *p; *p = o + v; return o; }
+inline double atomicAdd(double* p, double v) { const double o = *p; *p = o + v; return o; }
+inline int atomicAdd(int* p, int v) {
+  const int o = *p;
+  *p = static_cast<int>(static_cast<unsigned>(o) + static_cast<unsigned>(v));
+  return o;
+}
+inline unsigned atomicAdd(unsigned* p, unsigned v) { const unsigned o = *p; *p = o + v; return o; }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {  // NOLINT(google-runtime-int)
+  const unsigned long long o = *p;  // NOLINT(google-runtime-int)
+  *p = o + v;
+  return o;
+}
+inline __nv_bfloat16 atomicAdd(__nv_bfloat16* p, __nv_bfloat16 v) {
+  const __nv_bfloat16 o = *p;
+  *p = __float2bfloat16_rn(__bfloat162float(o) + __bfloat162float(v));
+  return o;
+}
+inline __half atomicAdd(__half* p, __half v) {
+  const __half o = *p;
+  *p = __float2half_rn(__half2float(o) + __half2float(v));
+  return o;
+}
+inline int atomicMax(int* p, int v) { const int o = *p; if (v > o) *p = v; return o; }
+inline int atomicOr(int* p, int v) { const int o = *p; *p = o | v; return o; }
+inline int atomicExch(int* p, int v) { const int o = *p; *p = v; return o; }
+inline int atomicCAS(int* p, int cmp, int v) { const int o = *p; if (o == cmp) *p = v; return o; }
+
+// ------------------------------------------------------------------------------ runtime calls
+// Stream-ordered copies and fills become synchronous host calls (every buffer is host memory).
+#define cudaMemsetAsync(p, v, n, ...) (std::memset((p), (v), (n)), cudaSuccess)
+#define cudaMemcpyAsync(d, s, n, ...) (std::memmove((d), (s), (n)), cudaSuccess)
+
+using std::max;
+using std::min;

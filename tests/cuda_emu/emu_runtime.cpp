@@ -1,0 +1,69 @@
+// The emulator's replacement for backends/cuda/runtime.cpp, compiled with -Dkiln=kilnemu: storage
+// is host memory (malloc), the stream is null, launches are checked by emu::run_grid itself, and the
+// "device" has 4 SMs so that reductions split long rows into pieces.
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "backends/cuda/runtime.hpp"
+#include "core/error.hpp"
+
+namespace kiln::cuda {
+
+// Device index of storage allocated by Cuda::allocate (freed with the storage); the bridge wraps
+// caller-owned host buffers with kBorrowed, which the destructor leaves alone.
+constexpr int kOwned = 0;
+
+void raise_cuda(cudaError_t e, std::string_view op, const char* call, const char* file, int line) {
+  fail("{}: CUDA error {} [{} at {}:{}]", op, static_cast<int>(e), call, file, line);
+}
+void raise_cublas(cublasStatus_t s, std::string_view op, const char* call, const char* file, int line) {
+  fail("{}: cuBLAS error {} [{} at {}:{}]", op, static_cast<int>(s), call, file, line);
+}
+void after_launch(std::string_view, const char*, int) {}
+int require_device(std::string_view) { return 0; }
+void check_device(const CudaStorage&, std::string_view) {}
+cudaStream_t stream() { return nullptr; }
+const cudaDeviceProp& device_properties() {
+  static const cudaDeviceProp p = [] {
+    cudaDeviceProp d;
+    std::memset(&d, 0, sizeof d);
+    std::strcpy(d.name, "kiln host emulator");
+    d.multiProcessorCount = 4;
+    d.maxThreadsPerBlock = 1024;
+    d.warpSize = 32;
+    d.sharedMemPerBlock = 48 * 1024;
+    d.major = 9;
+    d.minor = 0;
+    return d;
+  }();
+  return p;
+}
+
+}  // namespace kiln::cuda
+
+namespace kiln {
+
+CudaStorage::~CudaStorage() {
+  if (device_ == cuda::kOwned) std::free(block_.ptr);
+}
+
+std::shared_ptr<CudaStorage> Cuda::allocate(size_t bytes) {
+  void* p = std::malloc(bytes ? bytes : 1);
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0xff, bytes);  // garbage (NaN / -1): kernels must not rely on zeroed memory
+  return std::make_shared<CudaStorage>(cuda::CachingAllocator::Block{p, bytes}, bytes, cuda::kOwned);
+}
+
+void Cuda::write(Storage& s, size_t off, const void* src, size_t n) {
+  KILN_CHECK(off + n <= s.bytes(), "write: {} bytes at offset {} overflow a storage of {} bytes", n, off, s.bytes());
+  if (n) std::memcpy(static_cast<char*>(s.data()) + off, src, n);
+}
+
+void Cuda::read(const Storage& s, size_t off, void* dst, size_t n) {
+  KILN_CHECK(off + n <= s.bytes(), "read: {} bytes at offset {} overflow a storage of {} bytes", n, off, s.bytes());
+  if (n) std::memcpy(dst, static_cast<const char*>(s.data()) + off, n);
+}
+
+}  // namespace kiln
