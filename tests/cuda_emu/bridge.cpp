@@ -120,6 +120,26 @@ void rand_normal(const Buf& out, uint64_t seed, uint64_t offset, double mean, do
   });
 }
 
+namespace {
+// Wrapped views of several buffers (Wrapped holds a storage: not copyable, so kept by pointer).
+struct Many {
+  std::vector<std::unique_ptr<Wrapped>> w;
+  explicit Many(const std::vector<Buf>& bufs) {
+    for (const Buf& b : bufs) w.push_back(std::make_unique<Wrapped>(b));
+  }
+  std::vector<Cuda::V> views() const {
+    std::vector<Cuda::V> v;
+    for (const auto& x : w) v.push_back(x->v());
+    return v;
+  }
+  std::vector<Cuda::M> muts() {
+    std::vector<Cuda::M> m;
+    for (auto& x : w) m.push_back(x->m());
+    return m;
+  }
+};
+}  // namespace
+
 #if defined(KILN_EMU_DENSE)
 void softmax_lastdim(const Buf& out, const Buf& x, bool log) {
   guarded([&] {
@@ -170,26 +190,6 @@ void cross_entropy_backward(const Buf& dlogits, const Buf& logits, const Buf& ls
   });
 }
 
-namespace {
-// Wrapped views of several buffers (Wrapped holds a storage: not copyable, so kept by pointer).
-struct Many {
-  std::vector<std::unique_ptr<Wrapped>> w;
-  explicit Many(const std::vector<Buf>& bufs) {
-    for (const Buf& b : bufs) w.push_back(std::make_unique<Wrapped>(b));
-  }
-  std::vector<Cuda::V> views() const {
-    std::vector<Cuda::V> v;
-    for (const auto& x : w) v.push_back(x->v());
-    return v;
-  }
-  std::vector<Cuda::M> muts() {
-    std::vector<Cuda::M> m;
-    for (auto& x : w) m.push_back(x->m());
-    return m;
-  }
-};
-}  // namespace
-
 void depth_attention_forward(const Buf& h, const Buf& alpha, const Buf& rstd, const std::vector<Buf>& v, const Buf& q, double eps) {
   guarded([&] {
     Wrapped hh(h), a(alpha), r(rstd), qq(q);
@@ -225,6 +225,23 @@ void depth_attention_merge(const Buf& h, const Buf& m, const Buf& l, const Buf& 
   });
 }
 #endif
+
+void adam_step(const std::vector<Buf>& w, const std::vector<Buf>& m, const std::vector<Buf>& v, const std::vector<Buf>& g, const Adam& h) {
+  guarded([&] {
+    Many ww(w), mm(m), vv(v);
+    const Many gg(g);
+    kiln::fused::AdamHyper k;
+    k.lr = h.lr;
+    k.beta1 = h.beta1;
+    k.beta2 = h.beta2;
+    k.eps = h.eps;
+    k.weight_decay = h.weight_decay;
+    k.decoupled = h.decoupled;
+    k.bc1 = h.bc1;
+    k.bc2_sqrt = h.bc2_sqrt;
+    Cuda::adam_step(ww.muts(), mm.muts(), vv.muts(), gg.views(), k);
+  });
+}
 
 uint64_t launches() { return emu::stats().launches; }
 void set_reverse_order(bool on) { emu::set_reverse_order(on); }

@@ -42,6 +42,13 @@ void depth_attention_backward(const std::vector<Buf>& dv, const Buf& dq, const s
                               const Buf& rstd, const Buf& dh);
 void depth_attention_phase1(const Buf& m, const Buf& l, const Buf& acc, const std::vector<Buf>& v, const Buf& Q, double eps);
 void depth_attention_merge(const Buf& h, const Buf& m, const Buf& l, const Buf& acc, const Buf* p, const Buf& q, double eps);
+// multi-tensor Adam/AdamW (optim.cu); hyper-parameters as core/fused_optim_params.hpp's AdamHyper
+struct Adam {
+  double lr, beta1, beta2, eps, weight_decay;
+  bool decoupled;
+  double bc1, bc2_sqrt;
+};
+void adam_step(const std::vector<Buf>& w, const std::vector<Buf>& m, const std::vector<Buf>& v, const std::vector<Buf>& g, const Adam& h);
 
 // Kernel launches so far (emu::stats()).
 uint64_t launches();

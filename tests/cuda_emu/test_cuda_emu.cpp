@@ -609,3 +609,54 @@ TEST_CASE("emu: fused depth attention forward, backward, phase 1 and merge", "[c
   CHECK_THROWS_WITH(cuda_emu::depth_attention_forward(buf(h), buf(a), buf(r), many, buf(CT::zeros({4})), 1e-5),
                     Catch::Contains("depth_attention") && Catch::Contains("129"));
 }
+
+// Multi-tensor Adam/AdamW (optim.cu) against the Cpu's fused step: more tensors than one launch packs
+// (48), sizes across the 4096-element tiles, f32 and f64 mixed, Adam (L2) and AdamW (decoupled).
+TEST_CASE("emu: multi-tensor Adam and AdamW steps", "[cuda-emu]") {
+  kt::Gen g(25);
+  for (const bool decoupled : {true, false}) {
+    INFO((decoupled ? "AdamW" : "Adam with L2"));
+    std::vector<CT> wc, mc, vc, gc, we, me, ve;
+    for (int i = 0; i < 53; ++i) {
+      const DType d = i % 5 == 0 ? DType::f64 : DType::f32;
+      const int64_t n = i == 3 ? 9000 : i == 7 ? 4096 : i == 11 ? 0 : 1 + g.integer(0, 300);
+      const CT w = input(g, {n}, d, Lay::contiguous), m = input(g, {n}, d, Lay::contiguous, -0.1, 0.1),
+               v = input(g, {n}, d, Lay::contiguous, 0, 0.01), gr = input(g, {n}, d, Lay::contiguous);
+      wc.push_back(w.clone());
+      mc.push_back(m.clone());
+      vc.push_back(v.clone());
+      we.push_back(w.clone());
+      me.push_back(m.clone());
+      ve.push_back(v.clone());
+      gc.push_back(gr);
+    }
+    kiln::fused::AdamHyper h;
+    h.lr = 3e-3;
+    h.weight_decay = 0.1;
+    h.decoupled = decoupled;
+    h.bc1 = 1 - std::pow(h.beta1, 3);
+    h.bc2_sqrt = std::sqrt(1 - std::pow(h.beta2, 3));
+    std::vector<kiln::MutView<kiln::HostStorage>> wm, mm, vm;
+    std::vector<kiln::View<kiln::HostStorage>> gv;
+    std::vector<cuda_emu::Buf> wb, mb, vb, gb;
+    for (size_t i = 0; i < wc.size(); ++i) {
+      wm.push_back(wc[i].mview());
+      mm.push_back(mc[i].mview());
+      vm.push_back(vc[i].mview());
+      gv.push_back(gc[i].cview());
+      wb.push_back(buf(we[i]));
+      mb.push_back(buf(me[i]));
+      vb.push_back(buf(ve[i]));
+      gb.push_back(buf(gc[i]));
+    }
+    Cpu::adam_step(wm, mm, vm, gv, h);
+    cuda_emu::adam_step(wb, mb, vb, gb, {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.decoupled, h.bc1, h.bc2_sqrt});
+    for (size_t i = 0; i < wc.size(); ++i) {
+      INFO("parameter " << i << " " << kiln::dtype_name(wc[i].dtype()) << " [" << wc[i].numel() << "]");
+      const double u = kt::u_acc(wc[i].dtype());
+      kt::check_close(me[i], mc[i], kt::Tol{8 * u, 8 * u}, "m");
+      kt::check_close(ve[i], vc[i], kt::Tol{8 * u, 8 * u}, "v");
+      kt::check_close(we[i], wc[i], kt::Tol{8 * u, 64 * u * h.lr}, "w");
+    }
+  }
+}
