@@ -99,6 +99,14 @@ unsigned char* warp_slot(int lane) {
   return g.slots.data() + (static_cast<size_t>(g.cur / kWarp) * kWarp + static_cast<size_t>(lane)) * kSlotBytes;
 }
 
+// Dynamic shared memory of the running launch (extern __shared__ arrays; transform.py).
+std::vector<unsigned char> g_smem;
+size_t g_smem_bytes = 0;
+unsigned char* dynamic_smem() {
+  if (g_smem_bytes == 0) throw std::runtime_error("emu: a kernel uses dynamic shared memory but its launch gave none");
+  return g_smem.data();
+}
+
 void sync_block() {
   Fiber& f = g.fib[static_cast<size_t>(g.cur)];
   f.st = St::wait_block;
@@ -126,7 +134,11 @@ void run_grid(const char* name, const Config& c, void (*body)(void*), void* ctx)
     throw std::runtime_error(std::string("emu: invalid launch configuration for ") + name + ": grid (" + std::to_string(c.grid.x) + ", " +
                              std::to_string(c.grid.y) + ", " + std::to_string(c.grid.z) + "), block (" + std::to_string(c.block.x) +
                              ", " + std::to_string(c.block.y) + ", " + std::to_string(c.block.z) + ")");
-  if (c.smem > 48 * 1024) throw std::runtime_error(std::string("emu: ") + name + ": dynamic shared memory not emulated");
+  // Dynamic shared memory: one buffer (blocks run one after another), up to an H100's 227 KiB per block.
+  if (c.smem > 227 * 1024)
+    throw std::runtime_error(std::string("emu: ") + name + ": " + std::to_string(c.smem) + " bytes of dynamic shared memory exceed 227 KiB");
+  g_smem_bytes = c.smem;
+  if (g_smem.size() < c.smem) g_smem.assign(c.smem, 0);
   g.n = static_cast<int>(threads);
   while (g.fib.size() < static_cast<size_t>(g.n)) {
     g.fib.emplace_back();
@@ -154,6 +166,7 @@ void run_grid(const char* name, const Config& c, void (*body)(void*), void* ctx)
     for (unsigned by = 0; by < c.grid.y; ++by)
       for (unsigned bx = 0; bx < c.grid.x; ++bx) {
         g_blockIdx = uint3{bx, by, bz};
+        std::fill(g_smem.begin(), g_smem.end(), static_cast<unsigned char>(0xff));  // garbage: NaN for floats
         ++g.stats.blocks;
         g.stats.threads += threads;
         for (int i = 0; i < g.n; ++i) {

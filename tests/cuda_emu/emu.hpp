@@ -50,6 +50,7 @@ extern uint3 g_threadIdx, g_blockIdx;
 extern dim3 g_blockDim, g_gridDim;
 
 void sync_block();                 // __syncthreads
+unsigned char* dynamic_smem();     // the launch's dynamic shared memory (extern __shared__), 16-byte aligned
 void sync_warp();                  // every live lane of the caller's warp
 int lane_id();                     // linear thread index % 32
 unsigned char* warp_slot(int lane);  // 16 bytes for `lane` of the caller's warp
@@ -113,6 +114,8 @@ template <class K, class... A> void launch(const char* name, K kernel, const Con
 #define gridDim (::emu::g_gridDim)
 
 inline void __syncthreads() { ::emu::sync_block(); }
+// The opt-in to more than 48 KiB of dynamic shared memory: nothing to do here (the emulator allows 227 KiB).
+#define cudaFuncSetAttribute(...) cudaSuccess
 inline void __syncwarp(unsigned = 0xffffffffu) { ::emu::sync_warp(); }
 inline void __threadfence() {}
 inline void __threadfence_block() {}

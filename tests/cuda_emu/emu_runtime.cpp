@@ -31,9 +31,10 @@ const cudaDeviceProp& device_properties() {
     std::memset(&d, 0, sizeof d);
     std::strcpy(d.name, "kiln host emulator");
     d.multiProcessorCount = 4;
+    d.sharedMemPerBlock = 48 * 1024;
+    d.sharedMemPerBlockOptin = 227 * 1024;  // an H100's
     d.maxThreadsPerBlock = 1024;
     d.warpSize = 32;
-    d.sharedMemPerBlock = 48 * 1024;
     d.major = 9;
     d.minor = 0;
     return d;

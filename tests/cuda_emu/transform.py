@@ -2,6 +2,7 @@
 """Rewrites CUDA triple-chevron launches for the host emulator (tests/cuda_emu/emu.hpp).
 
     NAME<<<CFG>>>(ARGS)   ->   ::emu::launch("NAME", NAME, ::emu::Config{CFG}, ARGS)
+    extern __shared__ T x[];   ->   T* x = (the launch's dynamic shared memory)
 
 NAME is the expression right before <<< (an identifier, possibly qualified, possibly followed by
 balanced template arguments); CFG runs to the first >>> outside brackets (it may contain <<). Line
@@ -81,7 +82,16 @@ def transform(text):
         pos = j
         count += 1
     out.append(text[pos:])
-    return ''.join(out), count
+    return dynamic_shared(''.join(out)), count
+
+
+# extern __shared__ [__align__(N)] TYPE NAME[];  ->  TYPE* NAME = reinterpret_cast<TYPE*>(::emu::dynamic_smem());
+EXTERN_SHARED = re.compile(r'extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([A-Za-z_][\w:\s]*?)\s+(\w+)\s*\[\s*\]\s*;')
+
+
+def dynamic_shared(text):
+    return EXTERN_SHARED.sub(lambda m: '%s* %s = reinterpret_cast<%s*>(::emu::dynamic_smem());' % (m.group(1), m.group(2), m.group(1)),
+                             text)
 
 
 def main():
