@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "backends/backends.hpp"
+#include "core/fused_depth.hpp"
 #include "nn/attnres.hpp"
 #include "nn/diff_attention.hpp"
 #include "nn/gpt.hpp"
@@ -356,4 +357,21 @@ TEMPLATE_TEST_CASE("attnres: the sources get FD-correct gradients through the fu
   }
   const Tensor<B> w = Tensor<B>::randn({2, 2, 5}, DType::f64, &g);
   test::check_param_grads<B>(params, [&] { return (res.forward(src) * Var<B>(w)).sum(); });
+}
+
+TEMPLATE_TEST_CASE("attnres: the fused primitives reject bad shapes and dtypes, naming them", "[attnres][errors]", KILN_BACKEND_TYPES) {
+  using B = TestType;
+  using T = Tensor<B>;
+  const T a = T::zeros({2, 3, 4}), b = T::zeros({2, 3, 5}), q = T::zeros({4});
+  CHECK_THROWS_WITH(fused::depth_attention_forward<B>({a, b}, q, 1e-5), Catch::Contains("depth_attention") && Catch::Contains("[2, 3, 5]"));
+  CHECK_THROWS_WITH(fused::depth_attention_forward<B>({a, a.to(DType::f64)}, q, 1e-5), Catch::Contains("f64"));
+  CHECK_THROWS_WITH(fused::depth_attention_forward<B>({a}, T::zeros({5}), 1e-5), Catch::Contains("query") && Catch::Contains("[5]"));
+  CHECK_THROWS_WITH(fused::depth_attention_forward<B>({T::zeros({2, 3}, DType::i64)}, T::zeros({3}), 1e-5), Catch::Contains("float"));
+  CHECK_THROWS_WITH(fused::depth_attention_forward<B>({}, q, 1e-5), Catch::Contains("no sources"));
+  CHECK_THROWS_WITH(fused::depth_attention_phase1<B>({a}, T::zeros({2, 5}), 1e-5), Catch::Contains("depth_attention_phase1") && Catch::Contains("[2, 5]"));
+  CHECK_THROWS_WITH(fused::depth_attention_merge<B>(T::zeros({2, 4}), T::zeros({2, 3}), a, T(), q, 1e-5),
+                    Catch::Contains("depth_attention_merge") && Catch::Contains("[2, 4]"));
+  CHECK_THROWS_WITH(fused::depth_attention_merge<B>(T::zeros({2, 3}), T::zeros({2, 3}), a, b, q, 1e-5),
+                    Catch::Contains("partial") && Catch::Contains("[2, 3, 5]"));
+  CHECK_THROWS_WITH(fused::depth_attention_backward<B>({a}, q, T::zeros({1, 2, 3}), T::zeros({1, 2, 3}), b), Catch::Contains("dh"));
 }
