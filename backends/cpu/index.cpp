@@ -99,9 +99,13 @@ void Cpu::scatter_add(M out, int axis, V index, V src) {
   visit_dtype(src.dtype, [&]<class T>(type_tag<T>) {
     if constexpr (std::is_same_v<T, bool>) {
       fail("scatter_add: not supported for dtype bool (shape {})", shape_str(out.layout.shape));
-    } else if (out.layout.rank() == 0) {
+    } else if (out.layout.rank() == 0) {  // every element of src (index's shape) adds into the one output, in order
       T& d = out.storage.as<T>()[out.layout.offset];
-      d = st<T>(ld(d) + ld(src.storage.as<T>()[src.layout.offset]));
+      const T* s = src.storage.as<T>();
+      KILN_CHECK(src.layout.rank() == index.layout.rank(), "scatter_add: src {} and index {} differ in rank", shape_str(src.layout.shape),
+                 shape_str(index.layout.shape));
+      const Layout at(index.layout.shape, src.layout.strides, src.layout.offset);  // src read over index's shape
+      for (int64_t i = 0, n = index.layout.numel(); i < n; ++i) d = st<T>(ld(d) + ld(s[at.offset_of(i)]));
     } else {
       if (index.dtype == DType::i64) scatter_kernel<T, int64_t>(out, axis, index, src);
       else scatter_kernel<T, int32_t>(out, axis, index, src);
