@@ -50,10 +50,17 @@ concept HasDepthTwoPhase = requires(MutView<typename B::Storage> out, View<typen
 };
 
 namespace detail {
-inline DType depth_check(const char* op, const Shape& s0, DType d0, const Shape& s, DType d, size_t i) {
+// Checks that the sources share one float dtype and one shape with a non-empty last axis; returns the
+// compute dtype (f64 for f64 sources, f32 otherwise).
+template <Backend B> DType depth_sources(const char* op, const std::vector<Tensor<B>>& v) {
+  KILN_CHECK(!v.empty(), "{}: no sources", op);
+  const Shape& s0 = v[0].shape();
+  const DType d0 = v[0].dtype();
   KILN_CHECK(!s0.empty() && s0.back() > 0, "{}: sources need rank >= 1 and a non-empty last axis, got {}", op, shape_str(s0));
   KILN_CHECK(is_floating(d0), "{}: needs float sources, got {}", op, d0);
-  KILN_CHECK(s == s0 && d == d0, "{}: source {} is {} {}, source 0 {} {}", op, i, shape_str(s), d, shape_str(s0), d0);
+  for (size_t i = 1; i < v.size(); ++i)
+    KILN_CHECK(v[i].shape() == s0 && v[i].dtype() == d0, "{}: source {} is {} {}, source 0 {} {}", op, i, shape_str(v[i].shape()),
+               v[i].dtype(), shape_str(s0), d0);
   return d0 == DType::f64 ? DType::f64 : DType::f32;
 }
 }  // namespace detail
@@ -61,9 +68,7 @@ inline DType depth_check(const char* op, const Shape& s0, DType d0, const Shape&
 // (h like the sources, alpha [n, rows...], rstd [n, rows...]), alpha/rstd f32 for half sources.
 template <Backend B>
 std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> depth_attention_forward(const std::vector<Tensor<B>>& v, const Tensor<B>& q, double eps) {
-  KILN_CHECK(!v.empty(), "depth_attention: no sources");
-  DType cd = DType::f32;
-  for (size_t i = 0; i < v.size(); ++i) cd = detail::depth_check("depth_attention", v[0].shape(), v[0].dtype(), v[i].shape(), v[i].dtype(), i);
+  const DType cd = detail::depth_sources("depth_attention", v);
   const Shape& shape = v[0].shape();
   const int64_t D = shape.back(), N = v[0].numel() / D, n = static_cast<int64_t>(v.size());
   KILN_CHECK(q.shape() == Shape{D}, "depth_attention: query {} does not match the sources' width {}", shape_str(q.shape()), D);
@@ -94,10 +99,7 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> depth_attention_forward(const std::v
 template <Backend B>
 std::pair<std::vector<Tensor<B>>, Tensor<B>> depth_attention_backward(const std::vector<Tensor<B>>& v, const Tensor<B>& q, const Tensor<B>& alpha,
                                                                       const Tensor<B>& rstd, const Tensor<B>& dh) {
-  KILN_CHECK(!v.empty(), "depth_attention_backward: no sources");
-  DType cd = DType::f32;
-  for (size_t i = 0; i < v.size(); ++i)
-    cd = detail::depth_check("depth_attention_backward", v[0].shape(), v[0].dtype(), v[i].shape(), v[i].dtype(), i);
+  const DType cd = detail::depth_sources("depth_attention_backward", v);
   KILN_CHECK(dh.shape() == v[0].shape(), "depth_attention_backward: dh {} differs from the sources' {}", shape_str(dh.shape()),
              shape_str(v[0].shape()));
   const int64_t D = v[0].shape().back(), N = v[0].numel() / D, n = static_cast<int64_t>(v.size());
@@ -139,10 +141,7 @@ std::pair<std::vector<Tensor<B>>, Tensor<B>> depth_attention_backward(const std:
 // sources, f64 for f64).
 template <Backend B>
 std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> depth_attention_phase1(const std::vector<Tensor<B>>& v, const Tensor<B>& Q, double eps) {
-  KILN_CHECK(!v.empty(), "depth_attention_phase1: no sources");
-  DType cd = DType::f32;
-  for (size_t i = 0; i < v.size(); ++i)
-    cd = detail::depth_check("depth_attention_phase1", v[0].shape(), v[0].dtype(), v[i].shape(), v[i].dtype(), i);
+  const DType cd = detail::depth_sources("depth_attention_phase1", v);
   const Shape& shape = v[0].shape();
   const int64_t D = shape.back(), N = v[0].numel() / D;
   KILN_CHECK(Q.dim() == 2 && Q.shape()[1] == D, "depth_attention_phase1: queries {} do not match the sources' width {}", shape_str(Q.shape()),

@@ -32,7 +32,7 @@ template <Backend B> Var<B> DepthAttention<B>::forward(const std::vector<Var<B>>
   std::vector<Tensor<B>> vs;
   vs.reserve(sources.size());
   for (const Var<B>& s : sources) vs.push_back(s.value());
-  const Var<B> g = key_norm_->named_parameters().empty() ? Var<B>() : key_norm_->parameter("weight");
+  const Var<B> g = key_norm_weight();
   const Tensor<B> wv = w_.value(), gv = g.defined() ? g.value() : Tensor<B>();
   const Tensor<B> q = gv.defined() ? wv.mul(gv) : wv;
   auto [h, alpha, rstd] = fused::depth_attention_forward(vs, q, o_.eps);
@@ -55,8 +55,12 @@ template <Backend B> Var<B> DepthAttention<B>::forward_decomposed(const std::vec
   return (alpha.unsqueeze(-1) * V).sum({0});
 }
 
+template <Backend B> Var<B> DepthAttention<B>::key_norm_weight() const {
+  return key_norm_->named_parameters().empty() ? Var<B>() : key_norm_->parameter("weight");
+}
+
 template <Backend B> Tensor<B> DepthAttention<B>::effective_query() const {
-  const Var<B> g = key_norm_->named_parameters().empty() ? Var<B>() : key_norm_->parameter("weight");
+  const Var<B> g = key_norm_weight();
   return g.defined() ? w_.value().mul(g.value()) : w_.value();
 }
 

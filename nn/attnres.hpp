@@ -39,6 +39,7 @@ template <Backend B> class DepthAttention : public Module<B> {
 
  private:
   void check_sources(const std::vector<Var<B>>& sources) const;
+  Var<B> key_norm_weight() const;  // undefined when the key norm has no weight
   DepthAttentionOptions o_;
   Var<B> w_;
   std::shared_ptr<RMSNorm<B>> key_norm_;
