@@ -2,20 +2,24 @@
 #include "emu.hpp"
 
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace emu {
 
-uint3 g_threadIdx, g_blockIdx;
-dim3 g_blockDim, g_gridDim;
+thread_local uint3 g_threadIdx, g_blockIdx;
+thread_local dim3 g_blockDim, g_gridDim;
 
 namespace {
 
@@ -24,15 +28,61 @@ constexpr int kWarp = 32;
 
 enum class St : uint8_t { runnable, wait_block, wait_warp, done };
 
+// A fiber's saved context. On x86-64 a context switch is a few instructions (emu_switch below: the
+// callee-saved registers, MXCSR and the x87 control word on the fiber's own stack); elsewhere
+// ucontext, whose swapcontext costs two system calls (the signal mask) per switch.
+#if defined(__x86_64__)
+struct Ctx {
+  void* sp = nullptr;
+};
+extern "C" void emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .p2align 4
+  .globl emu_switch
+  .hidden emu_switch
+  .type emu_switch, @function
+emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size emu_switch, .-emu_switch
+)");
+void switch_ctx(Ctx& from, Ctx& to) { emu_switch(&from.sp, to.sp); }
+#else
+struct Ctx {
+  ucontext_t uc;
+};
+void switch_ctx(Ctx& from, Ctx& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
 struct Fiber {
-  ucontext_t ctx;
+  Ctx ctx;
   char* mem = nullptr;  // guard page + stack
   St st = St::done;
   uint3 tid{};
 };
 
 struct Sched {
-  ucontext_t main;
+  Ctx main;
   std::vector<Fiber> fib;  // grows, never shrinks (stacks are reused)
   int n = 0;               // threads of the current block
   int cur = -1;
@@ -44,8 +94,14 @@ struct Sched {
   std::exception_ptr exc;
   Stats stats;
 };
-Sched g;
-bool g_reverse = false;
+thread_local Sched g;
+thread_local bool g_reverse = false;
+
+// Dynamic shared memory opt-ins (cudaFuncSetAttribute), by kernel.
+std::mutex g_attr_mu;
+std::map<const void*, int> g_max_dynamic_smem;
+constexpr int kOptinMax = 227 * 1024;  // an H100's sharedMemPerBlockOptin
+constexpr size_t kDefaultSmem = 48 * 1024;
 
 void release_block() {
   if (g.block_wait > 0 && g.block_wait == g.live) {
@@ -64,7 +120,7 @@ void release_warp(int w) {
   }
 }
 
-void yield_to_main() { swapcontext(&g.fib[static_cast<size_t>(g.cur)].ctx, &g.main); }
+void yield_to_main() { switch_ctx(g.fib[static_cast<size_t>(g.cur)].ctx, g.main); }
 
 void entry() {
   try {
@@ -78,7 +134,7 @@ void entry() {
   --g.warp_live[static_cast<size_t>(g.cur / kWarp)];
   release_block();
   release_warp(g.cur / kWarp);
-  swapcontext(&f.ctx, &g.main);  // never resumed
+  switch_ctx(f.ctx, g.main);  // never resumed
 }
 
 char* new_stack() {
@@ -87,6 +143,34 @@ char* new_stack() {
   if (p == MAP_FAILED) throw std::runtime_error("emu: cannot allocate a fiber stack");
   mprotect(p, static_cast<size_t>(page), PROT_NONE);  // guard page: a stack overflow faults
   return static_cast<char*>(p);
+}
+
+// Thread i of the block, ready to run from the start (out of line: getcontext returns twice).
+[[gnu::noinline]] void start_fiber(int i, dim3 block, long page) {
+  Fiber& f = g.fib[static_cast<size_t>(i)];
+#if defined(__x86_64__)
+  // The stack emu_switch pops into entry(): MXCSR / x87 control word, six callee-saved registers,
+  // entry's address, and a null return address at a 16-byte boundary - 8, as after a call.
+  auto* top = reinterpret_cast<uint64_t*>(f.mem + page + kStack);
+  uint64_t* sp = top - 9;
+  uint32_t csr[2];
+  asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(csr[0]), "=m"(csr[1]));
+  std::memcpy(&sp[0], csr, 8);
+  for (int r = 1; r <= 6; ++r) sp[r] = 0;
+  sp[7] = reinterpret_cast<uint64_t>(&entry);
+  sp[8] = 0;
+  f.ctx.sp = sp;
+#else
+  getcontext(&f.ctx.uc);
+  f.ctx.uc.uc_stack.ss_sp = f.mem + page;
+  f.ctx.uc.uc_stack.ss_size = kStack;
+  f.ctx.uc.uc_link = nullptr;
+  makecontext(&f.ctx.uc, entry, 0);
+#endif
+  f.st = St::runnable;
+  const auto u = static_cast<unsigned>(i);
+  f.tid = uint3{u % block.x, (u / block.x) % block.y, u / (block.x * block.y)};
+  ++g.warp_live[static_cast<size_t>(i / kWarp)];
 }
 
 }  // namespace
@@ -100,8 +184,8 @@ unsigned char* warp_slot(int lane) {
 }
 
 // Dynamic shared memory of the running launch (extern __shared__ arrays; transform.py).
-std::vector<unsigned char> g_smem;
-size_t g_smem_bytes = 0;
+thread_local std::vector<unsigned char> g_smem;
+thread_local size_t g_smem_bytes = 0;
 unsigned char* dynamic_smem() {
   if (g_smem_bytes == 0) throw std::runtime_error("emu: a kernel uses dynamic shared memory but its launch gave none");
   return g_smem.data();
@@ -124,7 +208,15 @@ void sync_warp() {
   if (f.st != St::runnable) yield_to_main();
 }
 
-void run_grid(const char* name, const Config& c, void (*body)(void*), void* ctx) {
+cudaError_t func_set_attribute(const void* fn, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+  if (value < 0 || value > kOptinMax) return cudaErrorInvalidValue;
+  std::lock_guard<std::mutex> lk(g_attr_mu);
+  g_max_dynamic_smem[fn] = value;
+  return cudaSuccess;
+}
+
+void run_grid(const char* name, const void* fn, const Config& c, void (*body)(void*), void* ctx) {
   if (g.cur != -1) throw std::runtime_error(std::string("emu: launch of ") + name + " from inside a kernel");
   const uint64_t threads = uint64_t{c.block.x} * c.block.y * c.block.z;
   const uint64_t blocks = uint64_t{c.grid.x} * c.grid.y * c.grid.z;
@@ -137,6 +229,18 @@ void run_grid(const char* name, const Config& c, void (*body)(void*), void* ctx)
   // Dynamic shared memory: one buffer (blocks run one after another), up to an H100's 227 KiB per block.
   if (c.smem > 227 * 1024)
     throw std::runtime_error(std::string("emu: ") + name + ": " + std::to_string(c.smem) + " bytes of dynamic shared memory exceed 227 KiB");
+  if (c.smem > kDefaultSmem) {
+    int allowed = 0;
+    {
+      std::lock_guard<std::mutex> lk(g_attr_mu);
+      const auto it = g_max_dynamic_smem.find(fn);
+      if (it != g_max_dynamic_smem.end()) allowed = it->second;
+    }
+    if (c.smem > static_cast<size_t>(allowed))
+      throw std::runtime_error(std::string("emu: ") + name + ": launched with " + std::to_string(c.smem) +
+                               " bytes of dynamic shared memory, above 48 KiB, but the kernel opted in to " + std::to_string(allowed) +
+                               " (cudaFuncSetAttribute(MaxDynamicSharedMemorySize)); a GPU fails this launch");
+  }
   g_smem_bytes = c.smem;
   if (g_smem.size() < c.smem) g_smem.assign(c.smem, 0);
   g.n = static_cast<int>(threads);
@@ -169,18 +273,7 @@ void run_grid(const char* name, const Config& c, void (*body)(void*), void* ctx)
         std::fill(g_smem.begin(), g_smem.end(), static_cast<unsigned char>(0xff));  // garbage: NaN for floats
         ++g.stats.blocks;
         g.stats.threads += threads;
-        for (int i = 0; i < g.n; ++i) {
-          Fiber& f = g.fib[static_cast<size_t>(i)];
-          getcontext(&f.ctx);
-          f.ctx.uc_stack.ss_sp = f.mem + page;
-          f.ctx.uc_stack.ss_size = kStack;
-          f.ctx.uc_link = nullptr;
-          makecontext(&f.ctx, entry, 0);
-          f.st = St::runnable;
-          const auto u = static_cast<unsigned>(i);
-          f.tid = uint3{u % c.block.x, (u / c.block.x) % c.block.y, u / (c.block.x * c.block.y)};
-          ++g.warp_live[static_cast<size_t>(i / kWarp)];
-        }
+        for (int i = 0; i < g.n; ++i) start_fiber(i, c.block, page);
         g.live = g.n;
         g.block_wait = 0;
         std::fill(g.warp_wait.begin(), g.warp_wait.end(), 0);
@@ -192,7 +285,7 @@ void run_grid(const char* name, const Config& c, void (*body)(void*), void* ctx)
             if (f.st != St::runnable) continue;
             g.cur = i;
             g_threadIdx = f.tid;
-            swapcontext(&g.main, &f.ctx);
+            switch_ctx(g.main, f.ctx);
             g.cur = -1;
             ran = true;
           }

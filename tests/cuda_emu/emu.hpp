@@ -45,9 +45,10 @@
 
 namespace emu {
 
-// The running thread's coordinates (set by the scheduler before each switch into a fiber).
-extern uint3 g_threadIdx, g_blockIdx;
-extern dim3 g_blockDim, g_gridDim;
+// The running thread's coordinates (set by the scheduler before each switch into a fiber). Each host
+// thread has its own scheduler, so host threads may launch kernels concurrently.
+extern thread_local uint3 g_threadIdx, g_blockIdx;
+extern thread_local dim3 g_blockDim, g_gridDim;
 
 void sync_block();                 // __syncthreads
 unsigned char* dynamic_smem();     // the launch's dynamic shared memory (extern __shared__), 16-byte aligned
@@ -85,9 +86,15 @@ struct Config {
   Config(G g, B b, size_t sm = 0, cudaStream_t s = nullptr) : grid(to_dim3(g)), block(to_dim3(b)), smem(sm), stream(s) {}
 };
 
-// Runs body(ctx) for every thread of every block of the grid; throws std::runtime_error on an invalid
-// configuration or a deadlock, and rethrows an exception escaping a thread.
-void run_grid(const char* name, const Config& c, void (*body)(void*), void* ctx);
+// Runs body(ctx) for every thread of every block of the grid of kernel `fn`; throws std::runtime_error
+// on an invalid configuration (CUDA's limits, including more than 48 KiB of dynamic shared memory
+// without the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize opt-in) or a deadlock, and rethrows
+// an exception escaping a thread.
+void run_grid(const char* name, const void* fn, const Config& c, void (*body)(void*), void* ctx);
+
+// cudaFuncSetAttribute (a macro below): records a kernel's dynamic shared memory opt-in. Values above
+// an H100's 227 KiB are cudaErrorInvalidValue, as on the device.
+cudaError_t func_set_attribute(const void* fn, cudaFuncAttribute attr, int value);
 
 // Launch statistics (for tests).
 struct Stats {
@@ -103,7 +110,7 @@ template <class K, class... A> void launch(const char* name, K kernel, const Con
   // Arguments are captured by value, like CUDA's kernel parameters.
   auto params = std::make_tuple(std::decay_t<A>(std::forward<A>(args))...);
   auto call = [&] { std::apply([&](const auto&... p) { kernel(p...); }, params); };
-  run_grid(name, c, [](void* f) { (*static_cast<decltype(call)*>(f))(); }, &call);
+  run_grid(name, reinterpret_cast<const void*>(kernel), c, [](void* f) { (*static_cast<decltype(call)*>(f))(); }, &call);
 }
 
 }  // namespace emu
@@ -114,8 +121,8 @@ template <class K, class... A> void launch(const char* name, K kernel, const Con
 #define gridDim (::emu::g_gridDim)
 
 inline void __syncthreads() { ::emu::sync_block(); }
-// The opt-in to more than 48 KiB of dynamic shared memory: nothing to do here (the emulator allows 227 KiB).
-#define cudaFuncSetAttribute(...) cudaSuccess
+// The opt-in to more than 48 KiB of dynamic shared memory, checked by the next launch of the kernel.
+#define cudaFuncSetAttribute(f, attr, v) ::emu::func_set_attribute(reinterpret_cast<const void*>(f), (attr), (v))
 inline void __syncwarp(unsigned = 0xffffffffu) { ::emu::sync_warp(); }
 inline void __threadfence() {}
 inline void __threadfence_block() {}
@@ -172,9 +179,13 @@ inline int atomicExch(int* p, int v) { const int o = *p; *p = v; return o; }
 inline int atomicCAS(int* p, int cmp, int v) { const int o = *p; if (o == cmp) *p = v; return o; }
 
 // ------------------------------------------------------------------------------ runtime calls
-// Stream-ordered copies and fills become synchronous host calls (every buffer is host memory).
+// Kernel-only emulation (test_cuda_emu, whose buffers are plain host memory): stream-ordered copies
+// and fills become synchronous host calls. The emulated device (KILN_EMU_CUDART) links emu_cudart.cpp,
+// whose cudaMemcpyAsync/cudaMemsetAsync check their ranges against the live device allocations.
+#if !defined(KILN_EMU_CUDART)
 #define cudaMemsetAsync(p, v, n, ...) (std::memset((p), (v), (n)), cudaSuccess)
 #define cudaMemcpyAsync(d, s, n, ...) (std::memmove((d), (s), (n)), cudaSuccess)
+#endif
 
 using std::max;
 using std::min;

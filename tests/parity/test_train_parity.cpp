@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -28,8 +29,15 @@ std::vector<json> read_log(const fs::path& p) {
   return out;
 }
 
+// The `kiln` binary: KILN_TEST_CLI where set (the emulated-device build runs its own, tests/cuda_emu),
+// else the one built beside this test.
+std::string kiln_cli() {
+  const char* e = std::getenv("KILN_TEST_CLI");
+  return e && *e ? e : KILN_CLI;
+}
+
 int run_kiln(const std::string& args) {
-  const std::string cmd = fmt::format("KILN_NUM_THREADS=2 {} {} >/dev/null", KILN_CLI, args);
+  const std::string cmd = fmt::format("KILN_NUM_THREADS=2 {} {} >/dev/null", kiln_cli(), args);
   return std::system(cmd.c_str());
 }
 
@@ -196,7 +204,7 @@ TEST_CASE("checkpoints: a run stopped and resumed is bit-identical to one that n
   other["d_model"] = 32;
   test::write_json(f.dir / "other.json", other);
   const std::string err = (f.dir / "err.txt").string();
-  CHECK(std::system(fmt::format("{} train --model {} --data {} --resume {} 2>{}", KILN_CLI, (f.dir / "other.json").string(),
+  CHECK(std::system(fmt::format("{} train --model {} --data {} --resume {} 2>{}", kiln_cli(), (f.dir / "other.json").string(),
                                 f.tokens, ck, err).c_str()) != 0);
   std::stringstream ss;
   ss << std::ifstream(err).rdbuf();
@@ -216,7 +224,7 @@ TEST_CASE("checkpoints: killing the writer never leaves a corrupt checkpoint", "
     REQUIRE(pid >= 0);
     if (pid == 0) {
       ::execl("/bin/sh", "sh", "-c",
-              fmt::format("exec {} train --model {} --train {} --data {} --checkpoint {} --quiet", KILN_CLI, f.model, f.train,
+              fmt::format("exec {} train --model {} --train {} --data {} --checkpoint {} --quiet", kiln_cli(), f.model, f.train,
                           f.tokens, ck).c_str(), static_cast<char*>(nullptr));
       std::_Exit(127);
     }

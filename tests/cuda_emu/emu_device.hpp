@@ -1,0 +1,18 @@
+#pragma once
+// The emulated device's memory (emu_cudart.cpp): every cudaMalloc'd buffer is host memory, recorded
+// here so that runtime calls and cuBLAS can check that what they touch lies inside one live allocation
+// (a host-side stand-in for compute-sanitizer's memcheck of API calls).
+#include <cstddef>
+#include <string>
+
+namespace emu::device {
+
+// True when [p, p + bytes) lies inside one live device allocation (bytes == 0: p inside or at its end).
+bool contains(const void* p, size_t bytes);
+// A description of p for error messages: "device buffer 0x.. (+off of N bytes)" or "not device memory".
+std::string describe(const void* p);
+// Live device allocations and their total size.
+size_t live_allocations();
+size_t live_bytes();
+
+}  // namespace emu::device
