@@ -7,8 +7,8 @@
 
 namespace kiln::cuda {
 
-CachingAllocator::CachingAllocator(std::string name, RawAlloc raw_alloc, RawFree raw_free)
-    : name_(std::move(name)), raw_alloc_(std::move(raw_alloc)), raw_free_(std::move(raw_free)) {}
+CachingAllocator::CachingAllocator(std::string name, RawAlloc raw_alloc, RawFree raw_free, Mode mode)
+    : name_(std::move(name)), mode_(mode), raw_alloc_(std::move(raw_alloc)), raw_free_(std::move(raw_free)) {}
 
 CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -39,7 +39,7 @@ void* CachingAllocator::raw(size_t size, size_t requested) {
 
 CachingAllocator::Block CachingAllocator::allocate(size_t bytes) {
   if (bytes == 0) return {};
-  const size_t size = round_size(bytes);
+  const size_t size = mode_ == Mode::exact ? bytes : round_size(bytes);
   KILN_CHECK(size >= bytes, "{}: allocation of {} bytes is too large", name_, bytes);
   std::lock_guard<std::mutex> lock(mu_);
   ++st_.num_allocs;
@@ -65,6 +65,12 @@ void CachingAllocator::release(Block b, size_t requested) {
   std::lock_guard<std::mutex> lock(mu_);
   st_.allocated_bytes -= b.size;
   st_.requested_bytes -= requested;
+  if (mode_ == Mode::exact) {
+    raw_free_(b.ptr);
+    ++st_.num_raw_frees;
+    st_.reserved_bytes -= b.size;
+    return;
+  }
   cache_.emplace(b.size, b.ptr);
   ++st_.cached_blocks;
 }

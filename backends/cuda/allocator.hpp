@@ -16,6 +16,10 @@
 //  * Out of memory: the cache is emptied (every cached block freed) and the raw allocation retried
 //    once; a second failure throws kiln::Error with the request and the current statistics.
 //  * Thread-safe (one mutex).
+//  * Mode::exact (KILN_CUDA_NO_CACHE=1 in the environment, see runtime.cpp) turns caching off: every
+//    request is its own raw allocation of exactly the requested size, freed when released. Slow (on a
+//    GPU cudaFree synchronises), but an out-of-bounds access is then outside any allocation, which is
+//    what compute-sanitizer's memcheck (or AddressSanitizer on the emulated device) needs to see it.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -49,7 +53,8 @@ class CachingAllocator {
   static constexpr size_t kSmallRound = 512;
   static constexpr size_t kLargeRound = size_t{2} << 20;  // 2 MiB
 
-  CachingAllocator(std::string name, RawAlloc raw_alloc, RawFree raw_free);
+  enum class Mode { caching, exact };
+  CachingAllocator(std::string name, RawAlloc raw_alloc, RawFree raw_free, Mode mode = Mode::caching);
   ~CachingAllocator();  // frees the cached blocks (live ones belong to their storage)
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -75,6 +80,7 @@ class CachingAllocator {
   void free_cached_locked();
 
   std::string name_;
+  Mode mode_;
   RawAlloc raw_alloc_;
   RawFree raw_free_;
   mutable std::mutex mu_;

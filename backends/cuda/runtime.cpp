@@ -31,11 +31,13 @@ namespace {
 constexpr int kMaxDevices = 64;
 constexpr size_t kLtWorkspace = size_t{32} << 20;  // cuBLASLt workspace per device (what cuBLAS uses on Hopper)
 
+bool env_flag(const char* name) {
+  const char* e = std::getenv(name);
+  return e && *e && std::string(e) != "0";
+}
+
 bool sync_after_launch() {
-  static const bool on = [] {
-    const char* e = std::getenv("KILN_CUDA_SYNC");
-    return e && *e && std::string(e) != "0";
-  }();
+  static const bool on = env_flag("KILN_CUDA_SYNC");
   return on;
 }
 
@@ -106,7 +108,8 @@ DeviceState& state(int device) {
         [device](void* p) {
           (void)cudaSetDevice(device);
           (void)cudaFree(p);
-        });
+        },
+        env_flag("KILN_CUDA_NO_CACHE") ? CachingAllocator::Mode::exact : CachingAllocator::Mode::caching);
     g_state[static_cast<size_t>(device)] = s;
   });
   return *g_state[static_cast<size_t>(device)];

@@ -6,7 +6,8 @@
 // kiln::Error naming the op, the call and CUDA's error string. Kernels run asynchronously, so an error
 // inside a kernel (an illegal address) surfaces at the next synchronising call (read(), synchronize()).
 // KILN_CUDA_SYNC=1 in the environment synchronises after every launch so the error names the kernel
-// that caused it (like CUDA_LAUNCH_BLOCKING=1).
+// that caused it (like CUDA_LAUNCH_BLOCKING=1). KILN_CUDA_NO_CACHE=1 turns the caching allocator off
+// (every tensor its own exact-size cudaMalloc, freed at once: for compute-sanitizer's memcheck).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>

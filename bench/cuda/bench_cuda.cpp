@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/cuda.hpp"
@@ -64,7 +65,7 @@ void gemm(int64_t M, int64_t N, int64_t K, DType d, bool tf32) {
   const double tflops = 2.0 * M * N * K / 1e9;
   std::printf("{\"bench\": \"gemm\", \"M\": %ld, \"N\": %ld, \"K\": %ld, \"dtype\": \"%s\", \"tf32\": %s, \"kiln_tflops\": %.1f, "
               "\"cublas_tflops\": %.1f, \"ratio\": %.3f}\n",
-              M, N, K, dtype_name(d), tf32 ? "true" : "false", tflops / kiln_ms, tflops / raw_ms, raw_ms / kiln_ms);
+              M, N, K, std::string(dtype_name(d)).c_str(), tf32 ? "true" : "false", tflops / kiln_ms, tflops / raw_ms, raw_ms / kiln_ms);
   cuda::set_allow_tf32(false);
 }
 

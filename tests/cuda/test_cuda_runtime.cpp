@@ -34,7 +34,7 @@ struct FakeDevice {
   size_t budget = size_t{1} << 40, used = 0;
   std::map<void*, size_t> live;  // pointer -> bytes
   std::vector<size_t> sizes;
-  cuda::CachingAllocator make() {
+  cuda::CachingAllocator make(cuda::CachingAllocator::Mode mode = cuda::CachingAllocator::Mode::caching) {
     return cuda::CachingAllocator(
         "fake allocator",
         [this](size_t n) -> void* {
@@ -50,7 +50,8 @@ struct FakeDevice {
           used -= live[p];  // the budget counts what is held, like a device's free memory
           live.erase(p);
           std::free(p);
-        });
+        },
+        mode);
   }
 };
 
@@ -142,6 +143,30 @@ TEST_CASE("cuda allocator: out of memory empties the cache, retries, then names 
   }
   alloc.release(b, 4 * MiB);
   alloc.release(c, 6 * MiB);
+}
+
+TEST_CASE("cuda allocator: exact mode (KILN_CUDA_NO_CACHE) allocates exact sizes and frees at once", "[cuda-host][allocator]") {
+  FakeDevice dev;
+  auto alloc = dev.make(cuda::CachingAllocator::Mode::exact);
+  auto a = alloc.allocate(1000);
+  CHECK(a.size == 1000);
+  CHECK(dev.sizes == std::vector<size_t>{1000});  // not rounded to the 512-byte class
+  alloc.release(a, 1000);
+  CHECK(dev.live.empty());  // freed, not cached
+  auto b = alloc.allocate(1000);
+  auto c = alloc.allocate(3 << 20);
+  CHECK(c.size == size_t{3} << 20);  // not rounded to 2 MiB
+  const auto s = alloc.stats();
+  CHECK(s.num_cache_hits == 0);
+  CHECK(s.num_raw_allocs == 3);
+  CHECK(s.num_raw_frees == 1);
+  CHECK(s.allocated_bytes == 1000 + (size_t{3} << 20));
+  CHECK(s.reserved_bytes == s.allocated_bytes);
+  CHECK(s.cached_blocks == 0);
+  alloc.release(b, 1000);
+  alloc.release(c, size_t{3} << 20);
+  CHECK(dev.live.empty());
+  CHECK(alloc.stats().reserved_bytes == 0);
 }
 
 TEST_CASE("cuda allocator: concurrent allocate/release from several threads", "[cuda-host][allocator]") {

@@ -3,6 +3,9 @@
 
 #include <sys/mman.h>
 #include <unistd.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
@@ -120,9 +123,40 @@ void release_warp(int w) {
   }
 }
 
-void yield_to_main() { switch_ctx(g.fib[static_cast<size_t>(g.cur)].ctx, g.main); }
+// Under AddressSanitizer every stack switch is announced (start) and confirmed (finish), so that ASan
+// knows which stack is live; main_bottom/main_size (the launching thread's stack) come from the first
+// confirmation inside a fiber.
+#if defined(__SANITIZE_ADDRESS__)
+thread_local const void* g_main_bottom = nullptr;
+thread_local size_t g_main_size = 0;
+#endif
+
+void yield_to_main() {
+#if defined(__SANITIZE_ADDRESS__)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, g_main_bottom, g_main_size);
+#endif
+  switch_ctx(g.fib[static_cast<size_t>(g.cur)].ctx, g.main);
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(fake, &g_main_bottom, &g_main_size);
+#endif
+}
+
+void resume(Fiber& f) {
+#if defined(__SANITIZE_ADDRESS__)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f.mem + sysconf(_SC_PAGESIZE), kStack);
+#endif
+  switch_ctx(g.main, f.ctx);
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
 
 void entry() {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(nullptr, &g_main_bottom, &g_main_size);
+#endif
   try {
     g.body(g.ctx);
   } catch (...) {
@@ -134,6 +168,9 @@ void entry() {
   --g.warp_live[static_cast<size_t>(g.cur / kWarp)];
   release_block();
   release_warp(g.cur / kWarp);
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_start_switch_fiber(nullptr, g_main_bottom, g_main_size);  // this stack is done
+#endif
   switch_ctx(f.ctx, g.main);  // never resumed
 }
 
@@ -285,7 +322,7 @@ void run_grid(const char* name, const void* fn, const Config& c, void (*body)(vo
             if (f.st != St::runnable) continue;
             g.cur = i;
             g_threadIdx = f.tid;
-            switch_ctx(g.main, f.ctx);
+            resume(f);
             g.cur = -1;
             ran = true;
           }
