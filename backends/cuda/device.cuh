@@ -28,16 +28,39 @@ inline unsigned grid_for(int64_t n, int threads, int64_t cap = 65535LL * 32) {
 }
 
 // ---------------------------------------------------------------------------------- element access
-template <class T> __device__ __forceinline__ compute_t<T> ld(const T* p) {
-  if constexpr (std::is_same_v<T, bf16>) return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
-  else if constexpr (std::is_same_v<T, f16>) return __half2float(*reinterpret_cast<const __half*>(p));
-  else return *p;
+// Conversions by value (memcpy between kiln's half types and CUDA's, never a pointer cast: a value
+// written through an __nv_bfloat16* into a kiln::bf16 object would break the aliasing rules, and the
+// compiler may then drop the write, as g++ did for a local Pack in the host emulator).
+template <class T> __device__ __forceinline__ compute_t<T> to_compute(T x) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    __nv_bfloat16 h;
+    memcpy(&h, &x, sizeof h);
+    return __bfloat162float(h);
+  } else if constexpr (std::is_same_v<T, f16>) {
+    __half h;
+    memcpy(&h, &x, sizeof h);
+    return __half2float(h);
+  } else {
+    return x;
+  }
 }
-template <class T> __device__ __forceinline__ void st(T* p, compute_t<T> v) {
-  if constexpr (std::is_same_v<T, bf16>) *reinterpret_cast<__nv_bfloat16*>(p) = __float2bfloat16_rn(v);
-  else if constexpr (std::is_same_v<T, f16>) *reinterpret_cast<__half*>(p) = __float2half_rn(v);
-  else *p = v;
+template <class T> __device__ __forceinline__ T from_compute(compute_t<T> v) {
+  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
+    T r;
+    if constexpr (std::is_same_v<T, bf16>) {
+      const __nv_bfloat16 h = __float2bfloat16_rn(v);
+      memcpy(&r, &h, sizeof r);
+    } else {
+      const __half h = __float2half_rn(v);
+      memcpy(&r, &h, sizeof r);
+    }
+    return r;
+  } else {
+    return v;
+  }
 }
+template <class T> __device__ __forceinline__ compute_t<T> ld(const T* p) { return to_compute(*p); }
+template <class T> __device__ __forceinline__ void st(T* p, compute_t<T> v) { *p = from_compute<T>(v); }
 
 // ---------------------------------------------------------------------------------- reductions
 template <class T> __device__ __forceinline__ T warp_sum(T v) {

@@ -1,7 +1,8 @@
 // fill, copy (strided, with dtype conversion), unary<Op>, binary<Op> and where on the GPU.
 //
 // Every op is one grid-stride walk (indexing.cuh) over the output's shape with its operands' strides,
-// so broadcast (zero-stride) and non-contiguous inputs need no staging. The element functions are the
+// so broadcast (zero-stride) and non-contiguous inputs need no staging; when every operand is
+// contiguous and aligned the same functors run on 16-byte packs (vec_kernel, indexing.cuh). The element functions are the
 // op tags of core/ops.hpp, evaluated in compute_t<T> like the Cpu backend (the half types in f32,
 // rounded once on store). Contiguous fills of zero bytes and contiguous same-dtype copies go to
 // cudaMemsetAsync / cudaMemcpyAsync.
@@ -17,42 +18,95 @@ namespace {
 using namespace cuda;
 
 // ------------------------------------------------------------------------------------ functors
+// Each is called with the element offsets of its operands (the strided walk) and, for contiguous
+// aligned operands, vec<V>(i) on V elements at once (VectorFunctor, indexing.cuh).
 template <class U> struct FillF {
+  static constexpr size_t kWidest = sizeof(U);
   U* o;
   U v;
   __device__ void operator()(const int64_t (&off)[1]) const { o[off[0]] = v; }
+  FillF shifted(const int64_t (&b)[1]) const { return {o + b[0], v}; }
+  template <int V> bool aligned() const { return aligned_for<V>(o); }
+  template <int V> __device__ void vec(int64_t i) const {
+    Pack<U, V> r;
+#pragma unroll
+    for (int j = 0; j < V; ++j) r.v[j] = v;
+    stv<V>(o + i, r);
+  }
 };
 
 template <class T, class S> struct CopyF {
+  static constexpr size_t kWidest = sizeof(T) > sizeof(S) ? sizeof(T) : sizeof(S);
   T* o;
   const S* x;
   __device__ void operator()(const int64_t (&off)[2]) const { o[off[0]] = convert_elem<T>(x[off[1]]); }
+  CopyF shifted(const int64_t (&b)[2]) const { return {o + b[0], x + b[1]}; }
+  template <int V> bool aligned() const { return aligned_for<V>(o) && aligned_for<V>(x); }
+  template <int V> __device__ void vec(int64_t i) const {
+    const Pack<S, V> a = ldv<V>(x + i);
+    Pack<T, V> r;
+#pragma unroll
+    for (int j = 0; j < V; ++j) r.v[j] = convert_elem<T>(a.v[j]);
+    stv<V>(o + i, r);
+  }
 };
 
 template <class Op, class T> struct UnaryF {
+  static constexpr size_t kWidest = sizeof(T);
   T* o;
   const T* x;
   __device__ void operator()(const int64_t (&off)[2]) const { st(o + off[0], Op::template f<compute_t<T>>(ld(x + off[1]))); }
+  UnaryF shifted(const int64_t (&b)[2]) const { return {o + b[0], x + b[1]}; }
+  template <int V> bool aligned() const { return aligned_for<V>(o) && aligned_for<V>(x); }
+  template <int V> __device__ void vec(int64_t i) const {
+    const Pack<T, V> a = ldv<V>(x + i);
+    Pack<T, V> r;
+#pragma unroll
+    for (int j = 0; j < V; ++j) st(&r.v[j], Op::template f<compute_t<T>>(ld(&a.v[j])));
+    stv<V>(o + i, r);
+  }
 };
 
 template <class Op, class T> struct BinaryF {
   using O = std::conditional_t<Op::compare, bool, T>;
+  static constexpr size_t kWidest = sizeof(T);
   O* o;
   const T* a;
   const T* b;
-  __device__ void operator()(const int64_t (&off)[3]) const {
-    const auto r = Op::template f<compute_t<T>>(ld(a + off[1]), ld(b + off[2]));
-    if constexpr (Op::compare) o[off[0]] = r;
-    else st(o + off[0], r);
+  __device__ void put(O* p, compute_t<T> x, compute_t<T> y) const {
+    const auto r = Op::template f<compute_t<T>>(x, y);
+    if constexpr (Op::compare) *p = r;
+    else st(p, r);
+  }
+  __device__ void operator()(const int64_t (&off)[3]) const { put(o + off[0], ld(a + off[1]), ld(b + off[2])); }
+  BinaryF shifted(const int64_t (&s)[3]) const { return {o + s[0], a + s[1], b + s[2]}; }
+  template <int V> bool aligned() const { return aligned_for<V>(o) && aligned_for<V>(a) && aligned_for<V>(b); }
+  template <int V> __device__ void vec(int64_t i) const {
+    const Pack<T, V> x = ldv<V>(a + i), y = ldv<V>(b + i);
+    Pack<O, V> r;
+#pragma unroll
+    for (int j = 0; j < V; ++j) put(&r.v[j], ld(&x.v[j]), ld(&y.v[j]));
+    stv<V>(o + i, r);
   }
 };
 
 template <class U> struct WhereF {
+  static constexpr size_t kWidest = sizeof(U);
   U* o;
   const bool* c;
   const U* a;
   const U* b;
   __device__ void operator()(const int64_t (&off)[4]) const { o[off[0]] = c[off[1]] ? a[off[2]] : b[off[3]]; }
+  WhereF shifted(const int64_t (&s)[4]) const { return {o + s[0], c + s[1], a + s[2], b + s[3]}; }
+  template <int V> bool aligned() const { return aligned_for<V>(o) && aligned_for<V>(c) && aligned_for<V>(a) && aligned_for<V>(b); }
+  template <int V> __device__ void vec(int64_t i) const {
+    const Pack<bool, V> m = ldv<V>(c + i);
+    const Pack<U, V> x = ldv<V>(a + i), y = ldv<V>(b + i);
+    Pack<U, V> r;
+#pragma unroll
+    for (int j = 0; j < V; ++j) r.v[j] = m.v[j] ? x.v[j] : y.v[j];
+    stv<V>(o + i, r);
+  }
 };
 
 template <class T> T* dptr(CudaStorage& s) { return s.as<T>(); }

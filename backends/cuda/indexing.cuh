@@ -11,10 +11,12 @@
 // travels by value as a kernel parameter (at most 16 merged dims: under 1 KiB for 4 operands).
 //
 // Launches go through launch_elementwise(): 256 threads, a grid-stride loop over the elements, the
-// launch checked (KILN_CUDA_LAUNCHED).
+// launch checked (KILN_CUDA_LAUNCHED). Functors that support it (VectorFunctor) run with 16-byte
+// vector loads and stores when every operand is contiguous and aligned.
 #include <array>
-#include <initializer_list>
+#include <concepts>
 #include <cstdint>
+#include <initializer_list>
 #include <string_view>
 
 #include "backends/cuda/device.cuh"
@@ -110,9 +112,59 @@ template <int N, class F> __global__ void __launch_bounds__(256) walk_kernel(con
   }
 }
 
+// ---------------------------------------------------------------------------------- vector access
+// V consecutive elements of T, aligned to their size (at most 16 bytes: one 128-bit load or store).
+template <class T, int V> struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <int V, class T> __device__ __forceinline__ Pack<T, V> ldv(const T* p) { return *reinterpret_cast<const Pack<T, V>*>(p); }
+template <int V, class T> __device__ __forceinline__ void stv(T* p, const Pack<T, V>& x) { *reinterpret_cast<Pack<T, V>*>(p) = x; }
+template <int V, class T> bool aligned_for(const T* p) { return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * V) == 0; }
+
+// An elementwise functor that can also run vectorised: kWidest (its widest operand's element size),
+// shifted(base) (a copy with every pointer advanced by the walk's base offsets, so that element i of
+// every operand is at offset i), aligned<V>() (every pointer aligned for V-element packs) and vec<V>(i)
+// (elements i .. i + V - 1 with one pack load per input and one pack store).
+template <class F, int N>
+concept VectorFunctor = requires(const F& f, const int64_t (&b)[N]) {
+  { F::kWidest } -> std::convertible_to<size_t>;
+  { f.shifted(b) } -> std::same_as<F>;
+  { f.template aligned<2>() } -> std::same_as<bool>;
+};
+
+// Every operand contiguous: thread t handles packs t, t + stride, ... of V elements, then the n % V
+// tail elements one by one.
+template <int N, int V, class F> __global__ void __launch_bounds__(256) vec_kernel(const int64_t n, const F f) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t packs = n / V;
+  for (int64_t p = first; p < packs; p += step) f.template vec<V>(p * V);
+  for (int64_t i = packs * V + first; i < n; i += step) {
+    int64_t off[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) off[k] = i;
+    f(off);
+  }
+}
+
+// The launch of an elementwise op: vectorised (16-byte packs of the widest operand) when every operand
+// is contiguous and suitably aligned, else the strided walk.
 template <int N, class F> void launch_elementwise(std::string_view op, const Walk<N>& w, const F& f) {
   if (w.numel == 0) return;
   constexpr int kThreads = 256;
+  if constexpr (VectorFunctor<F, N>) {
+    constexpr int V = static_cast<int>(16 / F::kWidest);
+    if constexpr (V > 1) {
+      if (w.contiguous && w.numel >= V) {
+        const F g = f.shifted(w.base);
+        if (g.template aligned<V>()) {
+          vec_kernel<N, V, F><<<grid_for(ceil_div(w.numel, V), kThreads), kThreads, 0, stream()>>>(w.numel, g);
+          after_launch(op, __FILE__, __LINE__);
+          return;
+        }
+      }
+    }
+  }
   walk_kernel<N, F><<<grid_for(w.numel, kThreads), kThreads, 0, stream()>>>(w, f);
   after_launch(op, __FILE__, __LINE__);
 }

@@ -264,6 +264,7 @@ void adam_step(const std::vector<Buf>& w, const std::vector<Buf>& m, const std::
 }
 
 uint64_t launches() { return emu::stats().launches; }
+uint64_t vec_launches() { return emu::stats().vec_launches; }
 void set_reverse_order(bool on) { emu::set_reverse_order(on); }
 
 }  // namespace cuda_emu

@@ -58,6 +58,8 @@ void adam_step(const std::vector<Buf>& w, const std::vector<Buf>& m, const std::
 
 // Kernel launches so far (emu::stats()).
 uint64_t launches();
+// ... of them, launches of the vectorised elementwise kernel.
+uint64_t vec_launches();
 // Schedule the threads of a block in reverse order (emu::set_reverse_order).
 void set_reverse_order(bool on);
 

@@ -295,6 +295,7 @@ void run_grid(const char* name, const void* fn, const Config& c, void (*body)(vo
   g_gridDim = c.grid;
   g_blockDim = c.block;
   ++g.stats.launches;
+  if (std::strncmp(name, "vec_kernel", 10) == 0) ++g.stats.vec_launches;
   static const bool trace = [] {
     const char* e = std::getenv("KILN_EMU_TRACE");
     return e && *e && std::string(e) != "0";

@@ -99,6 +99,7 @@ cudaError_t func_set_attribute(const void* fn, cudaFuncAttribute attr, int value
 // Launch statistics (for tests).
 struct Stats {
   uint64_t launches = 0, blocks = 0, threads = 0;
+  uint64_t vec_launches = 0;  // of the vectorised elementwise kernel (vec_kernel, indexing.cuh)
 };
 Stats& stats();
 // Threads of a block run in reverse order (highest index first, at the start and after every
