@@ -98,7 +98,7 @@ struct Sched {
   Stats stats;
 };
 thread_local Sched g;
-thread_local bool g_reverse = false;
+thread_local bool g_reverse = false;  // every block in reverse order; else blocks alternate (see emu.hpp)
 
 // Dynamic shared memory opt-ins (cudaFuncSetAttribute), by kernel.
 std::mutex g_attr_mu;
@@ -308,6 +308,7 @@ void run_grid(const char* name, const void* fn, const Config& c, void (*body)(vo
     for (unsigned by = 0; by < c.grid.y; ++by)
       for (unsigned bx = 0; bx < c.grid.x; ++bx) {
         g_blockIdx = uint3{bx, by, bz};
+        const bool reverse = g_reverse || ((bx + by + bz + g.stats.launches) & 1) != 0;
         std::fill(g_smem.begin(), g_smem.end(), static_cast<unsigned char>(0xff));  // garbage: NaN for floats
         ++g.stats.blocks;
         g.stats.threads += threads;
@@ -318,7 +319,7 @@ void run_grid(const char* name, const void* fn, const Config& c, void (*body)(vo
         while (g.live > 0) {
           bool ran = false;
           for (int k = 0; k < g.n; ++k) {
-            const int i = g_reverse ? g.n - 1 - k : k;
+            const int i = reverse ? g.n - 1 - k : k;
             Fiber& f = g.fib[static_cast<size_t>(i)];
             if (f.st != St::runnable) continue;
             g.cur = i;

@@ -102,9 +102,11 @@ struct Stats {
   uint64_t vec_launches = 0;  // of the vectorised elementwise kernel (vec_kernel, indexing.cuh)
 };
 Stats& stats();
-// Threads of a block run in reverse order (highest index first, at the start and after every
-// barrier): a kernel that reads another thread's write without a barrier between them gives a
-// different answer in one of the two orders.
+// The order in which the threads of a block run (at the start and after every barrier): a kernel that
+// reads another thread's write without a barrier between them gives a different answer in one of the
+// two orders. By default blocks alternate between ascending and descending thread order (by the
+// parity of block index + launch count), so every kernel of a suite meets both; on: every block
+// descending.
 void set_reverse_order(bool on);
 
 template <class K, class... A> void launch(const char* name, K kernel, const Config& c, A&&... args) {
