@@ -3,7 +3,7 @@
 // Users include backends/cuda/cuda.hpp.
 //
 // Every primitive runs asynchronously on the current device's stream (runtime.hpp); read() waits for
-// it. Kernels live in backends/cuda/*.cu, GEMMs go to cuBLAS/cuBLASLt (matmul.cpp).
+// it. Kernels live in backends/cuda/*.cu, GEMMs go to cuBLAS (matmul.cpp).
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -35,7 +35,7 @@ struct Cuda {
   static void where(M out, V cond, V a, V b);
   // reduce.cu
   template <class Op> static void reduce(M out, V in, int axis);
-  // matmul.cpp (cuBLAS / cuBLASLt)
+  // matmul.cpp (cuBLAS)
   static void matmul(M out, V a, V b);
   // index.cu
   static void gather(M out, V src, int axis, V index);

@@ -29,7 +29,9 @@ void raise_cublas(cublasStatus_t s, std::string_view op, const char* call, const
 namespace {
 
 constexpr int kMaxDevices = 64;
-constexpr size_t kLtWorkspace = size_t{32} << 20;  // cuBLASLt workspace per device (what cuBLAS uses on Hopper)
+// cuBLAS's workspace per device, given to it (cublasSetWorkspace) so that it is stream-ordered on
+// kiln's stream instead of allocated by cuBLAS on first use; 32 MiB is NVIDIA's recommendation for Hopper.
+constexpr size_t kBlasWorkspace = size_t{32} << 20;
 
 bool env_flag(const char* name) {
   const char* e = std::getenv(name);
@@ -70,8 +72,7 @@ struct DeviceState {
   int device = 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
-  cublasLtHandle_t lt = nullptr;
-  void* lt_workspace = nullptr;
+  void* blas_workspace = nullptr;
   cudaDeviceProp prop{};
   std::unique_ptr<CachingAllocator> alloc;
 };
@@ -101,8 +102,8 @@ DeviceState& state(int device) {
     KILN_CUDA_CHECK_OP("cuda init", cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
     KILN_CUBLAS_CHECK_OP("cuda init", cublasCreate(&s->blas));
     KILN_CUBLAS_CHECK_OP("cuda init", cublasSetStream(s->blas, s->stream));
-    KILN_CUBLAS_CHECK_OP("cuda init", cublasLtCreate(&s->lt));
-    KILN_CUDA_CHECK_OP("cuda init", cudaMalloc(&s->lt_workspace, kLtWorkspace));
+    KILN_CUDA_CHECK_OP("cuda init", cudaMalloc(&s->blas_workspace, kBlasWorkspace));
+    KILN_CUBLAS_CHECK_OP("cuda init", cublasSetWorkspace(s->blas, s->blas_workspace, kBlasWorkspace));
     s->alloc = std::make_unique<CachingAllocator>(
         fmt::format("cuda:{} allocator", device), [device](size_t n) { return raw_malloc(device, n); },
         [device](void* p) {
@@ -146,9 +147,6 @@ void check_device(const CudaStorage& s, std::string_view op) {
 
 cudaStream_t stream() { return current("cuda").stream; }
 cublasHandle_t cublas() { return current("cuda").blas; }
-cublasLtHandle_t cublaslt() { return current("cuda").lt; }
-void* cublaslt_workspace() { return current("cuda").lt_workspace; }
-size_t cublaslt_workspace_bytes() { return kLtWorkspace; }
 const cudaDeviceProp& device_properties() { return current("cuda").prop; }
 
 // ------------------------------------------------------------------------------------ user API

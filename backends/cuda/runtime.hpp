@@ -2,13 +2,12 @@
 // The CUDA runtime glue shared by the Cuda backend's sources (not a user header; users include
 // backends/cuda/cuda.hpp): error checks, the per-device stream and library handles.
 //
-// Every CUDA, cuBLAS and cuBLASLt call and every kernel launch is checked; a failure becomes a
+// Every CUDA and cuBLAS call and every kernel launch is checked; a failure becomes a
 // kiln::Error naming the op, the call and CUDA's error string. Kernels run asynchronously, so an error
 // inside a kernel (an illegal address) surfaces at the next synchronising call (read(), synchronize()).
 // KILN_CUDA_SYNC=1 in the environment synchronises after every launch so the error names the kernel
 // that caused it (like CUDA_LAUNCH_BLOCKING=1). KILN_CUDA_NO_CACHE=1 turns the caching allocator off
 // (every tensor its own exact-size cudaMalloc, freed at once: for compute-sanitizer's memcheck).
-#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -41,13 +40,9 @@ void after_launch(std::string_view op, const char* file, int line);
 int require_device(std::string_view op);
 // Throws unless the storage lives on the current device.
 void check_device(const CudaStorage& s, std::string_view op);
-// The current device's stream, cuBLAS handle (bound to that stream) and cuBLASLt handle with a
-// workspace of workspace_bytes().
+// The current device's stream and cuBLAS handle (bound to that stream, with a 32 MiB workspace).
 cudaStream_t stream();
 cublasHandle_t cublas();
-cublasLtHandle_t cublaslt();
-void* cublaslt_workspace();
-size_t cublaslt_workspace_bytes();
 // Properties of the current device.
 const cudaDeviceProp& device_properties();
 

@@ -1,4 +1,4 @@
-// The emulated device's cuBLAS: the subset of libcublas / libcublasLt that kiln's Cuda backend calls
+// The emulated device's cuBLAS: the subset of libcublas that kiln's Cuda backend calls
 // (backends/cuda/runtime.cpp, backends/cuda/matmul.cpp), on the host, with cuBLAS's documented
 // argument rules, so that kiln's translation of strided views into GEMM calls (transpose flags,
 // leading dimensions, batch strides, folded batches) is exercised without a GPU.
@@ -17,7 +17,6 @@
 // Beyond cuBLAS (it would read or write out of bounds, or race, silently), the emulator fails with
 // CUBLAS_STATUS_EXECUTION_FAILED and a line on stderr when an operand's footprint is not inside one
 // live device allocation, when C overlaps A or B, or when two batch items write the same element of C.
-#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -35,9 +34,8 @@
 struct cublasContext {
   cudaStream_t stream = nullptr;
   cublasMath_t mode = CUBLAS_DEFAULT_MATH;
-};
-struct cublasLtContext {
-  int unused = 0;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 namespace {
@@ -123,9 +121,17 @@ cublasStatus_t CUBLASWINAPI cublasSetMathMode(cublasHandle_t h, cublasMath_t mod
   h->mode = mode;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t CUBLASWINAPI cublasLtCreate(cublasLtHandle_t* h) {
-  if (!h) return CUBLAS_STATUS_INVALID_VALUE;
-  *h = new cublasLtContext;
+// cuBLAS's rules: a workspace of at least 256-byte alignment inside device memory (checked here against
+// the live allocations), or none.
+cublasStatus_t CUBLASWINAPI cublasSetWorkspace_v2(cublasHandle_t h, void* workspace, size_t bytes) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (bytes > 0 && (!workspace || reinterpret_cast<uintptr_t>(workspace) % 256 != 0))
+    return complain(CUBLAS_STATUS_INVALID_VALUE, "cublasSetWorkspace: workspace not 256-byte aligned");
+  if (bytes > 0 && !emu::device::contains(workspace, bytes))
+    return complain(CUBLAS_STATUS_INVALID_VALUE, "cublasSetWorkspace: workspace " + emu::device::describe(workspace) + " of " +
+                                                     std::to_string(bytes) + " bytes is not inside one device allocation");
+  h->workspace = workspace;
+  h->workspace_bytes = bytes;
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -5,7 +5,7 @@
 //
 //  * One device, "kiln host emulator", with an H100's limits but 4 SMs (so that reductions that split
 //    rows across SMs do so on small inputs) and 4 GiB of memory (a larger request is out of memory).
-//  * Device memory is host memory, filled with 0xff (NaN, -1) when allocated: kernels must not rely on
+//  * Device memory is host memory (256-byte aligned, as cudaMalloc's), filled with 0xff (NaN, -1) when allocated: kernels must not rely on
 //    zeroed memory. Every live allocation is recorded; copies and fills check that the device range
 //    they touch lies inside one live allocation, and a failed check returns cudaErrorInvalidValue
 //    after naming the call and the range on stderr (real CUDA would fault or corrupt memory).
@@ -209,7 +209,8 @@ cudaError_t CUDARTAPI cudaMalloc(void** p, size_t bytes) {
       return cudaErrorMemoryAllocation;
     }
   }
-  char* m = static_cast<char*>(std::malloc(bytes ? bytes : 1));
+  void* raw = nullptr;  // 256-byte aligned, like cudaMalloc; exactly `bytes` long (for AddressSanitizer)
+  char* m = posix_memalign(&raw, 256, bytes ? bytes : 1) == 0 ? static_cast<char*>(raw) : nullptr;
   if (!m) {
     t_last = cudaErrorMemoryAllocation;
     return cudaErrorMemoryAllocation;
