@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The PyTorch side of the GPU benchmarks, and kiln train --device cuda against PyTorch eager.
 
   bench/cuda/gpu_vs_torch.py [--kiln build/kiln] [--steps 20]
@@ -63,7 +63,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="kiln-gpu-")
     T, B = 1024, a.batch
     tok = os.path.join(tmp, "tokens.safetensors")
-    subprocess.check_call(["/usr/bin/python3", REF, "tokens", "--vocab", "50304", "--n", "2000000", "--out", tok])
+    subprocess.check_call([sys.executable, REF, "tokens", "--vocab", "50304", "--n", "2000000", "--out", tok])
     train = {"batch_size": B, "seq_len": T, "steps": a.steps, "optimizer": {"name": "adamw", "lr": 3e-4, "weight_decay": 0.1}}
     json.dump(train, open(os.path.join(tmp, "train.json"), "w"))
     for att in ["mha", "diff"]:

@@ -5,4 +5,4 @@ cd "$(dirname "$0")/../.."
 cmake -S . -B build -DKILN_WITH_CUDA=ON -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_EXAMPLES=OFF > /dev/null
 cmake --build build -j"$(nproc)" --target bench_cuda kiln_cli
 build/bench/bench_cuda
-/usr/bin/python3 bench/cuda/gpu_vs_torch.py --kiln build/kiln
+"${KILN_PYTHON:-python3}" bench/cuda/gpu_vs_torch.py --kiln build/kiln

@@ -8,6 +8,7 @@
 
 #include "backends/backends.hpp"
 #include "nn/safetensors.hpp"
+#include "common/python.hpp"
 
 using namespace kiln;
 namespace fs = std::filesystem;
@@ -63,9 +64,10 @@ TEMPLATE_TEST_CASE("safetensors: round trip of every dtype, views and empty tens
 
 TEST_CASE("safetensors: reads what the PyTorch reference writes", "[safetensors]") {
   const std::string ref = std::string(KILN_SHARED_DIR) + "/reference/kiln_ref.py";
-  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) FAIL("python3-torch missing: run scripts/setup.sh --python");
+  if (std::system(fmt::format("{} -c 'import torch' 2>/dev/null", kiln::test::python()).c_str()) != 0)
+    FAIL("torch missing for " << kiln::test::python() << ": run scripts/setup.sh --python, or set KILN_PYTHON");
   const std::string p = tmp_path("ref_tokens.safetensors");
-  REQUIRE(std::system(fmt::format("/usr/bin/python3 {} tokens --vocab 64 --n 1000 --seed 3 --out {}", ref, p).c_str()) == 0);
+  REQUIRE(std::system(fmt::format("{} {} tokens --vocab 64 --n 1000 --seed 3 --out {}", kiln::test::python(), ref, p).c_str()) == 0);
   const auto f = safetensors::File::open(p);
   REQUIRE(f.names() == std::vector<std::string>{"tokens"});
   const auto t = f.load<Cpu>("tokens");

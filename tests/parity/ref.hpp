@@ -1,5 +1,5 @@
 #pragma once
-// Runs ../shared/reference/kiln_ref.py (Debian's python3 + torch) for the parity tests.
+// Runs ../shared/reference/kiln_ref.py (python() + torch, common/python.hpp) for the parity tests.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -10,13 +10,15 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/python.hpp"
+
 namespace kiln::test {
 
 inline std::string ref_script() { return std::string(KILN_SHARED_DIR) + "/reference/kiln_ref.py"; }
 
 inline void require_torch() {
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
-    FAIL("PyTorch for Debian's python3 is missing: run scripts/setup.sh --python (the README test command does)");
+  if (std::system(fmt::format("{} -c 'import torch' >/dev/null 2>&1", python()).c_str()) != 0)
+    FAIL("PyTorch for " << python() << " is missing: run scripts/setup.sh --python (the README test command does), or set KILN_PYTHON");
 }
 
 // A fresh temporary directory per call.
@@ -32,7 +34,7 @@ inline void write_json(const std::filesystem::path& p, const nlohmann::json& j) 
 
 // Runs `kiln_ref.py <args>` and fails the test (showing the command) if it does not succeed.
 inline void run_ref(const std::string& args) {
-  const std::string cmd = fmt::format("OMP_NUM_THREADS=2 /usr/bin/python3 {} {} >/dev/null", ref_script(), args);
+  const std::string cmd = fmt::format("OMP_NUM_THREADS=2 {} {} {} >/dev/null", python(), ref_script(), args);
   INFO(cmd);
   REQUIRE(std::system(cmd.c_str()) == 0);
 }

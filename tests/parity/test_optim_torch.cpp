@@ -20,7 +20,7 @@ void run_python(const std::string& code, const std::filesystem::path& dir) {
   const auto script = dir / "case.py";
   std::ofstream(script) << code;
   INFO(code);
-  REQUIRE(std::system(fmt::format("OMP_NUM_THREADS=1 /usr/bin/python3 {} >/dev/null", script.string()).c_str()) == 0);
+  REQUIRE(std::system(fmt::format("OMP_NUM_THREADS=1 {} {} >/dev/null", kiln::test::python(), script.string()).c_str()) == 0);
 }
 
 // Writes params p0 [4,3] and q0 [5], and 6 steps of gradients, runs torch's optimizer `opt` (a Python

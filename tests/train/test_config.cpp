@@ -9,6 +9,7 @@
 #include "train/config.hpp"
 #include "train/data.hpp"
 #include "train/progress.hpp"
+#include "common/python.hpp"
 
 using namespace kiln;
 using json = nlohmann::json;
@@ -18,7 +19,7 @@ std::string run_python(const std::string& code) {
   const std::string script = (std::filesystem::temp_directory_path() / fmt::format("kiln-py-{}.py", ::getpid())).string();
   std::ofstream(script) << code;
   std::string out;
-  FILE* p = ::popen(fmt::format("/usr/bin/python3 {}", script).c_str(), "r");
+  FILE* p = ::popen(fmt::format("{} {}", kiln::test::python(), script).c_str(), "r");
   REQUIRE(p != nullptr);
   char buf[4096];
   while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
@@ -69,7 +70,8 @@ TEST_CASE("config: a given optimizer object takes torch's defaults for missing k
 }
 
 TEST_CASE("schedule: equals the reference's lr_at for every schedule", "[config]") {
-  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) FAIL("python3-torch missing: run scripts/setup.sh --python");
+  if (std::system(fmt::format("{} -c 'import torch' 2>/dev/null", kiln::test::python()).c_str()) != 0)
+    FAIL("torch missing for " << kiln::test::python() << ": run scripts/setup.sh --python, or set KILN_PYTHON");
   const std::vector<json> schedules{
       {{"name", "constant"}},
       {{"name", "cosine"}, {"warmup_steps", 5}, {"min_lr_ratio", 0.1}},
