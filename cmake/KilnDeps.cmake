@@ -6,6 +6,13 @@ function(kiln_require found pkg what)
   endif()
 endfunction()
 
+# KILN_DEPS_ROOT: a tree laid out like / that holds these libraries (scripts/gpu_kit.sh packs one from
+# this machine's packages for GPU machines whose image lacks them); searched before the system.
+set(KILN_DEPS_ROOT "" CACHE PATH "A tree laid out like / holding kiln's dependencies (scripts/gpu_kit.sh); empty: the system's")
+if(KILN_DEPS_ROOT)
+  list(PREPEND CMAKE_PREFIX_PATH ${KILN_DEPS_ROOT}/usr)
+endif()
+
 find_package(fmt CONFIG QUIET)
 kiln_require(fmt_FOUND libfmt-dev "the fmt library")
 
@@ -13,10 +20,11 @@ find_package(OpenMP QUIET COMPONENTS CXX)
 kiln_require(OpenMP_CXX_FOUND libgomp1 "OpenMP (comes with g++)")
 
 # OpenBLAS, OpenMP flavour (one thread pool shared with kiln's own loops).
-set(KILN_OPENBLAS_DIR "/usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp")
+set(KILN_OPENBLAS_DIR "${KILN_DEPS_ROOT}/usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp")
 find_library(KILN_OPENBLAS_LIB NAMES libopenblas.so.0 openblas PATHS ${KILN_OPENBLAS_DIR} NO_DEFAULT_PATH)
 kiln_require(KILN_OPENBLAS_LIB libopenblas0-openmp "OpenBLAS built with OpenMP")
-find_path(KILN_CBLAS_INCLUDE NAMES cblas.h PATHS /usr/include/${CMAKE_LIBRARY_ARCHITECTURE} /usr/include)
+find_path(KILN_CBLAS_INCLUDE NAMES cblas.h PATHS ${KILN_DEPS_ROOT}/usr/include/${CMAKE_LIBRARY_ARCHITECTURE} /usr/include/${CMAKE_LIBRARY_ARCHITECTURE}
+          /usr/include)
 kiln_require(KILN_CBLAS_INCLUDE libopenblas-dev "the CBLAS header")
 add_library(kiln_blas INTERFACE)
 target_link_libraries(kiln_blas INTERFACE ${KILN_OPENBLAS_LIB})
@@ -35,7 +43,7 @@ if(KILN_BUILD_TESTS)
   find_path(KILN_CATCH2_INCLUDE NAMES catch2/catch.hpp)
   kiln_require(KILN_CATCH2_INCLUDE catch2 "Catch2 v2 (single header)")
 endif()
-if(KILN_BUILD_BENCH)
+if(KILN_BUILD_BENCH AND KILN_BUILD_BENCH_CPU)
   find_package(benchmark CONFIG QUIET)
   kiln_require(benchmark_FOUND libbenchmark-dev "Google Benchmark")
 endif()

@@ -3,7 +3,9 @@
 //    cuBLAS) against a raw cublasGemmEx call on preallocated buffers (target >= 95%).
 //  * Flash attention forward + backward (fused::attention_forward/backward), B=4 H=12 T=1024 d=64 causal,
 //    for the PyTorch side see gpu_vs_torch.py (scaled_dot_product_attention on the same device).
-// Run by bench/cuda/run.sh; timings are medians of CUDA-event-timed repetitions after warm-up.
+// Run by bench/cuda/run.sh (or scripts/gpu_run.sh bench); timings are medians of repetitions after
+// warm-up, each timed by CUDA events on kiln's stream, where both kiln and the raw cuBLAS handle run
+// (GPU time, host overhead included only where it leaves the GPU idle).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda.hpp"
+#include "backends/cuda/runtime.hpp"
 #include "core/fused.hpp"
 
 using namespace kiln;
@@ -21,25 +24,28 @@ using T = Tensor<Cuda>;
 
 namespace {
 
-double median_ms(const std::function<void()>& f, int reps = 20) {
+int g_reps = 20;
+
+double median_ms(const std::function<void()>& f) {
+  const int reps = g_reps;
   for (int i = 0; i < 3; ++i) f();
   cuda::synchronize();
   std::vector<double> t;
   cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
+  KILN_CUDA_CHECK(cudaEventCreate(&a));
+  KILN_CUDA_CHECK(cudaEventCreate(&b));
+  const cudaStream_t s = cuda::stream();
   for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(a, nullptr);
+    KILN_CUDA_CHECK(cudaEventRecord(a, s));
     f();
-    cuda::synchronize();
-    cudaEventRecord(b, nullptr);
-    cudaEventSynchronize(b);
+    KILN_CUDA_CHECK(cudaEventRecord(b, s));
+    KILN_CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     t.push_back(ms);
   }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  KILN_CUDA_CHECK(cudaEventDestroy(a));
+  KILN_CUDA_CHECK(cudaEventDestroy(b));
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
@@ -51,15 +57,16 @@ void gemm(int64_t M, int64_t N, int64_t K, DType d, bool tf32) {
   T c = T::empty({M, N}, d);
   const double kiln_ms = median_ms([&] { c = a.matmul(b); });
   cublasHandle_t h;
-  cublasCreate(&h);
+  KILN_CUBLAS_CHECK_OP("bench", cublasCreate(&h));
+  KILN_CUBLAS_CHECK_OP("bench", cublasSetStream(h, cuda::stream()));
   const cudaDataType_t ty = d == DType::f32 ? CUDA_R_32F : d == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
   const cublasComputeType_t ct = d == DType::f32 && !tf32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
   const float one = 1, zero = 0;
   T out = T::empty({M, N}, d);
   const double raw_ms = median_ms([&] {  // row-major C = A B as column-major C^T = B^T A^T
-    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &one, b.storage()->data(),
+    KILN_CUBLAS_CHECK_OP("raw cublasGemmEx", cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &one, b.storage()->data(),
                  ty, static_cast<int>(N), a.storage()->data(), ty, static_cast<int>(K), &zero, out.storage()->data(), ty,
-                 static_cast<int>(N), d == DType::f32 ? ct : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                 static_cast<int>(N), d == DType::f32 ? ct : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   });
   cublasDestroy(h);
   const double tflops = 2.0 * M * N * K / 1e9;
@@ -84,12 +91,21 @@ void attention(int64_t Bt, int64_t H, int64_t Hkv, int64_t Tn, int64_t d, int64_
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // --smoke: tiny sizes, a few repetitions (checks that the program runs: the emulated device's CTest)
+  const bool smoke = argc > 1 && std::string(argv[1]) == "--smoke";
   if (!cuda::available()) {
     std::printf("no CUDA device (%s)\n", cuda::unavailable_reason().c_str());
     return 77;
   }
   std::printf("{\"device\": \"%s\"}\n", cuda::device_name().c_str());
+  if (smoke) {
+    g_reps = 2;
+    for (auto [d, tf32] : std::vector<std::pair<DType, bool>>{{DType::f32, false}, {DType::f32, true}, {DType::bf16, false}}) gemm(24, 40, 16, d, tf32);
+    attention(1, 2, 2, 24, 16, 16);
+    attention(1, 2, 1, 24, 16, 32);
+    return 0;
+  }
   for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{1024, 1024, 1024}, {4096, 4096, 4096}, {8192, 768, 768}, {8192, 3072, 768},
                                                             {8192, 768, 3072}, {8192, 50304, 768}})
     for (auto [d, tf32] : std::vector<std::pair<DType, bool>>{{DType::f32, false}, {DType::f32, true}, {DType::bf16, false}}) gemm(M, N, K, d, tf32);

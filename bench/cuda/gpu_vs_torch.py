@@ -2,13 +2,15 @@
 """The PyTorch side of the GPU benchmarks, and kiln train --device cuda against PyTorch eager.
 
   bench/cuda/gpu_vs_torch.py [--kiln build/kiln] [--steps 20]
+  bench/cuda/gpu_vs_torch.py --smoke --kiln KILN [--kiln-device cuda]   tiny shapes, torch on the CPU if
+      it has no GPU: checks that the script runs end to end (the emulated device's CTest does this)
 
 Prints JSON lines: torch.matmul GEMMs (same shapes as bench_cuda), scaled_dot_product_attention
 forward+backward (same shapes), and a GPT-2-small-sized training step (d_model 768, 12 layers,
 T 1024, AdamW) for attention mha and diff, as tokens/s of kiln_ref.py's model in eager mode on the GPU
 and of `kiln train --device cuda` on the same model config.
 """
-import argparse, importlib.util, json, os, statistics, subprocess, sys, tempfile, time
+import argparse, importlib.util, json, math, os, statistics, subprocess, sys, tempfile, time
 
 import torch
 
@@ -16,15 +18,32 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REF = os.path.join(HERE, "..", "..", "..", "shared", "reference", "kiln_ref.py")
 
 
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def sdpa(q, k, v):
+    """Causal attention: PyTorch's fused scaled_dot_product_attention (torch >= 2.0, the GPU image's);
+    Debian's torch 1.13 lacks it, and the --smoke check falls back to the same math unfused."""
+    F = torch.nn.functional
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.size(-1))
+    t = q.size(-2)
+    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return s.softmax(-1) @ v
+
+
 def timed(f, reps=20):
     for _ in range(3):
         f()
-    torch.cuda.synchronize()
+    sync()
     t = []
     for _ in range(reps):
         a = time.perf_counter()
         f()
-        torch.cuda.synchronize()
+        sync()
         t.append((time.perf_counter() - a) * 1e3)
     return statistics.median(t)
 
@@ -34,47 +53,61 @@ def main():
     ap.add_argument("--kiln", default=os.path.join(HERE, "..", "..", "build", "kiln"))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--kiln-device", default="cuda")
+    ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
-    dev = torch.device("cuda")
-    print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__}))
-    for M, N, K in [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 768, 768), (8192, 3072, 768), (8192, 768, 3072), (8192, 50304, 768)]:
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type != "cuda" and not a.smoke:
+        sys.exit("gpu_vs_torch.py: PyTorch sees no GPU (use --smoke for a CPU check of the script)")
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    print(json.dumps({"device": name, "torch": torch.__version__}), flush=True)
+    gemms = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 768, 768), (8192, 3072, 768), (8192, 768, 3072), (8192, 50304, 768)]
+    atts = [(4, 12, 12, 1024, 64, 64), (4, 6, 6, 1024, 64, 128), (4, 12, 4, 1024, 64, 64)]
+    T, B, V, d_model, n_layers, heads = 1024, a.batch, 50304, 768, 12, 12
+    reps = 20
+    if a.smoke:
+        gemms, atts = [(24, 40, 16)], [(1, 2, 2, 24, 16, 16), (1, 2, 1, 24, 16, 32)]
+        T, B, V, d_model, n_layers, heads, reps = 16, 2, 64, 32, 2, 4, 2
+        a.steps = 5
+    for M, N, K in gemms:
         for dt, tf32 in [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)]:
             torch.backends.cuda.matmul.allow_tf32 = tf32
             x, y = torch.randn(M, K, device=dev, dtype=dt), torch.randn(K, N, device=dev, dtype=dt)
-            ms = timed(lambda: x @ y)
+            ms = timed(lambda: x @ y, reps)
             print(json.dumps({"bench": "gemm", "M": M, "N": N, "K": K, "dtype": str(dt), "tf32": tf32, "torch_tflops": 2 * M * N * K / ms / 1e9}))
     torch.backends.cuda.matmul.allow_tf32 = False
     F = torch.nn.functional
-    for B, H, Hkv, T, d, dv in [(4, 12, 12, 1024, 64, 64), (4, 6, 6, 1024, 64, 128), (4, 12, 4, 1024, 64, 64)]:
-        q = torch.randn(B, H, T, d, device=dev, requires_grad=True)
-        k = torch.randn(B, Hkv, T, d, device=dev, requires_grad=True)
-        v = torch.randn(B, Hkv, T, dv, device=dev, requires_grad=True)
+    for Ba, H, Hkv, Ta, d, dv in atts:
+        q = torch.randn(Ba, H, Ta, d, device=dev, requires_grad=True)
+        k = torch.randn(Ba, Hkv, Ta, d, device=dev, requires_grad=True)
+        v = torch.randn(Ba, Hkv, Ta, dv, device=dev, requires_grad=True)
         rep = H // Hkv
         kk, vv = (k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)) if rep > 1 else (k, v)
-        fwd = timed(lambda: F.scaled_dot_product_attention(q, kk.detach(), vv.detach(), is_causal=True))
-        o = F.scaled_dot_product_attention(q, kk, vv, is_causal=True)
+        fwd = timed(lambda: sdpa(q, kk.detach(), vv.detach()), reps)
+        o = sdpa(q, kk, vv)
         g = torch.randn_like(o)
-        bwd = timed(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True))
-        print(json.dumps({"bench": "attention", "B": B, "H": H, "Hkv": Hkv, "T": T, "d": d, "dv": dv, "torch_fwd_ms": fwd, "torch_bwd_ms": bwd}))
-    # training step, GPT-2 small shape
+        bwd = timed(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True), reps)
+        print(json.dumps({"bench": "attention", "B": Ba, "H": H, "Hkv": Hkv, "T": Ta, "d": d, "dv": dv, "torch_fwd_ms": fwd,
+                          "torch_bwd_ms": bwd}), flush=True)
+    # training step, GPT-2 small shape (smoke: tiny)
     spec = importlib.util.spec_from_file_location("kiln_ref", REF)
     ref = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ref)
     tmp = tempfile.mkdtemp(prefix="kiln-gpu-")
-    T, B = 1024, a.batch
     tok = os.path.join(tmp, "tokens.safetensors")
-    subprocess.check_call([sys.executable, REF, "tokens", "--vocab", "50304", "--n", "2000000", "--out", tok])
+    n_tok = max(20000, B * (T + 1) * (a.steps + 5))  # kiln_ref.py's generator is a Python loop: no more than needed
+    subprocess.check_call([sys.executable, REF, "tokens", "--vocab", str(V), "--n", str(n_tok), "--out", tok])
     train = {"batch_size": B, "seq_len": T, "steps": a.steps, "optimizer": {"name": "adamw", "lr": 3e-4, "weight_decay": 0.1}}
     json.dump(train, open(os.path.join(tmp, "train.json"), "w"))
     for att in ["mha", "diff"]:
-        model = {"vocab_size": 50304, "d_model": 768, "n_layers": 12, "n_heads": 12 if att == "mha" else 6, "max_seq_len": T,
-                 "attention": att}
+        model = {"vocab_size": V, "d_model": d_model, "n_layers": n_layers, "n_heads": heads if att == "mha" else heads // 2,
+                 "max_seq_len": T, "attention": att}
         mpath = os.path.join(tmp, f"{att}.json")
         json.dump(model, open(mpath, "w"))
         c = ref.resolve_model(dict(ref.MODEL_DEFAULTS, **model))
         net = ref.GPT(c).to(dev)
         opt = torch.optim.AdamW(net.parameters(), lr=3e-4, weight_decay=0.1)
-        idx = torch.randint(0, 50304, (B, T + 1), device=dev)
+        idx = torch.randint(0, V, (B, T + 1), device=dev)
 
         def step():
             logits = net(idx[:, :-1])
@@ -85,14 +118,15 @@ def main():
 
         ms = timed(step, reps=a.steps)
         del net, opt
-        torch.cuda.empty_cache()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
         log = os.path.join(tmp, f"{att}.kiln.jsonl")
         subprocess.check_call([a.kiln, "train", "--model", mpath, "--train", os.path.join(tmp, "train.json"), "--data", tok,
-                               "--device", "cuda", "--log", log, "--progress", "off"])
+                               "--device", a.kiln_device, "--log", log, "--progress", "off"])
         rows = [json.loads(l) for l in open(log) if l.strip()]
-        kms = statistics.median(r["ms"] for r in rows[3:])
+        kms = statistics.median(r["ms"] for r in rows[3:])  # after warm-up
         print(json.dumps({"bench": "gpt_step", "attention": att, "B": B, "T": T, "torch_eager_tok_s": B * T / ms * 1e3,
-                          "kiln_tok_s": B * T / kms * 1e3, "speedup": ms / kms}))
+                          "kiln_tok_s": B * T / kms * 1e3, "speedup": ms / kms}), flush=True)
 
 
 if __name__ == "__main__":

@@ -249,3 +249,12 @@ cublasStatus_t CUBLASWINAPI cublasGemmStridedBatchedEx_64(cublasHandle_t handle,
   }
   return CUBLAS_STATUS_SUCCESS;
 }
+
+// The 32-bit-integer GEMM (bench/cuda's raw peer): one batch item of the above.
+cublasStatus_t CUBLASWINAPI cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+                                         const void* alpha, const void* A, cudaDataType Atype, int lda, const void* B, cudaDataType Btype,
+                                         int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
+                                         cublasGemmAlgo_t algo) {
+  return cublasGemmStridedBatchedEx_64(handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype, ldb, 0, beta, C, Ctype, ldc, 0,
+                                       1, computeType, algo);
+}

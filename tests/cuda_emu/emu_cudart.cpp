@@ -13,6 +13,7 @@
 //  * The last error is per host thread, as in CUDA. Sticky (context-corrupting) errors are not modelled.
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -272,5 +273,38 @@ cudaError_t CUDARTAPI cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t
     return fail(cudaErrorInvalidValue, "cudaMemsetAsync of " + std::to_string(n) + " bytes at " + emu::device::describe(p) +
                                            ": outside every live allocation");
   std::memset(p, value, n);
+  return cudaSuccess;
+}
+
+// ------------------------------------------------------------------------------------ events
+// Work is synchronous here: an event records the host clock when recorded.
+struct CUevent_st {
+  std::chrono::steady_clock::time_point t{};
+  bool recorded = false;
+};
+cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t* e) {
+  if (!e) return fail(cudaErrorInvalidValue, "cudaEventCreate: null pointer");
+  *e = new CUevent_st;
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t e) {
+  if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy: null event");
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: null event");
+  if (const cudaError_t r = check_stream(s, "cudaEventRecord"); r != cudaSuccess) return r;
+  e->t = std::chrono::steady_clock::now();
+  e->recorded = true;
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t e) {
+  return e ? cudaSuccess : fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: null event");
+}
+cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  if (!ms || !a || !b) return fail(cudaErrorInvalidValue, "cudaEventElapsedTime: null argument");
+  if (!a->recorded || !b->recorded) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was never recorded");
+  *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
   return cudaSuccess;
 }

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# kiln's CUDA checks on a GPU machine whose image has nvcc, CMake, g++ and PyTorch but none of kiln's
+# Debian libraries: they come from .gpukit/deps.tar.xz (scripts/gpu_kit.sh, run beforehand where the
+# packages are installed). Every phase writes its log under $OUT (the device tool brings $OUT back).
+#
+#   bash scripts/gpu_run.sh [phase ...]      phases, in order: info build test sanitize bench (default: all)
+#
+#   info      GPU, driver, compilers, Python/torch
+#   build     configure build-gpu (sm_90 only, oneDNN off, CPU benchmarks off) and build it
+#   test      every Cuda/[cuda] test of the suite through CTest (conformance, gradchecks, layers, torch
+#             parity, `kiln train --device cuda` parity)
+#   sanitize  compute-sanitizer memcheck over the Cuda conformance and attention tests (caching allocator
+#             off: KILN_CUDA_NO_CACHE=1), racecheck over the attention and reduction tests
+#   bench     bench/cuda: GEMM vs raw cuBLAS, flash attention, GPT-2-small step vs PyTorch (mha, diff)
+#
+# A device call may run 10 minutes; split the phases over calls (the build folder stays on a warm
+# machine): e.g. `info build`, then `test`, then `sanitize bench`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+[ $# -eq 0 ] && set -- info build test sanitize bench
+arch="$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)"
+deps=/tmp/kiln-deps
+if [ ! -d "$deps/usr" ]; then
+  [ -f .gpukit/deps.tar.xz ] || { echo "gpu_run: .gpukit/deps.tar.xz missing: run scripts/gpu_kit.sh here and carry .gpukit" >&2; exit 2; }
+  mkdir -p "$deps" && tar -C "$deps" --strip-components=1 -xJf .gpukit/deps.tar.xz
+fi
+export LD_LIBRARY_PATH="$deps/usr/lib/$arch:$deps/usr/lib/$arch/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export KILN_PYTHON="${KILN_PYTHON:-$(command -v python3)}"
+export KILN_NUM_THREADS="${KILN_NUM_THREADS:-8}"
+# The parity tests read ../shared (the reference model): link it where only ./shared came along.
+if [ ! -d ../shared ] && [ -d shared ]; then ln -s "$PWD/shared" ../shared 2>/dev/null || true; fi
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+jobs="$(nproc)"
+status=0
+
+phase_info() {
+  nvidia-smi || true
+  nvcc --version | tail -2
+  g++ --version | head -1
+  cmake --version | head -1
+  "$KILN_PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
+}
+
+phase_build() {
+  cmake -S . -B build-gpu "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKILN_DEPS_ROOT="$deps" -DKILN_WITH_CUDA=ON -DKILN_WITH_ONEDNN=OFF \
+    -DKILN_BUILD_TESTS=ON -DKILN_BUILD_EXAMPLES=OFF -DKILN_BUILD_BENCH=ON -DKILN_BUILD_BENCH_CPU=OFF -DKILN_BUILD_CUDA_EMU=OFF -DCMAKE_CUDA_ARCHITECTURES=90 &&
+    cmake --build build-gpu -j"$jobs"
+}
+
+phase_test() {
+  # the Cuda/[cuda] tests and the allocator's host tests; not the emulator (that is the CPU's job)
+  ctest --test-dir build-gpu -R "Cuda|cuda" -LE "slow|cuda-emu" --output-on-failure -j4 --timeout 900
+}
+
+phase_sanitize() {
+  local rc=0
+  export KILN_CUDA_NO_CACHE=1
+  compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/test_core "*Cuda*" || rc=1
+  compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/test_attention "*Cuda*" || rc=1
+  compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/test_nn "*Cuda*" || rc=1
+  compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_attention "*Cuda*" || rc=1
+  compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_core "conformance: reductions*Cuda*" || rc=1
+  unset KILN_CUDA_NO_CACHE
+  return $rc
+}
+
+phase_bench() {
+  build-gpu/bench/bench_cuda && "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln
+}
+
+for p in "$@"; do
+  echo "=== gpu_run: $p ($(date -u +%H:%M:%S))"
+  if "phase_$p" > "$OUT/$p.log" 2>&1; then
+    echo "=== gpu_run: $p ok"
+  else
+    status=1
+    echo "=== gpu_run: $p FAILED; the end of $OUT/$p.log:"
+    tail -40 "$OUT/$p.log"
+  fi
+  [ "$p" = bench ] && grep '^{' "$OUT/bench.log" > "$OUT/bench.jsonl"
+done
+exit $status
