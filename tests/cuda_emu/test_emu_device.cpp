@@ -1,0 +1,89 @@
+// The emulated device's own checks (emu_cudart.cpp, emu_cublas.cpp, emu.cpp): the rules that make the
+// emu-device runs of the suite meaningful fail where they should. Linked against kiln_emu_device.
+#include <catch2/catch.hpp>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "backends/backends.hpp"
+#include "backends/cuda/cuda.hpp"
+#include "core/tensor.hpp"
+#include "emu_device.hpp"
+
+namespace {
+
+struct DeviceBuf {
+  void* p = nullptr;
+  explicit DeviceBuf(size_t n) { REQUIRE(cudaMalloc(&p, n) == cudaSuccess); }
+  ~DeviceBuf() { (void)cudaFree(p); }
+  DeviceBuf(const DeviceBuf&) = delete;
+  DeviceBuf& operator=(const DeviceBuf&) = delete;
+  float* f() const { return static_cast<float*>(p); }
+};
+
+}  // namespace
+
+TEST_CASE("emulated runtime: allocations are tracked, aligned, filled with garbage and range-checked", "[cuda-emu]") {
+  const size_t live = emu::device::live_allocations();
+  {
+    DeviceBuf a(1000);
+    CHECK(reinterpret_cast<uintptr_t>(a.p) % 256 == 0);
+    CHECK(emu::device::live_allocations() == live + 1);
+    CHECK(emu::device::contains(a.p, 1000));
+    CHECK(!emu::device::contains(a.p, 1001));
+    CHECK(static_cast<unsigned char*>(a.p)[999] == 0xff);
+    std::vector<char> host(1000, 1);
+    CHECK(cudaMemcpyAsync(a.p, host.data(), 1000, cudaMemcpyHostToDevice, nullptr) == cudaSuccess);
+    // a copy or fill that runs past the allocation fails (on a GPU: an illegal address, or corruption)
+    CHECK(cudaMemcpyAsync(a.p, host.data(), 1001, cudaMemcpyHostToDevice, nullptr) == cudaErrorInvalidValue);
+    CHECK(cudaMemcpyAsync(host.data(), static_cast<char*>(a.p) + 1, 1000, cudaMemcpyDeviceToHost, nullptr) == cudaErrorInvalidValue);
+    CHECK(cudaMemsetAsync(static_cast<char*>(a.p) + 500, 0, 501, nullptr) == cudaErrorInvalidValue);
+    CHECK(cudaMemcpyAsync(static_cast<char*>(a.p) + 10, a.p, 20, cudaMemcpyDeviceToDevice, nullptr) == cudaErrorInvalidValue);  // overlap
+    (void)cudaGetLastError();
+    CHECK(cudaFree(static_cast<char*>(a.p) + 8) == cudaErrorInvalidValue);  // not the start of an allocation
+    (void)cudaGetLastError();
+  }
+  CHECK(emu::device::live_allocations() == live);
+  void* huge = nullptr;
+  CHECK(cudaMalloc(&huge, size_t{8} << 30) == cudaErrorMemoryAllocation);  // beyond the emulated 4 GiB
+  CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+TEST_CASE("emulated cuBLAS: the documented argument rules, and operands inside their allocations", "[cuda-emu]") {
+  cublasHandle_t h = nullptr;
+  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  DeviceBuf a(4 * 6 * 4), b(6 * 5 * 4), c(4 * 5 * 4);
+  const float one = 1, zero = 0;
+  auto gemm = [&](int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, cublasOperation_t ta, int64_t batch = 1,
+                  long long sa = 0, long long sc = 0) {
+    return cublasGemmStridedBatchedEx_64(h, ta, CUBLAS_OP_N, m, n, k, &one, a.p, CUDA_R_32F, lda, sa, b.p, CUDA_R_32F, ldb, 0, &zero, c.p,
+                                         CUDA_R_32F, ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  };
+  // C [4, 5] = A [4, 6] B [6, 5], column-major: A = 1..24, B = 1 everywhere: C(i, j) = sum_l A(i, l)
+  std::vector<float> ha(24), hb(30, 1.0f), hc(20);
+  for (int i = 0; i < 24; ++i) ha[static_cast<size_t>(i)] = static_cast<float>(i + 1);
+  REQUIRE(cudaMemcpyAsync(a.p, ha.data(), 96, cudaMemcpyHostToDevice, nullptr) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(b.p, hb.data(), 120, cudaMemcpyHostToDevice, nullptr) == cudaSuccess);
+  REQUIRE(gemm(4, 5, 6, 4, 6, 4, CUBLAS_OP_N) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cudaMemcpyAsync(hc.data(), c.p, 80, cudaMemcpyDeviceToHost, nullptr) == cudaSuccess);
+  for (int i = 0; i < 4; ++i) CHECK(hc[static_cast<size_t>(i)] == static_cast<float>(6 * (i + 1) + 4 * 15));
+  CHECK(gemm(4, 5, 6, 3, 6, 4, CUBLAS_OP_N) == CUBLAS_STATUS_INVALID_VALUE);  // lda < m
+  CHECK(gemm(4, 5, 6, 4, 5, 4, CUBLAS_OP_N) == CUBLAS_STATUS_INVALID_VALUE);  // ldb < k
+  CHECK(gemm(4, 5, 6, 4, 6, 3, CUBLAS_OP_N) == CUBLAS_STATUS_INVALID_VALUE);  // ldc < m
+  CHECK(gemm(4, 5, 6, 4, 6, 4, CUBLAS_OP_T) == CUBLAS_STATUS_INVALID_VALUE);  // op T: lda >= k = 6
+  CHECK(gemm(4, 5, 6, 4, 6, 4, CUBLAS_OP_N, 2, 24, 20) == CUBLAS_STATUS_EXECUTION_FAILED);  // batch 2 reads past A
+  CHECK(gemm(4, 5, 6, 4, 6, 4, CUBLAS_OP_N, 2, 0, 0) == CUBLAS_STATUS_EXECUTION_FAILED);    // both batch items write C
+  CHECK(cublasGemmStridedBatchedEx_64(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 5, 6, &one, a.p, CUDA_R_32F, 4, 0, b.p, CUDA_R_16F, 6, 0, &zero, c.p,
+                                      CUDA_R_32F, 4, 0, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(cublasDestroy(h) == CUBLAS_STATUS_SUCCESS);
+}
+
+TEST_CASE("emulated device: kiln's Cuda backend runs on it", "[cuda-emu]") {
+  REQUIRE(kiln::cuda::available());
+  CHECK(kiln::cuda::device_name() == "kiln host emulator");
+  const auto x = kiln::Tensor<kiln::Cuda>::ones({3, 4}).mul(2.0).sum();
+  CHECK(kiln::item<float>(x.to<kiln::Cpu>()) == 24.0f);
+}
