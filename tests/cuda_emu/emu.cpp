@@ -22,6 +22,7 @@
 namespace emu {
 
 thread_local uint3 g_threadIdx, g_blockIdx;
+thread_local uint64_t g_block_epoch = 0;
 thread_local dim3 g_blockDim, g_gridDim;
 
 namespace {
@@ -91,6 +92,7 @@ struct Sched {
   int cur = -1;
   int live = 0, block_wait = 0;
   std::vector<int> warp_live, warp_wait;
+  std::vector<unsigned> warp_mask;  // lanes named by the masks of the warp operation now waiting
   std::vector<unsigned char> slots;  // per warp: 32 lanes x kSlotBytes
   void (*body)(void*) = nullptr;
   void* ctx = nullptr;
@@ -120,6 +122,7 @@ void release_warp(int w) {
     for (int i = lo; i < hi; ++i)
       if (g.fib[static_cast<size_t>(i)].st == St::wait_warp) g.fib[static_cast<size_t>(i)].st = St::runnable;
     g.warp_wait[wi] = 0;
+    g.warp_mask[wi] = 0;
   }
 }
 
@@ -164,6 +167,12 @@ void entry() {
   }
   Fiber& f = g.fib[static_cast<size_t>(g.cur)];
   f.st = St::done;
+  const auto wi = static_cast<size_t>(g.cur / kWarp);
+  if (g.warp_wait[wi] > 0 && ((g.warp_mask[wi] >> (g.cur % kWarp)) & 1u) && !g.exc)
+    g.exc = std::make_exception_ptr(std::runtime_error("emu: lane " + std::to_string(g.cur % kWarp) + " of warp " +
+                                                       std::to_string(g.cur / kWarp) +
+                                                       " exited while other lanes wait for it in a warp shuffle or __syncwarp "
+                                                       "(undefined on a GPU)"));
   --g.live;
   --g.warp_live[static_cast<size_t>(g.cur / kWarp)];
   release_block();
@@ -236,9 +245,15 @@ void sync_block() {
   if (f.st != St::runnable) yield_to_main();
 }
 
-void sync_warp() {
+void sync_warp(unsigned mask) {
   Fiber& f = g.fib[static_cast<size_t>(g.cur)];
   const int w = g.cur / kWarp;
+  const auto wi = static_cast<size_t>(w);
+  for (int i = w * kWarp; i < std::min(g.n, (w + 1) * kWarp); ++i)
+    if (((mask >> (i % kWarp)) & 1u) && g.fib[static_cast<size_t>(i)].st == St::done)
+      throw std::runtime_error("emu: lane " + std::to_string(i % kWarp) + " of warp " + std::to_string(w) +
+                               " has exited, but a warp shuffle or __syncwarp names it in its mask (undefined on a GPU)");
+  g.warp_mask[wi] |= mask;
   f.st = St::wait_warp;
   ++g.warp_wait[static_cast<size_t>(w)];
   release_warp(w);
@@ -288,6 +303,7 @@ void run_grid(const char* name, const void* fn, const Config& c, void (*body)(vo
   const int warps = (g.n + kWarp - 1) / kWarp;
   g.warp_live.assign(static_cast<size_t>(warps), 0);
   g.warp_wait.assign(static_cast<size_t>(warps), 0);
+  g.warp_mask.assign(static_cast<size_t>(warps), 0);
   g.slots.assign(static_cast<size_t>(warps) * kWarp * kSlotBytes, 0);
   g.body = body;
   g.ctx = ctx;
@@ -308,6 +324,7 @@ void run_grid(const char* name, const void* fn, const Config& c, void (*body)(vo
     for (unsigned by = 0; by < c.grid.y; ++by)
       for (unsigned bx = 0; bx < c.grid.x; ++bx) {
         g_blockIdx = uint3{bx, by, bz};
+        ++g_block_epoch;  // static shared arrays refill with garbage
         const bool reverse = g_reverse || ((bx + by + bz + g.stats.launches) & 1) != 0;
         std::fill(g_smem.begin(), g_smem.end(), static_cast<unsigned char>(0xff));  // garbage: NaN for floats
         ++g.stats.blocks;
@@ -316,6 +333,7 @@ void run_grid(const char* name, const void* fn, const Config& c, void (*body)(vo
         g.live = g.n;
         g.block_wait = 0;
         std::fill(g.warp_wait.begin(), g.warp_wait.end(), 0);
+        std::fill(g.warp_mask.begin(), g.warp_mask.end(), 0u);
         while (g.live > 0) {
           bool ran = false;
           for (int k = 0; k < g.n; ++k) {

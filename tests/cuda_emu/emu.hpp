@@ -3,8 +3,9 @@
 // kernel sources after tests/cuda_emu/transform.py rewrote their launches `k<<<cfg>>>(args)` into
 // `::emu::launch("k", k, ::emu::Config{cfg}, args)`.
 //
-//  * The threads of a block are cooperative fibers (ucontext) on the calling OS thread; blocks of a
-//    grid run one after another. __shared__ becomes `static` (one block at a time).
+//  * The threads of a block are cooperative fibers on the calling OS thread; blocks of a grid run one
+//    after another. Shared arrays are per-declaration storage refilled with garbage at every block
+//    start (transform.py rewrites them; a stray `__shared__` becomes `static`).
 //  * __syncthreads releases when every live thread of the block waits on it; warp shuffles exchange
 //    through a per-warp slot array between two warp barriers (released when every live lane of the
 //    warp arrived). No runnable fiber while some wait = deadlock: emu::launch throws naming the kernel.
@@ -52,18 +53,35 @@ extern thread_local dim3 g_blockDim, g_gridDim;
 
 void sync_block();                 // __syncthreads
 unsigned char* dynamic_smem();     // the launch's dynamic shared memory (extern __shared__), 16-byte aligned
-void sync_warp();                  // every live lane of the caller's warp
+// Static shared arrays (__shared__ T a[N], rewritten by transform.py): one per declaration, filled with
+// garbage (0xff: NaN, -1) when a block starts, so a read before the block's own write shows.
+extern thread_local uint64_t g_block_epoch;
+template <class Arr, int ID> Arr& block_shared() {
+  struct Slot {
+    alignas(16) Arr a;
+    uint64_t epoch = 0;
+  };
+  thread_local Slot s;
+  if (s.epoch != g_block_epoch) {
+    std::memset(static_cast<void*>(&s.a), 0xff, sizeof(Arr));
+    s.epoch = g_block_epoch;
+  }
+  return s.a;
+}
+// Every lane of the caller's warp named in `mask`; a named lane that has exited is an error (on a GPU a
+// warp-synchronous operation whose mask names an exited lane is undefined): throws naming the kernel.
+void sync_warp(unsigned mask);
 int lane_id();                     // linear thread index % 32
 unsigned char* warp_slot(int lane);  // 16 bytes for `lane` of the caller's warp
 constexpr size_t kSlotBytes = 16;
 
-template <class T> T shfl_from(T v, int src) {
+template <class T> T shfl_from(unsigned mask, T v, int src) {
   static_assert(sizeof(T) <= kSlotBytes && std::is_trivially_copyable_v<T>, "emu shuffle: type too large");
   std::memcpy(warp_slot(lane_id()), &v, sizeof(T));
-  sync_warp();
+  sync_warp(mask);
   T r;
   std::memcpy(&r, warp_slot(src), sizeof(T));
-  sync_warp();  // nobody overwrites a slot before every lane has read
+  sync_warp(mask);  // nobody overwrites a slot before every lane has read
   return r;
 }
 
@@ -126,29 +144,29 @@ template <class K, class... A> void launch(const char* name, K kernel, const Con
 inline void __syncthreads() { ::emu::sync_block(); }
 // The opt-in to more than 48 KiB of dynamic shared memory, checked by the next launch of the kernel.
 #define cudaFuncSetAttribute(f, attr, v) ::emu::func_set_attribute(reinterpret_cast<const void*>(f), (attr), (v))
-inline void __syncwarp(unsigned = 0xffffffffu) { ::emu::sync_warp(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { ::emu::sync_warp(mask); }
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 
-template <class T> T __shfl_sync(unsigned, T v, int src, int width = 32) {
+template <class T> T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
   const int lane = ::emu::lane_id();
-  return ::emu::shfl_from(v, (lane / width) * width + ((src % width) + width) % width);
+  return ::emu::shfl_from(mask, v, (lane / width) * width + ((src % width) + width) % width);
 }
-template <class T> T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
+template <class T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   const int lane = ::emu::lane_id();
-  int src = lane ^ mask;
+  int src = lane ^ lane_mask;
   if (src / width != lane / width) src = lane;
-  return ::emu::shfl_from(v, src);
+  return ::emu::shfl_from(mask, v, src);
 }
-template <class T> T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
+template <class T> T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
   const int lane = ::emu::lane_id();
   const int src = (lane % width) + static_cast<int>(delta) < width ? lane + static_cast<int>(delta) : lane;
-  return ::emu::shfl_from(v, src);
+  return ::emu::shfl_from(mask, v, src);
 }
-template <class T> T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
+template <class T> T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
   const int lane = ::emu::lane_id();
   const int src = (lane % width) >= static_cast<int>(delta) ? lane - static_cast<int>(delta) : lane;
-  return ::emu::shfl_from(v, src);
+  return ::emu::shfl_from(mask, v, src);
 }
 
 // ------------------------------------------------------------------------------ atomics

@@ -11,6 +11,7 @@
 #include "backends/cuda/cuda.hpp"
 #include "core/tensor.hpp"
 #include "emu_device.hpp"
+#include "emu_selftest.hpp"
 
 namespace {
 
@@ -86,4 +87,14 @@ TEST_CASE("emulated device: kiln's Cuda backend runs on it", "[cuda-emu]") {
   CHECK(kiln::cuda::device_name() == "kiln host emulator");
   const auto x = kiln::Tensor<kiln::Cuda>::ones({3, 4}).mul(2.0).sum();
   CHECK(kiln::item<float>(x.to<kiln::Cpu>()) == 24.0f);
+}
+
+TEST_CASE("emulator: kernels that would fail or race on a GPU are refused", "[cuda-emu]") {
+  CHECK_THAT(emu_selftest::barrier_in_divergent_code(), Catch::Contains("deadlock") && Catch::Contains("barrier_in_divergent_code"));
+  CHECK_THAT(emu_selftest::shuffle_after_early_exit(), Catch::Contains("exited"));
+  CHECK(emu_selftest::missing_barrier_changes_with_order());
+  CHECK_THAT(emu_selftest::smem_without_optin(), Catch::Contains("opted in"));
+  CHECK(emu_selftest::smem_with_optin().empty());
+  CHECK(emu_selftest::optin_above_limit_refused());
+  CHECK_THAT(emu_selftest::too_many_threads(), Catch::Contains("invalid launch configuration"));
 }

@@ -3,6 +3,8 @@
 
     NAME<<<CFG>>>(ARGS)   ->   ::emu::launch("NAME", NAME, ::emu::Config{CFG}, ARGS)
     extern __shared__ T x[];   ->   T* x = (the launch's dynamic shared memory)
+    __shared__ T a[N][M], b[N];   ->   auto& a = ::emu::block_shared<T[N][M], ID>(); (same for b)
+                                       (per-block storage, filled with garbage when a block starts)
 
 NAME is the expression right before <<< (an identifier, possibly qualified, possibly followed by
 balanced template arguments); CFG runs to the first >>> outside brackets (it may contain <<). Line
@@ -90,8 +92,24 @@ EXTERN_SHARED = re.compile(r'extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)
 
 
 def dynamic_shared(text):
-    return EXTERN_SHARED.sub(lambda m: '%s* %s = reinterpret_cast<%s*>(::emu::dynamic_smem());' % (m.group(1), m.group(2), m.group(1)),
+    text = EXTERN_SHARED.sub(lambda m: '%s* %s = reinterpret_cast<%s*>(::emu::dynamic_smem());' % (m.group(1), m.group(2), m.group(1)),
                              text)
+    return STATIC_SHARED.sub(static_shared, text)
+
+
+# __shared__ [__align__(N)] TYPE NAME[..]..., NAME2[..]...;  (static shared arrays)
+STATIC_SHARED = re.compile(r'__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([A-Za-z_][\w:]*)\s+([A-Za-z_]\w*\s*\[[^;]*);')
+DECLARATOR = re.compile(r'\s*([A-Za-z_]\w*)\s*((?:\[[^\]]+\]\s*)+)$')
+
+
+def static_shared(m):
+    out = []
+    for d in m.group(2).split(','):
+        dm = DECLARATOR.match(d)
+        if not dm:
+            raise SystemExit('transform.py: cannot parse the __shared__ declarator %r' % d)
+        out.append('auto& %s = ::emu::block_shared<%s%s, __COUNTER__>();' % (dm.group(1), m.group(1), dm.group(2).replace(' ', '')))
+    return ' '.join(out)
 
 
 def main():

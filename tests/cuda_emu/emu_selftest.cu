@@ -1,0 +1,87 @@
+// Deliberately wrong kernels for test_emu_device: the emulator must refuse each, as a GPU would fail or
+// misbehave on it. Transformed by transform.py and compiled with emu.hpp like the backend's kernels
+// (never by nvcc).
+#include <stdexcept>
+#include <string>
+
+#include "emu_selftest.hpp"
+
+namespace {
+
+// Half the warp waits at a warp barrier, the other half at the block barrier: neither completes.
+// (Threads that have exited count as arrived at __syncthreads, as on the hardware.)
+__global__ void barrier_in_divergent_code(int* out) {
+  if (threadIdx.x < 16) __syncwarp();
+  else __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
+__global__ void shuffle_after_early_exit(int* out) {
+  if (threadIdx.x == 5) return;  // lane 5 leaves the warp
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, static_cast<int>(threadIdx.x), 1);
+}
+
+// Thread t reads what thread t + 1 wrote, with no barrier between.
+__global__ void missing_barrier(int* out) {
+  __shared__ int s[64];
+  s[threadIdx.x] = static_cast<int>(threadIdx.x);
+  out[threadIdx.x] = s[(threadIdx.x + 1) % 64];
+}
+
+__global__ void uses_dynamic_smem(int* out) { out[threadIdx.x] = static_cast<int>(::emu::dynamic_smem()[0]); }
+
+template <class F> std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+namespace emu_selftest {
+
+std::string barrier_in_divergent_code() {
+  int out[32] = {};
+  return error_of([&] { ::barrier_in_divergent_code<<<1, 32>>>(out); });
+}
+
+std::string shuffle_after_early_exit() {
+  int out[32] = {};
+  return error_of([&] { ::shuffle_after_early_exit<<<1, 32>>>(out); });
+}
+
+bool missing_barrier_changes_with_order() {
+  // Two launches in a row: by default block 0 runs in ascending thread order in one and descending in
+  // the other (the order alternates with the launch count).
+  int a[64] = {}, b[64] = {};
+  ::missing_barrier<<<1, 64>>>(a);
+  ::missing_barrier<<<1, 64>>>(b);
+  for (int i = 0; i < 64; ++i)
+    if (a[i] != b[i]) return true;
+  return false;
+}
+
+std::string smem_without_optin() {
+  int out[32] = {};
+  return error_of([&] { ::uses_dynamic_smem<<<1, 32, 64 * 1024>>>(out); });
+}
+
+std::string smem_with_optin() {
+  int out[32] = {};
+  if (cudaFuncSetAttribute(::uses_dynamic_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024) != cudaSuccess) return "opt-in refused";
+  return error_of([&] { ::uses_dynamic_smem<<<1, 32, 64 * 1024>>>(out); });
+}
+
+bool optin_above_limit_refused() {
+  return cudaFuncSetAttribute(::uses_dynamic_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024) == cudaErrorInvalidValue;
+}
+
+std::string too_many_threads() {
+  int out[2048] = {};
+  return error_of([&] { ::uses_dynamic_smem<<<1, 2048>>>(out); });
+}
+
+}  // namespace emu_selftest

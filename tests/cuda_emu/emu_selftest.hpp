@@ -1,0 +1,16 @@
+#pragma once
+// emu_selftest.cpp: deliberately wrong kernels run on the emulator; each returns the error it raised
+// ("" when none).
+#include <string>
+
+namespace emu_selftest {
+
+std::string barrier_in_divergent_code();
+std::string shuffle_after_early_exit();
+bool missing_barrier_changes_with_order();  // a race: the two thread orders give different results
+std::string smem_without_optin();           // 64 KiB of dynamic shared memory, no cudaFuncSetAttribute
+std::string smem_with_optin();              // the same after the opt-in: no error
+bool optin_above_limit_refused();           // 228 KiB > an H100's 227 KiB
+std::string too_many_threads();             // 2048 threads per block
+
+}  // namespace emu_selftest
