@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -216,6 +217,18 @@ TEST_CASE("cuda: every dtype round-trips CPU -> GPU -> CPU bit for bit, views in
 TEST_CASE("cuda: memory statistics follow tensors, the cache reuses freed blocks", "[cuda]") {
   cuda::synchronize();
   cuda::empty_cache();
+  if (const char* e = std::getenv("KILN_CUDA_NO_CACHE"); e && *e && std::string(e) != "0") {  // caching off: exact sizes, no reuse
+    const auto s0 = cuda::memory_stats();
+    {
+      const Tensor<Cuda> a = Tensor<Cuda>::zeros({1000, 1000});
+      CHECK(cuda::memory_stats().allocated_bytes - s0.allocated_bytes == 4000000);
+    }
+    const auto s1 = cuda::memory_stats();
+    CHECK(s1.allocated_bytes == s0.allocated_bytes);
+    CHECK(s1.reserved_bytes == s1.allocated_bytes);
+    CHECK(s1.num_cache_hits == 0);
+    return;
+  }
   const auto s0 = cuda::memory_stats();
   {
     const Tensor<Cuda> a = Tensor<Cuda>::zeros({1000, 1000});  // 4 MB

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 #if !defined(__x86_64__)
@@ -194,6 +195,10 @@ char* new_stack() {
 // Thread i of the block, ready to run from the start (out of line: getcontext returns twice).
 [[gnu::noinline]] void start_fiber(int i, dim3 block, long page) {
   Fiber& f = g.fib[static_cast<size_t>(i)];
+#if defined(__SANITIZE_ADDRESS__)
+  // the previous thread on this stack never returned from its frames: clear their redzones
+  __asan_unpoison_memory_region(f.mem + page, kStack);
+#endif
 #if defined(__x86_64__)
   // The stack emu_switch pops into entry(): MXCSR / x87 control word, six callee-saved registers,
   // entry's address, and a null return address at a 16-byte boundary - 8, as after a call.
