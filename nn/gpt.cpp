@@ -115,6 +115,7 @@ template <Backend B> std::vector<int64_t> GPT<B>::generate(const std::vector<int
   KILN_CHECK(o.temperature >= 0, "generate: temperature must be >= 0, got {}", o.temperature);
   for (int64_t t : prompt)
     KILN_CHECK(t >= 0 && t < c_.vocab_size, "generate: prompt token {} outside the vocabulary [0, {})", t, c_.vocab_size);
+  KILN_CHECK(o.vocab_limit >= 0, "generate: vocab_limit must be >= 0, got {}", o.vocab_limit);
   NoGrad ng;
   Generator g(o.seed);
   std::vector<int64_t> all = prompt, out;
@@ -127,6 +128,7 @@ template <Backend B> std::vector<int64_t> GPT<B>::generate(const std::vector<int
   Var<B> logits = prefill(c_.max_seq_len);
   for (int64_t n = 0; n < o.max_new_tokens; ++n) {
     std::vector<float> l = to_vector<float>(logits.value().select(1, -1).reshape({-1}));
+    if (o.vocab_limit > 0 && o.vocab_limit < static_cast<int64_t>(l.size())) l.resize(static_cast<size_t>(o.vocab_limit));
     int64_t next = 0;
     if (o.temperature == 0) {
       next = std::max_element(l.begin(), l.end()) - l.begin();

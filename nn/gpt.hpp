@@ -44,6 +44,9 @@ struct SampleOptions {
   double temperature = 1.0;  // 0: greedy
   int64_t top_k = 0;         // 0: all tokens
   uint64_t seed = 0;
+  // > 0: sample only ids below this (a tokenizer with fewer tokens than the model's vocabulary, e.g. a
+  // character-level alphabet smaller than vocab_size); 0: every id.
+  int64_t vocab_limit = 0;
 };
 
 template <Backend B> class GPT : public Module<B> {

@@ -273,13 +273,36 @@ void write_atomically(const std::string& path, const std::vector<std::pair<const
   }
 }
 
+namespace {
+
+// The header is JSON, whose strings are UTF-8: a name or metadata string that is not is refused here
+// (the JSON writer would otherwise fail with an internal error).
+bool valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
+    i += n;
+  }
+  return true;
+}
+
+}  // namespace
+
 template <Backend B>
 void save(const std::string& path, const std::vector<std::pair<std::string, Tensor<B>>>& tensors,
           const std::map<std::string, std::string>& metadata) {
+  for (const auto& [k, v] : metadata)
+    KILN_CHECK(valid_utf8(k) && valid_utf8(v), "save: '{}': metadata '{}' is not valid UTF-8 (a safetensors header is JSON)", path,
+               valid_utf8(k) ? k : std::string("<key not UTF-8>"));
   std::vector<std::pair<std::string, const Tensor<B>*>> sorted;
   for (const auto& [name, t] : tensors) {
     KILN_CHECK(!name.empty(), "save: '{}': empty tensor name", path);
     KILN_CHECK(name != "__metadata__", "save: '{}': '__metadata__' is reserved", path);
+    KILN_CHECK(valid_utf8(name), "save: '{}': a tensor name is not valid UTF-8 (a safetensors header is JSON)", path);
     KILN_CHECK(t.defined(), "save: '{}': tensor '{}' is undefined", path, name);
     sorted.emplace_back(name, &t);
   }

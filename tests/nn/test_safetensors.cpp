@@ -149,6 +149,14 @@ TEST_CASE("safetensors: save rejects bad names and never leaves a partial file",
   const std::string p = tmp_path("names.safetensors");
   CHECK_THROWS_WITH(safetensors::save<Cpu>(p, {{"a", T::zeros({1})}, {"a", T::zeros({1})}}), Catch::Contains("given twice"));
   CHECK_THROWS_WITH(safetensors::save<Cpu>(p, {{"", T::zeros({1})}}), Catch::Contains("empty tensor name"));
+  // the header is JSON: names and metadata must be UTF-8 (a lone byte >= 0x80 is not)
+  CHECK_THROWS_WITH(safetensors::save<Cpu>(p, {{"a", T::zeros({1})}}, {{"alphabet", "ab\xe9"}}),
+                    Catch::Contains("metadata 'alphabet' is not valid UTF-8"));
+  CHECK_THROWS_WITH(safetensors::save<Cpu>(p, {{"w\xc3", T::zeros({1})}}), Catch::Contains("tensor name is not valid UTF-8"));
+  const std::string ok = p + ".utf8";
+  safetensors::save<Cpu>(ok, {{"w\xc3\xa9", T::zeros({1})}}, {{"note", "caf\xc3\xa9 \xe2\x80\x94 ok"}});  // valid UTF-8 is fine
+  CHECK(safetensors::File::open(ok).metadata().at("note") == "caf\xc3\xa9 \xe2\x80\x94 ok");
+  fs::remove(ok);
   CHECK(!fs::exists(p));
   CHECK_THROWS_WITH(safetensors::save<Cpu>("/nonexistent-dir/x.safetensors", {{"a", T::zeros({1})}}),
                     Catch::Contains("/nonexistent-dir/x.safetensors"));

@@ -64,3 +64,23 @@ TEST_CASE("cli: missing and malformed files name the file and the problem", "[cl
   const std::string garbage = temp("garbage.safetensors", "this is not a safetensors file at all");
   CHECK_THAT(kiln(fmt::format("inspect --file {}", garbage)).out, Catch::Contains(garbage));
 }
+
+TEST_CASE("cli: a character-level corpus with non-ASCII UTF-8 trains and samples", "[cli]") {
+  // The alphabet then holds bytes >= 0x80: it travels as hex (alphabet_hex), not as a JSON string.
+  const std::string text = temp("utf8.txt", std::string(40, ' ') + "héllo wörld — naïve café\nthe quick brown fox\n");
+  const std::string tok = temp("utf8.safetensors", "");
+  Result r = kiln(fmt::format("tokenize --text {} --chars --out {}", text, tok));
+  REQUIRE(r.status == 0);
+  r = kiln(fmt::format("inspect --file {}", tok));
+  CHECK(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("alphabet_hex"));
+  const std::string model = temp("utf8_model.json", R"({"vocab_size": 64, "d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16})");
+  const std::string train = temp("utf8_train.json", R"({"batch_size": 2, "seq_len": 8, "steps": 2})");
+  const std::string ck = temp("utf8_ck.safetensors", "");
+  r = kiln(fmt::format("train --model {} --train {} --data {} --checkpoint {} --quiet", model, train, tok, ck));
+  REQUIRE(r.status == 0);
+  // the model's vocabulary (64) is larger than the alphabet: sampling stays inside the alphabet
+  r = kiln(fmt::format("sample --checkpoint {} --prompt 'caf' --tokens 40 --temperature 2 --top-k 0", ck));
+  CHECK(r.status == 0);
+  CHECK_THAT(r.out, Catch::StartsWith("caf"));
+}

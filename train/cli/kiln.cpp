@@ -1,6 +1,7 @@
 // The `kiln` command line: train, sample, eval, tokenize, inspect. See `kiln --help`.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -156,6 +157,29 @@ int cmd_train(int argc, char** argv) {
   return r.interrupted ? 130 : 0;
 }
 
+// Bytes <-> lower-case hex (a character-level alphabet with non-ASCII bytes in safetensors metadata).
+std::string to_hex(const std::string& bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string s;
+  for (const char ch : bytes) {
+    const auto b = static_cast<unsigned char>(ch);
+    s += kDigits[b >> 4];
+    s += kDigits[b & 15];
+  }
+  return s;
+}
+std::string from_hex(const std::string& s) {
+  auto digit = [&](char ch) -> int {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    fail("alphabet_hex: '{}' is not lower-case hex", s);
+  };
+  KILN_CHECK(s.size() % 2 == 0, "alphabet_hex: odd length {}", s.size());
+  std::string out;
+  for (size_t i = 0; i < s.size(); i += 2) out += static_cast<char>(digit(s[i]) * 16 + digit(s[i + 1]));
+  return out;
+}
+
 // Text <-> tokens for sampling: a checkpoint trained with `kiln tokenize --chars` carries its alphabet.
 struct Codec {
   std::optional<CharTokenizer> chars;
@@ -168,8 +192,9 @@ Codec codec_for(const std::string& data_path) {
   if (data_path.empty()) return c;
   try {
     const auto f = safetensors::File::open(data_path);
-    const auto it = f.metadata().find("alphabet");
-    if (it != f.metadata().end()) c.chars = CharTokenizer(it->second);
+    const auto& m = f.metadata();
+    if (const auto hx = m.find("alphabet_hex"); hx != m.end()) c.chars = CharTokenizer(from_hex(hx->second));
+    else if (const auto it = m.find("alphabet"); it != m.end()) c.chars = CharTokenizer(it->second);
   } catch (const Error&) {
     // the data file may have moved: fall back to bytes
   }
@@ -195,6 +220,7 @@ int cmd_sample(int argc, char** argv) {
   KILN_CHECK(so.max_new_tokens >= 0 && so.top_k >= 0, "kiln sample: --tokens and --top-k must be >= 0");
   const CheckpointInfo info = read_checkpoint_info(ck);
   const Codec codec = codec_for(a.str("data", info.data_path));
+  so.vocab_limit = codec.chars ? codec.chars->vocab_size() : ByteTokenizer::vocab_size;  // only ids the codec can decode
   const std::vector<int64_t> out = dispatch(a.str("device", "cpu"), [&]<Backend B>() {
     auto model = load_gpt<B>(ck, a.str("model"));
     return model->generate(codec.encode(prompt), so);
@@ -242,7 +268,11 @@ int cmd_tokenize(int argc, char** argv) {
   if (a.has("chars")) {
     const CharTokenizer t = CharTokenizer::fit(text);
     ids = t.encode(text);
-    meta["alphabet"] = t.alphabet();
+    // The alphabet is a set of bytes: as text when it is ASCII, else as hex (the bytes of a multi-byte
+    // UTF-8 character, sorted apart, are no valid string for the JSON header).
+    const std::string& al = t.alphabet();
+    if (std::all_of(al.begin(), al.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x80; })) meta["alphabet"] = al;
+    else meta["alphabet_hex"] = to_hex(al);
     vocab = t.vocab_size();
   } else {
     ids = ByteTokenizer::encode(text);
