@@ -3,6 +3,7 @@
 # `fortunes` package, with a progress bar, then sample from it.
 #   scripts/train_demo.sh                  full run (a few minutes on 2 cores)
 #   STEPS=50 scripts/train_demo.sh         shorter
+#   DEVICE=cuda scripts/train_demo.sh      on the GPU (kiln built with the CUDA backend, a GPU visible)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -29,7 +30,8 @@ fi
 export KILN_NUM_THREADS="${KILN_NUM_THREADS:-$(nproc)}"
 build/kiln train --model examples/char_gpt/model.json --train "$train_json" \
   --data "$out/train.safetensors" --eval-data "$out/eval.safetensors" \
-  --checkpoint "$out/checkpoint.safetensors" --log "$out/log.jsonl" --progress on
+  --checkpoint "$out/checkpoint.safetensors" --log "$out/log.jsonl" --progress on --device "${DEVICE:-cpu}"
 echo
 echo "--- sample (temperature 0.8, top-k 40) ---"
-build/kiln sample --checkpoint "$out/checkpoint.safetensors" --prompt "The " --tokens 400 --temperature 0.8 --top-k 40
+build/kiln sample --checkpoint "$out/checkpoint.safetensors" --prompt "The " --tokens 400 --temperature 0.8 --top-k 40 \
+  --device "${DEVICE:-cpu}"
