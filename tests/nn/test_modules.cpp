@@ -151,4 +151,16 @@ TEMPLATE_TEST_CASE("attention: KV-cached decoding equals the full forward, gener
     ctx.push_back(t);
   }
   CHECK_THROWS_WITH(m.generate({31}, so), Catch::Contains("prompt token 31"));
+  // vocab_limit: only ids below it are drawn (a tokenizer smaller than the vocabulary), greedy included
+  SampleOptions lim{.max_new_tokens = 40, .temperature = 5.0, .top_k = 0, .seed = 9, .vocab_limit = 3};
+  for (int64_t t : m.generate({1}, lim)) CHECK((t >= 0 && t < 3));
+  lim.temperature = 0;
+  lim.max_new_tokens = 4;  // the full forwards below stay within max_seq_len
+  const auto gl = m.generate({4, 5}, lim);
+  std::vector<int64_t> ctx2{4, 5};
+  for (int64_t t : gl) {
+    const Tensor<B> logits = m.forward(Tensor<B>::from_vector(ctx2, {1, static_cast<int64_t>(ctx2.size())})).value();
+    CHECK(item<int64_t>(logits.select(1, -1).narrow(-1, 0, 3).argmax()) == t);
+    ctx2.push_back(t);
+  }
 }
