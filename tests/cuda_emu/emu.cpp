@@ -106,8 +106,7 @@ thread_local bool g_reverse = false;  // every block in reverse order; else bloc
 // Dynamic shared memory opt-ins (cudaFuncSetAttribute), by kernel.
 std::mutex g_attr_mu;
 std::map<const void*, int> g_max_dynamic_smem;
-constexpr int kOptinMax = 227 * 1024;  // an H100's sharedMemPerBlockOptin
-constexpr size_t kDefaultSmem = 48 * 1024;
+
 
 void release_block() {
   if (g.block_wait > 0 && g.block_wait == g.live) {
@@ -265,9 +264,34 @@ void sync_warp(unsigned mask) {
   if (f.st != St::runnable) yield_to_main();
 }
 
+const cudaDeviceProp& device_properties() {
+  static const cudaDeviceProp p = [] {
+    cudaDeviceProp d;
+    std::memset(&d, 0, sizeof d);
+    std::strcpy(d.name, "kiln host emulator");
+    d.totalGlobalMem = kTotalMemory;
+    d.multiProcessorCount = 4;
+    d.sharedMemPerBlock = 48 * 1024;
+    d.sharedMemPerBlockOptin = 227 * 1024;  // an H100's
+    d.sharedMemPerMultiprocessor = 228 * 1024;
+    d.maxThreadsPerBlock = 1024;
+    d.maxThreadsPerMultiProcessor = 2048;
+    d.maxThreadsDim[0] = d.maxThreadsDim[1] = 1024;
+    d.maxThreadsDim[2] = 64;
+    d.maxGridSize[0] = 0x7fffffff;
+    d.maxGridSize[1] = d.maxGridSize[2] = 65535;
+    d.regsPerBlock = 65536;
+    d.warpSize = 32;
+    d.major = 9;
+    d.minor = 0;
+    return d;
+  }();
+  return p;
+}
+
 cudaError_t func_set_attribute(const void* fn, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
-  if (value < 0 || value > kOptinMax) return cudaErrorInvalidValue;
+  if (value < 0 || static_cast<size_t>(value) > device_properties().sharedMemPerBlockOptin) return cudaErrorInvalidValue;
   std::lock_guard<std::mutex> lk(g_attr_mu);
   g_max_dynamic_smem[fn] = value;
   return cudaSuccess;
@@ -284,9 +308,9 @@ void run_grid(const char* name, const void* fn, const Config& c, void (*body)(vo
                              std::to_string(c.grid.y) + ", " + std::to_string(c.grid.z) + "), block (" + std::to_string(c.block.x) +
                              ", " + std::to_string(c.block.y) + ", " + std::to_string(c.block.z) + ")");
   // Dynamic shared memory: one buffer (blocks run one after another), up to an H100's 227 KiB per block.
-  if (c.smem > 227 * 1024)
+  if (c.smem > device_properties().sharedMemPerBlockOptin)
     throw std::runtime_error(std::string("emu: ") + name + ": " + std::to_string(c.smem) + " bytes of dynamic shared memory exceed 227 KiB");
-  if (c.smem > kDefaultSmem) {
+  if (c.smem > device_properties().sharedMemPerBlock) {
     int allowed = 0;
     {
       std::lock_guard<std::mutex> lk(g_attr_mu);

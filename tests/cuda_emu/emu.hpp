@@ -16,6 +16,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "emu_device.hpp"
+
 #include <algorithm>
 #include <climits>
 #include <cstdint>

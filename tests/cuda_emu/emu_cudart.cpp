@@ -3,8 +3,8 @@
 // of libcudart into the emulated-device build (tests/cuda_emu/CMakeLists.txt), where kernels run on
 // emu.hpp's fibers, so the whole backend (allocator, runtime, cuBLAS calls, kernels) runs without a GPU.
 //
-//  * One device, "kiln host emulator", with an H100's limits but 4 SMs (so that reductions that split
-//    rows across SMs do so on small inputs) and 4 GiB of memory (a larger request is out of memory).
+//  * One device, emu::device_properties() (emu.hpp): an H100's limits, 4 SMs, 4 GiB of memory (a
+//    larger request is out of memory).
 //  * Device memory is host memory (256-byte aligned, as cudaMalloc's), filled with 0xff (NaN, -1) when allocated: kernels must not rely on
 //    zeroed memory. Every live allocation is recorded; copies and fills check that the device range
 //    they touch lies inside one live allocation, and a failed check returns cudaErrorInvalidValue
@@ -27,7 +27,7 @@
 
 namespace {
 
-constexpr size_t kDeviceMemory = size_t{4} << 30;
+constexpr size_t kDeviceMemory = emu::kTotalMemory;
 
 struct Registry {
   std::mutex mu;
@@ -162,23 +162,7 @@ cudaError_t CUDARTAPI cudaGetDevice(int* device) {
 cudaError_t CUDARTAPI cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   if (!p) return fail(cudaErrorInvalidValue, "cudaGetDeviceProperties: null pointer");
   if (device != 0) return fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties: device " + std::to_string(device));
-  std::memset(p, 0, sizeof *p);
-  std::strcpy(p->name, "kiln host emulator");
-  p->totalGlobalMem = kDeviceMemory;
-  p->multiProcessorCount = 4;
-  p->sharedMemPerBlock = 48 * 1024;
-  p->sharedMemPerBlockOptin = 227 * 1024;  // an H100's
-  p->sharedMemPerMultiprocessor = 228 * 1024;
-  p->maxThreadsPerBlock = 1024;
-  p->maxThreadsPerMultiProcessor = 2048;
-  p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024;
-  p->maxThreadsDim[2] = 64;
-  p->maxGridSize[0] = 0x7fffffff;
-  p->maxGridSize[1] = p->maxGridSize[2] = 65535;
-  p->regsPerBlock = 65536;
-  p->warpSize = 32;
-  p->major = 9;
-  p->minor = 0;
+  *p = emu::device_properties();
   return cudaSuccess;
 }
 cudaError_t CUDARTAPI cudaDeviceSynchronize(void) { return cudaSuccess; }

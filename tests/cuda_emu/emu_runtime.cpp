@@ -25,22 +25,7 @@ void after_launch(std::string_view, const char*, int) {}
 int require_device(std::string_view) { return 0; }
 void check_device(const CudaStorage&, std::string_view) {}
 cudaStream_t stream() { return nullptr; }
-const cudaDeviceProp& device_properties() {
-  static const cudaDeviceProp p = [] {
-    cudaDeviceProp d;
-    std::memset(&d, 0, sizeof d);
-    std::strcpy(d.name, "kiln host emulator");
-    d.multiProcessorCount = 4;
-    d.sharedMemPerBlock = 48 * 1024;
-    d.sharedMemPerBlockOptin = 227 * 1024;  // an H100's
-    d.maxThreadsPerBlock = 1024;
-    d.warpSize = 32;
-    d.major = 9;
-    d.minor = 0;
-    return d;
-  }();
-  return p;
-}
+const cudaDeviceProp& device_properties() { return ::emu::device_properties(); }
 
 }  // namespace kiln::cuda
 
