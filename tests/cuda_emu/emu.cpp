@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <exception>
 #include <map>
+#include <numeric>
+#include <random>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -102,6 +104,12 @@ struct Sched {
 };
 thread_local Sched g;
 thread_local bool g_reverse = false;  // every block in reverse order; else blocks alternate (see emu.hpp)
+// A shuffled schedule (emu.hpp, set_schedule); 0: blocks in grid order, threads alternating.
+uint64_t schedule_from_env() {
+  const char* e = std::getenv("KILN_EMU_SCHEDULE");
+  return e && *e ? std::strtoull(e, nullptr, 10) : 0;
+}
+thread_local uint64_t g_schedule = schedule_from_env();
 
 // Dynamic shared memory opt-ins (cudaFuncSetAttribute), by kernel.
 std::mutex g_attr_mu;
@@ -227,6 +235,8 @@ char* new_stack() {
 
 Stats& stats() { return g.stats; }
 void set_reverse_order(bool on) { g_reverse = on; }
+void set_schedule(uint64_t seed) { g_schedule = seed; }
+uint64_t schedule() { return g_schedule; }
 
 int lane_id() { return g.cur % kWarp; }
 unsigned char* warp_slot(int lane) {
@@ -349,50 +359,62 @@ void run_grid(const char* name, const void* fn, const Config& c, void (*body)(vo
     std::fprintf(stderr, "emu launch %s grid (%u,%u,%u) block (%u,%u,%u)\n", name, c.grid.x, c.grid.y, c.grid.z, c.block.x, c.block.y,
                  c.block.z);
   const long page = sysconf(_SC_PAGESIZE);
-  for (unsigned bz = 0; bz < c.grid.z; ++bz)
-    for (unsigned by = 0; by < c.grid.y; ++by)
-      for (unsigned bx = 0; bx < c.grid.x; ++bx) {
-        g_blockIdx = uint3{bx, by, bz};
-        ++g_block_epoch;  // static shared arrays refill with garbage
-        const bool reverse = g_reverse || ((bx + by + bz + g.stats.launches) & 1) != 0;
-        std::fill(g_smem.begin(), g_smem.end(), static_cast<unsigned char>(0xff));  // garbage: NaN for floats
-        ++g.stats.blocks;
-        g.stats.threads += threads;
-        for (int i = 0; i < g.n; ++i) start_fiber(i, c.block, page);
-        g.live = g.n;
-        g.block_wait = 0;
-        std::fill(g.warp_wait.begin(), g.warp_wait.end(), 0);
-        std::fill(g.warp_mask.begin(), g.warp_mask.end(), 0u);
-        while (g.live > 0) {
-          bool ran = false;
-          for (int k = 0; k < g.n; ++k) {
-            const int i = reverse ? g.n - 1 - k : k;
-            Fiber& f = g.fib[static_cast<size_t>(i)];
-            if (f.st != St::runnable) continue;
-            g.cur = i;
-            g_threadIdx = f.tid;
-            resume(f);
-            g.cur = -1;
-            ran = true;
-          }
-          if (g.exc) break;
-          if (!ran && g.live > 0) {
-            int wb = 0, ww = 0;
-            for (int i = 0; i < g.n; ++i) {
-              wb += g.fib[static_cast<size_t>(i)].st == St::wait_block;
-              ww += g.fib[static_cast<size_t>(i)].st == St::wait_warp;
-            }
-            g.cur = -1;
-            throw std::runtime_error(std::string("emu: deadlock in kernel ") + name + " (block " + std::to_string(bx) + "," +
-                                     std::to_string(by) + "," + std::to_string(bz) + "): " + std::to_string(g.live) + " live threads, " +
-                                     std::to_string(wb) + " at __syncthreads, " + std::to_string(ww) + " at a warp barrier");
-          }
-        }
-        if (g.exc) {
-          g.cur = -1;
-          std::rethrow_exception(g.exc);
-        }
+  // The order of the blocks, and of the threads within each: grid order and alternating thread order,
+  // or with a schedule seed a permutation of each drawn from (seed, launch number).
+  std::vector<uint64_t> block_order(blocks);
+  std::iota(block_order.begin(), block_order.end(), uint64_t{0});
+  std::vector<int> thread_order(static_cast<size_t>(g.n));
+  std::mt19937_64 shuffle(g_schedule * 0x9e3779b97f4a7c15ULL + g.stats.launches);
+  if (g_schedule != 0) std::shuffle(block_order.begin(), block_order.end(), shuffle);
+  for (const uint64_t b : block_order) {
+    const auto bx = static_cast<unsigned>(b % c.grid.x), by = static_cast<unsigned>(b / c.grid.x % c.grid.y),
+               bz = static_cast<unsigned>(b / (uint64_t{c.grid.x} * c.grid.y));
+    g_blockIdx = uint3{bx, by, bz};
+    ++g_block_epoch;  // static shared arrays refill with garbage
+    if (g_schedule != 0) {
+      std::iota(thread_order.begin(), thread_order.end(), 0);
+      std::shuffle(thread_order.begin(), thread_order.end(), shuffle);
+    } else {
+      const bool reverse = g_reverse || ((bx + by + bz + g.stats.launches) & 1) != 0;
+      for (int k = 0; k < g.n; ++k) thread_order[static_cast<size_t>(k)] = reverse ? g.n - 1 - k : k;
+    }
+    std::fill(g_smem.begin(), g_smem.end(), static_cast<unsigned char>(0xff));  // garbage: NaN for floats
+    ++g.stats.blocks;
+    g.stats.threads += threads;
+    for (int i = 0; i < g.n; ++i) start_fiber(i, c.block, page);
+    g.live = g.n;
+    g.block_wait = 0;
+    std::fill(g.warp_wait.begin(), g.warp_wait.end(), 0);
+    std::fill(g.warp_mask.begin(), g.warp_mask.end(), 0u);
+    while (g.live > 0) {
+      bool ran = false;
+      for (const int i : thread_order) {
+        Fiber& f = g.fib[static_cast<size_t>(i)];
+        if (f.st != St::runnable) continue;
+        g.cur = i;
+        g_threadIdx = f.tid;
+        resume(f);
+        g.cur = -1;
+        ran = true;
       }
+      if (g.exc) break;
+      if (!ran && g.live > 0) {
+        int wb = 0, ww = 0;
+        for (int i = 0; i < g.n; ++i) {
+          wb += g.fib[static_cast<size_t>(i)].st == St::wait_block;
+          ww += g.fib[static_cast<size_t>(i)].st == St::wait_warp;
+        }
+        g.cur = -1;
+        throw std::runtime_error(std::string("emu: deadlock in kernel ") + name + " (block " + std::to_string(bx) + "," +
+                                 std::to_string(by) + "," + std::to_string(bz) + "): " + std::to_string(g.live) + " live threads, " +
+                                 std::to_string(wb) + " at __syncthreads, " + std::to_string(ww) + " at a warp barrier");
+      }
+    }
+    if (g.exc) {
+      g.cur = -1;
+      std::rethrow_exception(g.exc);
+    }
+  }
 }
 
 }  // namespace emu

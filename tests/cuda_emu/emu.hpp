@@ -128,6 +128,13 @@ Stats& stats();
 // parity of block index + launch count), so every kernel of a suite meets both; on: every block
 // descending.
 void set_reverse_order(bool on);
+// A shuffled schedule: with seed != 0 every launch runs its blocks in a random order and the threads
+// of each block in a random order (drawn from the seed and the launch number), so that a result which
+// depends on the order of atomics or on unsynchronised reads changes with the seed. 0 (the default,
+// or KILN_EMU_SCHEDULE unset) keeps grid order with alternating thread order. The environment
+// variable KILN_EMU_SCHEDULE=<seed> sets it for a whole process (each host thread starts from it).
+void set_schedule(uint64_t seed);
+uint64_t schedule();
 
 template <class K, class... A> void launch(const char* name, K kernel, const Config& c, A&&... args) {
   // Arguments are captured by value, like CUDA's kernel parameters.

@@ -3,6 +3,7 @@
 // (never by nvcc).
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "emu_selftest.hpp"
 
@@ -27,6 +28,14 @@ __global__ void missing_barrier(int* out) {
   s[threadIdx.x] = static_cast<int>(threadIdx.x);
   out[threadIdx.x] = s[(threadIdx.x + 1) % 64];
 }
+
+// Each block takes the next ticket: the order in which the blocks ran.
+__global__ void block_tickets(int* counter, int* ticket) {
+  if (threadIdx.x == 0) ticket[blockIdx.x] = atomicAdd(counter, 1);
+}
+
+// Every thread adds its value into one float with atomicAdd: the sum's rounding follows the order.
+__global__ void atomic_float_sum(float* sum, const float* x) { atomicAdd(sum, x[blockIdx.x * blockDim.x + threadIdx.x]); }
 
 __global__ void uses_dynamic_smem(int* out) { out[threadIdx.x] = static_cast<int>(::emu::dynamic_smem()[0]); }
 
@@ -62,6 +71,29 @@ bool missing_barrier_changes_with_order() {
   for (int i = 0; i < 64; ++i)
     if (a[i] != b[i]) return true;
   return false;
+}
+
+std::vector<int> block_order(uint64_t schedule, int blocks) {
+  const uint64_t saved = ::emu::schedule();
+  ::emu::set_schedule(schedule);
+  int counter = 0;
+  std::vector<int> ticket(static_cast<size_t>(blocks), -1), order(static_cast<size_t>(blocks), -1);
+  ::block_tickets<<<blocks, 32>>>(&counter, ticket.data());
+  ::emu::set_schedule(saved);
+  for (int b = 0; b < blocks; ++b)
+    if (ticket[static_cast<size_t>(b)] >= 0 && ticket[static_cast<size_t>(b)] < blocks) order[static_cast<size_t>(ticket[static_cast<size_t>(b)])] = b;
+  return order;
+}
+
+float atomic_sum(uint64_t schedule) {
+  const uint64_t saved = ::emu::schedule();
+  ::emu::set_schedule(schedule);
+  std::vector<float> x(64 * 128);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000003) * (i % 3 == 0 ? 1e-3f : 1.0f);
+  float sum = 0;
+  ::atomic_float_sum<<<64, 128>>>(&sum, x.data());
+  ::emu::set_schedule(saved);
+  return sum;
 }
 
 std::string smem_without_optin() {

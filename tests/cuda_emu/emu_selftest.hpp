@@ -1,7 +1,9 @@
 #pragma once
 // emu_selftest.cpp: deliberately wrong kernels run on the emulator; each returns the error it raised
 // ("" when none).
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace emu_selftest {
 
@@ -12,5 +14,9 @@ std::string smem_without_optin();           // 64 KiB of dynamic shared memory, 
 std::string smem_with_optin();              // the same after the opt-in: no error
 bool optin_above_limit_refused();           // 228 KiB > an H100's 227 KiB
 std::string too_many_threads();             // 2048 threads per block
+// The blocks of a launch in the order they ran, under a schedule seed (emu::set_schedule).
+std::vector<int> block_order(uint64_t schedule, int blocks);
+// A float sum by atomicAdd from 64 x 128 threads, under a schedule seed.
+float atomic_sum(uint64_t schedule);
 
 }  // namespace emu_selftest

@@ -2,10 +2,12 @@
 // emu-device runs of the suite meaningful fail where they should. Linked against kiln_emu_device.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <set>
+#include <vector>
+
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
-
-#include <vector>
 
 #include "backends/backends.hpp"
 #include "backends/cuda/cuda.hpp"
@@ -97,4 +99,19 @@ TEST_CASE("emulator: kernels that would fail or race on a GPU are refused", "[cu
   CHECK(emu_selftest::smem_with_optin().empty());
   CHECK(emu_selftest::optin_above_limit_refused());
   CHECK_THAT(emu_selftest::too_many_threads(), Catch::Contains("invalid launch configuration"));
+}
+
+TEST_CASE("emulator: a schedule seed shuffles the blocks (and threads), so order-dependent results show", "[cuda-emu]") {
+  std::vector<int> grid(40);
+  for (int b = 0; b < 40; ++b) grid[static_cast<size_t>(b)] = b;
+  CHECK(emu_selftest::block_order(0, 40) == grid);  // the default: grid order
+  std::vector<int> a = emu_selftest::block_order(1, 40), b = emu_selftest::block_order(2, 40);
+  CHECK(a != grid);
+  CHECK(a != b);
+  std::sort(a.begin(), a.end());
+  CHECK(a == grid);  // every block ran once
+  // atomics in a different order round differently: what kiln's scatter_add avoids (backends/cuda/index.cu)
+  std::set<float> sums;
+  for (uint64_t s = 0; s < 6; ++s) sums.insert(emu_selftest::atomic_sum(s));
+  CHECK(sums.size() > 1);
 }
