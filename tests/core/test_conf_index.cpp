@@ -99,8 +99,9 @@ TEMPLATE_TEST_CASE("conformance: gather, index_select, scatter_add, index_add", 
     RT rsrc;
     Tensor<B> bsrc;
     g.make_pair(ss, d, g.pick(kLayouts), rsrc, bsrc);
-    // Each target receives at most is[a] additions, each rounded to the storage type (Reference and
-    // the Cpu add in index order, a GPU's atomics in any order): two orders differ by at most
+    // Each target receives at most is[a] additions, each rounded to the storage type. Reference, Cpu
+    // and Cuda all add in index order (Cuda equals Cpu bit for bit: tests/cuda/test_cuda_scatter.cpp),
+    // but the contract allows a backend any order: two orders differ by at most
     // 2 (count + 1) u (|x| + sum|src|) per element, u the storage type's roundoff (f32's for bf16/f16
     // would hold only for one fixed order).
     const double u_add = std::max(u_acc(d), u_store(d));

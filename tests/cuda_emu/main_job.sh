@@ -2,7 +2,9 @@
 # The README's main job in miniature on the emulated device: tokenize a text (character level), train
 # examples/char_gpt's model (differential attention + block Attention Residuals) for a few steps with
 # --device cuda and a held-out evaluation, then sample greedily from the checkpoint on the device and on
-# the CPU: the two continuations must be identical.
+# the CPU: the two continuations must be identical. Then train again with the emulator's blocks and
+# threads in a shuffled order (KILN_EMU_SCHEDULE): GPU training is deterministic, so the two checkpoints
+# must be identical byte for byte.
 #   main_job.sh KILN SOURCE_DIR WORKDIR
 set -euo pipefail
 kiln="$1" src="$2" dir="$3"
@@ -13,6 +15,9 @@ sed 's/"steps": [0-9]*/"steps": 4/; s/"eval_every": [0-9]*/"eval_every": 2/; s/"
 "$kiln" train --model "$src/examples/char_gpt/model.json" --train train.json --data train.safetensors --eval-data eval.safetensors \
   --checkpoint ck.safetensors --log log.jsonl --device cuda --progress on
 test "$(wc -l < log.jsonl)" -ge 4
+KILN_EMU_SCHEDULE=97 "$kiln" train --model "$src/examples/char_gpt/model.json" --train train.json --data train.safetensors \
+  --eval-data eval.safetensors --checkpoint ck2.safetensors --log log2.jsonl --device cuda --progress off
+cmp ck.safetensors ck2.safetensors
 "$kiln" sample --checkpoint ck.safetensors --prompt "The " --tokens 40 --temperature 0 --device cuda > cuda.txt
 "$kiln" sample --checkpoint ck.safetensors --prompt "The " --tokens 40 --temperature 0 --device cpu > cpu.txt
 cat cuda.txt
