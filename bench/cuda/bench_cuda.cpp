@@ -3,6 +3,11 @@
 //    cuBLAS) against a raw cublasGemmEx call on preallocated buffers (target >= 95%).
 //  * Flash attention forward + backward (fused::attention_forward/backward), B=4 H=12 T=1024 d=64 causal,
 //    for the PyTorch side see gpu_vs_torch.py (scaled_dot_product_attention on the same device).
+//  * Elementwise add (16-byte vectorised kernels) against a device-to-device cudaMemcpyAsync, as
+//    bandwidth (add moves three arrays, the copy two).
+//  * index_add, the embedding gradient (deterministic: radix sort + ordered run sums, index.cu), on
+//    GPT-2's vocabulary with Zipf-like token ids; gpu_vs_torch.py times PyTorch's index_add_ (atomics)
+//    and embedding backward on the same ids.
 // Run by bench/cuda/run.sh (or scripts/gpu_run.sh bench); timings are medians of repetitions after
 // warm-up, each timed by CUDA events on kiln's stream, where both kiln and the raw cuBLAS handle run
 // (GPU time, host overhead included only where it leaves the GPU idle).
@@ -10,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -89,6 +95,40 @@ void attention(int64_t Bt, int64_t H, int64_t Hkv, int64_t Tn, int64_t d, int64_
               Bt, H, Hkv, Tn, d, dv, f_ms, b_ms);
 }
 
+void elementwise(int64_t n) {
+  Generator g(3);
+  const T a = T::randn({n}, DType::f32, &g), b = T::randn({n}, DType::f32, &g);
+  T c;
+  const double add_ms = median_ms([&] { c = a.add(b); });
+  T dst = T::empty({n}, DType::f32);
+  const double copy_ms = median_ms([&] {
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst.storage()->data(), a.storage()->data(), static_cast<size_t>(n) * 4, cudaMemcpyDeviceToDevice,
+                                    cuda::stream()));
+  });
+  const double add_gbps = 3.0 * 4.0 * static_cast<double>(n) / add_ms / 1e6, copy_gbps = 2.0 * 4.0 * static_cast<double>(n) / copy_ms / 1e6;
+  std::printf("{\"bench\": \"add\", \"n\": %ld, \"kiln_gbps\": %.1f, \"memcpy_gbps\": %.1f, \"ratio\": %.3f}\n", n, add_gbps, copy_gbps,
+              add_gbps / copy_gbps);
+}
+
+// Token ids shared with gpu_vs_torch.py: Zipf-like (id = floor(V^u) - 1, u a low-discrepancy sequence).
+std::vector<int64_t> zipf_ids(int64_t vocab, int64_t n) {
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const double u = std::fmod(static_cast<double>(i) * 0.6180339887498949, 1.0);
+    ids[static_cast<size_t>(i)] = std::min<int64_t>(vocab - 1, static_cast<int64_t>(std::floor(std::pow(static_cast<double>(vocab), u))) - 1);
+  }
+  return ids;
+}
+
+void index_add(int64_t vocab, int64_t n, int64_t dim) {
+  Generator g(4);
+  const T ids = T::from_vector(zipf_ids(vocab, n));
+  const T src = T::randn({n, dim}, DType::f32, &g), base = T::zeros({vocab, dim});
+  T out;
+  const double ms = median_ms([&] { out = base.index_add(0, ids, src); });
+  std::printf("{\"bench\": \"index_add\", \"vocab\": %ld, \"n\": %ld, \"dim\": %ld, \"kiln_ms\": %.3f}\n", vocab, n, dim, ms);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,6 +144,8 @@ int main(int argc, char** argv) {
     for (auto [d, tf32] : std::vector<std::pair<DType, bool>>{{DType::f32, false}, {DType::f32, true}, {DType::bf16, false}}) gemm(24, 40, 16, d, tf32);
     attention(1, 2, 2, 24, 16, 16);
     attention(1, 2, 1, 24, 16, 32);
+    elementwise(1000);
+    index_add(50, 300, 8);
     return 0;
   }
   for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{1024, 1024, 1024}, {4096, 4096, 4096}, {8192, 768, 768}, {8192, 3072, 768},
@@ -112,5 +154,7 @@ int main(int argc, char** argv) {
   attention(4, 12, 12, 1024, 64, 64);     // GPT-2 small, MHA
   attention(4, 6, 6, 1024, 64, 128);      // Diff: half the heads, value width 2d
   attention(4, 12, 4, 1024, 64, 64);      // GQA 3:1
+  for (const int64_t n : {int64_t{1} << 20, int64_t{1} << 26}) elementwise(n);
+  index_add(50304, 8 * 1024, 768);         // GPT-2 small: the token embedding's gradient for B=8, T=1024
   return 0;
 }

@@ -6,7 +6,7 @@
       it has no GPU: checks that the script runs end to end (the emulated device's CTest does this)
 
 Prints JSON lines: torch.matmul GEMMs (same shapes as bench_cuda), scaled_dot_product_attention
-forward+backward (same shapes), and a GPT-2-small-sized training step (d_model 768, 12 layers,
+forward+backward (same shapes), elementwise add and index_add / embedding backward (same sizes), and a GPT-2-small-sized training step (d_model 768, 12 layers,
 T 1024, AdamW) for attention mha and diff, as tokens/s of kiln_ref.py's model in eager mode on the GPU
 and of `kiln train --device cuda` on the same model config.
 """
@@ -90,6 +90,24 @@ def main():
         bwd = timed(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True), reps)
         print(json.dumps({"bench": "attention", "B": Ba, "H": H, "Hkv": Hkv, "T": Ta, "d": d, "dv": dv, "torch_fwd_ms": fwd,
                           "torch_bwd_ms": bwd}), flush=True)
+    # elementwise add and a device copy (bench_cuda's "add"), as bandwidth
+    for n in ([1000] if a.smoke else [1 << 20, 1 << 26]):
+        x, y = torch.randn(n, device=dev), torch.randn(n, device=dev)
+        add = timed(lambda: x + y, reps)
+        dst = torch.empty_like(x)
+        cp = timed(lambda: dst.copy_(x), reps)
+        print(json.dumps({"bench": "add", "n": n, "torch_gbps": 12 * n / add / 1e6, "copy_gbps": 8 * n / cp / 1e6}), flush=True)
+    # the embedding gradient on bench_cuda's ids: index_add_ (atomics) and embedding backward (sorted)
+    Vi, Ni, Di = (50, 300, 8) if a.smoke else (50304, 8 * 1024, 768)
+    ids = torch.tensor([min(Vi - 1, math.floor(Vi ** math.fmod(i * 0.6180339887498949, 1.0)) - 1) for i in range(Ni)], device=dev)
+    src = torch.randn(Ni, Di, device=dev)
+    base = torch.zeros(Vi, Di, device=dev)
+    ia = timed(lambda: base.index_add(0, ids, src), reps)
+    w = torch.zeros(Vi, Di, device=dev, requires_grad=True)
+    e = F.embedding(ids, w)
+    eb = timed(lambda: torch.autograd.grad(e, (w,), src, retain_graph=True), reps)
+    print(json.dumps({"bench": "index_add", "vocab": Vi, "n": Ni, "dim": Di, "torch_index_add_ms": ia, "torch_embedding_backward_ms": eb}),
+          flush=True)
     # training step, GPT-2 small shape (smoke: tiny)
     spec = importlib.util.spec_from_file_location("kiln_ref", REF)
     ref = importlib.util.module_from_spec(spec)
