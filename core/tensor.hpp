@@ -204,6 +204,7 @@ template <Backend B> class Tensor {
   template <class Op> Tensor index_reduce_op(int64_t axis, bool keepdim) const;
   void check_writable(const char* op) const;
   void check_index(const char* op, const Tensor& index, int64_t limit) const;
+  Tensor scatter_add_checked(int a, const Tensor& index, const Tensor& src) const;  // index values already checked
 
   std::shared_ptr<Storage> storage_;
   Layout layout_;

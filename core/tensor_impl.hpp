@@ -591,7 +591,9 @@ template <Backend B> void Tensor<B>::check_index(const char* op, const Tensor& i
   KILN_CHECK(index.dtype() == DType::i64 || index.dtype() == DType::i32, "{}: index must be i32 or i64, got {} (shape {})", op,
              index.dtype(), shape_str(index.shape()));
   if (index.numel() == 0) return;
-  const auto lo = index.min().template item<int64_t>(), hi = index.max().template item<int64_t>();
+  // min and max read back together: one wait for a device
+  const std::vector<int64_t> mm = stack({index.min().to(DType::i64), index.max().to(DType::i64)}).template to_vector<int64_t>();
+  const int64_t lo = mm[0], hi = mm[1];
   KILN_CHECK(lo >= 0 && hi < limit, "{}: index out of range: values in [{}, {}] for a dimension of size {} (input shape {})", op,
              lo, hi, limit, shape_str(shape()));
 }
@@ -640,6 +642,10 @@ template <Backend B> Tensor<B> Tensor<B>::scatter_add(int64_t axis, const Tensor
                shape_str(src.shape()), shape_str(shape()), d);
   }
   check_index("scatter_add", index, dim() == 0 ? 1 : shape()[static_cast<size_t>(a)]);
+  return scatter_add_checked(a, index, src);
+}
+
+template <Backend B> Tensor<B> Tensor<B>::scatter_add_checked(int a, const Tensor& index, const Tensor& src) const {
   Tensor out = clone();
   if (index.numel()) B::scatter_add(out.mview(), a, index.cview(), src.cview());
   return out;
@@ -658,7 +664,8 @@ template <Backend B> Tensor<B> Tensor<B>::index_add(int64_t axis, const Tensor& 
   Strides st(want.size(), 0);
   st[a] = index.strides()[0];
   const Tensor idx(index.storage(), Layout(want, st, index.offset()), index.dtype());
-  return scatter_add(static_cast<int64_t>(a), idx, src);
+  KILN_CHECK(src.dtype() == dtype_, "index_add: dtype mismatch {} vs src {}", dtype_, src.dtype());
+  return scatter_add_checked(static_cast<int>(a), idx, src);  // the index is checked above, the shapes fit by construction
 }
 
 // ====================================================================================== combinators

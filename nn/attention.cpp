@@ -1,26 +1,44 @@
 #include "nn/attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 namespace kiln::nn {
 
-template <Backend B> Var<B> rope(const Var<B>& x, int64_t pos0, double theta) {
+template <Backend B>
+std::pair<Tensor<B>, Tensor<B>> RopeTable<B>::at(int64_t pos0, int64_t T, int64_t d, double theta, DType dtype) const {
+  KILN_CHECK(pos0 >= 0 && T >= 0 && d > 0 && d % 2 == 0, "rope: bad table request (positions {}..{}, width {})", pos0, pos0 + T, d);
+  std::lock_guard<std::mutex> lk(mu_);
+  const int64_t have = cos_.defined() ? cos_.size(0) : 0;
+  if (d != d_ || theta != theta_ || dtype != dtype_ || pos0 + T > have) {
+    const int64_t P = (d == d_ && theta == theta_ && dtype == dtype_) ? std::max(pos0 + T, 2 * have) : pos0 + T;
+    // Angles in double, rounded to the input's dtype (as the reference does), cos/sin of that.
+    std::vector<double> c(static_cast<size_t>(P * d / 2)), s(c.size());
+    for (int64_t t = 0; t < P; ++t)
+      for (int64_t k = 0; k < d / 2; ++k) {
+        const double inv = std::pow(theta, -static_cast<double>(2 * k) / static_cast<double>(d));
+        double ang = static_cast<double>(t) * inv;
+        if (dtype == DType::f32) ang = static_cast<double>(static_cast<float>(ang));
+        c[static_cast<size_t>(t * d / 2 + k)] = std::cos(ang);
+        s[static_cast<size_t>(t * d / 2 + k)] = std::sin(ang);
+      }
+    cos_ = Tensor<B>::from_vector(c, {P, d / 2}).to(dtype);
+    sin_ = Tensor<B>::from_vector(s, {P, d / 2}).to(dtype);
+    d_ = d;
+    theta_ = theta;
+    dtype_ = dtype;
+  }
+  return {cos_.narrow(0, pos0, T), sin_.narrow(0, pos0, T)};
+}
+
+template <Backend B> Var<B> rope(const Var<B>& x, int64_t pos0, double theta, const RopeTable<B>* table) {
   const int64_t d = x.shape().back(), T = x.size(-2);
   KILN_CHECK(d % 2 == 0, "rope: width {} must be even (input {})", d, shape_str(x.shape()));
-  // Angles in double, rounded to the input's dtype (as the reference does), cos/sin of that.
-  std::vector<double> c(static_cast<size_t>(T * d / 2)), s(c.size());
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t k = 0; k < d / 2; ++k) {
-      const double inv = std::pow(theta, -static_cast<double>(2 * k) / static_cast<double>(d));
-      double ang = static_cast<double>(pos0 + t) * inv;
-      if (x.dtype() == DType::f32) ang = static_cast<double>(static_cast<float>(ang));
-      c[static_cast<size_t>(t * d / 2 + k)] = std::cos(ang);
-      s[static_cast<size_t>(t * d / 2 + k)] = std::sin(ang);
-    }
-  const Var<B> cs(Tensor<B>::from_vector(c, {T, d / 2}).to(x.dtype()));
-  const Var<B> sn(Tensor<B>::from_vector(s, {T, d / 2}).to(x.dtype()));
+  const RopeTable<B> own;
+  const auto [c, s] = (table ? table : &own)->at(pos0, T, d, theta, x.dtype());
+  const Var<B> cs(c), sn(s);
   const Var<B> x0 = x.slice(-1, 0, d, 2), x1 = x.slice(-1, 1, d, 2);  // [..., T, d/2]
   const Var<B> y0 = x0 * cs - x1 * sn;
   const Var<B> y1 = x0 * sn + x1 * cs;
@@ -108,8 +126,8 @@ template <Backend B> Var<B> MultiHeadAttention<B>::forward(const Var<B>& x, KVCa
   Var<B> k = k_->forward(x).view({Bn, T, Hkv, hd_}).transpose(1, 2);
   Var<B> v = v_->forward(x).view({Bn, T, Hkv, hd_}).transpose(1, 2);
   if (o_.rope) {
-    q = rope(q, pos0, o_.rope_theta);
-    k = rope(k, pos0, o_.rope_theta);
+    q = rope(q, pos0, o_.rope_theta, rope_.get());
+    k = rope(k, pos0, o_.rope_theta, rope_.get());
   }
   if (cache) {
     auto [kc, vc] = kv_cache_append(*cache, k.value(), v.value(), o_.max_seq_len);
@@ -121,7 +139,8 @@ template <Backend B> Var<B> MultiHeadAttention<B>::forward(const Var<B>& x, KVCa
 }
 
 #define KILN_INST(B)                                                                                                 \
-  template Var<B> rope<B>(const Var<B>&, int64_t, double);                                                          \
+  template class RopeTable<B>;                                                                                       \
+  template Var<B> rope<B>(const Var<B>&, int64_t, double, const RopeTable<B>*);                                     \
   template std::pair<Tensor<B>, Tensor<B>> kv_cache_append<B>(KVCache<B>&, const Tensor<B>&, const Tensor<B>&, int64_t); \
   template Var<B> attention<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&);                         \
   template Var<B> attention_decomposed<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&);              \

@@ -5,6 +5,8 @@
 //   hd = D / H; query head i uses kv head ⌊i / (H/Hkv)⌋.
 // RoPE (interleaved, GPT-J style): pair k = (2k, 2k+1) of a head at position t turns by t·θ^(−2k/hd).
 #include <memory>
+#include <mutex>
+#include <utility>
 
 #include "nn/linear.hpp"
 
@@ -17,8 +19,26 @@ template <Backend B> struct KVCache {
   void reset() { len = 0; }
 };
 
+// RoPE's cos and sin tables [positions, d/2] on the backend, built on first use and rebuilt (with room
+// for twice the positions) when a call needs more positions, another width, θ or dtype. An attention
+// module keeps one, so a step uploads no tables (on a GPU an upload waits for the device) and computes
+// no trigonometry. Thread-safe.
+template <Backend B> class RopeTable {
+ public:
+  // cos, sin [T, d/2] in `dtype` for positions pos0 .. pos0+T−1 (views of the tables).
+  std::pair<Tensor<B>, Tensor<B>> at(int64_t pos0, int64_t T, int64_t d, double theta, DType dtype) const;
+
+ private:
+  mutable std::mutex mu_;
+  mutable Tensor<B> cos_, sin_;
+  mutable int64_t d_ = -1;
+  mutable double theta_ = 0;
+  mutable DType dtype_ = DType::f32;
+};
+
 // Applies interleaved RoPE to x [..., T, d] for positions pos0 .. pos0+T−1. Differentiable in x.
-template <Backend B> Var<B> rope(const Var<B>& x, int64_t pos0, double theta);
+// `table`: cached cos/sin tables (else built for this call).
+template <Backend B> Var<B> rope(const Var<B>& x, int64_t pos0, double theta, const RopeTable<B>* table = nullptr);
 
 // Appends k, v [B, Hkv, T, w] to the cache (allocating `capacity` positions on first use) and returns
 // the keys and values of all cached positions. Throws when the cache would overflow.
@@ -63,9 +83,10 @@ template <Backend B> class MultiHeadAttention : public Module<B> {
   AttentionOptions o_;
   int64_t hd_;
   std::shared_ptr<Linear<B>> q_, k_, v_, out_;
+  std::shared_ptr<RopeTable<B>> rope_ = std::make_shared<RopeTable<B>>();
 };
 
-#define KILN_EXTERN(B) extern template class MultiHeadAttention<B>;
+#define KILN_EXTERN(B) extern template class RopeTable<B>; extern template class MultiHeadAttention<B>;
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 

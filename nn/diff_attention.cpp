@@ -52,8 +52,8 @@ Var<B> DifferentialAttention<B>::forward(const Var<B>& x, KVCache<B>* cache, con
   Var<B> k = k_->forward(x).view({Bn, T, hkv, 2, d}).permute({0, 2, 3, 1, 4});
   Var<B> v = v_->forward(x).view({Bn, T, hkv, 2 * d}).transpose(1, 2);  // [B, hkv, T, 2d]
   if (o_.rope) {  // each d-wide sub-head rotates on its own
-    q = rope(q, pos0, o_.rope_theta);
-    k = rope(k, pos0, o_.rope_theta);
+    q = rope(q, pos0, o_.rope_theta, rope_.get());
+    k = rope(k, pos0, o_.rope_theta, rope_.get());
   }
   int64_t S = T;
   if (cache) {  // the cache holds K as [B, 2·hkv, S, d] (branches interleaved per group) and V

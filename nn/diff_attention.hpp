@@ -49,6 +49,7 @@ template <Backend B> class DifferentialAttention : public Module<B> {
   Var<B> lq1_, lk1_, lq2_, lk2_;
   std::shared_ptr<Linear<B>> q_, k_, v_, out_;
   std::shared_ptr<RMSNorm<B>> subln_;
+  std::shared_ptr<RopeTable<B>> rope_ = std::make_shared<RopeTable<B>>();
 };
 
 #define KILN_EXTERN(B) extern template class DifferentialAttention<B>;

@@ -17,10 +17,14 @@ template <Backend B> Var<B> cross_entropy(const Var<B>& logits, const Tensor<B>&
              o.label_smoothing);
   const Tensor<B> t = targets.reshape({-1}).to(DType::i64);
   const Tensor<B> keep = t.ne(o.ignore_index);
+  // The targets' check and the count of kept rows read back together: one wait for a device.
+  int64_t kept = 0;
   if (t.numel()) {
     const Tensor<B> bad = keep.logical_and(t.lt(0).logical_or(t.ge(C)));
-    KILN_CHECK(item<int64_t>(bad.sum()) == 0, "cross_entropy: target values must be in [0, {}) or ignore_index {}; got min {} max {}",
-               C, o.ignore_index, item<int64_t>(t.min()), item<int64_t>(t.max()));
+    const std::vector<int64_t> counts = Tensor<B>::stack({bad.sum().to(DType::i64), keep.sum().to(DType::i64)}).template to_vector<int64_t>();
+    KILN_CHECK(counts[0] == 0, "cross_entropy: target values must be in [0, {}) or ignore_index {}; got min {} max {}", C,
+               o.ignore_index, item<int64_t>(t.min()), item<int64_t>(t.max()));
+    kept = counts[1];
   }
   // One recorded op on the fused kernel (core/fused_loss.hpp): backward keeps the logits and lse [N],
   // never the [N, C] log-probabilities.
@@ -33,8 +37,7 @@ template <Backend B> Var<B> cross_entropy(const Var<B>& logits, const Tensor<B>&
                                           [xv, lse, t, ignore, smoothing](const Tensor<B>& g) {
                                             return autograd::Grads<B>{fused::cross_entropy_backward(xv, lse, t, g, ignore, smoothing)};
                                           });
-  const double n = static_cast<double>(item<int64_t>(keep.sum()));
-  return loss.sum().div(n);
+  return loss.sum().div(static_cast<double>(kept));
 }
 
 template <Backend B> Var<B> mse_loss(const Var<B>& a, const Var<B>& b) { return (a - b).square().mean(); }

@@ -151,12 +151,16 @@ template <Backend B> void Adam<B>::step() {
 
 // ------------------------------------------------------------------------------------------ clipping
 template <Backend B> double grad_norm(const std::vector<Var<B>>& params) {
-  double total = 0;
+  // Summed on the device in parameter order (the same double additions as reading each square sum
+  // back): one read at the end, so a GPU is waited for once per call, not once per parameter.
+  Tensor<B> total;
   for (const auto& p : params) {
     const Tensor<B> g = p.grad();
-    if (g.defined() && g.numel()) total += item<double>(g.to(DType::f64).square().sum());
+    if (!g.defined() || !g.numel()) continue;
+    const Tensor<B> s = g.to(DType::f64).square().sum();
+    total = total.defined() ? total.add(s) : s;
   }
-  return std::sqrt(total);
+  return total.defined() ? std::sqrt(item<double>(total)) : 0.0;
 }
 
 template <Backend B> double clip_grad_norm(const std::vector<Var<B>>& params, double max_norm) {

@@ -162,6 +162,9 @@ TEMPLATE_TEST_CASE("errors: indexing out of range and wrong index dtypes", "[err
   CHECK_THROWS_WITH(x.index_add(1, T::from_vector(std::vector<int64_t>{0, 1}), T::ones({2, 3})), Contains("index_add") && Contains("[2, 3]") && Contains("[2, 2]"));
   CHECK_THROWS_WITH(x.index_add(0, T::zeros({2, 1}, DType::i64), T::ones({2, 3})), Contains("index_add") && Contains("1-D"));
   CHECK_THROWS_WITH(T::scalar(1).index_add(0, T::zeros({1}, DType::i64), T::ones({1})), Contains("index_add") && Contains("rank"));
+  CHECK_THROWS_WITH(x.index_add(1, T::from_vector(std::vector<int64_t>{0, 1}), T::ones({2, 2}, DType::f64)),
+                    Contains("index_add") && Contains("dtype") && Contains("f64"));
+  CHECK_THROWS_WITH(x.index_add(1, T::ones({2}, DType::f32), T::ones({2, 2})), Contains("index_add") && Contains("i32 or i64"));
   CHECK_THROWS_WITH(x.template at<float>({2, 0}), Contains("select") && Contains("index 2"));
   CHECK_THROWS_WITH(x.template at<float>({0}), Contains("at") && Contains("1 indices") && Contains("[2, 3]"));
   CHECK_THROWS_WITH(x.template item<float>(), Contains("item") && Contains("[2, 3]") && Contains("6 elements"));

@@ -1,6 +1,9 @@
 // Module mechanics (names, state dicts, modes) and the small layers, each against an independent answer.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <tuple>
+
 #include "backends/backends.hpp"
 #include "nn/attention.hpp"
 #include "nn/gpt.hpp"
@@ -113,6 +116,32 @@ TEMPLATE_TEST_CASE("layers: LayerNorm/RMSNorm against the formula and FD, Dropou
   CHECK(std::sqrt(item<double>(w2.value().square().mean())) == Approx(std::sqrt(2.0 / 164.0)).epsilon(0.05));
   Var<B> v1(Tensor<B>::zeros({5}), true);
   CHECK_THROWS_WITH(init::kaiming_uniform_(v1), Catch::Contains("rank >= 2"));
+}
+
+TEMPLATE_TEST_CASE("rope: cached tables give the bits of freshly built ones (growth, positions, width, theta, dtype)", "[attention]",
+                   KILN_BACKEND_TYPES) {
+  using B = TestType;
+  Generator g(8);
+  const RopeTable<B> table;
+  // requests that grow the table, reuse it, start past its end, and change every key
+  const std::vector<std::tuple<int64_t, int64_t, int64_t, double, DType>> asks{
+      {0, 5, 8, 1e4, DType::f32},  {0, 3, 8, 1e4, DType::f32},  {4, 9, 8, 1e4, DType::f32}, {30, 1, 8, 1e4, DType::f32},
+      {2, 6, 12, 1e4, DType::f32}, {2, 6, 12, 500.0, DType::f32}, {2, 6, 12, 500.0, DType::f64}, {0, 40, 12, 500.0, DType::f64}};
+  for (const auto& [pos0, T, d, theta, dt] : asks) {
+    INFO("positions " << pos0 << ".." << pos0 + T << " width " << d << " theta " << theta << " " << dtype_name(dt));
+    const Var<B> x(Tensor<B>::randn({2, T, d}, DType::f32, &g).to(dt));
+    const Tensor<B> cached = rope(x, pos0, theta, &table).value(), fresh = rope(x, pos0, theta).value();
+    CHECK(to_vector<double>(cached.to(DType::f64)) == to_vector<double>(fresh.to(DType::f64)));
+    const auto [c, s] = table.at(pos0, T, d, theta, dt);
+    CHECK(c.shape() == Shape{T, d / 2});
+    // position t, pair k: cos/sin of t θ^(−2k/d) (angle rounded to f32 for f32 tables)
+    const int64_t t = pos0 + T - 1, k = d / 2 - 1;
+    double ang = static_cast<double>(t) * std::pow(theta, -static_cast<double>(2 * k) / static_cast<double>(d));
+    if (dt == DType::f32) ang = static_cast<double>(static_cast<float>(ang));
+    CHECK(item<double>(c.select(0, T - 1).select(0, k).to(DType::f64)) == Approx(std::cos(ang)).epsilon(1e-6));
+    CHECK(item<double>(s.select(0, T - 1).select(0, k).to(DType::f64)) == Approx(std::sin(ang)).epsilon(1e-6));
+  }
+  CHECK_THROWS_WITH(table.at(0, 4, 7, 1e4, DType::f32), Catch::Contains("rope"));
 }
 
 TEMPLATE_TEST_CASE("attention: KV-cached decoding equals the full forward, generate is seeded", "[attention]", KILN_BACKEND_TYPES) {
