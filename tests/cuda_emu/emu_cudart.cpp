@@ -13,6 +13,7 @@
 //  * The last error is per host thread, as in CUDA. Sticky (context-corrupting) errors are not modelled.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -95,6 +96,9 @@ size_t live_bytes() {
   return reg().bytes;
 }
 
+std::atomic<uint64_t> g_host_waits{0};
+uint64_t host_waits() { return g_host_waits.load(); }
+
 }  // namespace emu::device
 
 namespace {
@@ -165,7 +169,10 @@ cudaError_t CUDARTAPI cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   *p = emu::device_properties();
   return cudaSuccess;
 }
-cudaError_t CUDARTAPI cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
+  ++emu::device::g_host_waits;
+  return cudaSuccess;
+}
 cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free_b, size_t* total) {
   if (!free_b || !total) return fail(cudaErrorInvalidValue, "cudaMemGetInfo: null pointer");
   *total = kDeviceMemory;
@@ -181,7 +188,10 @@ cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
   reg().streams.insert(*s);
   return cudaSuccess;
 }
-cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t s) { return check_stream(s, "cudaStreamSynchronize"); }
+cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t s) {
+  ++emu::device::g_host_waits;
+  return check_stream(s, "cudaStreamSynchronize");
+}
 
 // ------------------------------------------------------------------------------------ memory
 cudaError_t CUDARTAPI cudaMalloc(void** p, size_t bytes) {
@@ -284,6 +294,7 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t e) {
+  ++emu::device::g_host_waits;
   return e ? cudaSuccess : fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: null event");
 }
 cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {

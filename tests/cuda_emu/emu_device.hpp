@@ -26,5 +26,9 @@ std::string describe(const void* p);
 // Live device allocations and their total size.
 size_t live_allocations();
 size_t live_bytes();
+// Host waits so far: calls that block the host until the GPU has caught up (cudaStreamSynchronize,
+// cudaDeviceSynchronize, cudaEventSynchronize). Each one drains the GPU's queue of work, so a step
+// that waits often leaves the GPU idle while the host launches the next kernels.
+uint64_t host_waits();
 
 }  // namespace emu::device
