@@ -40,7 +40,7 @@ template <class T, class I> struct GatherF {
   }
 };
 
-// scatter_add, step 1: the key of every position of the index walk (its V dims, then the axis,
+// scatter_add, step 1: the key of every position of the index walk (its row dims, then the axis,
 // innermost): ri * lim + index value, ri the position's row (p / len); the sentinel `bad_key` for an
 // out-of-range index. A 0-d output takes every element whatever the index says: key 0.
 template <class I> struct ScatterKeyF {
@@ -76,7 +76,7 @@ template <class I> __global__ void __launch_bounds__(256) scatter_keys(const Wal
 // scatter_add, step 3: one thread per (run of equal keys, broadcast column), the column innermost. It
 // adds the run's source elements into the output one by one in ascending position, each sum rounded to
 // the element type: the Cpu backend's order and rounding, so the result equals it bit for bit.
-// wp walks the positions (operands: src, out with the axis stride zeroed), wb the broadcast columns
+// wp walks the positions (operands: src, out with the axis stride zeroed), wb the columns
 // (src, out).
 template <class T>
 __global__ void __launch_bounds__(256) scatter_runs(T* __restrict__ o, const T* __restrict__ s, const uint64_t* __restrict__ key,
