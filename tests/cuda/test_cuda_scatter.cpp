@@ -19,17 +19,6 @@ using namespace kt;
 
 namespace {
 
-// The bits of every element (f64 for floats, so -0 and NaN payloads count; integers as they are).
-template <Backend B> std::vector<uint64_t> bits_of(const Tensor<B>& t) {
-  const Tensor<Cpu> c = t.template to<Cpu>().contiguous();
-  const size_t w = dtype_size(c.dtype());
-  std::vector<unsigned char> raw(static_cast<size_t>(c.numel()) * w);
-  if (!raw.empty()) c.copy_to_host(raw.data(), raw.size());
-  std::vector<uint64_t> out(static_cast<size_t>(c.numel()), 0);
-  for (size_t i = 0; i < out.size(); ++i) std::memcpy(&out[i], raw.data() + i * w, w);
-  return out;
-}
-
 std::vector<uint64_t> device_u64(const CudaStorage& s, int64_t n) {
   std::vector<uint64_t> v(static_cast<size_t>(n));
   if (n) Cuda::read(s, 0, v.data(), v.size() * sizeof(uint64_t));
@@ -98,14 +87,14 @@ TEST_CASE("cuda scatter_add, index_add: equal to the Cpu backend bit for bit (vi
     INFO(w);
     const Tensor<Cpu> want = cx.scatter_add(a, ci, csrc);
     const Tensor<Cuda> got = cx.to<Cuda>().scatter_add(a, ci.to<Cuda>(), csrc.to<Cuda>());
-    CHECK(bits_of(got) == bits_of(want));
+    check_bits(got, want, "scatter_add");
     // index_add with a strided 1-D index
     const int64_t m = g.integer(0, 30);
     const Tensor<Cpu> ii = Tensor<Cpu>::from_vector(g.values(2 * m, DType::i64, 0, static_cast<double>(hi)), {2 * m}).to(id).slice(0, 0, 2 * m, 2);
     Shape as = s;
     as[ua] = m;
     const Tensor<Cpu> asrc = Tensor<Cpu>::from_vector(g.values(numel(as), DType::f64, -100, 100), as).to(d);
-    CHECK(bits_of(cx.to<Cuda>().index_add(a, ii.to<Cuda>(), asrc.to<Cuda>())) == bits_of(cx.index_add(a, ii, asrc)));
+    check_bits(cx.to<Cuda>().index_add(a, ii.to<Cuda>(), asrc.to<Cuda>()), cx.index_add(a, ii, asrc), "index_add");
   }
 }
 
@@ -120,10 +109,10 @@ TEST_CASE("cuda scatter_add: large index_add (several sort tiles and passes, ske
       const Tensor<Cpu> src = Tensor<Cpu>::from_vector(g.values(tokens * width, DType::f64, -1, 1), {tokens, width}).to(d);
       const Tensor<Cpu> base = Tensor<Cpu>::from_vector(g.values(vocab * width, DType::f64, -1, 1), {vocab, width}).to(d);
       INFO("vocab " << vocab << " tokens " << tokens << " " << dtype_name(d));
-      CHECK(bits_of(base.to<Cuda>().index_add(0, idx.to<Cuda>(), src.to<Cuda>())) == bits_of(base.index_add(0, idx, src)));
+      check_bits(base.to<Cuda>().index_add(0, idx.to<Cuda>(), src.to<Cuda>()), base.index_add(0, idx, src), "index_add axis 0");
       // the same along the last axis of a transposed output
       const Tensor<Cpu> bt = base.t();
-      CHECK(bits_of(bt.to<Cuda>().index_add(1, idx.to<Cuda>(), src.t().to<Cuda>())) == bits_of(bt.index_add(1, idx, src.t())));
+      check_bits(bt.to<Cuda>().index_add(1, idx.to<Cuda>(), src.t().to<Cuda>()), bt.index_add(1, idx, src.t()), "index_add axis 1");
     }
   }
 }
@@ -141,7 +130,7 @@ TEST_CASE("cuda embedding lookup: the weight gradient equals the Cpu backend's b
   Var<Cuda> wg(w0.to<Cuda>(), true);
   wc.index_select(0, tok.reshape({-1})).reshape({8, 64, 24}).mul(Var<Cpu>(up)).sum().backward();
   wg.index_select(0, tok.to<Cuda>().reshape({-1})).reshape({8, 64, 24}).mul(Var<Cuda>(up.to<Cuda>())).sum().backward();
-  CHECK(bits_of(wg.grad()) == bits_of(wc.grad()));
+  check_bits(wg.grad(), wc.grad(), "embedding weight gradient");
 }
 
 TEST_CASE("cuda scatter_add: an out-of-range index (backend call) fails before the output is touched", "[cuda][scatter]") {

@@ -361,12 +361,16 @@ void run_grid(const char* name, const void* fn, const Config& c, void (*body)(vo
   const long page = sysconf(_SC_PAGESIZE);
   // The order of the blocks, and of the threads within each: grid order and alternating thread order,
   // or with a schedule seed a permutation of each drawn from (seed, launch number).
-  std::vector<uint64_t> block_order(blocks);
-  std::iota(block_order.begin(), block_order.end(), uint64_t{0});
+  std::vector<uint64_t> block_order;  // only for a shuffled schedule
   std::vector<int> thread_order(static_cast<size_t>(g.n));
   std::mt19937_64 shuffle(g_schedule * 0x9e3779b97f4a7c15ULL + g.stats.launches);
-  if (g_schedule != 0) std::shuffle(block_order.begin(), block_order.end(), shuffle);
-  for (const uint64_t b : block_order) {
+  if (g_schedule != 0) {
+    block_order.resize(blocks);
+    std::iota(block_order.begin(), block_order.end(), uint64_t{0});
+    std::shuffle(block_order.begin(), block_order.end(), shuffle);
+  }
+  for (uint64_t nth = 0; nth < blocks; ++nth) {
+    const uint64_t b = block_order.empty() ? nth : block_order[nth];
     const auto bx = static_cast<unsigned>(b % c.grid.x), by = static_cast<unsigned>(b / c.grid.x % c.grid.y),
                bz = static_cast<unsigned>(b / (uint64_t{c.grid.x} * c.grid.y));
     g_blockIdx = uint3{bx, by, bz};
