@@ -1,5 +1,5 @@
 // gradcheck: analytic (backward) vs central-difference gradients in float64. See gradcheck.hpp.
-#include "autograd/gradcheck.hpp"
+#include "kiln/autograd/gradcheck.hpp"
 
 #include <cmath>
 

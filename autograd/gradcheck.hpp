@@ -17,8 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "autograd/var.hpp"
+#include "kiln/autograd/var.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 template <Backend B> struct GradcheckResult {
@@ -29,7 +30,7 @@ template <Backend B> struct GradcheckResult {
 };
 
 template <Backend B>
-GradcheckResult<B> gradcheck(const std::function<Var<B>(const std::vector<Var<B>>&)>& f, const std::vector<Tensor<B>>& inputs,
+KILN_API GradcheckResult<B> gradcheck(const std::function<Var<B>(const std::vector<Var<B>>&)>& f, const std::vector<Tensor<B>>& inputs,
                              double eps = 1e-6, double atol = 1e-5, double rtol = 1e-3);
 
 #define KILN_GRADCHECK_EXTERN(B)                                                                                    \
@@ -39,3 +40,4 @@ KILN_FOR_EACH_BACKEND(KILN_GRADCHECK_EXTERN)
 #undef KILN_GRADCHECK_EXTERN
 
 }  // namespace kiln
+#pragma GCC visibility pop

@@ -4,9 +4,10 @@
 // Include autograd/var.hpp (which includes this file).
 #include <vector>
 
-#include "autograd/var.hpp"
-#include "backends/backends.hpp"
+#include "kiln/autograd/var.hpp"
+#include "kiln/backends/backends.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 namespace autograd {
 
@@ -179,3 +180,4 @@ KILN_FOR_EACH_BACKEND(KILN_AUTOGRAD_ATTN_EXTERN)
 #undef KILN_AUTOGRAD_ATTN_EXTERN
 
 }  // namespace kiln
+#pragma GCC visibility pop

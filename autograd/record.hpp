@@ -11,8 +11,9 @@
 #include <initializer_list>
 #include <vector>
 
-#include "autograd/var.hpp"
+#include "kiln/autograd/var.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::autograd {
 
 // Does a gradient need to flow into v from an op recorded now?
@@ -58,3 +59,4 @@ std::vector<int64_t> reduce_axes(const std::vector<int64_t>& axes, const Shape& 
 Shape keepdim_shape(const Shape& shape, const std::vector<int64_t>& axes);
 
 }  // namespace kiln::autograd
+#pragma GCC visibility pop

@@ -1,12 +1,12 @@
 // Var<B>, the grad mode and the backward pass (the tape replayed in reverse). See autograd/var.hpp.
-#include "autograd/var.hpp"
+#include "kiln/autograd/var.hpp"
 
 #include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
-#include "autograd/record.hpp"
-#include "backends/backends.hpp"
+#include "kiln/autograd/record.hpp"
+#include "kiln/backends/backends.hpp"
 
 namespace kiln {
 

@@ -38,8 +38,9 @@
 #include <memory>
 #include <vector>
 
-#include "core/tensor.hpp"
+#include "kiln/core/tensor.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 // ------------------------------------------------------------------------------------ grad mode
@@ -245,4 +246,5 @@ template <kiln::Backend B> struct fmt::formatter<kiln::Var<B>> : fmt::formatter<
   template <class Ctx> auto format(const kiln::Var<B>& v, Ctx& ctx) const { return fmt::format_to(ctx.out(), "{}", v.str()); }
 };
 
-#include "autograd/ops.hpp"  // the family structs and the free functions/operators
+#include "kiln/autograd/ops.hpp"  // the family structs and the free functions/operators
+#pragma GCC visibility pop

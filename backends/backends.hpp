@@ -3,10 +3,11 @@
 //   #define X(B) template class Linear<B>;
 //   KILN_FOR_EACH_BACKEND(X)
 // and as a type list (e.g. Catch's TEMPLATE_TEST_CASE(..., KILN_BACKEND_TYPES)).
-#include "backends/cpu/cpu.hpp"
-#include "backends/reference/reference.hpp"
+#include "kiln/config.hpp"
+#include "kiln/backends/cpu/cpu.hpp"
+#include "kiln/backends/reference/reference.hpp"
 #if defined(KILN_HAVE_CUDA_BACKEND)
-#include "backends/cuda/cuda.hpp"
+#include "kiln/backends/cuda/cuda.hpp"
 #define KILN_FOR_EACH_BACKEND(X) X(::kiln::Reference) X(::kiln::Cpu) X(::kiln::Cuda)
 #define KILN_BACKEND_TYPES ::kiln::Reference, ::kiln::Cpu, ::kiln::Cuda
 #else

@@ -9,9 +9,10 @@
 // instantiations with the *_supported_v traits (the call has already failed for them).
 #include <type_traits>
 
-#include "core/backend.hpp"
-#include "core/error.hpp"
+#include "kiln/core/backend.hpp"
+#include "kiln/core/error.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::checks {
 
 template <class Op, class T> inline constexpr bool unary_supported_v = !std::is_same_v<T, bool> && (!Op::float_only || is_float_v<T>);
@@ -54,3 +55,4 @@ template <class Op, class S> void reduce(const MutView<S>& out, const View<S>& i
 }
 
 }  // namespace kiln::checks
+#pragma GCC visibility pop

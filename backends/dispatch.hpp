@@ -5,8 +5,9 @@
 #include <charconv>
 #include <string_view>
 
-#include "backends/backends.hpp"
+#include "kiln/backends/backends.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 template <class F> decltype(auto) dispatch(std::string_view device, F&& f) {
@@ -31,3 +32,4 @@ template <class F> decltype(auto) dispatch(std::string_view device, F&& f) {
 }
 
 }  // namespace kiln
+#pragma GCC visibility pop

@@ -7,8 +7,9 @@
 #include <memory>
 #include <new>
 
-#include "core/error.hpp"
+#include "kiln/core/error.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 class HostStorage {
@@ -44,3 +45,4 @@ class HostStorage {
 };
 
 }  // namespace kiln
+#pragma GCC visibility pop

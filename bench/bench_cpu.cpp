@@ -13,7 +13,7 @@
 #include <functional>
 #include <vector>
 
-#include "backends/cpu/cpu.hpp"
+#include <kiln/backends/cpu/cpu.hpp>
 
 #ifdef KILN_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>

@@ -10,7 +10,7 @@ OMP_WAIT_POLICY=PASSIVE with --threads 2; kiln with KILN_NUM_THREADS=2.
 import argparse, json, os, resource, statistics, subprocess, sys, tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REF = os.path.join(HERE, "..", "..", "shared", "reference", "kiln_ref.py")
+REF = os.path.join(HERE, "..", "tests", "reference", "kiln_ref.py")
 
 
 def run(cmd, env):

@@ -26,9 +26,13 @@ kiln_require(KILN_OPENBLAS_LIB libopenblas0-openmp "OpenBLAS built with OpenMP")
 find_path(KILN_CBLAS_INCLUDE NAMES cblas.h PATHS ${KILN_DEPS_ROOT}/usr/include/${CMAKE_LIBRARY_ARCHITECTURE} /usr/include/${CMAKE_LIBRARY_ARCHITECTURE}
           /usr/include)
 kiln_require(KILN_CBLAS_INCLUDE libopenblas-dev "the CBLAS header")
-add_library(kiln_blas INTERFACE)
-target_link_libraries(kiln_blas INTERFACE ${KILN_OPENBLAS_LIB})
-target_include_directories(kiln_blas INTERFACE ${KILN_CBLAS_INCLUDE})
+# kiln::openblas: an imported target, so that a static libkiln's exported link interface can name it
+# (kilnConfig.cmake defines it again on the user's side).
+if(NOT TARGET kiln::openblas)
+  add_library(kiln::openblas UNKNOWN IMPORTED GLOBAL)
+  set_target_properties(kiln::openblas PROPERTIES IMPORTED_LOCATION ${KILN_OPENBLAS_LIB}
+                                                  INTERFACE_INCLUDE_DIRECTORIES ${KILN_CBLAS_INCLUDE})
+endif()
 
 if(KILN_WITH_ONEDNN)
   find_package(OpenCL QUIET)  # dnnl's exported target names OpenCL::OpenCL

@@ -15,11 +15,12 @@
 #include <memory>
 #include <string_view>
 
-#include "core/dtype.hpp"
-#include "core/ops.hpp"
-#include "core/scalar.hpp"
-#include "core/shape.hpp"
+#include "kiln/core/dtype.hpp"
+#include "kiln/core/ops.hpp"
+#include "kiln/core/scalar.hpp"
+#include "kiln/core/shape.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 template <class S> struct View {
@@ -64,3 +65,4 @@ concept Backend = requires(typename B::Storage& s, const typename B::Storage& cs
 };
 
 }  // namespace kiln
+#pragma GCC visibility pop

@@ -1,6 +1,6 @@
-#include "core/dtype.hpp"
+#include "kiln/core/dtype.hpp"
 
-#include "core/error.hpp"
+#include "kiln/core/error.hpp"
 
 namespace kiln {
 

@@ -14,6 +14,7 @@
 #define KILN_HD
 #endif
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, boolean };
@@ -160,3 +161,4 @@ template <> struct fmt::formatter<kiln::DType> : fmt::formatter<std::string_view
     return fmt::formatter<std::string_view>::format(kiln::dtype_name(d), ctx);
   }
 };
+#pragma GCC visibility pop

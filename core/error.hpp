@@ -1,12 +1,15 @@
 #pragma once
 // kiln::Error: every failure kiln reports. Messages start with the op name and carry the offending
 // shapes, dtypes, values or paths: "matmul: [2, 3] @ [4, 5]: inner dims 3 != 4".
+#include "kiln/config.hpp"  // generated: the C++20 check, which backends this kiln has
+
 #include <stdexcept>
 #include <string>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 class Error : public std::runtime_error {
@@ -26,3 +29,4 @@ template <class... A>
   do {                                     \
     if (!(cond)) ::kiln::fail(__VA_ARGS__); \
   } while (0)
+#pragma GCC visibility pop

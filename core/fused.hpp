@@ -16,8 +16,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.hpp"
+#include "kiln/core/tensor.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::fused {
 
 template <class B>
@@ -284,3 +285,4 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward(const Tensor<B>& 
 }
 
 }  // namespace kiln::fused
+#pragma GCC visibility pop

@@ -30,8 +30,9 @@
 #include <tuple>
 #include <vector>
 
-#include "core/tensor.hpp"
+#include "kiln/core/tensor.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::fused {
 
 template <class B>
@@ -208,3 +209,4 @@ Tensor<B> depth_attention_merge(const Tensor<B>& m, const Tensor<B>& l, const Te
 }
 
 }  // namespace kiln::fused
+#pragma GCC visibility pop

@@ -13,8 +13,9 @@
 // values are already checked (in [0, C) or ignore_index), loss/lse/g [N] in the logits' dtype.
 #include <utility>
 
-#include "core/tensor.hpp"
+#include "kiln/core/tensor.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::fused {
 
 template <class B>
@@ -84,3 +85,4 @@ Tensor<B> cross_entropy_backward(const Tensor<B>& logits, const Tensor<B>& lse, 
 }
 
 }  // namespace kiln::fused
+#pragma GCC visibility pop

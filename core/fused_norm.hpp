@@ -8,8 +8,9 @@
 // receiving contiguous f32/f64 rows (x, dy, y, dx [N, D]; rstd [N]; w, dw [D]).
 #include <utility>
 
-#include "core/tensor.hpp"
+#include "kiln/core/tensor.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::fused {
 
 template <class B>
@@ -80,3 +81,4 @@ std::pair<Tensor<B>, Tensor<B>> rms_norm_backward(const Tensor<B>& x, const Tens
 }
 
 }  // namespace kiln::fused
+#pragma GCC visibility pop

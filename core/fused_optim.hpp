@@ -13,9 +13,10 @@
 #include <cmath>
 #include <vector>
 
-#include "core/fused_optim_params.hpp"
-#include "core/tensor.hpp"
+#include "kiln/core/fused_optim_params.hpp"
+#include "kiln/core/tensor.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::fused {
 
 template <class B>
@@ -71,3 +72,4 @@ void adam_step(const std::vector<Tensor<B>*>& w, const std::vector<Tensor<B>*>& 
 }
 
 }  // namespace kiln::fused
+#pragma GCC visibility pop

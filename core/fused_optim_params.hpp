@@ -1,6 +1,7 @@
 #pragma once
 // The hyper-parameters of one fused Adam/AdamW step (core/fused_optim.hpp), in a header of their own
 // so backend declarations can name them without the Tensor header.
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::fused {
 
 struct AdamHyper {
@@ -10,3 +11,4 @@ struct AdamHyper {
 };
 
 }  // namespace kiln::fused
+#pragma GCC visibility pop

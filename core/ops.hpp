@@ -7,8 +7,9 @@
 #include <limits>
 #include <type_traits>
 
-#include "core/dtype.hpp"
+#include "kiln/core/dtype.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::op {
 
 // ------------------------------------------------------------------------------------------ unary
@@ -135,3 +136,4 @@ struct ArgMin {
 #define KILN_INDEX_REDUCE_OPS(X) X(ArgMax) X(ArgMin)
 
 }  // namespace kiln::op
+#pragma GCC visibility pop

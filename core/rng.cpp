@@ -1,4 +1,4 @@
-#include "core/rng.hpp"
+#include "kiln/core/rng.hpp"
 
 namespace kiln {
 

@@ -6,8 +6,9 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/dtype.hpp"
+#include "kiln/core/dtype.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 struct Philox4x32 {
@@ -172,3 +173,4 @@ Generator& default_generator();
 void manual_seed(uint64_t seed);
 
 }  // namespace kiln
+#pragma GCC visibility pop

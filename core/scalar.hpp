@@ -4,8 +4,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/dtype.hpp"
+#include "kiln/core/dtype.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 class Scalar {
@@ -57,3 +58,4 @@ template <> struct fmt::formatter<kiln::Scalar> : fmt::formatter<double> {
     return fmt::formatter<double>::format(s.to_double(), ctx);
   }
 };
+#pragma GCC visibility pop

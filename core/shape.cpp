@@ -1,4 +1,4 @@
-#include "core/shape.hpp"
+#include "kiln/core/shape.hpp"
 
 #include <algorithm>
 

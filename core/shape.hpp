@@ -6,8 +6,9 @@
 #include <string_view>
 #include <vector>
 
-#include "core/error.hpp"
+#include "kiln/core/error.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 using Shape = std::vector<int64_t>;
@@ -48,3 +49,4 @@ struct Layout {
 };
 
 }  // namespace kiln
+#pragma GCC visibility pop

@@ -11,13 +11,14 @@
 #include <string>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/dtype.hpp"
-#include "core/error.hpp"
-#include "core/rng.hpp"
-#include "core/scalar.hpp"
-#include "core/shape.hpp"
+#include "kiln/core/backend.hpp"
+#include "kiln/core/dtype.hpp"
+#include "kiln/core/error.hpp"
+#include "kiln/core/rng.hpp"
+#include "kiln/core/scalar.hpp"
+#include "kiln/core/shape.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 template <Backend B> class Tensor {
@@ -349,3 +350,4 @@ template <kiln::Backend B> struct fmt::formatter<kiln::Tensor<B>> : fmt::formatt
     return fmt::format_to(ctx.out(), "{}", t.str());
   }
 };
+#pragma GCC visibility pop

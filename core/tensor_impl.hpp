@@ -1,15 +1,16 @@
 #pragma once
 // Member bodies of Tensor<B>. Include this only where a backend is instantiated:
-//   #include "core/tensor_impl.hpp"
+//   #include "kiln/core/tensor_impl.hpp"
 //   template class kiln::Tensor<MyBackend>;
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <string>
 
-#include "core/fused.hpp"
-#include "core/tensor.hpp"
+#include "kiln/core/fused.hpp"
+#include "kiln/core/tensor.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 namespace detail {
@@ -811,3 +812,4 @@ template <Backend B> std::string format_tensor(const Tensor<B>& t) {
 template <Backend B> std::string Tensor<B>::str() const { return detail::format_tensor(*this); }
 
 }  // namespace kiln
+#pragma GCC visibility pop

@@ -1,4 +1,4 @@
-#include "nn/attention.hpp"
+#include "kiln/nn/attention.hpp"
 
 #include <algorithm>
 #include <cmath>

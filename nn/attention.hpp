@@ -8,8 +8,9 @@
 #include <mutex>
 #include <utility>
 
-#include "nn/linear.hpp"
+#include "kiln/nn/linear.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::nn {
 
 // Keys and values of earlier positions, for generation. One per attention layer; filled under NoGrad.
@@ -38,19 +39,19 @@ template <Backend B> class RopeTable {
 
 // Applies interleaved RoPE to x [..., T, d] for positions pos0 .. pos0+T−1. Differentiable in x.
 // `table`: cached cos/sin tables (else built for this call).
-template <Backend B> Var<B> rope(const Var<B>& x, int64_t pos0, double theta, const RopeTable<B>* table = nullptr);
+template <Backend B> KILN_API Var<B> rope(const Var<B>& x, int64_t pos0, double theta, const RopeTable<B>* table = nullptr);
 
 // Appends k, v [B, Hkv, T, w] to the cache (allocating `capacity` positions on first use) and returns
 // the keys and values of all cached positions. Throws when the cache would overflow.
 template <Backend B>
-std::pair<Tensor<B>, Tensor<B>> kv_cache_append(KVCache<B>& cache, const Tensor<B>& k, const Tensor<B>& v, int64_t capacity);
+KILN_API std::pair<Tensor<B>, Tensor<B>> kv_cache_append(KVCache<B>& cache, const Tensor<B>& k, const Tensor<B>& v, int64_t capacity);
 
 // Softmax attention, causal with queries at positions pos0.. and keys at 0..: softmax(q kᵀ/√d + mask) v.
 // q [B, H, T, d], k [B, Hkv, S, d], v [B, Hkv, S, dv]; H a multiple of Hkv. Differentiable in q, k, v.
 // key_padding: optional bool [B, S], false = a padding key no query attends to (a row with no key
 // left gives NaN, as in PyTorch).
 template <Backend B>
-Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding = {});
+KILN_API Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding = {});
 // Runs the fused kernel (fused::attention_forward/backward through autograd::AttentionOps): memory O(T)
 // beyond q, k, v, O — the autograd node saves q, k, v, O and the row log-sum-exp only. A row with no
 // visible key gets a zero gradient (it contributes nothing to dq, dk, dv).
@@ -58,7 +59,7 @@ Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal,
 // The same attention built from autograd ops (scores [B, H, T, S], softmax, matmul): the test oracle
 // of the fused path.
 template <Backend B>
-Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
+KILN_API Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
                             const Tensor<B>& key_padding = {});
 
 struct AttentionOptions {
@@ -91,3 +92,4 @@ KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 
 }  // namespace kiln::nn
+#pragma GCC visibility pop

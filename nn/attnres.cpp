@@ -1,7 +1,7 @@
-#include "nn/attnres.hpp"
+#include "kiln/nn/attnres.hpp"
 
-#include "autograd/record.hpp"
-#include "core/fused_depth.hpp"
+#include "kiln/autograd/record.hpp"
+#include "kiln/core/fused_depth.hpp"
 
 namespace kiln::nn {
 

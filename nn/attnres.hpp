@@ -11,8 +11,9 @@
 #include <memory>
 #include <vector>
 
-#include "nn/norm.hpp"
+#include "kiln/nn/norm.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::nn {
 
 struct DepthAttentionOptions {
@@ -90,3 +91,4 @@ KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 
 }  // namespace kiln::nn
+#pragma GCC visibility pop

@@ -1,9 +1,9 @@
-#include "nn/config.hpp"
+#include "kiln/nn/config.hpp"
 
 #include <fstream>
 #include <sstream>
 
-#include "nn/json_fields.hpp"
+#include "kiln/formats/json_fields.hpp"
 
 namespace kiln {
 

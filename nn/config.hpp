@@ -4,8 +4,9 @@
 #include <cstdint>
 #include <string>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>  // users who call to_json/from_json include <nlohmann/json.hpp>
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 struct ModelConfig {
@@ -37,3 +38,4 @@ struct ModelConfig {
 nlohmann::json read_json_file(const std::string& path);
 
 }  // namespace kiln
+#pragma GCC visibility pop

@@ -1,8 +1,8 @@
-#include "nn/diff_attention.hpp"
+#include "kiln/nn/diff_attention.hpp"
 
 #include <cmath>
 
-#include "nn/init.hpp"
+#include "kiln/nn/init.hpp"
 
 namespace kiln::nn {
 

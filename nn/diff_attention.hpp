@@ -10,9 +10,10 @@
 //   O_i = (A1 − λ·A2) V_g = FA(Q1,K1,V) − λ·FA(Q2,K2,V);  O_i ← RMSNorm(O_i)·(1 − λ_init);  y = out_proj(O)
 #include <memory>
 
-#include "nn/attention.hpp"
-#include "nn/norm.hpp"
+#include "kiln/nn/attention.hpp"
+#include "kiln/nn/norm.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::nn {
 
 double diff_lambda_init(int64_t depth);
@@ -57,3 +58,4 @@ KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 
 }  // namespace kiln::nn
+#pragma GCC visibility pop

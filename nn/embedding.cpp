@@ -1,6 +1,6 @@
-#include "nn/embedding.hpp"
+#include "kiln/nn/embedding.hpp"
 
-#include "nn/init.hpp"
+#include "kiln/nn/init.hpp"
 
 namespace kiln::nn {
 

@@ -3,8 +3,9 @@
 // # Shapes
 //   weight [num, dim]; ids (i32/i64, any shape S, values in [0, num)) -> [S..., dim]
 // Init: N(0, 1), PyTorch's default. Out-of-range ids are a kiln::Error naming the id and num.
-#include "nn/module.hpp"
+#include "kiln/nn/module.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::nn {
 
 struct EmbeddingOptions {
@@ -31,3 +32,4 @@ KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 
 }  // namespace kiln::nn
+#pragma GCC visibility pop

@@ -1,9 +1,9 @@
-#include "nn/gpt.hpp"
+#include "kiln/nn/gpt.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-#include "nn/init.hpp"
+#include "kiln/nn/init.hpp"
 
 namespace kiln::nn {
 

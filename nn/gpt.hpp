@@ -10,14 +10,15 @@
 #include <memory>
 #include <vector>
 
-#include "nn/attention.hpp"
-#include "nn/attnres.hpp"
-#include "nn/diff_attention.hpp"
-#include "nn/config.hpp"
-#include "nn/embedding.hpp"
-#include "nn/layers.hpp"
-#include "nn/norm.hpp"
+#include "kiln/nn/attention.hpp"
+#include "kiln/nn/attnres.hpp"
+#include "kiln/nn/diff_attention.hpp"
+#include "kiln/nn/config.hpp"
+#include "kiln/nn/embedding.hpp"
+#include "kiln/nn/layers.hpp"
+#include "kiln/nn/norm.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::nn {
 
 // One decoder layer: attn_norm, attn (MHA or differential), mlp_norm, mlp — two sublayers — and,
@@ -86,3 +87,4 @@ KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 
 }  // namespace kiln::nn
+#pragma GCC visibility pop

@@ -1,4 +1,4 @@
-#include "nn/init.hpp"
+#include "kiln/nn/init.hpp"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "nn/layers.hpp"
+#include "kiln/nn/layers.hpp"
 
 namespace kiln::nn {
 

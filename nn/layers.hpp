@@ -3,8 +3,9 @@
 // # Shapes (all): x [..., D] -> [..., D] (SwiGLU: D -> hidden -> D)
 #include <memory>
 
-#include "nn/linear.hpp"
+#include "kiln/nn/linear.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::nn {
 
 // Dropout: in training, zeroes each element with probability p and scales the rest by 1/(1 − p),
@@ -53,3 +54,4 @@ KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 
 }  // namespace kiln::nn
+#pragma GCC visibility pop

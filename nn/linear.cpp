@@ -1,8 +1,8 @@
-#include "nn/linear.hpp"
+#include "kiln/nn/linear.hpp"
 
 #include <cmath>
 
-#include "nn/init.hpp"
+#include "kiln/nn/init.hpp"
 
 namespace kiln::nn {
 

@@ -3,8 +3,9 @@
 // # Shapes
 //   weight [out, in] (PyTorch layout), bias [out]; x [..., in] -> y [..., out]
 // Init: PyTorch's default, U(−1/√in, 1/√in) for weight and bias.
-#include "nn/module.hpp"
+#include "kiln/nn/module.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::nn {
 
 struct LinearOptions {
@@ -34,3 +35,4 @@ KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 
 }  // namespace kiln::nn
+#pragma GCC visibility pop

@@ -1,7 +1,7 @@
-#include "nn/loss.hpp"
+#include "kiln/nn/loss.hpp"
 
-#include "autograd/record.hpp"
-#include "core/fused_loss.hpp"
+#include "kiln/autograd/record.hpp"
+#include "kiln/core/fused_loss.hpp"
 
 namespace kiln::nn {
 

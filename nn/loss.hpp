@@ -4,8 +4,9 @@
 //   loss_i = (1 − ε)·(−log p_i[t_i]) + ε·mean_c(−log p_i[c]); mean over the non-ignored rows
 //   (PyTorch semantics, label_smoothing ε; all rows ignored gives nan, as in PyTorch).
 // mse: mean((a − b)²) with broadcasting.
-#include "autograd/var.hpp"
+#include "kiln/autograd/var.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::nn {
 
 struct CrossEntropyOptions {
@@ -13,7 +14,8 @@ struct CrossEntropyOptions {
   double label_smoothing = 0.0;
 };
 
-template <Backend B> Var<B> cross_entropy(const Var<B>& logits, const Tensor<B>& targets, CrossEntropyOptions o = {});
-template <Backend B> Var<B> mse_loss(const Var<B>& a, const Var<B>& b);
+template <Backend B> KILN_API Var<B> cross_entropy(const Var<B>& logits, const Tensor<B>& targets, CrossEntropyOptions o = {});
+template <Backend B> KILN_API Var<B> mse_loss(const Var<B>& a, const Var<B>& b);
 
 }  // namespace kiln::nn
+#pragma GCC visibility pop

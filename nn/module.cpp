@@ -1,9 +1,9 @@
-#include "nn/module.hpp"
+#include "kiln/nn/module.hpp"
 
 #include <algorithm>
 #include <set>
 
-#include "nn/safetensors.hpp"
+#include "kiln/formats/safetensors.hpp"
 
 namespace kiln::nn {
 

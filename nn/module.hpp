@@ -20,8 +20,9 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/var.hpp"
+#include "kiln/autograd/var.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::nn {
 
 template <Backend B> class Module {
@@ -96,3 +97,4 @@ KILN_FOR_EACH_BACKEND(KILN_EXTERN_MODULE)
 #undef KILN_EXTERN_MODULE
 
 }  // namespace kiln::nn
+#pragma GCC visibility pop

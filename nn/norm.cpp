@@ -1,7 +1,7 @@
-#include "nn/norm.hpp"
+#include "kiln/nn/norm.hpp"
 
-#include "autograd/record.hpp"
-#include "core/fused_norm.hpp"
+#include "kiln/autograd/record.hpp"
+#include "kiln/core/fused_norm.hpp"
 
 namespace kiln::nn {
 

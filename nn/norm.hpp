@@ -4,14 +4,15 @@
 //   x [..., dim] -> [..., dim]; weight [dim] (if affine), bias [dim] (LayerNorm with bias)
 // RMSNorm:   y = x · rsqrt(mean(x²) + eps) · w
 // LayerNorm: y = (x − mean) · rsqrt(var + eps) · w + b   (biased variance, like PyTorch)
-#include "nn/module.hpp"
+#include "kiln/nn/module.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::nn {
 
 namespace functional {
 // weight may be undefined (no affine). Differentiable in x and weight.
-template <Backend B> Var<B> rms_norm(const Var<B>& x, const Var<B>& weight, double eps);
-template <Backend B> Var<B> layer_norm(const Var<B>& x, const Var<B>& weight, const Var<B>& bias, double eps);
+template <Backend B> KILN_API Var<B> rms_norm(const Var<B>& x, const Var<B>& weight, double eps);
+template <Backend B> KILN_API Var<B> layer_norm(const Var<B>& x, const Var<B>& weight, const Var<B>& bias, double eps);
 }  // namespace functional
 
 struct RMSNormOptions {
@@ -57,3 +58,4 @@ KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 
 }  // namespace kiln::nn
+#pragma GCC visibility pop

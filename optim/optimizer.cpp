@@ -1,6 +1,6 @@
-#include "optim/optimizer.hpp"
+#include "kiln/optim/optimizer.hpp"
 
-#include "core/fused_optim.hpp"
+#include "kiln/core/fused_optim.hpp"
 
 #include <cmath>
 #include <set>

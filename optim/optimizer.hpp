@@ -9,8 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/var.hpp"
+#include "kiln/autograd/var.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::optim {
 
 template <Backend B> using NamedParams = std::vector<std::pair<std::string, Var<B>>>;
@@ -24,7 +25,7 @@ template <Backend B> struct ParamGroup {
 // The default grouping (SPECS §4): weight decay on tensors of rank >= 2 only — never on norms, biases,
 // λ vectors or AttnRes queries. `decays(name, var)` overrides the rule.
 template <Backend B>
-std::vector<ParamGroup<B>> decay_groups(const NamedParams<B>& params, double lr, double weight_decay,
+KILN_API std::vector<ParamGroup<B>> decay_groups(const NamedParams<B>& params, double lr, double weight_decay,
                                         const std::function<bool(const std::string&, const Var<B>&)>& decays = nullptr);
 
 template <Backend B> class Optimizer {
@@ -97,11 +98,12 @@ template <Backend B> class Adam : public Optimizer<B> {
 
 // The global L2 norm of the gradients (computed in double), and the clip of PyTorch's clip_grad_norm_:
 // gradients are scaled by min(1, max_norm / (norm + 1e-6)). Returns the norm before clipping.
-template <Backend B> double grad_norm(const std::vector<Var<B>>& params);
-template <Backend B> double clip_grad_norm(const std::vector<Var<B>>& params, double max_norm);
+template <Backend B> KILN_API double grad_norm(const std::vector<Var<B>>& params);
+template <Backend B> KILN_API double clip_grad_norm(const std::vector<Var<B>>& params, double max_norm);
 
 #define KILN_EXTERN(B) extern template class Optimizer<B>; extern template class SGD<B>; extern template class Adam<B>;
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 
 }  // namespace kiln::optim
+#pragma GCC visibility pop

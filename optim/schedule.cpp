@@ -1,10 +1,10 @@
-#include "optim/schedule.hpp"
+#include "kiln/optim/schedule.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 
-#include "core/error.hpp"
+#include "kiln/core/error.hpp"
 
 namespace kiln {
 

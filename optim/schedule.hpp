@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 struct LrSchedule {
@@ -21,3 +22,4 @@ struct LrSchedule {
 };
 
 }  // namespace kiln
+#pragma GCC visibility pop

@@ -4,7 +4,6 @@
 # the GPU machine (the device tool's `run`, carrying .gpukit) run scripts/gpu_run.sh; see docs/cuda.md,
 # "On a GPU machine".
 #
-# Also copied: ../shared/reference/kiln_ref.py (the parity tests' PyTorch reference).
 # Packed, from this machine's packages: fmt, nlohmann-json, Catch2 v2, OpenBLAS (OpenMP build) with its
 # CBLAS headers and runtime needs (libgfortran, libquadmath), zlib. Not packed: oneDNN (40 MB; the GPU
 # build turns it off, the Cpu backend then uses OpenBLAS alone) and Google Benchmark (the GPU build
@@ -49,9 +48,4 @@ for h in cblas.h f77blas.h openblas_config.h; do
 done
 mkdir -p .gpukit
 tar -C "$stage" -cJf .gpukit/deps.tar.xz deps
-# The parity tests' PyTorch reference (../shared beside the checkout), which the device copy may lack.
-if [ -f ../shared/reference/kiln_ref.py ]; then
-  mkdir -p .gpukit/shared/reference
-  cp ../shared/reference/kiln_ref.py .gpukit/shared/reference/
-fi
 echo "gpu_kit: wrote .gpukit/deps.tar.xz ($(du -h .gpukit/deps.tar.xz | cut -f1)); carry .gpukit and run scripts/gpu_run.sh on the GPU machine"

@@ -29,11 +29,6 @@ fi
 export LD_LIBRARY_PATH="$deps/usr/lib/$arch:$deps/usr/lib/$arch/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KILN_PYTHON="${KILN_PYTHON:-$(command -v python3)}"
 export KILN_NUM_THREADS="${KILN_NUM_THREADS:-8}"
-# The parity tests' reference model: ../shared beside the checkout, else ./shared, else the kit's copy.
-shared="$PWD/../shared"
-[ -f "$shared/reference/kiln_ref.py" ] || shared="$PWD/shared"
-[ -f "$shared/reference/kiln_ref.py" ] || shared="$PWD/.gpukit/shared"
-export KILN_SHARED_DIR="$shared"
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 jobs="$(nproc)"
@@ -49,7 +44,7 @@ phase_info() {
 
 phase_build() {
   cmake -S . -B build-gpu "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKILN_DEPS_ROOT="$deps" -DKILN_WITH_CUDA=ON -DKILN_WITH_ONEDNN=OFF \
-    -DKILN_BUILD_TESTS=ON -DKILN_BUILD_EXAMPLES=OFF -DKILN_BUILD_BENCH=ON -DKILN_BUILD_BENCH_CPU=OFF -DKILN_BUILD_CUDA_EMU=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DKILN_SHARED_DIR="$shared" &&
+    -DKILN_BUILD_TESTS=ON -DKILN_BUILD_EXAMPLES=OFF -DKILN_BUILD_BENCH=ON -DKILN_BUILD_BENCH_CPU=OFF -DKILN_BUILD_CUDA_EMU=OFF -DCMAKE_CUDA_ARCHITECTURES=90 &&
     cmake --build build-gpu -j"$jobs"
 }
 

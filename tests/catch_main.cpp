@@ -12,8 +12,9 @@
 #include <string>
 #include <vector>
 
+#include <kiln/config.hpp>
 #if defined(KILN_HAVE_CUDA_BACKEND)
-#include "backends/cuda/cuda.hpp"
+#include <kiln/backends/cuda/cuda.hpp>
 #endif
 
 namespace {

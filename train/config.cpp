@@ -1,4 +1,4 @@
-#include "train/config.hpp"
+#include "kiln/train/config.hpp"
 
 #include <fstream>
 #include <sstream>
@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "core/error.hpp"
-#include "nn/json_fields.hpp"
+#include "kiln/core/error.hpp"
+#include "kiln/formats/json_fields.hpp"
 
 namespace kiln {
 

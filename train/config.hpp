@@ -7,11 +7,12 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>  // users who call to_json/from_json include <nlohmann/json.hpp>
 
-#include "nn/config.hpp"
-#include "optim/schedule.hpp"
+#include "kiln/nn/config.hpp"
+#include "kiln/optim/schedule.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 
@@ -47,3 +48,4 @@ struct TrainConfig {
 };
 
 }  // namespace kiln
+#pragma GCC visibility pop

@@ -1,9 +1,9 @@
-#include "train/data.hpp"
+#include "kiln/train/data.hpp"
 
 #include <algorithm>
 
-#include "backends/cpu/cpu.hpp"
-#include "nn/safetensors.hpp"
+#include "kiln/backends/cpu/cpu.hpp"
+#include "kiln/formats/safetensors.hpp"
 
 namespace kiln {
 

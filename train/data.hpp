@@ -7,8 +7,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.hpp"
+#include "kiln/core/tensor.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 class TokenData {
@@ -46,3 +47,4 @@ class TokenData {
 };
 
 }  // namespace kiln
+#pragma GCC visibility pop

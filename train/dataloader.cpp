@@ -1,8 +1,8 @@
-#include "train/dataloader.hpp"
+#include "kiln/train/dataloader.hpp"
 
 #include <charconv>
 
-#include "core/rng.hpp"
+#include "kiln/core/rng.hpp"
 
 namespace kiln {
 

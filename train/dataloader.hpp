@@ -27,8 +27,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.hpp"
+#include "kiln/core/tensor.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 struct DataLoaderOptions {
@@ -167,3 +168,4 @@ template <IndexedDataset D> class DataLoader {
 };
 
 }  // namespace kiln
+#pragma GCC visibility pop

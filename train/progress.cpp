@@ -1,4 +1,4 @@
-#include "train/progress.hpp"
+#include "kiln/train/progress.hpp"
 
 #include <unistd.h>
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 class ProgressBar {
@@ -29,3 +30,4 @@ class ProgressBar {
 };
 
 }  // namespace kiln
+#pragma GCC visibility pop

@@ -1,4 +1,4 @@
-#include "train/text.hpp"
+#include "kiln/train/text.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/error.hpp"
+#include "kiln/core/error.hpp"
 
 namespace kiln {
 

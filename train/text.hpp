@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 struct ByteTokenizer {
@@ -37,3 +38,4 @@ std::string read_text_file(const std::string& path);
 std::string fortunes_corpus(const std::string& dir = "/usr/share/games/fortunes");
 
 }  // namespace kiln
+#pragma GCC visibility pop

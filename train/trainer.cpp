@@ -1,4 +1,4 @@
-#include "train/trainer.hpp"
+#include "kiln/train/trainer.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -7,11 +7,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backends/dispatch.hpp"
-#include "nn/loss.hpp"
-#include "nn/safetensors.hpp"
-#include "train/data.hpp"
-#include "train/progress.hpp"
+#include "kiln/backends/dispatch.hpp"
+#include "kiln/nn/loss.hpp"
+#include "kiln/formats/safetensors.hpp"
+#include "kiln/train/data.hpp"
+#include "kiln/train/progress.hpp"
 
 namespace kiln {
 

@@ -17,10 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "nn/gpt.hpp"
-#include "optim/optimizer.hpp"
-#include "train/config.hpp"
+#include "kiln/nn/gpt.hpp"
+#include "kiln/optim/optimizer.hpp"
+#include "kiln/train/config.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 struct TrainOptions {
@@ -48,13 +49,13 @@ struct TrainResult {
   bool interrupted = false;
 };
 
-template <Backend B> TrainResult train_gpt(const TrainOptions& o);
+template <Backend B> KILN_API TrainResult train_gpt(const TrainOptions& o);
 // Dispatches on o.device.
 TrainResult train_gpt(const TrainOptions& o);
 
 // Checkpoint I/O, for `kiln train --resume`, `kiln sample` and `kiln inspect`.
 template <Backend B>
-void save_checkpoint(const std::string& path, const nn::GPT<B>& model, const optim::Optimizer<B>* opt, int64_t step,
+KILN_API void save_checkpoint(const std::string& path, const nn::GPT<B>& model, const optim::Optimizer<B>* opt, int64_t step,
                      const TrainConfig& t, const std::string& data_path);
 
 struct CheckpointInfo {
@@ -69,10 +70,11 @@ struct CheckpointInfo {
 // Reads a checkpoint's metadata; a plain weights file gives is_checkpoint = false.
 CheckpointInfo read_checkpoint_info(const std::string& path);
 // Loads a model from a checkpoint or a weights file (then model_json gives the config).
-template <Backend B> std::shared_ptr<nn::GPT<B>> load_gpt(const std::string& path, const std::string& model_json = "");
+template <Backend B> KILN_API std::shared_ptr<nn::GPT<B>> load_gpt(const std::string& path, const std::string& model_json = "");
 
 // Mean cross-entropy of `batches` batches of held-out data (under NoGrad).
 template <Backend B>
-double evaluate(const nn::GPT<B>& model, const class TokenData& data, int64_t batches, int64_t batch_size, int64_t seq_len);
+KILN_API double evaluate(const nn::GPT<B>& model, const class TokenData& data, int64_t batches, int64_t batch_size, int64_t seq_len);
 
 }  // namespace kiln
+#pragma GCC visibility pop

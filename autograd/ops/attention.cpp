@@ -2,8 +2,8 @@
 // backend overrides with a flash kernel. Saves q, k, v, O and LSE (and the bool key padding); the
 // backward is fused::attention_backward (FlashAttention-2: P recomputed from LSE). Every input gets a
 // gradient when any does (the fused backward produces all three at once).
-#include "autograd/record.hpp"
-#include "core/fused.hpp"
+#include "kiln/autograd/record.hpp"
+#include "kiln/core/fused.hpp"
 
 namespace kiln::autograd {
 

@@ -3,7 +3,7 @@
 // summed back to its own shape (sum_to).
 #include <cmath>
 
-#include "autograd/record.hpp"
+#include "kiln/autograd/record.hpp"
 
 namespace kiln::autograd {
 

@@ -1,6 +1,6 @@
 // Indexing ops, differentiable with respect to the float inputs (the index is data). Each backward is
 // the "transpose" op: gather <-> scatter_add, index_select <-> index_add. Repeated indices accumulate.
-#include "autograd/record.hpp"
+#include "kiln/autograd/record.hpp"
 
 namespace kiln::autograd {
 

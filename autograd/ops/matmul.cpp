@@ -5,7 +5,7 @@
 //   da2 = dy2 @ b2^T  [batch, M, K] -> summed over broadcast batch dims to a2's shape -> a's shape
 //   db2 = a2^T @ dy2  [batch, K, N] -> summed to b2's shape -> b's shape
 // Each operand is saved only when the other one needs a gradient.
-#include "autograd/record.hpp"
+#include "kiln/autograd/record.hpp"
 
 namespace kiln::autograd {
 

@@ -1,6 +1,6 @@
 // Reductions over a set of axes (all when empty): x [*] -> y [* with the axes removed, or kept as 1].
 // Backward views dy in the keepdim shape and broadcasts it back over the reduced axes.
-#include "autograd/record.hpp"
+#include "kiln/autograd/record.hpp"
 
 namespace kiln::autograd {
 

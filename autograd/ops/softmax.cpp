@@ -2,8 +2,8 @@
 //   softmax:      dx = y * (dy - sum(dy * y, axis))
 //   log_softmax:  dx = dy - exp(y) * sum(dy, axis)
 // both through fused::softmax_backward, which a backend may override with a fused kernel.
-#include "autograd/record.hpp"
-#include "core/fused.hpp"
+#include "kiln/autograd/record.hpp"
+#include "kiln/core/fused.hpp"
 
 namespace kiln::autograd {
 

@@ -5,7 +5,7 @@
 //   cat/stack: each input gets its piece of dy; split/chunk: one narrow per piece
 #include <numeric>
 
-#include "autograd/record.hpp"
+#include "kiln/autograd/record.hpp"
 
 namespace kiln::autograd {
 

@@ -28,8 +28,8 @@
 #include <limits>
 #include <vector>
 
-#include "backends/cpu/common.hpp"
-#include "backends/cpu/vecmath.hpp"
+#include "kiln/backends/cpu/common.hpp"
+#include "kiln/backends/cpu/vecmath.hpp"
 
 namespace kiln {
 using namespace cpu;
@@ -392,6 +392,6 @@ void Cpu::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout
 
 }  // namespace kiln
 
-#include "core/fused.hpp"
+#include "kiln/core/fused.hpp"
 static_assert(kiln::fused::HasAttention<kiln::Cpu> && kiln::fused::HasAttentionBackward<kiln::Cpu>,
               "Cpu's flash attention must match the override signatures of core/fused.hpp");

@@ -1,7 +1,7 @@
 // binary<Op>: the walk hands each run its three strides; unit strides, a scalar operand (stride 0) and
 // the general strided case each get their own loop so the first two vectorise.
-#include "backends/checks.hpp"
-#include "backends/cpu/common.hpp"
+#include "kiln/backends/checks.hpp"
+#include "kiln/backends/cpu/common.hpp"
 
 namespace kiln {
 using namespace cpu;

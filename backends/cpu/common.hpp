@@ -18,10 +18,10 @@
 #include <exception>
 #include <type_traits>
 
-#include "backends/cpu/cpu.hpp"
-#include "core/dtype.hpp"
-#include "core/error.hpp"
-#include "core/shape.hpp"
+#include "kiln/backends/cpu/cpu.hpp"
+#include "kiln/core/dtype.hpp"
+#include "kiln/core/error.hpp"
+#include "kiln/core/shape.hpp"
 
 namespace kiln::cpu {
 

@@ -7,11 +7,12 @@
 #include <string_view>
 #include <vector>
 
-#include "backends/host_storage.hpp"
-#include "core/backend.hpp"
-#include "core/fused_optim_params.hpp"
-#include "core/tensor.hpp"
+#include "kiln/backends/host_storage.hpp"
+#include "kiln/core/backend.hpp"
+#include "kiln/core/fused_optim_params.hpp"
+#include "kiln/core/tensor.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 struct Cpu {
@@ -68,3 +69,4 @@ void set_num_threads(int n);
 extern template class Tensor<Cpu>;
 
 }  // namespace kiln
+#pragma GCC visibility pop

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "backends/cpu/common.hpp"
+#include "kiln/backends/cpu/common.hpp"
 
 namespace kiln {
 using namespace cpu;

@@ -5,7 +5,7 @@
 #include <immintrin.h>
 #endif
 
-#include "backends/cpu/common.hpp"
+#include "kiln/backends/cpu/common.hpp"
 
 namespace kiln {
 using namespace cpu;

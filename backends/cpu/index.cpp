@@ -4,7 +4,7 @@
 // threads never add into the same element.
 #include <atomic>
 
-#include "backends/cpu/common.hpp"
+#include "kiln/backends/cpu/common.hpp"
 
 namespace kiln {
 using namespace cpu;

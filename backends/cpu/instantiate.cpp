@@ -1,6 +1,6 @@
 // Tensor<Cpu>'s member bodies, compiled once.
-#include "backends/cpu/cpu.hpp"
-#include "core/tensor_impl.hpp"
+#include "kiln/backends/cpu/cpu.hpp"
+#include "kiln/core/tensor_impl.hpp"
 
 namespace kiln {
 template class Tensor<Cpu>;

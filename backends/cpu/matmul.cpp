@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/common.hpp"
+#include "kiln/backends/cpu/common.hpp"
 
 #ifdef KILN_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>

@@ -4,7 +4,7 @@
 // count). Rows are split over the threads; `omp simd` reductions vectorise the row sums.
 #include <vector>
 
-#include "backends/cpu/common.hpp"
+#include "kiln/backends/cpu/common.hpp"
 
 namespace kiln {
 using namespace cpu;

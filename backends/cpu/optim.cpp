@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "backends/cpu/common.hpp"
-#include "core/fused_optim.hpp"
+#include "kiln/backends/cpu/common.hpp"
+#include "kiln/core/fused_optim.hpp"
 
 namespace kiln {
 using namespace cpu;

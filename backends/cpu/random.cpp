@@ -2,8 +2,8 @@
 // (seed, offset, i) as in Reference (core/rng.hpp), computed in double with the same expressions and
 // rounded the same way, so both backends give bit-identical tensors. One Philox block serves four
 // consecutive elements; one Box-Muller radius serves each pair.
-#include "backends/cpu/common.hpp"
-#include "core/rng.hpp"
+#include "kiln/backends/cpu/common.hpp"
+#include "kiln/core/rng.hpp"
 
 namespace kiln {
 using namespace cpu;

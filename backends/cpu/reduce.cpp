@@ -9,9 +9,9 @@
 // type for max/min (exact), the element type for integers.
 #include <vector>
 
-#include "backends/checks.hpp"
-#include "backends/cpu/common.hpp"
-#include "backends/cpu/vecmath.hpp"
+#include "kiln/backends/checks.hpp"
+#include "kiln/backends/cpu/common.hpp"
+#include "kiln/backends/cpu/vecmath.hpp"
 
 namespace kiln {
 using namespace cpu;

@@ -5,8 +5,8 @@
 // scalar double math. Rows are split over the threads.
 #include <vector>
 
-#include "backends/cpu/common.hpp"
-#include "backends/cpu/vecmath.hpp"
+#include "kiln/backends/cpu/common.hpp"
+#include "kiln/backends/cpu/vecmath.hpp"
 
 namespace kiln {
 using namespace cpu;

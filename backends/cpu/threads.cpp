@@ -9,7 +9,7 @@
 #include <mutex>
 #include <thread>
 
-#include "backends/cpu/cpu.hpp"
+#include "kiln/backends/cpu/cpu.hpp"
 
 namespace kiln {
 namespace {

@@ -1,8 +1,8 @@
 // unary<Op>: contiguous runs go straight to the array kernels; strided runs and the half types pass
 // through a small float buffer so they use the same vector code.
-#include "backends/checks.hpp"
-#include "backends/cpu/common.hpp"
-#include "backends/cpu/vecmath.hpp"
+#include "kiln/backends/checks.hpp"
+#include "kiln/backends/cpu/common.hpp"
+#include "kiln/backends/cpu/vecmath.hpp"
 
 namespace kiln {
 using namespace cpu;

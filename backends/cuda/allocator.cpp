@@ -1,9 +1,9 @@
-#include "backends/cuda/allocator.hpp"
+#include "kiln/backends/cuda/allocator.hpp"
 
 #include <algorithm>
 #include <utility>
 
-#include "core/error.hpp"
+#include "kiln/core/error.hpp"
 
 namespace kiln::cuda {
 

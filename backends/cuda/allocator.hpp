@@ -27,6 +27,7 @@
 #include <mutex>
 #include <string>
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::cuda {
 
 struct MemoryStats {
@@ -89,3 +90,4 @@ class CachingAllocator {
 };
 
 }  // namespace kiln::cuda
+#pragma GCC visibility pop

@@ -30,7 +30,7 @@
 // 48 KiB default a kernel opts in (cudaFuncSetAttribute) up to the device's per-block maximum, and
 // beyond that (large d with f64 on small GPUs) throws kiln::Error naming the shapes. Largest case,
 // d = dv = 256: forward 84 KiB (f32) / 98 KiB (f64), dK/dV 66 / 133 KiB, dQ 98 / 131 KiB.
-#include "backends/cuda/dense_common.cuh"
+#include "kiln/backends/cuda/dense_common.cuh"
 
 namespace kiln {
 
@@ -647,6 +647,6 @@ void Cuda::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dou
 
 }  // namespace kiln
 
-#include "core/fused.hpp"
+#include "kiln/core/fused.hpp"
 static_assert(kiln::fused::HasAttention<kiln::Cuda> && kiln::fused::HasAttentionBackward<kiln::Cuda>,
               "Cuda's flash attention must match the override signatures of core/fused.hpp");

@@ -8,10 +8,11 @@
 #include <cstddef>
 #include <string>
 
-#include "backends/cuda/allocator.hpp"
-#include "backends/cuda/cuda_backend.hpp"
-#include "core/tensor.hpp"
+#include "kiln/backends/cuda/allocator.hpp"
+#include "kiln/backends/cuda/cuda_backend.hpp"
+#include "kiln/core/tensor.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 extern template class Tensor<Cuda>;
@@ -43,3 +44,4 @@ bool allow_tf32();
 
 }  // namespace cuda
 }  // namespace kiln
+#pragma GCC visibility pop

@@ -9,10 +9,11 @@
 #include <string_view>
 #include <vector>
 
-#include "backends/cuda/storage.hpp"
-#include "core/backend.hpp"
-#include "core/fused_optim_params.hpp"
+#include "kiln/backends/cuda/storage.hpp"
+#include "kiln/core/backend.hpp"
+#include "kiln/core/fused_optim_params.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 struct Cuda {
@@ -65,3 +66,4 @@ struct Cuda {
 static_assert(Backend<Cuda>);
 
 }  // namespace kiln
+#pragma GCC visibility pop

@@ -15,7 +15,7 @@
 #include <memory>
 #include <vector>
 
-#include "backends/cuda/dense_common.cuh"
+#include "kiln/backends/cuda/dense_common.cuh"
 
 namespace kiln {
 

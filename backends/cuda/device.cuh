@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "backends/cuda/runtime.hpp"
-#include "core/dtype.hpp"
+#include "kiln/backends/cuda/runtime.hpp"
+#include "kiln/core/dtype.hpp"
 
 namespace kiln::cuda {
 

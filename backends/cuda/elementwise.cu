@@ -8,8 +8,8 @@
 // cudaMemsetAsync / cudaMemcpyAsync.
 #include <cstring>
 
-#include "backends/checks.hpp"
-#include "backends/cuda/indexing.cuh"
+#include "kiln/backends/checks.hpp"
+#include "kiln/backends/cuda/indexing.cuh"
 
 namespace kiln {
 

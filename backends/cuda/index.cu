@@ -15,8 +15,8 @@
 // writes anything, so a failed call leaves its output untouched.
 #include <bit>
 
-#include "backends/cuda/indexing.cuh"
-#include "backends/cuda/sort.cuh"
+#include "kiln/backends/cuda/indexing.cuh"
+#include "kiln/backends/cuda/sort.cuh"
 
 namespace kiln {
 

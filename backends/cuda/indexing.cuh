@@ -19,9 +19,9 @@
 #include <initializer_list>
 #include <string_view>
 
-#include "backends/cuda/device.cuh"
-#include "core/error.hpp"
-#include "core/shape.hpp"
+#include "kiln/backends/cuda/device.cuh"
+#include "kiln/core/error.hpp"
+#include "kiln/core/shape.hpp"
 
 namespace kiln::cuda {
 

@@ -1,6 +1,6 @@
 // Tensor<Cuda>'s member bodies, compiled once.
-#include "backends/cuda/cuda.hpp"
-#include "core/tensor_impl.hpp"
+#include "kiln/backends/cuda/cuda.hpp"
+#include "kiln/core/tensor_impl.hpp"
 
 namespace kiln {
 template class Tensor<Cuda>;

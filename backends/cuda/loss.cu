@@ -4,8 +4,8 @@
 #include <initializer_list>
 #include <limits>
 
-#include "backends/cuda/device.cuh"
-#include "core/error.hpp"
+#include "kiln/backends/cuda/device.cuh"
+#include "kiln/core/error.hpp"
 
 namespace kiln {
 namespace {

@@ -25,9 +25,9 @@
 #include <memory>
 #include <vector>
 
-#include "backends/cuda/cuda.hpp"
-#include "backends/cuda/runtime.hpp"
-#include "core/error.hpp"
+#include "kiln/backends/cuda/cuda.hpp"
+#include "kiln/backends/cuda/runtime.hpp"
+#include "kiln/core/error.hpp"
 
 namespace kiln {
 

@@ -8,7 +8,7 @@
 // dw is deterministic (no atomics): the rows are cut into P fixed chunks (P depends on N only, never
 // on the device), a [P, D] partial-sum buffer gets one block per (32 columns, chunk) that sums its
 // rows in a fixed order, then a second kernel sums the P partials of each column in order 0..P−1.
-#include "backends/cuda/dense_common.cuh"
+#include "kiln/backends/cuda/dense_common.cuh"
 
 namespace kiln {
 

@@ -7,8 +7,8 @@
 #include <cmath>
 #include <vector>
 
-#include "backends/cuda/device.cuh"
-#include "core/error.hpp"
+#include "kiln/backends/cuda/device.cuh"
+#include "kiln/core/error.hpp"
 
 namespace kiln {
 namespace {

@@ -6,8 +6,8 @@
 //
 // Uniform and normal fills agree bit for bit with the CPU: Box-Muller uses kiln's own log/sin/cos
 // (core/rng.hpp rng_math), not CUDA's libm.
-#include "backends/cuda/indexing.cuh"
-#include "core/rng.hpp"
+#include "kiln/backends/cuda/indexing.cuh"
+#include "kiln/core/rng.hpp"
 
 namespace kiln {
 

@@ -18,8 +18,8 @@
 #include <algorithm>
 #include <memory>
 
-#include "backends/checks.hpp"
-#include "backends/cuda/indexing.cuh"
+#include "kiln/backends/checks.hpp"
+#include "kiln/backends/cuda/indexing.cuh"
 
 namespace kiln {
 

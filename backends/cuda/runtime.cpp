@@ -1,5 +1,5 @@
 // Devices, streams, library handles, the caching allocators and host <-> device copies.
-#include "backends/cuda/runtime.hpp"
+#include "kiln/backends/cuda/runtime.hpp"
 
 #include <array>
 #include <atomic>
@@ -9,8 +9,8 @@
 #include <mutex>
 #include <string>
 
-#include "backends/cuda/cuda.hpp"
-#include "core/error.hpp"
+#include "kiln/backends/cuda/cuda.hpp"
+#include "kiln/core/error.hpp"
 
 namespace kiln::cuda {
 

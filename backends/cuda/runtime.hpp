@@ -13,8 +13,9 @@
 
 #include <string_view>
 
-#include "backends/cuda/cuda_backend.hpp"
+#include "kiln/backends/cuda/cuda_backend.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::cuda {
 
 [[noreturn]] void raise_cuda(cudaError_t e, std::string_view op, const char* call, const char* file, int line);
@@ -47,3 +48,4 @@ cublasHandle_t cublas();
 const cudaDeviceProp& device_properties();
 
 }  // namespace kiln::cuda
+#pragma GCC visibility pop

@@ -12,7 +12,7 @@
 // from memory once and written once. Longer rows: one 256-thread block per row, three passes over the
 // row (max, sum, write; the row stays in L2 between them). Both loop over rows grid-stride, so any row
 // count fits the grid.
-#include "backends/cuda/dense_common.cuh"
+#include "kiln/backends/cuda/dense_common.cuh"
 
 namespace kiln {
 

@@ -1,7 +1,7 @@
 // The stable radix sort of positions by key (contract in sort.cuh).
-#include "backends/cuda/device.cuh"
-#include "backends/cuda/sort.cuh"
-#include "core/error.hpp"
+#include "kiln/backends/cuda/device.cuh"
+#include "kiln/backends/cuda/sort.cuh"
+#include "kiln/core/error.hpp"
 
 namespace kiln::cuda {
 

@@ -12,8 +12,9 @@
 #include <memory>
 #include <string_view>
 
-#include "backends/cuda/storage.hpp"
+#include "kiln/backends/cuda/storage.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln for the tests (tests/cuda)
 namespace kiln::cuda {
 
 struct SortedByKey {
@@ -26,3 +27,4 @@ struct SortedByKey {
 SortedByKey sort_by_key(std::string_view op, std::shared_ptr<CudaStorage> keys, int64_t n, int bits);
 
 }  // namespace kiln::cuda
+#pragma GCC visibility pop

@@ -3,8 +3,9 @@
 // the cache when the last handle goes. Plain C++ (no CUDA headers).
 #include <cstddef>
 
-#include "backends/cuda/allocator.hpp"
+#include "kiln/backends/cuda/allocator.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 class CudaStorage {
@@ -28,3 +29,4 @@ class CudaStorage {
 };
 
 }  // namespace kiln
+#pragma GCC visibility pop

@@ -1,6 +1,6 @@
 // backends/cuda/testing.hpp: the kernels' index arithmetic evaluated on the host.
-#include "backends/cuda/indexing.cuh"
-#include "backends/cuda/testing.hpp"
+#include "kiln/backends/cuda/indexing.cuh"
+#include "kiln/backends/cuda/testing.hpp"
 
 namespace kiln::cuda::testing {
 

@@ -5,8 +5,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/shape.hpp"
+#include "kiln/core/shape.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::cuda::testing {
 
 // The element offsets the Cuda kernels compute (indexing.cuh: make_walk + Walk::offsets, evaluated on
@@ -15,3 +16,4 @@ std::vector<std::array<int64_t, 3>> walk_offsets(const Shape& shape, const std::
                                                  const std::array<int64_t, 3>& offsets, const std::vector<int64_t>& linear);
 
 }  // namespace kiln::cuda::testing
+#pragma GCC visibility pop

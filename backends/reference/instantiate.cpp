@@ -1,6 +1,6 @@
 // Tensor<Reference>'s member bodies, compiled once.
-#include "backends/reference/reference.hpp"
-#include "core/tensor_impl.hpp"
+#include "kiln/backends/reference/reference.hpp"
+#include "kiln/core/tensor_impl.hpp"
 
 namespace kiln {
 template class Tensor<Reference>;

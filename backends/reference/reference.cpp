@@ -1,6 +1,6 @@
 // Reference backend: every element addressed through its logical index (Layout::offset_of), float
 // dtypes computed and accumulated in double. Deliberately simple; see reference.hpp.
-#include "backends/reference/reference.hpp"
+#include "kiln/backends/reference/reference.hpp"
 
 #include <cmath>
 #include <vector>

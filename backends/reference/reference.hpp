@@ -4,10 +4,11 @@
 #include <memory>
 #include <string_view>
 
-#include "backends/host_storage.hpp"
-#include "core/backend.hpp"
-#include "core/tensor.hpp"
+#include "kiln/backends/host_storage.hpp"
+#include "kiln/core/backend.hpp"
+#include "kiln/core/tensor.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 struct Reference {
@@ -37,3 +38,4 @@ static_assert(Backend<Reference>);
 extern template class Tensor<Reference>;
 
 }  // namespace kiln
+#pragma GCC visibility pop

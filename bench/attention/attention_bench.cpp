@@ -10,9 +10,9 @@
 // Run with KILN_NUM_THREADS set (results in RESULTS.md).
 #include <benchmark/benchmark.h>
 
-#include "autograd/var.hpp"
-#include "backends/cpu/cpu.hpp"
-#include "nn/attention.hpp"
+#include <kiln/autograd/var.hpp>
+#include <kiln/backends/cpu/cpu.hpp>
+#include <kiln/nn/attention.hpp>
 
 using namespace kiln;
 using T = Tensor<Cpu>;

@@ -29,10 +29,10 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/cpu.hpp"
-#include "nn/gpt.hpp"
-#include "nn/loss.hpp"
-#include "optim/optimizer.hpp"
+#include <kiln/backends/cpu/cpu.hpp>
+#include <kiln/nn/gpt.hpp>
+#include <kiln/nn/loss.hpp>
+#include <kiln/optim/optimizer.hpp>
 
 using namespace kiln;
 

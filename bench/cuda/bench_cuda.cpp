@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/cuda.hpp"
-#include "backends/cuda/runtime.hpp"
-#include "core/fused.hpp"
+#include <kiln/backends/cuda/cuda.hpp>
+#include <kiln/backends/cuda/runtime.hpp>
+#include <kiln/core/fused.hpp>
 
 using namespace kiln;
 using T = Tensor<Cuda>;

@@ -15,8 +15,8 @@ import argparse, importlib.util, json, math, os, statistics, subprocess, sys, te
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# The PyTorch reference model: KILN_SHARED_DIR (scripts/gpu_run.sh sets it), else ../shared beside the checkout.
-REF = os.path.join(os.environ.get("KILN_SHARED_DIR") or os.path.join(HERE, "..", "..", "..", "shared"), "reference", "kiln_ref.py")
+# The PyTorch reference model: the repository's tests/reference/kiln_ref.py.
+REF = os.path.join(HERE, "..", "..", "tests", "reference", "kiln_ref.py")
 
 
 def sync():

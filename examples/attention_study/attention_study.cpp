@@ -29,15 +29,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include "autograd/var.hpp"
-#include "backends/backends.hpp"
-#include "nn/gpt.hpp"
-#include "nn/loss.hpp"
-#include "optim/optimizer.hpp"
-#include "optim/schedule.hpp"
-#include "train/data.hpp"
-#include "train/text.hpp"
-#include "train/trainer.hpp"
+#include <kiln/autograd/var.hpp>
+#include <kiln/backends/backends.hpp>
+#include <kiln/nn/gpt.hpp>
+#include <kiln/nn/loss.hpp>
+#include <kiln/optim/optimizer.hpp>
+#include <kiln/optim/schedule.hpp>
+#include <kiln/train/data.hpp>
+#include <kiln/train/text.hpp>
+#include <kiln/train/trainer.hpp>
 
 using namespace kiln;
 namespace fs = std::filesystem;

@@ -15,12 +15,12 @@
 #include <memory>
 #include <vector>
 
-#include "autograd/gradcheck.hpp"
-#include "autograd/var.hpp"
-#include "backends/backends.hpp"
-#include "nn/linear.hpp"
-#include "nn/loss.hpp"
-#include "optim/optimizer.hpp"
+#include <kiln/autograd/gradcheck.hpp>
+#include <kiln/autograd/var.hpp>
+#include <kiln/backends/backends.hpp>
+#include <kiln/nn/linear.hpp>
+#include <kiln/nn/loss.hpp>
+#include <kiln/optim/optimizer.hpp>
 
 using namespace kiln;
 

@@ -15,15 +15,15 @@
 #include <memory>
 #include <string>
 
-#include "autograd/var.hpp"
-#include "backends/backends.hpp"
-#include "nn/linear.hpp"
-#include "nn/loss.hpp"
-#include "optim/optimizer.hpp"
-#include "optim/schedule.hpp"
-#include "train/dataloader.hpp"
-#include "train/idx.hpp"
-#include "train/progress.hpp"
+#include <kiln/autograd/var.hpp>
+#include <kiln/backends/backends.hpp>
+#include <kiln/nn/linear.hpp>
+#include <kiln/nn/loss.hpp>
+#include <kiln/optim/optimizer.hpp>
+#include <kiln/optim/schedule.hpp>
+#include <kiln/train/dataloader.hpp>
+#include <kiln/formats/idx.hpp>
+#include <kiln/train/progress.hpp>
 
 using namespace kiln;
 

@@ -1,10 +1,10 @@
 // The README's example, compiled and run by the test suite (tests/examples), so the README stays true:
 // a two-layer MLP learns the XOR of two signs.
-#include "autograd/var.hpp"
-#include "backends/backends.hpp"
-#include "nn/linear.hpp"
-#include "nn/loss.hpp"
-#include "optim/optimizer.hpp"
+#include <kiln/autograd/var.hpp>
+#include <kiln/backends/backends.hpp>
+#include <kiln/nn/linear.hpp>
+#include <kiln/nn/loss.hpp>
+#include <kiln/optim/optimizer.hpp>
 
 using namespace kiln;
 

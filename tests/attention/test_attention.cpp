@@ -18,12 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "autograd/gradcheck.hpp"
-#include "backends/backends.hpp"
+#include <kiln/autograd/gradcheck.hpp>
+#include <kiln/backends/backends.hpp>
 #include "common/kiln_test.hpp"
-#include "core/fused.hpp"
-#include "nn/attention.hpp"
-#include "nn/diff_attention.hpp"
+#include <kiln/core/fused.hpp>
+#include <kiln/nn/attention.hpp>
+#include <kiln/nn/diff_attention.hpp>
 
 using namespace kiln;
 

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "autograd/gradcheck.hpp"
-#include "autograd/var.hpp"
-#include "backends/backends.hpp"
+#include <kiln/autograd/gradcheck.hpp>
+#include <kiln/autograd/var.hpp>
+#include <kiln/backends/backends.hpp>
 
 namespace kiln::test {
 

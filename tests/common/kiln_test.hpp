@@ -16,13 +16,13 @@
 #include <string>
 #include <vector>
 
-#include "backends/backends.hpp"
-#include "backends/cpu/cpu.hpp"
-#include "backends/reference/reference.hpp"
-#include "core/tensor.hpp"
+#include <kiln/backends/backends.hpp>
+#include <kiln/backends/cpu/cpu.hpp>
+#include <kiln/backends/reference/reference.hpp>
+#include <kiln/core/tensor.hpp>
 
 #if defined(KILN_HAVE_CUDA_BACKEND)
-#include "backends/cuda/cuda.hpp"
+#include <kiln/backends/cuda/cuda.hpp>
 #define KILN_TEST_BACKENDS ::kiln::Cpu, ::kiln::Cuda
 #else
 #define KILN_TEST_BACKENDS ::kiln::Cpu

@@ -11,9 +11,9 @@
 #include <random>
 #include <vector>
 
-#include "backends/cpu/cpu.hpp"
-#include "backends/reference/reference.hpp"
-#include "core/fused.hpp"
+#include <kiln/backends/cpu/cpu.hpp>
+#include <kiln/backends/reference/reference.hpp>
+#include <kiln/core/fused.hpp>
 
 using namespace kiln;
 using R = Tensor<Reference>;

@@ -1,8 +1,8 @@
 #include <catch2/catch.hpp>
 
-#include "backends/backends.hpp"
-#include "backends/cpu/cpu.hpp"
-#include "backends/reference/reference.hpp"
+#include <kiln/backends/backends.hpp>
+#include <kiln/backends/cpu/cpu.hpp>
+#include <kiln/backends/reference/reference.hpp>
 
 using namespace kiln;
 

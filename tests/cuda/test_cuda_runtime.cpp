@@ -13,15 +13,15 @@
 #include <thread>
 #include <vector>
 
-#include "backends/backends.hpp"
-#include "backends/dispatch.hpp"
-#include "core/error.hpp"
-#include "core/tensor.hpp"
+#include <kiln/backends/backends.hpp>
+#include <kiln/backends/dispatch.hpp>
+#include <kiln/core/error.hpp>
+#include <kiln/core/tensor.hpp>
 
 #if defined(KILN_HAVE_CUDA_BACKEND)
-#include "backends/cuda/allocator.hpp"
-#include "backends/cuda/cuda.hpp"
-#include "backends/cuda/testing.hpp"
+#include <kiln/backends/cuda/allocator.hpp>
+#include <kiln/backends/cuda/cuda.hpp>
+#include <kiln/backends/cuda/testing.hpp>
 #endif
 
 using namespace kiln;

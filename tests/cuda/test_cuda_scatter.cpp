@@ -10,9 +10,9 @@
 #include <bit>
 #include <numeric>
 
-#include "autograd/var.hpp"
-#include "backends/cuda/cuda.hpp"
-#include "backends/cuda/sort.cuh"
+#include <kiln/autograd/var.hpp>
+#include <kiln/backends/cuda/cuda.hpp>
+#include <kiln/backends/cuda/sort.cuh>
 
 using namespace kiln;
 using namespace kt;

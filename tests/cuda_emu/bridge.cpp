@@ -5,7 +5,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "backends/cuda/cuda_backend.hpp"
+#include <kiln/backends/cuda/cuda_backend.hpp>
 #include "emu.hpp"
 
 namespace cuda_emu {

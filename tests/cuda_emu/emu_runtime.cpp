@@ -6,8 +6,8 @@
 #include <memory>
 #include <new>
 
-#include "backends/cuda/runtime.hpp"
-#include "core/error.hpp"
+#include <kiln/backends/cuda/runtime.hpp>
+#include <kiln/core/error.hpp>
 
 namespace kiln::cuda {
 

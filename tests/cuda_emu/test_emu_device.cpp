@@ -9,13 +9,13 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "backends/backends.hpp"
-#include "backends/cuda/cuda.hpp"
-#include "core/tensor.hpp"
+#include <kiln/backends/backends.hpp>
+#include <kiln/backends/cuda/cuda.hpp>
+#include <kiln/core/tensor.hpp>
 #include "emu_device.hpp"
-#include "nn/gpt.hpp"
-#include "nn/loss.hpp"
-#include "optim/optimizer.hpp"
+#include <kiln/nn/gpt.hpp>
+#include <kiln/nn/loss.hpp>
+#include <kiln/optim/optimizer.hpp>
 #include "emu_selftest.hpp"
 
 namespace {

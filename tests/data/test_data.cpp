@@ -10,9 +10,9 @@
 #include <map>
 #include <set>
 
-#include "backends/backends.hpp"
-#include "train/dataloader.hpp"
-#include "train/idx.hpp"
+#include <kiln/backends/backends.hpp>
+#include <kiln/train/dataloader.hpp>
+#include <kiln/formats/idx.hpp>
 
 using namespace kiln;
 using Catch::Matchers::Contains;

@@ -1,7 +1,7 @@
 // Bad input: every op family given wrong shapes, dtypes, axes or indices throws kiln::Error whose
 // message names the op and the offending shape/dtype/value. Nothing may crash (run under ASan too).
 #include "common/kiln_test.hpp"
-#include "core/fused.hpp"
+#include <kiln/core/fused.hpp>
 
 using namespace kiln;
 using Catch::Contains;

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/var.hpp"
+#include <kiln/autograd/var.hpp>
 
 namespace kiln::test {
 

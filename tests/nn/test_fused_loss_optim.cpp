@@ -4,11 +4,11 @@
 // against the per-parameter composite update.
 #include <catch2/catch.hpp>
 
-#include "autograd/gradcheck.hpp"
-#include "backends/backends.hpp"
-#include "core/fused_loss.hpp"
-#include "core/fused_optim.hpp"
-#include "nn/loss.hpp"
+#include <kiln/autograd/gradcheck.hpp>
+#include <kiln/backends/backends.hpp>
+#include <kiln/core/fused_loss.hpp>
+#include <kiln/core/fused_optim.hpp>
+#include <kiln/nn/loss.hpp>
 
 using namespace kiln;
 

@@ -4,13 +4,13 @@
 #include <cmath>
 #include <tuple>
 
-#include "backends/backends.hpp"
-#include "nn/attention.hpp"
-#include "nn/gpt.hpp"
-#include "nn/init.hpp"
-#include "nn/layers.hpp"
-#include "nn/loss.hpp"
-#include "nn/norm.hpp"
+#include <kiln/backends/backends.hpp>
+#include <kiln/nn/attention.hpp>
+#include <kiln/nn/gpt.hpp>
+#include <kiln/nn/init.hpp>
+#include <kiln/nn/layers.hpp>
+#include <kiln/nn/loss.hpp>
+#include <kiln/nn/norm.hpp>
 #include "param_gradcheck.hpp"
 
 using namespace kiln;

@@ -3,12 +3,12 @@
 // other implementations got these layers wrong (named in the comments).
 #include <catch2/catch.hpp>
 
-#include "backends/backends.hpp"
-#include "core/fused_depth.hpp"
-#include "nn/attnres.hpp"
-#include "nn/diff_attention.hpp"
-#include "nn/gpt.hpp"
-#include "nn/init.hpp"
+#include <kiln/backends/backends.hpp>
+#include <kiln/core/fused_depth.hpp>
+#include <kiln/nn/attnres.hpp>
+#include <kiln/nn/diff_attention.hpp>
+#include <kiln/nn/gpt.hpp>
+#include <kiln/nn/init.hpp>
 #include "param_gradcheck.hpp"
 
 using namespace kiln;

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <string>
 
-#include "backends/backends.hpp"
-#include "nn/safetensors.hpp"
+#include <kiln/backends/backends.hpp>
+#include <kiln/formats/safetensors.hpp>
 #include "common/python.hpp"
 
 using namespace kiln;
@@ -63,7 +63,7 @@ TEMPLATE_TEST_CASE("safetensors: round trip of every dtype, views and empty tens
 }
 
 TEST_CASE("safetensors: reads what the PyTorch reference writes", "[safetensors]") {
-  const std::string ref = std::string(KILN_SHARED_DIR) + "/reference/kiln_ref.py";
+  const std::string ref = std::string(KILN_REFERENCE_DIR) + "/kiln_ref.py";
   if (std::system(fmt::format("{} -c 'import torch' 2>/dev/null", kiln::test::python()).c_str()) != 0)
     FAIL("torch missing for " << kiln::test::python() << ": run scripts/setup.sh --python, or set KILN_PYTHON");
   const std::string p = tmp_path("ref_tokens.safetensors");

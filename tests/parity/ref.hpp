@@ -1,5 +1,5 @@
 #pragma once
-// Runs ../shared/reference/kiln_ref.py (python() + torch, common/python.hpp) for the parity tests.
+// Runs tests/reference/kiln_ref.py (python() + torch, common/python.hpp) for the parity tests.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -14,7 +14,7 @@
 
 namespace kiln::test {
 
-inline std::string ref_script() { return std::string(KILN_SHARED_DIR) + "/reference/kiln_ref.py"; }
+inline std::string ref_script() { return std::string(KILN_REFERENCE_DIR) + "/kiln_ref.py"; }
 
 inline void require_torch() {
   if (std::system(fmt::format("{} -c 'import torch' >/dev/null 2>&1", python()).c_str()) != 0)

@@ -2,12 +2,12 @@
 // disagreement beyond rounding is a bug: logits, loss and the gradient of every parameter.
 #include <catch2/catch.hpp>
 
-#include "backends/backends.hpp"
-#include "nn/gpt.hpp"
-#include "nn/loss.hpp"
-#include "nn/safetensors.hpp"
+#include <kiln/backends/backends.hpp>
+#include <kiln/nn/gpt.hpp>
+#include <kiln/nn/loss.hpp>
+#include <kiln/formats/safetensors.hpp>
 #include "ref.hpp"
-#include "train/data.hpp"
+#include <kiln/train/data.hpp>
 
 using namespace kiln;
 using json = nlohmann::json;

@@ -5,10 +5,10 @@
 
 #include <fstream>
 
-#include "backends/backends.hpp"
-#include "nn/loss.hpp"
-#include "nn/safetensors.hpp"
-#include "optim/optimizer.hpp"
+#include <kiln/backends/backends.hpp>
+#include <kiln/nn/loss.hpp>
+#include <kiln/formats/safetensors.hpp>
+#include <kiln/optim/optimizer.hpp>
 #include "ref.hpp"
 
 using namespace kiln;
@@ -28,7 +28,7 @@ void run_python(const std::string& code, const std::filesystem::path& dir) {
 std::map<std::string, Tensor<Cpu>> torch_trajectory(const std::string& opt, const std::filesystem::path& dir) {
   const std::string code = fmt::format(R"(
 import sys, torch
-sys.path.insert(0, "{}/reference")
+sys.path.insert(0, "{}")
 from kiln_ref import save_safetensors
 torch.manual_seed(0)
 p = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
@@ -43,7 +43,7 @@ for s in range(6):
     opt.step()
     out[f"p{{s+1}}"], out[f"q{{s+1}}"] = p.detach().clone(), q.detach().clone()
 save_safetensors("{}", out)
-)", KILN_SHARED_DIR, opt, (dir / "traj.safetensors").string());
+)", KILN_REFERENCE_DIR, opt, (dir / "traj.safetensors").string());
   run_python(code, dir);
   return safetensors::load<Cpu>((dir / "traj.safetensors").string());
 }
@@ -94,7 +94,7 @@ TEST_CASE("optim: clip_grad_norm equals torch.nn.utils.clip_grad_norm_", "[parit
   const auto dir = test::temp_dir("clip");
   run_python(fmt::format(R"(
 import sys, torch
-sys.path.insert(0, "{0}/reference")
+sys.path.insert(0, "{0}")
 from kiln_ref import save_safetensors
 torch.manual_seed(1)
 ps = [torch.randn(3, 4, dtype=torch.float64, requires_grad=True), torch.randn(7, dtype=torch.float64, requires_grad=True)]
@@ -103,7 +103,7 @@ out = {{"g0": ps[0].grad.clone(), "g1": ps[1].grad.clone()}}
 n = torch.nn.utils.clip_grad_norm_(ps, 1.5)
 out.update({{"c0": ps[0].grad, "c1": ps[1].grad, "norm": n.reshape(1)}})
 save_safetensors("{1}", out)
-)", KILN_SHARED_DIR, (dir / "clip.safetensors").string()), dir);
+)", KILN_REFERENCE_DIR, (dir / "clip.safetensors").string()), dir);
   const auto t = safetensors::load<Cpu>((dir / "clip.safetensors").string());
   std::vector<Var<Cpu>> ps{Var<Cpu>(Tensor<Cpu>::zeros({3, 4}, DType::f64), true), Var<Cpu>(Tensor<Cpu>::zeros({7}, DType::f64), true)};
   ps[0].set_grad(t.at("g0").clone());
@@ -121,7 +121,7 @@ TEST_CASE("loss: cross_entropy with ignore_index and label smoothing equals F.cr
   run_python(fmt::format(R"(
 import sys, torch
 import torch.nn.functional as F
-sys.path.insert(0, "{0}/reference")
+sys.path.insert(0, "{0}")
 from kiln_ref import save_safetensors
 torch.manual_seed(2)
 x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
@@ -132,7 +132,7 @@ for i, eps in enumerate([0.0, 0.1, 0.35]):
     g, = torch.autograd.grad(l, x)
     out[f"l{{i}}"], out[f"g{{i}}"] = l.detach().reshape(1), g
 save_safetensors("{1}", out)
-)", KILN_SHARED_DIR, (dir / "ce.safetensors").string()), dir);
+)", KILN_REFERENCE_DIR, (dir / "ce.safetensors").string()), dir);
   const auto t = safetensors::load<Cpu>((dir / "ce.safetensors").string());
   const double eps[] = {0.0, 0.1, 0.35};
   for (int i = 0; i < 3; ++i) {

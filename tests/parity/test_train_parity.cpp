@@ -11,8 +11,8 @@
 #include <fstream>
 #include <thread>
 
-#include "backends/backends.hpp"
-#include "nn/safetensors.hpp"
+#include <kiln/backends/backends.hpp>
+#include <kiln/formats/safetensors.hpp>
 #include "ref.hpp"
 
 using namespace kiln;

@@ -1,14 +1,15 @@
 // model.json / train.json parsing, LR schedules against the reference's lr_at, token batches.
+#include <nlohmann/json.hpp>
 #include <catch2/catch.hpp>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
-#include "backends/backends.hpp"
-#include "train/config.hpp"
-#include "train/data.hpp"
-#include "train/progress.hpp"
+#include <kiln/backends/backends.hpp>
+#include <kiln/train/config.hpp>
+#include <kiln/train/data.hpp>
+#include <kiln/train/progress.hpp>
 #include "common/python.hpp"
 
 using namespace kiln;
@@ -81,14 +82,14 @@ TEST_CASE("schedule: equals the reference's lr_at for every schedule", "[config]
   };
   const std::string code = fmt::format(R"(
 import json, sys
-sys.path.insert(0, "{}/reference")
+sys.path.insert(0, "{}")
 import kiln_ref
 out = []
 for s in json.loads('{}'):
     t = {{"optimizer": {{"lr": 0.003}}, "schedule": s, "steps": 30}}
     out.append([kiln_ref.lr_at(i, t) for i in range(30)])
 print(json.dumps(out))
-)", KILN_SHARED_DIR, json(schedules).dump());
+)", KILN_REFERENCE_DIR, json(schedules).dump());
   const json ref = json::parse(run_python(code));
   for (size_t k = 0; k < schedules.size(); ++k) {
     const TrainConfig t = TrainConfig::from_json(json{{"schedule", schedules[k]}, {"steps", 30}});

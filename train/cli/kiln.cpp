@@ -12,11 +12,11 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "backends/dispatch.hpp"
-#include "nn/safetensors.hpp"
-#include "train/data.hpp"
-#include "train/text.hpp"
-#include "train/trainer.hpp"
+#include "kiln/backends/dispatch.hpp"
+#include "kiln/formats/safetensors.hpp"
+#include "kiln/train/data.hpp"
+#include "kiln/train/text.hpp"
+#include "kiln/train/trainer.hpp"
 
 using namespace kiln;
 

@@ -9,8 +9,9 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "core/error.hpp"
+#include "kiln/core/error.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 namespace detail {
 
@@ -73,3 +74,4 @@ inline void one_of(const std::string& where, const char* key, const std::string&
 }  // namespace detail
 
 }  // namespace kiln
+#pragma GCC visibility pop

@@ -15,8 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.hpp"
+#include "kiln/core/tensor.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::safetensors {
 
 struct TensorInfo {
@@ -61,13 +62,14 @@ using Named = std::vector<std::pair<std::string, std::string>>;
 
 // Writes tensors (any backend, any layout) atomically; names must be unique and non-empty.
 template <Backend B>
-void save(const std::string& path, const std::vector<std::pair<std::string, Tensor<B>>>& tensors,
+KILN_API void save(const std::string& path, const std::vector<std::pair<std::string, Tensor<B>>>& tensors,
           const std::map<std::string, std::string>& metadata = {});
 
 // Loads every tensor of a file.
-template <Backend B> std::map<std::string, Tensor<B>> load(const std::string& path);
+template <Backend B> KILN_API std::map<std::string, Tensor<B>> load(const std::string& path);
 
 // Writes bytes to path atomically (temp file, fsync, rename). Used by save and by checkpoints.
 void write_atomically(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces);
 
 }  // namespace kiln::safetensors
+#pragma GCC visibility pop

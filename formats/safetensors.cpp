@@ -1,4 +1,4 @@
-#include "nn/safetensors.hpp"
+#include "kiln/formats/safetensors.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backends/backends.hpp"
+#include "kiln/backends/backends.hpp"
 
 namespace kiln::safetensors {
 

@@ -15,9 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.hpp"
-#include "train/dataloader.hpp"
+#include "kiln/core/tensor.hpp"
+#include "kiln/train/dataloader.hpp"
 
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
 enum class IdxType : uint8_t { u8 = 0x08, i8 = 0x09, i16 = 0x0B, i32 = 0x0C, f32 = 0x0D, f64 = 0x0E };
@@ -78,3 +79,4 @@ class IdxDataset {
 };
 
 }  // namespace kiln
+#pragma GCC visibility pop

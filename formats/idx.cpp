@@ -1,4 +1,4 @@
-#include "train/idx.hpp"
+#include "kiln/formats/idx.hpp"
 
 #include <zlib.h>
 
@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "nn/safetensors.hpp"
+#include "kiln/formats/safetensors.hpp"
 
 namespace kiln {
 

@@ -1,0 +1,35 @@
+#pragma once
+// kiln, all of it: #include <kiln/kiln.hpp>. (Or include only the parts you use, e.g.
+// <kiln/nn/linear.hpp>: each public header compiles on its own.)
+#include "kiln/version.hpp"
+
+#include "kiln/backends/dispatch.hpp"  // Cpu, Reference (, Cuda), kiln::dispatch
+#include "kiln/core/tensor.hpp"
+
+#include "kiln/autograd/gradcheck.hpp"
+#include "kiln/autograd/var.hpp"
+
+#include "kiln/nn/attention.hpp"
+#include "kiln/nn/attnres.hpp"
+#include "kiln/nn/diff_attention.hpp"
+#include "kiln/nn/embedding.hpp"
+#include "kiln/nn/gpt.hpp"
+#include "kiln/nn/init.hpp"
+#include "kiln/nn/layers.hpp"
+#include "kiln/nn/linear.hpp"
+#include "kiln/nn/loss.hpp"
+#include "kiln/nn/module.hpp"
+#include "kiln/nn/norm.hpp"
+
+#include "kiln/optim/optimizer.hpp"
+#include "kiln/optim/schedule.hpp"
+
+#include "kiln/formats/idx.hpp"
+#include "kiln/formats/safetensors.hpp"
+
+#include "kiln/train/config.hpp"
+#include "kiln/train/data.hpp"
+#include "kiln/train/dataloader.hpp"
+#include "kiln/train/progress.hpp"
+#include "kiln/train/text.hpp"
+#include "kiln/train/trainer.hpp"
