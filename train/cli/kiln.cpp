@@ -17,6 +17,7 @@
 #include "kiln/train/data.hpp"
 #include "kiln/train/text.hpp"
 #include "kiln/train/trainer.hpp"
+#include "kiln/version.hpp"
 
 using namespace kiln;
 
@@ -107,7 +108,7 @@ class Args {
 
 const char* kUsage = R"(kiln: train and sample GPT models (differential attention, attention residuals) in C++
 
-usage: kiln <command> [flags]      kiln <command> --help for the flags of a command
+usage: kiln <command> [flags]      kiln <command> --help for the flags of a command;  kiln --version
 
 commands:
   train      train a GPT on a token file (SPECS §5 contract; checkpoints, resume, JSONL log)
@@ -332,6 +333,12 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string cmd = argv[1];
+  if (cmd == "--version" || cmd == "version") {
+    // The library's version (libkiln.so) and, if they differ, the headers this command was built with.
+    fmt::print("kiln {}{}\n", kiln::version(),
+               std::string(kiln::version()) == KILN_VERSION_STRING ? "" : fmt::format(" (built against {})", KILN_VERSION_STRING));
+    return 0;
+  }
   try {
     if (cmd == "train") return cmd_train(argc, argv);
     if (cmd == "sample") return cmd_sample(argc, argv);
