@@ -2,7 +2,7 @@
 """kiln train vs the PyTorch reference (kiln_ref.py train) on the same files, one after the other.
 
 Prints, per model variant: median step time over steps 3.. (the "ms" of each log), train tokens/s,
-peak RSS of each process, and the ratios. SPECS.md §5: the reference runs under
+peak RSS of each process, and the ratios. docs/specs.md §5: the reference runs under
 OMP_WAIT_POLICY=PASSIVE with --threads 2; kiln with KILN_NUM_THREADS=2.
 
   bench/train_vs_ref.py [--kiln build/kiln] [--steps 30] [--variants mha,diff,mha+attnres_block,diff+attnres_block]

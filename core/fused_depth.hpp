@@ -1,5 +1,5 @@
 #pragma once
-// Fused depth attention (Attention Residuals, SPECS §2) over n sources v_0..v_{n-1}, each [N, D] rows:
+// Fused depth attention (Attention Residuals, docs/specs.md §2) over n sources v_0..v_{n-1}, each [N, D] rows:
 //   r_i = 1/√(mean(v_i²) + eps),  s_i = q·v_i  with q = w ⊙ g (g = key-norm weight, or ones)
 //   logit_i = r_i s_i  (= w · RMSNorm(v_i): keys normalised, values raw, no 1/√D)
 //   α = softmax_i(logit),  h = Σ_i α_i v_i
@@ -16,7 +16,7 @@
 // receiving contiguous f32/f64 operands: v_i, h, dh, dv_i [N, D]; alpha, rstd [n, N]; q, dq [D].
 // dq is the gradient of q = w ⊙ g (the caller turns it into dw = dq ⊙ g and dg = dq ⊙ w).
 //
-// Two-phase inference (SPECS §2; under NoGrad, no backward) has two more:
+// Two-phase inference (docs/specs.md §2; under NoGrad, no backward) has two more:
 //   Phase 1, S queries Q [S, D] against the completed blocks v_i: per query j and row
 //     m_j = max_i logit_ij,  l_j = Σ_i exp(logit_ij − m_j),  acc_j = Σ_i exp(logit_ij − m_j) v_i
 //   Phase 2, sublayer j merges the running partial p (if any) by one online-softmax step:

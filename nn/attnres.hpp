@@ -1,5 +1,5 @@
 #pragma once
-// Attention Residuals (MoonshotAI/Kimi, arXiv 2603.15031), SPECS.md §2: a sublayer's input is a
+// Attention Residuals (MoonshotAI/Kimi, arXiv 2603.15031), docs/specs.md §2: a sublayer's input is a
 // softmax mixture, per token, over earlier representations ("sources"):
 //   logit_i = w · RMSNorm(v_i)   (keys normalised, values raw, no 1/√D scale)
 //   α = softmax_i(logit),  h = Σ_i α_i v_i
@@ -46,7 +46,7 @@ template <Backend B> class DepthAttention : public Module<B> {
   std::shared_ptr<RMSNorm<B>> key_norm_;
 };
 
-// SPECS §2's block state machine, shared by the GPT and the tests:
+// docs/specs.md §2's block state machine, shared by the GPT and the tests:
 //   blocks = [embedding]; partial = none
 //   each sublayer j: if j > 0 and j % S == 0: blocks.append(partial); partial = none
 //                    h = depth_attention_j(blocks + [partial]); out = f_j(h); partial += out

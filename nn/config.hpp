@@ -1,5 +1,5 @@
 #pragma once
-// model.json (SPECS.md §3): the GPT family's configuration. Every key is optional; an unknown key, a
+// model.json (docs/specs.md §3): the GPT family's configuration. Every key is optional; an unknown key, a
 // wrong type or an invalid value is a kiln::Error naming the file, the key and the valid keys/values.
 #include <cstdint>
 #include <string>

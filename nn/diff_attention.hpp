@@ -1,5 +1,5 @@
 #pragma once
-// Differential attention (Differential Transformer V1, arXiv 2410.05258), exactly SPECS.md §1.
+// Differential attention (Differential Transformer V1, arXiv 2410.05258), exactly docs/specs.md §1.
 // # Shapes
 //   x [B, T, D] -> [B, T, D]; h heads, h_kv kv groups, sub-head width d = D / h / 2
 //   q_proj D -> h·2d, k_proj D -> h_kv·2d, v_proj D -> h_kv·2d, out_proj h·2d -> D (no biases)

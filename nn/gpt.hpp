@@ -1,5 +1,5 @@
 #pragma once
-// The GPT model family of SPECS.md §3: pre-RMSNorm decoder, SwiGLU MLP, causal attention ("mha" or
+// The GPT model family of docs/specs.md §3: pre-RMSNorm decoder, SwiGLU MLP, causal attention ("mha" or
 // "diff") with optional RoPE and GQA, no biases, optionally tied embeddings; residuals "standard"
 // (x = x + f(x)) or Attention Residuals ("attnres_full": every sublayer reads a depth attention over
 // all earlier outputs; "attnres_block": over completed blocks of S sublayers plus the running partial).
@@ -60,7 +60,7 @@ template <Backend B> class GPT : public Module<B> {
   // With per-layer KV caches (generation): ids are the positions after the cached ones.
   Var<B> forward(const Tensor<B>& ids, std::vector<KVCache<B>>& caches) const;
 
-  // SPECS §3 init: matrices and embeddings N(0, 0.02²), norm weights 1, λ vectors N(0, 0.1²),
+  // docs/specs.md §3 init: matrices and embeddings N(0, 0.02²), norm weights 1, λ vectors N(0, 0.1²),
   // AttnRes queries 0, drawn from a Philox generator seeded with `seed` in named_parameters() order.
   void init_weights(uint64_t seed);
 

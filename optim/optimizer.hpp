@@ -22,7 +22,7 @@ template <Backend B> struct ParamGroup {
   double weight_decay = 0.0;
 };
 
-// The default grouping (SPECS §4): weight decay on tensors of rank >= 2 only — never on norms, biases,
+// The default grouping (docs/specs.md §4): weight decay on tensors of rank >= 2 only — never on norms, biases,
 // λ vectors or AttnRes queries. `decays(name, var)` overrides the rule.
 template <Backend B>
 KILN_API std::vector<ParamGroup<B>> decay_groups(const NamedParams<B>& params, double lr, double weight_decay,

@@ -1,5 +1,5 @@
 #pragma once
-// Learning-rate schedules (SPECS.md §4), as a pure function of the step:
+// Learning-rate schedules (docs/specs.md §4), as a pure function of the step:
 //   warmup:  lr·(s+1)/W for s < W (not for "constant")
 //   then p = (s − W) / max(1, steps − W), lo = min_lr_ratio·lr and
 //   constant: lr · cosine: lo + ½(lr − lo)(1 + cos πp) · linear: lr + (lo − lr)p

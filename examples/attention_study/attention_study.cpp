@@ -1,6 +1,6 @@
 // A small, honest comparison of the GPT family's attention and residual variants at equal parameter
-// count: MHA vs Differential attention (SPECS §1), each with standard residuals or Block Attention
-// Residuals (SPECS §2). Every variant sees the same seed, the same batches in the same order and the
+// count: MHA vs Differential attention (docs/specs.md §1), each with standard residuals or Block Attention
+// Residuals (docs/specs.md §2). Every variant sees the same seed, the same batches in the same order and the
 // same optimizer and schedule. Two tasks:
 //
 //   lm      character-level language modelling on Debian's fortunes corpus (assembled as
@@ -222,7 +222,7 @@ Variant parse_variant(const std::string& s) {
   return v;
 }
 
-// A Diff model with h heads has the projections of an MHA model with 2h heads (SPECS §1).
+// A Diff model with h heads has the projections of an MHA model with 2h heads (docs/specs.md §1).
 ModelConfig make_config(const TaskSizes& t, const Variant& v, int64_t vocab) {
   KILN_CHECK(t.mha_heads % 2 == 0, "attention_study: MHA heads must be even (Diff gets half), got {}", t.mha_heads);
   ModelConfig c;

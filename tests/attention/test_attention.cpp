@@ -301,7 +301,7 @@ TEMPLATE_TEST_CASE("attention: differential attention's fused form and dλ match
     o.backward(dout);
     res[fusedi].push_back(kt::host(o.value()));
     for (auto& xi : x) res[fusedi].push_back(kt::host(xi.grad()));
-    // SPECS §1: dλ = −Σ dO ⊙ FA(Q2, K2, V)
+    // docs/specs.md §1: dλ = −Σ dO ⊙ FA(Q2, K2, V)
     CHECK(x[5].grad().template item<double>() == Approx(-dout.mul(a2.value()).sum().template item<double>()).epsilon(1e-12));
   }
   const char* names[] = {"O", "dq1", "dk1", "dq2", "dk2", "dv", "dλ"};

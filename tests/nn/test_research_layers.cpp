@@ -1,4 +1,4 @@
-// DifferentialAttention and Attention Residuals: every literal check and property of SPECS.md §1–2,
+// DifferentialAttention and Attention Residuals: every literal check and property of docs/specs.md §1–2,
 // and finite-difference gradients of every parameter. Each test would catch one of the known ways
 // other implementations got these layers wrong (named in the comments).
 #include <catch2/catch.hpp>

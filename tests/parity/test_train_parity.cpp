@@ -1,4 +1,4 @@
-// `kiln train` against `kiln_ref.py train` on the same files (SPECS §5): per-step losses within 1e-4
+// `kiln train` against `kiln_ref.py train` on the same files (docs/specs.md §5): per-step losses within 1e-4
 // relative, final weights within 1e-3 relative L2; and checkpoint/resume reproducing an
 // uninterrupted run bit for bit, even when the writer is killed.
 #include <catch2/catch.hpp>
