@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's main job: train a small character-level GPT on the fortune cookie corpus of Debian's
-# `fortunes` package, with a progress bar, then sample from it.
+# `fortunes` package, with a progress bar, draw its training curves (out/char_gpt/curves.png), then
+# sample from it.
 #   scripts/train_demo.sh                  full run (a few minutes on 2 cores)
 #   STEPS=50 scripts/train_demo.sh         shorter
 #   DEVICE=cuda scripts/train_demo.sh      on the GPU (kiln built with the CUDA backend, a GPU visible)
@@ -31,6 +32,8 @@ export KILN_NUM_THREADS="${KILN_NUM_THREADS:-$(nproc)}"
 build/kiln train --model examples/char_gpt/model.json --train "$train_json" \
   --data "$out/train.safetensors" --eval-data "$out/eval.safetensors" \
   --checkpoint "$out/checkpoint.safetensors" --log "$out/log.jsonl" --progress on --device "${DEVICE:-cpu}"
+build/kiln plot --log "$out/log.jsonl" --label "char_gpt (diff + attnres_block)" --out "$out/curves.png" \
+  --title "kiln train: examples/char_gpt on Debian's fortunes"
 echo
 echo "--- sample (temperature 0.8, top-k 40) ---"
 build/kiln sample --checkpoint "$out/checkpoint.safetensors" --prompt "The " --tokens 400 --temperature 0.8 --top-k 40 \

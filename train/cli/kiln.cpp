@@ -15,6 +15,7 @@
 #include "kiln/backends/dispatch.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/train/data.hpp"
+#include "kiln/train/plot.hpp"
 #include "kiln/train/text.hpp"
 #include "kiln/train/trainer.hpp"
 #include "kiln/version.hpp"
@@ -61,6 +62,7 @@ class Args {
         }
         values_[name] = value;
       }
+      lists_[name].push_back(values_[name]);
     }
     if (has("help")) {
       fmt::print("{}\n\nflags:\n", usage_);
@@ -69,6 +71,8 @@ class Args {
     }
   }
   bool has(const std::string& n) const { return values_.count(n) != 0; }
+  // Every value of a flag given several times, in order (a single-valued flag keeps the last).
+  std::vector<std::string> list(const std::string& n) const { return lists_.count(n) ? lists_.at(n) : std::vector<std::string>{}; }
   std::string str(const std::string& n, const std::string& def = "") const { return has(n) ? values_.at(n) : def; }
   std::string required(const std::string& n) const {
     KILN_CHECK(has(n), "kiln {}: --{} is required (see kiln {} --help)", cmd_, n, cmd_);
@@ -104,6 +108,7 @@ class Args {
   std::string cmd_, usage_;
   std::vector<Flag> flags_;
   std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> lists_;
 };
 
 const char* kUsage = R"(kiln: train and sample GPT models (differential attention, attention residuals) in C++
@@ -115,7 +120,8 @@ commands:
   sample     generate text from a checkpoint (KV cache, temperature, top-k)
   eval       mean cross-entropy of a checkpoint on a token file
   tokenize   turn a text file into a token file (byte-level, or character-level with --chars)
-  inspect    list the tensors and metadata of a safetensors file or checkpoint)";
+  inspect    list the tensors and metadata of a safetensors file or checkpoint
+  plot       draw loss, eval loss, lr, grad norm and tokens/s of JSONL logs into a PNG (gnuplot))";
 
 int cmd_train(int argc, char** argv) {
   Args a("train", "kiln train --model model.json --train train.json --data tokens.safetensors [flags]",
@@ -297,6 +303,34 @@ int cmd_tokenize(int argc, char** argv) {
   return 0;
 }
 
+int cmd_plot(int argc, char** argv) {
+  Args a("plot", "kiln plot --log a.jsonl [--label A] [--log b.jsonl [--label B] ...] --out curves.png",
+         {{"log", "a JSONL log (kiln train --log); repeat for several runs, overlaid"},
+          {"label", "the legend name of each --log, in order (default: the log's folder name)"},
+          {"out", "the PNG to write (required)"},
+          {"title", "a title above the panels"},
+          {"size", "WIDTHxHEIGHT in pixels (default 1400x1000)"}});
+  a.parse(argc, argv, 2);
+  PlotOptions o{.logs = a.list("log"), .labels = a.list("label"), .out = a.required("out"), .title = a.str("title")};
+  KILN_CHECK(!o.logs.empty(), "kiln plot: --log is required (see kiln plot --help)");
+  if (a.has("size")) {
+    const std::string sz = a.str("size");
+    const auto x = sz.find('x');
+    try {
+      KILN_CHECK(x != std::string::npos, "");
+      size_t u1 = 0, u2 = 0;
+      o.width = std::stoi(sz.substr(0, x), &u1);
+      o.height = std::stoi(sz.substr(x + 1), &u2);
+      KILN_CHECK(u1 == x && u2 == sz.size() - x - 1, "");
+    } catch (const std::exception&) {
+      fail("kiln plot: --size must be WIDTHxHEIGHT (e.g. 1400x1000), got '{}'", sz);
+    }
+  }
+  plot_logs(o);
+  fmt::print("kiln plot: wrote {} ({} run{})\n", o.out, o.logs.size(), o.logs.size() == 1 ? "" : "s");
+  return 0;
+}
+
 int cmd_inspect(int argc, char** argv) {
   Args a("inspect", "kiln inspect --file model.safetensors", {{"file", "safetensors file or checkpoint (required)"}});
   a.parse(argc, argv, 2);
@@ -345,7 +379,8 @@ int main(int argc, char** argv) {
     if (cmd == "eval") return cmd_eval(argc, argv);
     if (cmd == "tokenize") return cmd_tokenize(argc, argv);
     if (cmd == "inspect") return cmd_inspect(argc, argv);
-    fmt::print(stderr, "kiln: unknown command '{}' (valid: train, sample, eval, tokenize, inspect)\n", cmd);
+    if (cmd == "plot") return cmd_plot(argc, argv);
+    fmt::print(stderr, "kiln: unknown command '{}' (valid: train, sample, eval, tokenize, inspect, plot)\n", cmd);
     return 2;
   } catch (const Error& e) {
     fmt::print(stderr, "kiln {}: error: {}\n", cmd, e.what());
