@@ -35,7 +35,7 @@ std::string ProgressBar::line(int64_t step, double loss, double lr, double tps, 
   const int width = 24;
   const int fill = static_cast<int>(width * std::min<int64_t>(done, total_) / total_);
   std::string bar = tty_ ? "[" + std::string(static_cast<size_t>(fill), '#') + std::string(static_cast<size_t>(width - fill), '.') + "] " : "";
-  std::string s = fmt::format("{}{}/{} loss {:.4f} lr {:.2e} {} tok/s ETA {}", bar, done, total_, loss, lr, si(tps), hms(eta));
+  std::string s = fmt::format("{}{}/{} loss {:.4f} lr {:.2e} {} {}/s ETA {}", bar, done, total_, loss, lr, si(tps), unit_, hms(eta));
   if (!extra.empty()) s += " " + extra;
   return s;
 }
@@ -44,7 +44,7 @@ void ProgressBar::update(int64_t step, double loss, double lr, int64_t tokens, c
   tokens_ += tokens;
   const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double tps = el > 0 ? static_cast<double>(tokens_) / el : 0.0;
-  const double per_step = el / static_cast<double>(step + 1);
+  const double per_step = el / static_cast<double>(std::max<int64_t>(1, step + 1 - first_));
   const double eta = per_step * static_cast<double>(total_ - step - 1);
   const std::string l = line(step, loss, lr, tps, eta, extra);
   if (tty_) {
@@ -53,6 +53,13 @@ void ProgressBar::update(int64_t step, double loss, double lr, int64_t tokens, c
   } else if ((step + 1) % every_ == 0 || step + 1 == total_ || step == 0) {
     fmt::print(out_, "{}\n", l);
   }
+  std::fflush(out_);
+}
+
+void ProgressBar::message(const std::string& line) {
+  if (open_line_) fmt::print(out_, "\r\x1b[K");
+  fmt::print(out_, "{}\n", line);
+  open_line_ = false;
   std::fflush(out_);
 }
 

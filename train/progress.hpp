@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
@@ -16,6 +17,12 @@ class ProgressBar {
   // step is 0-based; tokens is the number processed by this step.
   void update(int64_t step, double loss, double lr, int64_t tokens, const std::string& extra = "");
   void finish();
+  // Prints a line of its own (on a terminal, above the bar, which the next update redraws).
+  void message(const std::string& line);
+  // What update()'s counts are ("tok" by default: "tok/s"; e.g. "samples").
+  void set_unit(std::string unit) { unit_ = std::move(unit); }
+  // The first step this bar sees (a resumed run): the ETA then comes from the steps actually timed.
+  void start_at(int64_t step) { first_ = step; }
   // The line update() draws, without the carriage return (exposed for tests).
   std::string line(int64_t step, double loss, double lr, double tokens_per_s, double eta_s, const std::string& extra) const;
 
@@ -26,6 +33,8 @@ class ProgressBar {
   int64_t every_;
   bool open_line_ = false;
   int64_t tokens_ = 0;
+  int64_t first_ = 0;
+  std::string unit_ = "tok";
   std::chrono::steady_clock::time_point start_;
 };
 
