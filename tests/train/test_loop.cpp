@@ -1,0 +1,609 @@
+// kiln::fit (train/loop.hpp): resume is bit-identical (mid-epoch, at and across epoch boundaries, after
+// SIGINT), gradient accumulation equals one big batch, clipping equals optim::clip_grad_norm, the
+// LR follows the schedule, non-finite steps error or skip and never reach a checkpoint, callbacks
+// log and stop, evaluation runs exactly at its steps, and bad options or resume files are refused
+// before any file is touched.
+#include <nlohmann/json.hpp>
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <numbers>
+#include <sstream>
+
+#include <kiln/backends/backends.hpp>
+#include <kiln/formats/safetensors.hpp>
+#include <kiln/nn/layers.hpp>
+#include <kiln/nn/linear.hpp>
+#include <kiln/nn/loss.hpp>
+#include <kiln/train/loop.hpp>
+
+using namespace kiln;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// fc1 -> relu -> dropout -> fc2: the dropout draws from the default generator, so a resume that
+// did not restore the RNG state would differ.
+template <Backend B> class Net : public nn::Module<B> {
+ public:
+  explicit Net(int64_t hidden = 16, double p = 0.2, int64_t in = 3) : p_(p) {
+    fc1_ = this->register_module("fc1", std::make_shared<nn::Linear<B>>(nn::LinearOptions{.in = in, .out = hidden, .bias = true}));
+    drop_ = this->register_module("drop", std::make_shared<nn::Dropout<B>>(p > 0 ? p : 0.5));
+    fc2_ = this->register_module("fc2", std::make_shared<nn::Linear<B>>(nn::LinearOptions{.in = hidden, .out = 2, .bias = true}));
+  }
+  Var<B> forward(const Var<B>& x) const {
+    Var<B> h = (*fc1_)(x).relu();
+    if (p_ > 0) h = (*drop_)(h);
+    return (*fc2_)(h);
+  }
+  std::shared_ptr<nn::Linear<B>> fc2() const { return fc2_; }
+
+ private:
+  double p_;
+  std::shared_ptr<nn::Linear<B>> fc1_, fc2_;
+  std::shared_ptr<nn::Dropout<B>> drop_;
+};
+
+using C = Cpu;
+
+// Points of [-1, 1]³, class 1 when x0 + x1 > 0.
+TensorDataset<C> points(int64_t n, uint64_t seed, DType dtype = DType::f32) {
+  Generator g(seed);
+  const Tensor<C> x = Tensor<C>::uniform({n, 3}, -1.0, 1.0, DType::f64, &g);
+  const Tensor<C> y = x.select(1, 0).add(x.select(1, 1)).gt(0).to(DType::i64);
+  return TensorDataset<C>(x.to(dtype), y);
+}
+
+fs::path temp_dir() {
+  static int n = 0;
+  const auto d = fs::temp_directory_path() / fmt::format("kiln-loop-{}-{}", ::getpid(), n++);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::vector<json> read_log(const fs::path& p) {
+  std::vector<json> out;
+  std::ifstream f(p);
+  for (std::string line; std::getline(f, line);)
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+std::string slurp(const fs::path& p) {
+  std::stringstream ss;
+  ss << std::ifstream(p, std::ios::binary).rdbuf();
+  return ss.str();
+}
+
+// Every parameter's values, in f64 (exact for f32), by name.
+std::map<std::string, std::vector<double>> snapshot(const nn::Module<C>& m) {
+  std::map<std::string, std::vector<double>> out;
+  for (const auto& [n, p] : m.named_parameters()) out[n] = to_vector<double>(p.value());
+  return out;
+}
+
+double max_rel_diff(const std::map<std::string, std::vector<double>>& a, const std::map<std::string, std::vector<double>>& b) {
+  double worst = 0;
+  for (const auto& [n, v] : a) {
+    const auto& w = b.at(n);
+    REQUIRE(v.size() == w.size());
+    for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, std::abs(v[i] - w[i]) / (1.0 + std::abs(w[i])));
+  }
+  return worst;
+}
+
+auto ce_step(const Net<C>& model) {
+  return [&model](const std::pair<Tensor<C>, Tensor<C>>& b) { return nn::cross_entropy(model.forward(b.first), b.second); };
+}
+
+// One training run of the resume tests: a fresh model (init seed), AdamW, a shuffled loader of 50
+// points in batches of 8 (7 per epoch), grad_accum 2 (windows 2, 2, 2, 1: 4 steps per epoch), 3
+// epochs, evaluation every 5 steps.
+struct Run {
+  FitResult result;
+  std::map<std::string, std::vector<double>> weights;
+};
+
+Run run_points(uint64_t init_seed, FitOptions o, const std::function<void(int64_t)>& on_batch = nullptr) {
+  manual_seed(init_seed);
+  Net<C> model;
+  optim::Adam<C> opt(model.named_parameters(), {.lr = 1e-2, .weight_decay = 0.01, .decoupled = true});
+  DataLoader train(points(50, 1), {.batch_size = 8, .shuffle = true, .drop_last = false, .seed = 3});
+  DataLoader eval(points(20, 2), {.batch_size = 10, .shuffle = false});
+  int64_t calls = 0;
+  auto step = [&](const std::pair<Tensor<C>, Tensor<C>>& b) {
+    if (on_batch && model.is_training()) on_batch(calls++);
+    return nn::cross_entropy(model.forward(b.first), b.second);
+  };
+  o.epochs = 3;
+  o.grad_accum = 2;
+  o.eval_every = 5;
+  o.progress = 0;
+  o.schedule = {.name = "cosine", .warmup_steps = 2, .min_lr_ratio = 0.1};
+  Run r;
+  r.result = fit(model, opt, train, eval, step, o);
+  r.weights = snapshot(model);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("fit: a run stopped and resumed is bit-identical to one that never stopped (shuffled DataLoader, dropout, accumulation)",
+          "[fit][checkpoint]") {
+  const fs::path dir = temp_dir();
+  const Run full = run_points(0, {.log_path = (dir / "full.jsonl").string()});
+  REQUIRE(full.result.steps_done == 12);
+  REQUIRE(full.result.losses.size() == 12);
+  const auto full_log = read_log(dir / "full.jsonl");
+  REQUIRE(full_log.size() == 12);
+
+  // 6: mid-epoch (epoch 1, batch 4 of 7); 4: exactly at the first epoch boundary; 7: after the
+  // short window that ends epoch 1.
+  for (int64_t stop : {6, 4, 7}) {
+    SECTION(fmt::format("stop after {} steps", stop)) {
+      const std::string ck = (dir / fmt::format("ck{}.safetensors", stop)).string(), log = (dir / fmt::format("part{}.jsonl", stop)).string();
+      const Run a = run_points(0, {.checkpoint_path = ck, .log_path = log, .stop_after = stop});
+      CHECK(a.result.steps_done == stop);
+      CHECK(a.result.stopped);
+      const auto meta = safetensors::File::open(ck).metadata();
+      CHECK(meta.at("step") == std::to_string(stop));
+      CHECK(meta.at("data.epoch") == std::to_string(stop / 4));
+      // Another initialisation (seed 77): the checkpoint must overwrite it, and restore the RNG.
+      const Run b = run_points(77, {.checkpoint_path = ck, .resume_path = ck, .log_path = log});
+      CHECK(b.result.start_step == stop);
+      CHECK(b.result.steps_done == 12);
+      std::vector<double> losses = a.result.losses;
+      losses.insert(losses.end(), b.result.losses.begin(), b.result.losses.end());
+      CHECK(losses == full.result.losses);  // bit for bit
+      CHECK(b.weights == full.weights);
+      const auto part = read_log(log);
+      REQUIRE(part.size() == full_log.size());
+      for (size_t i = 0; i < part.size(); ++i) {
+        INFO("step " << i);
+        CHECK(part[i]["step"] == full_log[i]["step"]);
+        CHECK(part[i]["loss"] == full_log[i]["loss"]);
+        CHECK(part[i]["grad_norm"] == full_log[i]["grad_norm"]);
+        CHECK(part[i].contains("eval_loss") == full_log[i].contains("eval_loss"));
+        if (part[i].contains("eval_loss")) CHECK(part[i]["eval_loss"] == full_log[i]["eval_loss"]);
+      }
+    }
+  }
+  SECTION("SIGINT finishes the step, checkpoints and stops; the resume continues exactly") {
+    const std::string ck = (dir / "sig.safetensors").string();
+    // Windows of 2, 2, 2, 1 micro-batches: micro-batch 16 is step 9's first. The signal arrives
+    // there; step 9 completes, then the run stops.
+    const Run a = run_points(0, {.checkpoint_path = ck}, [](int64_t call) {
+      if (call == 16) std::raise(SIGINT);
+    });
+    CHECK(a.result.interrupted);
+    CHECK(a.result.steps_done == 10);
+    CHECK(safetensors::File::open(ck).metadata().at("step") == "10");
+    const Run b = run_points(5, {.checkpoint_path = ck, .resume_path = ck});
+    std::vector<double> losses = a.result.losses;
+    losses.insert(losses.end(), b.result.losses.begin(), b.result.losses.end());
+    CHECK(losses == full.result.losses);
+    CHECK(b.weights == full.weights);
+  }
+  SECTION("a log with records past the checkpoint (killed between checkpoints) keeps only those before it") {
+    const std::string ck = (dir / "kill.safetensors").string(), log = (dir / "kill.jsonl").string();
+    run_points(0, {.checkpoint_path = ck, .log_path = log, .stop_after = 5});
+    std::ofstream(log, std::ios::app) << R"({"step": 5, "loss": 1.0})" << "\n" << R"({"step": 6, "lo)";  // a torn line
+    run_points(0, {.checkpoint_path = ck, .resume_path = ck, .log_path = log});
+    const auto part = read_log(log);
+    REQUIRE(part.size() == 12);
+    for (size_t i = 0; i < part.size(); ++i) CHECK(part[i]["loss"] == full_log[i]["loss"]);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fit: accumulating k micro-batches of n equals one batch of k·n (f64)", "[fit]") {
+  // In f64 the two differ only in the order of the sums over samples (64 terms per gradient
+  // element): |Δ| ≲ 64·2⁻⁵³·Σ|terms| ≈ 1e-14 relative; 1e-12 leaves room, and a batch of n alone
+  // (the wrong answer) is off by > 1e-3.
+  const TensorDataset<C> data = points(64, 4, DType::f64);
+  auto run = [&](int64_t batch, int64_t accum, bool indexed, std::vector<std::pair<int64_t, int64_t>>* micro = nullptr) {
+    manual_seed(1);
+    Net<C> model(8, 0.0);
+    model.to(DType::f64);
+    optim::SGD<C> opt(model.named_parameters(), {.lr = 0.5});
+    FitOptions o{.steps = 3, .grad_accum = accum, .progress = 0};
+    int64_t after_backward = 0;
+    o.hooks.after_backward = [&] { ++after_backward; };
+    if (micro) o.hooks.around_micro_batch = [&](int64_t j, int64_t m, const std::function<void()>& f) {
+      micro->emplace_back(j, m);
+      f();
+    };
+    FitResult r;
+    if (indexed) {
+      // batch i = rows [i·batch, (i+1)·batch) mod 64: micro-batch j of step s is batch s·k + j
+      const IndexedBatches src{.batch = [&](int64_t i) {
+        std::vector<int64_t> idx;
+        for (int64_t t = 0; t < batch; ++t) idx.push_back((i * batch + t) % 64);
+        return data.get(idx);
+      }};
+      r = fit(model, opt, src, ce_step(model), o);
+    } else {
+      DataLoader loader(data, {.batch_size = batch, .shuffle = true, .seed = 9});
+      r = fit(model, opt, loader, ce_step(model), o);
+    }
+    CHECK(after_backward == 3);
+    return std::make_pair(r.losses, snapshot(model));
+  };
+  for (bool indexed : {false, true}) {
+    INFO((indexed ? "IndexedBatches" : "DataLoader"));
+    std::vector<std::pair<int64_t, int64_t>> micro;
+    const auto [la, wa] = run(4, 4, indexed, &micro);
+    const auto [lb, wb] = run(16, 1, indexed);
+    const auto [lc, wc] = run(4, 1, indexed);
+    REQUIRE(la.size() == 3);
+    for (size_t i = 0; i < 3; ++i) CHECK(std::abs(la[i] - lb[i]) < 1e-12 * std::abs(lb[i]));
+    CHECK(max_rel_diff(wa, wb) < 1e-12);
+    CHECK(max_rel_diff(wc, wb) > 1e-3);
+    CHECK(micro == std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {1, 4}, {2, 4}, {3, 4}, {0, 4}, {1, 4}, {2, 4}, {3, 4},
+                                                             {0, 4}, {1, 4}, {2, 4}, {3, 4}});
+  }
+  SECTION("an epoch's last window holds the batches left") {
+    // 7 batches per epoch, grad_accum 3: windows 3, 3, 1 — 3 steps per epoch
+    manual_seed(1);
+    Net<C> model(8, 0.0);
+    optim::SGD<C> opt(model.named_parameters(), {.lr = 0.1});
+    DataLoader loader(points(50, 1), {.batch_size = 8, .shuffle = true, .seed = 3});
+    std::vector<std::pair<int64_t, int64_t>> micro;
+    FitOptions o{.epochs = 2, .grad_accum = 3, .progress = 0};
+    o.hooks.around_micro_batch = [&](int64_t j, int64_t m, const std::function<void()>& f) {
+      micro.emplace_back(j, m);
+      f();
+    };
+    const FitResult r = fit(model, opt, loader, ce_step(model), o);
+    CHECK(r.steps_done == 6);
+    CHECK(micro == std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {1, 3}, {2, 3}, {0, 3}, {1, 3}, {2, 3}, {0, 1},
+                                                             {0, 3}, {1, 3}, {2, 3}, {0, 3}, {1, 3}, {2, 3}, {0, 1}});
+    CHECK(loader.epoch() == 2);
+  }
+}
+
+TEST_CASE("fit: clipping equals optim::clip_grad_norm, and the LR of each step follows the schedule", "[fit]") {
+  const TensorDataset<C> data = points(32, 5);
+  SECTION("clipping") {
+    const auto batch = data.get({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+    // by hand: one SGD step on the first 16 points with clip_grad_norm
+    manual_seed(2);
+    Net<C> manual(16, 0.0);
+    optim::SGD<C> opt_m(manual.named_parameters(), {.lr = 0.5, .momentum = 0.9});
+    opt_m.zero_grad();
+    nn::cross_entropy(manual.forward(batch.first), batch.second).backward();
+    const double norm = optim::clip_grad_norm(manual.parameters(), 0.05);
+    opt_m.step();
+    REQUIRE(norm > 0.05);  // the clip is active
+    for (double clip : {0.05, 0.0}) {
+      manual_seed(2);
+      Net<C> model(16, 0.0);
+      optim::SGD<C> opt(model.named_parameters(), {.lr = 0.5, .momentum = 0.9});
+      DataLoader loader(data, {.batch_size = 16, .shuffle = false});
+      const fs::path dir = temp_dir();
+      fit(model, opt, loader, ce_step(model),
+          {.steps = 1, .grad_clip = clip, .log_path = (dir / "log.jsonl").string(), .progress = 0});
+      const auto log = read_log(dir / "log.jsonl");
+      REQUIRE(log.size() == 1);
+      CHECK(log[0]["grad_norm"].get<double>() == norm);  // the norm before clipping, either way
+      if (clip > 0) CHECK(snapshot(model) == snapshot(manual));
+      else CHECK(max_rel_diff(snapshot(model), snapshot(manual)) > 1e-4);
+      fs::remove_all(dir);
+    }
+  }
+  SECTION("LR per step and per group") {
+    manual_seed(3);
+    Net<C> model(16, 0.0);
+    const auto named = model.named_parameters();
+    // two groups with different peaks: fc1 at 0.1, fc2 at 0.01
+    std::vector<optim::ParamGroup<C>> groups(2);
+    for (const auto& [n, p] : named) groups[n.starts_with("fc1") ? 0 : 1].params.emplace_back(n, p);
+    groups[0].lr = 0.1;
+    groups[1].lr = 0.01;
+    optim::Adam<C> opt(groups, {.lr = 0.1});
+    DataLoader loader(data, {.batch_size = 8, .shuffle = true, .seed = 1});
+    std::vector<std::pair<double, double>> seen;  // what the optimizer holds while the step runs
+    auto step = [&](const std::pair<Tensor<C>, Tensor<C>>& b) {
+      seen.emplace_back(opt.groups()[0].lr, opt.groups()[1].lr);
+      return nn::cross_entropy(model.forward(b.first), b.second);
+    };
+    const fs::path dir = temp_dir();
+    const LrSchedule sched{.name = "cosine", .warmup_steps = 3, .min_lr_ratio = 0.1};
+    fit(model, opt, loader, step, {.steps = 10, .log_path = (dir / "log.jsonl").string(), .progress = 0, .schedule = sched});
+    const auto log = read_log(dir / "log.jsonl");
+    REQUIRE(seen.size() == 10);
+    REQUIRE(log.size() == 10);
+    for (int s = 0; s < 10; ++s) {
+      INFO("step " << s);
+      // docs/specs.md §4 by hand: warmup lr·(s+1)/W, then cosine from lr to 0.1·lr over steps − W
+      auto expect = [&](double peak) {
+        if (s < 3) return peak * (s + 1) / 3.0;
+        const double p = (s - 3) / 7.0;
+        return 0.1 * peak + 0.5 * (peak - 0.1 * peak) * (1 + std::cos(std::numbers::pi * p));
+      };
+      CHECK(seen[s].first == Approx(expect(0.1)).epsilon(1e-14));
+      CHECK(seen[s].second == Approx(expect(0.01)).epsilon(1e-14));
+      CHECK(seen[s].first == sched.at(0.1, s, 10));
+      CHECK(log[s]["lr"].get<double>() == seen[s].first);
+    }
+    fs::remove_all(dir);
+  }
+}
+
+TEST_CASE("fit: non-finite steps stop with the step and parameter named, or are skipped, and no checkpoint holds them", "[fit]") {
+  const TensorDataset<C> data = points(64, 6);
+  const fs::path dir = temp_dir();
+  const std::string ck = (dir / "ck.safetensors").string(), log = (dir / "log.jsonl").string();
+  // inject: 0 none, 1 a NaN gradient in fc2.bias only (loss finite: d√(0·b)/db = 0·∞), 2 a NaN loss
+  auto run = [&](NonFinite mode, int inject, std::vector<std::map<std::string, std::vector<double>>>& after) {
+    manual_seed(4);
+    Net<C> model(8, 0.0);
+    optim::SGD<C> opt(model.named_parameters(), {.lr = 0.1});
+    DataLoader loader(data, {.batch_size = 8, .shuffle = false});
+    auto step = [&](const std::pair<Tensor<C>, Tensor<C>>& b) {
+      Var<C> loss = nn::cross_entropy(model.forward(b.first), b.second);
+      if (after.size() == 3 && inject == 1) loss = loss + (model.fc2()->bias() * 0.0).sqrt().sum();
+      if (after.size() == 3 && inject == 2) loss = loss * std::numeric_limits<double>::quiet_NaN();
+      return loss;
+    };
+    FitOptions o{.steps = 8, .on_nonfinite = mode, .checkpoint_path = ck, .checkpoint_every = 1, .log_path = log, .progress = 0};
+    o.callbacks.push_back({.on_step = [&](FitState&) { after.push_back(snapshot(model)); }});
+    const FitResult r = fit(model, opt, loader, step, o);
+    return std::make_pair(r, opt.step_count());
+  };
+  SECTION("error: names the step and the first bad parameter; the last good checkpoint stays") {
+    for (int inject : {1, 2}) {
+      std::vector<std::map<std::string, std::vector<double>>> after;
+      const std::string bad = inject == 1 ? "'fc2.bias'" : "'fc1.weight'";
+      CHECK_THROWS_WITH(run(NonFinite::error, inject, after), Catch::Contains("step 3") && Catch::Contains(bad));
+      REQUIRE(after.size() == 3);
+      CHECK(read_log(log).size() == 3);
+      const auto f = safetensors::File::open(ck);
+      CHECK(f.metadata().at("step") == "3");
+      CHECK(to_vector<double>(f.load<C>("model.fc2.bias")) == after[2].at("fc2.bias"));
+    }
+  }
+  SECTION("skip: exactly the bad step is skipped, counted and logged; the run goes on") {
+    std::vector<std::map<std::string, std::vector<double>>> after, clean;
+    run(NonFinite::skip, 0, clean);
+    const auto [r, updates] = run(NonFinite::skip, 1, after);
+    CHECK(r.steps_done == 8);
+    CHECK(r.skipped == 1);
+    CHECK(updates == 7);
+    REQUIRE(after.size() == 8);
+    CHECK(after[3] == after[2]);  // no update at step 3
+    CHECK(after[2] == clean[2]);
+    CHECK(after[4] != after[3]);  // and updates after it
+    const auto lines = read_log(log);
+    REQUIRE(lines.size() == 8);
+    for (size_t s = 0; s < 8; ++s) CHECK(lines[s].contains("skipped") == (s == 3));
+    CHECK(lines[3]["skipped_steps"] == 1);
+    CHECK(std::isfinite(lines[3]["loss"].get<double>()));
+    CHECK(lines[3]["grad_norm"].is_null());  // NaN
+    const auto f = safetensors::File::open(ck);
+    CHECK(f.metadata().at("skipped_steps") == "1");
+    CHECK(to_vector<double>(f.load<C>("model.fc2.bias")) == after[7].at("fc2.bias"));
+  }
+  SECTION("weights that became non-finite are never written over the last checkpoint") {
+    manual_seed(4);
+    Net<C> model(8, 0.0);
+    optim::SGD<C> opt(model.named_parameters(), {.lr = 0.1});
+    DataLoader loader(data, {.batch_size = 8, .shuffle = false});
+    FitOptions o{.steps = 8, .on_nonfinite = NonFinite::skip, .checkpoint_path = ck, .checkpoint_every = 1, .progress = 0};
+    std::vector<double> good;
+    o.callbacks.push_back({.on_step = [&](FitState& s) {
+      if (s.step == 3) good = to_vector<double>(model.fc2()->weight().value());
+      if (s.step == 4) {  // as if the update had overflowed
+        NoGrad ng;
+        Tensor<C> w = model.fc2()->weight().value();
+        w.mul_(std::numeric_limits<double>::infinity());
+      }
+    }});
+    CHECK_THROWS_WITH(fit(model, opt, loader, ce_step(model), o),
+                      Catch::Contains("'fc2.weight'") && Catch::Contains("not finite after step 4") && Catch::Contains("not written"));
+    const auto f = safetensors::File::open(ck);
+    CHECK(f.metadata().at("step") == "4");
+    CHECK(to_vector<double>(f.load<C>("model.fc2.weight")) == good);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fit: callbacks record metrics in the log and can stop the run", "[fit]") {
+  const fs::path dir = temp_dir();
+  manual_seed(5);
+  Net<C> model(8, 0.0);
+  optim::Adam<C> opt(model.named_parameters(), {.lr = 1e-2});
+  DataLoader loader(points(40, 7), {.batch_size = 10, .shuffle = true, .seed = 2});  // 4 batches per epoch
+  auto step = [&](const std::pair<Tensor<C>, Tensor<C>>& b) {
+    const Var<C> logits = model.forward(b.first);
+    const double acc = item<double>(logits.value().argmax(1).eq(b.second).to(DType::f64).mean());
+    return StepOutput<C>{.loss = nn::cross_entropy(logits, b.second), .metrics = {{"acc", acc}}};
+  };
+  FitOptions o{.epochs = 5, .checkpoint_path = (dir / "ck.safetensors").string(), .log_path = (dir / "log.jsonl").string(), .progress = 0};
+  std::vector<double> accs;
+  o.callbacks.push_back({.on_step = [&](FitState& s) {
+                           s.record("twice_loss", 2 * s.loss);
+                           accs.push_back(s.metrics.at("acc"));
+                           if (s.step == 6) s.stop = true;
+                         },
+                         .on_eval = nullptr,
+                         .on_epoch = [&](FitState& s) { s.record("epoch_done", static_cast<double>(s.epoch)); }});
+  const FitResult r = fit(model, opt, loader, step, o);
+  CHECK(r.stopped);
+  CHECK(r.steps_done == 7);
+  CHECK(safetensors::File::open((dir / "ck.safetensors").string()).metadata().at("step") == "7");
+  const auto log = read_log(dir / "log.jsonl");
+  REQUIRE(log.size() == 7);
+  for (size_t s = 0; s < log.size(); ++s) {
+    INFO("step " << s);
+    CHECK(log[s]["twice_loss"].get<double>() == 2 * log[s]["loss"].get<double>());
+    CHECK(log[s]["acc"].get<double>() == accs[s]);
+    CHECK(log[s]["samples_per_s"].get<double>() > 0);  // batches are (x, y) pairs: 10 samples each
+    CHECK(log[s].contains("epoch_done") == (s == 3));  // the last step of epoch 0 (steps 0..3)
+  }
+  CHECK(log[3]["epoch_done"] == 0.0);
+  CHECK(loader.epoch() == 1);
+  CHECK(loader.position() == 3);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fit: evaluation runs exactly every eval_every steps and after the last, with the model in eval mode", "[fit]") {
+  const fs::path dir = temp_dir();
+  manual_seed(6);
+  Net<C> model(8, 0.5);
+  optim::Adam<C> opt(model.named_parameters(), {.lr = 1e-2});
+  DataLoader train(points(48, 8), {.batch_size = 8, .shuffle = true, .seed = 2});
+  const TensorDataset<C> eval_set = points(40, 9);
+  const IndexedBatches eval{.batch = [&](int64_t i) {
+                              return eval_set.get({i * 10, i * 10 + 1, i * 10 + 2, i * 10 + 3, i * 10 + 4, i * 10 + 5, i * 10 + 6,
+                                                   i * 10 + 7, i * 10 + 8, i * 10 + 9});
+                            },
+                            .count = 4};
+  std::vector<int64_t> eval_calls_at;  // training steps at which evaluation batches ran
+  int64_t steps_seen = 0;
+  auto step = [&](const std::pair<Tensor<C>, Tensor<C>>& b) {
+    if (!model.is_training()) {
+      CHECK_FALSE(grad_enabled());
+      eval_calls_at.push_back(steps_seen - 1);
+    } else {
+      ++steps_seen;
+    }
+    return nn::cross_entropy(model.forward(b.first), b.second);
+  };
+  std::vector<double> eval_losses;
+  FitOptions o{.steps = 10, .eval_every = 3, .log_path = (dir / "log.jsonl").string(), .progress = 0};
+  o.callbacks.push_back({.on_step = nullptr, .on_eval = [&](FitState& s) { eval_losses.push_back(s.eval_loss); }, .on_epoch = nullptr});
+  const FitResult r = fit(model, opt, train, eval, step, o);
+  const std::vector<int64_t> at{2, 5, 8, 9};
+  std::vector<int64_t> expect_calls;
+  for (int64_t s : at)
+    for (int i = 0; i < 4; ++i) expect_calls.push_back(s);
+  CHECK(eval_calls_at == expect_calls);
+  const auto log = read_log(dir / "log.jsonl");
+  REQUIRE(log.size() == 10);
+  for (int64_t s = 0; s < 10; ++s) CHECK(log[s].contains("eval_loss") == (std::find(at.begin(), at.end(), s) != at.end()));
+  CHECK(r.eval_losses == eval_losses);
+  REQUIRE(eval_losses.size() == 4);
+  // the last evaluation, by hand on the final model
+  NoGrad ng;
+  model.eval();
+  double sum = 0;
+  for (int64_t i = 0; i < 4; ++i) {
+    const auto b = eval.batch(i);
+    sum += item<double>(nn::cross_entropy(model.forward(b.first), b.second).value());
+  }
+  CHECK(eval_losses.back() == sum / 4);
+  CHECK(log[9]["eval_loss"].get<double>() == sum / 4);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fit: bad options and mismatched resume checkpoints are kiln::Errors naming the value, and nothing is written", "[fit]") {
+  const fs::path dir = temp_dir();
+  const std::string log = (dir / "log.jsonl").string(), ck = (dir / "ck.safetensors").string();
+  const TensorDataset<C> data = points(40, 10);
+  // A checkpoint to resume from: Net(16), Adam, batches of 8 with seed 1, grad_accum 1, 3 steps.
+  {
+    manual_seed(0);
+    Net<C> model;
+    optim::Adam<C> opt(model.named_parameters(), {.lr = 1e-2});
+    DataLoader loader(data, {.batch_size = 8, .shuffle = true, .seed = 1});
+    fit(model, opt, loader, ce_step(model), {.steps = 3, .checkpoint_path = ck, .progress = 0});
+  }
+  std::ofstream(log) << "{\"step\": 0}\n";
+  const std::string ck_bytes = slurp(ck), log_bytes = slurp(log);
+
+  struct Case {
+    std::string what;
+    std::function<void()> run;
+    std::vector<std::string> says;
+  };
+  auto plain = [&](const FitOptions& base, int64_t hidden = 16, bool sgd = false, DataLoaderOptions d = {.batch_size = 8, .shuffle = true, .seed = 1}) {
+    manual_seed(0);
+    Net<C> model(hidden);
+    std::unique_ptr<optim::Optimizer<C>> opt;
+    if (sgd) opt = std::make_unique<optim::SGD<C>>(model.named_parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    else opt = std::make_unique<optim::Adam<C>>(model.named_parameters(), optim::AdamOptions{.lr = 1e-2});
+    DataLoader loader(data, d);
+    FitOptions o = base;
+    o.log_path = log;
+    o.progress = 0;
+    fit(model, *opt, loader, ce_step(model), o);
+  };
+  auto indexed = [&](const FitOptions& base, int64_t count) {
+    manual_seed(0);
+    Net<C> model;
+    optim::Adam<C> opt(model.named_parameters(), {.lr = 1e-2});
+    const IndexedBatches src{.batch = [&](int64_t) { return data.get({0, 1, 2, 3}); }, .count = count};
+    FitOptions o = base;
+    o.log_path = log;
+    o.progress = 0;
+    fit(model, opt, src, src, ce_step(model), o);
+  };
+  const std::vector<Case> cases{
+      {"no length", [&] { plain({}); }, {"exactly one of epochs and steps", "epochs=0 steps=0"}},
+      {"both lengths", [&] { plain({.epochs = 1, .steps = 4}); }, {"exactly one of epochs and steps", "epochs=1 steps=4"}},
+      {"negative steps", [&] { plain({.steps = -3}); }, {"steps must be >= 0, got -3"}},
+      {"negative epochs", [&] { plain({.epochs = -1}); }, {"epochs must be >= 0, got -1"}},
+      {"grad_accum 0", [&] { plain({.steps = 2, .grad_accum = 0}); }, {"grad_accum must be >= 1, got 0"}},
+      {"negative clip", [&] { plain({.steps = 2, .grad_clip = -1}); }, {"grad_clip must be >= 0", "-1"}},
+      {"negative eval_every", [&] { plain({.steps = 2, .eval_every = -2}); }, {"eval_every must be >= 0, got -2"}},
+      {"checkpoint_every without a path", [&] { plain({.steps = 2, .checkpoint_every = 5}); }, {"checkpoint_every = 5 needs a checkpoint_path"}},
+      {"a checkpoint in a missing directory", [&] { plain({.steps = 2, .checkpoint_path = (dir / "no/ck.safetensors").string()}); },
+       {"no directory", "no/ck.safetensors"}},
+      {"unknown schedule", [&] { plain({.steps = 2, .schedule = {.name = "cosin"}}); }, {"unknown name 'cosin'"}},
+      {"a loop metadata key", [&] { plain({.steps = 2, .metadata = {{"step", "7"}}}); }, {"metadata key 'step'"}},
+      {"epochs on IndexedBatches", [&] { indexed({.epochs = 2}, 1); }, {"epochs = 2 needs a DataLoader"}},
+      {"eval IndexedBatches without a count", [&] { indexed({.steps = 2}, 0); }, {"evaluation data has no batches", "count"}},
+      {"a missing resume file", [&] { plain({.steps = 4, .resume_path = (dir / "nope.safetensors").string()}); },
+       {"nope.safetensors"}},
+      {"resume: another model", [&] { plain({.steps = 4, .resume_path = ck}, 12); }, {"fc1.weight", "ck.safetensors"}},
+      {"resume: another optimizer", [&] { plain({.steps = 4, .resume_path = ck}, 16, true); }, {"'adam'", "'sgd'"}},
+      {"resume: another batch size", [&] { plain({.steps = 4, .resume_path = ck}, 16, false, {.batch_size = 4, .shuffle = true, .seed = 1}); },
+       {"batch_size 8", "4"}},
+      {"resume: another data seed", [&] { plain({.steps = 4, .resume_path = ck}, 16, false, {.batch_size = 8, .shuffle = true, .seed = 2}); },
+       {"seed 1", "seed 2"}},
+      {"resume: another grad_accum", [&] { plain({.steps = 4, .grad_accum = 2, .resume_path = ck}); }, {"grad_accum 1", "grad_accum 2"}},
+      {"resume: beyond the run", [&] { plain({.steps = 2, .resume_path = ck}); }, {"at step 3, beyond this run's 2 steps"}},
+      {"resume: a checkpoint of DataLoader data into IndexedBatches", [&] { indexed({.steps = 4, .resume_path = ck}, 1); },
+       {"DataLoader data", "IndexedBatches"}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    try {
+      c.run();
+      FAIL("no error");
+    } catch (const Error& e) {
+      INFO(e.what());
+      for (const std::string& s : c.says) CHECK_THAT(e.what(), Catch::Contains(s));
+    }
+    CHECK(slurp(log) == log_bytes);
+    CHECK(slurp(ck) == ck_bytes);
+    CHECK(!fs::exists(dir / "no"));
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fit: hooks.main_process = false writes no log and no checkpoint, and the run is the same", "[fit]") {
+  const fs::path dir = temp_dir();
+  auto run = [&](bool main) {
+    manual_seed(8);
+    Net<C> model(8, 0.0);
+    optim::Adam<C> opt(model.named_parameters(), {.lr = 1e-2});
+    DataLoader loader(points(32, 11), {.batch_size = 8, .shuffle = true, .seed = 4});
+    FitOptions o{.steps = 5, .checkpoint_path = (dir / "ck.safetensors").string(), .log_path = (dir / "log.jsonl").string(), .progress = 0};
+    o.hooks.main_process = main;
+    return fit(model, opt, loader, ce_step(model), o).losses;
+  };
+  const auto worker = run(false);
+  CHECK(!fs::exists(dir / "ck.safetensors"));
+  CHECK(!fs::exists(dir / "log.jsonl"));
+  CHECK(worker == run(true));
+  CHECK(read_log(dir / "log.jsonl").size() == 5);
+  fs::remove_all(dir);
+}

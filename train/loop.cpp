@@ -1,0 +1,519 @@
+#include "kiln/train/loop.hpp"
+
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <typeinfo>
+
+#include <nlohmann/json.hpp>
+
+#include "kiln/formats/safetensors.hpp"
+#include "kiln/train/progress.hpp"
+
+namespace kiln {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::atomic<int> g_signal{0};
+extern "C" void on_fit_signal(int s) { g_signal.store(s); }
+
+// Installs SIGINT/SIGTERM handlers for its lifetime; the loop polls g_signal between steps.
+struct SignalGuard {
+  bool on;
+  void (*old_int)(int) = nullptr;
+  void (*old_term)(int) = nullptr;
+  explicit SignalGuard(bool install) : on(install) {
+    g_signal.store(0);
+    if (!on) return;
+    old_int = std::signal(SIGINT, on_fit_signal);
+    old_term = std::signal(SIGTERM, on_fit_signal);
+  }
+  ~SignalGuard() {
+    if (!on) return;
+    std::signal(SIGINT, old_int);
+    std::signal(SIGTERM, old_term);
+  }
+  SignalGuard(const SignalGuard&) = delete;
+  SignalGuard& operator=(const SignalGuard&) = delete;
+};
+
+// The metadata keys the loop owns; options.metadata may not use them.
+bool loop_key(const std::string& k) {
+  static const char* keys[] = {"kiln_checkpoint", "step",      "rng_seed",      "rng_offset", "grad_accum",
+                               "optimizer",       "skipped_steps", "kiln_fit"};
+  for (const char* x : keys)
+    if (k == x) return true;
+  return k.rfind("data.", 0) == 0;
+}
+
+const std::string& need(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
+  const auto it = m.find(key);
+  KILN_CHECK(it != m.end(), "fit: resume checkpoint '{}' has no '{}' metadata", path, key);
+  return it->second;
+}
+
+int64_t parse_i64(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
+  const std::string& s = need(m, key, path);
+  int64_t v = 0;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  KILN_CHECK(ec == std::errc() && p == s.data() + s.size(), "fit: resume checkpoint '{}': '{}' = '{}' is not an integer", path, key, s);
+  return v;
+}
+
+uint64_t parse_u64(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
+  const std::string& s = need(m, key, path);
+  uint64_t v = 0;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  KILN_CHECK(ec == std::errc() && p == s.data() + s.size(), "fit: resume checkpoint '{}': '{}' = '{}' is not an integer", path, key, s);
+  return v;
+}
+
+template <Backend B> std::string optimizer_kind(const optim::Optimizer<B>& opt) {
+  if (dynamic_cast<const optim::Adam<B>*>(&opt)) return "adam";
+  if (dynamic_cast<const optim::SGD<B>*>(&opt)) return "sgd";
+  return typeid(opt).name();
+}
+
+// Keeps the records of steps < `before` (a torn or unparsable line is dropped), atomically.
+void truncate_log(const std::string& path, int64_t before) {
+  if (!std::filesystem::exists(path)) return;
+  std::ifstream in(path);
+  KILN_CHECK(in.good(), "fit: cannot read log file '{}'", path);
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    const json r = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (r.is_object() && r.contains("step") && r["step"].is_number_integer() && r["step"].get<int64_t>() < before) kept += line + "\n";
+  }
+  safetensors::write_atomically(path, {{kept.data(), kept.size()}});
+}
+
+// The engine's state for one fit() call.
+template <Backend B> class Engine {
+ public:
+  Engine(nn::Module<B>& model, optim::Optimizer<B>& opt, fit_detail::Source& train, const std::function<StepOutput<B>()>& step,
+         fit_detail::Source* eval, const std::function<StepOutput<B>()>* eval_step, const FitOptions& o)
+      : model_(model), opt_(opt), train_(train), step_(step), eval_(eval), eval_step_(eval_step), o_(o) {}
+
+  FitResult run();
+
+ private:
+  void validate();
+  void resume();
+  void one_step(int64_t step, json& rec, FitState& st);
+  double evaluate(std::map<std::string, double>& metrics);
+  void save_checkpoint(int64_t step_count);
+  [[noreturn]] void fail_nonfinite(int64_t step, double loss, double norm);
+
+  nn::Module<B>& model_;
+  optim::Optimizer<B>& opt_;
+  fit_detail::Source& train_;
+  const std::function<StepOutput<B>()>& step_;
+  fit_detail::Source* eval_;
+  const std::function<StepOutput<B>()>* eval_step_;
+  const FitOptions& o_;
+
+  std::vector<std::pair<std::string, Var<B>>> named_;
+  std::vector<Var<B>> params_;
+  std::vector<double> peaks_;
+  int64_t k_ = 1, spe_ = 0, total_ = 0, start_ = 0, end_ = 0, skipped_ = 0;
+  int64_t last_samples_ = 0, last_tokens_ = 0;  // of the last step, for the progress bar
+};
+
+template <Backend B> void Engine<B>::validate() {
+  KILN_CHECK(o_.epochs >= 0, "fit: epochs must be >= 0, got {}", o_.epochs);
+  KILN_CHECK(o_.steps >= 0, "fit: steps must be >= 0, got {}", o_.steps);
+  KILN_CHECK((o_.epochs > 0) != (o_.steps > 0), "fit: set exactly one of epochs and steps (> 0), got epochs={} steps={}", o_.epochs,
+             o_.steps);
+  KILN_CHECK(o_.grad_accum >= 1, "fit: grad_accum must be >= 1, got {}", o_.grad_accum);
+  KILN_CHECK(std::isfinite(o_.grad_clip) && o_.grad_clip >= 0, "fit: grad_clip must be >= 0 (0 = off), got {}", o_.grad_clip);
+  KILN_CHECK(std::isfinite(o_.lr) && o_.lr >= 0, "fit: lr must be >= 0 (0 = the optimizer's), got {}", o_.lr);
+  KILN_CHECK(o_.eval_every >= 0, "fit: eval_every must be >= 0, got {}", o_.eval_every);
+  KILN_CHECK(o_.checkpoint_every >= 0, "fit: checkpoint_every must be >= 0, got {}", o_.checkpoint_every);
+  KILN_CHECK(o_.checkpoint_every == 0 || !o_.checkpoint_path.empty(), "fit: checkpoint_every = {} needs a checkpoint_path",
+             o_.checkpoint_every);
+  KILN_CHECK(o_.stop_after >= -1, "fit: stop_after must be >= 0 (or -1 = never), got {}", o_.stop_after);
+  KILN_CHECK(o_.progress >= -1 && o_.progress <= 1, "fit: progress must be -1 (auto), 0 or 1, got {}", o_.progress);
+  KILN_CHECK(o_.schedule.warmup_steps >= 0, "fit: schedule.warmup_steps must be >= 0, got {}", o_.schedule.warmup_steps);
+  for (const auto& [key, value] : o_.metadata)
+    KILN_CHECK(!loop_key(key), "fit: metadata key '{}' is the loop's own (step, rng_*, grad_accum, optimizer, data.*, ...)", key);
+  if (!o_.checkpoint_path.empty()) {
+    const auto dir = std::filesystem::path(o_.checkpoint_path).parent_path();
+    KILN_CHECK(dir.empty() || std::filesystem::is_directory(dir), "fit: checkpoint_path '{}': no directory '{}'", o_.checkpoint_path,
+               dir.string());
+  }
+  if (!o_.log_path.empty()) {
+    const auto dir = std::filesystem::path(o_.log_path).parent_path();
+    KILN_CHECK(dir.empty() || std::filesystem::is_directory(dir), "fit: log_path '{}': no directory '{}'", o_.log_path, dir.string());
+  }
+  k_ = o_.grad_accum;
+  if (train_.indexed()) {
+    KILN_CHECK(o_.epochs == 0, "fit: epochs = {} needs a DataLoader; IndexedBatches have no epochs: set steps", o_.epochs);
+  } else {
+    KILN_CHECK(train_.batches_per_epoch() > 0, "fit: the training DataLoader has no batches (empty dataset, or drop_last with fewer "
+                                               "samples than batch_size)");
+    spe_ = (train_.batches_per_epoch() + k_ - 1) / k_;
+  }
+  if (eval_) {
+    KILN_CHECK(eval_->batches_per_epoch() > 0, "fit: the evaluation data has no batches{}",
+               eval_->indexed() ? " (set IndexedBatches::count)" : "");
+  }
+  total_ = o_.epochs > 0 ? o_.epochs * spe_ : o_.steps;
+  (void)o_.schedule.at(1.0, 0, total_);  // an unknown schedule name throws here, before anything runs
+  (void)o_.schedule.at(1.0, total_ - 1, total_);
+}
+
+template <Backend B> void Engine<B>::resume() {
+  const std::string& path = o_.resume_path;
+  const auto f = safetensors::File::open(path);  // names the file when it is missing or malformed
+  const auto& m = f.metadata();
+  KILN_CHECK(m.count("kiln_checkpoint"), "fit: '{}' is not a kiln checkpoint (no kiln_checkpoint metadata)", path);
+  const int64_t step = parse_i64(m, "step", path);
+  const int64_t accum = m.count("grad_accum") ? parse_i64(m, "grad_accum", path) : 1;
+  KILN_CHECK(accum == k_, "fit: resume checkpoint '{}' was written with grad_accum {}, this run has grad_accum {}", path, accum, k_);
+  if (m.count("optimizer")) {
+    const std::string kind = optimizer_kind(opt_);
+    KILN_CHECK(m.at("optimizer") == kind, "fit: resume checkpoint '{}' holds the state of optimizer '{}', this run uses '{}'", path,
+               m.at("optimizer"), kind);
+  }
+  const std::string data_kind = m.count("data.kind") ? m.at("data.kind") : "indexed";
+  const std::string mine = train_.indexed() ? "indexed" : "loader";
+  KILN_CHECK(data_kind == mine, "fit: resume checkpoint '{}' was trained on {} data, this run on {}", path,
+             data_kind == "loader" ? "DataLoader" : "IndexedBatches", mine == "loader" ? "DataLoader" : "IndexedBatches");
+  KILN_CHECK(step >= 0 && step <= total_, "fit: resume checkpoint '{}' is at step {}, beyond this run's {} steps", path, step, total_);
+  try {
+    train_.load_state(m);
+  } catch (const Error& e) {
+    fail("{} (resume checkpoint '{}')", e.what(), path);
+  }
+  if (!train_.indexed()) {
+    const int64_t at = train_.epoch() * spe_ + (train_.position() + k_ - 1) / k_;
+    KILN_CHECK(o_.epochs == 0 || at == step,
+               "fit: resume checkpoint '{}': step {} does not match its data position (epoch {}, batch {}: step {})", path, step,
+               train_.epoch(), train_.position(), at);
+  }
+  std::map<std::string, Tensor<B>> msd, osd;
+  for (const std::string& n : f.names()) {
+    if (n.rfind("model.", 0) == 0) msd.emplace(n.substr(6), f.load<B>(n));
+    else if (n.rfind("optim.", 0) == 0) osd.emplace(n.substr(6), f.load<B>(n));
+  }
+  try {
+    model_.load_state_dict(msd);
+    opt_.load_state_dict(osd);
+  } catch (const Error& e) {
+    fail("{} (resume checkpoint '{}')", e.what(), path);
+  }
+  default_generator().set_state(parse_u64(m, "rng_seed", path), parse_u64(m, "rng_offset", path));
+  skipped_ = m.count("skipped_steps") ? parse_i64(m, "skipped_steps", path) : 0;
+  start_ = step;
+}
+
+template <Backend B> void Engine<B>::fail_nonfinite(int64_t step, double loss, double norm) {
+  std::string bad;
+  for (const auto& [name, p] : named_) {
+    const Tensor<B> g = p.grad();
+    if (!g.defined()) continue;
+    if (!std::isfinite(item<double>(g.to(DType::f64).mul(0.0).sum()))) {  // x·0 is NaN exactly for inf and NaN
+      bad = name;
+      break;
+    }
+  }
+  if (!bad.empty())
+    fail("fit: non-finite gradient at step {}: first in parameter '{}' (loss {}, grad norm {}, lr {})", step, bad, loss, norm,
+         opt_.groups().empty() ? 0.0 : opt_.groups()[0].lr);
+  fail("fit: non-finite loss {} at step {} (every gradient finite, grad norm {}, lr {})", loss, step, norm,
+       opt_.groups().empty() ? 0.0 : opt_.groups()[0].lr);
+}
+
+template <Backend B> double Engine<B>::evaluate(std::map<std::string, double>& metrics) {
+  NoGrad ng;
+  const bool was_training = model_.is_training();
+  model_.eval();
+  const int64_t n = eval_->batches_per_epoch();
+  if (!eval_->indexed()) eval_->set_epoch(0);
+  std::vector<double> losses, weights;
+  std::map<std::string, std::vector<double>> values;
+  for (int64_t i = 0; i < n; ++i) {
+    eval_->fetch(i);
+    const StepOutput<B> out = (*eval_step_)();
+    KILN_CHECK(out.loss.defined() && out.loss.numel() == 1, "fit: the step function must return a scalar loss, got {}",
+               out.loss.defined() ? shape_str(out.loss.shape()) : std::string("an undefined Var"));
+    losses.push_back(item<double>(out.loss.value()));
+    weights.push_back(static_cast<double>(out.samples));
+    for (const auto& [k, v] : out.metrics) values[k].push_back(v);
+  }
+  model_.train(was_training);
+  // Batches of different sizes (a short last batch) are weighted by their samples, so the result
+  // is the mean over samples; equal batches by plain averaging.
+  bool weighted = false;
+  for (double w : weights) weighted |= w != weights[0];
+  for (double w : weights) weighted &= w > 0;
+  auto mean = [&](const std::vector<double>& x) {
+    double s = 0, ws = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      s += weighted && x.size() == weights.size() ? x[i] * weights[i] : x[i];
+      ws += weighted && x.size() == weights.size() ? weights[i] : 1.0;
+    }
+    return s / ws;
+  };
+  for (const auto& [k, v] : values) metrics["eval_" + k] = mean(v);
+  return mean(losses);
+}
+
+template <Backend B> void Engine<B>::save_checkpoint(int64_t step_count) {
+  // Never replace a good checkpoint with a diverged model: every parameter must be finite.
+  {
+    NoGrad ng;
+    Tensor<B> total;
+    for (const auto& p : params_) {
+      const Tensor<B> z = p.value().to(DType::f64).mul(0.0).sum();
+      total = total.defined() ? total.add(z) : z;
+    }
+    if (total.defined() && !std::isfinite(item<double>(total)))
+      for (const auto& [name, p] : named_)
+        KILN_CHECK(std::isfinite(item<double>(p.value().to(DType::f64).mul(0.0).sum())),
+                   "fit: parameter '{}' is not finite after step {}: checkpoint '{}' not written (the last good one is kept)", name,
+                   step_count - 1, o_.checkpoint_path);
+  }
+  std::vector<std::pair<std::string, Tensor<B>>> ts;
+  for (auto& [n, v] : model_.state_dict()) ts.emplace_back("model." + n, v);
+  for (auto& [n, v] : opt_.state_dict()) ts.emplace_back("optim." + n, v);
+  std::map<std::string, std::string> meta = o_.metadata;
+  const Generator& g = default_generator();
+  meta["kiln_checkpoint"] = "1";
+  meta["step"] = std::to_string(step_count);
+  meta["rng_seed"] = std::to_string(g.seed());
+  meta["rng_offset"] = std::to_string(g.offset());
+  meta["grad_accum"] = std::to_string(k_);
+  meta["optimizer"] = optimizer_kind(opt_);
+  meta["skipped_steps"] = std::to_string(skipped_);
+  meta["data.kind"] = train_.indexed() ? "indexed" : "loader";
+  for (auto& [k, v] : train_.state()) meta[k] = v;
+  safetensors::save<B>(o_.checkpoint_path, ts, meta);
+}
+
+template <Backend B> FitResult Engine<B>::run() {
+  validate();
+  named_ = model_.named_parameters();
+  for (const auto& [n, p] : named_) params_.push_back(p);
+  for (const auto& g : opt_.groups()) peaks_.push_back(o_.lr > 0 ? o_.lr : g.lr);
+
+  if (!o_.resume_path.empty()) {
+    resume();
+  } else if (!train_.indexed()) {
+    // Training starts at the loader's position (0 for a fresh loader); windows start at epoch starts.
+    if (train_.position() == train_.batches_per_epoch()) train_.set_epoch(train_.epoch() + 1);
+    KILN_CHECK(train_.position() % k_ == 0, "fit: the DataLoader is at batch {} of its epoch, not a multiple of grad_accum {}",
+               train_.position(), k_);
+    start_ = o_.epochs > 0 ? std::min(total_, train_.epoch() * spe_ + train_.position() / k_) : 0;
+  }
+  end_ = o_.stop_after >= 0 ? std::min(total_, std::max(start_, o_.stop_after)) : total_;
+
+  // Everything is checked: from here on files are written.
+  const bool main = o_.hooks.main_process;
+  std::FILE* log = nullptr;
+  if (main && !o_.log_path.empty()) {
+    if (start_ > 0) truncate_log(o_.log_path, start_);
+    log = std::fopen(o_.log_path.c_str(), start_ > 0 ? "a" : "w");
+    KILN_CHECK(log != nullptr, "fit: cannot open log file '{}'", o_.log_path);
+  }
+  struct Closer {
+    std::FILE* f;
+    ~Closer() {
+      if (f) std::fclose(f);
+    }
+  } closer{log};
+
+  const bool show = main && o_.progress != 0;
+  ProgressBar bar(total_, stdout, o_.progress < 0 ? -1 : o_.progress);
+  bar.start_at(start_);
+  struct BarGuard {
+    ProgressBar* b;
+    ~BarGuard() {
+      if (b) b->finish();
+    }
+  } bar_guard{show ? &bar : nullptr};
+
+  model_.train();
+  SignalGuard signals(o_.handle_signals);
+  FitResult res;
+  res.start_step = start_;
+  int64_t step = start_, last_checkpoint = -1;
+  bool stop = false;
+  while (step < end_ && !stop) {
+    json rec;
+    FitState st;
+    one_step(step, rec, st);
+    res.losses.push_back(st.loss);
+    if (st.evaluated) res.eval_losses.push_back(st.eval_loss);
+    for (const auto& [k, v] : st.metrics) {
+      KILN_CHECK(!rec.contains(k), "fit: metric '{}' at step {} has the name of a built-in log key", k, step);
+      rec[k] = v;
+    }
+    if (log) {
+      fmt::print(log, "{}\n", rec.dump());
+      std::fflush(log);
+    }
+    for (const std::string& line : st.messages) {
+      if (show) bar.message(line);
+      else if (main) fmt::print("{}\n", line);
+    }
+    if (show) {
+      std::string extra;
+      if (o_.epochs > 0) extra = fmt::format("epoch {}/{}", st.epoch + 1, o_.epochs);
+      if (st.evaluated) extra += fmt::format("{}eval {:.4f}", extra.empty() ? "" : " ", st.eval_loss);
+      if (skipped_ > 0) extra += fmt::format("{}skipped {}", extra.empty() ? "" : " ", skipped_);
+      if (step == start_) bar.set_unit(last_tokens_ > 0 ? "tok" : "samples");
+      bar.update(step, st.loss, st.lr, last_tokens_ > 0 ? last_tokens_ : last_samples_, extra);
+    }
+    ++step;
+    if (main && o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
+      save_checkpoint(step);
+      last_checkpoint = step;
+    }
+    if (st.stop) {
+      stop = true;
+      res.stopped = step < total_;
+    }
+    if (g_signal.load() != 0) {
+      stop = true;
+      res.interrupted = true;
+    }
+  }
+  if (step < total_ && !res.interrupted) res.stopped = true;
+  res.steps_done = step;
+  res.skipped = skipped_;
+  if (main && !o_.checkpoint_path.empty() && last_checkpoint != step) save_checkpoint(step);
+  return res;
+}
+
+template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState& st) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto& groups = opt_.groups();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const double lr = o_.schedule.at(peaks_[i], step, total_);
+    KILN_CHECK(lr >= 0 && std::isfinite(lr), "fit: the schedule gives lr {} at step {}", lr, step);
+    groups[i].lr = lr;
+  }
+  const double lr = groups.empty() ? 0.0 : groups[0].lr;
+  opt_.zero_grad();
+  for (auto& p : params_) p.zero_grad();
+
+  // The micro-batch window: grad_accum batches, or what is left of a DataLoader epoch.
+  const int64_t epoch = train_.epoch();
+  const int64_t m = train_.indexed() ? k_ : std::min(k_, train_.batches_per_epoch() - train_.position());
+  std::vector<Tensor<B>> losses;
+  std::map<std::string, double> metric_sums;
+  int64_t samples = 0, tokens = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    const std::function<void()> micro = [&] {
+      train_.fetch(step * k_ + j);
+      StepOutput<B> out = step_();
+      KILN_CHECK(out.loss.defined() && out.loss.numel() == 1, "fit: the step function must return a scalar loss, got {}",
+                 out.loss.defined() ? shape_str(out.loss.shape()) : std::string("an undefined Var"));
+      if (m == 1) out.loss.backward();
+      else out.loss.mul(1.0 / static_cast<double>(m)).backward();
+      losses.push_back(out.loss.value());
+      for (const auto& [k, v] : out.metrics) metric_sums[k] += v;
+      samples += out.samples;
+      tokens += out.tokens;
+    };
+    if (o_.hooks.around_micro_batch) o_.hooks.around_micro_batch(j, m, micro);
+    else micro();
+  }
+  if (o_.hooks.after_backward) o_.hooks.after_backward();
+  const double norm = optim::grad_norm(params_);
+  double loss = 0;
+  for (const auto& l : losses) loss += item<double>(l);
+  if (m > 1) loss /= static_cast<double>(m);
+
+  const bool finite = std::isfinite(loss) && std::isfinite(norm);
+  if (finite) {
+    if (o_.grad_clip > 0) {
+      const double coef = std::min(1.0, o_.grad_clip / (norm + 1e-6));  // optim::clip_grad_norm's formula
+      if (coef < 1.0)
+        for (const auto& p : params_) {
+          Tensor<B> g = p.grad();
+          if (g.defined()) g.mul_(coef);
+        }
+    }
+    opt_.step();
+  } else if (o_.on_nonfinite == NonFinite::error) {
+    fail_nonfinite(step, loss, norm);
+  } else {
+    opt_.zero_grad();
+    for (auto& p : params_) p.zero_grad();
+    ++skipped_;
+  }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+
+  rec = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"ms", ms}};
+  if (tokens > 0) rec["tokens_per_s"] = static_cast<double>(tokens) / (ms / 1e3);
+  if (samples > 0) rec["samples_per_s"] = static_cast<double>(samples) / (ms / 1e3);
+  if (!finite) {
+    rec["skipped"] = true;
+    rec["skipped_steps"] = skipped_;
+  }
+  st.step = step;
+  st.total_steps = total_;
+  st.epoch = epoch;
+  st.loss = loss;
+  st.lr = lr;
+  st.grad_norm = norm;
+  st.skipped = !finite;
+  for (const auto& [k, v] : metric_sums) st.metrics[k] = v / static_cast<double>(m);
+
+  if (eval_ && ((o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == total_)) {
+    st.eval_loss = evaluate(st.metrics);
+    st.evaluated = true;
+    rec["eval_loss"] = st.eval_loss;
+    for (const auto& cb : o_.callbacks)
+      if (cb.on_eval) cb.on_eval(st);
+  }
+  for (const auto& cb : o_.callbacks)
+    if (cb.on_step) cb.on_step(st);
+  if (!train_.indexed() && train_.position() == train_.batches_per_epoch()) {
+    train_.set_epoch(epoch + 1);
+    for (const auto& cb : o_.callbacks)
+      if (cb.on_epoch) cb.on_epoch(st);
+  }
+  last_samples_ = samples;
+  last_tokens_ = tokens;
+}
+
+}  // namespace
+
+namespace fit_detail {
+
+std::map<std::string, std::string> loader_state(const DataLoaderState& s) { return s.to_map("data."); }
+DataLoaderState loader_state(const std::map<std::string, std::string>& m) { return DataLoaderState::from_map(m, "data."); }
+std::map<std::string, std::string> indexed_state(const std::string& fingerprint) {
+  return {{"data.fingerprint", fingerprint}};
+}
+void check_indexed_state(const std::map<std::string, std::string>& m, const std::string& fingerprint) {
+  const auto it = m.find("data.fingerprint");
+  if (it == m.end() || it->second.empty() || fingerprint.empty()) return;  // nothing to compare
+  KILN_CHECK(it->second == fingerprint, "fit: the checkpoint's data is '{}', this run's is '{}'", it->second, fingerprint);
+}
+
+template <Backend B>
+FitResult fit(nn::Module<B>& model, optim::Optimizer<B>& opt, Source& train, const std::function<StepOutput<B>()>& step, Source* eval,
+              const std::function<StepOutput<B>()>* eval_step, const FitOptions& o) {
+  return Engine<B>(model, opt, train, step, eval, eval_step, o).run();
+}
+
+#define KILN_INST(B)                                                                                                   \
+  template FitResult fit<B>(nn::Module<B>&, optim::Optimizer<B>&, Source&, const std::function<StepOutput<B>()>&, Source*, \
+                            const std::function<StepOutput<B>()>*, const FitOptions&);
+KILN_FOR_EACH_BACKEND(KILN_INST)
+#undef KILN_INST
+
+}  // namespace fit_detail
+
+}  // namespace kiln

@@ -1,0 +1,310 @@
+#pragma once
+// kiln::fit: a training loop for any nn::Module (burn's Learner::fit, a small C++ Lightning).
+//
+//   MLP<Cpu> model(784, 256, 10);
+//   optim::Adam<Cpu> opt(model.named_parameters(), {.lr = 2e-3});
+//   DataLoader train(train_set, {.batch_size = 128, .shuffle = true}), test(test_set, {.batch_size = 1000, .shuffle = false});
+//   FitResult r = fit(model, opt, train, test,
+//       [&](const auto& batch) {                       // one batch: forward + loss (+ metrics to log)
+//         const auto& [x, y] = batch;
+//         return nn::cross_entropy(model.forward(x), y);  // a Var<B>, or a StepOutput<B>
+//       },
+//       {.epochs = 5, .grad_clip = 1.0, .schedule = {.name = "cosine", .warmup_steps = 100},
+//        .eval_every = 469, .checkpoint_path = "ck.safetensors", .log_path = "log.jsonl"});
+//
+// fit(model, opt, train, step, options) trains; fit(model, opt, train, eval, step, options) also
+// evaluates. The step function takes one batch (whatever the source yields) and returns the mean
+// loss of that batch as a Var<B>, or a StepOutput<B> that adds metrics to log and the batch's sample
+// and token counts. The same function evaluates, under NoGrad and model.eval()
+// (model.is_training() tells it which).
+//
+// Data. Training data is either
+//   - a DataLoader<D> (train/dataloader.hpp) over any IndexedDataset: passes in its (seeded,
+//     resumable) order; the loop trains from the loader's current position. Or
+//   - IndexedBatches{.batch = f}: batch i is f(i), a pure function of i (the GPT's
+//     TokenData::batch(i, ...)). Micro-batch j of step s is f(s·grad_accum + j); no epochs.
+// Evaluation data is a DataLoader (each evaluation runs one whole epoch, epoch 0's order) or
+// IndexedBatches{.batch = f, .count = n} (batches 0..n-1).
+//
+// One optimizer step s (0-based), in order:
+//   1. every parameter group's lr = schedule.at(peak, s, total_steps), peak = options.lr or, when 0,
+//      the group's lr when fit started (groups keep their ratios);
+//   2. gradients cleared (model and optimizer);
+//   3. for each micro-batch j < m: fetch it; loss = step(batch); backward of loss/m (of loss itself
+//      when m = 1). m = grad_accum, except at the end of a DataLoader epoch, where the window is
+//      the batches left (windows never straddle epochs). With equal-sized micro-batches and mean
+//      losses, k micro-batches of n give the gradient of one batch of k·n;
+//   4. hooks.after_backward; the global L2 norm of the gradients (before clipping, in double);
+//   5. a non-finite loss or norm: on_nonfinite = error throws a kiln::Error naming the step and the
+//      first parameter (dotted name) with a non-finite gradient; skip zeroes the gradients, makes no
+//      update, counts the step and logs it ("skipped": true); either way nothing is checkpointed;
+//   6. otherwise clipping (grad_clip > 0: gradients × min(1, clip / (norm + 1e-6)), exactly
+//      optim::clip_grad_norm) and opt.step();
+//   7. evaluation when (s + 1) % eval_every == 0 or s is the run's last step (eval_every = 0: the
+//      last step only), then the on_eval callbacks;
+//   8. the on_step callbacks; at the end of a DataLoader epoch the loader moves to the next epoch,
+//      then the on_epoch callbacks;
+//   9. one JSONL record: step, loss (mean over the micro-batches), lr (group 0), grad_norm, ms (wall
+//      time of 1–6), tokens_per_s / samples_per_s where known, eval_loss and eval_<metric> when
+//      evaluated, the step function's metrics (means over micro-batches), what callbacks recorded;
+//      then what callbacks print() and the progress bar;
+//  10. a checkpoint when (s + 1) % checkpoint_every == 0;
+//  11. stop when a callback asked, stop_after is reached or SIGINT/SIGTERM came (the step in
+//      progress always finishes). The run ends with a checkpoint (when checkpoint_path is set).
+//
+// A checkpoint (one safetensors file, written atomically: temp file, fsync, rename) holds the
+// model's state dict ("model.<name>"), the optimizer's ("optim.<key>", including its step count),
+// and as metadata: kiln_checkpoint = "1", step (completed optimizer steps), rng_seed / rng_offset
+// (the default generator), grad_accum, optimizer (adam | sgd | the C++ type), skipped_steps,
+// data.kind (loader | indexed), the DataLoaderState as data.* (loader) or data.fingerprint
+// (indexed), plus options.metadata. Resuming (resume_path) restores all of it, so a run stopped
+// and resumed computes bit for bit what a run that never stopped computes; a checkpoint from
+// another model, optimizer, grad_accum or data configuration is refused with a kiln::Error naming
+// the difference, before anything is written. Before writing, the loop checks that every parameter
+// is finite: a diverged run never replaces the last good checkpoint. A resumed run's log keeps the
+// records of the steps before the checkpoint and appends.
+//
+// Errors: bad options (no or both of epochs/steps, values < 0, grad_accum < 1, ...) and bad resume
+// files are kiln::Errors naming the option or file and the values, raised before any file is
+// touched.
+//
+// For later (unused today): a data-parallel loop plugs a distributed sampler in as the data source,
+// wraps all but the last micro-batch in no_sync() (hooks.around_micro_batch), all-reduces gradients
+// (hooks.after_backward) and sets hooks.main_process only on rank 0; mixed precision runs each
+// micro-batch inside an autocast scope (around_micro_batch) and unscales in after_backward.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kiln/backends/backends.hpp"
+#include "kiln/nn/module.hpp"
+#include "kiln/optim/optimizer.hpp"
+#include "kiln/optim/schedule.hpp"
+#include "kiln/train/dataloader.hpp"
+
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
+namespace kiln {
+
+// What a step function may return instead of the bare loss.
+template <Backend B> struct StepOutput {
+  Var<B> loss{};                          // scalar: the batch's mean loss
+  std::map<std::string, double> metrics{};  // logged under these names (eval: "eval_<name>")
+  int64_t samples = 0;                    // samples in the batch (0: the first axis of a Tensor or a pair's first Tensor)
+  int64_t tokens = 0;                     // tokens in the batch (0: unknown); gives tokens_per_s
+};
+
+// A data source whose batch i is batch(i): deterministic in i, so the step is the data position.
+template <class F> struct IndexedBatches {
+  F batch;                  // batch(int64_t i) -> any batch type
+  int64_t count = 0;        // evaluation: batches 0..count-1 (training: unbounded, ignored)
+  std::string fingerprint{};  // what the batches are (e.g. data size and shape); a resume must match it
+};
+template <class F> IndexedBatches(F, int64_t, std::string) -> IndexedBatches<F>;
+template <class F> IndexedBatches(F, int64_t) -> IndexedBatches<F>;
+template <class F> IndexedBatches(F) -> IndexedBatches<F>;
+
+enum class NonFinite { error, skip };
+
+// What callbacks see (after step `step`) and how they talk back.
+struct FitState {
+  int64_t step = 0;         // the optimizer step just completed (0-based)
+  int64_t total_steps = 0;  // of the whole run
+  int64_t epoch = 0;        // DataLoader: the epoch this step belongs to (0 for IndexedBatches)
+  double loss = 0, lr = 0, grad_norm = 0;
+  double eval_loss = 0;     // valid when evaluated
+  bool evaluated = false;   // this step ran an evaluation
+  bool skipped = false;     // a non-finite step skipped (on_nonfinite = skip)
+  std::map<std::string, double> metrics{};  // logged with this step: step-function metrics, eval_*, and what callbacks add
+  bool stop = false;        // set it to end the run after this step (with a checkpoint)
+  std::vector<std::string> messages{};  // lines to print (above the progress bar) after this step
+  void record(const std::string& name, double value) { metrics[name] = value; }
+  void print(std::string line) { messages.push_back(std::move(line)); }
+};
+
+struct Callback {
+  std::function<void(FitState&)> on_step{};    // after every optimizer step (and its evaluation)
+  std::function<void(FitState&)> on_eval{};    // after each evaluation
+  std::function<void(FitState&)> on_epoch{};   // after the last step of a DataLoader epoch
+};
+
+// Extension points for data parallelism and mixed precision; the defaults are a single process.
+struct FitHooks {
+  // Runs micro-batch j of m (`run` does fetch, forward and backward): e.g. inside no_sync() for j < m-1.
+  std::function<void(int64_t j, int64_t m, const std::function<void()>& run)> around_micro_batch{};
+  std::function<void()> after_backward{};  // after the last micro-batch, before the norm (all-reduce)
+  bool main_process = true;              // false: no log, progress bar or checkpoint from this process
+};
+
+struct FitOptions {
+  int64_t epochs = 0;      // train until a DataLoader reaches this epoch (counted from 0) ...
+  int64_t steps = 0;       // ... or for this many optimizer steps in total; exactly one is set
+  int64_t grad_accum = 1;  // micro-batches per optimizer step
+  double grad_clip = 0;    // max global L2 norm of the gradients (PyTorch clip_grad_norm_); 0 = off
+  NonFinite on_nonfinite = NonFinite::error;
+  int64_t eval_every = 0;        // evaluate every this many steps and after the last (0: the last only)
+  std::string checkpoint_path{};  // "" = no checkpoints
+  int64_t checkpoint_every = 0;  // 0 = only when the run ends
+  std::string resume_path{};      // a checkpoint of this loop to continue from
+  std::string log_path{};         // JSONL, one record per optimizer step
+  int progress = -1;             // progress bar on stdout: -1 when stdout is a terminal, 0 off, 1 on
+  int64_t stop_after = -1;       // end (with a checkpoint) once this many steps are done in total; -1 = never
+  bool handle_signals = true;    // SIGINT/SIGTERM finish the step, checkpoint and stop
+  std::map<std::string, std::string> metadata{};  // extra checkpoint metadata (e.g. configs)
+  std::vector<Callback> callbacks{};
+  FitHooks hooks{};
+  // The learning rate (last: GCC 12 warns falsely about a defaulted schedule followed by set members).
+  double lr = 0;           // the schedule's peak; 0 = each parameter group's lr when fit starts
+  LrSchedule schedule{};   // over total_steps (optim/schedule.hpp); default constant
+};
+
+struct FitResult {
+  int64_t start_step = 0;       // 0, or the resumed checkpoint's step
+  int64_t steps_done = 0;       // optimizer steps completed in total (skipped ones included)
+  int64_t skipped = 0;          // non-finite steps skipped, in total
+  std::vector<double> losses{};  // of the steps run in this call
+  std::vector<double> eval_losses{};  // of the evaluations run in this call
+  bool interrupted = false;     // SIGINT/SIGTERM
+  bool stopped = false;         // a callback or stop_after ended the run before total_steps
+};
+
+namespace fit_detail {
+
+// The loop's view of a data source; the typed wrappers below hold the batch the loop last fetched.
+class Source {
+ public:
+  virtual ~Source() = default;
+  virtual bool indexed() const = 0;
+  virtual int64_t batches_per_epoch() const = 0;  // IndexedBatches: its count
+  virtual int64_t epoch() const = 0;
+  virtual int64_t position() const = 0;
+  virtual void set_epoch(int64_t e) = 0;
+  virtual void fetch(int64_t index) = 0;  // IndexedBatches: batch `index`; DataLoader: its next batch
+  virtual std::map<std::string, std::string> state() const = 0;                  // "data.*" metadata
+  virtual void load_state(const std::map<std::string, std::string>& metadata) = 0;  // checks, then restores
+};
+
+// DataLoaderState <-> checkpoint metadata (in the library).
+std::map<std::string, std::string> loader_state(const DataLoaderState& s);
+DataLoaderState loader_state(const std::map<std::string, std::string>& metadata);
+std::map<std::string, std::string> indexed_state(const std::string& fingerprint);
+void check_indexed_state(const std::map<std::string, std::string>& metadata, const std::string& fingerprint);
+
+template <class D> class LoaderSource final : public Source {
+ public:
+  using Batch = typename DataLoader<D>::Batch;
+  explicit LoaderSource(DataLoader<D>& dl) : dl_(dl) {}
+  bool indexed() const override { return false; }
+  int64_t batches_per_epoch() const override { return dl_.batches_per_epoch(); }
+  int64_t epoch() const override { return dl_.epoch(); }
+  int64_t position() const override { return dl_.position(); }
+  void set_epoch(int64_t e) override { dl_.set_epoch(e); }
+  void fetch(int64_t) override {
+    cur_.reset();
+    cur_ = dl_.next();
+    KILN_CHECK(cur_.has_value(), "fit: the DataLoader ended its epoch early");
+  }
+  std::map<std::string, std::string> state() const override { return loader_state(dl_.state()); }
+  void load_state(const std::map<std::string, std::string>& m) override { dl_.load_state(loader_state(m)); }
+  const Batch& current() const { return *cur_; }
+
+ private:
+  DataLoader<D>& dl_;
+  std::optional<Batch> cur_;
+};
+
+template <class F> class IndexedSource final : public Source {
+ public:
+  using Batch = std::decay_t<std::invoke_result_t<const F&, int64_t>>;
+  explicit IndexedSource(const IndexedBatches<F>& s) : s_(s) {}
+  bool indexed() const override { return true; }
+  int64_t batches_per_epoch() const override { return s_.count; }
+  int64_t epoch() const override { return 0; }
+  int64_t position() const override { return 0; }
+  void set_epoch(int64_t) override {}
+  void fetch(int64_t i) override {
+    cur_.reset();
+    cur_.emplace(s_.batch(i));
+  }
+  std::map<std::string, std::string> state() const override { return indexed_state(s_.fingerprint); }
+  void load_state(const std::map<std::string, std::string>& m) override { check_indexed_state(m, s_.fingerprint); }
+  const Batch& current() const { return *cur_; }
+
+ private:
+  const IndexedBatches<F>& s_;
+  std::optional<Batch> cur_;
+};
+
+template <class D> auto make_source(DataLoader<D>& dl) { return std::make_unique<LoaderSource<D>>(dl); }
+template <class F> auto make_source(const IndexedBatches<F>& s) { return std::make_unique<IndexedSource<F>>(s); }
+
+template <class T> struct is_pair_like : std::false_type {};
+template <class A, class C> struct is_pair_like<std::pair<A, C>> : std::true_type {};
+template <class... T> struct is_pair_like<std::tuple<T...>> : std::bool_constant<(sizeof...(T) > 0)> {};
+
+// Samples in a batch when the step function does not say: a Tensor's first axis, or its first member's.
+template <Backend B, class Batch> int64_t batch_samples(const Batch& b) {
+  if constexpr (std::is_same_v<Batch, Tensor<B>> || std::is_same_v<Batch, Var<B>>) {
+    return b.dim() > 0 ? b.size(0) : 0;
+  } else if constexpr (is_pair_like<Batch>::value) {
+    return batch_samples<B, std::decay_t<std::tuple_element_t<0, Batch>>>(std::get<0>(b));
+  } else {
+    return 0;
+  }
+}
+
+template <Backend B, class Fn, class Batch> StepOutput<B> run_step(Fn& fn, const Batch& b) {
+  using R = std::decay_t<std::invoke_result_t<Fn&, const Batch&>>;
+  StepOutput<B> out;
+  if constexpr (std::is_same_v<R, StepOutput<B>>) {
+    out = fn(b);
+  } else {
+    static_assert(std::is_convertible_v<R, Var<B>>, "fit: the step function must return Var<B> or StepOutput<B>");
+    out.loss = fn(b);
+  }
+  if (out.samples == 0) out.samples = batch_samples<B, Batch>(b);
+  return out;
+}
+
+// The engine, compiled once per backend in the library (train/loop.cpp).
+template <Backend B>
+KILN_API FitResult fit(nn::Module<B>& model, optim::Optimizer<B>& opt, Source& train, const std::function<StepOutput<B>()>& step,
+                       Source* eval, const std::function<StepOutput<B>()>* eval_step, const FitOptions& o);
+
+}  // namespace fit_detail
+
+// Trains `model` with `opt` on `train`; `step(batch)` returns the batch's loss (Var<B> or StepOutput<B>).
+template <Backend B, class Train, class Step>
+FitResult fit(nn::Module<B>& model, optim::Optimizer<B>& opt, Train&& train, Step&& step, const FitOptions& o) {
+  auto src = fit_detail::make_source(train);
+  auto* s = src.get();
+  const std::function<StepOutput<B>()> run = [&step, s] { return fit_detail::run_step<B>(step, s->current()); };
+  return fit_detail::fit<B>(model, opt, *src, run, nullptr, nullptr, o);
+}
+
+// The same, evaluating on `eval` with the same step function (under NoGrad and model.eval()).
+template <Backend B, class Train, class Eval, class Step>
+FitResult fit(nn::Module<B>& model, optim::Optimizer<B>& opt, Train&& train, Eval&& eval, Step&& step, const FitOptions& o) {
+  auto src = fit_detail::make_source(train);
+  auto ev = fit_detail::make_source(eval);
+  auto *s = src.get(), *e = ev.get();
+  const std::function<StepOutput<B>()> run = [&step, s] { return fit_detail::run_step<B>(step, s->current()); };
+  const std::function<StepOutput<B>()> run_eval = [&step, e] { return fit_detail::run_step<B>(step, e->current()); };
+  return fit_detail::fit<B>(model, opt, *src, run, ev.get(), &run_eval, o);
+}
+
+#define KILN_EXTERN_FIT(B)                                                                                                   \
+  extern template FitResult fit_detail::fit<B>(nn::Module<B>&, optim::Optimizer<B>&, fit_detail::Source&,                    \
+                                               const std::function<StepOutput<B>()>&, fit_detail::Source*,                    \
+                                               const std::function<StepOutput<B>()>*, const FitOptions&);
+KILN_FOR_EACH_BACKEND(KILN_EXTERN_FIT)
+#undef KILN_EXTERN_FIT
+
+}  // namespace kiln
+#pragma GCC visibility pop
