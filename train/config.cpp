@@ -27,6 +27,9 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   f.get("eval_every", c.eval_every);
   f.get("eval_batches", c.eval_batches);
   f.get("checkpoint_every", c.checkpoint_every);
+  f.get("grad_accum", c.grad_accum);
+  f.get("on_nonfinite", c.on_nonfinite);
+  one_of(where, "on_nonfinite", c.on_nonfinite, {"error", "skip"});
   if (const json* o = f.object("optimizer")) {
     OptimizerConfig& oc = c.optimizer;
     oc = OptimizerConfig{};
@@ -89,7 +92,8 @@ TrainConfig TrainConfig::load(const std::string& path) {
 void TrainConfig::validate() const {
   KILN_CHECK(batch_size >= 1, "batch_size must be >= 1, got {}", batch_size);
   KILN_CHECK(seq_len >= 1, "seq_len must be >= 1, got {}", seq_len);
-  KILN_CHECK(steps >= 0, "steps must be >= 0, got {}", steps);
+  KILN_CHECK(steps >= 1, "steps must be >= 1, got {}", steps);
+  KILN_CHECK(grad_accum >= 1, "grad_accum must be >= 1, got {}", grad_accum);
   KILN_CHECK(grad_clip >= 0, "grad_clip must be >= 0 (0 = off), got {}", grad_clip);
   KILN_CHECK(optimizer.lr >= 0, "optimizer lr must be >= 0, got {}", optimizer.lr);
   KILN_CHECK(optimizer.beta1 >= 0 && optimizer.beta1 < 1 && optimizer.beta2 >= 0 && optimizer.beta2 < 1,
@@ -126,7 +130,7 @@ json TrainConfig::to_json() const {
   }
   return {{"batch_size", batch_size}, {"seq_len", seq_len}, {"steps", steps}, {"grad_clip", grad_clip},
           {"optimizer", o}, {"schedule", s}, {"eval_every", eval_every}, {"eval_batches", eval_batches},
-          {"checkpoint_every", checkpoint_every}};
+          {"checkpoint_every", checkpoint_every}, {"grad_accum", grad_accum}, {"on_nonfinite", on_nonfinite}};
 }
 
 }  // namespace kiln

@@ -40,6 +40,8 @@ struct TrainConfig {
   int64_t eval_every = 0;        // 0 = never
   int64_t eval_batches = 8;
   int64_t checkpoint_every = 0;  // 0 = only at the end (when --checkpoint is given)
+  int64_t grad_accum = 1;        // micro-batches of batch_size per step (batch s·grad_accum + j of the data)
+  std::string on_nonfinite = "error";  // a non-finite loss or gradient: "error" stops, "skip" skips the step
 
   void validate() const;
   nlohmann::json to_json() const;

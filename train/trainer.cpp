@@ -1,8 +1,5 @@
 #include "kiln/train/trainer.hpp"
 
-#include <atomic>
-#include <chrono>
-#include <csignal>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -11,31 +8,13 @@
 #include "kiln/nn/loss.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/train/data.hpp"
-#include "kiln/train/progress.hpp"
+#include "kiln/train/loop.hpp"
 
 namespace kiln {
 
 namespace {
 
 using json = nlohmann::json;
-
-std::atomic<int> g_signal{0};
-extern "C" void on_signal(int s) { g_signal.store(s); }
-
-// Installs SIGINT/SIGTERM handlers for its lifetime; the loop polls g_signal between steps.
-struct SignalGuard {
-  void (*old_int)(int);
-  void (*old_term)(int);
-  SignalGuard() {
-    g_signal.store(0);
-    old_int = std::signal(SIGINT, on_signal);
-    old_term = std::signal(SIGTERM, on_signal);
-  }
-  ~SignalGuard() {
-    std::signal(SIGINT, old_int);
-    std::signal(SIGTERM, old_term);
-  }
-};
 
 template <Backend B> std::unique_ptr<optim::Optimizer<B>> make_optimizer(const nn::GPT<B>& model, const OptimizerConfig& o) {
   const auto groups = optim::decay_groups<B>(model.named_parameters(), o.lr, o.weight_decay);
@@ -90,6 +69,7 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   const auto& m = c.metadata;
   c.is_checkpoint = m.count("kiln_checkpoint") != 0;
   if (!c.is_checkpoint) return c;
+  KILN_CHECK(m.count("model_config"), "checkpoint '{}' holds no GPT model_config (a kiln::fit checkpoint of another model?)", path);
   try {
     c.model = ModelConfig::from_json(json::parse(m.at("model_config")), path + ": model_config");
     if (m.count("train_config")) c.train = TrainConfig::from_json(json::parse(m.at("train_config")), path + ": train_config");
@@ -159,92 +139,46 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
   model.init_weights(o.seed);
   if (!o.init_from.empty()) model.load(o.init_from);
   auto opt = make_optimizer(model, tc.optimizer);
-  int64_t start = 0;
-  if (!o.resume_path.empty()) {
-    const auto f = safetensors::File::open(o.resume_path);
-    std::map<std::string, Tensor<B>> msd, osd;
-    for (const std::string& n : f.names()) {
-      if (n.rfind("model.", 0) == 0) msd.emplace(n.substr(6), f.load<B>(n));
-      else if (n.rfind("optim.", 0) == 0) osd.emplace(n.substr(6), f.load<B>(n));
-    }
-    try {
-      model.load_state_dict(msd);
-      opt->load_state_dict(osd);
-    } catch (const Error& e) {
-      fail("{} (checkpoint '{}')", e.what(), o.resume_path);
-    }
-    start = resume.step;
-    default_generator().set_state(resume.rng_seed, resume.rng_offset);
-  }
-  model.train();
 
-  std::FILE* log = nullptr;
-  if (!o.log_path.empty()) {
-    log = std::fopen(o.log_path.c_str(), start > 0 ? "a" : "w");
-    KILN_CHECK(log != nullptr, "train: cannot open log file '{}'", o.log_path);
-  }
-  struct Closer {
-    std::FILE* f;
-    ~Closer() {
-      if (f) std::fclose(f);
-    }
-  } closer{log};
-
-  const std::vector<Var<B>> params = model.parameters();
-  const int64_t end = o.stop_after >= 0 ? std::min(tc.steps, o.stop_after) : tc.steps;
-  const int64_t tokens_per_step = tc.batch_size * tc.seq_len;
-  const bool show = !o.quiet && o.progress != 0;
-  ProgressBar bar(tc.steps, stdout, o.progress < 0 ? -1 : o.progress);
+  // SPECS §4 on the generic loop: batch i of the token data, mean cross-entropy, the schedule over
+  // tc.steps from the optimizer's lr, clipping, one record per step; the step is the data position.
+  const int64_t bs = tc.batch_size, T = tc.seq_len;
+  auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& b) {
+    return StepOutput<B>{.loss = lm_loss(model, b.first, b.second), .metrics = {}, .samples = bs, .tokens = bs * T};
+  };
+  const IndexedBatches train{.batch = [&](int64_t i) { return data.batch<B>(i, bs, T); },
+                             .count = 0,
+                             .fingerprint = fmt::format("{} tokens, batches of {}x{}", data.size(), bs, T)};
+  const bool with_eval = eval_data && tc.eval_every > 0;
+  const IndexedBatches eval{.batch = [&](int64_t i) { return eval_data->batch<B>(i, bs, T); }, .count = tc.eval_batches, .fingerprint = ""};
+  const FitOptions fo{.steps = tc.steps,
+                      .grad_accum = tc.grad_accum,
+                      .grad_clip = tc.grad_clip,
+                      .on_nonfinite = tc.on_nonfinite == "skip" ? NonFinite::skip : NonFinite::error,
+                      .eval_every = tc.eval_every,
+                      .checkpoint_path = o.checkpoint_path,
+                      .checkpoint_every = tc.checkpoint_every,
+                      .resume_path = o.resume_path,
+                      .log_path = o.log_path,
+                      .progress = o.quiet ? 0 : o.progress,
+                      .stop_after = o.stop_after,
+                      .metadata = {{"model_config", cfg.to_json().dump()}, {"train_config", tc.to_json().dump()}, {"data", o.data_path}},
+                      .schedule = tc.schedule};  // peak: the optimizer's lr, tc.optimizer.lr
   if (!o.quiet)
-    fmt::print("kiln train: {} parameters, {} {}·{} tokens/step, steps {}..{} of {}, device {}\n", model.num_parameters(),
-               cfg.attention, tc.batch_size, tc.seq_len, start, end, tc.steps, B::name);
-  SignalGuard guard;
+    fmt::print("kiln train: {} parameters, {} {}{}·{} tokens/step, steps {}..{} of {}, device {}\n", model.num_parameters(),
+               cfg.attention, tc.grad_accum > 1 ? fmt::format("{}·", tc.grad_accum) : "", bs, T, resume.step,
+               o.stop_after >= 0 ? std::min(tc.steps, o.stop_after) : tc.steps, tc.steps, B::name);
+  const FitResult r = with_eval ? fit(model, *opt, train, eval, step, fo) : fit(model, *opt, train, step, fo);
+
   TrainResult res;
-  int64_t step = start;
-  for (; step < end; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const double lr = tc.schedule.at(tc.optimizer.lr, step, tc.steps);
-    opt->set_lr(lr);
-    const auto [x, y] = data.batch<B>(step, tc.batch_size, tc.seq_len);
-    opt->zero_grad();
-    const Var<B> loss = lm_loss(model, x, y);
-    loss.backward();
-    const double norm = tc.grad_clip > 0 ? optim::clip_grad_norm(params, tc.grad_clip) : optim::grad_norm(params);
-    opt->step();
-    const double lv = item<double>(loss.value());
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    res.losses.push_back(lv);
-    json rec = {{"step", step}, {"loss", lv}, {"lr", lr}, {"grad_norm", norm}, {"ms", ms},
-                {"tokens_per_s", static_cast<double>(tokens_per_step) / (ms / 1e3)}};
-    std::string extra;
-    if (eval_data && tc.eval_every > 0 && ((step + 1) % tc.eval_every == 0 || step + 1 == tc.steps)) {
-      model.eval();
-      const double ev = evaluate(model, *eval_data, tc.eval_batches, tc.batch_size, tc.seq_len);
-      model.train();
-      rec["eval_loss"] = ev;
-      res.final_eval_loss = ev;
-      extra = fmt::format("eval {:.4f}", ev);
-    }
-    if (log) {
-      fmt::print(log, "{}\n", rec.dump());
-      std::fflush(log);
-    }
-    if (show) bar.update(step, lv, lr, tokens_per_step, extra);
-    KILN_CHECK(std::isfinite(lv), "train: loss became {} at step {} (lr {}); stopping", lv, step, lr);
-    const bool periodic = tc.checkpoint_every > 0 && (step + 1) % tc.checkpoint_every == 0;
-    if (!o.checkpoint_path.empty() && periodic) save_checkpoint(o.checkpoint_path, model, opt.get(), step + 1, tc, o.data_path);
-    if (g_signal.load() != 0) {
-      res.interrupted = true;
-      ++step;
-      break;
-    }
-  }
-  if (show) bar.finish();
-  res.steps_done = step;
-  if (!o.checkpoint_path.empty()) save_checkpoint(o.checkpoint_path, model, opt.get(), step, tc, o.data_path);
+  res.steps_done = r.steps_done;
+  res.losses = r.losses;
+  res.final_eval_loss = r.eval_losses.empty() ? -1 : r.eval_losses.back();
+  res.interrupted = r.interrupted;
   if (!o.save_path.empty()) model.save(o.save_path);
+  if (!o.quiet && r.skipped > 0) fmt::print("kiln train: {} non-finite steps skipped\n", r.skipped);
   if (res.interrupted && !o.quiet)
-    fmt::print("kiln train: interrupted after step {}{}\n", step,
+    fmt::print("kiln train: interrupted after step {}{}\n", r.steps_done,
                o.checkpoint_path.empty() ? "" : fmt::format("; resume with --resume {}", o.checkpoint_path));
   return res;
 }

@@ -57,6 +57,10 @@ TEST_CASE("config: unknown keys, wrong types and bad values name the key", "[con
                     Catch::Contains("t.json: optimizer") && Catch::Contains("'beta'") && Catch::Contains("betas"));
   CHECK_THROWS_WITH(TrainConfig::from_json(json{{"schedule", {{"name", "exp"}}}}), Catch::Contains("exp"));
   CHECK_THROWS_WITH(TrainConfig::from_json(json{{"batch_size", 0}}), Catch::Contains("batch_size"));
+  CHECK_THROWS_WITH(TrainConfig::from_json(json{{"steps", 0}}), Catch::Contains("steps must be >= 1, got 0"));
+  CHECK_THROWS_WITH(TrainConfig::from_json(json{{"grad_accum", 0}}), Catch::Contains("grad_accum must be >= 1, got 0"));
+  CHECK_THROWS_WITH(TrainConfig::from_json(json{{"on_nonfinite", "ignore"}}), Catch::Contains("ignore") && Catch::Contains("error, skip"));
+  CHECK(TrainConfig::from_json(json{{"grad_accum", 4}, {"on_nonfinite", "skip"}}).to_json().at("grad_accum") == 4);
   CHECK_THROWS_WITH(ModelConfig::load("/nonexistent/model.json"), Catch::Contains("/nonexistent/model.json"));
 }
 

@@ -20,6 +20,7 @@
 #include <kiln/nn/linear.hpp>
 #include <kiln/nn/loss.hpp>
 #include <kiln/train/loop.hpp>
+#include <kiln/train/trainer.hpp>
 
 using namespace kiln;
 using json = nlohmann::json;
@@ -605,5 +606,38 @@ TEST_CASE("fit: hooks.main_process = false writes no log and no checkpoint, and 
   CHECK(!fs::exists(dir / "log.jsonl"));
   CHECK(worker == run(true));
   CHECK(read_log(dir / "log.jsonl").size() == 5);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("kiln train (train_gpt on fit): grad_accum k of batch n equals batch k·n (f64, SGD)", "[fit][gpt]") {
+  // Batch i of the token data holds rows i·n .. i·n+n-1, so micro-batches s·k .. s·k+k-1 of n rows
+  // are exactly the rows of batch s of k·n: only the order of the sums differs (tolerance as above).
+  const fs::path dir = temp_dir();
+  std::vector<int64_t> tokens(3000);
+  uint64_t x = 12345;
+  for (auto& t : tokens) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    t = static_cast<int64_t>((x >> 33) % 32);
+  }
+  safetensors::save<C>((dir / "tokens.safetensors").string(),
+                       {{"tokens", Tensor<C>::from_vector(tokens, {static_cast<int64_t>(tokens.size())})}});
+  std::ofstream(dir / "model.json") << R"({"vocab_size": 32, "d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16})";
+  auto train = [&](int64_t batch, int64_t accum) {
+    const std::string name = fmt::format("train_{}_{}.json", batch, accum);
+    std::ofstream(dir / name) << json{{"batch_size", batch}, {"seq_len", 8}, {"steps", 3}, {"grad_clip", 0.0}, {"grad_accum", accum},
+                                      {"optimizer", {{"name", "sgd"}, {"lr", 0.5}}}}
+                                     .dump();
+    TrainOptions o;
+    o.model_path = (dir / "model.json").string();
+    o.train_path = (dir / name).string();
+    o.data_path = (dir / "tokens.safetensors").string();
+    o.dtype = DType::f64;
+    o.quiet = true;
+    return train_gpt(o).losses;
+  };
+  const auto a = train(2, 2), b = train(4, 1), c = train(2, 1);
+  REQUIRE(a.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK(std::abs(a[i] - b[i]) < 1e-12 * b[i]);
+  CHECK(std::abs(c[2] - b[2]) > 1e-6 * b[2]);
   fs::remove_all(dir);
 }
