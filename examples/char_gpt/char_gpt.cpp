@@ -1,6 +1,6 @@
-// A character-level GPT trained from C++ with the library's pieces (not train_gpt): CharTokenizer,
-// TokenData batches, nn::GPT, AdamW on decay groups, a cosine schedule with warmup, gradient
-// clipping, the progress bar, a held-out loss, and sampling with GPT::generate.
+// A character-level GPT trained from C++ with kiln::fit (not train_gpt): CharTokenizer, TokenData
+// batches as IndexedBatches, nn::GPT, AdamW on decay groups, a cosine schedule with warmup,
+// gradient clipping, the progress bar, a held-out loss, and sampling with GPT::generate.
 //
 //   example_char_gpt [corpus.txt] [steps]
 //     corpus.txt  default (or ""): Debian's fortunes corpus (package `fortunes`), assembled like
@@ -23,9 +23,8 @@
 #include <kiln/optim/optimizer.hpp>
 #include <kiln/optim/schedule.hpp>
 #include <kiln/train/data.hpp>
-#include <kiln/train/progress.hpp>
+#include <kiln/train/loop.hpp>
 #include <kiln/train/text.hpp>
-#include <kiln/train/trainer.hpp>
 
 using namespace kiln;
 
@@ -54,27 +53,24 @@ template <Backend B> int run(const std::string& text, int64_t steps) {
 
   // AdamW: weight decay on matrices only (decay_groups), cosine schedule with warmup, clipping at 1.
   const int64_t batch = 16, seq = 64;
-  const double peak_lr = 3e-3, clip = 1.0;
+  const double peak_lr = 3e-3;
   optim::Adam<B> opt(optim::decay_groups(model.named_parameters(), peak_lr, 0.1),
                      {.lr = peak_lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .decoupled = true});
-  const LrSchedule schedule{.name = "cosine", .warmup_steps = std::min<int64_t>(20, steps / 5), .min_lr_ratio = 0.1};
-  const std::vector<Var<B>> params = model.parameters();
 
-  ProgressBar bar(steps);
-  for (int64_t step = 0; step < steps; ++step) {
-    const double lr = schedule.at(peak_lr, step, steps);
-    opt.set_lr(lr);
-    const auto [x, y] = train_data.batch<B>(step, batch, seq);  // x, y: i64 [batch, seq]
-    opt.zero_grad();
-    const Var<B> logits = model(x);                            // [batch, seq, vocab]
-    const Var<B> loss = nn::cross_entropy(logits.reshape({-1, cfg.vocab_size}), y.reshape({-1}));
-    loss.backward();
-    const double norm = optim::clip_grad_norm(params, clip);
-    opt.step();
-    bar.update(step, loss.template item<double>(), lr, batch * seq, fmt::format("|g| {:.2f}", norm));
-  }
-  bar.finish();
-  fmt::print("held-out loss {:.4f}\n", evaluate(model, eval_data, 8, batch, seq));
+  // Batch i of the token data is a pure function of i, so the step is the data position. The
+  // held-out loss: 8 batches of the eval split, after the last step.
+  const IndexedBatches train{.batch = [&](int64_t i) { return train_data.batch<B>(i, batch, seq); }};
+  const IndexedBatches eval{.batch = [&](int64_t i) { return eval_data.batch<B>(i, batch, seq); }, .count = 8};
+  auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& b) {  // x, y: i64 [batch, seq]
+    const Var<B> logits = model(b.first);                      // [batch, seq, vocab]
+    return StepOutput<B>{.loss = nn::cross_entropy(logits.reshape({-1, cfg.vocab_size}), b.second.reshape({-1})),
+                         .tokens = batch * seq};
+  };
+  const FitResult r = fit(model, opt, train, eval, step,
+                          {.steps = steps,
+                           .grad_clip = 1.0,
+                           .schedule = {.name = "cosine", .warmup_steps = std::min<int64_t>(20, steps / 5), .min_lr_ratio = 0.1}});
+  fmt::print("held-out loss {:.4f}\n", r.eval_losses.back());
 
   const std::vector<int64_t> sample =
       model.generate(tok.encode("The "), {.max_new_tokens = 300, .temperature = 0.8, .top_k = 40, .seed = 1});

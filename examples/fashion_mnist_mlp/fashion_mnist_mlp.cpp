@@ -1,13 +1,12 @@
-// Fashion-MNIST with a 784-256-256-10 MLP: the IDX reader, the DataLoader, AdamW with a cosine
-// schedule, cross-entropy, a progress bar per epoch, test accuracy after each epoch.
+// Fashion-MNIST with a 784-256-256-10 MLP on kiln::fit: the IDX reader, the DataLoader, AdamW with a
+// cosine schedule, cross-entropy, a progress bar, test accuracy after each epoch.
 //
 //   example_fashion_mnist_mlp [data_dir] [epochs] [min_accuracy]
 //     data_dir      default /usr/share/datasets/fashion-mnist (Debian package dataset-fashion-mnist)
 //     epochs        default 5
 //     min_accuracy  exit with status 1 when the final test accuracy is below it (default 0: never)
 // Exit status 2: the dataset is missing (CTest counts that as skipped).
-// scripts/fashion_mnist.sh installs the package, builds and runs this. (The progress bar's tok/s
-// counts images here.)
+// scripts/fashion_mnist.sh installs the package, builds and runs this.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,7 +22,7 @@
 #include <kiln/optim/schedule.hpp>
 #include <kiln/train/dataloader.hpp>
 #include <kiln/formats/idx.hpp>
-#include <kiln/train/progress.hpp>
+#include <kiln/train/loop.hpp>
 
 using namespace kiln;
 
@@ -40,15 +39,6 @@ template <Backend B> class MLP : public nn::Module<B> {
   std::shared_ptr<nn::Linear<B>> fc1_, fc2_, fc3_;
 };
 
-// Accuracy over a whole split, in batches of 1000, without recording a graph.
-template <Backend B> double accuracy(const MLP<B>& model, const TensorDataset<B>& data) {
-  NoGrad ng;
-  DataLoader loader(data, {.batch_size = 1000, .shuffle = false});
-  int64_t correct = 0;
-  for (auto [x, y] : loader) correct += item<int64_t>(model.forward(x).value().argmax(1).eq(y).sum());
-  return static_cast<double>(correct) / static_cast<double>(data.size());
-}
-
 template <Backend B> int train(const std::string& dir, int64_t epochs, double min_accuracy) {
   // Fashion-MNIST's pixel mean and standard deviation (of the training split).
   const IdxImageOptions norm{.mean = 0.2860, .std = 0.3530};
@@ -60,38 +50,45 @@ template <Backend B> int train(const std::string& dir, int64_t epochs, double mi
   MLP<B> model(784, 256, 10);
   const int64_t batch_size = 128;
   DataLoader loader(train_set, {.batch_size = batch_size, .shuffle = true, .drop_last = false, .seed = 0});
+  DataLoader test(test_set, {.batch_size = 1000, .shuffle = false});
   const double peak_lr = 2e-3;
   optim::Adam<B> opt(model.named_parameters(), {.lr = peak_lr, .weight_decay = 1e-4, .decoupled = true});  // AdamW
-  const LrSchedule schedule{.name = "cosine", .warmup_steps = 100, .min_lr_ratio = 0.05};
-  const int64_t total_steps = epochs * loader.batches_per_epoch();
-  fmt::print("model: {} parameters; {} epochs of {} batches of {}\n", model.num_parameters(), epochs,
-             loader.batches_per_epoch(), batch_size);
+  fmt::print("model: {} parameters; {} epochs of {} batches of {}\n", model.num_parameters(), epochs, loader.batches_per_epoch(),
+             batch_size);
 
-  int64_t step = 0;
-  double acc = 0;
-  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
-    const auto t0 = std::chrono::steady_clock::now();
-    ProgressBar bar(loader.batches_per_epoch());
-    double loss_sum = 0;
-    int64_t b = 0;
-    for (auto [x, y] : loader) {
-      const double lr = schedule.at(peak_lr, step, total_steps);
-      opt.set_lr(lr);
-      opt.zero_grad();
-      const Var<B> loss = nn::cross_entropy(model.forward(x), y);
-      loss.backward();
-      opt.step();
-      const double l = loss.template item<double>();
-      loss_sum += l;
-      bar.update(b++, l, lr, x.size(0), fmt::format("epoch {}/{}", epoch + 1, epochs));
-      ++step;
-    }
-    bar.finish();
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    acc = accuracy(model, test_set);
-    fmt::print("epoch {}: mean train loss {:.4f}, test accuracy {:.2f}%, {:.1f} s\n", epoch + 1,
-               loss_sum / static_cast<double>(b), 100 * acc, secs);
-  }
+  // One batch: the loss, and in evaluation (model.eval()) the accuracy, logged as eval_accuracy.
+  auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& batch) {
+    const auto& [x, y] = batch;
+    const Var<B> logits = model.forward(x);
+    StepOutput<B> out{.loss = nn::cross_entropy(logits, y)};
+    if (!model.is_training()) out.metrics["accuracy"] = item<double>(logits.value().argmax(1).eq(y).to(DType::f64).mean());
+    return out;
+  };
+  // After each epoch (the test split is evaluated every batches_per_epoch steps): a summary line.
+  double acc = 0, loss_sum = 0;
+  int64_t batches = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  const Callback report{.on_step = [&](FitState& s) {
+                          loss_sum += s.loss;
+                          ++batches;
+                        },
+                        .on_eval = nullptr,
+                        .on_epoch = [&](FitState& s) {
+                          acc = s.metrics.at("eval_accuracy");
+                          const auto t1 = std::chrono::steady_clock::now();
+                          s.print(fmt::format("epoch {}: mean train loss {:.4f}, test accuracy {:.2f}%, {:.1f} s", s.epoch + 1,
+                                              loss_sum / static_cast<double>(batches), 100 * acc,
+                                              std::chrono::duration<double>(t1 - t0).count()));
+                          loss_sum = 0;
+                          batches = 0;
+                          t0 = t1;
+                        }};
+  fit(model, opt, loader, test, step,
+      {.epochs = epochs,
+       .eval_every = loader.batches_per_epoch(),
+       .callbacks = {report},
+       .lr = peak_lr,
+       .schedule = {.name = "cosine", .warmup_steps = 100, .min_lr_ratio = 0.05}});
   fmt::print("test accuracy after {} epochs: {:.2f}%\n", epochs, 100 * acc);
   if (acc < min_accuracy) {
     fmt::print("below the required {:.2f}%\n", 100 * min_accuracy);
