@@ -161,6 +161,8 @@ template <Backend B> void Engine<B>::validate() {
     spe_ = (train_.batches_per_epoch() + k_ - 1) / k_;
   }
   if (eval_) {
+    KILN_CHECK(!eval_->loader() || eval_->loader() != train_.loader(),
+               "fit: the same DataLoader trains and evaluates; evaluation would move the training position: give it its own");
     KILN_CHECK(eval_->batches_per_epoch() > 0, "fit: the evaluation data has no batches{}",
                eval_->indexed() ? " (set IndexedBatches::count)" : "");
   }

@@ -188,6 +188,7 @@ class Source {
   virtual void fetch(int64_t index) = 0;  // IndexedBatches: batch `index`; DataLoader: its next batch
   virtual std::map<std::string, std::string> state() const = 0;                  // "data.*" metadata
   virtual void load_state(const std::map<std::string, std::string>& metadata) = 0;  // checks, then restores
+  virtual const void* loader() const = 0;  // the DataLoader behind it (nullptr for IndexedBatches)
 };
 
 // DataLoaderState <-> checkpoint metadata (in the library).
@@ -212,6 +213,7 @@ template <class D> class LoaderSource final : public Source {
   }
   std::map<std::string, std::string> state() const override { return loader_state(dl_.state()); }
   void load_state(const std::map<std::string, std::string>& m) override { dl_.load_state(loader_state(m)); }
+  const void* loader() const override { return &dl_; }
   const Batch& current() const { return *cur_; }
 
  private:
@@ -234,6 +236,7 @@ template <class F> class IndexedSource final : public Source {
   }
   std::map<std::string, std::string> state() const override { return indexed_state(s_.fingerprint); }
   void load_state(const std::map<std::string, std::string>& m) override { check_indexed_state(m, s_.fingerprint); }
+  const void* loader() const override { return nullptr; }
   const Batch& current() const { return *cur_; }
 
  private:

@@ -569,6 +569,15 @@ TEST_CASE("fit: bad options and mismatched resume checkpoints are kiln::Errors n
        {"batch_size 8", "4"}},
       {"resume: another data seed", [&] { plain({.steps = 4, .resume_path = ck}, 16, false, {.batch_size = 8, .shuffle = true, .seed = 2}); },
        {"seed 1", "seed 2"}},
+      {"one DataLoader for training and evaluation",
+       [&] {
+         manual_seed(0);
+         Net<C> model;
+         optim::Adam<C> opt(model.named_parameters(), {.lr = 1e-2});
+         DataLoader loader(data, {.batch_size = 8});
+         fit(model, opt, loader, loader, ce_step(model), {.steps = 2, .log_path = log, .progress = 0});
+       },
+       {"the same DataLoader trains and evaluates"}},
       {"resume: another grad_accum", [&] { plain({.steps = 4, .grad_accum = 2, .resume_path = ck}); }, {"grad_accum 1", "grad_accum 2"}},
       {"resume: beyond the run", [&] { plain({.steps = 2, .resume_path = ck}); }, {"at step 3, beyond this run's 2 steps"}},
       {"resume: a checkpoint of DataLoader data into IndexedBatches", [&] { indexed({.steps = 4, .resume_path = ck}, 1); },
