@@ -30,6 +30,7 @@
 #include "kiln/train/config.hpp"
 #include "kiln/train/data.hpp"
 #include "kiln/train/dataloader.hpp"
+#include "kiln/train/loop.hpp"
 #include "kiln/train/plot.hpp"
 #include "kiln/train/progress.hpp"
 #include "kiln/train/text.hpp"
