@@ -22,7 +22,12 @@ namespace {
 using json = nlohmann::json;
 
 std::atomic<int> g_signal{0};
-extern "C" void on_fit_signal(int s) { g_signal.store(s); }
+// The first SIGINT/SIGTERM asks the loop to stop after the step; a second one acts as if no handler
+// were installed (checkpoints are written atomically, so killing is safe).
+extern "C" void on_fit_signal(int s) {
+  g_signal.store(s);
+  std::signal(s, SIG_DFL);
+}
 
 // Installs SIGINT/SIGTERM handlers for its lifetime; the loop polls g_signal between steps.
 struct SignalGuard {

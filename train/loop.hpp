@@ -9,8 +9,10 @@
 //         const auto& [x, y] = batch;
 //         return nn::cross_entropy(model.forward(x), y);  // a Var<B>, or a StepOutput<B>
 //       },
-//       {.epochs = 5, .grad_clip = 1.0, .schedule = {.name = "cosine", .warmup_steps = 100},
-//        .eval_every = 469, .checkpoint_path = "ck.safetensors", .log_path = "log.jsonl"});
+//       {.epochs = 5, .grad_clip = 1.0, .eval_every = 469, .checkpoint_path = "ck.safetensors",
+//        .log_path = "log.jsonl", .schedule = {.name = "cosine", .warmup_steps = 100}});
+//
+// (Designated initializers go in declaration order: FitOptions ends with lr and schedule.)
 //
 // fit(model, opt, train, step, options) trains; fit(model, opt, train, eval, step, options) also
 // evaluates. The step function takes one batch (whatever the source yields) and returns the mean
@@ -37,7 +39,7 @@
 //   4. hooks.after_backward; the global L2 norm of the gradients (before clipping, in double);
 //   5. a non-finite loss or norm: on_nonfinite = error throws a kiln::Error naming the step and the
 //      first parameter (dotted name) with a non-finite gradient; skip zeroes the gradients, makes no
-//      update, counts the step and logs it ("skipped": true); either way nothing is checkpointed;
+//      update, counts the step and logs it ("skipped": true), and the weights stay as they were;
 //   6. otherwise clipping (grad_clip > 0: gradients × min(1, clip / (norm + 1e-6)), exactly
 //      optim::clip_grad_norm) and opt.step();
 //   7. evaluation when (s + 1) % eval_every == 0 or s is the run's last step (eval_every = 0: the
@@ -50,7 +52,8 @@
 //      then what callbacks print() and the progress bar;
 //  10. a checkpoint when (s + 1) % checkpoint_every == 0;
 //  11. stop when a callback asked, stop_after is reached or SIGINT/SIGTERM came (the step in
-//      progress always finishes). The run ends with a checkpoint (when checkpoint_path is set).
+//      progress always finishes; a second signal kills at once). The run ends with a checkpoint
+//      (when checkpoint_path is set).
 //
 // A checkpoint (one safetensors file, written atomically: temp file, fsync, rename) holds the
 // model's state dict ("model.<name>"), the optimizer's ("optim.<key>", including its step count),
