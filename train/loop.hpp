@@ -97,17 +97,17 @@ namespace kiln {
 
 // What a step function may return instead of the bare loss.
 template <Backend B> struct StepOutput {
-  Var<B> loss{};                          // scalar: the batch's mean loss
+  Var<B> loss{};                            // scalar: the batch's mean loss
   std::map<std::string, double> metrics{};  // logged under these names (eval: "eval_<name>")
-  int64_t samples = 0;                    // samples in the batch (0: the first axis of a Tensor or a pair's first Tensor)
-  int64_t tokens = 0;                     // tokens in the batch (0: unknown); gives tokens_per_s
+  int64_t samples = 0;  // samples in the batch (0: the first axis of a Tensor, or of a pair's first Tensor)
+  int64_t tokens = 0;   // tokens in the batch (0: unknown); gives tokens_per_s
 };
 
 // A data source whose batch i is batch(i): deterministic in i, so the step is the data position.
 template <class F> struct IndexedBatches {
-  F batch;                  // batch(int64_t i) -> any batch type
-  int64_t count = 0;        // evaluation: batches 0..count-1 (training: unbounded, ignored)
-  std::string fingerprint{};  // what the batches are (e.g. data size and shape); a resume must match it
+  F batch;                    // batch(int64_t i) -> any batch type
+  int64_t count = 0;          // evaluation: batches 0..count-1 (training: unbounded, ignored)
+  std::string fingerprint{};  // what the batches are (data size, shape); a resume must match when both are set
 };
 template <class F> IndexedBatches(F, int64_t, std::string) -> IndexedBatches<F>;
 template <class F> IndexedBatches(F, int64_t) -> IndexedBatches<F>;
@@ -142,7 +142,7 @@ struct FitHooks {
   // Runs micro-batch j of m (`run` does fetch, forward and backward): e.g. inside no_sync() for j < m-1.
   std::function<void(int64_t j, int64_t m, const std::function<void()>& run)> around_micro_batch{};
   std::function<void()> after_backward{};  // after the last micro-batch, before the norm (all-reduce)
-  bool main_process = true;              // false: no log, progress bar or checkpoint from this process
+  bool main_process = true;                // false: no log, progress bar or checkpoint from this process
 };
 
 struct FitOptions {
@@ -151,14 +151,14 @@ struct FitOptions {
   int64_t grad_accum = 1;  // micro-batches per optimizer step
   double grad_clip = 0;    // max global L2 norm of the gradients (PyTorch clip_grad_norm_); 0 = off
   NonFinite on_nonfinite = NonFinite::error;
-  int64_t eval_every = 0;        // evaluate every this many steps and after the last (0: the last only)
+  int64_t eval_every = 0;         // evaluate every this many steps and after the last (0: the last only)
   std::string checkpoint_path{};  // "" = no checkpoints
-  int64_t checkpoint_every = 0;  // 0 = only when the run ends
+  int64_t checkpoint_every = 0;   // 0 = only when the run ends
   std::string resume_path{};      // a checkpoint of this loop to continue from
   std::string log_path{};         // JSONL, one record per optimizer step
-  int progress = -1;             // progress bar on stdout: -1 when stdout is a terminal, 0 off, 1 on
-  int64_t stop_after = -1;       // end (with a checkpoint) once this many steps are done in total; -1 = never
-  bool handle_signals = true;    // SIGINT/SIGTERM finish the step, checkpoint and stop
+  int progress = -1;              // progress bar on stdout: -1 when stdout is a terminal, 0 off, 1 on
+  int64_t stop_after = -1;        // end (with a checkpoint) once this many steps are done in total; -1 = never
+  bool handle_signals = true;     // SIGINT/SIGTERM finish the step, checkpoint and stop
   std::map<std::string, std::string> metadata{};  // extra checkpoint metadata (e.g. configs)
   std::vector<Callback> callbacks{};
   FitHooks hooks{};
@@ -168,13 +168,13 @@ struct FitOptions {
 };
 
 struct FitResult {
-  int64_t start_step = 0;       // 0, or the resumed checkpoint's step
-  int64_t steps_done = 0;       // optimizer steps completed in total (skipped ones included)
-  int64_t skipped = 0;          // non-finite steps skipped, in total
-  std::vector<double> losses{};  // of the steps run in this call
+  int64_t start_step = 0;             // 0, or the resumed checkpoint's step
+  int64_t steps_done = 0;             // optimizer steps completed in total (skipped ones included)
+  int64_t skipped = 0;                // non-finite steps skipped, in total
+  std::vector<double> losses{};       // of the steps run in this call
   std::vector<double> eval_losses{};  // of the evaluations run in this call
-  bool interrupted = false;     // SIGINT/SIGTERM
-  bool stopped = false;         // a callback or stop_after ended the run before total_steps
+  bool interrupted = false;           // SIGINT/SIGTERM
+  bool stopped = false;               // a callback or stop_after ended the run before total_steps
 };
 
 namespace fit_detail {
