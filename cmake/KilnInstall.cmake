@@ -2,7 +2,7 @@
 #   P/lib/libkiln.so.MAJOR.MINOR (SONAME) and its links, or libkiln.a    P/bin/kiln
 #   P/include/kiln/...  the public headers, as <kiln/nn/linear.hpp> etc. (kiln.hpp: all of them)
 #   P/lib/cmake/kiln/   kilnConfig.cmake, kilnConfigVersion.cmake, kilnTargets*.cmake (kiln::kiln)
-#   P/lib/pkgconfig/kiln.pc
+#   P/lib/pkgconfig/kiln.pc          P/share/doc/kiln/ (README, tutorial, formats, specs)
 # Every path inside is relative to the file that holds it, so the prefix can be moved.
 # `cpack -G DEB` (scripts/package.sh) makes the Debian package from the same rules.
 include(CMakePackageConfigHelpers)
@@ -13,6 +13,10 @@ install(TARGETS kiln EXPORT kilnTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(TARGETS kiln_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+
+# The reference pages users need without the repository (kiln --help points to them).
+install(FILES ${PROJECT_SOURCE_DIR}/docs/formats.md ${PROJECT_SOURCE_DIR}/docs/specs.md ${PROJECT_SOURCE_DIR}/docs/tutorial.md
+        ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
 
 # Public headers: every .hpp of the library's folders but these, which are the backends' insides.
 set(KILN_PRIVATE_HEADERS backends/cpu/common.hpp backends/cpu/vecmath.hpp backends/cuda/runtime.hpp

@@ -1,5 +1,5 @@
 #pragma once
-// model.json and train.json (SPECS.md §3, §4). Every key is optional; an unknown key, a wrong type
+// model.json and train.json (docs/specs.md §3, §4). Every key is optional; an unknown key, a wrong type
 // or an invalid value is a kiln::Error naming the file, the key and the valid keys or values.
 // Nested objects (optimizer, schedule) replace the defaults wholesale, as in the reference; keys
 // missing inside them take the reference's defaults.

@@ -1,5 +1,5 @@
 #pragma once
-// The token dataset of SPECS.md §4: one integer tensor `tokens` [N] from a safetensors file. Batch
+// The token dataset of docs/specs.md §4: one integer tensor `tokens` [N] from a safetensors file. Batch
 // `step` row r starts at ((step·B + r)·T) mod (N − T); inputs are T tokens from there, targets the
 // same shifted by one. Deterministic in the step, so a resumed run reads exactly what it would have.
 #include <cstdint>

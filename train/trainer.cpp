@@ -140,7 +140,7 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
   if (!o.init_from.empty()) model.load(o.init_from);
   auto opt = make_optimizer(model, tc.optimizer);
 
-  // SPECS §4 on the generic loop: batch i of the token data, mean cross-entropy, the schedule over
+  // docs/specs.md §4 on the generic loop: batch i of the token data, mean cross-entropy, the schedule over
   // tc.steps from the optimizer's lr, clipping, one record per step; the step is the data position.
   const int64_t bs = tc.batch_size, T = tc.seq_len;
   auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& b) {

@@ -1,5 +1,5 @@
 #pragma once
-// Training a GPT from files: the engine of `kiln train` (SPECS.md §4–5), usable from C++ as well.
+// Training a GPT from files: the engine of `kiln train` (docs/specs.md §4–5), usable from C++ as well.
 //
 // Every step s: lr from the schedule; batch s of the token data; zero_grad; mean cross-entropy;
 // backward; global grad norm (before clipping); clip; optimizer step; one JSONL record

@@ -109,7 +109,7 @@ print(json.dumps(out))
   CHECK(st.at(1.0, 8, 10) == Approx(0.25));
 }
 
-TEST_CASE("token data: batches follow SPECS §4 exactly", "[data]") {
+TEST_CASE("token data: batches follow docs/specs.md §4 exactly", "[data]") {
   std::vector<int64_t> toks(50);
   for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<int64_t>(i);
   const TokenData d(toks);

@@ -115,8 +115,11 @@ const char* kUsage = R"(kiln: train and sample GPT models (differential attentio
 
 usage: kiln <command> [flags]      kiln <command> --help for the flags of a command;  kiln --version
 
+The file formats and the model's math: docs/formats.md and docs/specs.md in kiln's repository,
+installed in share/doc/kiln/.
+
 commands:
-  train      train a GPT on a token file (SPECS §5 contract; checkpoints, resume, JSONL log)
+  train      train a GPT on a token file (checkpoints, resume, JSONL log)
   sample     generate text from a checkpoint (KV cache, temperature, top-k)
   eval       mean cross-entropy of a checkpoint on a token file
   tokenize   turn a text file into a token file (byte-level, or character-level with --chars)
@@ -125,8 +128,8 @@ commands:
 
 int cmd_train(int argc, char** argv) {
   Args a("train", "kiln train --model model.json --train train.json --data tokens.safetensors [flags]",
-         {{"model", "model config JSON (SPECS §3); defaults when absent"},
-          {"train", "training config JSON (SPECS §4); defaults when absent"},
+         {{"model", "model config JSON (docs/formats.md); defaults when absent"},
+          {"train", "training config JSON (docs/formats.md); defaults when absent"},
           {"data", "token file: safetensors with a 1-D integer tensor 'tokens' (required)"},
           {"eval-data", "held-out token file, evaluated every eval_every steps"},
           {"init-from", "initial weights (safetensors with the model's parameter names)"},
