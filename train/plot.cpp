@@ -200,7 +200,7 @@ void plot_logs(const PlotOptions& o) {
       }
       if (with_eval && !runs[i].eval_loss.empty()) {
         range.add(runs[i].eval_loss);
-        items.push_back(fmt::format("{} using 1:2 with linespoints dt 2 pt 7 ps 0.8 {} title {}",
+        items.push_back(fmt::format("{} using 1:2 with linespoints lw 2 dt 2 pt 6 ps 1.8 {} title {}",
                                     quoted((tmp.path / fmt::format("run{}_eval.dat", i)).string()), color,
                                     quoted(runs[i].label + " eval")));
       }
