@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The Debian package on a fresh Debian 12: debootstrap a minimal bookworm into a folder, install
-# dist/kiln_*.deb there with apt-get (which pulls its Depends), then as a user would: build
+# build-package/kiln_*.deb there with apt-get (which pulls its Depends), then as a user would: build
 # examples/consumer with CMake from /usr with no hints, and with pkg-config, run both, and run `kiln`
 # from PATH. Needs root (chroot) and the network to a Debian mirror; takes a few minutes.
 #   scripts/package.sh && sudo scripts/check_package.sh [ROOT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-deb=$(ls -t dist/kiln_*.deb 2>/dev/null | head -1)
-[ -n "$deb" ] || { echo "no dist/kiln_*.deb: run scripts/package.sh first" >&2; exit 2; }
+deb=$(ls -t build-package/kiln_*.deb 2>/dev/null | head -1)
+[ -n "$deb" ] || { echo "no build-package/kiln_*.deb: run scripts/package.sh first" >&2; exit 2; }
 root=${1:-/tmp/kiln-bookworm}
 command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap
 if [ ! -x "$root/usr/bin/apt-get" ]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the Debian package kiln_<version>_<arch>.deb into dist/: the shared library, the public headers,
+# Builds the Debian package kiln_<version>_<arch>.deb into build-package/: the shared library, the public headers,
 # the CMake package and kiln.pc under /usr, and the `kiln` command.
-#   scripts/package.sh            then: sudo apt-get install ./dist/kiln_*.deb
+#   scripts/package.sh            then: sudo apt-get install ./build-package/kiln_*.deb
 # A package runs on any x86-64 machine Debian supports, so it is a portable build (KILN_NATIVE=OFF: no
 # -march=native). It is built without the CUDA backend: Debian 12 has no CUDA 13 package to depend on.
 set -euo pipefail
@@ -15,9 +15,7 @@ dir=build-package
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr -DKILN_NATIVE=OFF -DKILN_WITH_CUDA=OFF \
   -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_BENCH=OFF -DKILN_BUILD_EXAMPLES=OFF -DKILN_INSTALL=ON
 cmake --build "$dir" -j"$(nproc)"
-mkdir -p dist
-(cd "$dir" && cpack -G DEB -B "$PWD/../dist" >/dev/null)
-rm -rf dist/_CPack_Packages
-deb=$(ls -t dist/kiln_*.deb | head -1)
+(cd "$dir" && cpack -G DEB >/dev/null)
+deb=$(ls -t "$dir"/kiln_*.deb | head -1)
 echo "scripts/package.sh: wrote $deb"
 dpkg-deb --field "$deb" Package Version Architecture Depends
