@@ -21,7 +21,9 @@
 //
 // The tile products go to OpenBLAS (single-threaded inside the parallel region) with the operands'
 // row strides as leading dimensions, so strided q/k/v/dO views (heads interleaved, a sliced KV cache)
-// cost no copy. f32 rows use the AVX2 exp of vecmath.hpp; f64 uses std::exp.
+// cost no copy. f32 rows use the exp of vecmath.hpp (AVX2, or libm's at baseline); f64 uses std::exp.
+// The row work between the products (mask, online softmax, dS) runs as kernel variants chosen per call
+// for the instruction set (common.hpp), one call per tile.
 #include <cblas.h>
 
 #include <cmath>
@@ -71,65 +73,29 @@ template <class T> struct Rows {
   const T* row(int64_t b, int64_t h, int64_t t) const { return p + b * sb + h * sh + t * st; }
 };
 
-constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
-
 // ---------------------------------------------------------------------------------- row kernels
-template <class T> T row_max(const T* x, int64_t n) {
-  int64_t i = 0;
-  T m = -std::numeric_limits<T>::infinity();
-#ifdef KILN_CPU_AVX2
+template <class I, class T> T row_max(const T* x, int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
-    __m256 m0 = _mm256_set1_ps(kNegInfF), m1 = m0;
-    for (; i + 16 <= n; i += 16) {
-      m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
-      m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + i + 8));
-    }
-    m = vm::hmax8(_mm256_max_ps(m0, m1));
+    return vm::row_max(I{}, x, n);
+  } else {
+    T m = -std::numeric_limits<T>::infinity();
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+    return m;
   }
-#endif
-  for (; i < n; ++i) m = std::max(m, x[i]);
-  return m;
 }
 
 // y = exp(x − c) in place; returns Σ y.
-template <class T> T exp_shift_sum(T* x, int64_t n, T c) {
-  int64_t i = 0;
-  T s = 0;
-#ifdef KILN_CPU_AVX2
+template <class I, class T> T exp_shift_sum(T* x, int64_t n, T c) {
   if constexpr (std::is_same_v<T, float>) {
-    const __m256 cv = _mm256_set1_ps(c);
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    for (; i + 16 <= n; i += 16) {
-      const __m256 a = vm::exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), cv));
-      const __m256 b = vm::exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), cv));
-      _mm256_storeu_ps(x + i, a);
-      _mm256_storeu_ps(x + i + 8, b);
-      s0 = _mm256_add_ps(s0, a);
-      s1 = _mm256_add_ps(s1, b);
-    }
-    for (; i + 8 <= n; i += 8) {
-      const __m256 a = vm::exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), cv));
-      _mm256_storeu_ps(x + i, a);
-      s0 = _mm256_add_ps(s0, a);
-    }
-    s = vm::hsum8(_mm256_add_ps(s0, s1));
-    if (i < n) {
-      alignas(32) float buf[8];
-      for (int64_t j = 0; j < 8; ++j) buf[j] = i + j < n ? x[i + j] - c : kNegInfF;
-      _mm256_store_ps(buf, vm::exp8(_mm256_load_ps(buf)));
-      for (int64_t j = i; j < n; ++j) {
-        x[j] = buf[j - i];
-        s += buf[j - i];
-      }
+    return vm::exp_shift_sum(I{}, x, x, n, c);
+  } else {
+    T s = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      x[i] = std::exp(x[i] - c);
+      s += x[i];
     }
     return s;
   }
-#endif
-  for (; i < n; ++i) {
-    x[i] = std::exp(x[i] - c);
-    s += x[i];
-  }
-  return s;
 }
 
 // Sets the scores of keys row `i` (query index) may not see to −inf: causal (key j0 + c > pos0 + i)
@@ -144,6 +110,80 @@ template <class T> void mask_row(T* row, int64_t bc, int64_t i, int64_t j0, bool
     for (int64_t c = 0; c < bc; ++c)
       if (!kp[j0 + c]) row[c] = ninf;
 }
+
+// ---------------------------------------------------------------------------------- tile kernels
+// Kernels (common.hpp), one call per tile; s holds br rows of bc scores with row stride ld.
+
+// Forward: mask (causal when diag, padding kp), then the online-softmax step of each row: the new max
+// m', P = exp(S − m') in place, l = l·e^(m−m') + ΣP, and the output rows orow (dv wide) rescaled by
+// e^(m−m'). Rows with nothing visible yet become zeros.
+template <class I, class T>
+void tile_softmax(T* s, int64_t ld, int64_t br, int64_t bc, int64_t i0, int64_t j0, bool diag, int64_t pos0, const bool* kp, T* m,
+                  T* l, T* orow, int64_t dv) {
+  constexpr T ninf = -std::numeric_limits<T>::infinity();
+  for (int64_t r = 0; r < br; ++r) {
+    T* row = s + r * ld;
+    if (diag || kp) mask_row(row, bc, i0 + r, j0, diag, pos0, kp);
+    const T mnew = std::max(m[r], row_max<I>(row, bc));
+    if (mnew == ninf) {  // nothing visible yet
+      std::fill(row, row + bc, T(0));
+      continue;
+    }
+    const T alpha = m[r] == ninf ? T(0) : std::exp(m[r] - mnew);
+    const T sum = exp_shift_sum<I>(row, bc, mnew);
+    l[r] = l[r] * alpha + sum;
+    m[r] = mnew;
+    if (alpha != T(1)) {
+      T* orr = orow + r * dv;
+      for (int64_t c = 0; c < dv; ++c) orr[c] *= alpha;
+    }
+  }
+}
+
+// Forward, after the last key tile: O /= l and LSE = m + log l for br rows.
+template <class I, class T> void tile_finish(T* orow, T* lse, const T* m, const T* l, int64_t br, int64_t dv) {
+  for (int64_t r = 0; r < br; ++r) {
+    const T inv = T(1) / l[r];  // l = 0 (no visible key): 0 · inf = NaN, as PyTorch
+    T* orr = orow + r * dv;
+    for (int64_t c = 0; c < dv; ++c) orr[c] *= inv;
+    lse[r] = m[r] + std::log(l[r]);
+  }
+}
+
+// Backward: P = exp(S − LSE) in place after the mask; rows whose LSE is −inf (no visible key) become
+// zeros.
+template <class I, class T>
+void tile_probs(T* s, int64_t ld, int64_t br, int64_t bc, const T* lse, int64_t i0, int64_t j0, bool diag, int64_t pos0, const bool* kp) {
+  constexpr T ninf = -std::numeric_limits<T>::infinity();
+  for (int64_t r = 0; r < br; ++r) {
+    T* row = s + r * ld;
+    const T L = lse[r];
+    if (L == ninf) {  // a row with no visible key contributes nothing
+      std::fill(row, row + bc, T(0));
+      continue;
+    }
+    if (diag || kp) mask_row(row, bc, i0 + r, j0, diag, pos0, kp);
+    exp_shift_sum<I>(row, bc, L);
+  }
+}
+
+// Backward: dS = scale · P ⊙ (dP − D) into dp (D: one value per row).
+template <class I, class T> void tile_ds(const T* p, T* dp, int64_t ld, int64_t br, int64_t bc, const T* D, T scale) {
+  for (int64_t r = 0; r < br; ++r) {
+    const T Dr = D[r];
+    const T* pr = p + r * ld;
+    T* dr = dp + r * ld;
+    for (int64_t c = 0; c < bc; ++c) dr[c] = scale * pr[c] * (dr[c] - Dr);
+  }
+}
+
+// The variants for this call.
+template <class T> struct TileKernels {
+  decltype(&tile_softmax<Baseline, T>) softmax = pick<tile_softmax<Baseline, T>, tile_softmax<Avx2, T>>();
+  decltype(&tile_finish<Baseline, T>) finish = pick<tile_finish<Baseline, T>, tile_finish<Avx2, T>>();
+  decltype(&tile_probs<Baseline, T>) probs = pick<tile_probs<Baseline, T>, tile_probs<Avx2, T>>();
+  decltype(&tile_ds<Baseline, T>) ds = pick<tile_ds<Baseline, T>, tile_ds<Avx2, T>>();
+};
 
 // ---------------------------------------------------------------------------------- problem
 template <class T> struct Problem {
@@ -170,6 +210,7 @@ template <class T> void forward(const Problem<T>& P, T* o, T* lse) {
   const int64_t nqt = (P.T_ + kBr - 1) / kBr;
   const int64_t units = P.B * P.H * nqt;
   const int nt = threads_for(units);
+  const TileKernels<T> K;
   std::vector<T> scratch(static_cast<size_t>(nt) * static_cast<size_t>(kBr * kBc + 2 * kBr));
 #pragma omp parallel num_threads(nt)
   {
@@ -190,31 +231,10 @@ template <class T> void forward(const Problem<T>& P, T* o, T* lse) {
         const int64_t bc = std::min(kBc, kend - j0);
         gemm<T>(false, true, br, bc, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBc);
         const bool diag = P.causal && j0 + bc - 1 > P.pos0 + i0;  // some key of the tile is hidden from row 0
-        for (int64_t r = 0; r < br; ++r) {
-          T* row = s + r * kBc;
-          if (diag || kp) mask_row(row, bc, i0 + r, j0, diag, P.pos0, kp);
-          const T mnew = std::max(m[r], row_max(row, bc));
-          if (mnew == ninf) {  // nothing visible yet
-            std::fill(row, row + bc, T(0));
-            continue;
-          }
-          const T alpha = m[r] == ninf ? T(0) : std::exp(m[r] - mnew);
-          const T sum = exp_shift_sum(row, bc, mnew);
-          l[r] = l[r] * alpha + sum;
-          m[r] = mnew;
-          if (alpha != T(1)) {
-            T* orr = orow + r * P.dv;
-            for (int64_t c = 0; c < P.dv; ++c) orr[c] *= alpha;
-          }
-        }
+        K.softmax(s, kBc, br, bc, i0, j0, diag, P.pos0, kp, m, l, orow, P.dv);
         gemm<T>(false, false, br, P.dv, bc, T(1), s, kBc, P.v.row(b, hk, j0), P.v.ld, T(1), orow, P.dv);
       }
-      for (int64_t r = 0; r < br; ++r) {
-        const T inv = T(1) / l[r];  // l = 0 (no visible key): 0 · inf = NaN, as PyTorch
-        T* orr = orow + r * P.dv;
-        for (int64_t c = 0; c < P.dv; ++c) orr[c] *= inv;
-        lse[bh * P.T_ + i0 + r] = m[r] + std::log(l[r]);
-      }
+      K.finish(orow, lse + bh * P.T_ + i0, m, l, br, P.dv);
     }
   }
 }
@@ -222,9 +242,8 @@ template <class T> void forward(const Problem<T>& P, T* o, T* lse) {
 // One key tile [j0, j0 + bc) of (b, hk): accumulates into dk, dv (rows of that tile) and dq_base
 // (a contiguous [B, H, T, d] buffer).
 template <class T>
-void backward_key_tile(const Problem<T>& P, const Rows<T>& g, const T* lse, const T* D, int64_t b, int64_t hk, int64_t j0, T* dk, T* dv,
-                       T* dq_base, T* s, T* dp) {
-  constexpr T ninf = -std::numeric_limits<T>::infinity();
+void backward_key_tile(const Problem<T>& P, const TileKernels<T>& K, const Rows<T>& g, const T* lse, const T* D, int64_t b, int64_t hk,
+                       int64_t j0, T* dk, T* dv, T* dq_base, T* s, T* dp) {
   const int64_t bc = std::min(kBcB, P.S - j0);
   const bool* kp = P.kp_row(b);
   T* dk_t = dk + ((b * P.Hkv + hk) * P.S + j0) * P.d;
@@ -236,25 +255,11 @@ void backward_key_tile(const Problem<T>& P, const Rows<T>& g, const T* lse, cons
       const int64_t br = std::min(kBrB, P.T_ - i0);
       gemm<T>(false, true, br, bc, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBcB);
       const bool diag = P.causal && j0 + bc - 1 > P.pos0 + i0;
-      for (int64_t r = 0; r < br; ++r) {
-        T* row = s + r * kBcB;
-        const T L = lse[bh * P.T_ + i0 + r];
-        if (L == ninf) {  // a row with no visible key contributes nothing
-          std::fill(row, row + bc, T(0));
-          continue;
-        }
-        if (diag || kp) mask_row(row, bc, i0 + r, j0, diag, P.pos0, kp);
-        exp_shift_sum(row, bc, L);
-      }
+      K.probs(s, kBcB, br, bc, lse + bh * P.T_ + i0, i0, j0, diag, P.pos0, kp);
       const T* grow = g.row(b, h, i0);
       gemm<T>(true, false, bc, P.dv, br, T(1), s, kBcB, grow, g.ld, T(1), dv_t, P.dv);                  // dV += Pᵀ dO
       gemm<T>(false, true, br, bc, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), dp, kBcB);  // dP = dO Vᵀ
-      for (int64_t r = 0; r < br; ++r) {
-        const T Dr = D[bh * P.T_ + i0 + r];
-        T* pr = s + r * kBcB;
-        T* dr = dp + r * kBcB;
-        for (int64_t c = 0; c < bc; ++c) dr[c] = P.scale * pr[c] * (dr[c] - Dr);  // dS (scaled)
-      }
+      K.ds(s, dp, kBcB, br, bc, D + bh * P.T_ + i0, P.scale);                                            // dS (scaled)
       gemm<T>(true, false, bc, P.d, br, T(1), dp, kBcB, P.q.row(b, h, i0), P.q.ld, T(1), dk_t, P.d);  // dK += dSᵀ Q
       gemm<T>(false, false, br, P.d, bc, T(1), dp, kBcB, P.k.row(b, hk, j0), P.k.ld, T(1), dq_base + (bh * P.T_ + i0) * P.d,
               P.d);  // dQ += dS K
@@ -282,6 +287,7 @@ template <class T> void backward(const Problem<T>& P, const Rows<T>& o, const Ro
 
   const int64_t nkt = (P.S + kBcB - 1) / kBcB;
   const int64_t units = P.B * P.Hkv;
+  const TileKernels<T> K;
   const int nt_max = threads_for(units * nkt);
   const bool per_unit = units >= nt_max;  // enough (batch, kv head) units: no shared dQ rows
   const int nt = per_unit ? threads_for(units) : nt_max;
@@ -298,13 +304,13 @@ template <class T> void backward(const Problem<T>& P, const Rows<T>& o, const Ro
 #pragma omp for schedule(dynamic, 1)
       for (int64_t u = 0; u < units; ++u)
         for (int64_t jt = 0; jt < nkt; ++jt)
-          backward_key_tile(P, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBcB, dk, dv, dq, s, dp);
+          backward_key_tile(P, K, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBcB, dk, dv, dq, s, dp);
     } else {
       T* mine = priv.data() + static_cast<size_t>(tid) * nq;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t w = 0; w < units * nkt; ++w) {
         const int64_t u = w / nkt, jt = w % nkt;
-        backward_key_tile(P, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBcB, dk, dv, mine, s, dp);
+        backward_key_tile(P, K, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBcB, dk, dv, mine, s, dp);
       }
       // (implicit barrier) sum the private dQ buffers
       const int team = omp_get_num_threads();

@@ -5,25 +5,106 @@
 //    every operand allows it, the innermost dimension becomes a run handed to a kernel with its
 //    per-operand strides, and the outer indices advance incrementally (one div/mod per chunk, not per
 //    element);
+//  * kernel variants per instruction set, chosen at run time (below, and isa.cpp);
 //  * convert<T>(x): the element conversion Reference uses (through double), so copy agrees bit for bit.
 #include <omp.h>
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <exception>
+#include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "kiln/backends/cpu/cpu.hpp"
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/shape.hpp"
 
+#ifndef KILN_CPU_X86  // (-DKILN_CPU_X86=0 compiles the other architectures' form, for checking it)
+#if defined(__x86_64__) || defined(__i386__)
+#define KILN_CPU_X86 1
+#else
+#define KILN_CPU_X86 0
+#endif
+#endif
+#if KILN_CPU_X86
+#include <immintrin.h>  // every intrinsic is declared whatever the flags; using one needs its target
+#endif
+
 namespace kiln::cpu {
+
+// ---------------------------------------------------------------------------------- instruction sets
+// The kernels' instruction set is chosen at run time, once (isa.cpp): KILN_CPU_ISA=baseline|avx2 when
+// set, else the best this CPU has. The library is compiled for the build's target (KILN_NATIVE=OFF:
+// baseline x86-64), and the kernels that gain from AVX2 + FMA are compiled a second time for it:
+//  * A kernel is a function template over an ISA tag (Baseline, Avx2) that covers a row or a chunk of
+//    rows: plain loops, no OpenMP region, no allocation, no error path. It calls the ISA's primitives
+//    by tag (dot2(I{}, ...), vm::exp_n(I{}, ...)); their Avx2 overloads are defined between
+//    KILN_CPU_AVX2_BEGIN and KILN_CPU_AVX2_END, which compile them for AVX2 + FMA whatever the flags.
+//  * pick<K<Baseline>, K<Avx2>>() returns the variant isa() chose: K<Baseline> itself, or K<Avx2>
+//    through Avx2Entry, a trampoline compiled for AVX2 + FMA that inlines the whole kernel (flatten),
+//    so the loops GCC vectorises in it use 256-bit vectors and FMA too. A caller picks once per call,
+//    before its parallel region, and calls the pointer per row or chunk (never per element).
+// No file is compiled with -mavx2: inline functions and template instances emitted there (std::vector,
+// kiln's headers) are COMDAT, and the linker may keep an AVX2 copy for baseline callers. Templates
+// defined outside a region stay baseline even when a region instantiates them; only functions whose
+// names carry Avx2/avx2 hold AVX instructions, which tests/cpu_isa checks on libkiln's disassembly.
+// In a native build (-march=native) both variants are compiled for this machine; Baseline then means
+// the portable kernels (scalar math, std::exp), still what KILN_CPU_ISA=baseline selects.
+// An AVX-512 variant would be one more tag, region macro pair, entry and case in isa.cpp.
+enum class Isa : uint8_t { baseline, avx2 };
+struct Baseline {};
+#if KILN_CPU_X86
+struct Avx2 {};
+#else
+using Avx2 = Baseline;  // other architectures: the AVX2 instances are the baseline ones, never picked
+#endif
+
+// The instruction set in use: KILN_CPU_ISA, else the best available (read once). Throws kiln::Error
+// when KILN_CPU_ISA names an unknown set or one this CPU lacks, so call it outside parallel regions.
+Isa isa();
+std::string_view isa_name(Isa i);
+
+#if KILN_CPU_X86
+#if defined(__clang__)
+#define KILN_CPU_AVX2_BEGIN _Pragma("clang attribute push(__attribute__((target(\"avx2,fma\"))), apply_to = function)")
+#define KILN_CPU_AVX2_END _Pragma("clang attribute pop")
+#else
+#define KILN_CPU_AVX2_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma\")")
+#define KILN_CPU_AVX2_END _Pragma("GCC pop_options")
+#endif
+#endif
+
+// The entry point of a kernel instance F compiled for AVX2 + FMA: F's whole body inlined into it.
+#if KILN_CPU_X86
+KILN_CPU_AVX2_BEGIN
+template <auto F> struct Avx2Entry;
+template <class R, class... A, R (*F)(A...)> struct Avx2Entry<F> {
+  [[gnu::flatten]] static R run(A... a) { return F(std::forward<A>(a)...); }
+};
+KILN_CPU_AVX2_END
+#endif
+
+// The variant of a kernel for isa(): FB = K<Baseline, ...>, FA = K<Avx2, ...>.
+template <auto FB, auto FA> auto pick() -> decltype(FB) {
+  static_assert(std::is_same_v<decltype(FB), decltype(FA)>, "pick: the variants of a kernel have one signature");
+#if KILN_CPU_X86
+  if (isa() == Isa::avx2) return &Avx2Entry<FA>::run;
+#endif
+  return FB;
+}
+// pick<FB, FA>() where Vary, else FB alone (no AVX2 instance is compiled): for instances that gain
+// little from AVX2 and would cost compile time.
+template <bool Vary, auto FB, auto FA> auto pick_if() -> decltype(FB) {
+  if constexpr (Vary) return pick<FB, FA>();
+  else return FB;
+}
+// The dtypes whose generic elementwise kernels (binary, reduce) get an AVX2 variant: f32 and f64.
+// Integers, bool and the half types stay baseline there (rare in training; each variant of the many
+// op x dtype instances costs compile time). unary varies every float type (its vector math).
+template <class T> inline constexpr bool avx2_dtype_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
 // ---------------------------------------------------------------------------------- threads
 // Work units (elements, rows, ...) per thread below which a loop stays on the calling thread.
@@ -152,14 +233,24 @@ template <class F> void float_types(DType d, const char* op, F&& f) {
 }
 
 // ---------------------------------------------------------------------------------- row dot products
-// Σ x·u and Σ x·w over n elements (u or w may be x), for the fused row kernels. With AVX2 + FMA: two
-// 8-wide (f32) or 4-wide (f64) accumulators per sum; GCC 12 compiled the portable forms (`omp simd
-// reduction`, or unrolled partial-sum arrays) into gathers and shuffles, 2-3x slower. The summation
-// order is fixed, so results never depend on the thread count.
-template <class T> inline void dot2(const T* x, const T* u, const T* w, int64_t n, T& xu, T& xw) {
+// Σ x·u and Σ x·w over n elements (u or w may be x), for the fused row kernels. Baseline: one scalar
+// sum each. AVX2 + FMA: two 8-wide (f32) or 4-wide (f64) accumulators per sum; GCC 12 compiled the
+// portable forms (`omp simd reduction`, or unrolled partial-sum arrays) into gathers and shuffles, 2-3x
+// slower. The summation order is fixed per ISA, so results never depend on the thread count.
+template <class T> inline void dot2(Baseline, const T* x, const T* u, const T* w, int64_t n, T& xu, T& xw) {
+  T sa = 0, sb = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    sa += x[k] * u[k];
+    sb += x[k] * w[k];
+  }
+  xu = sa;
+  xw = sb;
+}
+#if KILN_CPU_X86
+KILN_CPU_AVX2_BEGIN
+template <class T> inline void dot2(Avx2, const T* x, const T* u, const T* w, int64_t n, T& xu, T& xw) {
   int64_t k = 0;
   T sa = 0, sb = 0;
-#if defined(__AVX2__) && defined(__FMA__)
   if constexpr (std::is_same_v<T, float>) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
     for (; k + 16 <= n; k += 16) {
@@ -193,7 +284,6 @@ template <class T> inline void dot2(const T* x, const T* u, const T* w, int64_t 
       sb += lb[j];
     }
   }
-#endif
   for (; k < n; ++k) {
     sa += x[k] * u[k];
     sb += x[k] * w[k];
@@ -201,9 +291,11 @@ template <class T> inline void dot2(const T* x, const T* u, const T* w, int64_t 
   xu = sa;
   xw = sb;
 }
-template <class T> inline T dot(const T* x, const T* u, int64_t n) {
+KILN_CPU_AVX2_END
+#endif
+template <class I, class T> inline T dot(I, const T* x, const T* u, int64_t n) {
   T r, unused;
-  dot2(x, u, u, n, r, unused);
+  dot2(I{}, x, u, u, n, r, unused);
   return r;
 }
 

@@ -2,7 +2,8 @@
 // two-phase inference; contract and formulas in core/fused_depth.hpp. Rows are split over the threads. Forward: one pass over each source row for
 // Σv² and q·v, one to accumulate h; backward: one pass for dh·v and q·v, one to write dv_i and
 // accumulate dq. dq is summed per fixed chunk of rows, then over the chunks in order (deterministic for
-// a given thread count, like RMSNorm's dw). Row sums through dot2 (common.hpp).
+// a given thread count, like RMSNorm's dw). Row sums through dot2 (common.hpp); the row loops are
+// kernels with variants per instruction set (common.hpp).
 #include <cmath>
 #include <vector>
 
@@ -24,37 +25,133 @@ template <class T> inline void weighted_add(T* out, T w, const T* x, int64_t D, 
   }
 }
 
-template <class T> void depth_fwd(T* h, T* alpha, T* rstd, const std::vector<const T*>& v, const T* q, int64_t N, int64_t D, double eps) {
-  const auto n = static_cast<int64_t>(v.size());
-  parallel_for(N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(n * D, 1)), [&](int64_t b, int64_t e) {
-    std::vector<T> logit(static_cast<size_t>(n));
-    for (int64_t t = b; t < e; ++t) {
-      T m = -std::numeric_limits<T>::infinity();
-      bool nan = false;
-      for (int64_t i = 0; i < n; ++i) {
-        const T* x = v[static_cast<size_t>(i)] + t * D;
-        T ss, s;
-        dot2(x, x, q, D, ss, s);
-        const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(ss) / static_cast<double>(D) + eps));
-        rstd[i * N + t] = r;
-        const T l = r * s;
-        logit[static_cast<size_t>(i)] = l;
-        nan = nan || l != l;
-        m = l > m ? l : m;
-      }
-      T z = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        T& l = logit[static_cast<size_t>(i)];
-        l = nan ? std::numeric_limits<T>::quiet_NaN() : std::exp(l - m);
-        z += l;
-      }
-      T* hr = h + t * D;
-      for (int64_t i = 0; i < n; ++i) {
-        const T a = logit[static_cast<size_t>(i)] / z;
-        alpha[i * N + t] = a;
-        weighted_add(hr, a, v[static_cast<size_t>(i)] + t * D, D, i == 0);
+// ---------------------------------------------------------------------------------- kernels
+// Kernels (common.hpp), each over rows [b, e) of D elements; v holds the n source row pointers.
+
+// Forward; logit: n scratch values.
+template <class I, class T>
+void depth_fwd_rows(T* h, T* alpha, T* rstd, const T* const* v, int64_t n, const T* q, int64_t b, int64_t e, int64_t N, int64_t D,
+                    double eps, T* logit) {
+  for (int64_t t = b; t < e; ++t) {
+    T m = -std::numeric_limits<T>::infinity();
+    bool nan = false;
+    for (int64_t i = 0; i < n; ++i) {
+      const T* x = v[i] + t * D;
+      T ss, s;
+      dot2(I{}, x, x, q, D, ss, s);
+      const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(ss) / static_cast<double>(D) + eps));
+      rstd[i * N + t] = r;
+      const T l = r * s;
+      logit[i] = l;
+      nan = nan || l != l;
+      m = l > m ? l : m;
+    }
+    T z = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      T& l = logit[i];
+      l = nan ? std::numeric_limits<T>::quiet_NaN() : std::exp(l - m);
+      z += l;
+    }
+    T* hr = h + t * D;
+    for (int64_t i = 0; i < n; ++i) {
+      const T a = logit[i] / z;
+      alpha[i * N + t] = a;
+      weighted_add(hr, a, v[i] + t * D, D, i == 0);
+    }
+  }
+}
+
+// Backward: dv rows written, dq's terms accumulated into acc (D wide); a, s: n scratch values each.
+template <class I, class T>
+void depth_bwd_rows(T* const* dv, T* acc, const T* const* v, int64_t n, const T* q, const T* alpha, const T* rstd, const T* dh, int64_t b,
+                    int64_t e, int64_t N, int64_t D, T* a, T* s) {
+  for (int64_t t = b; t < e; ++t) {
+    const T* g = dh + t * D;
+    T dot = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const T* x = v[i] + t * D;
+      T ai, si;
+      dot2(I{}, x, g, q, D, ai, si);
+      a[i] = ai;
+      s[i] = si;
+      dot += alpha[i * N + t] * ai;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const T al = alpha[i * N + t], r = rstd[i * N + t];
+      const T c = al * (a[i] - dot) * r;
+      const T ce = c * s[i] * r * r / static_cast<T>(D);
+      const T* x = v[i] + t * D;
+      T* d = dv[i] + t * D;
+#pragma omp simd
+      for (int64_t k = 0; k < D; ++k) {
+        d[k] = al * g[k] + c * q[k] - ce * x[k];
+        acc[k] += c * x[k];
       }
     }
+  }
+}
+
+// Phase 1 of two-phase inference: S queries against n sources, per row; w: n·S scratch values.
+template <class I, class T>
+void depth_phase1_rows(T* m, T* l, T* acc, const T* const* v, int64_t n, const T* Q, int64_t S, int64_t b, int64_t e, int64_t N,
+                       int64_t D, double eps, T* w) {
+  for (int64_t t = b; t < e; ++t) {
+    for (int64_t i = 0; i < n; ++i) {
+      const T* x = v[i] + t * D;
+      const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(dot(I{}, x, x, D)) / static_cast<double>(D) + eps));
+      for (int64_t j = 0; j < S; ++j) w[i * S + j] = r * dot(I{}, x, Q + j * D, D);
+    }
+    for (int64_t j = 0; j < S; ++j) {
+      T mj = -std::numeric_limits<T>::infinity();
+      for (int64_t i = 0; i < n; ++i) {
+        const T x = w[i * S + j];
+        mj = (x > mj || x != x) ? x : mj;  // NaN propagates
+      }
+      T lj = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        T& x = w[i * S + j];
+        x = std::exp(x - mj);
+        lj += x;
+      }
+      m[j * N + t] = mj;
+      l[j * N + t] = lj;
+      T* a = acc + (j * N + t) * D;
+      for (int64_t i = 0; i < n; ++i) weighted_add(a, w[i * S + j], v[i] + t * D, D, i == 0);
+    }
+  }
+}
+
+// Phase 2: one online-softmax step merging the partial p (or none) into a query's statistics.
+template <class I, class T>
+void depth_merge_rows(T* h, const T* m, const T* l, const T* acc, const T* p, const T* q, int64_t b, int64_t e, int64_t D, double eps) {
+  for (int64_t t = b; t < e; ++t) {
+    const T* a = acc + t * D;
+    T* hr = h + t * D;
+    if (!p) {
+      const T lt = l[t];
+#pragma omp simd
+      for (int64_t k = 0; k < D; ++k) hr[k] = a[k] / lt;
+      continue;
+    }
+    const T* x = p + t * D;
+    T ss, s;
+    dot2(I{}, x, x, q, D, ss, s);
+    const T lp = static_cast<T>(1.0 / std::sqrt(static_cast<double>(ss) / static_cast<double>(D) + eps)) * s;
+    const T mt = m[t], mx = (lp > mt || lp != lp) ? lp : mt;
+    const T wa = std::exp(mt - mx), wb = std::exp(lp - mx);
+    const T z = l[t] * wa + wb;
+#pragma omp simd
+    for (int64_t k = 0; k < D; ++k) hr[k] = (a[k] * wa + x[k] * wb) / z;
+  }
+}
+
+// ---------------------------------------------------------------------------------- drivers
+template <class T> void depth_fwd(T* h, T* alpha, T* rstd, const std::vector<const T*>& v, const T* q, int64_t N, int64_t D, double eps) {
+  const auto n = static_cast<int64_t>(v.size());
+  const auto rows = pick<depth_fwd_rows<Baseline, T>, depth_fwd_rows<Avx2, T>>();
+  parallel_for(N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(n * D, 1)), [&](int64_t b, int64_t e) {
+    std::vector<T> logit(static_cast<size_t>(n));
+    rows(h, alpha, rstd, v.data(), n, q, b, e, N, D, eps, logit.data());
   }, 1);
 }
 
@@ -66,37 +163,14 @@ void depth_bwd(const std::vector<T*>& dv, T* dq, const std::vector<const T*>& v,
   std::vector<std::vector<T>> partial(static_cast<size_t>(nt));
   const int64_t grain = std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(n * D, 1));
   const int64_t chunk = (N + nt - 1) / nt;
+  const auto rows = pick<depth_bwd_rows<Baseline, T>, depth_bwd_rows<Avx2, T>>();
   // Rows split into nt fixed chunks (not parallel_for's), so dq's summation order never changes.
   auto body = [&](int th) {
     const int64_t b = std::min<int64_t>(N, chunk * th), e = std::min<int64_t>(N, b + chunk);
     std::vector<T>& acc = partial[static_cast<size_t>(th)];
     acc.assign(static_cast<size_t>(D), T(0));
     std::vector<T> a(static_cast<size_t>(n)), s(static_cast<size_t>(n));
-    for (int64_t t = b; t < e; ++t) {
-      const T* g = dh + t * D;
-      T dot = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const T* x = v[static_cast<size_t>(i)] + t * D;
-        T ai, si;
-        dot2(x, g, q, D, ai, si);
-        a[static_cast<size_t>(i)] = ai;
-        s[static_cast<size_t>(i)] = si;
-        dot += alpha[i * N + t] * ai;
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        const T al = alpha[i * N + t], r = rstd[i * N + t];
-        const T c = al * (a[static_cast<size_t>(i)] - dot) * r;
-        const T ce = c * s[static_cast<size_t>(i)] * r * r / static_cast<T>(D);
-        const T* x = v[static_cast<size_t>(i)] + t * D;
-        T* d = dv[static_cast<size_t>(i)] + t * D;
-        T* ac = acc.data();
-#pragma omp simd
-        for (int64_t k = 0; k < D; ++k) {
-          d[k] = al * g[k] + c * q[k] - ce * x[k];
-          ac[k] += c * x[k];
-        }
-      }
-    }
+    rows(dv.data(), acc.data(), v.data(), n, q, alpha, rstd, dh, b, e, N, D, a.data(), s.data());
   };
   if (nt > 1 && N >= 2 * grain && !omp_in_parallel()) {
 #pragma omp parallel num_threads(nt)
@@ -109,63 +183,20 @@ void depth_bwd(const std::vector<T*>& dv, T* dq, const std::vector<const T*>& v,
     for (int64_t k = 0; k < D; ++k) dq[k] += partial[static_cast<size_t>(th)][static_cast<size_t>(k)];
 }
 
-// Phase 1 of two-phase inference: S queries against n sources, per row.
 template <class T>
 void depth_phase1(T* m, T* l, T* acc, const std::vector<const T*>& v, const T* Q, int64_t S, int64_t N, int64_t D, double eps) {
   const auto n = static_cast<int64_t>(v.size());
+  const auto rows = pick<depth_phase1_rows<Baseline, T>, depth_phase1_rows<Avx2, T>>();
   parallel_for(N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(n * D * S, 1)), [&](int64_t b, int64_t e) {
     std::vector<T> w(static_cast<size_t>(n * S));  // logits, then weights, [i * S + j]
-    for (int64_t t = b; t < e; ++t) {
-      for (int64_t i = 0; i < n; ++i) {
-        const T* x = v[static_cast<size_t>(i)] + t * D;
-        const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(dot(x, x, D)) / static_cast<double>(D) + eps));
-        for (int64_t j = 0; j < S; ++j) w[static_cast<size_t>(i * S + j)] = r * dot(x, Q + j * D, D);
-      }
-      for (int64_t j = 0; j < S; ++j) {
-        T mj = -std::numeric_limits<T>::infinity();
-        for (int64_t i = 0; i < n; ++i) {
-          const T x = w[static_cast<size_t>(i * S + j)];
-          mj = (x > mj || x != x) ? x : mj;  // NaN propagates
-        }
-        T lj = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          T& x = w[static_cast<size_t>(i * S + j)];
-          x = std::exp(x - mj);
-          lj += x;
-        }
-        m[j * N + t] = mj;
-        l[j * N + t] = lj;
-        T* a = acc + (j * N + t) * D;
-        for (int64_t i = 0; i < n; ++i) {
-          weighted_add(a, w[static_cast<size_t>(i * S + j)], v[static_cast<size_t>(i)] + t * D, D, i == 0);
-        }
-      }
-    }
+    rows(m, l, acc, v.data(), n, Q, S, b, e, N, D, eps, w.data());
   }, 1);
 }
 
-// Phase 2: one online-softmax step merging the partial p (or none) into a query's statistics.
 template <class T> void depth_merge(T* h, const T* m, const T* l, const T* acc, const T* p, const T* q, int64_t N, int64_t D, double eps) {
+  const auto rows = pick<depth_merge_rows<Baseline, T>, depth_merge_rows<Avx2, T>>();
   parallel_for(N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(D, 1)), [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const T* a = acc + t * D;
-      T* hr = h + t * D;
-      if (!p) {
-        const T lt = l[t];
-#pragma omp simd
-        for (int64_t k = 0; k < D; ++k) hr[k] = a[k] / lt;
-        continue;
-      }
-      const T* x = p + t * D;
-      T ss, s;
-      dot2(x, x, q, D, ss, s);
-      const T lp = static_cast<T>(1.0 / std::sqrt(static_cast<double>(ss) / static_cast<double>(D) + eps)) * s;
-      const T mt = m[t], mx = (lp > mt || lp != lp) ? lp : mt;
-      const T wa = std::exp(mt - mx), wb = std::exp(lp - mx);
-      const T z = l[t] * wa + wb;
-#pragma omp simd
-      for (int64_t k = 0; k < D; ++k) hr[k] = (a[k] * wa + x[k] * wb) / z;
-    }
+    rows(h, m, l, acc, p, q, b, e, D, eps);
   }, 1);
 }
 

@@ -1,10 +1,6 @@
 // fill, copy (strided, with dtype conversion) and where.
 #include <cstring>
 
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
-
 #include "kiln/backends/cpu/common.hpp"
 
 namespace kiln {
@@ -19,9 +15,10 @@ template <> struct bits_of<2> { using type = uint16_t; };
 template <> struct bits_of<4> { using type = uint32_t; };
 template <> struct bits_of<8> { using type = uint64_t; };
 
-#ifdef __AVX2__
+#if KILN_CPU_X86
+KILN_CPU_AVX2_BEGIN
 // dst[c * ld_dst + r] = src[r * ld_src + c] for an 8 x 8 block of 4-byte elements.
-inline void transpose8x8(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
+inline void transpose8x8(Avx2, const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
   __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + ld_src), r2 = _mm256_loadu_ps(src + 2 * ld_src),
          r3 = _mm256_loadu_ps(src + 3 * ld_src), r4 = _mm256_loadu_ps(src + 4 * ld_src), r5 = _mm256_loadu_ps(src + 5 * ld_src),
          r6 = _mm256_loadu_ps(src + 6 * ld_src), r7 = _mm256_loadu_ps(src + 7 * ld_src);
@@ -48,7 +45,32 @@ inline void transpose8x8(const float* src, int64_t ld_src, float* dst, int64_t l
   _mm256_storeu_ps(dst + 6 * ld_dst, r6);
   _mm256_storeu_ps(dst + 7 * ld_dst, r7);
 }
+KILN_CPU_AVX2_END
 #endif
+
+// Kernel (common.hpp) of the tiled transpose copy: the stripe of rows [b1, e1) (output dim 1) of one
+// outer index, all s0 columns, in kT x kT tiles (full 4-byte tiles as 8 x 8 register transposes with
+// AVX2).
+constexpr int64_t kT = 32;
+template <class I, class T, class S>
+void transpose_stripe(T* o, const S* x, int64_t b1, int64_t e1, int64_t s0, int64_t os1, int64_t is0) {
+  for (int64_t b0 = 0; b0 < s0; b0 += kT) {
+    const int64_t e0 = std::min(s0, b0 + kT);
+    if constexpr (!std::is_same_v<I, Baseline> && std::is_same_v<T, S> && sizeof(T) == 4) {
+      if (e0 - b0 == kT && e1 - b1 == kT) {  // full tile: 8 x 8 register transposes
+        for (int64_t j0 = b0; j0 < e0; j0 += 8)
+          for (int64_t j1 = b1; j1 < e1; j1 += 8)
+            transpose8x8(I{}, reinterpret_cast<const float*>(x + j1 + j0 * is0), is0, reinterpret_cast<float*>(o + j1 * os1 + j0), os1);
+        continue;
+      }
+    }
+    for (int64_t i1 = b1; i1 < e1; ++i1) {
+      T* d = o + i1 * os1;
+      const S* sp = x + i1;
+      for (int64_t i0 = b0; i0 < e0; ++i0) d[i0] = convert_elem<T>(sp[i0 * is0]);
+    }
+  }
+}
 
 template <class T, class S> void copy_kernel(Cpu::M out, Cpu::V in) {
   const Plan<2> p = make_plan<2>(out.layout.shape, {&out.layout.strides, &in.layout.strides}, {out.layout.offset, in.layout.offset});
@@ -56,13 +78,14 @@ template <class T, class S> void copy_kernel(Cpu::M out, Cpu::V in) {
   const S* x = in.storage.as<S>();
   const int64_t so = p.inner(0), si = p.inner(1);
   // A transpose (the output's innermost dim is the input's second, e.g. x.t().contiguous()): copy
-  // 32 x 32 tiles so both sides touch whole cache lines.
+  // 32 x 32 tiles so both sides touch whole cache lines (a kernel with variants, above).
   if (p.nd >= 2 && so == 1 && si != 1 && p.stride[1][1] == 1 && p.size[0] >= 16 && p.size[1] >= 16) {
-    constexpr int64_t kT = 32;
     const int64_t s0 = p.size[0], s1 = p.size[1], os1 = p.stride[0][1], is0 = si;
     const int64_t nb1 = (s1 + kT - 1) / kT;
     int64_t outer = 1;
     for (int d = 2; d < p.nd; ++d) outer *= p.size[d];
+    // only 4-byte bit copies have an AVX2 form; conversions are scalar either way
+    const auto stripe = pick_if<std::is_same_v<T, S> && sizeof(T) == 4, transpose_stripe<Baseline, T, S>, transpose_stripe<Avx2, T, S>>();
     parallel_for(outer * nb1, std::max<int64_t>(1, kGrainCheap / (kT * s0)), [&](int64_t ub, int64_t ue) {
       for (int64_t u = ub; u < ue; ++u) {
         int64_t rem = u / nb1, oo = p.base[0], io = p.base[1];
@@ -73,25 +96,7 @@ template <class T, class S> void copy_kernel(Cpu::M out, Cpu::V in) {
           io += i * p.stride[1][d];
         }
         const int64_t b1 = (u % nb1) * kT, e1 = std::min(s1, b1 + kT);
-        for (int64_t b0 = 0; b0 < s0; b0 += kT) {
-          const int64_t e0 = std::min(s0, b0 + kT);
-#ifdef __AVX2__
-          if constexpr (std::is_same_v<T, S> && sizeof(T) == 4) {
-            if (e0 - b0 == kT && e1 - b1 == kT) {  // full tile: 8 x 8 register transposes
-              for (int64_t j0 = b0; j0 < e0; j0 += 8)
-                for (int64_t j1 = b1; j1 < e1; j1 += 8)
-                  transpose8x8(reinterpret_cast<const float*>(x + io + j1 + j0 * is0), is0,
-                               reinterpret_cast<float*>(o + oo + j1 * os1 + j0), os1);
-              continue;
-            }
-          }
-#endif
-          for (int64_t i1 = b1; i1 < e1; ++i1) {
-            T* d = o + oo + i1 * os1;
-            const S* sp = x + io + i1;
-            for (int64_t i0 = b0; i0 < e0; ++i0) d[i0] = convert_elem<T>(sp[i0 * is0]);
-          }
-        }
+        stripe(o + oo, x + io, b1, e1, s0, os1, is0);
       }
     }, 1);
     return;

@@ -1,8 +1,9 @@
 // Fused softmax / log_softmax over the last axis of a contiguous tensor, forward and backward.
-// Forward, per row (f32, AVX2): one pass for the max, one fused pass y = exp(x - max) with the running
-// sum, one pass scaling by 1/sum (log: y = (x - max) - log sum). Rows are in L1 between passes, so the
-// row is read from memory once and written once. bf16/f16 rows go through a float buffer; f64 rows use
-// scalar double math. Rows are split over the threads.
+// Forward, per row (f32): one pass for the max, one fused pass y = exp(x - max) with the running sum
+// (vecmath.hpp: AVX2 exp, or libm's at baseline), one pass scaling by 1/sum (log: y = (x - max) -
+// log sum). Rows are in L1 between passes, so the row is read from memory once and written once.
+// bf16/f16 rows go through a float buffer; f64 rows use scalar double math. Rows are split over the
+// threads; each chunk of rows runs the kernel variant for the instruction set (common.hpp).
 #include <vector>
 
 #include "kiln/backends/cpu/common.hpp"
@@ -13,70 +14,15 @@ using namespace cpu;
 
 namespace {
 
-float row_max(const float* x, int64_t n) {
-  int64_t i = 0;
-  float m = -std::numeric_limits<float>::infinity();
-#ifdef KILN_CPU_AVX2
-  __m256 m0 = _mm256_set1_ps(m), m1 = m0;
-  for (; i + 16 <= n; i += 16) {
-    m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
-    m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + i + 8));
-  }
-  m = vm::hmax8(_mm256_max_ps(m0, m1));
-#endif
-  for (; i < n; ++i) m = std::max(m, x[i]);
-  return m;
-}
-
-// y = exp(x - c), returns the sum of y.
-float exp_shift_sum(const float* x, float* y, int64_t n, float c) {
-  int64_t i = 0;
-  float s = 0.0f;
-#ifdef KILN_CPU_AVX2
-  const __m256 cv = _mm256_set1_ps(c);
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  for (; i + 16 <= n; i += 16) {
-    const __m256 a = vm::exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), cv));
-    const __m256 b = vm::exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), cv));
-    _mm256_storeu_ps(y + i, a);
-    _mm256_storeu_ps(y + i + 8, b);
-    s0 = _mm256_add_ps(s0, a);
-    s1 = _mm256_add_ps(s1, b);
-  }
-  if (i + 8 <= n) {
-    const __m256 a = vm::exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), cv));
-    _mm256_storeu_ps(y + i, a);
-    s0 = _mm256_add_ps(s0, a);
-    i += 8;
-  }
-  s = vm::hsum8(_mm256_add_ps(s0, s1));
-  if (i < n) {
-    alignas(32) float buf[8];
-    for (int64_t j = i; j < n; ++j) buf[j - i] = x[j] - c;
-    for (int64_t j = n - i; j < 8; ++j) buf[j] = -std::numeric_limits<float>::infinity();
-    _mm256_store_ps(buf, vm::exp8(_mm256_load_ps(buf)));
-    for (int64_t j = i; j < n; ++j) {
-      y[j] = buf[j - i];
-      s += buf[j - i];
-    }
-  }
-#else
-  for (; i < n; ++i) {
-    y[i] = std::exp(x[i] - c);
-    s += y[i];
-  }
-#endif
-  return s;
-}
-
-void softmax_row_f32(const float* x, float* y, int64_t n, bool log) {
-  const float m = row_max(x, n);
+// One row of softmax / log_softmax in f32.
+template <class I> void softmax_row_f32(const float* x, float* y, int64_t n, bool log) {
+  const float m = vm::row_max(I{}, x, n);
   if (log) {
     // y is scratch for the exponentials, then overwritten
-    const float ls = std::log(exp_shift_sum(x, y, n, m));
+    const float ls = std::log(vm::exp_shift_sum(I{}, x, y, n, m));
     for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - m) - ls;
   } else {
-    const float s = exp_shift_sum(x, y, n, m);
+    const float s = vm::exp_shift_sum(I{}, x, y, n, m);
     const float r = 1.0f / s;
     for (int64_t i = 0; i < n; ++i) y[i] *= r;
   }
@@ -96,14 +42,14 @@ void softmax_row_f64(const double* x, double* y, int64_t n, bool log) {
 }
 
 // softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy).
-template <class F> void softmax_bwd_row(const F* y, const F* dy, F* dx, int64_t n, bool log) {
+template <class I, class F> void softmax_bwd_row(const F* y, const F* dy, F* dx, int64_t n, bool log) {
   using A = std::conditional_t<std::is_same_v<F, float>, double, F>;
   A s = 0;
   if (log) {
     for (int64_t i = 0; i < n; ++i) s += static_cast<A>(dy[i]);
     const F sf = static_cast<F>(s);
     if constexpr (std::is_same_v<F, float>) {
-      vm::exp_n(y, dx, n);
+      vm::exp_n(I{}, y, dx, n);
       for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] - dx[i] * sf;
     } else {
       for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] - std::exp(y[i]) * sf;
@@ -115,6 +61,44 @@ template <class F> void softmax_bwd_row(const F* y, const F* dy, F* dx, int64_t 
   }
 }
 
+// Kernels (common.hpp): rows [r0, r1) of n elements; buf holds 2n (forward) or 3n (backward) floats
+// for bf16/f16 rows, which go through f32.
+template <class I, class T> void softmax_rows(const T* x, T* y, int64_t r0, int64_t r1, int64_t n, bool log, float* buf) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    if constexpr (std::is_same_v<T, float>) {
+      softmax_row_f32<I>(xr, yr, n, log);
+    } else if constexpr (std::is_same_v<T, double>) {
+      softmax_row_f64(xr, yr, n, log);
+    } else {
+      for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(xr[i]);
+      softmax_row_f32<I>(buf, buf + n, n, log);
+      for (int64_t i = 0; i < n; ++i) yr[i] = T(buf[n + i]);
+    }
+  }
+}
+
+template <class I, class T>
+void softmax_bwd_rows(const T* y, const T* dy, T* dx, int64_t r0, int64_t r1, int64_t n, bool log, float* buf) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t o = r * n;
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      softmax_bwd_row<I, T>(y + o, dy + o, dx + o, n, log);
+    } else {
+      float* by = buf;
+      float* bg = by + n;
+      float* bd = bg + n;
+      for (int64_t i = 0; i < n; ++i) {
+        by[i] = static_cast<float>(y[o + i]);
+        bg[i] = static_cast<float>(dy[o + i]);
+      }
+      softmax_bwd_row<I, float>(by, bg, bd, n, log);
+      for (int64_t i = 0; i < n; ++i) dx[o + i] = T(bd[i]);
+    }
+  }
+}
+
 void check_args(const char* op, Cpu::M out, Cpu::V x) {
   KILN_CHECK(out.layout.shape == x.layout.shape && out.dtype == x.dtype, "{}: out {} {} vs input {} {}", op, shape_str(out.layout.shape),
              out.dtype, shape_str(x.layout.shape), x.dtype);
@@ -123,13 +107,15 @@ void check_args(const char* op, Cpu::M out, Cpu::V x) {
   KILN_CHECK(is_floating(x.dtype), "{}: needs a float dtype, got {} (shape {})", op, x.dtype, shape_str(x.layout.shape));
 }
 
-template <class T, class RowF> void for_rows(const Layout& l, RowF&& row) {
+// Splits the rows of a contiguous tensor over the threads; kernel(r0, r1, n, buf) gets a chunk of rows
+// and a buffer of `buf_rows` x n floats when T is a half type.
+template <class T, class K> void for_rows(const Layout& l, int64_t buf_rows, K&& kernel) {
   const int64_t n = l.rank() == 0 ? 1 : l.shape.back();
   if (n == 0) return;
   const int64_t rows = l.numel() / n;
   parallel_for(rows, std::max<int64_t>(1, kGrainMath / n), [&](int64_t b, int64_t e) {
-    std::vector<float> buf;
-    for (int64_t r = b; r < e; ++r) row(r * n, n, buf);
+    std::vector<float> buf(is_float_v<T> && !std::is_same_v<T, float> && !std::is_same_v<T, double> ? static_cast<size_t>(buf_rows * n) : 0);
+    kernel(b, e, n, buf.data());
   }, 1);
 }
 
@@ -141,18 +127,8 @@ void Cpu::softmax_lastdim(M out, V x, bool log) {
     if constexpr (is_float_v<T>) {
       const T* xp = x.storage.as<T>() + x.layout.offset;
       T* yp = out.storage.as<T>() + out.layout.offset;
-      for_rows<T>(x.layout, [&](int64_t o, int64_t n, std::vector<float>& buf) {
-        if constexpr (std::is_same_v<T, float>) {
-          softmax_row_f32(xp + o, yp + o, n, log);
-        } else if constexpr (std::is_same_v<T, double>) {
-          softmax_row_f64(xp + o, yp + o, n, log);
-        } else {
-          buf.resize(static_cast<size_t>(2 * n));
-          for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] = static_cast<float>(xp[o + i]);
-          softmax_row_f32(buf.data(), buf.data() + n, n, log);
-          for (int64_t i = 0; i < n; ++i) yp[o + i] = T(buf[static_cast<size_t>(n + i)]);
-        }
-      });
+      const auto rows = pick<softmax_rows<Baseline, T>, softmax_rows<Avx2, T>>();
+      for_rows<T>(x.layout, 2, [&](int64_t b, int64_t e, int64_t n, float* buf) { rows(xp, yp, b, e, n, log, buf); });
     }
   });
 }
@@ -166,22 +142,8 @@ void Cpu::softmax_lastdim_backward(M dx, V y, V dy, bool log) {
       const T* yp = y.storage.as<T>() + y.layout.offset;
       const T* gp = dy.storage.as<T>() + dy.layout.offset;
       T* dp = dx.storage.as<T>() + dx.layout.offset;
-      for_rows<T>(y.layout, [&](int64_t o, int64_t n, std::vector<float>& buf) {
-        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-          softmax_bwd_row<T>(yp + o, gp + o, dp + o, n, log);
-        } else {
-          buf.resize(static_cast<size_t>(3 * n));
-          float* by = buf.data();
-          float* bg = by + n;
-          float* bd = bg + n;
-          for (int64_t i = 0; i < n; ++i) {
-            by[i] = static_cast<float>(yp[o + i]);
-            bg[i] = static_cast<float>(gp[o + i]);
-          }
-          softmax_bwd_row<float>(by, bg, bd, n, log);
-          for (int64_t i = 0; i < n; ++i) dp[o + i] = T(bd[i]);
-        }
-      });
+      const auto rows = pick<softmax_bwd_rows<Baseline, T>, softmax_bwd_rows<Avx2, T>>();
+      for_rows<T>(y.layout, 3, [&](int64_t b, int64_t e, int64_t n, float* buf) { rows(yp, gp, dp, b, e, n, log, buf); });
     }
   });
 }
@@ -198,12 +160,12 @@ template <class T> void ce_check_views(const char* op, const Layout& x, DType d)
   KILN_CHECK(d == DType::f32 || d == DType::f64, "{}: f32/f64 logits only, got {}", op, d);
 }
 
-template <class T> T ce_row_lse(const T* x, int64_t C, std::vector<float>& scratch) {
+// scratch: C floats (f32 rows).
+template <class I, class T> T ce_row_lse(const T* x, int64_t C, float* scratch) {
   if constexpr (std::is_same_v<T, float>) {
-    const float m = row_max(x, C);
+    const float m = vm::row_max(I{}, x, C);
     if (m == -std::numeric_limits<float>::infinity()) return m;
-    scratch.resize(static_cast<size_t>(C));
-    return m + std::log(exp_shift_sum(x, scratch.data(), C, m));
+    return m + std::log(vm::exp_shift_sum(I{}, x, scratch, C, m));
   } else {
     T m = -std::numeric_limits<T>::infinity();
     for (int64_t c = 0; c < C; ++c) m = std::max(m, x[c]);
@@ -211,6 +173,49 @@ template <class T> T ce_row_lse(const T* x, int64_t C, std::vector<float>& scrat
     T s = 0;
     for (int64_t c = 0; c < C; ++c) s += std::exp(x[c] - m);
     return m + std::log(s);
+  }
+}
+
+// Kernels (common.hpp) over rows [r0, r1) of [N, C] logits x with targets t.
+template <class I, class T>
+void ce_forward_rows(const T* x, const int64_t* t, T* lp, T* lsp, int64_t r0, int64_t r1, int64_t C, int64_t ignore_index,
+                     double smoothing, float* scratch) {
+  const T s = static_cast<T>(smoothing);
+  for (int64_t i = r0; i < r1; ++i) {
+    const T* row = x + i * C;
+    const T l = ce_row_lse<I, T>(row, C, scratch);
+    lsp[i] = l;
+    if (t[i] == ignore_index) {
+      lp[i] = 0;
+      continue;
+    }
+    T v = l - (T(1) - s) * row[t[i]];
+    if (smoothing > 0) {
+      T sum = 0;
+      for (int64_t c = 0; c < C; ++c) sum += row[c];
+      v -= s * sum / static_cast<T>(C);
+    }
+    lp[i] = v;
+  }
+}
+
+template <class I, class T>
+void ce_backward_rows(const T* x, const T* lsp, const T* gp, const int64_t* t, T* dx, int64_t r0, int64_t r1, int64_t C,
+                      int64_t ignore_index, double smoothing) {
+  const T s = static_cast<T>(smoothing), sc = s / static_cast<T>(C);
+  for (int64_t i = r0; i < r1; ++i) {
+    const T* row = x + i * C;
+    T* d = dx + i * C;
+    if (t[i] == ignore_index) {
+      std::fill(d, d + C, T(0));
+      continue;
+    }
+    const T gi = gp[i];
+    if constexpr (std::is_same_v<T, float>) (void)vm::exp_shift_sum(I{}, row, d, C, lsp[i]);
+    else
+      for (int64_t c = 0; c < C; ++c) d[c] = std::exp(row[c] - lsp[i]);
+    for (int64_t c = 0; c < C; ++c) d[c] = gi * (d[c] - sc);
+    d[t[i]] -= gi * (T(1) - s);
   }
 }
 
@@ -225,25 +230,10 @@ void Cpu::cross_entropy_forward(M loss, M lse, V logits, V targets, int64_t igno
       const int64_t* t = targets.storage.as<int64_t>() + targets.layout.offset;
       T* lp = loss.storage.as<T>() + loss.layout.offset;
       T* lsp = lse.storage.as<T>() + lse.layout.offset;
-      const T s = static_cast<T>(smoothing);
+      const auto rows = pick<ce_forward_rows<Baseline, T>, ce_forward_rows<Avx2, T>>();
       parallel_for(N, std::max<int64_t>(1, kGrainMath / C), [&](int64_t b, int64_t e) {
-        std::vector<float> scratch;
-        for (int64_t i = b; i < e; ++i) {
-          const T* row = x + i * C;
-          const T l = ce_row_lse<T>(row, C, scratch);
-          lsp[i] = l;
-          if (t[i] == ignore_index) {
-            lp[i] = 0;
-            continue;
-          }
-          T v = l - (T(1) - s) * row[t[i]];
-          if (smoothing > 0) {
-            T sum = 0;
-            for (int64_t c = 0; c < C; ++c) sum += row[c];
-            v -= s * sum / static_cast<T>(C);
-          }
-          lp[i] = v;
-        }
+        std::vector<float> scratch(std::is_same_v<T, float> ? static_cast<size_t>(C) : 0);
+        rows(x, t, lp, lsp, b, e, C, ignore_index, smoothing, scratch.data());
       });
     } else {
       fail("cross_entropy: f32/f64 logits only, got {}", logits.dtype);
@@ -261,22 +251,9 @@ void Cpu::cross_entropy_backward(M dlogits, V logits, V lse, V targets, V g, int
       const T* gp = g.storage.as<T>() + g.layout.offset;
       const int64_t* t = targets.storage.as<int64_t>() + targets.layout.offset;
       T* dx = dlogits.storage.as<T>() + dlogits.layout.offset;
-      const T s = static_cast<T>(smoothing), sc = s / static_cast<T>(C);
+      const auto rows = pick<ce_backward_rows<Baseline, T>, ce_backward_rows<Avx2, T>>();
       parallel_for(N, std::max<int64_t>(1, kGrainMath / C), [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) {
-          const T* row = x + i * C;
-          T* d = dx + i * C;
-          if (t[i] == ignore_index) {
-            std::fill(d, d + C, T(0));
-            continue;
-          }
-          const T gi = gp[i];
-          if constexpr (std::is_same_v<T, float>) (void)exp_shift_sum(row, d, C, lsp[i]);
-          else
-            for (int64_t c = 0; c < C; ++c) d[c] = std::exp(row[c] - lsp[i]);
-          for (int64_t c = 0; c < C; ++c) d[c] = gi * (d[c] - sc);
-          d[t[i]] -= gi * (T(1) - s);
-        }
+        rows(x, lsp, gp, t, dx, b, e, C, ignore_index, smoothing);
       });
     } else {
       fail("cross_entropy_backward: f32/f64 logits only, got {}", logits.dtype);

@@ -1,5 +1,6 @@
 // unary<Op>: contiguous runs go straight to the array kernels; strided runs and the half types pass
-// through a small float buffer so they use the same vector code.
+// through a small float buffer so they use the same vector code. Each run goes to the kernel variant
+// for the instruction set (common.hpp).
 #include "kiln/backends/checks.hpp"
 #include "kiln/backends/cpu/common.hpp"
 #include "kiln/backends/cpu/vecmath.hpp"
@@ -15,27 +16,55 @@ template <class Op> constexpr bool is_math_v =
     std::is_same_v<Op, op::Log1p> || std::is_same_v<Op, op::Expm1> || std::is_same_v<Op, op::Sin> || std::is_same_v<Op, op::Cos> ||
     std::is_same_v<Op, op::Pow>;
 
-// y = Op(x) over n contiguous floats (x may equal y).
-template <class Op> void apply_f32(const float* x, float* y, int64_t n) {
-  if constexpr (std::is_same_v<Op, op::Exp>) vm::exp_n(x, y, n);
-  else if constexpr (std::is_same_v<Op, op::Log>) vm::log_n(x, y, n);
-  else if constexpr (std::is_same_v<Op, op::Tanh>) vm::tanh_n(x, y, n);
-  else if constexpr (std::is_same_v<Op, op::Sigmoid>) vm::sigmoid_n(x, y, n);
-  else if constexpr (std::is_same_v<Op, op::Silu>) vm::silu_n(x, y, n);
-  else if constexpr (std::is_same_v<Op, op::GeluTanh>) vm::gelu_tanh_n(x, y, n);
-  else if constexpr (std::is_same_v<Op, op::Gelu>) for (int64_t i = 0; i < n; ++i) y[i] = vm::gelu_s(x[i]);
-#ifdef KILN_CPU_AVX2
-  else if constexpr (std::is_same_v<Op, op::Sqrt> || std::is_same_v<Op, op::Rsqrt>) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      __m256 r = _mm256_sqrt_ps(_mm256_loadu_ps(x + i));
-      if constexpr (std::is_same_v<Op, op::Rsqrt>) r = _mm256_div_ps(_mm256_set1_ps(1.0f), r);
-      _mm256_storeu_ps(y + i, r);
-    }
-    for (; i < n; ++i) y[i] = Op::template f<float>(x[i]);
+// sqrt / rsqrt over n floats, AVX2.
+#if KILN_CPU_X86
+KILN_CPU_AVX2_BEGIN
+template <class Op> void sqrt_n(Avx2, const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 r = _mm256_sqrt_ps(_mm256_loadu_ps(x + i));
+    if constexpr (std::is_same_v<Op, op::Rsqrt>) r = _mm256_div_ps(_mm256_set1_ps(1.0f), r);
+    _mm256_storeu_ps(y + i, r);
   }
+  for (; i < n; ++i) y[i] = Op::template f<float>(x[i]);
+}
+KILN_CPU_AVX2_END
 #endif
+
+// y = Op(x) over n contiguous floats (x may equal y).
+template <class I, class Op> void apply_f32(const float* x, float* y, int64_t n) {
+  if constexpr (std::is_same_v<Op, op::Exp>) vm::exp_n(I{}, x, y, n);
+  else if constexpr (std::is_same_v<Op, op::Log>) vm::log_n(I{}, x, y, n);
+  else if constexpr (std::is_same_v<Op, op::Tanh>) vm::tanh_n(I{}, x, y, n);
+  else if constexpr (std::is_same_v<Op, op::Sigmoid>) vm::sigmoid_n(I{}, x, y, n);
+  else if constexpr (std::is_same_v<Op, op::Silu>) vm::silu_n(I{}, x, y, n);
+  else if constexpr (std::is_same_v<Op, op::GeluTanh>) vm::gelu_tanh_n(I{}, x, y, n);
+  else if constexpr (std::is_same_v<Op, op::Gelu>) for (int64_t i = 0; i < n; ++i) y[i] = vm::gelu_s(x[i]);
+  else if constexpr (!std::is_same_v<I, Baseline> && (std::is_same_v<Op, op::Sqrt> || std::is_same_v<Op, op::Rsqrt>)) sqrt_n<Op>(I{}, x, y, n);
   else for (int64_t i = 0; i < n; ++i) y[i] = Op::template f<float>(x[i]);
+}
+
+// Kernel (common.hpp): one run of n elements, d[i * so] = Op(s[i * si]).
+template <class I, class Op, class T> void unary_run(T* d, const T* s, int64_t n, int64_t so, int64_t si) {
+  if constexpr (std::is_same_v<compute_t<T>, float>) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (so == 1 && si == 1) return apply_f32<I, Op>(s, d, n);
+    }
+    constexpr int64_t kBuf = 256;
+    alignas(32) float buf[kBuf];
+    for (int64_t i0 = 0; i0 < n; i0 += kBuf) {
+      const int64_t m = std::min(kBuf, n - i0);
+      for (int64_t i = 0; i < m; ++i) buf[i] = static_cast<float>(s[(i0 + i) * si]);
+      apply_f32<I, Op>(buf, buf, m);
+      for (int64_t i = 0; i < m; ++i) d[(i0 + i) * so] = st<T>(buf[i]);
+    }
+  } else {
+    if (so == 1 && si == 1) {
+      for (int64_t i = 0; i < n; ++i) d[i] = Op::template f<T>(s[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) d[i * so] = Op::template f<T>(s[i * si]);
+    }
+  }
 }
 
 template <class Op, class T> void unary_kernel(Cpu::M out, Cpu::V in) {
@@ -44,29 +73,8 @@ template <class Op, class T> void unary_kernel(Cpu::M out, Cpu::V in) {
   const T* x = in.storage.as<T>();
   const int64_t so = p.inner(0), si = p.inner(1);
   const int64_t grain = is_math_v<Op> ? kGrainMath : kGrainCheap;
-  for_each_parallel(p, grain, [&](const std::array<int64_t, 2>& off, int64_t n) {
-    T* d = o + off[0];
-    const T* s = x + off[1];
-    if constexpr (std::is_same_v<compute_t<T>, float>) {
-      if constexpr (std::is_same_v<T, float>) {
-        if (so == 1 && si == 1) return apply_f32<Op>(s, d, n);
-      }
-      constexpr int64_t kBuf = 256;
-      alignas(32) float buf[kBuf];
-      for (int64_t i0 = 0; i0 < n; i0 += kBuf) {
-        const int64_t m = std::min(kBuf, n - i0);
-        for (int64_t i = 0; i < m; ++i) buf[i] = static_cast<float>(s[(i0 + i) * si]);
-        apply_f32<Op>(buf, buf, m);
-        for (int64_t i = 0; i < m; ++i) d[(i0 + i) * so] = st<T>(buf[i]);
-      }
-    } else {
-      if (so == 1 && si == 1) {
-        for (int64_t i = 0; i < n; ++i) d[i] = Op::template f<T>(s[i]);
-      } else {
-        for (int64_t i = 0; i < n; ++i) d[i * so] = Op::template f<T>(s[i * si]);
-      }
-    }
-  });
+  const auto run = pick_if<is_float_v<T>, unary_run<Baseline, Op, T>, unary_run<Avx2, Op, T>>();  // the half types use the vector math too
+  for_each_parallel(p, grain, [&](const std::array<int64_t, 2>& off, int64_t n) { run(o + off[0], x + off[1], n, so, si); });
 }
 
 }  // namespace

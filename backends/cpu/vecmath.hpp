@@ -10,15 +10,15 @@
 //   sigmoid: 1 / (1 + e) for x >= 0 and e / (1 + e) for x < 0 with e = exp(-|x|): no cancellation,
 //        no overflow, exact tails. silu = x * sigmoid(x); gelu_tanh = x * sigmoid(2u) (the identity
 //        0.5 (1 + tanh u) = sigmoid(2u) avoids the cancellation of 1 + tanh u for x << 0).
-// Each has a scalar twin used for loop tails and when AVX2 is not available, with the same formula.
+// Each has a scalar twin with the same formula (libm's exp, log, tanh inside). The array functions
+// (exp_n, ..., row_max, exp_shift_sum) come in two variants chosen by ISA tag (common.hpp): Baseline
+// runs the scalar twins, Avx2 the vector code, compiled for AVX2 + FMA whatever the build's flags.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define KILN_CPU_AVX2 1
-#endif
+#include "kiln/backends/cpu/common.hpp"
 
 namespace kiln::cpu::vm {
 
@@ -38,8 +38,10 @@ inline float gelu_tanh_s(float x) {
 }
 inline float gelu_s(float x) { return 0.5f * x * std::erfc(-x * 0.70710678118654752440f); }
 
-#ifdef KILN_CPU_AVX2
+#if KILN_CPU_X86
 // ------------------------------------------------------------------------------------------ AVX2
+KILN_CPU_AVX2_BEGIN
+namespace avx2 {
 // exp polynomial on r in [-ln2/2, ln2/2] with n = round(x / ln2): returns (p(r), n).
 inline __m256 exp_poly(__m256 x, __m256& n) {
   n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -176,35 +178,107 @@ inline double hsum4d(__m256d v) {
   s = _mm_add_sd(s, _mm_unpackhi_pd(s, s));
   return _mm_cvtsd_f64(s);
 }
+}  // namespace avx2
+KILN_CPU_AVX2_END
 #endif
 
 // ------------------------------------------------------------------------------------------ arrays
-// y[i] = f(x[i]) for n floats (x and y may be the same array). Tails go through the vector formula too
-// (padded), so every element sees the same function.
-#ifdef KILN_CPU_AVX2
-#define KILN_VM_ARRAY(NAME, VEC, SCALAR)                                              \
-  inline void NAME(const float* x, float* y, int64_t n) {                             \
-    int64_t i = 0;                                                                    \
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, VEC(_mm256_loadu_ps(x + i)));  \
-    if (i < n) {                                                                      \
-      alignas(32) float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};                            \
-      for (int64_t j = i; j < n; ++j) buf[j - i] = x[j];                              \
-      _mm256_store_ps(buf, VEC(_mm256_load_ps(buf)));                                 \
-      for (int64_t j = i; j < n; ++j) y[j] = buf[j - i];                              \
-    }                                                                                 \
+// y[i] = f(x[i]) for n floats (x and y may be the same array). Avx2: tails go through the vector
+// formula too (padded), so every element sees the same function.
+#define KILN_VM_ARRAY(NAME, SCALAR) \
+  inline void NAME(Baseline, const float* x, float* y, int64_t n) { \
+    for (int64_t i = 0; i < n; ++i) y[i] = SCALAR(x[i]);          \
   }
-#else
-#define KILN_VM_ARRAY(NAME, VEC, SCALAR)                  \
-  inline void NAME(const float* x, float* y, int64_t n) { \
-    for (int64_t i = 0; i < n; ++i) y[i] = SCALAR(x[i]);  \
-  }
-#endif
-KILN_VM_ARRAY(exp_n, exp8, exp_s)
-KILN_VM_ARRAY(log_n, log8, log_s)
-KILN_VM_ARRAY(tanh_n, tanh8, tanh_s)
-KILN_VM_ARRAY(sigmoid_n, sigmoid8, sigmoid_s)
-KILN_VM_ARRAY(silu_n, silu8, silu_s)
-KILN_VM_ARRAY(gelu_tanh_n, gelu_tanh8, gelu_tanh_s)
+KILN_VM_ARRAY(exp_n, exp_s)
+KILN_VM_ARRAY(log_n, log_s)
+KILN_VM_ARRAY(tanh_n, tanh_s)
+KILN_VM_ARRAY(sigmoid_n, sigmoid_s)
+KILN_VM_ARRAY(silu_n, silu_s)
+KILN_VM_ARRAY(gelu_tanh_n, gelu_tanh_s)
 #undef KILN_VM_ARRAY
+
+// The largest of n floats (-inf for n = 0).
+inline float row_max(Baseline, const float* x, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// y = exp(x - c) (y may be x); returns the sum of y.
+inline float exp_shift_sum(Baseline, const float* x, float* y, int64_t n, float c) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = std::exp(x[i] - c);
+    s += y[i];
+  }
+  return s;
+}
+
+#if KILN_CPU_X86
+KILN_CPU_AVX2_BEGIN
+#define KILN_VM_ARRAY(NAME, VEC)                                                                      \
+  inline void NAME(Avx2, const float* x, float* y, int64_t n) {                                       \
+    int64_t i = 0;                                                                                    \
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, avx2::VEC(_mm256_loadu_ps(x + i)));            \
+    if (i < n) {                                                                                      \
+      alignas(32) float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                            \
+      for (int64_t j = i; j < n; ++j) buf[j - i] = x[j];                                              \
+      _mm256_store_ps(buf, avx2::VEC(_mm256_load_ps(buf)));                                           \
+      for (int64_t j = i; j < n; ++j) y[j] = buf[j - i];                                              \
+    }                                                                                                 \
+  }
+KILN_VM_ARRAY(exp_n, exp8)
+KILN_VM_ARRAY(log_n, log8)
+KILN_VM_ARRAY(tanh_n, tanh8)
+KILN_VM_ARRAY(sigmoid_n, sigmoid8)
+KILN_VM_ARRAY(silu_n, silu8)
+KILN_VM_ARRAY(gelu_tanh_n, gelu_tanh8)
+#undef KILN_VM_ARRAY
+
+inline float row_max(Avx2, const float* x, int64_t n) {
+  int64_t i = 0;
+  __m256 m0 = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), m1 = m0;
+  for (; i + 16 <= n; i += 16) {
+    m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
+    m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + i + 8));
+  }
+  float m = avx2::hmax8(_mm256_max_ps(m0, m1));
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+inline float exp_shift_sum(Avx2, const float* x, float* y, int64_t n, float c) {
+  int64_t i = 0;
+  const __m256 cv = _mm256_set1_ps(c);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = avx2::exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), cv));
+    const __m256 b = avx2::exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), cv));
+    _mm256_storeu_ps(y + i, a);
+    _mm256_storeu_ps(y + i + 8, b);
+    s0 = _mm256_add_ps(s0, a);
+    s1 = _mm256_add_ps(s1, b);
+  }
+  if (i + 8 <= n) {
+    const __m256 a = avx2::exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), cv));
+    _mm256_storeu_ps(y + i, a);
+    s0 = _mm256_add_ps(s0, a);
+    i += 8;
+  }
+  float s = avx2::hsum8(_mm256_add_ps(s0, s1));
+  if (i < n) {
+    alignas(32) float buf[8];
+    for (int64_t j = i; j < n; ++j) buf[j - i] = x[j] - c;
+    for (int64_t j = n - i; j < 8; ++j) buf[j] = -std::numeric_limits<float>::infinity();
+    _mm256_store_ps(buf, avx2::exp8(_mm256_load_ps(buf)));
+    for (int64_t j = i; j < n; ++j) {
+      y[j] = buf[j - i];
+      s += buf[j - i];
+    }
+  }
+  return s;
+}
+KILN_CPU_AVX2_END
+#endif
 
 }  // namespace kiln::cpu::vm
