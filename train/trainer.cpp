@@ -165,9 +165,10 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
                       .metadata = {{"model_config", cfg.to_json().dump()}, {"train_config", tc.to_json().dump()}, {"data", o.data_path}},
                       .schedule = tc.schedule};  // peak: the optimizer's lr, tc.optimizer.lr
   if (!o.quiet)
-    fmt::print("kiln train: {} parameters, {} {}{}·{} tokens/step, steps {}..{} of {}, device {}\n", model.num_parameters(),
+    fmt::print("kiln train: {} parameters, {} {}{}·{} tokens/step, steps {}..{} of {}, device {}{}\n", model.num_parameters(),
                cfg.attention, tc.grad_accum > 1 ? fmt::format("{}·", tc.grad_accum) : "", bs, T, resume.step,
-               o.stop_after >= 0 ? std::min(tc.steps, o.stop_after) : tc.steps, tc.steps, B::name);
+               o.stop_after >= 0 ? std::min(tc.steps, o.stop_after) : tc.steps, tc.steps, B::name,
+               std::is_same_v<B, Cpu> ? fmt::format(" ({})", cpu_isa()) : std::string());  // the kernels' instruction set
   const FitResult r = with_eval ? fit(model, *opt, train, eval, step, fo) : fit(model, *opt, train, step, fo);
 
   TrainResult res;
