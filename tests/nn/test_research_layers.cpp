@@ -250,7 +250,10 @@ TEMPLATE_TEST_CASE("attnres: two-phase inference equals the sequential form at e
       const auto a = to_vector<float>(seq.step(*res[static_cast<size_t>(j)], f).value());
       const auto b = to_vector<float>(two.step(*res[static_cast<size_t>(j)], f).value());
       INFO("sublayer " << j);
-      for (size_t i = 0; i < a.size(); ++i) REQUIRE(b[i] == Approx(a[i]).margin(1e-5));
+      // The two forms sum in different orders, in f32, and f amplifies the rounding from sublayer to
+      // sublayer: measured up to 8e-6 apart on Reference, 2.5e-5 on the Cpu AVX2 kernels, 1.0e-5 on the
+      // baseline ones (KILN_CPU_ISA=baseline). A wrong merge or a missed source is off by > 1e-2.
+      for (size_t i = 0; i < a.size(); ++i) REQUIRE(b[i] == Approx(a[i]).margin(1e-4));
     }
   }
 }
