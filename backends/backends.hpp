@@ -6,7 +6,10 @@
 #include "kiln/config.hpp"
 #include "kiln/backends/cpu/cpu.hpp"
 #include "kiln/backends/reference/reference.hpp"
-#if defined(KILN_HAVE_CUDA_BACKEND)
+#if defined(KILN_REFERENCE_ONLY)  // a reduced build of the readers alone (fuzz/): Reference only
+#define KILN_FOR_EACH_BACKEND(X) X(::kiln::Reference)
+#define KILN_BACKEND_TYPES ::kiln::Reference
+#elif defined(KILN_HAVE_CUDA_BACKEND)
 #include "kiln/backends/cuda/cuda.hpp"
 #define KILN_FOR_EACH_BACKEND(X) X(::kiln::Reference) X(::kiln::Cpu) X(::kiln::Cuda)
 #define KILN_BACKEND_TYPES ::kiln::Reference, ::kiln::Cpu, ::kiln::Cuda

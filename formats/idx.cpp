@@ -107,7 +107,7 @@ template <class T> void store_be(T v, uint8_t* p) {
 void swap_bytes(IdxType t, const uint8_t* src, uint8_t* dst, int64_t n) {
   const size_t s = type_size(t);
   if (s == 1) {
-    std::memcpy(dst, src, static_cast<size_t>(n));
+    if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n));  // src may be null for no data
     return;
   }
   for (int64_t i = 0; i < n; ++i) {

@@ -2,6 +2,9 @@
 // Strict JSON object reading for config files: typed fields, then every key not asked for is an error
 // that lists the valid keys.
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -33,9 +36,7 @@ class Fields {
       KILN_CHECK(v.is_boolean(), "{}: '{}' must be true or false, got {}", where_, key, v.dump());
       out = v.get<bool>();
     } else if constexpr (std::is_integral_v<T>) {
-      KILN_CHECK(v.is_number_integer() || (v.is_number_float() && v.get<double>() == static_cast<double>(v.get<int64_t>())),
-                 "{}: '{}' must be an integer, got {}", where_, key, v.dump());
-      out = static_cast<T>(v.get<int64_t>());
+      out = integer<T>(v, key);
     } else if constexpr (std::is_floating_point_v<T>) {
       KILN_CHECK(v.is_number(), "{}: '{}' must be a number, got {}", where_, key, v.dump());
       out = v.get<T>();
@@ -44,6 +45,32 @@ class Fields {
       out = v.get<std::string>();
     }
   }
+  // An integer JSON value (or a float with an integral value, 2.0) that fits T; anything else names
+  // the key and the value. Never converts out of range (that would be undefined behaviour).
+  template <class T> T integer(const json& v, const char* key) const {
+    using L = std::numeric_limits<T>;
+    if (v.is_number_unsigned()) {
+      const auto u = v.get<uint64_t>();
+      KILN_CHECK(u <= static_cast<uint64_t>(L::max()), "{}: '{}' = {} is too large (at most {})", where_, key, u, L::max());
+      return static_cast<T>(u);
+    }
+    if (v.is_number_integer()) {
+      const auto i = v.get<int64_t>();
+      const bool fits = L::is_signed ? i >= static_cast<int64_t>(L::min()) && i <= static_cast<int64_t>(L::max())
+                                     : i >= 0 && static_cast<uint64_t>(i) <= static_cast<uint64_t>(L::max());
+      KILN_CHECK(fits, "{}: '{}' = {} is out of range [{}, {}]", where_, key, i, L::min(), L::max());
+      return static_cast<T>(i);
+    }
+    KILN_CHECK(v.is_number_float(), "{}: '{}' must be an integer, got {}", where_, key, v.dump());
+    const double d = v.get<double>();
+    // T holds exactly the integers in [-2^digits, 2^digits) (signed) or [0, 2^digits): powers of two,
+    // exact in a double, so the comparison is exact too.
+    const double top = std::ldexp(1.0, L::digits), bottom = L::is_signed ? -top : 0.0;
+    KILN_CHECK(std::isfinite(d) && d == std::floor(d) && d >= bottom && d < top, "{}: '{}' must be an integer in [{}, {}], got {}",
+               where_, key, L::min(), L::max(), v.dump());
+    return static_cast<T>(d);
+  }
+
   const json* object(const char* key) {
     keys_.emplace_back(key);
     const auto it = j_.find(key);

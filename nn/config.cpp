@@ -18,7 +18,7 @@ json read_json_file(const std::string& path) {
   ss << f.rdbuf();
   try {
     return json::parse(ss.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // syntax errors, and numbers beyond a double (1e999)
     fail("'{}' is not valid JSON: {}", path, e.what());
   }
 }

@@ -9,6 +9,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config libopenblas-dev libopenblas0-openmp libdnnl-dev catch2
       libfmt-dev nlohmann-json3-dev libbenchmark-dev zlib1g-dev
       gnuplot-nox  # kiln plot (training curves)
+      clang libclang-rt-dev  # the readers' libFuzzer targets (fuzz/, tests/fuzz)
       ocl-icd-opencl-dev)  # Debian's oneDNN CMake package requires OpenCL (a Recommends of libdnnl-dev)
 for arg in "$@"; do
   case "$arg" in

@@ -2,7 +2,7 @@
 # The README's test command: install what is missing, configure, build, run the whole suite.
 #   scripts/test.sh                 default suite (what CI runs)
 #   KILN_SANITIZE=ON scripts/test.sh   the same suite under ASan+UBSan (build-asan/)
-#   scripts/test.sh -L slow         ctest arguments replace the default `-LE slow` (here: only slow tests)
+#   scripts/test.sh -L slow         ctest arguments replace the default `-LE 'slow|fuzz-long'` (here: only slow tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --python
@@ -16,6 +16,7 @@ export KILN_NUM_THREADS="${KILN_NUM_THREADS:-2}"
 # ctest -j runs several test programs at once, each with KILN_NUM_THREADS threads: more threads than
 # cores. libgomp's default barrier spin then costs ~10x; a short spin keeps the suite fast.
 [ -z "${OMP_WAIT_POLICY:-}" ] && export GOMP_SPINCOUNT="${GOMP_SPINCOUNT:-1000}"
-# Default: everything but the `slow` label (Fashion-MNIST); pass ctest arguments to choose (e.g. -L slow).
-[ $# -eq 0 ] && set -- -LE slow
+# Default: everything but the labels slow (Fashion-MNIST, the portable build, add_subdirectory) and
+# fuzz-long (10-minute fuzzer runs); pass ctest arguments to choose (e.g. -L slow, -L fuzz-long).
+[ $# -eq 0 ] && set -- -LE 'slow|fuzz-long'
 ctest --test-dir "$dir" --output-on-failure -j"$jobs" "$@"

@@ -62,29 +62,6 @@ void save_checkpoint(const std::string& path, const nn::GPT<B>& model, const opt
                         {"data", data_path}});
 }
 
-CheckpointInfo read_checkpoint_info(const std::string& path) {
-  const auto f = safetensors::File::open(path);
-  CheckpointInfo c;
-  c.metadata = f.metadata();
-  const auto& m = c.metadata;
-  c.is_checkpoint = m.count("kiln_checkpoint") != 0;
-  if (!c.is_checkpoint) return c;
-  KILN_CHECK(m.count("model_config"), "checkpoint '{}' holds no GPT model_config (a kiln::fit checkpoint of another model?)", path);
-  try {
-    c.model = ModelConfig::from_json(json::parse(m.at("model_config")), path + ": model_config");
-    if (m.count("train_config")) c.train = TrainConfig::from_json(json::parse(m.at("train_config")), path + ": train_config");
-    c.step = std::stoll(m.at("step"));
-    c.rng_seed = std::stoull(m.at("rng_seed"));
-    c.rng_offset = std::stoull(m.at("rng_offset"));
-    if (m.count("data")) c.data_path = m.at("data");
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    fail("checkpoint '{}': malformed metadata ({})", path, e.what());
-  }
-  return c;
-}
-
 template <Backend B> std::shared_ptr<nn::GPT<B>> load_gpt(const std::string& path, const std::string& model_json) {
   const CheckpointInfo info = read_checkpoint_info(path);
   ModelConfig cfg;

@@ -19,6 +19,7 @@
 
 #include "kiln/nn/gpt.hpp"
 #include "kiln/optim/optimizer.hpp"
+#include "kiln/train/checkpoint.hpp"
 #include "kiln/train/config.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
@@ -58,17 +59,6 @@ template <Backend B>
 KILN_API void save_checkpoint(const std::string& path, const nn::GPT<B>& model, const optim::Optimizer<B>* opt, int64_t step,
                      const TrainConfig& t, const std::string& data_path);
 
-struct CheckpointInfo {
-  ModelConfig model;
-  std::optional<TrainConfig> train;
-  int64_t step = 0;
-  uint64_t rng_seed = 0, rng_offset = 0;
-  std::string data_path;
-  std::map<std::string, std::string> metadata;
-  bool is_checkpoint = false;  // false: a plain weights file (the reference's --save)
-};
-// Reads a checkpoint's metadata; a plain weights file gives is_checkpoint = false.
-CheckpointInfo read_checkpoint_info(const std::string& path);
 // Loads a model from a checkpoint or a weights file (then model_json gives the config).
 template <Backend B> KILN_API std::shared_ptr<nn::GPT<B>> load_gpt(const std::string& path, const std::string& model_json = "");
 
