@@ -14,6 +14,10 @@ namespace kiln {
 namespace {
 thread_local bool t_grad_enabled = true;
 std::atomic<uint64_t> g_seq{0};
+std::atomic<int64_t> g_hook_handle{0};
+// The callbacks queued during the backward pass running on this thread (nullptr outside one).
+thread_local std::vector<std::function<void()>>* t_pass_callbacks = nullptr;
+thread_local uint64_t t_passes = 0;
 }  // namespace
 
 bool grad_enabled() { return t_grad_enabled; }
@@ -23,6 +27,14 @@ NoGrad::~NoGrad() { t_grad_enabled = prev_; }
 
 namespace autograd {
 uint64_t next_seq() { return g_seq.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+void queue_backward_callback(std::function<void()> fn) {
+  KILN_CHECK(t_pass_callbacks != nullptr, "queue_backward_callback: no backward pass is running on this thread");
+  KILN_CHECK(fn != nullptr, "queue_backward_callback: empty callback");
+  t_pass_callbacks->push_back(std::move(fn));
+}
+bool in_backward() { return t_pass_callbacks != nullptr; }
+uint64_t backward_pass_count() { return t_passes; }
 
 std::vector<int64_t> reduce_axes(const std::vector<int64_t>& axes, const Shape& shape, const char* op) {
   const auto rank = static_cast<int64_t>(shape.size());
@@ -79,11 +91,36 @@ template <Backend B> void check_grad(const Node<B>& to, const Tensor<B>& g, cons
              g.dtype(), shape_str(to.value.shape()), to.value.dtype());
 }
 
+// Runs a leaf's post-accumulate hooks (on a copy: a hook may remove itself).
+template <Backend B> void run_leaf_hooks(Node<B>& leaf) {
+  const auto hooks = leaf.post_accumulate_hooks;
+  for (const auto& [handle, hook] : hooks) hook(leaf.grad);
+}
+
+// The pass's queued callbacks (queue_backward_callback): installed for the pass, dropped if it throws.
+struct PassScope {
+  std::vector<std::function<void()>> callbacks;
+  std::vector<std::function<void()>>* prev;
+  PassScope() : prev(t_pass_callbacks) {
+    t_pass_callbacks = &callbacks;
+    ++t_passes;
+  }
+  ~PassScope() { t_pass_callbacks = prev; }
+  PassScope(const PassScope&) = delete;
+  PassScope& operator=(const PassScope&) = delete;
+  void finish() {
+    for (size_t i = 0; i < callbacks.size(); ++i) callbacks[i]();  // a callback may queue another
+  }
+};
+
 template <Backend B> void run_backward(const std::shared_ptr<Node<B>>& root, Tensor<B> seed) {
   using N = Node<B>;
-  // Collect the interior nodes reachable from the root that carry gradient.
+  PassScope pass;
+  // Collect the interior nodes reachable from the root that carry gradient. For leaves with
+  // post-accumulate hooks, count the edges into them: the hooks run when the last one is replayed.
   std::vector<std::shared_ptr<N>> tape;
   std::unordered_set<N*> seen;
+  std::unordered_map<N*, int64_t> hooked_uses;
   std::vector<N*> stack{root.get()};
   seen.insert(root.get());
   while (!stack.empty()) {
@@ -95,6 +132,7 @@ template <Backend B> void run_backward(const std::shared_ptr<Node<B>>& root, Ten
                "recompute the forward pass to backward again",
                n->op, shape_str(n->value.shape()));
     for (const auto& in : n->inputs) {
+      if (in && in->requires_grad && in->is_leaf() && !in->post_accumulate_hooks.empty()) ++hooked_uses[in.get()];
       if (in && in->requires_grad && seen.insert(in.get()).second) {
         stack.push_back(in.get());
         tape.push_back(in);
@@ -108,28 +146,40 @@ template <Backend B> void run_backward(const std::shared_ptr<Node<B>>& root, Ten
 
   if (root->is_leaf()) {
     accumulate_leaf(*root, std::move(seed));
+    run_leaf_hooks(*root);
+    pass.finish();
     return;
   }
   std::unordered_map<N*, Tensor<B>> pending;
+  std::unordered_set<N*> hooked_got_grad;  // hooked leaves that received a gradient in this pass
   pending.emplace(root.get(), std::move(seed));
   for (const auto& n : tape) {
     auto it = pending.find(n.get());
-    if (it == pending.end()) continue;  // no gradient reached this node
-    const Tensor<B> g = std::move(it->second);
-    pending.erase(it);
-    Grads<B> gin = n->backward(g);
-    KILN_CHECK(gin.size() == n->inputs.size(), "backward: '{}' returned {} gradients for {} inputs", n->op, gin.size(),
-               n->inputs.size());
-    for (size_t i = 0; i < gin.size(); ++i) {
-      N* in = n->inputs[i].get();
-      if (!in || !in->requires_grad || !gin[i].defined()) continue;
-      check_grad(*in, gin[i], n->op);
-      if (in->is_leaf()) {
-        accumulate_leaf(*in, std::move(gin[i]));
-      } else {
-        auto [slot, fresh] = pending.try_emplace(in, gin[i]);
-        if (!fresh) slot->second = slot->second.add(gin[i]);
+    if (it != pending.end()) {  // else no gradient reached this node
+      const Tensor<B> g = std::move(it->second);
+      pending.erase(it);
+      Grads<B> gin = n->backward(g);
+      KILN_CHECK(gin.size() == n->inputs.size(), "backward: '{}' returned {} gradients for {} inputs", n->op, gin.size(),
+                 n->inputs.size());
+      for (size_t i = 0; i < gin.size(); ++i) {
+        N* in = n->inputs[i].get();
+        if (!in || !in->requires_grad || !gin[i].defined()) continue;
+        check_grad(*in, gin[i], n->op);
+        if (in->is_leaf()) {
+          accumulate_leaf(*in, std::move(gin[i]));
+          if (!hooked_uses.empty() && hooked_uses.count(in)) hooked_got_grad.insert(in);
+        } else {
+          auto [slot, fresh] = pending.try_emplace(in, gin[i]);
+          if (!fresh) slot->second = slot->second.add(gin[i]);
+        }
       }
+    }
+    if (hooked_uses.empty()) continue;
+    for (const auto& in : n->inputs) {  // this node's edges into hooked leaves are done
+      const auto u = in ? hooked_uses.find(in.get()) : hooked_uses.end();
+      if (u == hooked_uses.end() || --u->second > 0) continue;
+      hooked_uses.erase(u);
+      if (hooked_got_grad.count(in.get())) run_leaf_hooks(*in);
     }
   }
   // retain_graph=false: free the closures (and the tensors they saved) and the links.
@@ -138,6 +188,7 @@ template <Backend B> void run_backward(const std::shared_ptr<Node<B>>& root, Ten
     n->inputs.clear();
     n->released = true;
   }
+  pass.finish();
 }
 }  // namespace
 }  // namespace autograd
@@ -175,6 +226,19 @@ template <Backend B> Var<B>& Var<B>::requires_grad_(bool on) {
              shape_str(shape()));
   n_->requires_grad = on;
   return *this;
+}
+
+template <Backend B> int64_t Var<B>::register_post_accumulate_hook(std::function<void(const Tensor<B>&)> hook) {
+  KILN_CHECK(n_, "register_post_accumulate_hook: undefined Var");
+  KILN_CHECK(n_->is_leaf(), "register_post_accumulate_hook: only leaves accumulate gradients; this Var was computed by '{}'", n_->op);
+  KILN_CHECK(hook != nullptr, "register_post_accumulate_hook: empty hook");
+  const int64_t handle = g_hook_handle.fetch_add(1, std::memory_order_relaxed) + 1;
+  n_->post_accumulate_hooks.emplace_back(handle, std::move(hook));
+  return handle;
+}
+
+template <Backend B> void Var<B>::remove_post_accumulate_hook(int64_t handle) {
+  if (n_) std::erase_if(n_->post_accumulate_hooks, [handle](const auto& h) { return h.first == handle; });
 }
 
 template <Backend B> Var<B> Var<B>::detach() const {

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "kiln/core/tensor.hpp"
@@ -74,6 +75,9 @@ template <Backend B> struct Node {
   const char* op = nullptr;    // the recording op ("mul", "matmul", ...); nullptr for leaves
   std::vector<std::shared_ptr<Node>> inputs;  // nullptr where that input needs no gradient
   BackwardFn<B> backward;
+  // Leaves only: (handle, hook) pairs run after the last accumulation of a backward pass (Var::
+  // register_post_accumulate_hook).
+  std::vector<std::pair<int64_t, std::function<void(const Tensor<B>&)>>> post_accumulate_hooks;
 
   bool is_leaf() const { return op == nullptr; }
   Node() = default;
@@ -83,6 +87,17 @@ template <Backend B> struct Node {
 };
 
 uint64_t next_seq();
+
+// During a backward pass (called from a post-accumulate hook): runs `fn` once, when the pass has
+// finished (every gradient accumulated, the graph freed), before backward() returns; callbacks run in
+// the order they were queued. Outside a backward pass: kiln::Error. If the pass throws, its queued
+// callbacks are dropped. (PyTorch's Engine::queue_callback; DistributedDataParallel waits for its
+// gradient all-reduces there.)
+void queue_backward_callback(std::function<void()> fn);
+// True on this thread while a backward pass runs (inside hooks and queued callbacks of that pass).
+bool in_backward();
+// Backward passes started on this thread so far (tells whether the latest one reached a given hook).
+uint64_t backward_pass_count();
 
 // Family structs: each op family's forward and backward live in autograd/ops/<family>.cpp.
 template <Backend B> struct Elementwise;
@@ -118,6 +133,14 @@ template <Backend B> class Var {
   const char* grad_fn() const { return n_ ? n_->op : nullptr; }  // recording op, nullptr if none
   const std::shared_ptr<Node>& node() const { return n_; }       // the graph, for autograd internals
   Var detach() const;  // same value (shared storage), no history, requires_grad false
+
+  // Leaves only. `hook(grad)` runs once in every backward pass that accumulates a gradient into this
+  // leaf, right after that pass's last accumulation into it: .grad then holds its value at the end of
+  // the pass (for a leaf used by several ops, after all of them; a pass that gives it no gradient runs
+  // no hook). A hook may read .grad and queue_backward_callback(); it must not change the graph. Returns
+  // a handle for remove_post_accumulate_hook. (PyTorch's register_post_accumulate_grad_hook.)
+  int64_t register_post_accumulate_hook(std::function<void(const Tensor<B>& grad)> hook);
+  void remove_post_accumulate_hook(int64_t handle);  // unknown handles are ignored
 
   void backward() const;  // the loss must have one element; seeds with 1
   void backward(const Tensor<B>& grad_output) const;
