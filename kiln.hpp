@@ -24,6 +24,11 @@
 #include "kiln/optim/optimizer.hpp"
 #include "kiln/optim/schedule.hpp"
 
+#include "kiln/dist/ddp.hpp"
+#include "kiln/dist/fit.hpp"
+#include "kiln/dist/process_group.hpp"
+#include "kiln/dist/zero.hpp"
+
 #include "kiln/formats/idx.hpp"
 #include "kiln/formats/safetensors.hpp"
 

@@ -43,10 +43,11 @@ template <Backend B> class Optimizer {
   const std::vector<ParamGroup<B>>& groups() const { return groups_; }
   int64_t step_count() const { return steps_; }
 
-  // Optimizer state by name: "<buffer>.<param name>" tensors plus "step".
-  std::vector<std::pair<std::string, Tensor<B>>> state_dict() const;
+  // Optimizer state by name: "<buffer>.<param name>" tensors plus "step". Virtual: a sharded optimizer
+  // (dist::ZeroOptimizer) gathers its full state here, collectively.
+  virtual std::vector<std::pair<std::string, Tensor<B>>> state_dict() const;
   // Strict: every buffer the optimizer would need must be there with the right shape, and nothing else.
-  void load_state_dict(const std::map<std::string, Tensor<B>>& state);
+  virtual void load_state_dict(const std::map<std::string, Tensor<B>>& state);
 
  protected:
   // Per-parameter state buffers, by buffer name then parameter name.

@@ -10,6 +10,7 @@ pkgs=(build-essential cmake pkg-config libopenblas-dev libopenblas0-openmp libdn
       libfmt-dev nlohmann-json3-dev libbenchmark-dev zlib1g-dev
       gnuplot-nox  # kiln plot (training curves)
       clang libclang-rt-dev  # the readers' libFuzzer targets (fuzz/, tests/fuzz)
+      libopenmpi-dev openmpi-bin  # kiln::dist over MPI (mpirun, the dist tests)
       ocl-icd-opencl-dev)  # Debian's oneDNN CMake package requires OpenCL (a Recommends of libdnnl-dev)
 for arg in "$@"; do
   case "$arg" in

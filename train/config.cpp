@@ -1,5 +1,6 @@
 #include "kiln/train/config.hpp"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -29,6 +30,8 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   f.get("checkpoint_every", c.checkpoint_every);
   f.get("grad_accum", c.grad_accum);
   f.get("on_nonfinite", c.on_nonfinite);
+  f.get("zero_stage", c.zero_stage);
+  f.get("bucket_mb", c.bucket_mb);
   one_of(where, "on_nonfinite", c.on_nonfinite, {"error", "skip"});
   if (const json* o = f.object("optimizer")) {
     OptimizerConfig& oc = c.optimizer;
@@ -106,6 +109,8 @@ void TrainConfig::validate() const {
   KILN_CHECK(schedule.warmup_steps >= 0, "schedule warmup_steps must be >= 0, got {}", schedule.warmup_steps);
   KILN_CHECK(schedule.min_lr_ratio >= 0, "schedule min_lr_ratio must be >= 0, got {}", schedule.min_lr_ratio);
   KILN_CHECK(schedule.step_size >= 1, "schedule step_size must be >= 1, got {}", schedule.step_size);
+  KILN_CHECK(zero_stage == 0 || zero_stage == 1, "zero_stage must be 0 or 1 (ZeRO-1: sharded optimizer state), got {}", zero_stage);
+  KILN_CHECK(bucket_mb > 0 && std::isfinite(bucket_mb), "bucket_mb must be > 0, got {}", bucket_mb);
   KILN_CHECK(eval_every >= 0 && eval_batches >= 1 && checkpoint_every >= 0,
              "eval_every/checkpoint_every must be >= 0 and eval_batches >= 1");
 }
@@ -130,7 +135,8 @@ json TrainConfig::to_json() const {
   }
   return {{"batch_size", batch_size}, {"seq_len", seq_len}, {"steps", steps}, {"grad_clip", grad_clip},
           {"optimizer", o}, {"schedule", s}, {"eval_every", eval_every}, {"eval_batches", eval_batches},
-          {"checkpoint_every", checkpoint_every}, {"grad_accum", grad_accum}, {"on_nonfinite", on_nonfinite}};
+          {"checkpoint_every", checkpoint_every}, {"grad_accum", grad_accum}, {"on_nonfinite", on_nonfinite},
+          {"zero_stage", zero_stage}, {"bucket_mb", bucket_mb}};
 }
 
 }  // namespace kiln

@@ -42,6 +42,11 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  // 0 = only at the end (when --checkpoint is given)
   int64_t grad_accum = 1;        // micro-batches of batch_size per step (batch s·grad_accum + j of the data)
   std::string on_nonfinite = "error";  // a non-finite loss or gradient: "error" stops, "skip" skips the step
+  // Data parallelism (mpirun -np N kiln train; ignored in one process): ZeRO stage 0 (every rank holds
+  // the whole optimizer state) or 1 (each holds 1/N: dist::ZeroOptimizer), and the gradient buckets'
+  // size (dist::DDPOptions::bucket_mb).
+  int64_t zero_stage = 0;
+  double bucket_mb = 25;
 
   void validate() const;
   nlohmann::json to_json() const;

@@ -28,17 +28,25 @@ class TokenData {
 
   // (inputs, targets), both i64 [B, T].
   template <Backend B> std::pair<Tensor<B>, Tensor<B>> batch(int64_t step, int64_t batch_size, int64_t seq_len) const {
+    return rows<B>(step, batch_size, seq_len, 0, batch_size);
+  }
+  // Rows [first, first + count) of that batch, [count, T] each (a data-parallel rank's share).
+  template <Backend B>
+  std::pair<Tensor<B>, Tensor<B>> rows(int64_t step, int64_t batch_size, int64_t seq_len, int64_t first, int64_t count) const {
     const int64_t N = size();
     KILN_CHECK(N > seq_len, "batch: '{}' has {} tokens; need more than seq_len={}", source_, N, seq_len);
-    std::vector<int64_t> x(static_cast<size_t>(batch_size * seq_len)), y(x.size());
-    for (int64_t r = 0; r < batch_size; ++r) {
+    KILN_CHECK(first >= 0 && count >= 0 && first + count <= batch_size, "batch: rows [{}, {}) of a batch of {}", first, first + count,
+               batch_size);
+    std::vector<int64_t> x(static_cast<size_t>(count * seq_len)), y(x.size());
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t r = first + i;
       const int64_t start = ((step * batch_size + r) * seq_len) % (N - seq_len);
       for (int64_t t = 0; t < seq_len; ++t) {
-        x[static_cast<size_t>(r * seq_len + t)] = tokens_[static_cast<size_t>(start + t)];
-        y[static_cast<size_t>(r * seq_len + t)] = tokens_[static_cast<size_t>(start + t + 1)];
+        x[static_cast<size_t>(i * seq_len + t)] = tokens_[static_cast<size_t>(start + t)];
+        y[static_cast<size_t>(i * seq_len + t)] = tokens_[static_cast<size_t>(start + t + 1)];
       }
     }
-    return {Tensor<B>::from_vector(x, {batch_size, seq_len}), Tensor<B>::from_vector(y, {batch_size, seq_len})};
+    return {Tensor<B>::from_vector(x, {count, seq_len}), Tensor<B>::from_vector(y, {count, seq_len})};
   }
 
  private:

@@ -77,6 +77,15 @@ DataLoaderState DataLoaderState::from_map(const std::map<std::string, std::strin
 BatchSampler::BatchSampler(int64_t dataset_size, DataLoaderOptions o) : n_(dataset_size), o_(o) {
   KILN_CHECK(o_.batch_size > 0, "DataLoader: batch_size must be positive, got {}", o_.batch_size);
   KILN_CHECK(n_ >= 0, "DataLoader: dataset size {} is negative", n_);
+  const int N = o_.world_size;
+  KILN_CHECK(N >= 1 && o_.rank >= 0 && o_.rank < N, "DataLoader: rank {} is not in [0, world_size = {})", o_.rank, N);
+  KILN_CHECK(o_.batch_size % N == 0, "DataLoader: batch_size {} does not divide among {} ranks (world_size): choose a multiple of {}",
+             o_.batch_size, N, N);
+  const int64_t tail = n_ % o_.batch_size;
+  KILN_CHECK(o_.drop_last || tail % N == 0,
+             "DataLoader: the last batch of an epoch ({} of {} samples, batch_size {}) does not divide among {} ranks: set drop_last, "
+             "or choose a dataset size or batch size so that it does",
+             tail, n_, o_.batch_size, N);
 }
 
 int64_t BatchSampler::batches_per_epoch() const {
@@ -100,8 +109,13 @@ std::optional<std::vector<int64_t>> BatchSampler::next() {
     order_ = order(epoch_);
     cached_epoch_ = epoch_;
   }
-  const int64_t start = position_ * o_.batch_size, end = std::min(n_, start + o_.batch_size);
+  int64_t start = position_ * o_.batch_size, end = std::min(n_, start + o_.batch_size);
   ++position_;
+  if (o_.world_size > 1) {  // this rank's contiguous share (the constructor checked that it divides)
+    const int64_t share = (end - start) / o_.world_size;
+    start += o_.rank * share;
+    end = start + share;
+  }
   return std::vector<int64_t>(order_.begin() + start, order_.begin() + end);
 }
 

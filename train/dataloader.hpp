@@ -15,6 +15,15 @@
 // index order when shuffle is off. Batch b of epoch e holds positions [b·batch_size, (b+1)·batch_size)
 // of that order; the last, short batch is dropped when drop_last is set.
 //
+// Data parallelism (world_size > 1, the distributed sampler): every rank walks the same order and
+// takes its contiguous share of each global batch: rank r of N gets rows [r·b/N, (r+1)·b/N) of a batch
+// of b rows. So N ranks with batch_size B, their gradients averaged (dist::DistributedDataParallel),
+// take the steps of one process with batch_size B. Every batch must divide: B % N == 0, and the last,
+// short batch of an epoch (when kept) too; otherwise the constructor raises a kiln::Error naming the
+// sizes and N. Pass the group's place: {.batch_size = 64, .world_size = dist::world_size(),
+// .rank = dist::rank()}. The state is the global one (the same on every rank), so a checkpoint
+// resumes on any number of ranks.
+//
 // State: (epoch, position = batches already taken from the epoch) plus what they mean (seed, dataset
 // size, batch size, shuffle, drop_last). A loader restored from a state continues with exactly the
 // batches the saved one would have produced; a state from a differently configured loader is
@@ -33,10 +42,12 @@
 namespace kiln {
 
 struct DataLoaderOptions {
-  int64_t batch_size = 32;
+  int64_t batch_size = 32;  // the global batch: over all ranks when world_size > 1
   bool shuffle = true;
   bool drop_last = false;
   uint64_t seed = 0;
+  int world_size = 1;  // ranks sharing each batch (data parallelism); 1 = the whole batch here
+  int rank = 0;        // which share this loader yields, in [0, world_size)
 };
 
 struct DataLoaderState {
@@ -68,8 +79,8 @@ class BatchSampler {
   // The visiting order of epoch e (a permutation of [0, N), or the identity without shuffle).
   std::vector<int64_t> order(int64_t epoch) const;
 
-  // The next batch's indices, or nullopt when the current epoch is exhausted — which also moves the
-  // sampler to position 0 of the next epoch.
+  // The next batch's indices (this rank's share of it), or nullopt when the current epoch is
+  // exhausted — which also moves the sampler to position 0 of the next epoch.
   std::optional<std::vector<int64_t>> next();
   int64_t epoch() const { return epoch_; }
   int64_t position() const { return position_; }

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/dist/zero.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/train/progress.hpp"
 
@@ -81,6 +82,8 @@ uint64_t parse_u64(const std::map<std::string, std::string>& m, const std::strin
 }
 
 template <Backend B> std::string optimizer_kind(const optim::Optimizer<B>& opt) {
+  // A sharded optimizer checkpoints the full state of the one it shards: the same kind.
+  if (const auto* z = dynamic_cast<const dist::ZeroOptimizer<B>*>(&opt)) return optimizer_kind(z->shard_optimizer());
   if (dynamic_cast<const optim::Adam<B>*>(&opt)) return "adam";
   if (dynamic_cast<const optim::SGD<B>*>(&opt)) return "sgd";
   return typeid(opt).name();
@@ -290,7 +293,8 @@ template <Backend B> void Engine<B>::save_checkpoint(int64_t step_count) {
   }
   std::vector<std::pair<std::string, Tensor<B>>> ts;
   for (auto& [n, v] : model_.state_dict()) ts.emplace_back("model." + n, v);
-  for (auto& [n, v] : opt_.state_dict()) ts.emplace_back("optim." + n, v);
+  for (auto& [n, v] : opt_.state_dict()) ts.emplace_back("optim." + n, v);  // collective for a sharded optimizer
+  if (!o_.hooks.main_process) return;  // rank 0 writes
   std::map<std::string, std::string> meta = o_.metadata;
   const Generator& g = default_generator();
   meta["kiln_checkpoint"] = "1";
@@ -380,15 +384,22 @@ template <Backend B> FitResult Engine<B>::run() {
       bar.update(step, st.loss, st.lr, last_tokens_ > 0 ? last_tokens_ : last_samples_, extra);
     }
     ++step;
-    if (main && o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
+    if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
       save_checkpoint(step);
       last_checkpoint = step;
     }
-    if (st.stop) {
+    bool asked = st.stop, signalled = g_signal.load() != 0;
+    if (o_.hooks.sum_over_processes) {  // every process stops after the same step
+      std::vector<double> flags{asked ? 1.0 : 0.0, signalled ? 1.0 : 0.0};
+      o_.hooks.sum_over_processes(flags);
+      asked = flags[0] > 0;
+      signalled = flags[1] > 0;
+    }
+    if (asked) {
       stop = true;
       res.stopped = step < total_;
     }
-    if (g_signal.load() != 0) {
+    if (signalled) {
       stop = true;
       res.interrupted = true;
     }
@@ -396,7 +407,7 @@ template <Backend B> FitResult Engine<B>::run() {
   if (step < total_ && !res.interrupted) res.stopped = true;
   res.steps_done = step;
   res.skipped = skipped_;
-  if (main && !o_.checkpoint_path.empty() && last_checkpoint != step) save_checkpoint(step);
+  if (!o_.checkpoint_path.empty() && last_checkpoint != step) save_checkpoint(step);
   return res;
 }
 
@@ -439,6 +450,17 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
   double loss = 0;
   for (const auto& l : losses) loss += item<double>(l);
   if (m > 1) loss /= static_cast<double>(m);
+  if (o_.hooks.sum_over_processes) {  // the global loss, metrics and counts, the same on every process
+    std::vector<double> xs{loss, static_cast<double>(samples), static_cast<double>(tokens)};
+    for (const auto& [k, v] : metric_sums) xs.push_back(v);
+    o_.hooks.sum_over_processes(xs);
+    const double p = static_cast<double>(o_.hooks.processes);
+    loss = xs[0] / p;
+    samples = static_cast<int64_t>(xs[1]);
+    tokens = static_cast<int64_t>(xs[2]);
+    size_t i = 3;
+    for (auto& [k, v] : metric_sums) v = xs[i++] / p;
+  }
 
   const bool finite = std::isfinite(loss) && std::isfinite(norm);
   if (finite) {
@@ -476,7 +498,7 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
   st.skipped = !finite;
   for (const auto& [k, v] : metric_sums) st.metrics[k] = v / static_cast<double>(m);
 
-  if (eval_ && ((o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == total_)) {
+  if (eval_ && o_.hooks.main_process && ((o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == total_)) {
     st.eval_loss = evaluate(st.metrics);
     st.evaluated = true;
     rec["eval_loss"] = st.eval_loss;

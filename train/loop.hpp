@@ -71,10 +71,16 @@
 // files are kiln::Errors naming the option or file and the values, raised before any file is
 // touched.
 //
-// For later (unused today): a data-parallel loop plugs a distributed sampler in as the data source,
-// wraps all but the last micro-batch in no_sync() (hooks.around_micro_batch), all-reduces gradients
-// (hooks.after_backward) and sets hooks.main_process only on rank 0; mixed precision runs each
-// micro-batch inside an autocast scope (around_micro_batch) and unscales in after_backward.
+// Data parallelism (docs/distributed.md): wrap the model in dist::DistributedDataParallel, give each
+// rank its share of every batch (a DataLoader with world_size/rank, or IndexedBatches returning
+// dist::local_rows of batch i), and pass .hooks = dist::fit_hooks(ddp) (<kiln/dist/fit.hpp>). Then
+// every micro-batch but the last runs inside no_sync(), the gradients are averaged after the last
+// one, the logged loss, metrics and sample/token counts are the global ones, a stop (callback,
+// signal, stop_after) on any rank stops every rank after the same step, and rank 0 alone writes the
+// log, draws the progress bar, evaluates (the on_eval callbacks run there) and writes checkpoints.
+// Every rank calls the optimizer's state_dict() for a checkpoint (a dist::ZeroOptimizer gathers its
+// shards there) and every rank reads resume_path. Mixed precision (later) runs each micro-batch
+// inside an autocast scope (around_micro_batch) and unscales in after_backward.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -142,7 +148,13 @@ struct FitHooks {
   // Runs micro-batch j of m (`run` does fetch, forward and backward): e.g. inside no_sync() for j < m-1.
   std::function<void(int64_t j, int64_t m, const std::function<void()>& run)> around_micro_batch{};
   std::function<void()> after_backward{};  // after the last micro-batch, before the norm (all-reduce)
-  bool main_process = true;                // false: no log, progress bar or checkpoint from this process
+  bool main_process = true;  // false: no log, progress bar, evaluation or checkpoint file from this process
+  // Sums host numbers over the processes, in place; unset: one process. Called by every process at
+  // the same points: once per step with the loss, metrics and sample/token counts (their global
+  // values are logged; the loss and metrics are divided by `processes`), and once per step with
+  // whether this process asks to stop. Every process's step function must report the same metric names.
+  std::function<void(std::vector<double>&)> sum_over_processes{};
+  int processes = 1;
 };
 
 struct FitOptions {

@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/backends/dispatch.hpp"
+#include "kiln/dist/fit.hpp"
+#include "kiln/dist/zero.hpp"
 #include "kiln/nn/loss.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/train/data.hpp"
@@ -16,14 +18,20 @@ namespace {
 
 using json = nlohmann::json;
 
-template <Backend B> std::unique_ptr<optim::Optimizer<B>> make_optimizer(const nn::GPT<B>& model, const OptimizerConfig& o) {
+// The optimizer of train.json; sharded over the ranks (ZeRO-1) when `zero` is set.
+template <Backend B>
+std::unique_ptr<optim::Optimizer<B>> make_optimizer(const nn::GPT<B>& model, const OptimizerConfig& o, bool zero) {
   const auto groups = optim::decay_groups<B>(model.named_parameters(), o.lr, o.weight_decay);
-  if (o.name == "sgd")
-    return std::make_unique<optim::SGD<B>>(
-        groups, optim::SGDOptions{.lr = o.lr, .momentum = o.momentum, .dampening = o.dampening, .weight_decay = o.weight_decay,
-                                  .nesterov = o.nesterov});
-  return std::make_unique<optim::Adam<B>>(groups, optim::AdamOptions{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
-                                                                     .weight_decay = o.weight_decay, .decoupled = o.name == "adamw"});
+  if (o.name == "sgd") {
+    const optim::SGDOptions so{.lr = o.lr, .momentum = o.momentum, .dampening = o.dampening, .weight_decay = o.weight_decay,
+                               .nesterov = o.nesterov};
+    if (zero) return std::make_unique<dist::ZeroOptimizer<B>>(groups, so);
+    return std::make_unique<optim::SGD<B>>(groups, so);
+  }
+  const optim::AdamOptions ao{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
+                              .decoupled = o.name == "adamw"};
+  if (zero) return std::make_unique<dist::ZeroOptimizer<B>>(groups, ao);
+  return std::make_unique<optim::Adam<B>>(groups, ao);
 }
 
 template <Backend B> Var<B> lm_loss(const nn::GPT<B>& model, const Tensor<B>& x, const Tensor<B>& y) {
@@ -111,19 +119,34 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
     eval_data->check_vocab(cfg.vocab_size);
   }
 
+  // Data parallelism (docs/distributed.md): under mpirun/srun every rank takes its contiguous share of
+  // each batch's rows, DistributedDataParallel averages the gradients, rank 0 logs, evaluates and writes.
+  const bool parallel = dist::is_initialized() && dist::world_size() > 1;
+  const int ranks = parallel ? dist::world_size() : 1;
+  const bool main = !parallel || dist::is_main_process();
+  const int64_t bs = tc.batch_size, T = tc.seq_len;
+  dist::RowSlice rows{0, bs};
+  if (parallel) {
+    KILN_CHECK(bs % ranks == 0, "train: batch_size {} does not divide among {} ranks (each rank takes batch_size / ranks rows of "
+               "every batch): use a multiple of {}", bs, ranks, ranks);
+    rows = dist::batch_slice(bs);
+  }
+
   manual_seed(o.seed);
   nn::GPT<B> model(cfg, o.dtype);
   model.init_weights(o.seed);
   if (!o.init_from.empty()) model.load(o.init_from);
-  auto opt = make_optimizer(model, tc.optimizer);
+  std::unique_ptr<dist::DistributedDataParallel<B>> ddp;
+  if (parallel) ddp = std::make_unique<dist::DistributedDataParallel<B>>(model, dist::DDPOptions{.bucket_mb = tc.bucket_mb});
+  auto opt = make_optimizer(model, tc.optimizer, parallel && tc.zero_stage == 1);
 
   // docs/specs.md §4 on the generic loop: batch i of the token data, mean cross-entropy, the schedule over
   // tc.steps from the optimizer's lr, clipping, one record per step; the step is the data position.
-  const int64_t bs = tc.batch_size, T = tc.seq_len;
   auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& b) {
-    return StepOutput<B>{.loss = lm_loss(model, b.first, b.second), .metrics = {}, .samples = bs, .tokens = bs * T};
+    const int64_t n = b.first.size(0);
+    return StepOutput<B>{.loss = lm_loss(model, b.first, b.second), .metrics = {}, .samples = n, .tokens = n * T};
   };
-  const IndexedBatches train{.batch = [&](int64_t i) { return data.batch<B>(i, bs, T); },
+  const IndexedBatches train{.batch = [&](int64_t i) { return data.rows<B>(i, bs, T, rows.start, rows.count); },
                              .count = 0,
                              .fingerprint = fmt::format("{} tokens, batches of {}x{}", data.size(), bs, T)};
   const bool with_eval = eval_data && tc.eval_every > 0;
@@ -137,15 +160,17 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
                       .checkpoint_every = tc.checkpoint_every,
                       .resume_path = o.resume_path,
                       .log_path = o.log_path,
-                      .progress = o.quiet ? 0 : o.progress,
+                      .progress = o.quiet || !main ? 0 : o.progress,
                       .stop_after = o.stop_after,
                       .metadata = {{"model_config", cfg.to_json().dump()}, {"train_config", tc.to_json().dump()}, {"data", o.data_path}},
+                      .hooks = ddp ? dist::fit_hooks(*ddp) : FitHooks{},
                       .schedule = tc.schedule};  // peak: the optimizer's lr, tc.optimizer.lr
-  if (!o.quiet)
-    fmt::print("kiln train: {} parameters, {} {}{}·{} tokens/step, steps {}..{} of {}, device {}{}\n", model.num_parameters(),
+  if (!o.quiet && main)
+    fmt::print("kiln train: {} parameters, {} {}{}·{} tokens/step, steps {}..{} of {}, device {}{}{}\n", model.num_parameters(),
                cfg.attention, tc.grad_accum > 1 ? fmt::format("{}·", tc.grad_accum) : "", bs, T, resume.step,
                o.stop_after >= 0 ? std::min(tc.steps, o.stop_after) : tc.steps, tc.steps, B::name,
-               std::is_same_v<B, Cpu> ? fmt::format(" ({})", cpu_isa()) : std::string());  // the kernels' instruction set
+               std::is_same_v<B, Cpu> ? fmt::format(" ({})", cpu_isa()) : std::string(),  // the kernels' instruction set
+               parallel ? fmt::format(", {} ranks × {} rows{}", ranks, rows.count, tc.zero_stage == 1 ? ", ZeRO-1" : "") : std::string());
   const FitResult r = with_eval ? fit(model, *opt, train, eval, step, fo) : fit(model, *opt, train, step, fo);
 
   TrainResult res;
@@ -153,7 +178,11 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
   res.losses = r.losses;
   res.final_eval_loss = r.eval_losses.empty() ? -1 : r.eval_losses.back();
   res.interrupted = r.interrupted;
-  if (!o.save_path.empty()) model.save(o.save_path);
+  if (!o.save_path.empty() && main) model.save(o.save_path);
+  // Every rank waits for rank 0's files: a rank leaving early with a non-zero status (an interrupted
+  // run) would end the job (dist: MPI_Abort) while rank 0 still writes.
+  if (parallel) dist::barrier();
+  if (!main) return res;
   if (!o.quiet && r.skipped > 0) fmt::print("kiln train: {} non-finite steps skipped\n", r.skipped);
   if (res.interrupted && !o.quiet)
     fmt::print("kiln train: interrupted after step {}{}\n", r.steps_done,

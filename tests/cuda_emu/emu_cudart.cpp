@@ -297,6 +297,16 @@ cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t e) {
   ++emu::device::g_host_waits;
   return e ? cudaSuccess : fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: null event");
 }
+// Work already ran (synchronously): a recorded event is complete, and waiting for one is ordering
+// that holds already. Both still check their handles, as CUDA does.
+cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t e) {
+  return e ? cudaSuccess : fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: null event");
+}
+cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+  if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: null event");
+  if (flags != 0 && flags != cudaEventWaitExternal) return fail(cudaErrorInvalidValue, "cudaStreamWaitEvent: unknown flags");
+  return check_stream(s, "cudaStreamWaitEvent");
+}
 cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
   if (!ms || !a || !b) return fail(cudaErrorInvalidValue, "cudaEventElapsedTime: null argument");
   if (!a->recorded || !b->recorded) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was never recorded");

@@ -14,6 +14,7 @@
 
 #include "kiln/backends/dispatch.hpp"
 #include "kiln/formats/safetensors.hpp"
+#include "kiln/dist/process_group.hpp"
 #include "kiln/train/data.hpp"
 #include "kiln/train/plot.hpp"
 #include "kiln/train/text.hpp"
@@ -163,6 +164,8 @@ int cmd_train(int argc, char** argv) {
   KILN_CHECK(p == "auto" || p == "on" || p == "off", "kiln train: --progress must be auto, on or off, got '{}'", p);
   o.progress = p == "auto" ? -1 : p == "on" ? 1 : 0;
   o.quiet = a.has("quiet");
+  // Started by mpirun/srun: one rank of a data-parallel job (docs/distributed.md).
+  if (dist::launched()) dist::init();
   const TrainResult r = train_gpt(o);
   return r.interrupted ? 130 : 0;
 }
@@ -386,7 +389,11 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "kiln: unknown command '{}' (valid: train, sample, eval, tokenize, inspect, plot)\n", cmd);
     return 2;
   } catch (const Error& e) {
-    fmt::print(stderr, "kiln {}: error: {}\n", cmd, e.what());
+    // In a job of several ranks, say which one (each rank reports its own errors).
+    const std::string who = kiln::dist::is_initialized() && kiln::dist::world_size() > 1
+                                ? fmt::format(" (rank {} of {})", kiln::dist::rank(), kiln::dist::world_size())
+                                : std::string();
+    fmt::print(stderr, "kiln {}{}: error: {}\n", cmd, who, e.what());
     return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "kiln {}: internal error: {}\n", cmd, e.what());
