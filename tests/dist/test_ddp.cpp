@@ -19,6 +19,9 @@
 #include <kiln/nn/linear.hpp>
 #include <kiln/nn/loss.hpp>
 #include <kiln/optim/optimizer.hpp>
+#include <kiln/dist/fit.hpp>
+#include <kiln/train/dataloader.hpp>
+#include <kiln/train/loop.hpp>
 #if defined(KILN_HAVE_CUDA_BACKEND)
 #include <kiln/backends/cuda/cuda.hpp>
 #endif
@@ -403,6 +406,123 @@ TEST_CASE("ZeRO-1 checkpoint: resumed by one process with optim::Adam and with Z
   }
 }
 
+
+namespace {
+// A classifier on a deterministic dataset: 60 samples of 8 features, 4 classes.
+TensorDataset<Cpu> classes_data() {
+  std::vector<float> x(60 * 8);
+  std::vector<int64_t> y(60);
+  for (int64_t i = 0; i < 60; ++i) {
+    for (int64_t j = 0; j < 8; ++j) x[static_cast<size_t>(i * 8 + j)] = static_cast<float>(((i * 13 + j * 7) % 17) - 8) / 8.0f;
+    y[static_cast<size_t>(i)] = (i * 5 + i / 7) % 4;
+  }
+  return TensorDataset<Cpu>(Tensor<Cpu>::from_vector(x, {60, 8}), Tensor<Cpu>::from_vector(y, {60}));
+}
+
+struct FitRun {
+  FitResult r;
+  std::map<std::string, std::vector<double>> weights;
+};
+
+// kiln::fit with a sharded DataLoader (world_size ranks) and dist::fit_hooks, or one process.
+FitRun fit_classifier(int world_size, int rank, const std::string& ck, int64_t stop_after = -1, const std::string& resume = "") {
+  manual_seed(3);  // the initial weights (DDP gives every rank rank 0's anyway)
+  nn::Linear<Cpu> model({.in = 8, .out = 4, .bias = true});
+  std::unique_ptr<dist::DistributedDataParallel<Cpu>> ddp;
+  if (world_size > 1) ddp = std::make_unique<dist::DistributedDataParallel<Cpu>>(model);
+  std::unique_ptr<optim::Optimizer<Cpu>> opt;
+  if (world_size > 1) opt = std::make_unique<dist::ZeroOptimizer<Cpu>>(model.named_parameters(), adam());
+  else opt = std::make_unique<optim::Adam<Cpu>>(model.named_parameters(), adam());
+  // 60 samples in batches of 12 (the last of an epoch: 0 left): 5 batches per epoch; grad_accum 2
+  DataLoader train(classes_data(), {.batch_size = 12, .shuffle = true, .seed = 9, .world_size = world_size, .rank = rank});
+  DataLoader eval(classes_data(), {.batch_size = 20, .shuffle = false});
+  FitOptions o{.epochs = 3, .grad_accum = 2, .grad_clip = 1.0, .eval_every = 3, .checkpoint_path = ck, .resume_path = resume,
+               .progress = 0, .stop_after = stop_after, .handle_signals = false};
+  if (ddp) o.hooks = dist::fit_hooks(*ddp);
+  FitRun out;
+  out.r = fit(model, *opt, train, eval, [&](const std::pair<Tensor<Cpu>, Tensor<Cpu>>& b) {
+    return nn::cross_entropy(model.forward(Var<Cpu>(b.first)), b.second);
+  }, o);
+  out.weights = weights_of(model);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("DataLoader with world_size: each rank its contiguous share of every global batch", "[ddp]") {
+  const int N = dist::world_size(), r = dist::rank();
+  for (bool drop_last : {false, true}) {
+    const int64_t n = drop_last ? 61 : 60;  // 61 with drop_last: the short batch of 1 is dropped
+    std::vector<int64_t> ids(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = i;
+    const Tensor<Cpu> idx = Tensor<Cpu>::from_vector(ids, {n});
+    DataLoader whole(TensorDataset<Cpu>(idx, idx), {.batch_size = 6 * N, .shuffle = true, .drop_last = drop_last, .seed = 4});
+    DataLoader mine(TensorDataset<Cpu>(idx, idx),
+                    {.batch_size = 6 * N, .shuffle = true, .drop_last = drop_last, .seed = 4, .world_size = N, .rank = r});
+    REQUIRE(mine.batches_per_epoch() == whole.batches_per_epoch());
+    for (int e = 0; e < 2; ++e) {
+      for (auto b = mine.next(); b; b = mine.next()) {
+        const auto w = whole.next();
+        REQUIRE(w.has_value());
+        const int64_t k = w->first.size(0) / N;
+        REQUIRE(b->first.size(0) == k);
+        CHECK(to_vector<int64_t>(b->first) == to_vector<int64_t>(w->first.narrow(0, r * k, k)));
+        CHECK(to_vector<int64_t>(dist::all_gather(b->first).reshape({-1})) == to_vector<int64_t>(w->first));
+      }
+      REQUIRE(!whole.next());  // the end of its epoch too
+    }
+  }
+  const Tensor<Cpu> t = Tensor<Cpu>::zeros({10, 1});
+  CHECK_THROWS_WITH(DataLoader(TensorDataset<Cpu>(t, t), {.batch_size = 3, .world_size = 2, .rank = 0}),
+                    Catch::Contains("batch_size 3") && Catch::Contains("2 ranks"));
+  const Tensor<Cpu> t9 = Tensor<Cpu>::zeros({9, 1});  // batches of 4, 4 and 1: the last does not divide
+  CHECK_THROWS_WITH(DataLoader(TensorDataset<Cpu>(t9, t9), {.batch_size = 4, .world_size = 2, .rank = 0}),
+                    Catch::Contains("last batch") && Catch::Contains("drop_last"));
+  CHECK_NOTHROW(DataLoader(TensorDataset<Cpu>(t9, t9), {.batch_size = 4, .drop_last = true, .world_size = 2, .rank = 0}));
+  CHECK_THROWS_WITH(DataLoader(TensorDataset<Cpu>(t, t), {.batch_size = 4, .world_size = 2, .rank = 2}), Catch::Contains("rank 2"));
+}
+
+TEST_CASE("fit with dist::fit_hooks: N ranks (sharded DataLoader, ZeRO-1, grad_accum 2) = 1 process; resumed = uninterrupted",
+          "[ddp]") {
+  const std::string dir = std::getenv("KILN_DIST_CKPT") ? std::string(std::getenv("KILN_DIST_CKPT")) + ".fit" : "dist_fit";
+  FitRun one;
+  if (dist::rank() == 0) one = fit_classifier(1, 0, "");
+  // every rank needs the one-process result: rank 0 computed it alone (no collective inside), so broadcast
+  std::vector<double> losses(9, 0.0);
+  if (dist::rank() == 0) losses = one.r.losses;
+  REQUIRE(losses.size() == 9);  // 3 epochs x ceil(5 / 2) steps
+  const Tensor<Cpu> lt = Tensor<Cpu>::from_vector(losses, {9});
+  dist::broadcast(lt, 0);
+  losses = to_vector<double>(lt);
+
+  const FitRun par = fit_classifier(dist::world_size(), dist::rank(), dir + ".a.safetensors");
+  REQUIRE(par.r.losses.size() == losses.size());
+  for (size_t s = 0; s < losses.size(); ++s) CHECK(par.r.losses[s] == Approx(losses[s]).epsilon(1e-5));
+  if (dist::rank() == 0) {
+    CHECK(par.r.eval_losses.size() == 3);  // rank 0 evaluates
+    for (const auto& [name, w] : one.weights) {
+      const auto& g = par.weights.at(name);
+      for (size_t i = 0; i < w.size(); ++i) CHECK(g[i] == Approx(w[i]).epsilon(1e-4).margin(1e-6));
+    }
+  } else {
+    CHECK(par.r.eval_losses.empty());
+  }
+  for (const auto& [name, w] : par.weights) {  // the same bits on every rank
+    const Tensor<Cpu> hi = Tensor<Cpu>::from_vector(w, {static_cast<int64_t>(w.size())}), lo = hi.clone();
+    dist::all_reduce(hi, dist::ReduceOp::max);
+    dist::all_reduce(lo, dist::ReduceOp::min);
+    CHECK(to_vector<double>(hi) == to_vector<double>(lo));
+  }
+  // stopped after 4 steps (mid-epoch), resumed: the same losses and weights, bit for bit
+  const std::string ck = dir + ".b.safetensors";
+  const FitRun a = fit_classifier(dist::world_size(), dist::rank(), ck, 4);
+  CHECK(a.r.stopped);
+  const FitRun b = fit_classifier(dist::world_size(), dist::rank(), ck, -1, ck);
+  CHECK(b.r.start_step == 4);
+  std::vector<double> both = a.r.losses;
+  both.insert(both.end(), b.r.losses.begin(), b.r.losses.end());
+  CHECK(both == par.r.losses);
+  CHECK(b.weights == par.weights);
+}
 
 #if defined(KILN_HAVE_CUDA_BACKEND)
 // Tensor<Cuda> across processes: the buckets go over NCCL (on the emulated device, its stand-in moves
