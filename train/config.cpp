@@ -109,6 +109,8 @@ void TrainConfig::validate() const {
   KILN_CHECK(schedule.warmup_steps >= 0, "schedule warmup_steps must be >= 0, got {}", schedule.warmup_steps);
   KILN_CHECK(schedule.min_lr_ratio >= 0, "schedule min_lr_ratio must be >= 0, got {}", schedule.min_lr_ratio);
   KILN_CHECK(schedule.step_size >= 1, "schedule step_size must be >= 1, got {}", schedule.step_size);
+  KILN_CHECK(std::isfinite(schedule.gamma) && schedule.gamma >= 0, "schedule gamma must be >= 0 (a negative one gives negative learning rates), got {}",
+             schedule.gamma);
   KILN_CHECK(zero_stage == 0 || zero_stage == 1, "zero_stage must be 0 or 1 (ZeRO-1: sharded optimizer state), got {}", zero_stage);
   KILN_CHECK(bucket_mb > 0 && std::isfinite(bucket_mb), "bucket_mb must be > 0, got {}", bucket_mb);
   KILN_CHECK(eval_every >= 0 && eval_batches >= 1 && checkpoint_every >= 0,

@@ -130,6 +130,14 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
     KILN_CHECK(bs % ranks == 0, "train: batch_size {} does not divide among {} ranks (each rank takes batch_size / ranks rows of "
                "every batch): use a multiple of {}", bs, ranks, ranks);
     rows = dist::batch_slice(bs);
+#if defined(KILN_HAVE_CUDA_BACKEND)
+    // One GPU per rank: the rank's place on its machine picks it (round robin when ranks outnumber GPUs).
+    if constexpr (std::is_same_v<B, Cuda>) {
+      const int gpus = cuda::device_count();
+      KILN_CHECK(gpus > 0, "train: --device cuda on rank {}: no CUDA device ({})", dist::rank(), cuda::unavailable_reason());
+      cuda::set_device(dist::local_rank() % gpus);
+    }
+#endif
   }
 
   manual_seed(o.seed);

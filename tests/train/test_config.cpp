@@ -61,6 +61,13 @@ TEST_CASE("config: unknown keys, wrong types and bad values name the key", "[con
   CHECK_THROWS_WITH(TrainConfig::from_json(json{{"grad_accum", 0}}), Catch::Contains("grad_accum must be >= 1, got 0"));
   CHECK_THROWS_WITH(TrainConfig::from_json(json{{"on_nonfinite", "ignore"}}), Catch::Contains("ignore") && Catch::Contains("error, skip"));
   CHECK(TrainConfig::from_json(json{{"grad_accum", 4}, {"on_nonfinite", "skip"}}).to_json().at("grad_accum") == 4);
+  // found by fuzz_train_json: a negative gamma made the step schedule's learning rate negative
+  CHECK_THROWS_WITH(TrainConfig::from_json(json{{"schedule", {{"name", "step"}, {"step_size", 3}, {"gamma", -0.5}}}}),
+                    Catch::Contains("gamma must be >= 0") && Catch::Contains("got -0.5"));
+  CHECK_THROWS_WITH(TrainConfig::from_json(json{{"zero_stage", 2}}), Catch::Contains("zero_stage must be 0 or 1") && Catch::Contains("got 2"));
+  CHECK_THROWS_WITH(TrainConfig::from_json(json{{"bucket_mb", 0}}), Catch::Contains("bucket_mb must be > 0, got 0"));
+  const json dp = TrainConfig::from_json(json{{"zero_stage", 1}, {"bucket_mb", 4.5}}).to_json();
+  CHECK((dp.at("zero_stage") == 1 && dp.at("bucket_mb") == 4.5));
   CHECK_THROWS_WITH(ModelConfig::load("/nonexistent/model.json"), Catch::Contains("/nonexistent/model.json"));
 }
 
