@@ -3,7 +3,7 @@
 //   mpirun -np 2 bench_dist allreduce     dist::all_reduce (sum and avg) of an f32 Tensor<Cpu> against
 //                                          MPI_Allreduce(MPI_IN_PLACE) of a buffer of the same size,
 //                                          alternated call by call; medians, bus bandwidth and ratio
-//   mpirun -np 2 bench_dist overlap        DDP on the d_model 256 benchmark GPT: how much of the gradient
+//   mpirun -np 2 bench_dist overlap [steps [bucket_mb]]  DDP on the d_model 256 benchmark GPT: how much of the gradient
 //                                          all-reduce backward hides. Per step: the time backward's end
 //                                          waited for buckets still in flight (exposed), against the
 //                                          time the same buckets take all-reduced after backward
@@ -76,7 +76,7 @@ void bench_allreduce() {
   }
 }
 
-void bench_overlap(int64_t steps) {
+void bench_overlap(int64_t steps, double bucket_mb) {
   ModelConfig c;  // the d_model 256 benchmark model (docs/specs.md §5): 4 layers, 4 heads, vocab 256
   c.vocab_size = 256;
   c.d_model = 256;
@@ -87,7 +87,7 @@ void bench_overlap(int64_t steps) {
   const int64_t B = 8, T = 128;
   nn::GPT<Cpu> model(c);
   model.init_weights(0);
-  dist::DistributedDataParallel<Cpu> ddp(model);
+  dist::DistributedDataParallel<Cpu> ddp(model, {.bucket_mb = bucket_mb});
   const auto rows = dist::batch_slice(B);
   std::vector<int64_t> ids(static_cast<size_t>(rows.count * (T + 1)));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 37 + static_cast<size_t>(dist::rank()) * 11) % 256);
@@ -107,7 +107,7 @@ void bench_overlap(int64_t steps) {
     const double after = timed([&] {
       std::vector<dist::Work> w;
       for (const auto& g : grads) w.push_back(dist::all_reduce_async(g, dist::ReduceOp::avg));
-      for (auto& x : w) x.wait();
+      for (auto& wk : w) wk.wait();
     });
     if (s >= 2) {
       step_s.push_back(st);
@@ -119,8 +119,8 @@ void bench_overlap(int64_t steps) {
   for (const auto& b : ddp.buckets()) params += b.numel;
   if (dist::rank() == 0) {
     const double e = median(exposed_s), a = median(after_s);
-    std::printf("DDP overlap, d_model 256 GPT (%lld gradient floats = %.1f MiB in %zu buckets), %d ranks x %lld rows x T %lld:\n",
-                static_cast<long long>(params), static_cast<double>(params) * 4 / (1 << 20), ddp.buckets().size(),
+    std::printf("DDP overlap, d_model 256 GPT (%lld gradient floats = %.1f MiB in %zu buckets, bucket_mb %g), %d ranks x %lld rows x T %lld:\n",
+                static_cast<long long>(params), static_cast<double>(params) * 4 / (1 << 20), ddp.buckets().size(), bucket_mb,
                 dist::world_size(), static_cast<long long>(rows.count), static_cast<long long>(T));
     std::printf("  forward+backward with DDP: median %.1f ms\n", median(step_s) * 1e3);
     std::printf("  all-reduce of the same buckets after backward (not overlapped): median %.2f ms\n", a * 1e3);
@@ -135,9 +135,9 @@ int main(int argc, char** argv) {
   dist::init();
   const std::string what = argc > 1 ? argv[1] : "allreduce";
   if (what == "allreduce") bench_allreduce();
-  else if (what == "overlap") bench_overlap(argc > 2 ? std::atoll(argv[2]) : 10);
+  else if (what == "overlap") bench_overlap(argc > 2 ? std::atoll(argv[2]) : 10, argc > 3 ? std::atof(argv[3]) : 25.0);
   else {
-    if (dist::rank() == 0) std::fprintf(stderr, "bench_dist: allreduce | overlap [steps]\n");
+    if (dist::rank() == 0) std::fprintf(stderr, "bench_dist: allreduce | overlap [steps [bucket_mb]]\n");
     return 2;
   }
   return 0;

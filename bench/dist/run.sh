@@ -18,8 +18,7 @@ echo "## machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), 
 echo "## load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 "${mpi[@]}" "$dir/bench/bench_dist" allreduce
 echo
-"${mpi[@]}" "$dir/bench/bench_dist" overlap 10
-echo
+for mb in 25 4 1; do "${mpi[@]}" "$dir/bench/bench_dist" overlap 10 $mb; echo; done
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
