@@ -40,3 +40,6 @@
 #include "kiln/train/progress.hpp"
 #include "kiln/train/text.hpp"
 #include "kiln/train/trainer.hpp"
+
+#include "kiln/nn/conv.hpp"
+#include "kiln/nn/pool.hpp"

@@ -2,10 +2,12 @@
 // Differentiable ops on Var<B>: the per-family structs whose bodies live in autograd/ops/<family>.cpp
 // (explicitly instantiated for the built-in backends), and the free functions and operators.
 // Include autograd/var.hpp (which includes this file).
+#include <utility>
 #include <vector>
 
 #include "kiln/autograd/var.hpp"
 #include "kiln/backends/backends.hpp"
+#include "kiln/core/conv_params.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
@@ -124,6 +126,35 @@ template <Backend B> struct AttentionOps {
                           const Tensor<B>& key_padding = {});
 };
 
+// autograd/ops/conv.cpp
+// Convolutions through core/fused_conv.hpp (x [N, C, H, W] or unbatched [C, H, W]); bias may be an
+// undefined Var. The node saves x only when w needs a gradient and w only when x does.
+template <Backend B> struct ConvOps {
+  using X = Var<B>;
+  static X conv2d(const X& x, const X& w, const X& bias, const Conv2dParams& p);
+  // w [C_in, O/groups, kh, kw]
+  static X conv_transpose2d(const X& x, const X& w, const X& bias, const Conv2dParams& p, Size2 output_padding);
+};
+
+// autograd/ops/pool.cpp
+// Pooling through core/fused_conv.hpp. Max pooling saves the i64 indices (and the input's shape),
+// never the input; MaxPool2dBackward is the node's closure, named so tests can inspect it.
+template <Backend B> struct MaxPool2dBackward {
+  Tensor<B> indices;
+  Shape input_shape;
+  Pool2dParams p;
+  Grads<B> operator()(const Tensor<B>& grad_out) const;
+  std::vector<Tensor<B>> saved() const { return {indices}; }
+};
+template <Backend B> struct PoolOps {
+  using X = Var<B>;
+  static X max_pool2d(const X& x, const Pool2dParams& p);
+  // {y, indices}: indices i64 into each H·W plane (PyTorch's return_indices)
+  static std::pair<X, Tensor<B>> max_pool2d_with_indices(const X& x, const Pool2dParams& p);
+  static X avg_pool2d(const X& x, const Pool2dParams& p);
+  static X adaptive_avg_pool2d(const X& x, Size2 output_size);
+};
+
 }  // namespace autograd
 
 // ---------------------------------------------------------------------------------- free functions
@@ -178,6 +209,12 @@ KILN_FOR_EACH_BACKEND(KILN_AUTOGRAD_EXTERN)
   extern template struct autograd::AttentionOps<B>;
 KILN_FOR_EACH_BACKEND(KILN_AUTOGRAD_ATTN_EXTERN)
 #undef KILN_AUTOGRAD_ATTN_EXTERN
+#define KILN_AUTOGRAD_CONV_EXTERN(B)                     \
+  extern template struct autograd::ConvOps<B>;           \
+  extern template struct autograd::MaxPool2dBackward<B>; \
+  extern template struct autograd::PoolOps<B>;
+KILN_FOR_EACH_BACKEND(KILN_AUTOGRAD_CONV_EXTERN)
+#undef KILN_AUTOGRAD_CONV_EXTERN
 
 }  // namespace kiln
 #pragma GCC visibility pop

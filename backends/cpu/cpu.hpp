@@ -9,6 +9,7 @@
 
 #include "kiln/backends/host_storage.hpp"
 #include "kiln/core/backend.hpp"
+#include "kiln/core/conv_params.hpp"
 #include "kiln/core/fused_optim_params.hpp"
 #include "kiln/core/tensor.hpp"
 
@@ -59,6 +60,14 @@ struct Cpu {
   static void attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, double scale, bool causal, int64_t pos0);
   static void attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, double scale, bool causal,
                                  int64_t pos0);
+  // convolution (oneDNN, backends/cpu/conv.cpp) and pooling (backends/cpu/pool.cpp); contract in core/fused_conv.hpp
+  static bool conv2d_forward(M y, V x, V w, const V* bias, const Conv2dParams& p);
+  static bool conv2d_backward_input(M dx, V dy, V w, const Conv2dParams& p);
+  static bool conv2d_backward_weight(M dw, M* db, V dy, V x, const Conv2dParams& p);
+  static bool max_pool2d_forward(M y, M idx, V x, const Pool2dParams& p);
+  static bool max_pool2d_backward(M dx, V dy, V idx, const Pool2dParams& p);
+  static bool avg_pool2d_forward(M y, V x, const Pool2dParams& p);
+  static bool avg_pool2d_backward(M dx, V dy, const Pool2dParams& p);
 };
 static_assert(Backend<Cpu>);
 

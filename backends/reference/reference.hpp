@@ -6,6 +6,7 @@
 
 #include "kiln/backends/host_storage.hpp"
 #include "kiln/core/backend.hpp"
+#include "kiln/core/conv_params.hpp"
 #include "kiln/core/tensor.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
@@ -32,6 +33,15 @@ struct Reference {
   static void scatter_add(M out, int axis, V index, V src);
   static void rand_uniform(M out, uint64_t seed, uint64_t offset, double lo, double hi);
   static void rand_normal(M out, uint64_t seed, uint64_t offset, double mean, double std);
+
+  // convolution and pooling, naive loops in double (backends/reference/conv.cpp; contract in core/fused_conv.hpp)
+  static bool conv2d_forward(M y, V x, V w, const V* bias, const Conv2dParams& p);
+  static bool conv2d_backward_input(M dx, V dy, V w, const Conv2dParams& p);
+  static bool conv2d_backward_weight(M dw, M* db, V dy, V x, const Conv2dParams& p);
+  static bool max_pool2d_forward(M y, M idx, V x, const Pool2dParams& p);
+  static bool max_pool2d_backward(M dx, V dy, V idx, const Pool2dParams& p);
+  static bool avg_pool2d_forward(M y, V x, const Pool2dParams& p);
+  static bool avg_pool2d_backward(M dx, V dy, const Pool2dParams& p);
 };
 static_assert(Backend<Reference>);
 

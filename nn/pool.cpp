@@ -1,0 +1,42 @@
+#include "kiln/nn/pool.hpp"
+
+namespace kiln::nn {
+
+namespace {
+void check_kernel(const char* op, Size2 k, const std::optional<Size2>& s) {
+  KILN_CHECK(k.h >= 1 && k.w >= 1, "{}: kernel_size must be >= 1, got ({}, {})", op, k.h, k.w);
+  if (s) KILN_CHECK(s->h >= 1 && s->w >= 1, "{}: stride must be >= 1, got ({}, {})", op, s->h, s->w);
+}
+}  // namespace
+
+template <Backend B> MaxPool2d<B>::MaxPool2d(MaxPool2dOptions o) : o_(o) { check_kernel("MaxPool2d", o.kernel_size, o.stride); }
+
+template <Backend B> Var<B> MaxPool2d<B>::forward(const Var<B>& x) const {
+  return functional::max_pool2d(x, o_.kernel_size, o_.stride, o_.padding, o_.dilation, o_.ceil_mode);
+}
+
+template <Backend B> AvgPool2d<B>::AvgPool2d(AvgPool2dOptions o) : o_(o) { check_kernel("AvgPool2d", o.kernel_size, o.stride); }
+
+template <Backend B> Var<B> AvgPool2d<B>::forward(const Var<B>& x) const {
+  return functional::avg_pool2d(x, o_.kernel_size, o_.stride, o_.padding, o_.ceil_mode, o_.count_include_pad);
+}
+
+template <Backend B> AdaptiveAvgPool2d<B>::AdaptiveAvgPool2d(Size2 output_size) : out_(output_size) {
+  KILN_CHECK(out_.h >= 1 && out_.w >= 1, "AdaptiveAvgPool2d: output_size must be >= 1, got ({}, {})", out_.h, out_.w);
+}
+
+template <Backend B> Var<B> AdaptiveAvgPool2d<B>::forward(const Var<B>& x) const { return functional::adaptive_avg_pool2d(x, out_); }
+
+template <Backend B> Flatten<B>::Flatten(FlattenOptions o) : o_(o) {}
+
+template <Backend B> Var<B> Flatten<B>::forward(const Var<B>& x) const { return x.flatten(o_.start_dim, o_.end_dim); }
+
+#define KILN_INST(B)                  \
+  template class MaxPool2d<B>;        \
+  template class AvgPool2d<B>;        \
+  template class AdaptiveAvgPool2d<B>; \
+  template class Flatten<B>;
+KILN_FOR_EACH_BACKEND(KILN_INST)
+#undef KILN_INST
+
+}  // namespace kiln::nn
