@@ -16,6 +16,10 @@
 using namespace kiln;
 using namespace kt;
 
+// The overrides these tests compare are the ones that run: Reference's loops and Cpu's oneDNN/loops.
+static_assert(fused::HasConv2d<Reference> && fused::HasMaxPool2d<Reference> && fused::HasAvgPool2d<Reference>);
+static_assert(fused::HasConv2d<Cpu> && fused::HasMaxPool2d<Cpu> && fused::HasAvgPool2d<Cpu>);
+
 namespace {
 
 template <Backend B> Tensor<B> absf64(const Tensor<B>& t) { return t.to(DType::f64).abs(); }
