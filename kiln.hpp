@@ -20,6 +20,9 @@
 #include "kiln/nn/loss.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/norm.hpp"
+#include "kiln/nn/batch_norm.hpp"
+#include "kiln/nn/container.hpp"
+#include "kiln/nn/group_norm.hpp"
 
 #include "kiln/optim/optimizer.hpp"
 #include "kiln/optim/schedule.hpp"

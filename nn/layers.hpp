@@ -32,6 +32,21 @@ template <Backend B> class Act : public Module<B> {
   Activation a_;
 };
 
+// The activations as PyTorch names them, for Sequential: nn::ReLU<B>(), nn::SiLU<B>(), nn::GELU<B>()
+// (GELU<B>(true) is PyTorch's GELU(approximate="tanh")).
+template <Backend B> class ReLU : public Act<B> {
+ public:
+  ReLU() : Act<B>(Activation::relu) {}
+};
+template <Backend B> class SiLU : public Act<B> {
+ public:
+  SiLU() : Act<B>(Activation::silu) {}
+};
+template <Backend B> class GELU : public Act<B> {
+ public:
+  explicit GELU(bool tanh_approx = false) : Act<B>(tanh_approx ? Activation::gelu_tanh : Activation::gelu) {}
+};
+
 struct SwiGLUOptions {
   int64_t dim = 0;
   int64_t hidden = 0;
