@@ -44,14 +44,14 @@ template <Backend B> Var<B> adaptive_avg_pool2d(const Var<B>& x, Size2 output_si
 
 struct MaxPool2dOptions {
   Size2 kernel_size = 1;
-  std::optional<Size2> stride;  // kernel_size when unset
+  std::optional<Size2> stride{};  // kernel_size when unset
   Size2 padding = 0, dilation = 1;
   bool ceil_mode = false;
 };
 
 struct AvgPool2dOptions {
   Size2 kernel_size = 1;
-  std::optional<Size2> stride;  // kernel_size when unset
+  std::optional<Size2> stride{};  // kernel_size when unset
   Size2 padding = 0;
   bool ceil_mode = false;
   bool count_include_pad = true;

@@ -1,10 +1,16 @@
 // conv2d forward / backward-data / backward-weights through oneDNN's convolution primitives (f32).
 //
-// The tensors go to oneDNN as they lie: plain nchw activations and oihw (goihw for groups > 1)
-// weights, so no reorder runs around the primitive (oneDNN picks its implementation for plain
-// layouts, gemm-based im2col on this machine). Primitives and their memory objects are cached per
+// kiln's tensors are plain nchw activations and oihw (goihw for groups > 1) weights. Two ways to run:
+//  * plain: the primitives take the tensors as they lie (oneDNN's gemm-based im2col implementation),
+//    no reorder. Best for few channels (a first layer's 1 or 3) and 1x1 kernels.
+//  * blocked: the primitives choose their layouts (format_tag::any: nChw8c/16c activations and blocked
+//    weights, the direct JIT kernels), and each call reorders its inputs into them and its outputs
+//    back. Despite the reorders, 1.3-1.7x faster for 3x3 kernels with 16+ channels per group and ~8x
+//    for depthwise ones (bench/conv, bench/RESULTS.md "Convolution").
+// prefer_blocked() picks one by shape alone (never by timing, so that every process and every run of
+// a shape computes the same numbers). Primitives, reorders and their memory objects are cached per
 // thread and problem signature, like the matmul (backends/cpu/matmul.cpp): a repeated call costs a
-// few set_data_handle calls and an execute. f64 (oneDNN has none) and any problem oneDNN declines
+// few set_data_handle calls and the executes. f64 (oneDNN has none) and any problem oneDNN declines
 // return false: core/fused_conv.hpp then runs the composite (im2col + OpenBLAS dgemm).
 #include <memory>
 #include <unordered_map>
@@ -33,9 +39,25 @@ struct VecHash {
   }
 };
 
+// One argument of a primitive: the user's buffer (plain layout) and, when the primitive wants another
+// layout, its own buffer and the reorder between them (user -> own for inputs, own -> user for outputs).
+struct Arg {
+  memory user, own;
+  std::shared_ptr<dnnl::reorder> reorder;
+  void bind(const dnnl::engine& eng, const memory::desc& plain, const memory::desc& want, bool input) {
+    user = memory(plain, eng, DNNL_MEMORY_NONE);
+    if (want == plain) {
+      own = user;
+      return;
+    }
+    own = memory(want, eng);
+    reorder = input ? std::make_shared<dnnl::reorder>(user, own) : std::make_shared<dnnl::reorder>(own, user);
+  }
+};
+
 struct Entry {
   std::shared_ptr<dnnl::primitive> prim;  // null: oneDNN declined
-  memory src, wei, bias, dst;             // (diff_ variants for the backward kinds)
+  Arg src, wei, bias, dst;                // (diff_ variants for the backward kinds)
 };
 
 struct ConvThread {
@@ -73,6 +95,15 @@ struct Problem {
     return {Dims{p->groups, w[0] / p->groups, w[1], w[2], w[3]}, memory::data_type::f32, memory::format_tag::goihw};
   }
   memory::desc bia() const { return {Dims{w[0]}, memory::data_type::f32, memory::format_tag::x}; }
+  // The layouts the primitives are created with: the plain ones, or "any" (see the top of the file).
+  bool prefer_blocked() const {
+    const int64_t g = p->groups, cin = x[1] / g, cout = y[1] / g, taps = w[2] * w[3];
+    if (g > 1 && cin == 1 && cout == 1) return true;  // depthwise
+    return taps > 1 && cin >= 16 && cout >= 16;
+  }
+  memory::desc any(const memory::desc& d) const {
+    return prefer_blocked() ? memory::desc(d.dims(), memory::data_type::f32, memory::format_tag::any) : d;
+  }
   Dims strides() const { return {p->stride.h, p->stride.w}; }
   Dims dilates() const { return {p->dilation.h - 1, p->dilation.w - 1}; }  // oneDNN counts the gaps
   Dims pad() const { return {p->padding.h, p->padding.w}; }
@@ -80,8 +111,8 @@ struct Problem {
     const auto prop = dnnl::prop_kind::forward_training;
     const auto alg = dnnl::algorithm::convolution_direct;
     if (bias)
-      return {dnnl::convolution_forward::desc(prop, alg, src(), wei(), bia(), dst(), strides(), dilates(), pad(), pad()), eng};
-    return {dnnl::convolution_forward::desc(prop, alg, src(), wei(), dst(), strides(), dilates(), pad(), pad()), eng};
+      return {dnnl::convolution_forward::desc(prop, alg, any(src()), any(wei()), bia(), any(dst()), strides(), dilates(), pad(), pad()), eng};
+    return {dnnl::convolution_forward::desc(prop, alg, any(src()), any(wei()), any(dst()), strides(), dilates(), pad(), pad()), eng};
   }
 };
 
@@ -90,25 +121,30 @@ Entry make_entry(const Problem& pr, Kind k, const dnnl::engine& eng) {
   try {
     const auto fwd = pr.forward_pd(eng);
     const auto alg = dnnl::algorithm::convolution_direct;
+    const memory::desc src = pr.any(pr.src()), wei = pr.any(pr.wei()), dst = pr.any(pr.dst());
     if (k == kForward) {
       e.prim = std::make_shared<dnnl::convolution_forward>(fwd);
+      e.src.bind(eng, pr.src(), fwd.src_desc(), true);
+      e.wei.bind(eng, pr.wei(), fwd.weights_desc(), true);
+      e.dst.bind(eng, pr.dst(), fwd.dst_desc(), false);
     } else if (k == kBackwardData) {
       const dnnl::convolution_backward_data::primitive_desc pd(
-          dnnl::convolution_backward_data::desc(alg, pr.src(), pr.wei(), pr.dst(), pr.strides(), pr.dilates(), pr.pad(), pr.pad()), eng,
-          fwd);
+          dnnl::convolution_backward_data::desc(alg, src, wei, dst, pr.strides(), pr.dilates(), pr.pad(), pr.pad()), eng, fwd);
       e.prim = std::make_shared<dnnl::convolution_backward_data>(pd);
+      e.src.bind(eng, pr.src(), pd.diff_src_desc(), false);
+      e.wei.bind(eng, pr.wei(), pd.weights_desc(), true);
+      e.dst.bind(eng, pr.dst(), pd.diff_dst_desc(), true);
     } else {
       using BW = dnnl::convolution_backward_weights;
       const BW::primitive_desc pd =
-          pr.bias ? BW::primitive_desc(BW::desc(alg, pr.src(), pr.wei(), pr.bia(), pr.dst(), pr.strides(), pr.dilates(), pr.pad(), pr.pad()),
-                                       eng, fwd)
-                  : BW::primitive_desc(BW::desc(alg, pr.src(), pr.wei(), pr.dst(), pr.strides(), pr.dilates(), pr.pad(), pr.pad()), eng, fwd);
+          pr.bias ? BW::primitive_desc(BW::desc(alg, src, wei, pr.bia(), dst, pr.strides(), pr.dilates(), pr.pad(), pr.pad()), eng, fwd)
+                  : BW::primitive_desc(BW::desc(alg, src, wei, dst, pr.strides(), pr.dilates(), pr.pad(), pr.pad()), eng, fwd);
       e.prim = std::make_shared<BW>(pd);
+      e.src.bind(eng, pr.src(), pd.src_desc(), true);
+      e.wei.bind(eng, pr.wei(), pd.diff_weights_desc(), false);
+      e.dst.bind(eng, pr.dst(), pd.diff_dst_desc(), true);
     }
-    e.src = memory(pr.src(), eng, DNNL_MEMORY_NONE);
-    e.wei = memory(pr.wei(), eng, DNNL_MEMORY_NONE);
-    e.dst = memory(pr.dst(), eng, DNNL_MEMORY_NONE);
-    if (pr.bias) e.bias = memory(pr.bia(), eng, DNNL_MEMORY_NONE);
+    if (pr.bias) e.bias.bind(eng, pr.bia(), pr.bia(), k == kForward);
   } catch (const dnnl::error&) {
     e.prim = nullptr;
   }
@@ -126,22 +162,29 @@ bool run(const Problem& pr, Kind k, const float* src, const float* wei, const fl
   }
   Entry& e = it->second;
   if (!e.prim) return false;
-  e.src.set_data_handle(const_cast<float*>(src));
-  e.wei.set_data_handle(const_cast<float*>(wei));
-  e.dst.set_data_handle(const_cast<float*>(dst));
-  if (pr.bias) e.bias.set_data_handle(const_cast<float*>(bias));
+  e.src.user.set_data_handle(const_cast<float*>(src));
+  e.wei.user.set_data_handle(const_cast<float*>(wei));
+  e.dst.user.set_data_handle(const_cast<float*>(dst));
+  if (pr.bias) e.bias.user.set_data_handle(const_cast<float*>(bias));
+  // inputs and outputs of this kind, in the forward's naming
+  Arg* const ins[3] = {k == kBackwardData ? nullptr : &e.src, k == kBackwardWeights ? nullptr : &e.wei, k == kForward ? nullptr : &e.dst};
+  Arg* const outs[2] = {k == kForward ? &e.dst : k == kBackwardData ? &e.src : &e.wei, nullptr};
   std::unordered_map<int, memory> args;
   if (k == kForward) {
-    args = {{DNNL_ARG_SRC, e.src}, {DNNL_ARG_WEIGHTS, e.wei}, {DNNL_ARG_DST, e.dst}};
-    if (pr.bias) args.emplace(DNNL_ARG_BIAS, e.bias);
+    args = {{DNNL_ARG_SRC, e.src.own}, {DNNL_ARG_WEIGHTS, e.wei.own}, {DNNL_ARG_DST, e.dst.own}};
+    if (pr.bias) args.emplace(DNNL_ARG_BIAS, e.bias.own);
   } else if (k == kBackwardData) {
-    args = {{DNNL_ARG_DIFF_SRC, e.src}, {DNNL_ARG_WEIGHTS, e.wei}, {DNNL_ARG_DIFF_DST, e.dst}};
+    args = {{DNNL_ARG_DIFF_SRC, e.src.own}, {DNNL_ARG_WEIGHTS, e.wei.own}, {DNNL_ARG_DIFF_DST, e.dst.own}};
   } else {
-    args = {{DNNL_ARG_SRC, e.src}, {DNNL_ARG_DIFF_WEIGHTS, e.wei}, {DNNL_ARG_DIFF_DST, e.dst}};
-    if (pr.bias) args.emplace(DNNL_ARG_DIFF_BIAS, e.bias);
+    args = {{DNNL_ARG_SRC, e.src.own}, {DNNL_ARG_DIFF_WEIGHTS, e.wei.own}, {DNNL_ARG_DIFF_DST, e.dst.own}};
+    if (pr.bias) args.emplace(DNNL_ARG_DIFF_BIAS, e.bias.own);
   }
   sync_omp_threads();
+  for (Arg* a : ins)
+    if (a && a->reorder) a->reorder->execute(t.stream, a->user, a->own);
   e.prim->execute(t.stream, args);
+  for (Arg* a : outs)
+    if (a && a->reorder) a->reorder->execute(t.stream, a->own, a->user);
   t.stream.wait();
   return true;
 }

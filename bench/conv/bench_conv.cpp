@@ -81,14 +81,14 @@ struct DnnlConv {
     auto in = [&](memory user, const memory::desc& want) -> memory {
       if (user.get_desc() == want) return user;
       memory m(want, eng);
-      steps.push_back([r = reorder(user, m), user, m, this] { r.execute(s, user, m); });
+      steps.push_back([r = reorder(user, m), user, m, this]() mutable { r.execute(s, user, m); });
       keep.push_back(m);
       return m;
     };
     auto out_then = [&](memory user, const memory::desc& have, std::vector<std::function<void()>>& after) -> memory {
       if (user.get_desc() == have) return user;
       memory m(have, eng);
-      after.push_back([r = reorder(m, user), user, m, this] { r.execute(s, m, user); });
+      after.push_back([r = reorder(m, user), user, m, this]() mutable { r.execute(s, m, user); });
       keep.push_back(m);
       return m;
     };
