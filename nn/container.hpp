@@ -15,6 +15,7 @@
 // `Var<B> forward(const Var<B>&) const`: any Module<B> subclass with that member can be pushed.
 // # Shapes
 //   Sequential: whatever the first module takes -> whatever the last returns (empty: the input)
+#include <concepts>
 #include <cstddef>
 #include <functional>
 #include <memory>

@@ -122,7 +122,7 @@ TEMPLATE_TEST_CASE("Sequential: named push_back, nesting, typed access and index
   CHECK(to_vector<float>(y.value()) == to_vector<float>(want.value()));
 }
 
-TEMPLATE_TEST_CASE("containers: train/eval reach nested modules; state dicts round-trip nested names through safetensors",
+TEMPLATE_TEST_CASE("containers: train and eval reach nested modules, state dicts round-trip nested names through safetensors",
                    "[container]", KILN_BACKEND_TYPES) {
   using B = TestType;
   manual_seed(5);
