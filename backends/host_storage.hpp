@@ -1,6 +1,7 @@
 #pragma once
 // Host memory shared by the Reference and Cpu backends: one 64-byte aligned block, freed with its
-// last handle. Both backends use this type, so moving a tensor between them is a memcpy.
+// last handle (large blocks go back to a cache for reuse: core/host_alloc.hpp). Both backends use
+// this type, so moving a tensor between them is a memcpy.
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -8,6 +9,7 @@
 #include <new>
 
 #include "kiln/core/error.hpp"
+#include "kiln/core/host_alloc.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
@@ -15,11 +17,10 @@ namespace kiln {
 class HostStorage {
  public:
   explicit HostStorage(size_t bytes) : bytes_(bytes) {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    data_ = rounded ? std::aligned_alloc(64, rounded) : nullptr;
-    if (rounded && !data_) fail("allocate: out of host memory allocating {} bytes", bytes);
+    data_ = host_alloc(bytes);
+    if (bytes && !data_) fail("allocate: out of host memory allocating {} bytes", bytes);
   }
-  ~HostStorage() { std::free(data_); }
+  ~HostStorage() { host_free(data_, bytes_); }
   HostStorage(const HostStorage&) = delete;
   HostStorage& operator=(const HostStorage&) = delete;
 

@@ -49,11 +49,11 @@ template <class T> void max_pool_fwd(Cpu::M y, Cpu::M idx, Cpu::V x, const Pool2
           T best = -std::numeric_limits<T>::infinity();
           for (int64_t ih = h0; ih < h1; ih += p.dilation.h)
             for (int64_t iw = w0; iw < w1; iw += p.dilation.w) {
+              // PyTorch's rule (a NaN wins), branch-free: the comparisons are unpredictable
               const T v = xpl[ih * W + iw];
-              if (v > best || std::isnan(v)) {
-                best = v;
-                arg = ih * W + iw;
-              }
+              const bool take = (v > best) | (v != v);  // NOLINT(misc-redundant-expression): v != v is isnan
+              best = take ? v : best;
+              arg = take ? ih * W + iw : arg;
             }
           yp[(pl * Ho + oh) * Wo + ow] = best;
           ip[(pl * Ho + oh) * Wo + ow] = arg;

@@ -1,0 +1,108 @@
+// The host block cache (core/host_alloc.hpp).
+#include "kiln/core/host_alloc.hpp"
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace kiln {
+namespace {
+
+constexpr size_t kAlign = 64;
+constexpr size_t kLarge = size_t{1} << 20;  // blocks from here on are cached
+
+// The size class of a large request: rounded up to a quarter of its power of two.
+size_t size_class(size_t bytes) {
+  size_t pow2 = kLarge;
+  while (pow2 * 2 <= bytes) pow2 *= 2;
+  const size_t step = pow2 / 4;
+  return (bytes + step - 1) / step * step;
+}
+
+size_t cap_from_env() {
+  const char* s = std::getenv("KILN_HOST_CACHE_MB");
+  if (!s || !*s) return size_t{2048} << 20;
+  char* end = nullptr;
+  const long long mb = std::strtoll(s, &end, 10);
+  if (end == s || *end != '\0' || mb < 0) return size_t{2048} << 20;  // a malformed value: the default
+  return static_cast<size_t>(mb) << 20;
+}
+
+struct Cache {
+  std::mutex mu;
+  std::unordered_map<size_t, std::vector<void*>> free;  // size class -> blocks
+  size_t cached = 0, cap = cap_from_env();
+  int64_t hits = 0, misses = 0;
+
+  void release_locked() {
+    for (auto& [size, blocks] : free)
+      for (void* p : blocks) std::free(p);
+    free.clear();
+    cached = 0;
+  }
+};
+Cache& cache() {
+  static Cache* c = new Cache;  // never destroyed: storages may be freed during static destruction
+  return *c;
+}
+
+void* raw_alloc(size_t bytes) { return std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign); }
+
+}  // namespace
+
+void* host_alloc(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (bytes < kLarge) return raw_alloc(bytes);
+  const size_t cls = size_class(bytes);
+  Cache& c = cache();
+  {
+    std::lock_guard lock(c.mu);
+    auto it = c.free.find(cls);
+    if (it != c.free.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      c.cached -= cls;
+      ++c.hits;
+      return p;
+    }
+    ++c.misses;
+  }
+  if (void* p = raw_alloc(cls)) return p;
+  host_cache_release();  // out of memory: give the cache back and try once more
+  return raw_alloc(cls);
+}
+
+void host_free(void* p, size_t bytes) {
+  if (!p) return;
+  if (bytes < kLarge) {
+    std::free(p);
+    return;
+  }
+  const size_t cls = size_class(bytes);
+  Cache& c = cache();
+  {
+    std::lock_guard lock(c.mu);
+    if (c.cached + cls <= c.cap) {
+      c.free[cls].push_back(p);
+      c.cached += cls;
+      return;
+    }
+  }
+  std::free(p);
+}
+
+HostCacheStats host_cache_stats() {
+  Cache& c = cache();
+  std::lock_guard lock(c.mu);
+  return {c.cached, c.hits, c.misses};
+}
+
+void host_cache_release() {
+  Cache& c = cache();
+  std::lock_guard lock(c.mu);
+  c.release_locked();
+}
+
+}  // namespace kiln
