@@ -20,6 +20,7 @@
 #include "kiln/nn/loss.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/norm.hpp"
+#include "kiln/nn/transformer.hpp"
 
 #include "kiln/optim/optimizer.hpp"
 #include "kiln/optim/schedule.hpp"
