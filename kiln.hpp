@@ -23,6 +23,7 @@
 #include "kiln/nn/batch_norm.hpp"
 #include "kiln/nn/container.hpp"
 #include "kiln/nn/group_norm.hpp"
+#include "kiln/nn/transformer.hpp"
 
 #include "kiln/optim/optimizer.hpp"
 #include "kiln/optim/schedule.hpp"

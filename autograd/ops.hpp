@@ -110,20 +110,21 @@ template <Backend B> struct Indexing {
 // autograd/ops/attention.cpp
 // Fused softmax attention (core/fused.hpp attention_forward/attention_backward): q [B, H, T, d],
 // k [B, Hkv, S, d], v [B, Hkv, S, dv] -> O [B, H, T, dv]. The node saves q, k, v, O and the row
-// log-sum-exp (plus the bool key padding), never a [T, S] tensor; backward recomputes the
-// probabilities. AttentionBackward is the node's closure, a named type so tests can inspect what is
-// saved (node()->backward.target<AttentionBackward<B>>()).
+// log-sum-exp (plus the bool key padding and the user's attention mask, as given: broadcastable to
+// [B, H, T, S], never expanded), never a [T, S] tensor of its own; backward recomputes the
+// probabilities. The mask is not differentiable. AttentionBackward is the node's closure, a named
+// type so tests can inspect what is saved (node()->backward.target<AttentionBackward<B>>()).
 template <Backend B> struct AttentionBackward {
-  Tensor<B> q, k, v, o, lse, key_padding;
+  Tensor<B> q, k, v, o, lse, key_padding, mask;
   double scale = 1;
   bool causal = false;
   int64_t pos0 = 0;
   Grads<B> operator()(const Tensor<B>& grad_out) const;
-  std::vector<Tensor<B>> saved() const { return {q, k, v, o, lse, key_padding}; }
+  std::vector<Tensor<B>> saved() const { return {q, k, v, o, lse, key_padding, mask}; }
 };
 template <Backend B> struct AttentionOps {
   static Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, double scale, bool causal, int64_t pos0,
-                          const Tensor<B>& key_padding = {});
+                          const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
 };
 
 // autograd/ops/conv.cpp

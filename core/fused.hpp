@@ -6,9 +6,10 @@
 //   softmax_lastdim(MutView out, View x, bool log)            rows of the last axis, x contiguous
 //   softmax_lastdim_backward(MutView dx, View y, View dy, bool log)   y = forward output
 //   attention_forward(MutView o, MutView lse, View q, View k, View v, const View* key_padding,
-//                     double scale, bool causal, int64_t pos0)
+//                     const View* mask, double scale, bool causal, int64_t pos0)
 //   attention_backward(MutView dq, MutView dk, MutView dv, View q, View k, View v, View o, View lse,
-//                      View dout, const View* key_padding, double scale, bool causal, int64_t pos0)
+//                      View dout, const View* key_padding, const View* mask, double scale, bool causal,
+//                      int64_t pos0)
 //     see attention_forward below for what the override receives.
 #include <cmath>
 #include <limits>
@@ -81,9 +82,15 @@ template <Backend B> Tensor<B> softmax_backward(const Tensor<B>& y, const Tensor
 // Softmax attention without the [T, S] matrix in memory (the flash-attention contract):
 //   q [B, H, T, d], k [B, Hkv, S, d], v [B, Hkv, S, dv]; H a multiple of Hkv, query head i uses kv
 //   head i / (H/Hkv) (GQA); dv may differ from d.
-//   scores s_ij = scale · q_i·k_j, masked to −inf where causal && j > pos0 + i (query i sits at
-//   position pos0 + i, keys at 0..S−1: KV-cache decoding has T ≠ S) and where key_padding [B, S] (bool,
-//   optional) is false.
+//   scores s_ij = scale · q_i·k_j (+ mask_ij when the mask is additive), masked to −inf where
+//   causal && j > pos0 + i (query i sits at position pos0 + i, keys at 0..S−1: KV-cache decoding has
+//   T ≠ S; pos0 = 0 is the top-left alignment of torch's scaled_dot_product_attention(is_causal)),
+//   where key_padding [B, S] (bool, optional) is false, and where a bool mask is false.
+//   mask (optional): bool (true = may attend, as torch's scaled_dot_product_attention) or additive
+//   float of q's dtype (added to the scaled scores; −inf hides a key like false), any shape that
+//   broadcasts to [B, H, T, S] ([T, S], [B, 1, T, S], [1, H, 1, S], ...). It is never materialised:
+//   the kernels read it through an expanded (zero-stride) view, and autograd saves the user's tensor.
+//   It is not differentiable (no gradient flows into an additive mask).
 //   O = softmax(s) v  [B, H, T, dv] in q's dtype;  LSE = log Σ_j exp(s_ij)  [B, H, T], in f64 for f64
 //   inputs and f32 otherwise (bf16/f16 are computed in f32 and O rounded once).
 // A row with no visible key gives O = NaN (as PyTorch) and LSE = −inf; attention_backward treats such
@@ -92,17 +99,18 @@ template <Backend B> Tensor<B> softmax_backward(const Tensor<B>& y, const Tensor
 // Backend override (B::attention_forward / B::attention_backward): receives f32 or f64 tensors only
 // (half types are converted here); q, k, v, o, dout have a unit-stride last dim and a row stride >= the
 // row width (else they are made contiguous here), any strides elsewhere (zero included); the outputs
-// and lse are contiguous; key_padding is nullptr or a contiguous bool [B, S]. dq, dk, dv arrive
-// zero-filled.
+// and lse are contiguous; key_padding is nullptr or a contiguous bool [B, S]; mask is nullptr or a
+// [B, H, T, S] view with any strides (zero on broadcast dims, so no size-T·S buffer), bool or of the
+// compute dtype (f32/f64, additive). dq, dk, dv arrive zero-filled.
 template <class B>
 concept HasAttention = requires(MutView<typename B::Storage> out, View<typename B::Storage> in, const View<typename B::Storage>* kp,
                                 double scale, bool causal, int64_t pos0) {
-  B::attention_forward(out, out, in, in, in, kp, scale, causal, pos0);
+  B::attention_forward(out, out, in, in, in, kp, kp, scale, causal, pos0);
 };
 template <class B>
 concept HasAttentionBackward = requires(MutView<typename B::Storage> out, View<typename B::Storage> in,
                                         const View<typename B::Storage>* kp, double scale, bool causal, int64_t pos0) {
-  B::attention_backward(out, out, out, in, in, in, in, in, in, kp, scale, causal, pos0);
+  B::attention_backward(out, out, out, in, in, in, in, in, in, kp, kp, scale, causal, pos0);
 };
 
 namespace detail {
@@ -114,7 +122,7 @@ struct AttnDims {
 
 template <Backend B>
 AttnDims attention_check(const char* op, const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v, const Tensor<B>& key_padding,
-                         int64_t pos0) {
+                         int64_t pos0, const Tensor<B>& mask = {}) {
   KILN_CHECK(q.defined() && k.defined() && v.defined(), "{}: undefined q, k or v", op);
   KILN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "{}: q {}, k {}, v {} must be [B, H, T, d]", op, shape_str(q.shape()),
              shape_str(k.shape()), shape_str(v.shape()));
@@ -129,7 +137,35 @@ AttnDims attention_check(const char* op, const Tensor<B>& q, const Tensor<B>& k,
   if (key_padding.defined())
     KILN_CHECK(key_padding.dtype() == DType::boolean && key_padding.shape() == Shape({a.B, a.S}),
                "{}: key_padding must be bool [{}, {}], got {} {}", op, a.B, a.S, key_padding.dtype(), shape_str(key_padding.shape()));
+  if (mask.defined()) {
+    KILN_CHECK(mask.dtype() == DType::boolean || mask.dtype() == q.dtype(),
+               "{}: mask must be bool or additive of q's dtype {}, got {} (mask {}, q {})", op, q.dtype(), mask.dtype(),
+               shape_str(mask.shape()), shape_str(q.shape()));
+    const Shape want{a.B, a.H, a.T, a.S};
+    bool fits = mask.dim() <= 4;
+    for (int i = 1; fits && i <= mask.dim(); ++i) {
+      const int64_t m = mask.size(mask.dim() - i), w = want[static_cast<size_t>(4 - i)];
+      fits = m == w || m == 1;
+    }
+    KILN_CHECK(fits, "{}: mask {} does not broadcast to [B, H, T, S] = {} (q {}, k {})", op, shape_str(mask.shape()), shape_str(want),
+               shape_str(q.shape()), shape_str(k.shape()));
+  }
   return a;
+}
+
+// The mask as a [B, H, T, S] view of the user's tensor (zero strides on broadcast dims), in dtype dt
+// when additive (a conversion keeps the user's size).
+template <Backend B> Tensor<B> mask_view(const AttnDims& a, const Tensor<B>& mask, DType dt) {
+  Tensor<B> m = mask.dtype() == DType::boolean || mask.dtype() == dt ? mask : mask.to(dt);
+  while (m.dim() < 4) m = m.unsqueeze(0);
+  return m.expand({a.B, a.H, a.T, a.S});
+}
+
+// The mask as an additive tensor of the user's rank and size (0 / −inf for a bool mask), for the
+// composite path.
+template <Backend B> Tensor<B> mask_additive(const Tensor<B>& mask, DType dt) {
+  if (mask.dtype() != DType::boolean) return mask.to(dt);
+  return Tensor<B>::where(mask, Tensor<B>::zeros({}, dt), Tensor<B>::full({}, -INFINITY, dt));
 }
 
 inline DType lse_dtype(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
@@ -141,9 +177,10 @@ template <Backend B> Tensor<B> attn_rows(const Tensor<B>& x) {
   return unit && rows ? x : x.contiguous();
 }
 
-// The additive mask [1|B, 1, 1, T, S] (0 or −inf) in dtype dt, undefined when nothing is masked.
+// The additive mask [1|B, 1|Hkv, 1|rep, 1|T, S] (0 or −inf from causal and key_padding, plus the
+// user's mask) in dtype dt, undefined when nothing is masked. (The composite path only.)
 template <Backend B>
-Tensor<B> attention_mask(const AttnDims& a, bool causal, int64_t pos0, const Tensor<B>& key_padding, DType dt) {
+Tensor<B> attention_mask(const AttnDims& a, bool causal, int64_t pos0, const Tensor<B>& key_padding, DType dt, const Tensor<B>& mask = {}) {
   Tensor<B> m;
   if (causal && pos0 < a.S - 1) {  // (with pos0 >= S − 1 every query sees every key)
     std::vector<double> c(static_cast<size_t>(a.T * a.S), 0.0);
@@ -157,6 +194,13 @@ Tensor<B> attention_mask(const AttnDims& a, bool causal, int64_t pos0, const Ten
                             .reshape({a.B, 1, 1, 1, a.S});
     m = m.defined() ? m.add(p) : p;
   }
+  if (mask.defined()) {
+    Tensor<B> u = mask_additive(mask, dt);
+    while (u.dim() < 4) u = u.unsqueeze(0);
+    const int64_t h = u.size(1);  // 1 or H: split into (Hkv, rep) to match the scores' layout
+    u = u.reshape({u.size(0), h == 1 ? 1 : a.Hkv, h == 1 ? 1 : a.H / a.Hkv, u.size(2), u.size(3)});
+    m = m.defined() ? m.add(u) : u;
+  }
   return m;
 }
 
@@ -166,18 +210,21 @@ Tensor<B> attention_mask(const AttnDims& a, bool causal, int64_t pos0, const Ten
 // are materialised. Returns {O, LSE}.
 template <Backend B>
 std::pair<Tensor<B>, Tensor<B>> attention_forward_composite(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v, double scale,
-                                                            bool causal, int64_t pos0, const Tensor<B>& key_padding = {}) {
-  const detail::AttnDims a = detail::attention_check("attention_forward", q, k, v, key_padding, pos0);
+                                                            bool causal, int64_t pos0, const Tensor<B>& key_padding = {},
+                                                            const Tensor<B>& mask = {}) {
+  const detail::AttnDims a = detail::attention_check("attention_forward", q, k, v, key_padding, pos0, mask);
   if (q.dtype() == DType::bf16 || q.dtype() == DType::f16) {
-    auto [o, lse] = attention_forward_composite(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), scale, causal, pos0, key_padding);
+    const Tensor<B> m32 = mask.defined() && mask.dtype() != DType::boolean ? mask.to(DType::f32) : mask;
+    auto [o, lse] =
+        attention_forward_composite(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), scale, causal, pos0, key_padding, m32);
     return {o.to(q.dtype()), lse};
   }
   const int64_t rep = a.H / a.Hkv;
   const Tensor<B> q5 = q.reshape({a.B, a.Hkv, rep, a.T, a.d});
   const Tensor<B> k5 = k.unsqueeze(2), v5 = v.unsqueeze(2);
   Tensor<B> s = q5.matmul(k5.transpose(-1, -2)).mul(scale);  // [B, Hkv, rep, T, S]
-  const Tensor<B> mask = detail::attention_mask(a, causal, pos0, key_padding, q.dtype());
-  if (mask.defined()) s = s.add(mask);
+  const Tensor<B> madd = detail::attention_mask(a, causal, pos0, key_padding, q.dtype(), mask);
+  if (madd.defined()) s = s.add(madd);
   Tensor<B> m = a.S > 0 ? s.max({-1}, true) : Tensor<B>::full({a.B, a.Hkv, rep, a.T, 1}, -INFINITY, q.dtype());
   m = Tensor<B>::where(m.eq(-INFINITY), Tensor<B>::zeros({}, q.dtype()), m);  // rows with no key: shift by 0
   const Tensor<B> e = s.sub(m).exp();
@@ -194,12 +241,13 @@ template <Backend B>
 std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward_composite(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
                                                                          const Tensor<B>& o, const Tensor<B>& lse,
                                                                          const Tensor<B>& dout, double scale, bool causal, int64_t pos0,
-                                                                         const Tensor<B>& key_padding = {}) {
-  const detail::AttnDims a = detail::attention_check("attention_backward", q, k, v, key_padding, pos0);
+                                                                         const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}) {
+  const detail::AttnDims a = detail::attention_check("attention_backward", q, k, v, key_padding, pos0, mask);
   if (q.dtype() == DType::bf16 || q.dtype() == DType::f16) {
     const DType f = DType::f32;
+    const Tensor<B> m32 = mask.defined() && mask.dtype() != DType::boolean ? mask.to(f) : mask;
     auto [dq, dk, dv] = attention_backward_composite(q.to(f), k.to(f), v.to(f), o.to(f), lse.to(f), dout.to(f), scale, causal, pos0,
-                                                     key_padding);
+                                                     key_padding, m32);
     return {dq.to(q.dtype()), dk.to(q.dtype()), dv.to(q.dtype())};
   }
   const int64_t rep = a.H / a.Hkv;
@@ -211,8 +259,8 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward_composite(const T
   const Tensor<B> dead = l5.eq(-INFINITY);  // rows with no visible key
   const Tensor<B> zero = Tensor<B>::zeros({}, dt);
   Tensor<B> s = q5.matmul(k5.transpose(-1, -2)).mul(scale);
-  const Tensor<B> mask = detail::attention_mask(a, causal, pos0, key_padding, dt);
-  if (mask.defined()) s = s.add(mask);
+  const Tensor<B> madd = detail::attention_mask(a, causal, pos0, key_padding, dt, mask);
+  if (madd.defined()) s = s.add(madd);
   const Tensor<B> p = Tensor<B>::where(dead, zero, s.sub(l5).exp());         // [B, Hkv, rep, T, S]
   const Tensor<B> dvv = p.transpose(-1, -2).matmul(g5).sum({2});             // [B, Hkv, S, dv]
   const Tensor<B> dp = g5.matmul(v5.transpose(-1, -2));                      // [B, Hkv, rep, T, S]
@@ -226,26 +274,29 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward_composite(const T
 // Fused attention forward: {O [B, H, T, dv], LSE [B, H, T]} (see the contract above).
 template <Backend B>
 std::pair<Tensor<B>, Tensor<B>> attention_forward(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v, double scale, bool causal,
-                                                  int64_t pos0, const Tensor<B>& key_padding = {}) {
-  const detail::AttnDims a = detail::attention_check("attention_forward", q, k, v, key_padding, pos0);
+                                                  int64_t pos0, const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}) {
+  const detail::AttnDims a = detail::attention_check("attention_forward", q, k, v, key_padding, pos0, mask);
   if constexpr (HasAttention<B>) {
     const DType dt = q.dtype();
     if (dt == DType::bf16 || dt == DType::f16) {
-      auto [o, lse] = attention_forward(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), scale, causal, pos0, key_padding);
+      const Tensor<B> m32 = mask.defined() && mask.dtype() != DType::boolean ? mask.to(DType::f32) : mask;
+      auto [o, lse] = attention_forward(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), scale, causal, pos0, key_padding, m32);
       return {o.to(dt), lse};
     }
-    if (a.empty()) return attention_forward_composite(q, k, v, scale, causal, pos0, key_padding);
+    if (a.empty()) return attention_forward_composite(q, k, v, scale, causal, pos0, key_padding, mask);
     Tensor<B> o = Tensor<B>::empty({a.B, a.H, a.T, a.dv}, dt);
     Tensor<B> lse = Tensor<B>::empty({a.B, a.H, a.T}, dt);
     const Tensor<B> qc = detail::attn_rows(q), kc = detail::attn_rows(k), vc = detail::attn_rows(v);
     const Tensor<B> kp = key_padding.defined() ? key_padding.contiguous() : Tensor<B>();
     const View<typename B::Storage> kpv = kp.defined() ? kp.cview() : qc.cview();
-    B::attention_forward(o.mview(), lse.mview(), qc.cview(), kc.cview(), vc.cview(), kp.defined() ? &kpv : nullptr, scale, causal,
-                         pos0);
+    const Tensor<B> mv = mask.defined() ? detail::mask_view(a, mask, dt) : Tensor<B>();
+    const View<typename B::Storage> mvv = mv.defined() ? mv.cview() : qc.cview();
+    B::attention_forward(o.mview(), lse.mview(), qc.cview(), kc.cview(), vc.cview(), kp.defined() ? &kpv : nullptr,
+                         mv.defined() ? &mvv : nullptr, scale, causal, pos0);
     return {o, lse};
   } else {
     (void)a;
-    return attention_forward_composite(q, k, v, scale, causal, pos0, key_padding);
+    return attention_forward_composite(q, k, v, scale, causal, pos0, key_padding, mask);
   }
 }
 
@@ -254,8 +305,8 @@ template <Backend B>
 std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
                                                                const Tensor<B>& o, const Tensor<B>& lse, const Tensor<B>& dout,
                                                                double scale, bool causal, int64_t pos0,
-                                                               const Tensor<B>& key_padding = {}) {
-  const detail::AttnDims a = detail::attention_check("attention_backward", q, k, v, key_padding, pos0);
+                                                               const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}) {
+  const detail::AttnDims a = detail::attention_check("attention_backward", q, k, v, key_padding, pos0, mask);
   KILN_CHECK(o.defined() && dout.defined() && lse.defined() && o.shape() == Shape({a.B, a.H, a.T, a.dv}) && dout.shape() == o.shape() &&
                  lse.shape() == Shape({a.B, a.H, a.T}) && o.dtype() == q.dtype() && dout.dtype() == q.dtype() &&
                  lse.dtype() == detail::lse_dtype(q.dtype()),
@@ -266,21 +317,24 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward(const Tensor<B>& 
     const DType dt = q.dtype();
     if (dt == DType::bf16 || dt == DType::f16) {
       const DType f = DType::f32;
-      auto [dq, dk, dv] = attention_backward(q.to(f), k.to(f), v.to(f), o.to(f), lse, dout.to(f), scale, causal, pos0, key_padding);
+      const Tensor<B> m32 = mask.defined() && mask.dtype() != DType::boolean ? mask.to(f) : mask;
+      auto [dq, dk, dv] = attention_backward(q.to(f), k.to(f), v.to(f), o.to(f), lse, dout.to(f), scale, causal, pos0, key_padding, m32);
       return {dq.to(dt), dk.to(dt), dv.to(dt)};
     }
-    if (a.empty()) return attention_backward_composite(q, k, v, o, lse, dout, scale, causal, pos0, key_padding);
+    if (a.empty()) return attention_backward_composite(q, k, v, o, lse, dout, scale, causal, pos0, key_padding, mask);
     Tensor<B> dq = Tensor<B>::zeros(q.shape(), dt), dk = Tensor<B>::zeros(k.shape(), dt), dv = Tensor<B>::zeros(v.shape(), dt);
     const Tensor<B> qc = detail::attn_rows(q), kc = detail::attn_rows(k), vc = detail::attn_rows(v);
     const Tensor<B> oc = detail::attn_rows(o), gc = detail::attn_rows(dout), lc = lse.contiguous();
     const Tensor<B> kp = key_padding.defined() ? key_padding.contiguous() : Tensor<B>();
     const View<typename B::Storage> kpv = kp.defined() ? kp.cview() : qc.cview();
+    const Tensor<B> mv = mask.defined() ? detail::mask_view(a, mask, dt) : Tensor<B>();
+    const View<typename B::Storage> mvv = mv.defined() ? mv.cview() : qc.cview();
     B::attention_backward(dq.mview(), dk.mview(), dv.mview(), qc.cview(), kc.cview(), vc.cview(), oc.cview(), lc.cview(), gc.cview(),
-                          kp.defined() ? &kpv : nullptr, scale, causal, pos0);
+                          kp.defined() ? &kpv : nullptr, mv.defined() ? &mvv : nullptr, scale, causal, pos0);
     return {dq, dk, dv};
   } else {
     (void)a;
-    return attention_backward_composite(q, k, v, o, lse, dout, scale, causal, pos0, key_padding);
+    return attention_backward_composite(q, k, v, o, lse, dout, scale, causal, pos0, key_padding, mask);
   }
 }
 

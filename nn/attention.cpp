@@ -63,13 +63,15 @@ std::pair<Tensor<B>, Tensor<B>> kv_cache_append(KVCache<B>& cache, const Tensor<
 }
 
 template <Backend B>
-Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding) {
+Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding,
+                 const Tensor<B>& mask) {
   KILN_CHECK(q.dim() == 4, "attention: q {} must be [B, H, T, d]", shape_str(q.shape()));
-  return autograd::AttentionOps<B>::attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(q.size(3))), causal, pos0, key_padding);
+  return autograd::AttentionOps<B>::attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(q.size(3))), causal, pos0, key_padding, mask);
 }
 
 template <Backend B>
-Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding) {
+Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding,
+                            const Tensor<B>& mask) {
   KILN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q {}, k {}, v {} must be [B, H, T, d]", shape_str(q.shape()),
              shape_str(k.shape()), shape_str(v.shape()));
   const int64_t Bn = q.size(0), H = q.size(1), T = q.size(2), d = q.size(3);
@@ -96,6 +98,12 @@ Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, b
     const Tensor<B> zero = Tensor<B>::zeros({}, q.dtype()), ninf = Tensor<B>::full({}, -INFINITY, q.dtype());
     s = s + Var<B>(Tensor<B>::where(key_padding, zero, ninf).reshape({Bn, 1, 1, S}));
   }
+  if (mask.defined()) {  // broadcast by the addition (an error names both shapes when it does not fit)
+    KILN_CHECK(mask.dtype() == DType::boolean || mask.dtype() == q.dtype(), "attention: mask must be bool or of q's dtype {}, got {} {}",
+               q.dtype(), mask.dtype(), shape_str(mask.shape()));
+    const Tensor<B> zero = Tensor<B>::zeros({}, q.dtype()), ninf = Tensor<B>::full({}, -INFINITY, q.dtype());
+    s = s + Var<B>(mask.dtype() == DType::boolean ? Tensor<B>::where(mask, zero, ninf) : mask);
+  }
   return s.softmax(-1).matmul(vv);  // [B, H, T, dv]
 }
 
@@ -115,26 +123,64 @@ template <Backend B> MultiHeadAttention<B>::MultiHeadAttention(AttentionOptions 
   out_ = this->register_module("out_proj", lin(o_.n_heads * hd_, D));
 }
 
+namespace detail {
+// The checks shared by the attention modules: x [B, T, D], the memory [B, S, D] (cross-attention: no
+// RoPE, no causal mask with a cache) and a cross-attention cache that already holds the memory's
+// keys. Returns pos0 (the cached length for self-attention with a cache, else 0).
+template <Backend B>
+int64_t attention_inputs_check(const char* op, const Var<B>& x, const AttentionInputs<B>& in, int64_t D, bool rope, bool causal,
+                               int64_t max_seq_len) {
+  KILN_CHECK(x.dim() == 3 && x.size(2) == D, "{}: input {} must be [B, T, {}]", op, shape_str(x.shape()), D);
+  const int64_t T = x.size(1);
+  if (in.memory.defined()) {
+    KILN_CHECK(in.memory.dim() == 3 && in.memory.size(0) == x.size(0) && in.memory.size(2) == D,
+               "{}: memory {} must be [B = {}, S, D = {}] (x {})", op, shape_str(in.memory.shape()), x.size(0), D, shape_str(x.shape()));
+    KILN_CHECK(in.memory.dtype() == x.dtype(), "{}: memory dtype {} differs from x's {}", op, in.memory.dtype(), x.dtype());
+    KILN_CHECK(!rope, "{}: RoPE applies to self-attention only; build a cross-attention module with rope = false (memory {})", op,
+               shape_str(in.memory.shape()));
+    KILN_CHECK(!(causal && in.cache), "{}: causal cross-attention with a KV cache is not supported (the queries' positions are unknown)",
+               op);
+    if (in.cache && in.cache->len > 0)
+      KILN_CHECK(in.cache->len == in.memory.size(1) && in.cache->k.size(0) == x.size(0),
+                 "{}: the cross-attention cache holds {} keys of batch {}, the memory is {}: reset the cache for a new memory", op,
+                 in.cache->len, in.cache->k.size(0), shape_str(in.memory.shape()));
+    return 0;
+  }
+  const int64_t pos0 = in.cache ? in.cache->len : 0;
+  if (rope || in.cache)
+    KILN_CHECK(pos0 + T <= max_seq_len, "{}: sequence of {} positions exceeds max_seq_len {}", op, pos0 + T, max_seq_len);
+  return pos0;
+}
+}  // namespace detail
+
 template <Backend B> Var<B> MultiHeadAttention<B>::forward(const Var<B>& x, KVCache<B>* cache) const {
-  KILN_CHECK(x.dim() == 3 && x.size(2) == o_.d_model, "MultiHeadAttention: input {} must be [B, T, {}]", shape_str(x.shape()),
-             o_.d_model);
+  return forward(x, AttentionInputs<B>{.cache = cache});
+}
+
+template <Backend B> Var<B> MultiHeadAttention<B>::forward(const Var<B>& x, const AttentionInputs<B>& in) const {
+  const int64_t pos0 = detail::attention_inputs_check("MultiHeadAttention", x, in, o_.d_model, o_.rope, o_.causal, o_.max_seq_len);
   const int64_t Bn = x.size(0), T = x.size(1), H = o_.n_heads, Hkv = o_.n_kv_heads;
-  const int64_t pos0 = cache ? cache->len : 0;
-  KILN_CHECK(pos0 + T <= o_.max_seq_len, "MultiHeadAttention: sequence of {} positions exceeds max_seq_len {}", pos0 + T,
-             o_.max_seq_len);
+  const bool cross = in.memory.defined();
   Var<B> q = q_->forward(x).view({Bn, T, H, hd_}).transpose(1, 2);  // [B, H, T, hd]
-  Var<B> k = k_->forward(x).view({Bn, T, Hkv, hd_}).transpose(1, 2);
-  Var<B> v = v_->forward(x).view({Bn, T, Hkv, hd_}).transpose(1, 2);
-  if (o_.rope) {
-    q = rope(q, pos0, o_.rope_theta, rope_.get());
-    k = rope(k, pos0, o_.rope_theta, rope_.get());
+  if (o_.rope) q = rope(q, pos0, o_.rope_theta, rope_.get());
+  Var<B> k, v;
+  if (cross && in.cache && in.cache->len > 0) {  // the memory's keys and values, projected by an earlier call
+    k = Var<B>(in.cache->k.narrow(2, 0, in.cache->len));
+    v = Var<B>(in.cache->v.narrow(2, 0, in.cache->len));
+  } else {
+    const Var<B>& src = cross ? in.memory : x;
+    const int64_t S = src.size(1);
+    k = k_->forward(src).view({Bn, S, Hkv, hd_}).transpose(1, 2);  // [B, Hkv, S, hd]
+    v = v_->forward(src).view({Bn, S, Hkv, hd_}).transpose(1, 2);
+    if (o_.rope) k = rope(k, pos0, o_.rope_theta, rope_.get());
+    if (in.cache) {
+      if (cross) *in.cache = KVCache<B>{};  // sized for this memory
+      auto [kc, vc] = kv_cache_append(*in.cache, k.value(), v.value(), cross ? S : o_.max_seq_len);
+      k = Var<B>(kc);
+      v = Var<B>(vc);
+    }
   }
-  if (cache) {
-    auto [kc, vc] = kv_cache_append(*cache, k.value(), v.value(), o_.max_seq_len);
-    k = Var<B>(kc);
-    v = Var<B>(vc);
-  }
-  const Var<B> y = attention(q, k, v, true, pos0);  // [B, H, T, hd]
+  const Var<B> y = attention(q, k, v, o_.causal, pos0, in.key_padding, in.mask);  // [B, H, T, hd]
   return out_->forward(y.transpose(1, 2).reshape({Bn, T, H * hd_}));
 }
 
@@ -142,8 +188,11 @@ template <Backend B> Var<B> MultiHeadAttention<B>::forward(const Var<B>& x, KVCa
   template class RopeTable<B>;                                                                                       \
   template Var<B> rope<B>(const Var<B>&, int64_t, double, const RopeTable<B>*);                                     \
   template std::pair<Tensor<B>, Tensor<B>> kv_cache_append<B>(KVCache<B>&, const Tensor<B>&, const Tensor<B>&, int64_t); \
-  template Var<B> attention<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&);                         \
-  template Var<B> attention_decomposed<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&);              \
+  template Var<B> attention<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&, const Tensor<B>&);      \
+  template Var<B> attention_decomposed<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&,               \
+                                          const Tensor<B>&);                                                                          \
+  template int64_t detail::attention_inputs_check<B>(const char*, const Var<B>&, const AttentionInputs<B>&, int64_t, bool, bool,     \
+                                                     int64_t);                                                                        \
   template class MultiHeadAttention<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

@@ -1,9 +1,18 @@
 #pragma once
-// Multi-head attention with grouped-query attention, interleaved RoPE, causal masking and a KV cache.
+// Multi-head attention with grouped-query attention, interleaved RoPE, causal or bidirectional
+// self-attention, cross-attention to a memory, attention masks, key padding and a KV cache.
 // # Shapes
 //   x [B, T, D] -> [B, T, D];  q_proj D -> H·hd, k_proj/v_proj D -> Hkv·hd, out_proj H·hd -> D (no biases)
 //   hd = D / H; query head i uses kv head ⌊i / (H/Hkv)⌋.
+//   memory (cross-attention) [B, S, D]: q from x, k and v from the memory; S keys (self-attention:
+//   S = T, or cached + T with a KV cache).
+//   key_padding bool [B, S]; mask bool or additive, broadcastable to [B, H, T, S].
 // RoPE (interleaved, GPT-J style): pair k = (2k, 2k+1) of a head at position t turns by t·θ^(−2k/hd).
+// RoPE applies to self-attention only (queries and keys share one position axis); a module given a
+// memory with rope = true throws: build cross-attention modules with rope = false.
+// Causal masking hides key j from query i when j > pos0 + i: pos0 = 0 without a cache (top-left
+// aligned when T != S, as torch's scaled_dot_product_attention(is_causal=True)), pos0 = the cached
+// length with a KV cache (the new queries follow the cached positions).
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -50,25 +59,52 @@ KILN_API std::pair<Tensor<B>, Tensor<B>> kv_cache_append(KVCache<B>& cache, cons
 // q [B, H, T, d], k [B, Hkv, S, d], v [B, Hkv, S, dv]; H a multiple of Hkv. Differentiable in q, k, v.
 // key_padding: optional bool [B, S], false = a padding key no query attends to (a row with no key
 // left gives NaN, as in PyTorch).
+// mask: optional, broadcastable to [B, H, T, S]: bool (true = may attend, as torch's
+// scaled_dot_product_attention) or additive of q's dtype (added to the scaled scores; −inf hides a
+// key). Not differentiable: no gradient flows into an additive mask.
 template <Backend B>
-KILN_API Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding = {});
+KILN_API Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding = {},
+                          const Tensor<B>& mask = {});
 // Runs the fused kernel (fused::attention_forward/backward through autograd::AttentionOps): memory O(T)
-// beyond q, k, v, O — the autograd node saves q, k, v, O and the row log-sum-exp only. A row with no
-// visible key gets a zero gradient (it contributes nothing to dq, dk, dv).
+// beyond q, k, v, O — the autograd node saves q, k, v, O and the row log-sum-exp only (plus the key
+// padding and the mask as given; a [T, S] mask is the user's own tensor, never expanded or copied).
+// A row with no visible key gets a zero gradient (it contributes nothing to dq, dk, dv).
 
 // The same attention built from autograd ops (scores [B, H, T, S], softmax, matmul): the test oracle
 // of the fused path.
 template <Backend B>
 KILN_API Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
-                            const Tensor<B>& key_padding = {});
+                                     const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
+
+// What an attention module attends to, beyond its input x [B, T, D] (MultiHeadAttention,
+// DifferentialAttention). Every field is optional; {} is causal (per the module's options)
+// self-attention over x.
+template <Backend B> struct AttentionInputs {
+  Var<B> memory;          // [B, S, D]: cross-attention (k, v from the memory); undefined: self-attention
+  Tensor<B> key_padding;  // bool [B, S]: true = a real key, false = padding (the inverse of
+                          // nn.MultiheadAttention's key_padding_mask, where true means "ignore")
+  Tensor<B> mask;         // bool (true = may attend) or additive, broadcastable to [B, H, T, S]
+  // Self-attention: x holds the positions after the cached ones (generation; use under NoGrad).
+  // Cross-attention: the memory's k, v are projected on the first call (cache empty) and reused from
+  // the cache by later calls (the memory must still be given; reset the cache for a new sequence).
+  KVCache<B>* cache = nullptr;
+};
+
+namespace detail {
+// The attention modules' shared checks of x, the memory and the cache; returns the queries' pos0.
+template <Backend B>
+KILN_API int64_t attention_inputs_check(const char* op, const Var<B>& x, const AttentionInputs<B>& in, int64_t D, bool rope, bool causal,
+                                        int64_t max_seq_len);
+}  // namespace detail
 
 struct AttentionOptions {
   int64_t d_model = 0;
   int64_t n_heads = 0;
   int64_t n_kv_heads = 0;  // 0: = n_heads
-  bool rope = true;
+  bool causal = true;      // false: bidirectional (an encoder's self-attention, cross-attention)
+  bool rope = true;        // self-attention only (see above)
   double rope_theta = 10000.0;
-  int64_t max_seq_len = 256;
+  int64_t max_seq_len = 256;  // RoPE positions and KV-cache capacity (self-attention)
   DType dtype = DType::f32;
 };
 
@@ -78,6 +114,9 @@ template <Backend B> class MultiHeadAttention : public Module<B> {
   // cache: when given, x holds the positions after the cached ones (generation; use under NoGrad).
   Var<B> forward(const Var<B>& x, KVCache<B>* cache = nullptr) const;
   Var<B> operator()(const Var<B>& x, KVCache<B>* cache = nullptr) const { return forward(x, cache); }
+  // Self- or cross-attention with masks (AttentionInputs above).
+  Var<B> forward(const Var<B>& x, const AttentionInputs<B>& in) const;
+  Var<B> operator()(const Var<B>& x, const AttentionInputs<B>& in) const { return forward(x, in); }
   const AttentionOptions& options() const { return o_; }
 
  private:

@@ -41,31 +41,39 @@ template <Backend B> Var<B> DifferentialAttention<B>::lambda() const {
 
 template <Backend B>
 Var<B> DifferentialAttention<B>::forward(const Var<B>& x, KVCache<B>* cache, const Tensor<B>& key_padding) const {
-  KILN_CHECK(x.dim() == 3 && x.size(2) == o_.d_model, "DifferentialAttention: input {} must be [B, T, {}]", shape_str(x.shape()),
-             o_.d_model);
+  return forward(x, AttentionInputs<B>{.key_padding = key_padding, .cache = cache});
+}
+
+template <Backend B> Var<B> DifferentialAttention<B>::forward(const Var<B>& x, const AttentionInputs<B>& in) const {
+  const int64_t pos0 = detail::attention_inputs_check("DifferentialAttention", x, in, o_.d_model, o_.rope, o_.causal, o_.max_seq_len);
   const int64_t Bn = x.size(0), T = x.size(1), h = o_.n_heads, hkv = o_.n_kv_heads, d = d_;
-  const int64_t pos0 = cache ? cache->len : 0;
-  KILN_CHECK(pos0 + T <= o_.max_seq_len, "DifferentialAttention: sequence of {} positions exceeds max_seq_len {}", pos0 + T,
-             o_.max_seq_len);
+  const bool cross = in.memory.defined();
   // Stripes: [B, T, heads, 2, d] -> [B, heads, 2, T, d]; branch b of head i is [:, i, b].
   Var<B> q = q_->forward(x).view({Bn, T, h, 2, d}).permute({0, 2, 3, 1, 4});
-  Var<B> k = k_->forward(x).view({Bn, T, hkv, 2, d}).permute({0, 2, 3, 1, 4});
-  Var<B> v = v_->forward(x).view({Bn, T, hkv, 2 * d}).transpose(1, 2);  // [B, hkv, T, 2d]
-  if (o_.rope) {  // each d-wide sub-head rotates on its own
-    q = rope(q, pos0, o_.rope_theta, rope_.get());
-    k = rope(k, pos0, o_.rope_theta, rope_.get());
-  }
-  int64_t S = T;
-  if (cache) {  // the cache holds K as [B, 2·hkv, S, d] (branches interleaved per group) and V
-    auto [kc, vc] = kv_cache_append(*cache, k.value().reshape({Bn, 2 * hkv, T, d}), v.value(), o_.max_seq_len);
-    S = kc.size(2);
-    k = Var<B>(kc.view({Bn, hkv, 2, S, d}));
-    v = Var<B>(vc);
+  if (o_.rope) q = rope(q, pos0, o_.rope_theta, rope_.get());  // each d-wide sub-head rotates on its own
+  Var<B> k, v;
+  if (cross && in.cache && in.cache->len > 0) {  // the memory's keys and values, projected by an earlier call
+    const int64_t S = in.cache->len;
+    k = Var<B>(in.cache->k.narrow(2, 0, S).view({Bn, hkv, 2, S, d}));
+    v = Var<B>(in.cache->v.narrow(2, 0, S));
+  } else {
+    const Var<B>& src = cross ? in.memory : x;
+    const int64_t S = src.size(1);
+    k = k_->forward(src).view({Bn, S, hkv, 2, d}).permute({0, 2, 3, 1, 4});  // [B, hkv, 2, S, d]
+    v = v_->forward(src).view({Bn, S, hkv, 2 * d}).transpose(1, 2);        // [B, hkv, S, 2d]
+    if (o_.rope) k = rope(k, pos0, o_.rope_theta, rope_.get());
+    if (in.cache) {  // the cache holds K as [B, 2·hkv, S, d] (branches interleaved per group) and V
+      if (cross) *in.cache = KVCache<B>{};  // sized for this memory
+      auto [kc, vc] = kv_cache_append(*in.cache, k.value().reshape({Bn, 2 * hkv, S, d}), v.value(), cross ? S : o_.max_seq_len);
+      const int64_t Sc = kc.size(2);
+      k = Var<B>(kc.view({Bn, hkv, 2, Sc, d}));
+      v = Var<B>(vc);
+    }
   }
   const Var<B> q1 = q.select(2, 0), q2 = q.select(2, 1);  // [B, h, T, d]
   const Var<B> k1 = k.select(2, 0), k2 = k.select(2, 1);  // [B, hkv, S, d]
-  const Var<B> o1 = attention(q1, k1, v, true, pos0, key_padding);  // [B, h, T, 2d]
-  const Var<B> o2 = attention(q2, k2, v, true, pos0, key_padding);
+  const Var<B> o1 = attention(q1, k1, v, o_.causal, pos0, in.key_padding, in.mask);  // [B, h, T, 2d]
+  const Var<B> o2 = attention(q2, k2, v, o_.causal, pos0, in.key_padding, in.mask);
   Var<B> o = o1 - o2 * lambda();
   if (o_.subln) o = subln_->forward(o);
   o = o.mul(1.0 - lambda_init_);

@@ -8,6 +8,11 @@
 // Head i uses kv group ⌊i/(h/h_kv)⌋ for both branches. λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init,
 // λ_init = 0.8 − 0.6·exp(−0.3·depth), trained through (never detached).
 //   O_i = (A1 − λ·A2) V_g = FA(Q1,K1,V) − λ·FA(Q2,K2,V);  O_i ← RMSNorm(O_i)·(1 − λ_init);  y = out_proj(O)
+// Beyond causal self-attention (AttentionInputs, nn/attention.hpp): options.causal = false makes it
+// bidirectional; a memory [B, S, D] makes it cross-attention (Q from x, K and V from the memory, same
+// projections and the same formulas); key_padding [B, S] and the attention mask (bool or additive,
+// broadcastable to [B, h, T, S], h = differential heads) apply to both softmax maps A1 and A2 alike.
+// RoPE applies to self-attention only (rope = true with a memory throws).
 #include <memory>
 
 #include "kiln/nn/attention.hpp"
@@ -23,7 +28,8 @@ struct DiffAttentionOptions {
   int64_t n_heads = 0;     // differential heads
   int64_t n_kv_heads = 0;  // 0: = n_heads
   int64_t depth = 0;       // 0-based layer index (sets λ_init)
-  bool rope = true;
+  bool causal = true;      // false: bidirectional (an encoder's self-attention, cross-attention)
+  bool rope = true;        // self-attention only
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   bool subln_affine = false;
@@ -39,6 +45,9 @@ template <Backend B> class DifferentialAttention : public Module<B> {
   // key_padding: optional bool [B, S] (true = a real token, false = padding never attended to).
   Var<B> forward(const Var<B>& x, KVCache<B>* cache = nullptr, const Tensor<B>& key_padding = {}) const;
   Var<B> operator()(const Var<B>& x, KVCache<B>* cache = nullptr) const { return forward(x, cache); }
+  // Self- or cross-attention with masks (AttentionInputs, nn/attention.hpp).
+  Var<B> forward(const Var<B>& x, const AttentionInputs<B>& in) const;
+  Var<B> operator()(const Var<B>& x, const AttentionInputs<B>& in) const { return forward(x, in); }
   Var<B> lambda() const;  // the scalar λ, differentiable
   double lambda_init() const { return lambda_init_; }
   const DiffAttentionOptions& options() const { return o_; }

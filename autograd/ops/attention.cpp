@@ -1,5 +1,6 @@
 // Fused attention: O = softmax(scale · q kᵀ + mask) v through fused::attention_forward, which a
-// backend overrides with a flash kernel. Saves q, k, v, O and LSE (and the bool key padding); the
+// backend overrides with a flash kernel. Saves q, k, v, O and LSE (and the bool key padding and the
+// user's attention mask as given, never expanded; the mask gets no gradient); the
 // backward is fused::attention_backward (FlashAttention-2: P recomputed from LSE). Every input gets a
 // gradient when any does (the fused backward produces all three at once).
 #include "kiln/autograd/record.hpp"
@@ -8,17 +9,17 @@
 namespace kiln::autograd {
 
 template <Backend B> Grads<B> AttentionBackward<B>::operator()(const Tensor<B>& grad_out) const {
-  auto [dq, dk, dv] = fused::attention_backward(q, k, v, o, lse, grad_out, scale, causal, pos0, key_padding);
+  auto [dq, dk, dv] = fused::attention_backward(q, k, v, o, lse, grad_out, scale, causal, pos0, key_padding, mask);
   return Grads<B>{dq, dk, dv};
 }
 
 template <Backend B>
 Var<B> AttentionOps<B>::attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, double scale, bool causal, int64_t pos0,
-                                  const Tensor<B>& key_padding) {
-  auto [o, lse] = fused::attention_forward(q.value(), k.value(), v.value(), scale, causal, pos0, key_padding);
+                                  const Tensor<B>& key_padding, const Tensor<B>& mask) {
+  auto [o, lse] = fused::attention_forward(q.value(), k.value(), v.value(), scale, causal, pos0, key_padding, mask);
   if (!(needs_grad(q) || needs_grad(k) || needs_grad(v))) return Var<B>(o);
   return record<B>("attention", o, {&q, &k, &v},
-                   AttentionBackward<B>{q.value(), k.value(), v.value(), o, lse, key_padding, scale, causal, pos0});
+                   AttentionBackward<B>{q.value(), k.value(), v.value(), o, lse, key_padding, mask, scale, causal, pos0});
 }
 
 #define KILN_INST(B)                        \

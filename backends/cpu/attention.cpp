@@ -4,8 +4,8 @@
 // spread over the OpenMP threads with a dynamic schedule (heaviest causal tiles first). A unit walks
 // the key tiles of kBc keys its rows can see (causal: tiles entirely above the diagonal are never
 // visited) and keeps, per query row, the running max m and sum l of the online softmax:
-//   S = scale · Q_i K_jᵀ (sgemm/dgemm, kBr × kBc, in a thread-local buffer), mask (causal, padding)
-//   to −inf, m' = max(m, rowmax S), P = exp(S − m'), l = l·e^(m−m') + ΣP, O = O·e^(m−m') + P V_j.
+//   S = scale · Q_i K_jᵀ (sgemm/dgemm, kBr × kBc, in a thread-local buffer), the user's attention
+//   mask added (additive) or applied (bool), mask (causal, padding, bool mask) to −inf, m' = max(m, rowmax S), P = exp(S − m'), l = l·e^(m−m') + ΣP, O = O·e^(m−m') + P V_j.
 // At the end O /= l and LSE = m + log l. The [T, S] matrix never exists; per thread the scratch is one
 // kBr × kBc tile, and O accumulates directly in the (contiguous) output.
 //
@@ -98,10 +98,32 @@ template <class I, class T> T exp_shift_sum(T* x, int64_t n, T c) {
   }
 }
 
-// Sets the scores of keys row `i` (query index) may not see to −inf: causal (key j0 + c > pos0 + i)
-// and padding (kp[j0 + c] false).
-template <class T> void mask_row(T* row, int64_t bc, int64_t i, int64_t j0, bool causal, int64_t pos0, const bool* kp) {
+// The user's attention mask over one tile: element (r, c) at add/keep + r·st + c·ss (a view of the
+// [B, H, T, S] expanded mask at the tile's origin: zero strides on broadcast dims). At most one of
+// add (additive, the compute dtype) and keep (bool) is set.
+template <class T> struct TileMask {
+  const T* add = nullptr;
+  const bool* keep = nullptr;
+  int64_t st = 0, ss = 0;
+  bool any() const { return add || keep; }
+};
+
+// Sets the scores of keys row `i` (query index) may not see to −inf: the user's mask (row r of the
+// tile: added when additive, −inf where false when bool), causal (key j0 + c > pos0 + i) and padding
+// (kp[j0 + c] false).
+template <class T>
+void mask_row(T* row, int64_t bc, int64_t i, int64_t j0, bool causal, int64_t pos0, const bool* kp, const TileMask<T>& um, int64_t r) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
+  if (um.add) {
+    const T* a = um.add + r * um.st;
+    if (um.ss == 1)
+      for (int64_t c = 0; c < bc; ++c) row[c] += a[c];
+    else
+      for (int64_t c = 0; c < bc; ++c) row[c] += a[c * um.ss];
+  } else if (um.keep) {
+    const bool* a = um.keep + r * um.st;
+    for (int64_t c = 0; c < bc; ++c) row[c] = a[c * um.ss] ? row[c] : ninf;
+  }
   if (causal) {
     const int64_t vis = pos0 + i - j0 + 1;  // keys c < vis are visible
     for (int64_t c = std::max<int64_t>(vis, 0); c < bc; ++c) row[c] = ninf;
@@ -118,12 +140,13 @@ template <class T> void mask_row(T* row, int64_t bc, int64_t i, int64_t j0, bool
 // m', P = exp(S − m') in place, l = l·e^(m−m') + ΣP, and the output rows orow (dv wide) rescaled by
 // e^(m−m'). Rows with nothing visible yet become zeros.
 template <class I, class T>
-void tile_softmax(T* s, int64_t ld, int64_t br, int64_t bc, int64_t i0, int64_t j0, bool diag, int64_t pos0, const bool* kp, T* m,
-                  T* l, T* orow, int64_t dv) {
+void tile_softmax(T* s, int64_t ld, int64_t br, int64_t bc, int64_t i0, int64_t j0, bool diag, int64_t pos0, const bool* kp,
+                  const TileMask<T>& um, T* m, T* l, T* orow, int64_t dv) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
+  const bool masked = diag || kp || um.any();
   for (int64_t r = 0; r < br; ++r) {
     T* row = s + r * ld;
-    if (diag || kp) mask_row(row, bc, i0 + r, j0, diag, pos0, kp);
+    if (masked) mask_row(row, bc, i0 + r, j0, diag, pos0, kp, um, r);
     const T mnew = std::max(m[r], row_max<I>(row, bc));
     if (mnew == ninf) {  // nothing visible yet
       std::fill(row, row + bc, T(0));
@@ -153,8 +176,10 @@ template <class I, class T> void tile_finish(T* orow, T* lse, const T* m, const 
 // Backward: P = exp(S − LSE) in place after the mask; rows whose LSE is −inf (no visible key) become
 // zeros.
 template <class I, class T>
-void tile_probs(T* s, int64_t ld, int64_t br, int64_t bc, const T* lse, int64_t i0, int64_t j0, bool diag, int64_t pos0, const bool* kp) {
+void tile_probs(T* s, int64_t ld, int64_t br, int64_t bc, const T* lse, int64_t i0, int64_t j0, bool diag, int64_t pos0, const bool* kp,
+                const TileMask<T>& um) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
+  const bool masked = diag || kp || um.any();
   for (int64_t r = 0; r < br; ++r) {
     T* row = s + r * ld;
     const T L = lse[r];
@@ -162,7 +187,7 @@ void tile_probs(T* s, int64_t ld, int64_t br, int64_t bc, const T* lse, int64_t 
       std::fill(row, row + bc, T(0));
       continue;
     }
-    if (diag || kp) mask_row(row, bc, i0 + r, j0, diag, pos0, kp);
+    if (masked) mask_row(row, bc, i0 + r, j0, diag, pos0, kp, um, r);
     exp_shift_sum<I>(row, bc, L);
   }
 }
@@ -193,9 +218,17 @@ template <class T> struct Problem {
   bool causal = false;
   int64_t pos0 = 0;
   const bool* kp = nullptr;  // [B, S] contiguous or nullptr
+  const T* madd = nullptr;    // the user's mask, [B, H, T, S] strides msb, msh, mst, mss: additive
+  const bool* mkeep = nullptr;  // or bool
+  int64_t msb = 0, msh = 0, mst = 0, mss = 0;
   Problem(Cpu::V q_, Cpu::V k_, Cpu::V v_) : q(q_), k(k_), v(v_) {}
 
   const bool* kp_row(int64_t b) const { return kp ? kp + b * S : nullptr; }
+  // The user's mask over the tile with origin (query i0, key j0) of (b, h).
+  TileMask<T> tile_mask(int64_t b, int64_t h, int64_t i0, int64_t j0) const {
+    const int64_t off = b * msb + h * msh + i0 * mst + j0 * mss;
+    return {madd ? madd + off : nullptr, mkeep ? mkeep + off : nullptr, mst, mss};
+  }
   // Keys [0, kend) are visible to some query of [i0, i0 + br).
   int64_t key_end(int64_t i0, int64_t br) const { return causal ? std::min(S, pos0 + i0 + br) : S; }
 };
@@ -231,7 +264,7 @@ template <class T> void forward(const Problem<T>& P, T* o, T* lse) {
         const int64_t bc = std::min(kBc, kend - j0);
         gemm<T>(false, true, br, bc, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBc);
         const bool diag = P.causal && j0 + bc - 1 > P.pos0 + i0;  // some key of the tile is hidden from row 0
-        K.softmax(s, kBc, br, bc, i0, j0, diag, P.pos0, kp, m, l, orow, P.dv);
+        K.softmax(s, kBc, br, bc, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0), m, l, orow, P.dv);
         gemm<T>(false, false, br, P.dv, bc, T(1), s, kBc, P.v.row(b, hk, j0), P.v.ld, T(1), orow, P.dv);
       }
       K.finish(orow, lse + bh * P.T_ + i0, m, l, br, P.dv);
@@ -255,7 +288,7 @@ void backward_key_tile(const Problem<T>& P, const TileKernels<T>& K, const Rows<
       const int64_t br = std::min(kBrB, P.T_ - i0);
       gemm<T>(false, true, br, bc, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBcB);
       const bool diag = P.causal && j0 + bc - 1 > P.pos0 + i0;
-      K.probs(s, kBcB, br, bc, lse + bh * P.T_ + i0, i0, j0, diag, P.pos0, kp);
+      K.probs(s, kBcB, br, bc, lse + bh * P.T_ + i0, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0));
       const T* grow = g.row(b, h, i0);
       gemm<T>(true, false, bc, P.dv, br, T(1), s, kBcB, grow, g.ld, T(1), dv_t, P.dv);                  // dV += Pᵀ dO
       gemm<T>(false, true, br, bc, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), dp, kBcB);  // dP = dO Vᵀ
@@ -332,7 +365,8 @@ void check_views(const char* op, std::initializer_list<Cpu::V> vs, DType dt) {
 }
 
 template <class T>
-Problem<T> make_problem(Cpu::V q, Cpu::V k, Cpu::V v, const Cpu::V* key_padding, double scale, bool causal, int64_t pos0) {
+Problem<T> make_problem(Cpu::V q, Cpu::V k, Cpu::V v, const Cpu::V* key_padding, const Cpu::V* mask, double scale, bool causal,
+                        int64_t pos0) {
   Problem<T> P(q, k, v);
   const Shape &qs = q.layout.shape, &ks = k.layout.shape, &vs = v.layout.shape;
   P.B = qs[0];
@@ -355,12 +389,24 @@ Problem<T> make_problem(Cpu::V q, Cpu::V k, Cpu::V v, const Cpu::V* key_padding,
                shape_str(key_padding->layout.shape));
     P.kp = key_padding->storage.as<bool>() + key_padding->layout.offset;
   }
+  if (mask) {
+    KILN_CHECK((mask->dtype == DType::boolean || mask->dtype == q.dtype) && mask->layout.shape == Shape({P.B, P.H, P.T_, P.S}),
+               "attention: mask must be a bool or {} [{}, {}, {}, {}] view, got {} {}", q.dtype, P.B, P.H, P.T_, P.S, mask->dtype,
+               shape_str(mask->layout.shape));
+    const Layout& l = mask->layout;
+    P.msb = l.strides[0];
+    P.msh = l.strides[1];
+    P.mst = l.strides[2];
+    P.mss = l.strides[3];
+    if (mask->dtype == DType::boolean) P.mkeep = mask->storage.as<bool>() + l.offset;
+    else P.madd = mask->storage.as<T>() + l.offset;
+  }
   return P;
 }
 
 }  // namespace
 
-void Cpu::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, double scale, bool causal, int64_t pos0) {
+void Cpu::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0) {
   KILN_CHECK(q.dtype == DType::f32 || q.dtype == DType::f64, "attention_forward: cpu kernel takes f32 or f64, got {}", q.dtype);
   check_views("attention_forward", {q, k, v}, q.dtype);
   KILN_CHECK(o.layout.is_contiguous() && lse.layout.is_contiguous() && o.dtype == q.dtype && lse.dtype == q.dtype &&
@@ -369,16 +415,16 @@ void Cpu::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, dou
              "attention_forward: outputs o {} and lse {} must be contiguous [B, H, T, dv] and [B, H, T] (q {}, v {})",
              shape_str(o.layout.shape), shape_str(lse.layout.shape), shape_str(q.layout.shape), shape_str(v.layout.shape));
   if (q.dtype == DType::f32) {
-    const Problem<float> P = make_problem<float>(q, k, v, key_padding, scale, causal, pos0);
+    const Problem<float> P = make_problem<float>(q, k, v, key_padding, mask, scale, causal, pos0);
     forward(P, o.storage.as<float>() + o.layout.offset, lse.storage.as<float>() + lse.layout.offset);
   } else {
-    const Problem<double> P = make_problem<double>(q, k, v, key_padding, scale, causal, pos0);
+    const Problem<double> P = make_problem<double>(q, k, v, key_padding, mask, scale, causal, pos0);
     forward(P, o.storage.as<double>() + o.layout.offset, lse.storage.as<double>() + lse.layout.offset);
   }
 }
 
-void Cpu::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, double scale, bool causal,
-                             int64_t pos0) {
+void Cpu::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, const V* mask, double scale,
+                             bool causal, int64_t pos0) {
   KILN_CHECK(q.dtype == DType::f32 || q.dtype == DType::f64, "attention_backward: cpu kernel takes f32 or f64, got {}", q.dtype);
   check_views("attention_backward", {q, k, v, o, dout}, q.dtype);
   KILN_CHECK(dq.layout.is_contiguous() && dk.layout.is_contiguous() && dv.layout.is_contiguous() && lse.layout.is_contiguous() &&
@@ -388,7 +434,7 @@ void Cpu::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout
              shape_str(dk.layout.shape), shape_str(dv.layout.shape), shape_str(q.layout.shape), shape_str(k.layout.shape),
              shape_str(v.layout.shape));
   auto run = [&]<class T>(type_tag<T>) {
-    const Problem<T> P = make_problem<T>(q, k, v, key_padding, scale, causal, pos0);
+    const Problem<T> P = make_problem<T>(q, k, v, key_padding, mask, scale, causal, pos0);
     backward(P, Rows<T>(o), Rows<T>(dout), lse.storage.as<T>() + lse.layout.offset, dq.storage.as<T>() + dq.layout.offset,
              dk.storage.as<T>() + dk.layout.offset, dv.storage.as<T>() + dv.layout.offset);
   };

@@ -57,9 +57,9 @@ struct Cpu {
   static void adam_step(const std::vector<M>& w, const std::vector<M>& m, const std::vector<M>& v, const std::vector<V>& g,
                         const fused::AdamHyper& h);
   // flash attention (backends/cpu/attention.cpp; contract in core/fused.hpp)
-  static void attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, double scale, bool causal, int64_t pos0);
-  static void attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, double scale, bool causal,
-                                 int64_t pos0);
+  static void attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0);
+  static void attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, const V* mask, double scale,
+                                 bool causal, int64_t pos0);
   // convolution (oneDNN, backends/cpu/conv.cpp) and pooling (backends/cpu/pool.cpp); contract in core/fused_conv.hpp
   static bool conv2d_forward(M y, V x, V w, const V* bias, const Conv2dParams& p);
   static bool conv2d_backward_input(M dx, V dy, V w, const Conv2dParams& p);

@@ -10,8 +10,8 @@
 //
 // Forward (FlashAttention-2): one block per (batch, head, tile of 16 query rows), heaviest causal
 // tiles first. The Q tile is staged in shared memory once; K and V tiles of BC keys (32 for f32, 16
-// for f64) are staged in turn. Per key tile: S = scale · Q Kᵀ, masked (causal: key j > pos0 + i,
-// padding: key_padding false) to −inf, m' = max(m, rowmax S), P = exp(S − m'), l = l·e^(m−m') + ΣP,
+// for f64) are staged in turn. Per key tile: S = scale · Q Kᵀ (+ the user's additive mask), masked
+// (causal: key j > pos0 + i, padding: key_padding false, a bool mask false) to −inf, m' = max(m, rowmax S), P = exp(S − m'), l = l·e^(m−m') + ΣP,
 // O = O·e^(m−m') + P V. At the end O /= l and LSE = m + log l. Key tiles no row of the block can see
 // (causal) are never visited. A row with no visible key keeps l = 0: O = 0 · (1/0) = NaN, LSE = −inf.
 //
@@ -24,6 +24,10 @@
 //   3. dQ: one block per (batch, head, tile of 16 query rows), Q and dO staged once; it walks the key
 //      tiles the rows can see, recomputes P and dS and accumulates dQ += dS K in registers.
 // Masked keys and rows with no visible key get P = dS = 0, so they contribute nothing.
+//
+// The user's attention mask (bool or additive) is read straight from its [B, H, T, S] view with the
+// view's strides (zero on broadcast dims), one element per score, only where the score is otherwise
+// visible: nothing of size T·S is allocated.
 //
 // Shared memory: tiles read down a column by the 8 threads of a group have an odd leading dimension
 // (bank-conflict free). Sizes are computed by one function for the host and the device; above the
@@ -64,6 +68,9 @@ template <class T> struct Rows4 {
 template <class T> struct Params {
   Rows4<T> q, k, v, o, g;          // o, g (dO): backward only
   const unsigned char* kp;         // key_padding [B, S] (bool bytes) or nullptr
+  const void* mask;                // the user's mask, a [B, H, T, S] view, or nullptr
+  int mkind;                       // 0 none, 1 bool, 2 additive (T)
+  int64_t msb, msh, mst, mss;      // the mask view's strides
   int64_t nb, nh, nhkv, tq, sk;    // B, H, Hkv, T, S
   int d, dv, rep;                  // head dims, H / Hkv
   T scale;
@@ -95,6 +102,20 @@ __device__ __forceinline__ void load_tile(T* dst, int ld, int R, const T* src, i
     const int r = e / width, x = e - r * width;
     dst[r * ld + x] = r < n ? src[(t0 + r) * st + x] : T(0);
   }
+}
+
+// The user's mask at (b, h, i, j) for a score that is otherwise visible (vis): a bool mask clears vis,
+// an additive one is returned (0 when there is none). Rows i >= T (a last tile's padding rows) read
+// nothing.
+template <class T>
+__device__ __forceinline__ T user_mask(const Params<T>& P, int64_t b, int64_t h, int64_t i, int64_t j, bool& vis) {
+  if (P.mkind == 0 || !vis || i >= P.tq) return T(0);
+  const int64_t off = b * P.msb + h * P.msh + i * P.mst + j * P.mss;
+  if (P.mkind == 1) {
+    vis = static_cast<const unsigned char*>(P.mask)[off] != 0;
+    return T(0);
+  }
+  return static_cast<const T*>(P.mask)[off];
 }
 
 // ------------------------------------------------------------------------------- shared memory plans
@@ -216,8 +237,9 @@ __global__ void __launch_bounds__(kThreads) attn_fwd(const Params<T> P, T* __res
 #pragma unroll
     for (int u = 0; u < NU; ++u) {
       const int c = g + kTPR * u;
-      const bool vis = kval[c] != 0 && (!P.causal || j0 + c <= P.pos0 + i);
-      s[u] = vis ? P.scale * s[u] : ninf;
+      bool vis = kval[c] != 0 && (!P.causal || j0 + c <= P.pos0 + i);
+      const T madd = user_mask(P, b, h, i, j0 + c, vis);
+      s[u] = vis ? P.scale * s[u] + madd : ninf;
       tmax = s[u] > tmax ? s[u] : tmax;
     }
     tmax = group_max(tmax);
@@ -348,8 +370,9 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dkdv(const Params<T> P, con
         for (int x = 0; x < d; ++x) s += Qs[il * ldq + x] * Ks[jj * ldk + x];
         for (int x = 0; x < dv; ++x) dp += Gs[il * ldg + x] * Vs[jj * ldv + x];
         const T li = Ls[il];
-        const bool vis = key_ok && li != ninf && (!P.causal || j <= P.pos0 + i0 + il);
-        const T p = vis ? dexp(P.scale * s - li) : T(0);
+        bool vis = key_ok && li != ninf && (!P.causal || j <= P.pos0 + i0 + il);
+        const T madd = user_mask(P, b, h, i0 + il, j, vis);
+        const T p = vis ? dexp(P.scale * s + madd - li) : T(0);
         Ps[il * ldp + jj] = p;
         Ss[il * ldp + jj] = vis ? P.scale * p * (dp - Ds[il]) : T(0);
       }
@@ -437,8 +460,9 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dq(const Params<T> P, const
       T s = 0, dp = 0;
       for (int x = 0; x < d; ++x) s += Qs[r * ldq + x] * Ks[c * ldk + x];
       for (int x = 0; x < dv; ++x) dp += Gs[r * ldg + x] * Vs[c * ldv + x];
-      const bool vis = kval[c] != 0 && li != ninf && (!P.causal || j0 + c <= P.pos0 + i);
-      const T p = vis ? dexp(P.scale * s - li) : T(0);
+      bool vis = kval[c] != 0 && li != ninf && (!P.causal || j0 + c <= P.pos0 + i);
+      const T madd = user_mask(P, b, h, i, j0 + c, vis);
+      const T p = vis ? dexp(P.scale * s + madd - li) : T(0);
       Ss[r * ldp + c] = vis ? P.scale * p * (dp - di) : T(0);
     }
     __syncthreads();
@@ -487,8 +511,8 @@ void check_output(const char* op, const char* name, const Cuda::M& x, DType dt, 
 
 // Validates q, k, v and key_padding; fills the common part of the kernel parameters.
 template <class T>
-Params<T> make_params(const char* op, Shapes& s, Cuda::V q, Cuda::V k, Cuda::V v, const Cuda::V* kp, double scale, bool causal,
-                      int64_t pos0) {
+Params<T> make_params(const char* op, Shapes& s, Cuda::V q, Cuda::V k, Cuda::V v, const Cuda::V* kp, const Cuda::V* mask, double scale,
+                      bool causal, int64_t pos0) {
   KILN_CHECK(q.layout.rank() == 4 && k.layout.rank() == 4 && v.layout.rank() == 4, "{}: q {}, k {}, v {} must be [B, H, T, d]", op,
              shape_str(q.layout.shape), shape_str(k.layout.shape), shape_str(v.layout.shape));
   const Shape &qs = q.layout.shape, &ks = k.layout.shape, &vs = v.layout.shape;
@@ -517,6 +541,23 @@ Params<T> make_params(const char* op, Shapes& s, Cuda::V q, Cuda::V k, Cuda::V v
                shapes);
     cuda::check_device(kp->storage, op);
     P.kp = static_cast<const unsigned char*>(kp->storage.data()) + kp->layout.offset;
+  }
+  P.mask = nullptr;
+  P.mkind = 0;
+  P.msb = P.msh = P.mst = P.mss = 0;
+  if (mask) {
+    KILN_CHECK((mask->dtype == DType::boolean || mask->dtype == dtype_of<T>) && mask->layout.shape == Shape({s.B, s.H, s.T, s.S}),
+               "{}: mask must be a bool or {} [{}, {}, {}, {}] view, got {} {} ({})", op, dtype_of<T>, s.B, s.H, s.T, s.S, mask->dtype,
+               shape_str(mask->layout.shape), shapes);
+    cuda::check_device(mask->storage, op);
+    const Layout& l = mask->layout;
+    const size_t esz = mask->dtype == DType::boolean ? 1 : sizeof(T);
+    P.mask = static_cast<const unsigned char*>(mask->storage.data()) + static_cast<size_t>(l.offset) * esz;
+    P.mkind = mask->dtype == DType::boolean ? 1 : 2;
+    P.msb = l.strides[0];
+    P.msh = l.strides[1];
+    P.mst = l.strides[2];
+    P.mss = l.strides[3];
   }
   P.nb = s.B;
   P.nh = s.H;
@@ -564,11 +605,11 @@ void launch(const char* op, void (*kernel)(KArgs...), unsigned grid, size_t smem
   KILN_CUDA_LAUNCHED(op);
 }
 
-template <class T> void forward(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cuda::V v, const Cuda::V* kp, double scale, bool causal,
-                                int64_t pos0) {
+template <class T> void forward(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cuda::V v, const Cuda::V* kp, const Cuda::V* mask, double scale,
+                                bool causal, int64_t pos0) {
   const char* op = "attention_forward";
   Shapes s{};
-  const Params<T> P = make_params<T>(op, s, q, k, v, kp, scale, causal, pos0);
+  const Params<T> P = make_params<T>(op, s, q, k, v, kp, mask, scale, causal, pos0);
   const std::string shapes = s.str(q, k, v);
   check_output(op, "o", o, dtype_of<T>, {s.B, s.H, s.T, s.dv}, shapes);
   check_output(op, "lse", lse, dtype_of<T>, {s.B, s.H, s.T}, shapes);
@@ -583,10 +624,10 @@ template <class T> void forward(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cu
 
 template <class T>
 void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, Cuda::V k, Cuda::V v, Cuda::V o, Cuda::V lse, Cuda::V dout, const Cuda::V* kp,
-              double scale, bool causal, int64_t pos0) {
+              const Cuda::V* mask, double scale, bool causal, int64_t pos0) {
   const char* op = "attention_backward";
   Shapes s{};
-  Params<T> P = make_params<T>(op, s, q, k, v, kp, scale, causal, pos0);
+  Params<T> P = make_params<T>(op, s, q, k, v, kp, mask, scale, causal, pos0);
   const std::string shapes = s.str(q, k, v);
   check_operand(op, "o", o, dtype_of<T>, {s.B, s.H, s.T, s.dv}, shapes);
   check_operand(op, "dout", dout, dtype_of<T>, {s.B, s.H, s.T, s.dv}, shapes);
@@ -634,15 +675,15 @@ void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, Cuda::V k, Cuda::V 
 
 }  // namespace
 
-void Cuda::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, double scale, bool causal, int64_t pos0) {
+void Cuda::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0) {
   visit_f32_f64(q.dtype, "attention_forward", q.layout.shape,
-                [&]<class T>(type_tag<T>) { forward<T>(o, lse, q, k, v, key_padding, scale, causal, pos0); });
+                [&]<class T>(type_tag<T>) { forward<T>(o, lse, q, k, v, key_padding, mask, scale, causal, pos0); });
 }
 
-void Cuda::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, double scale, bool causal,
-                              int64_t pos0) {
+void Cuda::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, const V* mask, double scale,
+                              bool causal, int64_t pos0) {
   visit_f32_f64(q.dtype, "attention_backward", q.layout.shape,
-                [&]<class T>(type_tag<T>) { backward<T>(dq, dk, dv, q, k, v, o, lse, dout, key_padding, scale, causal, pos0); });
+                [&]<class T>(type_tag<T>) { backward<T>(dq, dk, dv, q, k, v, o, lse, dout, key_padding, mask, scale, causal, pos0); });
 }
 
 }  // namespace kiln

@@ -59,9 +59,9 @@ struct Cuda {
   static void depth_attention_merge(M h, V m, V l, V acc, const V* p, V q, double eps);
   static void adam_step(const std::vector<M>& w, const std::vector<M>& m, const std::vector<M>& v, const std::vector<V>& g,
                         const fused::AdamHyper& h);  // optim.cu
-  static void attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, double scale, bool causal, int64_t pos0);  // attention.cu
-  static void attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, double scale, bool causal,
-                                 int64_t pos0);
+  static void attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0);  // attention.cu
+  static void attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, const V* mask, double scale,
+                                 bool causal, int64_t pos0);
 };
 static_assert(Backend<Cuda>);
 

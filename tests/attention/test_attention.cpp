@@ -35,11 +35,17 @@ struct Case {
   int64_t pos0;
   bool padding = false;  // random key padding (every row keeps a visible key)
   int layout = 0;        // 0 contiguous, 1 q/k/v transposed views [B, T, H, d], 2 sliced cache + strided last dim
+  std::string mask;      // the attention mask's shape (kMaskShapes), "" for none
+  bool additive = false; // additive float mask (with −inf entries) rather than bool
   std::string str() const {
-    return fmt::format("B={} H={} Hkv={} T={} S={} d={} dv={} causal={} pos0={} padding={} layout={}", B, H, Hkv, T, S, d, dv, causal,
-                       pos0, padding, layout);
+    return fmt::format("B={} H={} Hkv={} T={} S={} d={} dv={} causal={} pos0={} padding={} layout={} mask={} additive={}", B, H, Hkv, T,
+                       S, d, dv, causal, pos0, padding, layout, mask, additive);
   }
 };
+
+// Mask shapes, each broadcast to [B, H, T, S]: "TS^T" is a transposed (non-contiguous) view of an
+// [S, T] tensor, "T1" broadcasts along the keys (zero stride in the kernels' innermost loop).
+const std::vector<std::string> kMaskShapes{"TS", "S", "B1TS", "1HTS", "BHTS", "B11S", "11TS", "TS^T", "T1", "B1T1"};
 
 const std::vector<Case> kCases = {
     {2, 4, 4, 37, 37, 16, 16, true, 0},
@@ -56,8 +62,26 @@ const std::vector<Case> kCases = {
     {2, 4, 2, 37, 53, 16, 8, false, 0, true, 2},
 };
 
+// The mask cases: every shape, bool and additive, alone and with causal (KV-cache offset) and key
+// padding, T != S, GQA, ragged tiles.
+std::vector<Case> mask_cases() {
+  std::vector<Case> out;
+  int i = 0;
+  for (const std::string& m : kMaskShapes)
+    for (bool additive : {false, true}) {
+      const int k = i++ % 3;
+      Case c = k == 0 ? Case{2, 4, 2, 37, 53, 16, 12, true, 16, true}
+               : k == 1 ? Case{2, 2, 1, 70, 33, 8, 8, false, 0, false, 1}
+                        : Case{1, 3, 3, 9, 9, 4, 6, true, 0, true};
+      c.mask = m;
+      c.additive = additive;
+      out.push_back(c);
+    }
+  return out;
+}
+
 template <Backend B> struct Inputs {
-  Tensor<B> q, k, v, kp, dout;
+  Tensor<B> q, k, v, kp, dout, mask;
 };
 
 // Random inputs in dtype dt with the case's layout; values are f32-representable (drawn in f32).
@@ -86,6 +110,26 @@ template <Backend B> Inputs<B> make_inputs(const Case& c, DType dt, uint64_t see
     keep.narrow(1, 0, 1).fill_(1);
     in.kp = keep;
   }
+  if (!c.mask.empty()) {
+    // key 0 stays visible (so no row is left without a key); a mask broadcast along the keys only
+    // shifts rows (additive) or is all true (bool)
+    const std::string& m = c.mask;
+    Shape s = m == "TS" ? Shape{c.T, c.S} : m == "S" ? Shape{c.S} : m == "B1TS" ? Shape{c.B, 1, c.T, c.S}
+            : m == "1HTS" ? Shape{1, c.H, c.T, c.S} : m == "BHTS" ? Shape{c.B, c.H, c.T, c.S} : m == "B11S" ? Shape{c.B, 1, 1, c.S}
+            : m == "11TS" ? Shape{1, 1, c.T, c.S} : m == "TS^T" ? Shape{c.S, c.T} : m == "T1" ? Shape{c.T, 1} : Shape{c.B, 1, c.T, 1};
+    const bool along_keys = m == "T1" || m == "B1T1";
+    const int key_axis = m == "TS^T" ? 0 : static_cast<int>(s.size()) - 1;
+    const Tensor<B> u = Tensor<B>::rand(s, DType::f32, &gen);
+    Tensor<B> keep = along_keys ? Tensor<B>::ones(s, DType::boolean) : u.gt(0.25);
+    keep.narrow(key_axis, 0, 1).fill_(1);
+    if (c.additive) {
+      const Tensor<B> a = Tensor<B>::randn(s, DType::f32, &gen).to(dt);
+      in.mask = Tensor<B>::where(keep, a, Tensor<B>::full({}, -INFINITY, dt));
+    } else {
+      in.mask = keep;
+    }
+    if (m == "TS^T") in.mask = in.mask.transpose(0, 1);
+  }
   return in;
 }
 
@@ -108,7 +152,9 @@ template <Backend B> double max_score(const Inputs<B>& in, const Case& c) {
     const Tensor<B> x64 = x.to(DType::f64);
     return std::sqrt(max_abs(kt::host(x64.mul(x64).sum({-1}))));
   };
-  return row_norm_max(in.q) * row_norm_max(in.k) / std::sqrt(static_cast<double>(c.d));
+  double m = row_norm_max(in.q) * row_norm_max(in.k) / std::sqrt(static_cast<double>(c.d));
+  if (in.mask.defined() && in.mask.dtype() != DType::boolean) m += max_abs(kt::host(in.mask.to(DType::f64)));  // scores + mask
+  return m;
 }
 
 struct Result {
@@ -118,7 +164,9 @@ struct Result {
 // Runs nn::attention (fused) or nn::attention_decomposed on the inputs, converted to dtype dt.
 template <Backend B> Result run(const Inputs<B>& in, const Case& c, DType dt, bool fused) {
   Var<B> q(in.q.to(dt), true), k(in.k.to(dt), true), v(in.v.to(dt), true);
-  const Var<B> o = fused ? nn::attention(q, k, v, c.causal, c.pos0, in.kp) : nn::attention_decomposed(q, k, v, c.causal, c.pos0, in.kp);
+  const Tensor<B> mask = in.mask.defined() && in.mask.dtype() != DType::boolean ? in.mask.to(dt) : in.mask;
+  const Var<B> o = fused ? nn::attention(q, k, v, c.causal, c.pos0, in.kp, mask)
+                         : nn::attention_decomposed(q, k, v, c.causal, c.pos0, in.kp, mask);
   if (fused) CHECK(std::string(o.grad_fn()) == "attention");
   o.backward(in.dout.to(dt));
   return {kt::host(o.value()), kt::host(q.grad()), kt::host(k.grad()), kt::host(v.grad())};
@@ -163,6 +211,17 @@ TEMPLATE_TEST_CASE("attention: fused forward and backward match the decomposed o
                    Cpu) {
   uint64_t seed = 200;
   for (const Case& c : kCases) check_case<TestType>(c, DType::f32, seed++);
+}
+
+TEMPLATE_TEST_CASE("attention: masks (bool, additive, every broadcast shape) match the decomposed oracle (f64)", "[attention][mask]",
+                   KILN_BACKEND_TYPES) {
+  uint64_t seed = 400;
+  for (const Case& c : mask_cases()) check_case<TestType>(c, DType::f64, seed++);
+}
+
+TEMPLATE_TEST_CASE("attention: masks match the decomposed oracle (f32 vs f64 oracle)", "[attention][mask]", Reference, Cpu) {
+  uint64_t seed = 500;
+  for (const Case& c : mask_cases()) check_case<TestType>(c, DType::f32, seed++);
 }
 
 TEMPLATE_TEST_CASE("attention: f32 fused equals the f32 decomposed path within the same bound", "[attention]", KILN_BACKEND_TYPES) {
@@ -346,4 +405,113 @@ TEMPLATE_TEST_CASE("attention: bad shapes and dtypes throw kiln::Error naming th
   CHECK_THROWS_WITH(fused::attention_forward(T::ones({1, 1, 2, 2}, DType::i32), T::ones({1, 1, 2, 2}, DType::i32),
                                              T::ones({1, 1, 2, 2}, DType::i32), 1.0, false, 0),
                     Catch::Contains("float"));
+}
+
+TEMPLATE_TEST_CASE("attention: gradcheck with bool and additive masks, causal, key padding and GQA (f64)", "[attention][mask]",
+                   KILN_BACKEND_TYPES) {
+  using T = Tensor<TestType>;
+  Generator gen(15);
+  T kp = T::ones({2, 7}, DType::boolean);
+  kp.narrow(1, 4, 1).fill_(0);
+  T keep = T::rand({5, 7}, DType::f64, &gen).gt(0.3);
+  keep.narrow(1, 0, 1).fill_(1);
+  T add = T::randn({2, 1, 5, 7}, DType::f64, &gen);
+  add.narrow(3, 2, 1).fill_(-INFINITY);
+  for (const T& mask : {keep, add}) {
+    for (bool causal : {true, false}) {
+      INFO("causal " << causal << " mask " << dtype_name(mask.dtype()));
+      const auto r = gradcheck<TestType>(
+          [&](const std::vector<Var<TestType>>& x) { return nn::attention(x[0], x[1], x[2], causal, 2, kp, mask); },
+          {T::randn({2, 4, 5, 3}, DType::f64, &gen), T::randn({2, 7, 2, 3}, DType::f64, &gen).transpose(1, 2),
+           T::randn({2, 2, 7, 6}, DType::f64, &gen)});
+      INFO(r.message);
+      CHECK(r.ok);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("attention: with a mask the node saves the user's mask as given and nothing else of size T·S", "[attention][mask]",
+                   KILN_BACKEND_TYPES) {
+  using T = Tensor<TestType>;
+  const int64_t Bn = 2, H = 2, Tn = 128, S = 96, d = 8;
+  Var<TestType> q(T::randn({Bn, H, Tn, d}), true), k(T::randn({Bn, 1, S, d}), true), v(T::randn({Bn, 1, S, d}), true);
+  const T small = T::randn({Bn, 1, 1, S});                   // padding-like additive mask
+  const T ts = T::rand({Tn, S}).gt(0.2);                      // a [T, S] bool mask: the user's own T·S tensor
+  for (const T& mask : {small, ts}) {
+    INFO("mask " << shape_str(mask.shape()));
+    const Var<TestType> o = nn::attention(q, k, v, false, 0, {}, mask);
+    const auto* saved = o.node()->backward.template target<autograd::AttentionBackward<TestType>>();
+    REQUIRE(saved != nullptr);
+    CHECK(saved->mask.storage() == mask.storage());  // the very tensor, not an expanded copy
+    CHECK(saved->mask.shape() == mask.shape());
+    size_t bytes = 0;
+    for (const T& t : saved->saved()) {
+      if (!t.defined() || t.storage() == mask.storage()) continue;
+      CHECK(t.numel() < Tn * S);
+      bytes += static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
+    }
+    CHECK(bytes == static_cast<size_t>(q.numel() + k.numel() + v.numel() + o.numel() + Bn * H * Tn) * 4);
+    o.backward(T::ones(o.shape()));  // and the backward runs from what was saved
+    CHECK(q.grad().defined());
+    q.zero_grad();
+  }
+}
+
+TEMPLATE_TEST_CASE("attention: a row the mask hides entirely gives NaN and a zero gradient; additive −inf equals bool false",
+                   "[attention][mask]", KILN_BACKEND_TYPES) {
+  using T = Tensor<TestType>;
+  Generator gen(19);
+  T keep = T::ones({5, 6}, DType::boolean);
+  keep.narrow(0, 1, 1).fill_(0);             // query 1 sees nothing
+  keep.narrow(0, 3, 1).narrow(1, 2, 3).fill_(0);
+  const T add = T::where(keep, T::zeros({}, DType::f64), T::full({}, -INFINITY, DType::f64));
+  Var<TestType> q(T::randn({1, 2, 5, 4}, DType::f64, &gen), true), k(T::randn({1, 1, 6, 4}, DType::f64, &gen), true),
+      v(T::randn({1, 1, 6, 3}, DType::f64, &gen), true);
+  const Var<TestType> ob = nn::attention(q, k, v, false, 0, {}, keep);
+  const Var<TestType> oa = nn::attention(q, k, v, false, 0, {}, add);
+  compare(kt::host(oa.value()), kt::host(ob.value()), {0.0, 0.0}, "additive vs bool");
+  const std::vector<double> o = kt::host(ob.value());
+  for (int64_t h = 0; h < 2; ++h) {
+    CHECK(std::isnan(o[static_cast<size_t>((h * 5 + 1) * 3)]));
+    CHECK(std::isfinite(o[static_cast<size_t>((h * 5 + 3) * 3)]));
+  }
+  ob.backward(T::ones(ob.shape(), DType::f64));
+  const std::vector<double> dq = kt::host(q.grad());
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t x = 0; x < 4; ++x) CHECK(dq[static_cast<size_t>((h * 5 + 1) * 4 + x)] == 0.0);
+  for (double g : kt::host(k.grad())) CHECK(std::isfinite(g));
+  for (double g : kt::host(v.grad())) CHECK(std::isfinite(g));
+}
+
+TEMPLATE_TEST_CASE("attention: bf16 / f16 with an additive mask of the same dtype compute in f32", "[attention][mask]", KILN_BACKEND_TYPES) {
+  Case c{2, 4, 2, 37, 53, 16, 16, true, 16};
+  c.mask = "B1TS";
+  c.additive = true;
+  for (DType dt : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(dt));
+    const Inputs<TestType> in = make_inputs<TestType>(c, dt, 8);
+    REQUIRE(in.mask.dtype() == dt);
+    auto [o, lse] = fused::attention_forward(in.q, in.k, in.v, 0.25, c.causal, c.pos0, {}, in.mask);
+    CHECK(o.dtype() == dt);
+    auto [o64, lse64] = fused::attention_forward_composite(in.q.to(DType::f64), in.k.to(DType::f64), in.v.to(DType::f64), 0.25, c.causal,
+                                                           c.pos0, {}, in.mask.to(DType::f64));
+    const std::vector<double> want = kt::host(o64);
+    compare(kt::host(o), want, {2 * kt::u_store(dt), bound(c, DType::f32, max_score(in, c), max_abs(want)).atol}, "O");
+    auto [dq, dk, dv] = fused::attention_backward(in.q, in.k, in.v, o, lse, in.dout, 0.25, c.causal, c.pos0, {}, in.mask);
+    CHECK(dq.dtype() == dt);
+  }
+}
+
+TEMPLATE_TEST_CASE("attention: bad masks throw kiln::Error naming the op and shapes", "[attention][mask][errors]", KILN_BACKEND_TYPES) {
+  using T = Tensor<TestType>;
+  const T q = T::randn({2, 4, 5, 8}), k = T::randn({2, 2, 6, 8}), v = T::randn({2, 2, 6, 8});
+  auto fwd = [&](const T& m) { return fused::attention_forward(q, k, v, 1.0, false, 0, {}, m); };
+  CHECK_THROWS_WITH(fwd(T::ones({5, 5}, DType::boolean)),
+                    Catch::Contains("attention_forward") && Catch::Contains("mask [5, 5]") && Catch::Contains("[2, 4, 5, 6]"));
+  CHECK_THROWS_WITH(fwd(T::ones({3, 1, 5, 6}, DType::boolean)), Catch::Contains("mask [3, 1, 5, 6]"));
+  CHECK_THROWS_WITH(fwd(T::ones({2, 4, 5, 6}).unsqueeze(0)), Catch::Contains("mask [1, 2, 4, 5, 6]"));
+  CHECK_THROWS_WITH(fwd(T::ones({5, 6}, DType::f64)), Catch::Contains("mask") && Catch::Contains("f64") && Catch::Contains("f32"));
+  CHECK_THROWS_WITH(fwd(T::ones({5, 6}, DType::i64)), Catch::Contains("mask") && Catch::Contains("i64"));
+  CHECK_THROWS_WITH(nn::attention(Var<TestType>(q), Var<TestType>(k), Var<TestType>(v), true, 0, {}, T::ones({6, 5}, DType::boolean)),
+                    Catch::Contains("mask [6, 5]"));
 }

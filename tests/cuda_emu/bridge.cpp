@@ -226,23 +226,26 @@ void depth_attention_merge(const Buf& h, const Buf& m, const Buf& l, const Buf& 
 }
 #endif
 
-void attention_forward(const Buf& o, const Buf& lse, const Buf& q, const Buf& k, const Buf& v, const Buf* key_padding, double scale,
-                       bool causal, int64_t pos0) {
+void attention_forward(const Buf& o, const Buf& lse, const Buf& q, const Buf& k, const Buf& v, const Buf* key_padding, const Buf* mask,
+                       double scale, bool causal, int64_t pos0) {
   guarded([&] {
     Wrapped oo(o), ll(lse), qq(q), kk(k), vv(v);
     std::unique_ptr<Wrapped> kp = key_padding ? std::make_unique<Wrapped>(*key_padding) : nullptr;
-    const Cuda::V kpv = kp ? kp->v() : qq.v();
-    Cuda::attention_forward(oo.m(), ll.m(), qq.v(), kk.v(), vv.v(), kp ? &kpv : nullptr, scale, causal, pos0);
+    std::unique_ptr<Wrapped> mk = mask ? std::make_unique<Wrapped>(*mask) : nullptr;
+    const Cuda::V kpv = kp ? kp->v() : qq.v(), mkv = mk ? mk->v() : qq.v();
+    Cuda::attention_forward(oo.m(), ll.m(), qq.v(), kk.v(), vv.v(), kp ? &kpv : nullptr, mk ? &mkv : nullptr, scale, causal, pos0);
   });
 }
 
 void attention_backward(const Buf& dq, const Buf& dk, const Buf& dv, const Buf& q, const Buf& k, const Buf& v, const Buf& o, const Buf& lse,
-                        const Buf& dout, const Buf* key_padding, double scale, bool causal, int64_t pos0) {
+                        const Buf& dout, const Buf* key_padding, const Buf* mask, double scale, bool causal, int64_t pos0) {
   guarded([&] {
     Wrapped a(dq), b(dk), c(dv), qq(q), kk(k), vv(v), oo(o), ll(lse), dd(dout);
     std::unique_ptr<Wrapped> kp = key_padding ? std::make_unique<Wrapped>(*key_padding) : nullptr;
-    const Cuda::V kpv = kp ? kp->v() : qq.v();
-    Cuda::attention_backward(a.m(), b.m(), c.m(), qq.v(), kk.v(), vv.v(), oo.v(), ll.v(), dd.v(), kp ? &kpv : nullptr, scale, causal, pos0);
+    std::unique_ptr<Wrapped> mk = mask ? std::make_unique<Wrapped>(*mask) : nullptr;
+    const Cuda::V kpv = kp ? kp->v() : qq.v(), mkv = mk ? mk->v() : qq.v();
+    Cuda::attention_backward(a.m(), b.m(), c.m(), qq.v(), kk.v(), vv.v(), oo.v(), ll.v(), dd.v(), kp ? &kpv : nullptr, mk ? &mkv : nullptr,
+                             scale, causal, pos0);
   });
 }
 

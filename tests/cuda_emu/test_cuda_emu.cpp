@@ -716,8 +716,9 @@ TEST_CASE("emu: multi-tensor Adam and AdamW steps", "[cuda-emu]") {
 
 // Flash attention (attention.cu, dynamic shared memory) against the Cpu's flash kernel: MHA and GQA,
 // value width = key width and 2x (differential attention's), causal with a KV-cache offset, key
-// padding (a fully padded batch row gives NaN / -inf like the Cpu), forward and backward; tiles cross
-// the 64-row boundaries (T, S up to 70).
+// padding (a fully padded batch row gives NaN / -inf like the Cpu), an attention mask (none, bool
+// [T, S] broadcast over B and H, additive [B, 1, 1, S] with −inf entries, read through zero strides),
+// forward and backward; tiles cross the 64-row boundaries (T, S up to 70).
 TEST_CASE("emu: flash attention forward and backward", "[cuda-emu]") {
   kt::Gen g(26);
   struct Case {
@@ -744,9 +745,29 @@ TEST_CASE("emu: flash attention forward and backward", "[cuda-emu]") {
     const cuda_emu::Buf kpb = buf(kp);
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     const DType ld = dt == DType::f64 ? DType::f64 : DType::f32;
+    // the mask kind cycles with the case: 0 none, 1 bool [T, S], 2 additive [B, 1, 1, S]
+    const int mkind = static_cast<int>((T + S) % 3);
+    CT mask;
+    if (mkind == 1) {
+      std::vector<uint8_t> m(static_cast<size_t>(T * S));
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j < S; ++j) m[static_cast<size_t>(i * S + j)] = (i + 2 * j) % 5 != 3 || j == 0;
+      mask = CT::empty({T, S}, DType::boolean);
+      std::memcpy(mask.storage()->data(), m.data(), m.size());
+      mask = mask.unsqueeze(0).unsqueeze(0).expand({B, H, T, S});
+    } else if (mkind == 2) {
+      mask = input(g, {B, 1, 1, S}, dt, Lay::contiguous, -2, 1);
+      mask.narrow(3, S / 2, 1).fill_(-INFINITY);
+      mask = mask.expand({B, H, T, S});
+    }
+    const auto mv = mkind ? mask.cview() : q.cview();
+    const cuda_emu::Buf mb = mkind ? buf(mask) : buf(q);
+    INFO("mask kind " << mkind);
     CT wo = garbage({B, H, T, dv}, dt), go = garbage({B, H, T, dv}, dt), wl = garbage({B, H, T}, ld), gl = garbage({B, H, T}, ld);
-    Cpu::attention_forward(wo.mview(), wl.mview(), q.cview(), k.cview(), v.cview(), padding ? &kpv : nullptr, scale, causal, pos0);
-    cuda_emu::attention_forward(buf(go), buf(gl), buf(q), buf(k), buf(v), padding ? &kpb : nullptr, scale, causal, pos0);
+    Cpu::attention_forward(wo.mview(), wl.mview(), q.cview(), k.cview(), v.cview(), padding ? &kpv : nullptr, mkind ? &mv : nullptr, scale,
+                           causal, pos0);
+    cuda_emu::attention_forward(buf(go), buf(gl), buf(q), buf(k), buf(v), padding ? &kpb : nullptr, mkind ? &mb : nullptr, scale, causal,
+                                pos0);
     const double u = kt::u_acc(dt), n = static_cast<double>(S + d + dv);
     const kt::Tol tol{32 * n * u, 32 * n * u};
     kt::check_close(gl, wl, tol, "lse");
@@ -754,9 +775,9 @@ TEST_CASE("emu: flash attention forward and backward", "[cuda-emu]") {
     CT wdq = CT::zeros({B, H, T, d}, dt), gdq = CT::zeros({B, H, T, d}, dt), wdk = CT::zeros({B, Hkv, S, d}, dt),
        gdk = CT::zeros({B, Hkv, S, d}, dt), wdv = CT::zeros({B, Hkv, S, dv}, dt), gdv = CT::zeros({B, Hkv, S, dv}, dt);
     Cpu::attention_backward(wdq.mview(), wdk.mview(), wdv.mview(), q.cview(), k.cview(), v.cview(), wo.cview(), wl.cview(), dout.cview(),
-                            padding ? &kpv : nullptr, scale, causal, pos0);
+                            padding ? &kpv : nullptr, mkind ? &mv : nullptr, scale, causal, pos0);
     cuda_emu::attention_backward(buf(gdq), buf(gdk), buf(gdv), buf(q), buf(k), buf(v), buf(wo), buf(wl), buf(dout), padding ? &kpb : nullptr,
-                                 scale, causal, pos0);
+                                 mkind ? &mb : nullptr, scale, causal, pos0);
     const kt::Tol btol{64 * n * u * (H / Hkv), 64 * n * u * static_cast<double>(T) * (H / Hkv)};
     kt::check_close(gdq, wdq, btol, "dq");
     kt::check_close(gdk, wdk, btol, "dk");

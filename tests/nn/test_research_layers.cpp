@@ -9,6 +9,7 @@
 #include <kiln/nn/diff_attention.hpp>
 #include <kiln/nn/gpt.hpp>
 #include <kiln/nn/init.hpp>
+#include "common/kiln_test.hpp"
 #include "param_gradcheck.hpp"
 
 using namespace kiln;
@@ -119,30 +120,62 @@ TEMPLATE_TEST_CASE("diff attention: every parameter (all four λ vectors) has FD
   test::check_param_grads<B>(a.named_parameters(), [&] { return (a.forward(Var<B>(x)) * Var<B>(r)).sum(); });
 }
 
-TEMPLATE_TEST_CASE("diff attention: key padding hides keys, KV cache equals the full forward", "[diff]", KILN_BACKEND_TYPES) {
+TEMPLATE_TEST_CASE("diff attention: the KV cache equals the full forward (h_kv = 1 and GQA h_kv = 2, batch 2)", "[diff]",
+                   KILN_BACKEND_TYPES) {
   using B = TestType;
-  manual_seed(11);
-  DifferentialAttention<B> a({.d_model = 16, .n_heads = 2, .n_kv_heads = 1, .depth = 1, .max_seq_len = 16});
-  Generator g(12);
-  const Tensor<B> x = Tensor<B>::randn({1, 6, 16}, DType::f32, &g);
-  NoGrad ng;
-  const auto full = to_vector<float>(a.forward(Var<B>(x)).value());
-  KVCache<B> cache;
-  std::vector<float> inc = to_vector<float>(a.forward(Var<B>(x.narrow(1, 0, 4)), &cache).value());
-  for (int64_t t = 4; t < 6; ++t) {
-    const auto step = to_vector<float>(a.forward(Var<B>(x.narrow(1, t, 1)), &cache).value());
-    inc.insert(inc.end(), step.begin(), step.end());
+  for (int64_t hkv : {1, 2, 4}) {
+    INFO("n_kv_heads " << hkv);
+    manual_seed(11);
+    DifferentialAttention<B> a({.d_model = 32, .n_heads = 4, .n_kv_heads = hkv, .depth = 1, .max_seq_len = 16});
+    Generator g(12);
+    const Tensor<B> x = Tensor<B>::randn({2, 7, 32}, DType::f32, &g);
+    NoGrad ng;
+    const Tensor<B> full = a.forward(Var<B>(x)).value();
+    KVCache<B> cache;
+    std::vector<Tensor<B>> parts{a.forward(Var<B>(x.narrow(1, 0, 4)), &cache).value()};
+    for (int64_t t = 4; t < 7; ++t) parts.push_back(a.forward(Var<B>(x.narrow(1, t, 1)), &cache).value());
+    CHECK(cache.len == 7);
+    CHECK(cache.k.size(1) == 2 * hkv);  // both branches of every kv group
+    kt::check_close(Tensor<B>::cat(parts, 1), full, {1e-5, 1e-5}, "cached vs full");
   }
-  for (size_t i = 0; i < full.size(); ++i) CHECK(inc[i] == Approx(full[i]).margin(1e-5));
-  // Padding the last two keys: outputs of the first four tokens (which cannot see them) stay, and a
-  // model fed only the first four tokens agrees with the padded one on them.
-  std::vector<uint8_t> keep{1, 1, 1, 1, 0, 0};
-  const Tensor<B> pad = Tensor<B>::from_vector(keep, {1, 6});
-  const auto padded = to_vector<float>(a.forward(Var<B>(x), nullptr, pad).value());
-  for (size_t i = 0; i < 4 * 16; ++i) CHECK(padded[i] == Approx(full[i]).margin(1e-6));
-  const auto four = to_vector<float>(a.forward(Var<B>(x.narrow(1, 0, 4))).value());
-  CHECK_THROWS_WITH(a.forward(Var<B>(x), nullptr, Tensor<B>::ones({1, 5}, DType::boolean)), Catch::Contains("key_padding"));
-  (void)four;
+}
+
+// (The old version padded only keys the causal mask already hid, so it passed with padding ignored.)
+// Padding keys in the middle and at the start of a sequence must give, on the other positions, what
+// the same layer gives on the sequence with the padded tokens removed (rope = false: no positions, so
+// removing a token is exactly hiding its key). Ignoring the padding would change rows 2.. here.
+TEMPLATE_TEST_CASE("diff attention: key padding hides keys (equals removing the padded tokens)", "[diff]", KILN_BACKEND_TYPES) {
+  using B = TestType;
+  manual_seed(13);
+  for (bool causal : {true, false}) {
+    INFO("causal " << causal);
+    DifferentialAttention<B> a({.d_model = 16, .n_heads = 2, .n_kv_heads = 1, .depth = 1, .causal = causal, .rope = false,
+                                .dtype = DType::f64});
+    Generator g(14);
+    const Tensor<B> x = Tensor<B>::randn({2, 6, 16}, DType::f64, &g);
+    // batch 0 pads keys 1 and 2, batch 1 pads key 3 (key 0 stays, so every causal row sees a key)
+    const std::vector<std::vector<int64_t>> kept{{0, 3, 4, 5}, {0, 1, 2, 4, 5}};
+    std::vector<uint8_t> keep(12, 0);
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t j : kept[static_cast<size_t>(b)]) keep[static_cast<size_t>(b * 6 + j)] = 1;
+    const Tensor<B> pad = Tensor<B>::from_vector(keep, {2, 6});
+    NoGrad ng;
+    const Tensor<B> padded = a.forward(Var<B>(x), nullptr, pad).value();
+    const Tensor<B> unpadded = a.forward(Var<B>(x)).value();
+    for (int64_t b = 0; b < 2; ++b) {
+      const auto& ks = kept[static_cast<size_t>(b)];
+      std::vector<Tensor<B>> rows;
+      for (int64_t j : ks) rows.push_back(x.narrow(0, b, 1).narrow(1, j, 1));
+      const Tensor<B> ref = a.forward(Var<B>(Tensor<B>::cat(rows, 1))).value();
+      for (size_t r = 0; r < ks.size(); ++r) {
+        INFO("batch " << b << " position " << ks[r]);
+        kt::check_close(padded.narrow(0, b, 1).narrow(1, ks[r], 1), ref.narrow(1, static_cast<int64_t>(r), 1), {1e-12, 1e-12}, "row");
+      }
+    }
+    // the padding matters: position 3 of batch 0 (and, bidirectional, position 0) differ from unpadded
+    CHECK(to_vector<double>(padded.narrow(0, 0, 1).narrow(1, 3, 1)) != to_vector<double>(unpadded.narrow(0, 0, 1).narrow(1, 3, 1)));
+    CHECK_THROWS_WITH(a.forward(Var<B>(x), nullptr, Tensor<B>::ones({2, 5}, DType::boolean)), Catch::Contains("key_padding"));
+  }
 }
 
 TEMPLATE_TEST_CASE("diff attention: bad configurations name the values", "[diff]", KILN_BACKEND_TYPES) {
