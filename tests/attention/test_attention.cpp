@@ -457,7 +457,7 @@ TEMPLATE_TEST_CASE("attention: with a mask the node saves the user's mask as giv
   }
 }
 
-TEMPLATE_TEST_CASE("attention: a row the mask hides entirely gives NaN and a zero gradient; additive −inf equals bool false",
+TEMPLATE_TEST_CASE("attention: a row the mask hides entirely gives NaN and a zero gradient, additive −inf equals bool false",
                    "[attention][mask]", KILN_BACKEND_TYPES) {
   using T = Tensor<TestType>;
   Generator gen(19);
