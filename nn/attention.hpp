@@ -80,10 +80,10 @@ KILN_API Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var
 // DifferentialAttention). Every field is optional; {} is causal (per the module's options)
 // self-attention over x.
 template <Backend B> struct AttentionInputs {
-  Var<B> memory;          // [B, S, D]: cross-attention (k, v from the memory); undefined: self-attention
-  Tensor<B> key_padding;  // bool [B, S]: true = a real key, false = padding (the inverse of
+  Var<B> memory{};        // [B, S, D]: cross-attention (k, v from the memory); undefined: self-attention
+  Tensor<B> key_padding{};  // bool [B, S]: true = a real key, false = padding (the inverse of
                           // nn.MultiheadAttention's key_padding_mask, where true means "ignore")
-  Tensor<B> mask;         // bool (true = may attend) or additive, broadcastable to [B, H, T, S]
+  Tensor<B> mask{};       // bool (true = may attend) or additive, broadcastable to [B, H, T, S]
   // Self-attention: x holds the positions after the cached ones (generation; use under NoGrad).
   // Cross-attention: the memory's k, v are projected on the first call (cache empty) and reused from
   // the cache by later calls (the memory must still be given; reset the cache for a new sequence).

@@ -102,10 +102,10 @@ template <Backend B> struct DecoderCache {
 };
 
 template <Backend B> struct DecoderInputs {
-  Tensor<B> tgt_key_padding;     // bool [B, T] (with a cache: [B, cached + T])
-  Tensor<B> tgt_mask;            // on top of the causal mask
-  Tensor<B> memory_key_padding;  // bool [B, S]
-  Tensor<B> memory_mask;
+  Tensor<B> tgt_key_padding{};     // bool [B, T] (with a cache: [B, cached + T])
+  Tensor<B> tgt_mask{};            // on top of the causal mask
+  Tensor<B> memory_key_padding{};  // bool [B, S]
+  Tensor<B> memory_mask{};
   DecoderCache<B>* cache = nullptr;  // tgt holds the positions after the cached ones
 };
 

@@ -39,7 +39,7 @@ template <Backend B> class CNN : public nn::Module<B> {
   CNN() {
     using namespace nn;
     features_ = this->register_module("features", std::make_shared<Sequential<B>>());
-    for (const auto [in, out] : {std::pair<int64_t, int64_t>{1, 32}, {32, 64}}) {  // [N, in, H, W] -> [N, out, H/2, W/2]
+    for (const auto& [in, out] : {std::pair<int64_t, int64_t>{1, 32}, {32, 64}}) {  // [N, in, H, W] -> [N, out, H/2, W/2]
       features_->push_back(std::make_shared<Conv2d<B>>(Conv2dOptions{.in_channels = in, .out_channels = out, .kernel_size = 3, .padding = 1}));
       features_->push_back(std::make_shared<BatchNorm2d<B>>(BatchNormOptions{.num_features = out}));
       features_->push_back(std::make_shared<ReLU<B>>());

@@ -35,7 +35,7 @@ struct Case {
   int64_t pos0;
   bool padding = false;  // random key padding (every row keeps a visible key)
   int layout = 0;        // 0 contiguous, 1 q/k/v transposed views [B, T, H, d], 2 sliced cache + strided last dim
-  std::string mask;      // the attention mask's shape (kMaskShapes), "" for none
+  std::string mask{};    // the attention mask's shape (kMaskShapes), "" for none
   bool additive = false; // additive float mask (with −inf entries) rather than bool
   std::string str() const {
     return fmt::format("B={} H={} Hkv={} T={} S={} d={} dv={} causal={} pos0={} padding={} layout={} mask={} additive={}", B, H, Hkv, T,
@@ -81,7 +81,7 @@ std::vector<Case> mask_cases() {
 }
 
 template <Backend B> struct Inputs {
-  Tensor<B> q, k, v, kp, dout, mask;
+  Tensor<B> q{}, k{}, v{}, kp{}, dout{}, mask{};
 };
 
 // Random inputs in dtype dt with the case's layout; values are f32-representable (drawn in f32).

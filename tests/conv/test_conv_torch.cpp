@@ -18,7 +18,7 @@
 #include <kiln/nn/pool.hpp>
 
 #include "common/kiln_test.hpp"
-#include "common/python.hpp"
+#include "common/torch_cases.hpp"
 
 using namespace kiln;
 using json = nlohmann::json;
@@ -27,19 +27,7 @@ namespace F = kiln::nn::functional;
 namespace {
 
 const json& cases() {
-  static const json j = [] {
-    const std::string py = kiln::test::python();
-    if (std::system(fmt::format("{} -c 'import torch' > /dev/null 2>&1", py).c_str()) != 0)
-      FAIL("conv parity needs " << py << " with torch; run `scripts/setup.sh --python`, or set KILN_PYTHON");
-    const auto path = std::filesystem::temp_directory_path() / fmt::format("kiln_conv_cases_{}.json", ::getpid());
-    const std::string cmd = fmt::format("{} '{}/tests/conv/make_cases.py' '{}'", py, KILN_SOURCE_DIR, path.string());
-    const int rc = std::system(cmd.c_str());
-    if (rc != 0) FAIL("tests/conv/make_cases.py failed (exit " << rc << "): " << cmd);
-    std::ifstream f(path);
-    json out = json::parse(f);
-    std::filesystem::remove(path);
-    return out;
-  }();
+  static const json j = kiln::test::run_case_script("tests/conv/make_cases.py", "torch");
   return j;
 }
 

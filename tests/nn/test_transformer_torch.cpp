@@ -14,7 +14,7 @@
 
 #include <kiln/nn/transformer.hpp>
 #include "common/kiln_test.hpp"
-#include "common/python.hpp"
+#include "common/torch_cases.hpp"
 
 using namespace kiln;
 using namespace kiln::nn;
@@ -23,19 +23,7 @@ using json = nlohmann::json;
 namespace {
 
 const json& cases() {
-  static const json j = [] {
-    const std::string py = kiln::test::python();
-    if (std::system(fmt::format("{} -c 'import torch' > /dev/null 2>&1", py).c_str()) != 0)
-      FAIL("the attention parity test needs " << py << " with torch (scripts/setup.sh --python, or set KILN_PYTHON)");
-    const auto path = std::filesystem::temp_directory_path() / fmt::format("kiln_attention_cases_{}.json", ::getpid());
-    const std::string cmd = fmt::format("{} '{}/tests/nn/make_attention_cases.py' '{}'", py, KILN_SOURCE_DIR, path.string());
-    const int rc = std::system(cmd.c_str());
-    if (rc != 0) FAIL("tests/nn/make_attention_cases.py failed (exit " << rc << "): " << cmd);
-    std::ifstream f(path);
-    json out = json::parse(f);
-    std::filesystem::remove(path);
-    return out;
-  }();
+  static const json j = kiln::test::run_case_script("tests/nn/make_attention_cases.py", "torch");
   return j;
 }
 

@@ -1,6 +1,6 @@
 // PyTorch parity: runs tests/torch/make_cases.py (PyTorch 1.13 + NumPy, fixed seed) at test time,
 // then checks kiln's Reference and every test backend against PyTorch's outputs case by case.
-// Without Python + torch (common/python.hpp) the test FAILS (it never skips silently).
+// Without Python + torch (common/torch_cases.hpp) the test FAILS (it never skips silently).
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "common/kiln_test.hpp"
-#include "common/python.hpp"
+#include "common/torch_cases.hpp"
 
 using namespace kiln;
 using namespace kt;
@@ -21,21 +21,7 @@ using json = nlohmann::json;
 namespace {
 
 const json& cases() {
-  static const json j = [] {
-    const std::string py = kiln::test::python();
-    const int have = std::system(fmt::format("{} -c 'import torch, numpy' > /dev/null 2>&1", py).c_str());
-    if (have != 0)
-      FAIL("PyTorch parity needs " << py << " with torch and numpy; run `scripts/setup.sh --python` "
-           "(installs python3-torch and python3-numpy), or set KILN_PYTHON");
-    const auto path = std::filesystem::temp_directory_path() / fmt::format("kiln_torch_cases_{}.json", ::getpid());
-    const std::string cmd = fmt::format("{} '{}/tests/torch/make_cases.py' '{}'", py, KILN_SOURCE_DIR, path.string());
-    const int rc = std::system(cmd.c_str());
-    if (rc != 0) FAIL("tests/torch/make_cases.py failed (exit " << rc << "): " << cmd);
-    std::ifstream f(path);
-    json out = json::parse(f);
-    std::filesystem::remove(path);
-    return out;
-  }();
+  static const json j = kiln::test::run_case_script("tests/torch/make_cases.py", "torch, numpy");
   return j;
 }
 
