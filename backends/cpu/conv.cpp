@@ -1,12 +1,13 @@
 // conv2d forward / backward-data / backward-weights through oneDNN's convolution primitives (f32).
 //
 // kiln's tensors are plain nchw activations and oihw (goihw for groups > 1) weights. Two ways to run:
-//  * plain: the primitives take the tensors as they lie (oneDNN's gemm-based im2col implementation),
-//    no reorder. Best for few channels (a first layer's 1 or 3) and 1x1 kernels.
 //  * blocked: the primitives choose their layouts (format_tag::any: nChw8c/16c activations and blocked
 //    weights, the direct JIT kernels), and each call reorders its inputs into them and its outputs
-//    back. Despite the reorders, 1.3-1.7x faster for 3x3 kernels with 16+ channels per group and ~8x
-//    for depthwise ones (bench/conv, bench/RESULTS.md "Convolution").
+//    back. Despite the reorders, 1.1-4x faster than the plain layouts for kernels larger than 1x1
+//    (first layers with 1 or 3 channels, wide layers, strided, 25x for depthwise: bench/conv,
+//    bench/RESULTS.md "Convolution").
+//  * plain: the primitives take the tensors as they lie, no reorder: 1x1 kernels, which oneDNN runs
+//    as a GEMM there anyway (10% faster than blocked).
 // prefer_blocked() picks one by shape alone (never by timing, so that every process and every run of
 // a shape computes the same numbers). Primitives, reorders and their memory objects are cached per
 // thread and problem signature, like the matmul (backends/cpu/matmul.cpp): a repeated call costs a
@@ -97,9 +98,7 @@ struct Problem {
   memory::desc bia() const { return {Dims{w[0]}, memory::data_type::f32, memory::format_tag::x}; }
   // The layouts the primitives are created with: the plain ones, or "any" (see the top of the file).
   bool prefer_blocked() const {
-    const int64_t g = p->groups, cin = x[1] / g, cout = y[1] / g, taps = w[2] * w[3];
-    if (g > 1 && cin == 1 && cout == 1) return true;  // depthwise
-    return taps > 1 && cin >= 16 && cout >= 16;
+    return w[2] * w[3] > 1;  // all but 1x1 kernels (which are GEMMs on the plain layout already)
   }
   memory::desc any(const memory::desc& d) const {
     return prefer_blocked() ? memory::desc(d.dims(), memory::data_type::f32, memory::format_tag::any) : d;

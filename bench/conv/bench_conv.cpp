@@ -154,6 +154,8 @@ void BM_conv2d_fwd_bwd(benchmark::State& state) {
 void conv_args(benchmark::internal::Benchmark* b) {
   b->Args({128, 1, 28, 32, 3, 1, 1, 1});    // examples/fashion_mnist_cnn, first conv
   b->Args({128, 32, 14, 64, 3, 1, 1, 1});   // ... second conv
+  b->Args({64, 3, 32, 16, 3, 1, 1, 1});     // an RGB first layer
+  b->Args({64, 8, 28, 8, 5, 1, 2, 1});      // few channels, 5x5
   b->Args({8, 64, 56, 64, 3, 1, 1, 1});     // a ResNet stage-1 3x3
   b->Args({8, 128, 28, 256, 3, 2, 1, 1});   // a strided 3x3 (downsampling)
   b->Args({8, 256, 14, 256, 1, 1, 0, 1});   // a 1x1 (pointwise)

@@ -182,7 +182,9 @@ template <Backend B> int run(nn::AttentionKind kind, int64_t steps, double min_a
   auto step = [&](const Batch<B>& b) {
     const Var<B> memory = model.encode(b.src, b.src_real);
     const Var<B> logits = model.decode(b.tgt_in, 0, memory, b.src_real);  // [n, T, vocab]
-    return StepOutput<B>{.loss = nn::cross_entropy(logits.reshape({-1, kVocab}), b.tgt_out.reshape({-1}))};
+    return StepOutput<B>{.loss = nn::cross_entropy(logits.reshape({-1, kVocab}), b.tgt_out.reshape({-1})),
+                         .samples = b.src.size(0),
+                         .tokens = b.src.size(0) * kTgtLen};
   };
   const auto t0 = std::chrono::steady_clock::now();
   fit(model, opt, IndexedBatches{.batch = train_batch}, step,
