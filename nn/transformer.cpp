@@ -1,5 +1,7 @@
 #include "kiln/nn/transformer.hpp"
 
+#include "kiln/nn/container.hpp"
+
 #include <string>
 
 namespace kiln::nn {
@@ -39,14 +41,18 @@ template <Backend B> std::shared_ptr<Linear<B>> make_linear(int64_t in, int64_t 
   return std::make_shared<Linear<B>>(LinearOptions{.in = in, .out = out, .bias = o.bias, .dtype = o.dtype});
 }
 
-// A module holding a list of submodules named 0, 1, ... (PyTorch's ModuleList), for "layers.{i}".
-template <Backend B> class LayerList : public Module<B> {
- public:
-  template <class M> std::shared_ptr<M> push(std::shared_ptr<M> m) { return this->register_module(std::to_string(n_++), std::move(m)); }
-
- private:
-  int64_t n_ = 0;
-};
+// A stack's layers, appended to its "layers" list (named 0, 1, ...): layer i gets depth i.
+template <class Layer, Backend B>
+std::vector<std::shared_ptr<Layer>> stack_layers(const char* who, ModuleList<B>& list, const TransformerStackOptions& o) {
+  KILN_CHECK(o.num_layers >= 1, "{}: num_layers must be >= 1, got {}", who, o.num_layers);
+  std::vector<std::shared_ptr<Layer>> layers;
+  for (int64_t i = 0; i < o.num_layers; ++i) {
+    TransformerLayerOptions l = o.layer;
+    l.depth = i;
+    layers.push_back(list.push_back(std::make_shared<Layer>(l)));
+  }
+  return layers;
+}
 
 // Registers an AnyAttention / AnyNorm under `name` on a module (from inside its constructor).
 #define KILN_REG_ANY(name, any, a, b) (any.a ? (void)this->register_module(name, any.a) : (void)this->register_module(name, any.b))
@@ -136,13 +142,8 @@ Var<B> TransformerDecoderLayer<B>::forward(const Var<B>& tgt, const Var<B>& memo
 
 // ------------------------------------------------------------------------------------------ stacks
 template <Backend B> TransformerEncoder<B>::TransformerEncoder(TransformerStackOptions o) : o_(o) {
-  KILN_CHECK(o_.num_layers >= 1, "TransformerEncoder: num_layers must be >= 1, got {}", o_.num_layers);
-  auto list = this->register_module("layers", std::make_shared<LayerList<B>>());
-  for (int64_t i = 0; i < o_.num_layers; ++i) {
-    TransformerLayerOptions l = o_.layer;
-    l.depth = i;
-    layers_.push_back(list->push(std::make_shared<TransformerEncoderLayer<B>>(l)));
-  }
+  auto list = this->register_module("layers", std::make_shared<ModuleList<B>>());
+  layers_ = stack_layers<TransformerEncoderLayer<B>>("TransformerEncoder", *list, o_);
   if (o_.final_norm) {
     norm_ = make_norm<B>(o_.layer);
     KILN_REG_ANY("norm", norm_, ln, rms);
@@ -157,13 +158,8 @@ Var<B> TransformerEncoder<B>::forward(const Var<B>& src, const Tensor<B>& src_ke
 }
 
 template <Backend B> TransformerDecoder<B>::TransformerDecoder(TransformerStackOptions o) : o_(o) {
-  KILN_CHECK(o_.num_layers >= 1, "TransformerDecoder: num_layers must be >= 1, got {}", o_.num_layers);
-  auto list = this->register_module("layers", std::make_shared<LayerList<B>>());
-  for (int64_t i = 0; i < o_.num_layers; ++i) {
-    TransformerLayerOptions l = o_.layer;
-    l.depth = i;
-    layers_.push_back(list->push(std::make_shared<TransformerDecoderLayer<B>>(l)));
-  }
+  auto list = this->register_module("layers", std::make_shared<ModuleList<B>>());
+  layers_ = stack_layers<TransformerDecoderLayer<B>>("TransformerDecoder", *list, o_);
   if (o_.final_norm) {
     norm_ = make_norm<B>(o_.layer);
     KILN_REG_ANY("norm", norm_, ln, rms);
