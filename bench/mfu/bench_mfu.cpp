@@ -20,7 +20,8 @@
 // the step and its GEMMs alike.
 //   step / matmul-only (best): the issue-14 goal is <= 1.25 on d256;
 //   MFU vs GEMM rate: achieved model GFLOP/s of the step / GFLOP/s of its GEMMs at the best rate.
-// Run with KILN_NUM_THREADS set; results in bench/RESULTS.md.
+// Run with KILN_NUM_THREADS set and GOMP_SPINCOUNT=1000 (the OpenMP policy `kiln train` sets for itself,
+// train/cli/kiln.cpp); results in bench/RESULTS.md.
 #include <cblas.h>
 #include <omp.h>
 
