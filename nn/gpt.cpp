@@ -170,7 +170,7 @@ GPTFlops gpt_flops(const ModelConfig& config, int64_t T) {
   KILN_CHECK(T >= 1, "gpt_flops: T must be >= 1, got {}", T);
   const ModelConfig c = config.resolved();
   const double D = static_cast<double>(c.d_model), t = static_cast<double>(T), L = static_cast<double>(c.n_layers);
-  const double head = D / static_cast<double>(c.n_heads), kv = static_cast<double>(c.n_kv_heads) * head;  // q/k/v widths
+  const double head = D / static_cast<double>(c.n_heads), kv = static_cast<double>(c.n_kv_heads) * head;  // k and v widths
   const double per_layer = D * D + 2 * D * kv + D * D + 3 * D * static_cast<double>(c.ffn_hidden);
   GPTFlops f;
   f.dense = 6 * t * (L * per_layer + D * static_cast<double>(c.vocab_size));

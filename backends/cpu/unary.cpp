@@ -87,7 +87,7 @@ template <class Op> void Cpu::unary(M out, V in) {
 }
 
 // Fused SwiGLU (contract in core/fused_swiglu.hpp): s = sigmoid(a) through the vector math, a chunk
-// of kBuf at a time in a stack buffer, then one fused loop; doubles use the scalar formula.
+// of kSwigluBuf at a time in a stack buffer, then one fused loop; doubles use the scalar formula.
 namespace {
 constexpr int64_t kSwigluBuf = 256;
 
