@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-namespace kiln::test {
+namespace kt {
 
 struct CommandResult {
   int status;       // the exit status
@@ -24,4 +24,4 @@ inline CommandResult run_command(const std::string& cmd) {
   return {WEXITSTATUS(st), out};
 }
 
-}  // namespace kiln::test
+}  // namespace kt

@@ -67,8 +67,8 @@ std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() / fmt::format("kiln-profile-{}-{}", ::getpid(), name)).string();
 }
 
-using Run = kiln::test::CommandResult;
-Run shell(const std::string& cmd) { return kiln::test::run_command(cmd + " 2>&1"); }
+using Run = kt::CommandResult;
+Run shell(const std::string& cmd) { return kt::run_command(cmd + " 2>&1"); }
 
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
@@ -269,7 +269,7 @@ TEST_CASE("profile: every thread records into its own buffer, merged when read",
     if (s.name == "mul") CHECK(s.calls == 6);
 }
 
-TEST_CASE("profile: KILN_PROFILE=1 reports at exit; kiln train --profile writes a trace of steps, ops and backward", "[profile]") {
+TEST_CASE("profile: kiln train --profile and KILN_PROFILE=1 write a trace of steps, ops and backward", "[profile]") {
   const std::string dir = temp_path("cli");
   std::filesystem::create_directories(dir);
   const std::string text = dir + "/text.txt", tok = dir + "/tok.safetensors";

@@ -12,9 +12,9 @@
 
 namespace {
 
-using Result = kiln::test::CommandResult;
+using Result = kt::CommandResult;
 
-Result kiln(const std::string& args) { return kiln::test::run_command(fmt::format("{} {} 2>&1", KILN_CLI, args)); }
+Result kiln(const std::string& args) { return kt::run_command(fmt::format("{} {} 2>&1", KILN_CLI, args)); }
 
 std::string temp(const std::string& name, const std::string& content) {
   const auto p = std::filesystem::temp_directory_path() / fmt::format("kiln-cli-{}-{}", ::getpid(), name);
