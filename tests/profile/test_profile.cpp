@@ -183,8 +183,9 @@ TEST_CASE("profile: a forward and backward records every op by name, with shapes
 }
 
 TEST_CASE("profile: scopes nest, self time is the time outside the direct children", "[profile]") {
-  prof::start();
   {
+    const prof::Session session;
+    CHECK(prof::enabled());
     prof::Scope outer("outer");
     const T a = T::ones({64, 64});
     (void)a.add(a);
@@ -193,7 +194,7 @@ TEST_CASE("profile: scopes nest, self time is the time outside the direct childr
       (void)a.matmul(a).exp();
     }
   }
-  prof::stop();
+  CHECK_FALSE(prof::enabled());
   const auto ev = prof::events();
   check_well_nested(ev);
   const auto outer = named(ev, "outer"), inner = named(ev, "inner 1");
