@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "kiln/core/error.hpp"
+#include "kiln/formats/safetensors.hpp"
 
 namespace kiln::profile {
 
@@ -152,7 +152,7 @@ void pop_close() noexcept {
   if (d >= kMaxDepth) return;
   Open& o = l.open[static_cast<size_t>(d)];
   Raw& r = o.raw;
-  if (r.timer) r.dev1 = r.timer->record();
+  if (r.timer && r.dev0) r.dev1 = r.timer->record();  // (no pair when the first record failed)
   r.dur = t1 - r.t0;
   r.self = r.dur - o.child;
   if (d > 0) l.open[static_cast<size_t>(d - 1)].child += r.dur;
@@ -584,11 +584,11 @@ void write_chrome_trace(const std::string& path) {
   sep();
   o += fmt::format(R"({{"name": "process_name", "ph": "M", "pid": {}, "args": {{"name": "kiln"}}}})", pid);
   o += "\n]}\n";
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  KILN_CHECK(f, "profile: cannot write the Chrome trace to '{}': {}", path, std::strerror(errno));
-  const size_t w = std::fwrite(o.data(), 1, o.size(), f);
-  const int c = std::fclose(f);
-  KILN_CHECK(w == o.size() && c == 0, "profile: writing the Chrome trace to '{}' failed: {}", path, std::strerror(errno));
+  try {  // as every file kiln writes: never half-written (docs/formats.md)
+    safetensors::write_atomically(path, {{o.data(), o.size()}});
+  } catch (const Error& e) {
+    fail("profile: writing the Chrome trace to '{}': {}", path, e.what());
+  }
 }
 
 }  // namespace kiln::profile
