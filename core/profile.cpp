@@ -502,8 +502,9 @@ std::string report(size_t rows) {
     const Stat& x = st[i];
     const double secs = static_cast<double>(charged_ns(x)) * 1e-9;
     std::string rate;
-    if (x.flops > 0 && secs > 0) rate = fmt::format("{:.3g} GFLOP/s", x.flops / secs * 1e-9);
-    else if (x.bytes > 0 && secs > 0) rate = fmt::format("{:.3g} GB/s", static_cast<double>(x.bytes) / secs * 1e-9);
+    auto num = [](double v) { return v < 1e-3 ? std::string("<0.001") : fmt::format("{:.3g}", v); };
+    if (x.flops > 0 && secs > 0) rate = num(x.flops / secs * 1e-9) + " GFLOP/s";
+    else if (x.bytes > 0 && secs > 0) rate = num(static_cast<double>(x.bytes) / secs * 1e-9) + " GB/s";
     std::string name = x.name.size() > 34 ? x.name.substr(0, 31) + "..." : x.name;
     o += fmt::format("{:<34} {:>8} {:>11.3f} {:>11.3f} {:>5.1f}%{} {:>13}\n", name, x.calls, static_cast<double>(x.total_ns) * 1e-6,
                      static_cast<double>(x.self_ns) * 1e-6,

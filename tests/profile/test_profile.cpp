@@ -307,6 +307,14 @@ TEST_CASE("profile: kiln train --profile and KILN_PROFILE=1 write a trace of ste
   int steps = 0;
   for (const auto& y : ys) steps += y["name"] == "fit.step";
   CHECK(steps == 3);
+
+  // without KILN_PROFILE_OUT: kiln-profile.json in the working directory; KILN_PROFILE=0 is off
+  const std::string cwd = dir + "/cwd";
+  std::filesystem::create_directories(cwd);
+  REQUIRE(shell(fmt::format("cd {} && KILN_PROFILE=0 {} tokenize --text {} --chars --out tok.safetensors", cwd, KILN_CLI, text)).status == 0);
+  CHECK_FALSE(std::filesystem::exists(cwd + "/kiln-profile.json"));
+  REQUIRE(shell(fmt::format("cd {} && KILN_PROFILE=1 {} tokenize --text {} --chars --out tok.safetensors", cwd, KILN_CLI, text)).status == 0);
+  check_trace(read_json(cwd + "/kiln-profile.json"));
   std::filesystem::remove_all(dir);
 }
 
