@@ -95,7 +95,8 @@ std::string report(size_t rows = 40);
 void write_chrome_trace(const std::string& path);
 
 // A named region on the calling thread. The const char* form keeps the pointer (give it a string
-// literal or another string that outlives the session); the std::string form copies the name.
+// literal or another string that outlives the session); the std::string form copies the name once
+// into a table shared by all threads (a lock, taken only when recording).
 class Scope {
  public:
   explicit Scope(const char* name, const char* cat = "user") noexcept {
