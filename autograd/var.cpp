@@ -7,6 +7,7 @@
 
 #include "kiln/autograd/record.hpp"
 #include "kiln/backends/backends.hpp"
+#include "kiln/core/profile.hpp"
 
 namespace kiln {
 
@@ -158,7 +159,11 @@ template <Backend B> void run_backward(const std::shared_ptr<Node<B>>& root, Ten
     if (it != pending.end()) {  // else no gradient reached this node
       const Tensor<B> g = std::move(it->second);
       pending.erase(it);
-      Grads<B> gin = n->backward(g);
+      Grads<B> gin;
+      {
+        const profile::Scope prof(profile::enabled() ? profile::detail::backward_name(n->op) : nullptr, "backward");
+        gin = n->backward(g);
+      }
       KILN_CHECK(gin.size() == n->inputs.size(), "backward: '{}' returned {} gradients for {} inputs", n->op, gin.size(),
                  n->inputs.size());
       for (size_t i = 0; i < gin.size(); ++i) {

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/core/profile.hpp"
 #include "kiln/core/tensor.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
@@ -42,7 +43,7 @@ template <Backend B> Tensor<B> softmax(const Tensor<B>& x, int64_t axis, bool lo
       const bool last = a == x.dim() - 1;
       const Tensor<B> xc = (last ? x : x.transpose(a, -1)).contiguous();
       Tensor<B> out = Tensor<B>::empty(xc.shape(), x.dtype());
-      B::softmax_lastdim(out.mview(), xc.cview(), log);
+      KILN_PROFILED(name, out, xc) B::softmax_lastdim(out.mview(), xc.cview(), log);
       return last ? out : out.transpose(a, -1).contiguous();
     }
   }
@@ -67,7 +68,7 @@ template <Backend B> Tensor<B> softmax_backward(const Tensor<B>& y, const Tensor
       const Tensor<B> yc = (last ? y : y.transpose(a, -1)).contiguous();
       const Tensor<B> dyc = (last ? dy : dy.transpose(a, -1)).contiguous();
       Tensor<B> dx = Tensor<B>::empty(yc.shape(), y.dtype());
-      B::softmax_lastdim_backward(dx.mview(), yc.cview(), dyc.cview(), log);
+      KILN_PROFILED(name, dx, yc, dyc) B::softmax_lastdim_backward(dx.mview(), yc.cview(), dyc.cview(), log);
       return last ? dx : dx.transpose(a, -1).contiguous();
     }
   }
@@ -166,6 +167,14 @@ template <Backend B> Tensor<B> mask_view(const AttnDims& a, const Tensor<B>& mas
 template <Backend B> Tensor<B> mask_additive(const Tensor<B>& mask, DType dt) {
   if (mask.dtype() != DType::boolean) return mask.to(dt);
   return Tensor<B>::where(mask, Tensor<B>::zeros({}, dt), Tensor<B>::full({}, -INFINITY, dt));
+}
+
+// FLOPs of the two (forward) or five (backward: S recomputed, dV, dP, dQ, dK) matrix products over
+// the T x S scores, halved when causal (about half the scores are computed): what the profiler reports.
+inline double attention_flops(const AttnDims& a, bool causal, bool backward) {
+  const double per_score = backward ? 3.0 * static_cast<double>(a.d) + 2.0 * static_cast<double>(a.dv)
+                                    : static_cast<double>(a.d) + static_cast<double>(a.dv);
+  return 2.0 * static_cast<double>(a.B * a.H * a.T * a.S) * per_score * (causal ? 0.5 : 1.0);
 }
 
 inline DType lse_dtype(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
@@ -291,6 +300,7 @@ std::pair<Tensor<B>, Tensor<B>> attention_forward(const Tensor<B>& q, const Tens
     const View<typename B::Storage> kpv = kp.defined() ? kp.cview() : qc.cview();
     const Tensor<B> mv = mask.defined() ? detail::mask_view(a, mask, dt) : Tensor<B>();
     const View<typename B::Storage> mvv = mv.defined() ? mv.cview() : qc.cview();
+    KILN_PROFILED_FLOPS("attention_forward", detail::attention_flops(a, causal, false), o, lse, qc, kc, vc)
     B::attention_forward(o.mview(), lse.mview(), qc.cview(), kc.cview(), vc.cview(), kp.defined() ? &kpv : nullptr,
                          mv.defined() ? &mvv : nullptr, scale, causal, pos0);
     return {o, lse};
@@ -329,6 +339,7 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward(const Tensor<B>& 
     const View<typename B::Storage> kpv = kp.defined() ? kp.cview() : qc.cview();
     const Tensor<B> mv = mask.defined() ? detail::mask_view(a, mask, dt) : Tensor<B>();
     const View<typename B::Storage> mvv = mv.defined() ? mv.cview() : qc.cview();
+    KILN_PROFILED_FLOPS("attention_backward", detail::attention_flops(a, causal, true), dq, qc, kc, vc, dk, dv, oc, lc, gc)
     B::attention_backward(dq.mview(), dk.mview(), dv.mview(), qc.cview(), kc.cview(), vc.cview(), oc.cview(), lc.cview(), gc.cview(),
                           kp.defined() ? &kpv : nullptr, mv.defined() ? &mvv : nullptr, scale, causal, pos0);
     return {dq, dk, dv};

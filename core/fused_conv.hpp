@@ -328,6 +328,7 @@ template <Backend B> Tensor<B> conv2d(const Tensor<B>& x, const Tensor<B>& w, co
       const Tensor<B> xc = x.contiguous(), wc = w.contiguous(), bc = bias.defined() ? bias.contiguous() : Tensor<B>();
       Tensor<B> y = Tensor<B>::empty(ys, x.dtype());
       const View<typename B::Storage> bv = bc.defined() ? bc.cview() : wc.cview();
+      KILN_PROFILED_FLOPS("conv2d_forward", 2.0 * static_cast<double>(y.numel()) * static_cast<double>(wc.shape()[1] * wc.shape()[2] * wc.shape()[3]), y, xc, wc, bc)
       if (B::conv2d_forward(y.mview(), xc.cview(), wc.cview(), bc.defined() ? &bv : nullptr, p)) return y;
     }
   }
@@ -344,6 +345,7 @@ template <Backend B> Tensor<B> conv2d_backward_input(const Tensor<B>& dy, const 
     if (dy.numel() > 0 && kiln::numel(xs) > 0) {
       const Tensor<B> dyc = dy.contiguous(), wc = w.contiguous();
       Tensor<B> dx = Tensor<B>::empty(xs, dy.dtype());
+      KILN_PROFILED_FLOPS("conv2d_backward_input", 2.0 * static_cast<double>(dyc.numel()) * static_cast<double>(wc.shape()[1] * wc.shape()[2] * wc.shape()[3]), dx, dyc, wc)
       if (B::conv2d_backward_input(dx.mview(), dyc.cview(), wc.cview(), p)) return dx;
     }
   }
@@ -366,6 +368,7 @@ std::pair<Tensor<B>, Tensor<B>> conv2d_backward_weight(const Tensor<B>& dy, cons
       const Tensor<B> dyc = dy.contiguous(), xc = x.contiguous();
       Tensor<B> dw = Tensor<B>::empty(ws, dy.dtype()), db = bias ? Tensor<B>::empty({ws[0]}, dy.dtype()) : Tensor<B>();
       MutView<typename B::Storage> dbv = bias ? db.mview() : dw.mview();
+      KILN_PROFILED_FLOPS("conv2d_backward_weight", 2.0 * static_cast<double>(dyc.numel()) * static_cast<double>(ws[1] * ws[2] * ws[3]), dw, db, dyc, xc)
       if (B::conv2d_backward_weight(dw.mview(), bias ? &dbv : nullptr, dyc.cview(), xc.cview(), p)) return {dw, db};
     }
   }
@@ -407,7 +410,7 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> max_pool2d(const Tensor<B>&
     if (ys[0] > 0) {
       const Tensor<B> xc = x.contiguous();
       Tensor<B> y = Tensor<B>::empty(ys, x.dtype()), idx = Tensor<B>::empty(ys, DType::i64);
-      if (B::max_pool2d_forward(y.mview(), idx.mview(), xc.cview(), p)) return {y, idx};
+      KILN_PROFILED("max_pool2d_forward", y, idx, xc) if (B::max_pool2d_forward(y.mview(), idx.mview(), xc.cview(), p)) return {y, idx};
     }
   }
   return max_pool2d_composite(x, p);
@@ -425,7 +428,7 @@ Tensor<B> max_pool2d_backward(const Tensor<B>& dy, const Tensor<B>& idx, const S
     if (dy.numel() > 0) {
       const Tensor<B> dyc = dy.contiguous(), ic = idx.contiguous();
       Tensor<B> dx = Tensor<B>::zeros(xs, dy.dtype());
-      if (B::max_pool2d_backward(dx.mview(), dyc.cview(), ic.cview(), p)) return dx;
+      KILN_PROFILED("max_pool2d_backward", dx, dyc, ic) if (B::max_pool2d_backward(dx.mview(), dyc.cview(), ic.cview(), p)) return dx;
     }
   }
   return max_pool2d_backward_composite(dy, idx, xs);
@@ -440,7 +443,7 @@ template <Backend B> Tensor<B> avg_pool2d(const Tensor<B>& x, const Pool2dParams
     if (ys[0] > 0) {
       const Tensor<B> xc = x.contiguous();
       Tensor<B> y = Tensor<B>::empty(ys, x.dtype());
-      if (B::avg_pool2d_forward(y.mview(), xc.cview(), p)) return y;
+      KILN_PROFILED("avg_pool2d_forward", y, xc) if (B::avg_pool2d_forward(y.mview(), xc.cview(), p)) return y;
     }
   }
   return avg_pool2d_composite(x, p);
@@ -456,7 +459,7 @@ template <Backend B> Tensor<B> avg_pool2d_backward(const Tensor<B>& dy, const Sh
     if (dy.numel() > 0) {
       const Tensor<B> dyc = dy.contiguous();
       Tensor<B> dx = Tensor<B>::empty(xs, dy.dtype());
-      if (B::avg_pool2d_backward(dx.mview(), dyc.cview(), p)) return dx;
+      KILN_PROFILED("avg_pool2d_backward", dx, dyc) if (B::avg_pool2d_backward(dx.mview(), dyc.cview(), p)) return dx;
     }
   }
   return avg_pool2d_backward_composite(dy, xs, p);

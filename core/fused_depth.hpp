@@ -83,7 +83,7 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> depth_attention_forward(const std::v
     for (const Tensor<B>& t : v) vc.push_back(t.to(cd).contiguous().reshape({N, D}));
     for (const Tensor<B>& t : vc) vv.push_back(t.cview());
     Tensor<B> h = Tensor<B>::empty({N, D}, cd), alpha = Tensor<B>::empty({n, N}, cd), r = Tensor<B>::empty({n, N}, cd);
-    if (N) B::depth_attention_forward(h.mview(), alpha.mview(), r.mview(), vv, qc.cview(), eps);
+    if (N) KILN_PROFILED("depth_attention_forward", h, alpha, r, vv, qc) B::depth_attention_forward(h.mview(), alpha.mview(), r.mview(), vv, qc.cview(), eps);
     return {h.reshape(shape).to(v[0].dtype()), alpha.reshape(stat), r.reshape(stat)};
   } else {
     std::vector<Tensor<B>> vc;
@@ -119,7 +119,7 @@ std::pair<std::vector<Tensor<B>>, Tensor<B>> depth_attention_backward(const std:
     for (int64_t i = 0; i < n; ++i) dv.push_back(Tensor<B>::empty({N, D}, cd));
     for (Tensor<B>& t : dv) dvv.push_back(t.mview());
     dq = Tensor<B>::empty({D}, cd);
-    if (N) B::depth_attention_backward(dvv, dq.mview(), vv, qc.cview(), ac.cview(), rc.cview(), dhc.cview());
+    if (N) KILN_PROFILED("depth_attention_backward", dvv, dq, vv, qc) B::depth_attention_backward(dvv, dq.mview(), vv, qc.cview(), ac.cview(), rc.cview(), dhc.cview());
     else dq.zero_();
   } else {
     std::vector<Tensor<B>> vc;
@@ -159,7 +159,7 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> depth_attention_phase1(const std::ve
     for (const Tensor<B>& t : v) vc.push_back(t.to(cd).contiguous().reshape({N, D}));
     for (const Tensor<B>& t : vc) vv.push_back(t.cview());
     Tensor<B> m = Tensor<B>::empty({S, N}, cd), l = Tensor<B>::empty({S, N}, cd), acc = Tensor<B>::empty({S, N, D}, cd);
-    if (N && S) B::depth_attention_phase1(m.mview(), l.mview(), acc.mview(), vv, Qc.cview(), eps);
+    if (N && S) KILN_PROFILED("depth_attention_phase1", m, l, acc, vv) B::depth_attention_phase1(m.mview(), l.mview(), acc.mview(), vv, Qc.cview(), eps);
     return {m.reshape(stat), l.reshape(stat), acc.reshape(full)};
   } else {
     std::vector<Tensor<B>> vc;
@@ -195,7 +195,7 @@ Tensor<B> depth_attention_merge(const Tensor<B>& m, const Tensor<B>& l, const Te
     const Tensor<B> pc = p.defined() ? p.to(cd).contiguous() : Tensor<B>();
     Tensor<B> h = Tensor<B>::empty({N, D}, cd);
     const View<typename B::Storage> pv = pc.defined() ? pc.cview() : ac.cview();
-    if (N) B::depth_attention_merge(h.mview(), mc.cview(), lc.cview(), ac.cview(), pc.defined() ? &pv : nullptr, qc.cview(), eps);
+    if (N) KILN_PROFILED("depth_attention_merge", h, mc, lc, ac) B::depth_attention_merge(h.mview(), mc.cview(), lc.cview(), ac.cview(), pc.defined() ? &pv : nullptr, qc.cview(), eps);
     return h.reshape(shape).to(out);
   } else {
     const Tensor<B> mu = m.to(cd).unsqueeze(-1), lu = l.to(cd).unsqueeze(-1);       // [rows..., 1]

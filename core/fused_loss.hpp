@@ -43,7 +43,7 @@ std::pair<Tensor<B>, Tensor<B>> cross_entropy_forward(const Tensor<B>& logits, c
   if constexpr (HasCrossEntropy<B>) {
     const Tensor<B> x = logits.to(cd).contiguous(), t = targets.contiguous();
     Tensor<B> loss = Tensor<B>::empty({N}, cd), lse = Tensor<B>::empty({N}, cd);
-    if (N) B::cross_entropy_forward(loss.mview(), lse.mview(), x.cview(), t.cview(), ignore_index, smoothing);
+    if (N) KILN_PROFILED("cross_entropy_forward", loss, lse, x, t) B::cross_entropy_forward(loss.mview(), lse.mview(), x.cview(), t.cview(), ignore_index, smoothing);
     return {loss, lse};
   } else {
     const Tensor<B> x = logits.to(cd);
@@ -71,7 +71,7 @@ Tensor<B> cross_entropy_backward(const Tensor<B>& logits, const Tensor<B>& lse, 
     const Tensor<B> x = logits.to(cd).contiguous(), t = targets.contiguous();
     const Tensor<B> l = lse.to(cd).contiguous(), gc = g.to(cd).contiguous();
     Tensor<B> dx = Tensor<B>::empty({N, C}, cd);
-    if (N) B::cross_entropy_backward(dx.mview(), x.cview(), l.cview(), t.cview(), gc.cview(), ignore_index, smoothing);
+    if (N) KILN_PROFILED("cross_entropy_backward", dx, x, l, t) B::cross_entropy_backward(dx.mview(), x.cview(), l.cview(), t.cview(), gc.cview(), ignore_index, smoothing);
     return dx.to(logits.dtype());
   } else {
     const Tensor<B> x = logits.to(cd);

@@ -67,7 +67,7 @@ void adam_step(const std::vector<Tensor<B>*>& w, const std::vector<Tensor<B>*>& 
       vv.push_back(v[i]->mview());
       gv.push_back(g[i].cview());
     }
-    if (!wv.empty()) B::adam_step(wv, mv, vv, gv, h);
+    if (!wv.empty()) KILN_PROFILED("adam_step", wv, mv, vv, gv) B::adam_step(wv, mv, vv, gv, h);
   }
 }
 

@@ -14,6 +14,7 @@
 #include "kiln/core/backend.hpp"
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/core/profile.hpp"
 #include "kiln/core/rng.hpp"
 #include "kiln/core/scalar.hpp"
 #include "kiln/core/shape.hpp"
@@ -309,7 +310,7 @@ template <Backend B> template <class Op> Tensor<B> Tensor<B>::map() const {
   if constexpr (Op::float_only)
     KILN_CHECK(is_floating(dtype_), "{}: needs a float dtype, got {} (shape {})", Op::name, dtype_, shape_str(shape()));
   Tensor out = empty(shape(), dtype_);
-  if (numel()) B::template unary<Op>(out.mview(), cview());
+  if (numel()) KILN_PROFILED(Op::name, out, *this) B::template unary<Op>(out.mview(), cview());
   return out;
 }
 
@@ -327,7 +328,7 @@ template <Backend B> template <class Op> Tensor<B> Tensor<B>::binary_op(const Te
   const Tensor a = shape() == s ? *this : expand(s);
   const Tensor b = o.shape() == s ? o : o.expand(s);
   Tensor out = empty(s, Op::compare ? DType::boolean : dtype_);
-  if (out.numel()) B::template binary<Op>(out.mview(), a.cview(), b.cview());
+  if (out.numel()) KILN_PROFILED(Op::name, out, a, b) B::template binary<Op>(out.mview(), a.cview(), b.cview());
   return out;
 }
 template <Backend B> template <class Op> Tensor<B> Tensor<B>::zip(const Tensor& o) const { return binary_op<Op>(o); }

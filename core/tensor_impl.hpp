@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kiln/core/fused.hpp"
+#include "kiln/core/profile.hpp"
 #include "kiln/core/tensor.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
@@ -26,7 +27,7 @@ template <Backend B> Tensor<B> Tensor<B>::empty(const Shape& shape, DType dtype)
 
 template <Backend B> Tensor<B> Tensor<B>::full(const Shape& shape, Scalar value, DType dtype) {
   Tensor t = empty(shape, dtype);
-  if (t.numel()) B::fill(t.mview(), value);
+  if (t.numel()) KILN_PROFILED("fill", t) B::fill(t.mview(), value);
   return t;
 }
 template <Backend B> Tensor<B> Tensor<B>::zeros(const Shape& shape, DType dtype) { return full(shape, 0, dtype); }
@@ -62,7 +63,7 @@ template <Backend B> Tensor<B>& Tensor<B>::uniform_(double lo, double hi, Genera
   KILN_CHECK(is_floating(dtype_), "uniform_: needs a float dtype, got {}", dtype_);
   Generator& g = gen ? *gen : default_generator();
   const uint64_t off = g.advance(static_cast<uint64_t>(numel()));
-  if (numel()) B::rand_uniform(mview(), g.seed(), off, lo, hi);
+  if (numel()) KILN_PROFILED("uniform_", *this) B::rand_uniform(mview(), g.seed(), off, lo, hi);
   return *this;
 }
 template <Backend B> Tensor<B>& Tensor<B>::normal_(double mean, double std, Generator* gen) {
@@ -70,14 +71,14 @@ template <Backend B> Tensor<B>& Tensor<B>::normal_(double mean, double std, Gene
   KILN_CHECK(is_floating(dtype_), "normal_: needs a float dtype, got {}", dtype_);
   Generator& g = gen ? *gen : default_generator();
   const uint64_t off = g.advance(static_cast<uint64_t>(numel()));
-  if (numel()) B::rand_normal(mview(), g.seed(), off, mean, std);
+  if (numel()) KILN_PROFILED("normal_", *this) B::rand_normal(mview(), g.seed(), off, mean, std);
   return *this;
 }
 
 template <Backend B> Tensor<B> Tensor<B>::from_blob(const void* data, const Shape& shape, DType dtype) {
   Tensor t = empty(shape, dtype);
   const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(dtype);
-  if (bytes) B::write(*t.storage_, 0, data, bytes);
+  if (bytes) KILN_PROFILED("copy_from_host", t) B::write(*t.storage_, 0, data, bytes);
   return t;
 }
 
@@ -85,7 +86,7 @@ template <Backend B> void Tensor<B>::copy_to_host(void* dst, size_t bytes) const
   KILN_CHECK(is_contiguous(), "copy_to_host: tensor of shape {} is not contiguous", shape_str(shape()));
   const size_t have = static_cast<size_t>(numel()) * dtype_size(dtype_);
   KILN_CHECK(bytes == have, "copy_to_host: asked for {} bytes, tensor {} {} holds {}", bytes, shape_str(shape()), dtype_, have);
-  if (bytes) B::read(*storage_, static_cast<size_t>(layout_.offset) * dtype_size(dtype_), dst, bytes);
+  if (bytes) KILN_PROFILED("copy_to_host", *this) B::read(*storage_, static_cast<size_t>(layout_.offset) * dtype_size(dtype_), dst, bytes);
 }
 
 // ====================================================================================== metadata
@@ -327,7 +328,7 @@ template <Backend B> Tensor<B> Tensor<B>::contiguous() const {
 template <Backend B> Tensor<B> Tensor<B>::clone() const {
   KILN_CHECK(defined(), "clone: undefined tensor");
   Tensor out = empty(shape(), dtype_);
-  if (numel()) B::copy(out.mview(), cview());
+  if (numel()) KILN_PROFILED("copy", out, *this) B::copy(out.mview(), cview());
   return out;
 }
 
@@ -335,7 +336,7 @@ template <Backend B> Tensor<B> Tensor<B>::to(DType dtype) const {
   KILN_CHECK(defined(), "to: undefined tensor");
   if (dtype == dtype_) return *this;
   Tensor out = empty(shape(), dtype);
-  if (numel()) B::copy(out.mview(), cview());
+  if (numel()) KILN_PROFILED("to", out, *this) B::copy(out.mview(), cview());
   return out;
 }
 
@@ -410,14 +411,14 @@ template <Backend B> Tensor<B> Tensor<B>::where(const Tensor& cond, const Tensor
   const Shape s = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
   const Tensor c2 = cond.expand(s), a2 = a.expand(s), b2 = b.expand(s);
   Tensor out = empty(s, a.dtype());
-  if (out.numel()) B::where(out.mview(), c2.cview(), a2.cview(), b2.cview());
+  if (out.numel()) KILN_PROFILED("where", out, c2, a2, b2) B::where(out.mview(), c2.cview(), a2.cview(), b2.cview());
   return out;
 }
 
 // ====================================================================================== in place
 template <Backend B> Tensor<B>& Tensor<B>::fill_(Scalar value) {
   check_writable("fill_");
-  if (numel()) B::fill(mview(), value);
+  if (numel()) KILN_PROFILED("fill", *this) B::fill(mview(), value);
   return *this;
 }
 
@@ -425,7 +426,7 @@ template <Backend B> Tensor<B>& Tensor<B>::copy_(const Tensor& src) {
   check_writable("copy_");
   KILN_CHECK(src.defined(), "copy_: undefined source");
   const Tensor s = src.shape() == shape() ? src : src.expand(shape());
-  if (numel()) B::copy(mview(), s.cview());
+  if (numel()) KILN_PROFILED("copy", *this, s) B::copy(mview(), s.cview());
   return *this;
 }
 
@@ -439,7 +440,7 @@ template <Backend B> template <class Op> Tensor<B>& Tensor<B>::inplace_op(const 
   KILN_CHECK(s == shape(), "{}_: result shape {} of broadcasting {} with {} differs from the in-place target", Op::name,
              shape_str(s), shape_str(shape()), shape_str(o.shape()));
   const Tensor b = o.shape() == s ? o : o.expand(s);
-  if (numel()) B::template binary<Op>(mview(), cview(), b.cview());
+  if (numel()) KILN_PROFILED(Op::name, *this, *this, b) B::template binary<Op>(mview(), cview(), b.cview());
   return *this;
 }
 template <Backend B> Tensor<B>& Tensor<B>::add_(const Tensor& o) { return inplace_op<op::Add>(o); }
@@ -487,8 +488,8 @@ template <Backend B> template <class Op> Tensor<B> Tensor<B>::reduce_op(const st
     s[static_cast<size_t>(a)] = 1;
     Tensor out = empty(s, x.dtype());
     if (out.numel()) {
-      if (x.numel()) B::template reduce<Op>(out.mview(), x.cview(), a);
-      else B::fill(out.mview(), std::is_same_v<Op, op::Prod> ? 1 : 0);
+      if (x.numel()) KILN_PROFILED(Op::name, out, x) B::template reduce<Op>(out.mview(), x.cview(), a);
+      else KILN_PROFILED("fill", out) B::fill(out.mview(), std::is_same_v<Op, op::Prod> ? 1 : 0);
     }
     x = out;
   }
@@ -528,7 +529,7 @@ template <Backend B> template <class Op> Tensor<B> Tensor<B>::index_reduce_op(in
   Shape s = shape();
   s[static_cast<size_t>(a)] = 1;
   Tensor out = empty(s, DType::i64);
-  if (out.numel()) B::template reduce<Op>(out.mview(), cview(), a);
+  if (out.numel()) KILN_PROFILED(Op::name, out, *this) B::template reduce<Op>(out.mview(), cview(), a);
   return keepdim ? out : out.squeeze(a);
 }
 template <Backend B> Tensor<B> Tensor<B>::argmax(int64_t axis, bool keepdim) const { return index_reduce_op<op::ArgMax>(axis, keepdim); }
@@ -575,8 +576,9 @@ template <Backend B> Tensor<B> Tensor<B>::matmul(const Tensor& o) const {
   b = b.expand(sb);
   Tensor out = empty(so, dtype_);
   if (out.numel()) {
-    if (K == 0) B::fill(out.mview(), 0);
-    else B::matmul(out.mview(), a.cview(), b.cview());
+    if (K == 0) KILN_PROFILED("fill", out) B::fill(out.mview(), 0);
+    else KILN_PROFILED_FLOPS("matmul", 2.0 * static_cast<double>(out.numel()) * static_cast<double>(K), out, a, b)
+      B::matmul(out.mview(), a.cview(), b.cview());
   }
   if (o.dim() == 1) out = out.squeeze(-1);
   if (dim() == 1) out = out.squeeze(o.dim() == 1 ? -1 : -2);
@@ -609,7 +611,7 @@ template <Backend B> Tensor<B> Tensor<B>::gather(int64_t axis, const Tensor& ind
                "gather: index shape {} larger than input shape {} at dim {}", shape_str(index.shape()), shape_str(shape()), d);
   check_index("gather", index, dim() == 0 ? 1 : shape()[static_cast<size_t>(a)]);
   Tensor out = empty(index.shape(), dtype_);
-  if (out.numel()) B::gather(out.mview(), cview(), a, index.cview());
+  if (out.numel()) KILN_PROFILED("gather", out, *this, index) B::gather(out.mview(), cview(), a, index.cview());
   return out;
 }
 
@@ -626,7 +628,7 @@ template <Backend B> Tensor<B> Tensor<B>::index_select(int64_t axis, const Tenso
   st[a] = index.strides()[0];
   const Tensor idx(index.storage(), Layout(s, st, index.offset()), index.dtype());
   Tensor out = empty(s, dtype_);
-  if (out.numel()) B::gather(out.mview(), cview(), static_cast<int>(a), idx.cview());
+  if (out.numel()) KILN_PROFILED("gather", out, *this, idx) B::gather(out.mview(), cview(), static_cast<int>(a), idx.cview());
   return out;
 }
 
@@ -648,7 +650,7 @@ template <Backend B> Tensor<B> Tensor<B>::scatter_add(int64_t axis, const Tensor
 
 template <Backend B> Tensor<B> Tensor<B>::scatter_add_checked(int a, const Tensor& index, const Tensor& src) const {
   Tensor out = clone();
-  if (index.numel()) B::scatter_add(out.mview(), a, index.cview(), src.cview());
+  if (index.numel()) KILN_PROFILED("scatter_add", out, index, src) B::scatter_add(out.mview(), a, index.cview(), src.cview());
   return out;
 }
 

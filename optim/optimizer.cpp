@@ -92,6 +92,7 @@ template <Backend B> SGD<B>::SGD(std::vector<ParamGroup<B>> groups, SGDOptions o
 template <Backend B> std::vector<std::string> SGD<B>::buffer_names() const { return {"momentum_buffer"}; }
 
 template <Backend B> void SGD<B>::step() {
+  const profile::Scope prof("optimizer.step(SGD)", "optim");
   NoGrad ng;
   ++this->steps_;
   for (auto& g : this->groups_)
@@ -122,6 +123,7 @@ template <Backend B> Adam<B>::Adam(std::vector<ParamGroup<B>> groups, AdamOption
 template <Backend B> std::vector<std::string> Adam<B>::buffer_names() const { return {"exp_avg", "exp_avg_sq"}; }
 
 template <Backend B> void Adam<B>::step() {
+  const profile::Scope prof(o_.decoupled ? "optimizer.step(AdamW)" : "optimizer.step(Adam)", "optim");
   NoGrad ng;
   const int64_t t = ++this->steps_;
   fused::AdamHyper h{.beta1 = o_.beta1, .beta2 = o_.beta2, .eps = o_.eps, .decoupled = o_.decoupled};

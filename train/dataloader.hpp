@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/core/profile.hpp"
 #include "kiln/core/tensor.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
@@ -145,6 +146,7 @@ template <IndexedDataset D> class DataLoader {
 
   // The next batch of the current epoch, or nullopt at its end (the loader then moves to the next epoch).
   std::optional<Batch> next() {
+    const profile::Scope prof("dataloader.next", "data");
     auto idx = sampler_.next();
     if (!idx) return std::nullopt;
     return data_.get(*idx);

@@ -413,6 +413,7 @@ template <Backend B> FitResult Engine<B>::run() {
 }
 
 template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState& st) {
+  const profile::Scope prof("fit.step", "step");
   const auto t0 = std::chrono::steady_clock::now();
   auto& groups = opt_.groups();
   for (size_t i = 0; i < groups.size(); ++i) {
@@ -433,12 +434,21 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
   double flops = 0;
   for (int64_t j = 0; j < m; ++j) {
     const std::function<void()> micro = [&] {
-      train_.fetch(step * k_ + j);
-      StepOutput<B> out = step_();
+      {
+        const profile::Scope prof_fetch("fit.fetch_batch", "data");
+        train_.fetch(step * k_ + j);
+      }
+      StepOutput<B> out = [&] {
+        const profile::Scope prof_fwd("fit.forward", "step");
+        return step_();
+      }();
       KILN_CHECK(out.loss.defined() && out.loss.numel() == 1, "fit: the step function must return a scalar loss, got {}",
                  out.loss.defined() ? shape_str(out.loss.shape()) : std::string("an undefined Var"));
-      if (m == 1) out.loss.backward();
-      else out.loss.mul(1.0 / static_cast<double>(m)).backward();
+      {
+        const profile::Scope prof_bwd("fit.backward", "step");
+        if (m == 1) out.loss.backward();
+        else out.loss.mul(1.0 / static_cast<double>(m)).backward();
+      }
       losses.push_back(out.loss.value());
       for (const auto& [k, v] : out.metrics) metric_sums[k] += v;
       samples += out.samples;

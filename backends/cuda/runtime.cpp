@@ -8,9 +8,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "kiln/backends/cuda/cuda.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/core/profile.hpp"
 
 namespace kiln::cuda {
 
@@ -117,6 +119,60 @@ DeviceState& state(int device) {
 }
 
 DeviceState& current(std::string_view op) { return state(require_device(op)); }
+
+// kiln::profile's timer for Cuda ops (core/profile.hpp): a pair of events recorded on the current
+// device's stream around each op, read when the profile is reported, so that recording never waits
+// for the device. Events are reused from a pool per device (an event is recorded on its own device).
+struct ProfEvent {
+  cudaEvent_t event = nullptr;
+  int device = 0;
+};
+std::mutex g_prof_mu;
+std::array<std::vector<ProfEvent*>, kMaxDevices> g_prof_pool;
+
+void* prof_record() noexcept {
+  try {
+    const int d = require_device("profile");
+    ProfEvent* e = nullptr;
+    {
+      std::lock_guard lock(g_prof_mu);
+      auto& pool = g_prof_pool[static_cast<size_t>(d)];
+      if (!pool.empty()) {
+        e = pool.back();
+        pool.pop_back();
+      }
+    }
+    if (!e) {
+      e = new ProfEvent{nullptr, d};
+      KILN_CUDA_CHECK_OP("profile", cudaEventCreate(&e->event));
+    }
+    KILN_CUDA_CHECK_OP("profile", cudaEventRecord(e->event, stream()));
+    return e;
+  } catch (const std::exception&) {
+    (void)cudaGetLastError();
+    return nullptr;  // the op is then timed on the host only
+  }
+}
+bool prof_elapsed(void* a, void* b, float* ms) noexcept {
+  auto* x = static_cast<ProfEvent*>(a);
+  auto* y = static_cast<ProfEvent*>(b);
+  if (!x || !y || x->device != y->device) return false;
+  if (cudaEventSynchronize(y->event) != cudaSuccess || cudaEventElapsedTime(ms, x->event, y->event) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+void prof_release(void* p) noexcept {
+  auto* e = static_cast<ProfEvent*>(p);
+  if (!e) return;
+  std::lock_guard lock(g_prof_mu);
+  g_prof_pool[static_cast<size_t>(e->device)].push_back(e);
+}
+[[maybe_unused]] const bool g_prof_registered = [] {
+  profile::register_device_timer(Cuda::name, {prof_record, prof_elapsed, prof_release});
+  return true;
+}();
 
 }  // namespace
 

@@ -8,23 +8,13 @@
 
 #include <fmt/format.h>
 
+#include "common/run.hpp"
+
 namespace {
 
-struct Result {
-  int status;
-  std::string out;
-};
+using Result = kt::CommandResult;
 
-Result kiln(const std::string& args) {
-  const std::string cmd = fmt::format("{} {} 2>&1", KILN_CLI, args);
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = ::pclose(p);
-  return {WEXITSTATUS(st), out};
-}
+Result kiln(const std::string& args) { return kt::run_command(fmt::format("{} {} 2>&1", KILN_CLI, args)); }
 
 std::string temp(const std::string& name, const std::string& content) {
   const auto p = std::filesystem::temp_directory_path() / fmt::format("kiln-cli-{}-{}", ::getpid(), name);

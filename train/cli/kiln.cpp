@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/backends/dispatch.hpp"
+#include "kiln/core/profile.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/dist/process_group.hpp"
 #include "kiln/train/data.hpp"
@@ -143,6 +144,7 @@ int cmd_train(int argc, char** argv) {
           {"seed", "seed for initialisation and sampling (default 0)"},
           {"dtype", "parameter dtype: f32 (default) or f64"},
           {"progress", "progress bar: auto (default), on, off"},
+          {"profile", "record every op (docs/profiling.md): write the Chrome trace here, print the table at the end"},
           {"quiet", "print nothing but errors", true}});
   a.parse(argc, argv, 2);
   TrainOptions o;
@@ -166,7 +168,15 @@ int cmd_train(int argc, char** argv) {
   o.quiet = a.has("quiet");
   // Started by mpirun/srun: one rank of a data-parallel job (docs/distributed.md).
   if (dist::launched()) dist::init();
+  std::string prof = a.str("profile");
+  if (!prof.empty() && dist::launched()) prof += fmt::format(".rank{}", dist::rank());  // one trace per process
+  if (!prof.empty()) profile::start();
   const TrainResult r = train_gpt(o);
+  if (!prof.empty()) {
+    profile::stop();
+    profile::write_chrome_trace(prof);
+    if (!o.quiet) fmt::print(stderr, "{}kiln train: profile trace written to {}\n", profile::report(), prof);
+  }
   return r.interrupted ? 130 : 0;
 }
 
