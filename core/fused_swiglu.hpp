@@ -37,7 +37,7 @@ template <Backend B> Tensor<B> swiglu_forward(const Tensor<B>& a, const Tensor<B
   if constexpr (HasSwiGLU<B>) {
     const Tensor<B> ac = a.to(cd).contiguous(), bc = b.to(cd).contiguous();
     Tensor<B> y = Tensor<B>::empty(a.shape(), cd);
-    if (y.numel()) B::swiglu_forward(y.mview(), ac.cview(), bc.cview());
+    if (y.numel()) KILN_PROFILED("swiglu_forward", y, ac, bc) B::swiglu_forward(y.mview(), ac.cview(), bc.cview());
     return y.to(dt);
   } else {
     return a.to(cd).silu().mul(b.to(cd)).to(dt);
@@ -52,7 +52,8 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> swiglu_backward(const Tenso
   if constexpr (HasSwiGLU<B>) {
     const Tensor<B> ac = a.to(cd).contiguous(), bc = b.to(cd).contiguous(), gc = dy.to(cd).contiguous();
     Tensor<B> da = Tensor<B>::empty(a.shape(), cd), db = Tensor<B>::empty(a.shape(), cd);
-    if (da.numel()) B::swiglu_backward(da.mview(), db.mview(), ac.cview(), bc.cview(), gc.cview());
+    if (da.numel()) KILN_PROFILED("swiglu_backward", da, db, ac, bc, gc)
+      B::swiglu_backward(da.mview(), db.mview(), ac.cview(), bc.cview(), gc.cview());
     return {da.to(dt), db.to(dt)};
   } else {
     const Tensor<B> af = a.to(cd), bf = b.to(cd), g = dy.to(cd);
