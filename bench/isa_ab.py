@@ -4,7 +4,9 @@
 Each configuration is LABEL=KILN[@ISA]: a kiln command and, optionally, KILN_CPU_ISA for it. The
 d_model 256, 4 layers, T 128, B 8 model of bench/train_vs_ref.py (mha), same data and initial weights
 for all; each round runs every configuration once (--steps steps each, in a rotating order), and the
-step times of steps 3.. of all rounds are pooled per configuration: median, and the ratio to the first.
+step times of steps 3.. of all rounds are pooled per configuration: median and 10th percentile (on a
+loaded machine the low percentile is the better estimate of an undisturbed step), and their ratios to
+the first configuration's.
 
   bench/isa_ab.py old=/path/old/kiln new=build/kiln@avx2 new512=build/kiln@avx512 [--rounds 3] [--steps 12]
 """
@@ -49,11 +51,15 @@ def main():
             subprocess.check_call([kiln, "train", *common, "--log", log], env=env)
             rows = [json.loads(l) for l in open(log) if l.strip()]
             ms[label] += [row["ms"] for row in rows[3:]]
-    first = statistics.median(ms[configs[0][0]])
-    print(f"{'config':<12} {'median ms':>10} {'steps':>6} {'vs ' + configs[0][0]:>10}")
+    def p10(v):
+        return sorted(v)[len(v) // 10]
+
+    first, first10 = statistics.median(ms[configs[0][0]]), p10(ms[configs[0][0]])
+    print(f"{'config':<12} {'median ms':>10} {'p10 ms':>8} {'steps':>6} {'median vs ' + configs[0][0]:>14} {'p10 vs ' + configs[0][0]:>11}")
     for label, kiln, isa in configs:
-        med = statistics.median(ms[label])
-        print(f"{label:<12} {med:10.1f} {len(ms[label]):6d} {first / med:9.3f}x   ({kiln}{' KILN_CPU_ISA=' + isa if isa else ''})")
+        med, low = statistics.median(ms[label]), p10(ms[label])
+        print(f"{label:<12} {med:10.1f} {low:8.1f} {len(ms[label]):6d} {first / med:13.3f}x {first10 / low:10.3f}x   "
+              f"({kiln}{' KILN_CPU_ISA=' + isa if isa else ''})")
     print(f"(logs in {tmp})")
 
 
