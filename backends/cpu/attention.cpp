@@ -204,9 +204,9 @@ template <class I, class T> void tile_ds(const T* p, T* dp, int64_t ld, int64_t 
 
 // The variants for this call.
 template <class T> struct TileKernels {
-  decltype(&tile_softmax<Baseline, T>) softmax = pick<tile_softmax<Baseline, T>, tile_softmax<Avx2, T>>();
+  decltype(&tile_softmax<Baseline, T>) softmax = pick<tile_softmax<Baseline, T>, tile_softmax<Avx2, T>, tile_softmax<Avx512, T>>();
   decltype(&tile_finish<Baseline, T>) finish = pick<tile_finish<Baseline, T>, tile_finish<Avx2, T>>();
-  decltype(&tile_probs<Baseline, T>) probs = pick<tile_probs<Baseline, T>, tile_probs<Avx2, T>>();
+  decltype(&tile_probs<Baseline, T>) probs = pick<tile_probs<Baseline, T>, tile_probs<Avx2, T>, tile_probs<Avx512, T>>();
   decltype(&tile_ds<Baseline, T>) ds = pick<tile_ds<Baseline, T>, tile_ds<Avx2, T>>();
 };
 

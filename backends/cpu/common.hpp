@@ -30,36 +30,48 @@
 #endif
 #endif
 #if KILN_CPU_X86
-#include <immintrin.h>  // every intrinsic is declared whatever the flags; using one needs its target
+// Every intrinsic is declared whatever the flags; using one needs its target. GCC 12's AVX-512 ones
+// warn about their own _mm512_undefined_* (a self-initialised variable) when inlined: silenced here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 namespace kiln::cpu {
 
 // ---------------------------------------------------------------------------------- instruction sets
-// The kernels' instruction set is chosen at run time, once (isa.cpp): KILN_CPU_ISA=baseline|avx2 when
-// set, else the best this CPU has. The library is compiled for the build's target (KILN_NATIVE=OFF:
-// baseline x86-64), and the kernels that gain from AVX2 + FMA are compiled a second time for it:
-//  * A kernel is a function template over an ISA tag (Baseline, Avx2) that covers a row or a chunk of
-//    rows: plain loops, no OpenMP region, no allocation, no error path. It calls the ISA's primitives
-//    by tag (dot2(I{}, ...), vm::exp_n(I{}, ...)); their Avx2 overloads are defined between
-//    KILN_CPU_AVX2_BEGIN and KILN_CPU_AVX2_END, which compile them for AVX2 + FMA whatever the flags.
+// The kernels' instruction set is chosen at run time, once (isa.cpp): KILN_CPU_ISA=baseline|avx2|avx512
+// when set, else the best this CPU has. The library is compiled for the build's target (KILN_NATIVE=OFF:
+// baseline x86-64), and the kernels that gain from wider vectors are compiled again for them:
+//  * A kernel is a function template over an ISA tag (Baseline, Avx2, Avx512) that covers a row or a
+//    chunk of rows: plain loops, no OpenMP region, no allocation, no error path. It calls the ISA's
+//    primitives by tag (dot2(I{}, ...), vm::exp_n(I{}, ...)); their Avx2 overloads are defined between
+//    KILN_CPU_AVX2_BEGIN and KILN_CPU_AVX2_END, which compile them for AVX2 + FMA whatever the flags,
+//    their Avx512 overloads (16 lanes, the same formulas) between KILN_CPU_AVX512_BEGIN and _END.
+//    Avx512 derives from Avx2: a primitive without an Avx512 overload is the Avx2 one.
 //  * pick<K<Baseline>, K<Avx2>>() returns the variant isa() chose: K<Baseline> itself, or K<Avx2>
 //    through Avx2Entry, a trampoline compiled for AVX2 + FMA that inlines the whole kernel (flatten),
-//    so the loops GCC vectorises in it use 256-bit vectors and FMA too. A caller picks once per call,
-//    before its parallel region, and calls the pointer per row or chunk (never per element).
-// No file is compiled with -mavx2: inline functions and template instances emitted there (std::vector,
-// kiln's headers) are COMDAT, and the linker may keep an AVX2 copy for baseline callers. Templates
-// defined outside a region stay baseline even when a region instantiates them; only functions whose
-// names carry Avx2/avx2 hold AVX instructions, which tests/cpu_isa checks on libkiln's disassembly.
-// In a native build (-march=native) both variants are compiled for this machine; Baseline then means
-// the portable kernels (scalar math, std::exp), still what KILN_CPU_ISA=baseline selects.
-// An AVX-512 variant would be one more tag, region macro pair, entry and case in isa.cpp.
-enum class Isa : uint8_t { baseline, avx2 };
+//    so the loops GCC vectorises in it use 256-bit vectors and FMA too. pick<..., K<Avx512>>() adds the
+//    AVX-512 variant (Avx512Entry, compiled for AVX-512 F/BW/DQ/VL); with two variants, an AVX-512 CPU
+//    runs K<Avx2>. A caller picks once per call, before its parallel region, and calls the pointer per
+//    row or chunk (never per element).
+// No file is compiled with -mavx2 or -mavx512f: inline functions and template instances emitted there
+// (std::vector, kiln's headers) are COMDAT, and the linker may keep an AVX copy for baseline callers.
+// Templates defined outside a region stay baseline even when a region instantiates them; only functions
+// whose names carry Avx2/avx2/Avx512/avx512 hold AVX instructions, which tests/cpu_isa checks on
+// libkiln's disassembly. In a native build (-march=native) every variant is compiled for this machine;
+// Baseline then means the portable kernels (scalar math, std::exp), still what KILN_CPU_ISA=baseline
+// selects.
+enum class Isa : uint8_t { baseline, avx2, avx512 };
 struct Baseline {};
 #if KILN_CPU_X86
 struct Avx2 {};
+struct Avx512 : Avx2 {};
 #else
-using Avx2 = Baseline;  // other architectures: the AVX2 instances are the baseline ones, never picked
+using Avx2 = Baseline;  // other architectures: the AVX instances are the baseline ones, never picked
+using Avx512 = Baseline;
 #endif
 
 // The instruction set in use: KILN_CPU_ISA, else the best available (read once). Throws kiln::Error
@@ -71,13 +83,18 @@ std::string_view isa_name(Isa i);
 #if defined(__clang__)
 #define KILN_CPU_AVX2_BEGIN _Pragma("clang attribute push(__attribute__((target(\"avx2,fma\"))), apply_to = function)")
 #define KILN_CPU_AVX2_END _Pragma("clang attribute pop")
+#define KILN_CPU_AVX512_BEGIN \
+  _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,avx512f,avx512bw,avx512dq,avx512vl\"))), apply_to = function)")
+#define KILN_CPU_AVX512_END _Pragma("clang attribute pop")
 #else
 #define KILN_CPU_AVX2_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma\")")
 #define KILN_CPU_AVX2_END _Pragma("GCC pop_options")
+#define KILN_CPU_AVX512_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,avx512f,avx512bw,avx512dq,avx512vl\")")
+#define KILN_CPU_AVX512_END _Pragma("GCC pop_options")
 #endif
 #endif
 
-// The entry point of a kernel instance F compiled for AVX2 + FMA: F's whole body inlined into it.
+// The entry point of a kernel instance F compiled for AVX2 + FMA (AVX-512): F's whole body inlined.
 #if KILN_CPU_X86
 KILN_CPU_AVX2_BEGIN
 template <auto F> struct Avx2Entry;
@@ -85,20 +102,38 @@ template <class R, class... A, R (*F)(A...)> struct Avx2Entry<F> {
   [[gnu::flatten]] static R run(A... a) { return F(std::forward<A>(a)...); }
 };
 KILN_CPU_AVX2_END
+KILN_CPU_AVX512_BEGIN
+template <auto F> struct Avx512Entry;
+template <class R, class... A, R (*F)(A...)> struct Avx512Entry<F> {
+  [[gnu::flatten]] static R run(A... a) { return F(std::forward<A>(a)...); }
+};
+KILN_CPU_AVX512_END
 #endif
 
 // The variant of a kernel for isa(): FB = K<Baseline, ...>, FA = K<Avx2, ...>.
 template <auto FB, auto FA> auto pick() -> decltype(FB) {
   static_assert(std::is_same_v<decltype(FB), decltype(FA)>, "pick: the variants of a kernel have one signature");
 #if KILN_CPU_X86
-  if (isa() == Isa::avx2) return &Avx2Entry<FA>::run;
+  if (isa() != Isa::baseline) return &Avx2Entry<FA>::run;
 #endif
   return FB;
+}
+// ... and FZ = K<Avx512, ...>: for the kernels whose primitives have Avx512 overloads (vecmath).
+template <auto FB, auto FA, auto FZ> auto pick() -> decltype(FB) {
+  static_assert(std::is_same_v<decltype(FB), decltype(FZ)>, "pick: the variants of a kernel have one signature");
+#if KILN_CPU_X86
+  if (isa() == Isa::avx512) return &Avx512Entry<FZ>::run;
+#endif
+  return pick<FB, FA>();
 }
 // pick<FB, FA>() where Vary, else FB alone (no AVX2 instance is compiled): for instances that gain
 // little from AVX2 and would cost compile time.
 template <bool Vary, auto FB, auto FA> auto pick_if() -> decltype(FB) {
   if constexpr (Vary) return pick<FB, FA>();
+  else return FB;
+}
+template <bool Vary, auto FB, auto FA, auto FZ> auto pick_if() -> decltype(FB) {
+  if constexpr (Vary) return pick<FB, FA, FZ>();
   else return FB;
 }
 // The dtypes whose generic elementwise kernels (binary, reduce) get an AVX2 variant: f32 and f64.

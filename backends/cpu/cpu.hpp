@@ -79,10 +79,10 @@ static_assert(Backend<Cpu>);
 int num_threads();
 void set_num_threads(int n);
 
-// The instruction set of the Cpu backend's own kernels, chosen once at first use: "avx2" (AVX2 + FMA)
-// or "baseline" (any x86-64, or another architecture). KILN_CPU_ISA=baseline|avx2 chooses; unset, the
-// best this CPU has. Throws kiln::Error when KILN_CPU_ISA is unknown or asks for what the CPU lacks.
-// (OpenBLAS and oneDNN pick their own code for the CPU.)
+// The instruction set of the Cpu backend's own kernels, chosen once at first use: "avx512" (AVX-512 F,
+// BW, DQ, VL), "avx2" (AVX2 + FMA) or "baseline" (any x86-64, or another architecture). KILN_CPU_ISA=
+// baseline|avx2|avx512 chooses; unset, the best this CPU has. Throws kiln::Error when KILN_CPU_ISA is
+// unknown or asks for what the CPU lacks. (OpenBLAS and oneDNN pick their own code for the CPU.)
 std::string_view cpu_isa();
 
 extern template class Tensor<Cpu>;

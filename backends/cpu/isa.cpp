@@ -1,6 +1,8 @@
 // The instruction set of the Cpu backend's own kernels (common.hpp, "instruction sets"), chosen once:
-// KILN_CPU_ISA=baseline|avx2 when set (for tests, benchmarks and users), else the best this CPU has.
-// AVX2 counts only with FMA and with the OS saving the YMM registers (GCC's CPU model checks XGETBV).
+// KILN_CPU_ISA=baseline|avx2|avx512 when set (for tests, benchmarks and users), else the best this CPU
+// has. AVX2 counts only with FMA, AVX-512 only with F, BW, DQ and VL (what the kernels are compiled
+// for), each only with the OS saving the YMM / ZMM and mask registers (GCC's CPU model checks XGETBV:
+// __builtin_cpu_supports reports no AVX-512 feature where the OS does not enable that state).
 // OpenBLAS, oneDNN and glibc choose their own code from CPUID; KILN_CPU_ISA does not reach them.
 #include <cstdlib>
 #include <string>
@@ -11,7 +13,7 @@ namespace kiln {
 namespace cpu {
 namespace {
 
-constexpr Isa kAll[] = {Isa::baseline, Isa::avx2};  // in order of preference, best last
+constexpr Isa kAll[] = {Isa::baseline, Isa::avx2, Isa::avx512};  // in order of preference, best last
 
 bool cpu_has(Isa i) {
   switch (i) {
@@ -23,8 +25,25 @@ bool cpu_has(Isa i) {
 #else
       return false;
 #endif
+    case Isa::avx512:
+#if KILN_CPU_X86 && !defined(KILN_CPU_NO_AVX512)  // (set by the build where the compiler's AVX-512 code is wrong)
+      __builtin_cpu_init();
+      return cpu_has(Isa::avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#else
+      return false;
+#endif
   }
   return false;
+}
+
+std::string_view describe(Isa i) {
+  switch (i) {
+    case Isa::baseline: return "baseline";
+    case Isa::avx2: return "AVX2 with FMA";
+    case Isa::avx512: return "AVX-512 F/BW/DQ/VL";
+  }
+  return "?";
 }
 
 Isa best() {
@@ -41,16 +60,23 @@ Isa choose() {
   for (Isa i : kAll) {
     if (want != isa_name(i)) continue;
     KILN_CHECK(cpu_has(i), "KILN_CPU_ISA={}: this CPU does not support {} (the best it has is {}); set KILN_CPU_ISA={} or unset it",
-               want, i == Isa::avx2 ? "AVX2 with FMA" : isa_name(i), isa_name(best()), isa_name(best()));
+               want, describe(i), isa_name(best()), isa_name(best()));
     return i;
   }
-  fail("KILN_CPU_ISA={}: unknown instruction set; valid: baseline, avx2 (unset: the best this CPU has, here {})", want,
+  fail("KILN_CPU_ISA={}: unknown instruction set; valid: baseline, avx2, avx512 (unset: the best this CPU has, here {})", want,
        isa_name(best()));
 }
 
 }  // namespace
 
-std::string_view isa_name(Isa i) { return i == Isa::avx2 ? "avx2" : "baseline"; }
+std::string_view isa_name(Isa i) {
+  switch (i) {
+    case Isa::baseline: return "baseline";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
+  }
+  return "?";
+}
 
 Isa isa() {
   // A bad KILN_CPU_ISA throws here; the static stays uninitialised, so every later call throws too.

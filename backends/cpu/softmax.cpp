@@ -127,7 +127,7 @@ void Cpu::softmax_lastdim(M out, V x, bool log) {
     if constexpr (is_float_v<T>) {
       const T* xp = x.storage.as<T>() + x.layout.offset;
       T* yp = out.storage.as<T>() + out.layout.offset;
-      const auto rows = pick<softmax_rows<Baseline, T>, softmax_rows<Avx2, T>>();
+      const auto rows = pick<softmax_rows<Baseline, T>, softmax_rows<Avx2, T>, softmax_rows<Avx512, T>>();
       for_rows<T>(x.layout, 2, [&](int64_t b, int64_t e, int64_t n, float* buf) { rows(xp, yp, b, e, n, log, buf); });
     }
   });
@@ -142,7 +142,7 @@ void Cpu::softmax_lastdim_backward(M dx, V y, V dy, bool log) {
       const T* yp = y.storage.as<T>() + y.layout.offset;
       const T* gp = dy.storage.as<T>() + dy.layout.offset;
       T* dp = dx.storage.as<T>() + dx.layout.offset;
-      const auto rows = pick<softmax_bwd_rows<Baseline, T>, softmax_bwd_rows<Avx2, T>>();
+      const auto rows = pick<softmax_bwd_rows<Baseline, T>, softmax_bwd_rows<Avx2, T>, softmax_bwd_rows<Avx512, T>>();
       for_rows<T>(y.layout, 3, [&](int64_t b, int64_t e, int64_t n, float* buf) { rows(yp, gp, dp, b, e, n, log, buf); });
     }
   });
@@ -230,7 +230,7 @@ void Cpu::cross_entropy_forward(M loss, M lse, V logits, V targets, int64_t igno
       const int64_t* t = targets.storage.as<int64_t>() + targets.layout.offset;
       T* lp = loss.storage.as<T>() + loss.layout.offset;
       T* lsp = lse.storage.as<T>() + lse.layout.offset;
-      const auto rows = pick<ce_forward_rows<Baseline, T>, ce_forward_rows<Avx2, T>>();
+      const auto rows = pick<ce_forward_rows<Baseline, T>, ce_forward_rows<Avx2, T>, ce_forward_rows<Avx512, T>>();
       parallel_for(N, std::max<int64_t>(1, kGrainMath / C), [&](int64_t b, int64_t e) {
         std::vector<float> scratch(std::is_same_v<T, float> ? static_cast<size_t>(C) : 0);
         rows(x, t, lp, lsp, b, e, C, ignore_index, smoothing, scratch.data());
@@ -251,7 +251,7 @@ void Cpu::cross_entropy_backward(M dlogits, V logits, V lse, V targets, V g, int
       const T* gp = g.storage.as<T>() + g.layout.offset;
       const int64_t* t = targets.storage.as<int64_t>() + targets.layout.offset;
       T* dx = dlogits.storage.as<T>() + dlogits.layout.offset;
-      const auto rows = pick<ce_backward_rows<Baseline, T>, ce_backward_rows<Avx2, T>>();
+      const auto rows = pick<ce_backward_rows<Baseline, T>, ce_backward_rows<Avx2, T>, ce_backward_rows<Avx512, T>>();
       parallel_for(N, std::max<int64_t>(1, kGrainMath / C), [&](int64_t b, int64_t e) {
         rows(x, lsp, gp, t, dx, b, e, C, ignore_index, smoothing);
       });

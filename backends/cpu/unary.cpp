@@ -16,6 +16,10 @@ template <class Op> constexpr bool is_math_v =
     std::is_same_v<Op, op::Log1p> || std::is_same_v<Op, op::Expm1> || std::is_same_v<Op, op::Sin> || std::is_same_v<Op, op::Cos> ||
     std::is_same_v<Op, op::Pow>;
 
+// The ops with array functions in vecmath.hpp (and an Avx512 variant there).
+template <class Op> constexpr bool is_vm_v = std::is_same_v<Op, op::Exp> || std::is_same_v<Op, op::Log> || std::is_same_v<Op, op::Tanh> ||
+                                             std::is_same_v<Op, op::Sigmoid> || std::is_same_v<Op, op::Silu> || std::is_same_v<Op, op::GeluTanh>;
+
 // sqrt / rsqrt over n floats, AVX2.
 #if KILN_CPU_X86
 KILN_CPU_AVX2_BEGIN
@@ -73,7 +77,11 @@ template <class Op, class T> void unary_kernel(Cpu::M out, Cpu::V in) {
   const T* x = in.storage.as<T>();
   const int64_t so = p.inner(0), si = p.inner(1);
   const int64_t grain = is_math_v<Op> ? kGrainMath : kGrainCheap;
-  const auto run = pick_if<is_float_v<T>, unary_run<Baseline, Op, T>, unary_run<Avx2, Op, T>>();  // the half types use the vector math too
+  const auto run = [] {  // the half types use the vector math too; its ops get an AVX-512 variant
+    if constexpr (is_vm_v<Op> && std::is_same_v<compute_t<T>, float>)
+      return pick<unary_run<Baseline, Op, T>, unary_run<Avx2, Op, T>, unary_run<Avx512, Op, T>>();
+    else return pick_if<is_float_v<T>, unary_run<Baseline, Op, T>, unary_run<Avx2, Op, T>>();
+  }();
   for_each_parallel(p, grain, [&](const std::array<int64_t, 2>& off, int64_t n) { run(o + off[0], x + off[1], n, so, si); });
 }
 
