@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -47,8 +48,21 @@ int main(int argc, char** argv) {
   linear("head 256->256", D, V);
   const std::vector<int> per_step = {16, 8, 4, 1};  // how often each Linear runs per step (4 layers)
 
-  std::printf("kiln matmul, bf16 (autocast) vs f32, Cpu %s, %s threads\n", std::string(cpu_isa()).c_str(),
-              std::getenv("KILN_NUM_THREADS") ? std::getenv("KILN_NUM_THREADS") : "default");
+  // The CPU and whether it has the bf16 instructions oneDNN's kernels need (kiln's own kernels' ISA,
+  // cpu_isa(), does not decide the matmul path).
+  std::string model = "?", bf16_isa = "no AVX512-BF16/AMX: bf16 computes in f32";
+  {
+    std::ifstream in("/proc/cpuinfo");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("model name", 0) == 0 && model == "?") model = line.substr(line.find(':') + 2);
+      if (line.rfind("flags", 0) == 0) {
+        if (line.find(" amx_bf16") != std::string::npos) bf16_isa = "AMX-BF16";
+        else if (line.find(" avx512_bf16") != std::string::npos) bf16_isa = "AVX-512 BF16";
+      }
+    }
+  }
+  std::printf("kiln matmul, bf16 (autocast) vs f32: %s, %s, kiln kernels %s, %s threads\n", model.c_str(), bf16_isa.c_str(),
+              std::string(cpu_isa()).c_str(), std::getenv("KILN_NUM_THREADS") ? std::getenv("KILN_NUM_THREADS") : "default");
   std::printf("%-34s %-22s %9s %9s %10s %10s %7s\n", "linear", "product", "f32 ms", "bf16 ms", "f32 GF/s", "bf16 GF/s", "speedup");
   Generator g(1);
   double tot32 = 0, tot16 = 0, flops_step = 0;

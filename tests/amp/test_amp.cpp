@@ -477,3 +477,70 @@ TEST_CASE("amp: examples/char_gpt trained 300 steps in bf16 ends within 2% of f3
   WARN("char_gpt 300 steps, held-out loss: f32 " << eval["f32"] << ", bf16 " << eval["bf16"]);
   CHECK(std::abs(eval["bf16"] - eval["f32"]) <= 0.02 * eval["f32"]);
 }
+
+#if defined(KILN_HAVE_CUDA_BACKEND)
+// Cuda: autocast sends the matmuls to cuBLAS on 16-bit operands with f32 compute (tensor cores on a
+// GPU), attention to the f32 flash kernels. The bf16 step rounds where the Cpu's does, so the two agree
+// within the bounds of the torch comparison above (only accumulation orders differ); the f16 step
+// (u = 2^-11) lies within the same bounds of the Cpu's f32 step. Then kiln::fit with precision f16: the
+// loss scale backs off from an overflowing 2^100 and training proceeds.
+TEST_CASE("amp: on Cuda, bf16 and f16 autocast steps agree with the Cpu; f16 fit with loss scaling trains", "[amp][cuda]") {
+  const ModelConfig cfg = ModelConfig::from_json(json{{"vocab_size", 40}, {"d_model", 32}, {"n_layers", 2}, {"n_heads", 2},
+                                                      {"max_seq_len", 16}})
+                              .resolved();
+  nn::GPT<Cpu> cpu(cfg);
+  cpu.init_weights(1);
+  const auto dir = temp_dir("cuda");
+  const std::string w = (dir / "w.safetensors").string();
+  cpu.save(w);
+  nn::GPT<Cuda> gpu(cfg);
+  gpu.load(w);
+  Generator g(2);
+  const T ids = T::uniform({2, 12}, 0, 40, DType::f32, &g).to(DType::i64), tgt = T::uniform({2, 12}, 0, 40, DType::f32, &g).to(DType::i64);
+  const auto step = [&]<Backend B>(nn::GPT<B>& m, DType prec) {
+    m.zero_grad();
+    const Tensor<B> x = Tensor<B>::from_blob(ids.contiguous().to_vector<int64_t>().data(), ids.shape(), DType::i64),
+                    y = Tensor<B>::from_blob(tgt.contiguous().to_vector<int64_t>().data(), tgt.shape(), DType::i64);
+    Var<B> logits, loss;
+    {
+      autocast::Scope ac(prec);
+      logits = m.forward(x);
+      loss = nn::cross_entropy(logits.reshape({-1, 40}), y.reshape({-1}));
+    }
+    loss.backward();
+    std::vector<T> out{T::from_vector(logits.value().template to_vector<float>(), logits.shape()),
+                       T::from_vector(loss.value().reshape({1}).template to_vector<float>(), {1})};
+    CHECK(logits.dtype() == (prec == DType::f32 ? DType::f32 : prec));
+    for (auto& [n, p] : m.named_parameters()) {
+      CHECK(p.grad().dtype() == DType::f32);
+      out.push_back(T::from_vector(p.grad().template to_vector<float>(), p.shape()));
+    }
+    return out;
+  };
+  const auto cpu_bf16 = step(cpu, DType::bf16), cpu_f32 = step(cpu, DType::f32);
+  const auto gpu_bf16 = step(gpu, DType::bf16), gpu_f16 = step(gpu, DType::f16);
+  for (size_t i = 0; i < cpu_bf16.size(); ++i) {
+    INFO("tensor " << i << " (0 logits, 1 loss, then the gradients in named_parameters order)");
+    const double tol = i == 0 ? 8 * kU : 24 * kU;
+    CHECK(rel_l2(gpu_bf16[i], cpu_bf16[i]) <= tol);
+    CHECK(rel_l2(gpu_f16[i], cpu_f32[i]) <= tol);
+  }
+
+  optim::Adam<Cuda> opt(gpu.named_parameters(), {.lr = 1e-2});
+  const Tensor<Cuda> x = Tensor<Cuda>::from_blob(ids.contiguous().to_vector<int64_t>().data(), ids.shape(), DType::i64),
+                     y = Tensor<Cuda>::from_blob(tgt.contiguous().to_vector<int64_t>().data(), tgt.shape(), DType::i64);
+  const std::string log = (dir / "log.jsonl").string();
+  IndexedBatches src{.batch = [](int64_t i) { return i; }};
+  fit(gpu, opt, src, [&](int64_t) { return nn::cross_entropy(gpu.forward(x).reshape({-1, 40}), y.reshape({-1})); },
+      FitOptions{.steps = 120, .precision = DType::f16, .loss_scale = {.init = 0x1p100}, .log_path = log, .progress = 0});
+  const auto recs = read_log(log);
+  REQUIRE(recs.size() == 120);
+  CHECK(recs[0].value("overflow", false));
+  int64_t first_good = -1;
+  for (size_t i = 0; i < recs.size() && first_good < 0; ++i)
+    if (!recs[i].value("overflow", false)) first_good = static_cast<int64_t>(i);
+  REQUIRE(first_good > 0);
+  REQUIRE(first_good < 110);
+  CHECK(recs.back()["loss"].get<double>() < 0.8 * recs[static_cast<size_t>(first_good)]["loss"].get<double>());
+}
+#endif
