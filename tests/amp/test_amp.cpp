@@ -196,7 +196,7 @@ TEST_CASE("amp: fused attention under autocast takes bf16 q, k, v and rounds O o
   check_rel(o.value(), o64, 4 * kU, 1e-6, "attention");
 }
 
-TEST_CASE("amp: autocast f32 or disabled is bit-identical to no autocast; the cast backward is exact", "[amp]") {
+TEST_CASE("amp: autocast f32 or disabled is bit-identical to no autocast, and the cast backward is exact", "[amp]") {
   const ModelConfig cfg = ModelConfig::from_json(json{{"vocab_size", 40}, {"d_model", 32}, {"n_layers", 2}, {"n_heads", 2},
                                                       {"max_seq_len", 16}, {"attention", "diff"}, {"residual", "attnres_block"},
                                                       {"attnres_block_size", 2}, {"tie_embeddings", true}})
@@ -351,7 +351,7 @@ TEST_CASE("amp: one GPT training step under bf16 autocast matches torch.autocast
   }
 }
 
-TEST_CASE("amp: the loss scaler backs off on overflow, grows after good steps; fit skips overflowing f16 steps", "[amp]") {
+TEST_CASE("amp: the loss scaler backs off on overflow and grows after good steps, and fit skips overflowing f16 steps", "[amp]") {
   autocast::GradScaler s({.init = 8, .growth = 2, .backoff = 0.5, .interval = 3});
   s.update(false);
   s.update(false);
@@ -486,7 +486,7 @@ TEST_CASE("amp: examples/char_gpt trained 300 steps in bf16 ends within 2% of f3
 // within the bounds of the torch comparison above (only accumulation orders differ); the f16 step
 // (u = 2^-11) lies within the same bounds of the Cpu's f32 step. Then kiln::fit with precision f16: the
 // loss scale backs off from an overflowing 2^100 and training proceeds.
-TEST_CASE("amp: on Cuda, bf16 and f16 autocast steps agree with the Cpu; f16 fit with loss scaling trains", "[amp][cuda]") {
+TEST_CASE("amp: on Cuda, bf16 and f16 autocast steps agree with the Cpu, and f16 fit with loss scaling trains", "[amp][cuda]") {
   const ModelConfig cfg = ModelConfig::from_json(json{{"vocab_size", 40}, {"d_model", 32}, {"n_layers", 2}, {"n_heads", 2},
                                                       {"max_seq_len", 16}})
                               .resolved();
