@@ -1,7 +1,7 @@
 """PyTorch side of the mixed-precision tests (tests/amp): torch.autocast("cpu", bfloat16) on the
 reference GPT (tests/reference/kiln_ref.py) and on single ops.
 
-  amp_ref.py grads --model m.json --data tok.safetensors --init-from init.safetensors --batch B --seq-len T --out f
+  amp_ref.py grads --model m.json --data tok.safetensors --init-from init.safetensors --batch B --seq-len T --out f [--prepare]
       one forward + loss + backward under autocast (prefix "amp.") and in float64 (prefix "f64."):
       loss, logits and the gradient of every parameter.
   amp_ref.py ops --seed S --out f
@@ -33,6 +33,10 @@ def run_model(args, dtype, autocast):
 
 def cmd_grads(args):
     torch.set_num_threads(2)
+    if args.prepare:  # write the initial weights and the tokens first (kiln_ref.py init / tokens, one process)
+        kiln_ref.cmd_init(argparse.Namespace(model=args.model, seed=3, out=args.init_from))
+        V = kiln_ref.resolve_model(kiln_ref.load_config(args.model, kiln_ref.MODEL_DEFAULTS))["vocab_size"]
+        kiln_ref.cmd_tokens(argparse.Namespace(vocab=V, n=3000, seed=1, out=args.data))
     amp = run_model(args, torch.float32, True)
     assert amp["logits"].dtype == torch.bfloat16 and amp["loss"].dtype == torch.float32
     ref = run_model(args, torch.float64, False)
@@ -78,6 +82,7 @@ def main():
         p.add_argument("--" + k.replace("_", "-"), required=True)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=16)
+    p.add_argument("--prepare", action="store_true", help="first write --init-from (seed 3) and --data (3000 tokens, seed 1)")
     p.set_defaults(fn=cmd_grads)
     p = sub.add_parser("ops")
     p.add_argument("--seed", type=int, default=0)

@@ -62,7 +62,6 @@ void run_py(const std::string& script, const std::string& args) {
   INFO(cmd);
   REQUIRE(std::system(cmd.c_str()) == 0);
 }
-std::string ref_script() { return std::string(KILN_REFERENCE_DIR) + "/kiln_ref.py"; }
 std::string amp_script() { return std::string(KILN_SOURCE_DIR) + "/tests/amp/amp_ref.py"; }
 
 // Elementwise: |got - want| <= rel·|want| + abs, where want is torch's; reports the worst element.
@@ -302,9 +301,9 @@ TEST_CASE("amp: one GPT training step under bf16 autocast matches torch.autocast
       std::ofstream(m) << c.model.dump();
       const ModelConfig cfg = ModelConfig::from_json(c.model).resolved();
       const int64_t Bn = 4, Tn = 32;
-      run_py(ref_script(), fmt::format("init --model {} --seed 3 --out {}", m, init));
-      run_py(ref_script(), fmt::format("tokens --vocab {} --n 3000 --seed 1 --out {}", cfg.vocab_size, tok));
-      run_py(amp_script(), fmt::format("grads --model {} --data {} --init-from {} --batch {} --seq-len {} --out {}", m, tok, init, Bn, Tn, out));
+      // --prepare: kiln_ref.py's init (seed 3) and tokens (3000, seed 1) in the same Python process
+      run_py(amp_script(),
+             fmt::format("grads --prepare --model {} --data {} --init-from {} --batch {} --seq-len {} --out {}", m, tok, init, Bn, Tn, out));
 
       nn::GPT<Cpu> model(cfg);
       model.load(init);
