@@ -6,6 +6,10 @@ peak RSS of each process, and the ratios. docs/specs.md §5: the reference runs 
 OMP_WAIT_POLICY=PASSIVE with --threads 2; kiln with KILN_NUM_THREADS=2.
 
   bench/train_vs_ref.py [--kiln build/kiln] [--steps 30] [--variants mha,diff,mha+attnres_block,diff+attnres_block]
+                        [--kiln-base other/kiln]
+
+--kiln-base: a second kiln build (e.g. before a change) run on the same files right after the first,
+reported as "base ms" and "base speedup" (its own ratio to the same reference run).
 """
 import argparse, json, os, resource, statistics, subprocess, sys, tempfile
 
@@ -35,6 +39,7 @@ def main():
     ap.add_argument("--kiln", default=os.path.join(HERE, "..", "build", "kiln"))
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--variants", default="mha,diff,mha+attnres_block,diff+attnres_block")
+    ap.add_argument("--kiln-base", default="")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kiln-bench-")
     B, T = 8, 128
@@ -44,7 +49,7 @@ def main():
     subprocess.check_call(["/usr/bin/python3", REF, "tokens", "--vocab", "256", "--n", "200000", "--out", tok])
     json.dump(train, open(os.path.join(tmp, "train.json"), "w"))
     print(f"{'variant':<22} {'kiln ms':>8} {'ref ms':>8} {'kiln tok/s':>11} {'ref tok/s':>10} {'speedup':>8} "
-          f"{'kiln RSS':>9} {'ref RSS':>8}")
+          f"{'kiln RSS':>9} {'ref RSS':>8}" + (f" {'base ms':>8} {'base speedup':>12}" if a.kiln_base else ""))
     results = []
     for v in a.variants.split(","):
         att, _, res = v.partition("+")
@@ -59,13 +64,20 @@ def main():
         kenv = dict(base_env, KILN_NUM_THREADS="2")
         renv = dict(base_env, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="2")
         krss = run([a.kiln, "train", *common, "--log", klog, "--quiet"], kenv)
+        if a.kiln_base:
+            blog = os.path.join(tmp, f"{v}.base.jsonl")
+            run([a.kiln_base, "train", *common, "--log", blog, "--quiet"], kenv)
         rrss = run(["/usr/bin/python3", REF, "train", *common, "--log", rlog, "--threads", "2"], renv)
         km, rm = median_ms(klog), median_ms(rlog)
         row = {"variant": v, "kiln_ms": km, "ref_ms": rm, "kiln_tok_s": B * T / km * 1e3, "ref_tok_s": B * T / rm * 1e3,
                "speedup": rm / km, "kiln_rss_mib": krss, "ref_rss_mib": rrss}
+        base = ""
+        if a.kiln_base:
+            row["base_ms"] = median_ms(blog)
+            base = f" {row['base_ms']:8.1f} {rm / row['base_ms']:11.2f}x"
         results.append(row)
         print(f"{v:<22} {km:8.1f} {rm:8.1f} {row['kiln_tok_s']:11.0f} {row['ref_tok_s']:10.0f} {rm / km:7.2f}x "
-              f"{krss:8.0f}M {rrss:7.0f}M", flush=True)
+              f"{krss:8.0f}M {rrss:7.0f}M" + base, flush=True)
     json.dump(results, open(os.path.join(tmp, "results.json"), "w"), indent=1)
     print(f"(logs and results.json in {tmp})")
 

@@ -166,6 +166,26 @@ template <Backend B> std::vector<int64_t> GPT<B>::generate(const std::vector<int
   return out;
 }
 
+GPTFlops gpt_flops(const ModelConfig& config, int64_t T) {
+  KILN_CHECK(T >= 1, "gpt_flops: T must be >= 1, got {}", T);
+  const ModelConfig c = config.resolved();
+  const double D = static_cast<double>(c.d_model), t = static_cast<double>(T), L = static_cast<double>(c.n_layers);
+  const double head = D / static_cast<double>(c.n_heads), kv = static_cast<double>(c.n_kv_heads) * head;  // k and v widths
+  const double per_layer = D * D + 2 * D * kv + D * D + 3 * D * static_cast<double>(c.ffn_hidden);
+  GPTFlops f;
+  f.dense = 6 * t * (L * per_layer + D * static_cast<double>(c.vocab_size));
+  const double pairs = t * (t + 1) / 2;
+  const double qk_v = c.attention == "diff" ? 2 * (head / 2 + head) : head + head;  // Σ_branches d_qk + d_v
+  f.attention = 3 * L * static_cast<double>(c.n_heads) * 2 * qk_v * pairs;
+  if (c.residual != "standard") {
+    const int64_t S = c.residual == "attnres_full" ? 1 : c.attnres_block_size, J = 2 * c.n_layers;
+    int64_t sources = 2 + (J - 1) / S;  // final_res: the completed blocks and the last partial
+    for (int64_t j = 0; j < J; ++j) sources += 1 + j / S + (j % S != 0 ? 1 : 0);
+    f.depth = 3 * 4 * D * t * static_cast<double>(sources);
+  }
+  return f;
+}
+
 #define KILN_INST(B) template class GPTLayer<B>; template class GPT<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

@@ -82,6 +82,24 @@ template <Backend B> class GPT : public Module<B> {
   std::shared_ptr<Linear<B>> lm_head_;
 };
 
+// The model FLOPs of one training step (forward + backward) on one sequence of T tokens: the work a
+// model of this configuration needs, whatever the implementation does. Multiply-add = 2 FLOPs.
+//   dense:     6 · T · (matmul parameters): q/k/v/out, gate/up/down and the LM head (the tied
+//              embedding matrix when tie_embeddings; the embedding lookup itself is no matmul);
+//              forward 2 per parameter and token, backward 4 (input gradient and weight gradient).
+//   attention: 3 · Σ_heads Σ_branches 2 · (d_qk + d_v) · T(T+1)/2 per layer: Q·Kᵀ and P·V on the causal
+//              triangle only (the T(T+1)/2 query-key pairs a causal kernel must compute, not T²);
+//              backward twice the forward. mha: 1 branch, d_qk = d_v = D/h; diff: 2 branches of
+//              d_qk = D/2h, d_v = D/h, so 1.5 times mha's.
+//   depth:     AttnRes: 3 · 4 · D · T per source of each depth attention (the logit dot product and
+//              the weighted sum; the key RMSNorm and softmax are not counted, as norms are nowhere).
+// Norms, softmax, RoPE, SwiGLU's gating and the loss are not counted (the usual MFU convention).
+struct GPTFlops {
+  double dense = 0, attention = 0, depth = 0;
+  double total() const { return dense + attention + depth; }
+};
+GPTFlops gpt_flops(const ModelConfig& config, int64_t T);
+
 #define KILN_EXTERN(B) extern template class GPTLayer<B>; extern template class GPT<B>;
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN

@@ -1,6 +1,17 @@
 #include "kiln/nn/layers.hpp"
 
+#include "kiln/autograd/record.hpp"
+#include "kiln/core/fused_swiglu.hpp"
+
 namespace kiln::nn {
+
+template <Backend B> Var<B> functional::swiglu(const Var<B>& gate, const Var<B>& up) {
+  const Tensor<B> a = gate.value(), b = up.value();
+  return autograd::record<B>("swiglu", fused::swiglu_forward(a, b), {&gate, &up}, [a, b](const Tensor<B>& g) {
+    auto [da, db] = fused::swiglu_backward(a, b, g);
+    return autograd::Grads<B>{da, db};
+  });
+}
 
 template <Backend B> Dropout<B>::Dropout(double p) : p_(p) {
   KILN_CHECK(p >= 0 && p < 1, "Dropout: p must be in [0, 1), got {}", p);
@@ -29,10 +40,12 @@ template <Backend B> SwiGLU<B>::SwiGLU(SwiGLUOptions o) {
 }
 
 template <Backend B> Var<B> SwiGLU<B>::forward(const Var<B>& x) const {
-  return down_->forward(gate_->forward(x).silu() * up_->forward(x));
+  return down_->forward(functional::swiglu(gate_->forward(x), up_->forward(x)));
 }
 
-#define KILN_INST(B) template class Dropout<B>; template class Act<B>; template class SwiGLU<B>;
+#define KILN_INST(B)                                                                 \
+  template class Dropout<B>; template class Act<B>; template class SwiGLU<B>;        \
+  template Var<B> functional::swiglu<B>(const Var<B>&, const Var<B>&);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST
 

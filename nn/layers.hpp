@@ -53,6 +53,11 @@ struct SwiGLUOptions {
   DType dtype = DType::f32;
 };
 
+namespace functional {
+// silu(gate) ⊙ up as one recorded op on the fused kernel (core/fused_swiglu.hpp); backward saves gate and up.
+template <Backend B> KILN_API Var<B> swiglu(const Var<B>& gate, const Var<B>& up);
+}  // namespace functional
+
 // down_proj(silu(gate_proj(x)) ⊙ up_proj(x)); parameters gate_proj, up_proj, down_proj (no biases).
 template <Backend B> class SwiGLU : public Module<B> {
  public:
@@ -64,7 +69,9 @@ template <Backend B> class SwiGLU : public Module<B> {
   std::shared_ptr<Linear<B>> gate_, up_, down_;
 };
 
-#define KILN_EXTERN(B) extern template class Dropout<B>; extern template class Act<B>; extern template class SwiGLU<B>;
+#define KILN_EXTERN(B)                                                                                     \
+  extern template class Dropout<B>; extern template class Act<B>; extern template class SwiGLU<B>;        \
+  extern template Var<B> functional::swiglu<B>(const Var<B>&, const Var<B>&);
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 

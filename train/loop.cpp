@@ -132,6 +132,7 @@ template <Backend B> class Engine {
   std::vector<double> peaks_;
   int64_t k_ = 1, spe_ = 0, total_ = 0, start_ = 0, end_ = 0, skipped_ = 0;
   int64_t last_samples_ = 0, last_tokens_ = 0;  // of the last step, for the progress bar
+  double last_flops_ = 0;
   std::optional<autocast::GradScaler> scaler_;  // precision f16
 };
 
@@ -395,7 +396,7 @@ template <Backend B> FitResult Engine<B>::run() {
       if (st.evaluated) extra += fmt::format("{}eval {:.4f}", extra.empty() ? "" : " ", st.eval_loss);
       if (skipped_ > 0) extra += fmt::format("{}skipped {}", extra.empty() ? "" : " ", skipped_);
       if (step == start_) bar.set_unit(last_tokens_ > 0 ? "tok" : "samples");
-      bar.update(step, st.loss, st.lr, last_tokens_ > 0 ? last_tokens_ : last_samples_, extra);
+      bar.update(step, st.loss, st.lr, last_tokens_ > 0 ? last_tokens_ : last_samples_, extra, last_flops_);
     }
     ++step;
     if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
@@ -443,6 +444,7 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
   std::vector<Tensor<B>> losses;
   std::map<std::string, double> metric_sums;
   int64_t samples = 0, tokens = 0;
+  double flops = 0;
   for (int64_t j = 0; j < m; ++j) {
     const std::function<void()> micro = [&] {
       train_.fetch(step * k_ + j);
@@ -460,6 +462,7 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
       for (const auto& [k, v] : out.metrics) metric_sums[k] += v;
       samples += out.samples;
       tokens += out.tokens;
+      flops += out.flops;
     };
     if (o_.hooks.around_micro_batch) o_.hooks.around_micro_batch(j, m, micro);
     else micro();
@@ -476,14 +479,15 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
   for (const auto& l : losses) loss += item<double>(l);
   if (m > 1) loss /= static_cast<double>(m);
   if (o_.hooks.sum_over_processes) {  // the global loss, metrics and counts, the same on every process
-    std::vector<double> xs{loss, static_cast<double>(samples), static_cast<double>(tokens)};
+    std::vector<double> xs{loss, static_cast<double>(samples), static_cast<double>(tokens), flops};
     for (const auto& [k, v] : metric_sums) xs.push_back(v);
     o_.hooks.sum_over_processes(xs);
     const double p = static_cast<double>(o_.hooks.processes);
     loss = xs[0] / p;
     samples = static_cast<int64_t>(xs[1]);
     tokens = static_cast<int64_t>(xs[2]);
-    size_t i = 3;
+    flops = xs[3];
+    size_t i = 4;
     for (auto& [k, v] : metric_sums) v = xs[i++] / p;
   }
 
@@ -516,6 +520,10 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
   rec = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"ms", ms}};
   if (tokens > 0) rec["tokens_per_s"] = static_cast<double>(tokens) / (ms / 1e3);
   if (samples > 0) rec["samples_per_s"] = static_cast<double>(samples) / (ms / 1e3);
+  if (flops > 0) {
+    rec["flops"] = flops;
+    rec["gflops"] = flops / (ms / 1e3) / 1e9;
+  }
   if (scaler_) rec["loss_scale"] = loss_scale;
   if (overflow) {
     rec["overflow"] = true;
@@ -548,6 +556,7 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
   }
   last_samples_ = samples;
   last_tokens_ = tokens;
+  last_flops_ = flops;
 }
 
 }  // namespace

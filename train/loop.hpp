@@ -47,7 +47,7 @@
 //   8. the on_step callbacks; at the end of a DataLoader epoch the loader moves to the next epoch,
 //      then the on_epoch callbacks;
 //   9. one JSONL record: step, loss (mean over the micro-batches), lr (group 0), grad_norm, ms (wall
-//      time of 1–6), tokens_per_s / samples_per_s where known, eval_loss and eval_<metric> when
+//      time of 1–6), tokens_per_s / samples_per_s where known, flops (of the step) and gflops where the step function gives them, eval_loss and eval_<metric> when
 //      evaluated, the step function's metrics (means over micro-batches), what callbacks recorded;
 //      then what callbacks print() and the progress bar;
 //  10. a checkpoint when (s + 1) % checkpoint_every == 0;
@@ -116,6 +116,7 @@ template <Backend B> struct StepOutput {
   std::map<std::string, double> metrics{};  // logged under these names (eval: "eval_<name>")
   int64_t samples = 0;  // samples in the batch (0: the first axis of a Tensor, or of a pair's first Tensor)
   int64_t tokens = 0;   // tokens in the batch (0: unknown); gives tokens_per_s
+  double flops = 0;     // model FLOPs of the batch's forward + backward (0: unknown); gives flops and gflops
 };
 
 // A data source whose batch i is batch(i): deterministic in i, so the step is the data position.

@@ -30,23 +30,27 @@ ProgressBar::ProgressBar(int64_t total, std::FILE* out, int tty, int64_t every)
       every_(every > 0 ? every : std::max<int64_t>(1, total / 20)),
       start_(std::chrono::steady_clock::now()) {}
 
-std::string ProgressBar::line(int64_t step, double loss, double lr, double tps, double eta, const std::string& extra) const {
+std::string ProgressBar::line(int64_t step, double loss, double lr, double tps, double eta, const std::string& extra,
+                              double gflops) const {
   const int64_t done = step + 1;
   const int width = 24;
   const int fill = static_cast<int>(width * std::min<int64_t>(done, total_) / total_);
   std::string bar = tty_ ? "[" + std::string(static_cast<size_t>(fill), '#') + std::string(static_cast<size_t>(width - fill), '.') + "] " : "";
-  std::string s = fmt::format("{}{}/{} loss {:.4f} lr {:.2e} {} {}/s ETA {}", bar, done, total_, loss, lr, si(tps), unit_, hms(eta));
+  std::string s = fmt::format("{}{}/{} loss {:.4f} lr {:.2e} {} {}/s", bar, done, total_, loss, lr, si(tps), unit_);
+  if (gflops > 0) s += fmt::format(" {:.1f} GFLOP/s", gflops);
+  s += " ETA " + hms(eta);
   if (!extra.empty()) s += " " + extra;
   return s;
 }
 
-void ProgressBar::update(int64_t step, double loss, double lr, int64_t tokens, const std::string& extra) {
+void ProgressBar::update(int64_t step, double loss, double lr, int64_t tokens, const std::string& extra, double flops) {
   tokens_ += tokens;
+  flops_ += flops;
   const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double tps = el > 0 ? static_cast<double>(tokens_) / el : 0.0;
   const double per_step = el / static_cast<double>(std::max<int64_t>(1, step + 1 - first_));
   const double eta = per_step * static_cast<double>(total_ - step - 1);
-  const std::string l = line(step, loss, lr, tps, eta, extra);
+  const std::string l = line(step, loss, lr, tps, eta, extra, el > 0 ? flops_ / el / 1e9 : 0.0);
   if (tty_) {
     fmt::print(out_, "\r{}\x1b[K", l);
     open_line_ = true;

@@ -1,5 +1,5 @@
 #pragma once
-// A training progress bar: step/total, loss, lr, tokens/s and ETA, redrawn in place on a terminal
+// A training progress bar: step/total, loss, lr, tokens/s, GFLOP/s (when the model FLOPs are known) and ETA, redrawn in place on a terminal
 // and printed as plain lines (every `every` steps and at the end) when stdout is not a terminal.
 #include <chrono>
 #include <cstdint>
@@ -14,8 +14,9 @@ class ProgressBar {
  public:
   // tty: -1 = detect with isatty(stdout).
   explicit ProgressBar(int64_t total, std::FILE* out = stdout, int tty = -1, int64_t every = 0);
-  // step is 0-based; tokens is the number processed by this step.
-  void update(int64_t step, double loss, double lr, int64_t tokens, const std::string& extra = "");
+  // step is 0-based; tokens is the number processed by this step, flops its model FLOPs (0: unknown).
+  // The rates are averages since the bar started.
+  void update(int64_t step, double loss, double lr, int64_t tokens, const std::string& extra = "", double flops = 0);
   void finish();
   // Prints a line of its own (on a terminal, above the bar, which the next update redraws).
   void message(const std::string& line);
@@ -24,7 +25,8 @@ class ProgressBar {
   // The first step this bar sees (a resumed run): the ETA then comes from the steps actually timed.
   void start_at(int64_t step) { first_ = step; }
   // The line update() draws, without the carriage return (exposed for tests).
-  std::string line(int64_t step, double loss, double lr, double tokens_per_s, double eta_s, const std::string& extra) const;
+  std::string line(int64_t step, double loss, double lr, double tokens_per_s, double eta_s, const std::string& extra,
+                   double gflops_per_s = 0) const;
 
  private:
   int64_t total_;
@@ -33,6 +35,7 @@ class ProgressBar {
   int64_t every_;
   bool open_line_ = false;
   int64_t tokens_ = 0;
+  double flops_ = 0;
   int64_t first_ = 0;
   std::string unit_ = "tok";
   std::chrono::steady_clock::time_point start_;

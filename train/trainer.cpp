@@ -152,9 +152,11 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
 
   // docs/specs.md §4 on the generic loop: batch i of the token data, mean cross-entropy, the schedule over
   // tc.steps from the optimizer's lr, clipping, one record per step; the step is the data position.
+  const double seq_flops = nn::gpt_flops(cfg, T).total();  // the model FLOPs of one row's forward + backward
   auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& b) {
     const int64_t n = b.first.size(0);
-    return StepOutput<B>{.loss = lm_loss(model, b.first, b.second), .metrics = {}, .samples = n, .tokens = n * T};
+    return StepOutput<B>{.loss = lm_loss(model, b.first, b.second), .metrics = {}, .samples = n, .tokens = n * T,
+                         .flops = static_cast<double>(n) * seq_flops};
   };
   const IndexedBatches train{.batch = [&](int64_t i) { return data.rows<B>(i, bs, T, rows.start, rows.count); },
                              .count = 0,
@@ -177,8 +179,9 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
                       .hooks = ddp ? dist::fit_hooks(*ddp) : FitHooks{},
                       .schedule = tc.schedule};  // peak: the optimizer's lr, tc.optimizer.lr
   if (!o.quiet && main)
-    fmt::print("kiln train: {} parameters, {} {}{}·{} tokens/step, steps {}..{} of {}, device {}{}{}{}\n", model.num_parameters(),
-               cfg.attention, tc.grad_accum > 1 ? fmt::format("{}·", tc.grad_accum) : "", bs, T, resume.step,
+    fmt::print("kiln train: {} parameters, {} {}{}·{} tokens/step, {:.1f} MFLOP/token, steps {}..{} of {}, device {}{}{}{}\n",
+               model.num_parameters(), cfg.attention, tc.grad_accum > 1 ? fmt::format("{}·", tc.grad_accum) : "", bs, T,
+               seq_flops / static_cast<double>(T) / 1e6, resume.step,
                o.stop_after >= 0 ? std::min(tc.steps, o.stop_after) : tc.steps, tc.steps, B::name,
                std::is_same_v<B, Cpu> ? fmt::format(" ({})", cpu_isa()) : std::string(),  // the kernels' instruction set
                parallel ? fmt::format(", {} ranks × {} rows{}", ranks, rows.count, tc.zero_stage == 1 ? ", ZeRO-1" : "") : std::string(),

@@ -41,6 +41,10 @@ struct Cpu {
   static void rms_norm_forward(M y, M rstd, V x, const V* w, double eps);
   static void rms_norm_backward(M dx, M* dw, V x, const V* w, V rstd, V dy);
 
+  // fused SwiGLU gating silu(a)·b (backends/cpu/unary.cpp; contract in core/fused_swiglu.hpp)
+  static void swiglu_forward(M y, V a, V b);
+  static void swiglu_backward(M da, M db, V a, V b, V dy);
+
   // fused depth attention of Attention Residuals (backends/cpu/depth.cpp; contract in core/fused_depth.hpp)
   static void depth_attention_forward(M h, M alpha, M rstd, const std::vector<V>& v, V q, double eps);
   static void depth_attention_backward(const std::vector<M>& dv, M dq, const std::vector<V>& v, V q, V alpha, V rstd, V dh);

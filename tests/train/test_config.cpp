@@ -144,6 +144,7 @@ TEST_CASE("progress bar: plain lines off a terminal", "[progress]") {
   s.resize(std::fread(s.data(), 1, s.size(), f));
   CHECK(ProgressBar(4, f, 1).line(1, 1.5, 1e-3, 2500, 65, "").rfind(
             "[############............] 2/4 loss 1.5000 lr 1.00e-03 2.5k tok/s ETA 01:05", 0) == 0);
+  CHECK(ProgressBar(4, f, 0).line(1, 1.5, 1e-3, 2500, 65, "", 97.04) == "2/4 loss 1.5000 lr 1.00e-03 2.5k tok/s 97.0 GFLOP/s ETA 01:05");
   std::fclose(f);
   CHECK(s.find('\r') == std::string::npos);
   CHECK(s.find("1/10 loss 2.0000") != std::string::npos);

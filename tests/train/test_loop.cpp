@@ -16,6 +16,7 @@
 
 #include <kiln/backends/backends.hpp>
 #include <kiln/formats/safetensors.hpp>
+#include <kiln/nn/gpt.hpp>
 #include <kiln/nn/layers.hpp>
 #include <kiln/nn/linear.hpp>
 #include <kiln/nn/loss.hpp>
@@ -642,11 +643,21 @@ TEST_CASE("kiln train (train_gpt on fit): grad_accum k of batch n equals batch k
     o.data_path = (dir / "tokens.safetensors").string();
     o.dtype = DType::f64;
     o.quiet = true;
+    o.log_path = (dir / fmt::format("log_{}_{}.jsonl", batch, accum)).string();
     return train_gpt(o).losses;
   };
   const auto a = train(2, 2), b = train(4, 1), c = train(2, 1);
   REQUIRE(a.size() == 3);
   for (size_t i = 0; i < 3; ++i) CHECK(std::abs(a[i] - b[i]) < 1e-12 * b[i]);
   CHECK(std::abs(c[2] - b[2]) > 1e-6 * b[2]);
+  // The model FLOPs of a step: 4 rows of 8 tokens either way, summed over the micro-batches.
+  ModelConfig cfg = ModelConfig::load((dir / "model.json").string());
+  const double step_flops = 4 * nn::gpt_flops(cfg, 8).total();
+  for (const char* log : {"log_2_2.jsonl", "log_4_1.jsonl"})
+    for (const json& r : read_log(dir / log)) {
+      CHECK(r["flops"].get<double>() == step_flops);
+      CHECK(r["gflops"].get<double>() == Approx(step_flops / (r["ms"].get<double>() / 1e3) / 1e9));
+    }
+  CHECK(read_log(dir / "log_2_1.jsonl")[0]["flops"].get<double>() == step_flops / 2);
   fs::remove_all(dir);
 }

@@ -1,0 +1,85 @@
+// The fused SwiGLU gating (core/fused_swiglu.hpp): each backend against the composite on Reference
+// (silu and mul from tensor ops, in float64) on random shapes, float64 finite differences of the
+// recorded op, and the SwiGLU module against its definition down(silu(gate(x)) ⊙ up(x)).
+#include <catch2/catch.hpp>
+
+#include <map>
+
+#include <kiln/autograd/gradcheck.hpp>
+#include <kiln/backends/backends.hpp>
+#include <kiln/core/fused_swiglu.hpp>
+#include <kiln/nn/layers.hpp>
+#include "common/kiln_test.hpp"
+
+using namespace kiln;
+
+namespace {
+
+// f32: four rounded factors and the vector sigmoid's few ulp; the absolute part covers the cancellation
+// in 1 + a·(1 − s) near a ≈ −1.28. bf16: the f32 result rounded once. f64: the same formula in doubles.
+kt::Tol swiglu_tol(DType d) {
+  if (d == DType::f32) return {2e-6, 2e-6};
+  if (d == DType::f64) return {1e-13, 1e-13};
+  return kt::elementwise_tol(d);
+}
+
+}  // namespace
+
+static_assert(fused::HasSwiGLU<Cpu>, "the Cpu backend has the fused SwiGLU kernel");
+
+TEMPLATE_TEST_CASE("fused swiglu: forward and both gradients equal the float64 composite on random shapes", "[swiglu][fused]",
+                   KILN_BACKEND_TYPES) {
+  using B = TestType;
+  Generator gen(17);
+  for (DType d : {DType::f32, DType::f64, DType::bf16})
+    for (const Shape& s : {Shape{0}, Shape{1}, Shape{7}, Shape{3, 259}, Shape{2, 5, 704}, Shape{1031, 17}}) {
+      INFO("shape " << shape_str(s) << " dtype " << dtype_name(d));
+      // The inputs are rounded to d first, so both sides see the same values.
+      const Tensor<Reference> a = Tensor<Reference>::randn(s, DType::f64, &gen).mul(4.0).to(d).to(DType::f64);
+      const Tensor<Reference> b = Tensor<Reference>::randn(s, DType::f64, &gen).to(d).to(DType::f64);
+      const Tensor<Reference> g = Tensor<Reference>::randn(s, DType::f64, &gen).to(d).to(DType::f64);
+      const Tensor<Reference> ry = fused::swiglu_forward(a, b);
+      const auto [rda, rdb] = fused::swiglu_backward(a, b, g);
+      const Tensor<B> ba = a.to(d).to<B>(), bb = b.to(d).to<B>(), bg = g.to(d).to<B>();
+      const Tensor<B> y = fused::swiglu_forward(ba, bb);
+      const auto [da, db] = fused::swiglu_backward(ba, bb, bg);
+      kt::check_close(y, ry.to(d), swiglu_tol(d), "y");
+      kt::check_close(da, rda.to(d), swiglu_tol(d), "d gate");
+      kt::check_close(db, rdb.to(d), swiglu_tol(d), "d up");
+    }
+}
+
+TEMPLATE_TEST_CASE("fused swiglu: non-contiguous inputs, bad shapes and dtypes", "[swiglu][fused]", KILN_BACKEND_TYPES) {
+  using B = TestType;
+  Generator gen(3);
+  const Tensor<B> a = Tensor<B>::randn({6, 4}, DType::f32, &gen), b = Tensor<B>::randn({4, 6}, DType::f32, &gen);
+  const Tensor<B> want = a.t().contiguous().silu().mul(b);
+  const std::vector<float> got = to_vector<float>(fused::swiglu_forward(a.t(), b)), w = to_vector<float>(want);
+  for (size_t i = 0; i < w.size(); ++i) CHECK(got[i] == Approx(w[i]).margin(1e-6));
+  CHECK_THROWS_WITH(fused::swiglu_forward(a, b), Catch::Contains("swiglu: gate [6, 4] and up [4, 6] must have one shape"));
+  CHECK_THROWS_WITH(fused::swiglu_forward(a, a.to(DType::f64)), Catch::Contains("swiglu: needs one float dtype"));
+  CHECK_THROWS_WITH(fused::swiglu_forward(a.to(DType::i32), a.to(DType::i32)), Catch::Contains("swiglu: needs one float dtype"));
+  CHECK_THROWS_WITH(fused::swiglu_backward(a, a, b), Catch::Contains("swiglu_backward: dy [4, 6] differs"));
+}
+
+TEMPLATE_TEST_CASE("fused swiglu: nn::functional::swiglu and the SwiGLU module pass float64 finite differences", "[swiglu][fused][gradcheck]",
+                   KILN_BACKEND_TYPES) {
+  using B = TestType;
+  Generator gen(8);
+  const Tensor<B> a = Tensor<B>::randn({3, 2, 9}, DType::f64, &gen).mul(3.0), b = Tensor<B>::randn({3, 2, 9}, DType::f64, &gen);
+  const auto r = gradcheck<B>([](const std::vector<Var<B>>& in) { return nn::functional::swiglu(in[0], in[1]); }, {a, b});
+  INFO(r.message);
+  CHECK(r.ok);
+  nn::SwiGLU<B> m({.dim = 5, .hidden = 7, .dtype = DType::f64});
+  const Tensor<B> x = Tensor<B>::randn({2, 3, 5}, DType::f64, &gen);
+  const auto rm = gradcheck<B>([&](const std::vector<Var<B>>& in) { return m.forward(in[0]); }, {x});
+  INFO(rm.message);
+  CHECK(rm.ok);
+  // The module is down(silu(gate x) ⊙ up x), as composite ops.
+  const auto named = m.named_parameters();
+  const std::map<std::string, Var<B>> params(named.begin(), named.end());
+  const Var<B> X(x), composite = (X.matmul(params.at("gate_proj.weight").t()).silu() * X.matmul(params.at("up_proj.weight").t()))
+                                     .matmul(params.at("down_proj.weight").t());
+  const std::vector<double> want = to_vector<double>(composite.value()), got = to_vector<double>(m.forward(X).value());
+  for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12).margin(1e-14));
+}
