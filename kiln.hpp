@@ -6,6 +6,7 @@
 #include "kiln/backends/dispatch.hpp"  // Cpu, Reference (, Cuda), kiln::dispatch
 #include "kiln/core/tensor.hpp"
 
+#include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/gradcheck.hpp"
 #include "kiln/autograd/var.hpp"
 

@@ -1,5 +1,6 @@
 #include "kiln/nn/attnres.hpp"
 
+#include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/record.hpp"
 #include "kiln/core/fused_depth.hpp"
 
@@ -102,7 +103,9 @@ template <Backend B> Tensor<B> AttnResStack<B>::two_phase_read(const DepthAttent
 }
 
 template <Backend B> void AttnResStack<B>::add(const Var<B>& out) {
-  partial_ = partial_.defined() ? partial_ + out : out;
+  // Under autocast a sublayer's output may be low precision; the blocks (the residual stream) stay f32.
+  const Var<B> o = autocast::to_f32(out);
+  partial_ = partial_.defined() ? partial_ + o : o;
   ++j_;
 }
 

@@ -1,11 +1,13 @@
 #include "kiln/nn/loss.hpp"
 
+#include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/record.hpp"
 #include "kiln/core/fused_loss.hpp"
 
 namespace kiln::nn {
 
-template <Backend B> Var<B> cross_entropy(const Var<B>& logits, const Tensor<B>& targets, CrossEntropyOptions o) {
+template <Backend B> Var<B> cross_entropy(const Var<B>& logits_in, const Tensor<B>& targets, CrossEntropyOptions o) {
+  const Var<B> logits = autocast::to_f32(logits_in);  // autocast: the loss runs in f32
   KILN_CHECK(logits.dim() >= 1, "cross_entropy: logits must have rank >= 1, got {}", shape_str(logits.shape()));
   KILN_CHECK(is_integral(targets.dtype()), "cross_entropy: targets must be i32 or i64, got {} (shape {})", targets.dtype(),
              shape_str(targets.shape()));

@@ -1,5 +1,6 @@
 #include "kiln/nn/norm.hpp"
 
+#include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/record.hpp"
 #include "kiln/core/fused_norm.hpp"
 
@@ -8,7 +9,8 @@ namespace kiln::nn {
 namespace functional {
 
 // One recorded op on the fused kernel (core/fused_norm.hpp); backward saves x, w and rstd [rows].
-template <Backend B> Var<B> rms_norm(const Var<B>& x, const Var<B>& weight, double eps) {
+template <Backend B> Var<B> rms_norm(const Var<B>& x_in, const Var<B>& weight, double eps) {
+  const Var<B> x = autocast::to_f32(x_in);  // autocast: norms run in f32
   KILN_CHECK(x.dim() >= 1, "rms_norm: input must have rank >= 1, got {}", shape_str(x.shape()));
   KILN_CHECK(!weight.defined() || weight.shape() == Shape{x.shape().back()}, "rms_norm: weight {} does not match input {}",
              shape_str(weight.defined() ? weight.shape() : Shape{}), shape_str(x.shape()));
@@ -25,7 +27,8 @@ template <Backend B> Var<B> rms_norm(const Var<B>& x, const Var<B>& weight, doub
   });
 }
 
-template <Backend B> Var<B> layer_norm(const Var<B>& x, const Var<B>& weight, const Var<B>& bias, double eps) {
+template <Backend B> Var<B> layer_norm(const Var<B>& x_in, const Var<B>& weight, const Var<B>& bias, double eps) {
+  const Var<B> x = autocast::to_f32(x_in);  // autocast: norms run in f32
   KILN_CHECK(x.dim() >= 1, "layer_norm: input must have rank >= 1, got {}", shape_str(x.shape()));
   const Shape d{x.shape().back()};
   KILN_CHECK(!weight.defined() || weight.shape() == d, "layer_norm: weight {} does not match input {}", shape_str(weight.shape()),

@@ -30,9 +30,11 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   f.get("checkpoint_every", c.checkpoint_every);
   f.get("grad_accum", c.grad_accum);
   f.get("on_nonfinite", c.on_nonfinite);
+  f.get("precision", c.precision);
   f.get("zero_stage", c.zero_stage);
   f.get("bucket_mb", c.bucket_mb);
   one_of(where, "on_nonfinite", c.on_nonfinite, {"error", "skip"});
+  one_of(where, "precision", c.precision, {"f32", "bf16", "f16"});
   if (const json* o = f.object("optimizer")) {
     OptimizerConfig& oc = c.optimizer;
     oc = OptimizerConfig{};
@@ -138,7 +140,7 @@ json TrainConfig::to_json() const {
   return {{"batch_size", batch_size}, {"seq_len", seq_len}, {"steps", steps}, {"grad_clip", grad_clip},
           {"optimizer", o}, {"schedule", s}, {"eval_every", eval_every}, {"eval_batches", eval_batches},
           {"checkpoint_every", checkpoint_every}, {"grad_accum", grad_accum}, {"on_nonfinite", on_nonfinite},
-          {"zero_stage", zero_stage}, {"bucket_mb", bucket_mb}};
+          {"precision", precision}, {"zero_stage", zero_stage}, {"bucket_mb", bucket_mb}};
 }
 
 }  // namespace kiln

@@ -42,6 +42,9 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  // 0 = only at the end (when --checkpoint is given)
   int64_t grad_accum = 1;        // micro-batches of batch_size per step (batch s·grad_accum + j of the data)
   std::string on_nonfinite = "error";  // a non-finite loss or gradient: "error" stops, "skip" skips the step
+  // Mixed precision (docs/mixed_precision.md): "f32" (off), "bf16" (autocast), "f16" (autocast with
+  // dynamic loss scaling; meant for Cuda: the Cpu has no f16 matmul kernel).
+  std::string precision = "f32";
   // Data parallelism (mpirun -np N kiln train; ignored in one process): ZeRO stage 0 (every rank holds
   // the whole optimizer state) or 1 (each holds 1/N: dist::ZeroOptimizer), and the gradient buckets'
   // size (dist::DDPOptions::bucket_mb).

@@ -53,7 +53,7 @@ struct SignalGuard {
 // The metadata keys the loop owns; options.metadata may not use them.
 bool loop_key(const std::string& k) {
   static const char* keys[] = {"kiln_checkpoint", "step",      "rng_seed",      "rng_offset", "grad_accum",
-                               "optimizer",       "skipped_steps", "kiln_fit"};
+                               "optimizer",       "skipped_steps", "kiln_fit",  "loss_scale", "loss_scale_good_steps"};
   for (const char* x : keys)
     if (k == x) return true;
   return k.rfind("data.", 0) == 0;
@@ -133,6 +133,7 @@ template <Backend B> class Engine {
   int64_t k_ = 1, spe_ = 0, total_ = 0, start_ = 0, end_ = 0, skipped_ = 0;
   int64_t last_samples_ = 0, last_tokens_ = 0;  // of the last step, for the progress bar
   double last_flops_ = 0;
+  std::optional<autocast::GradScaler> scaler_;  // precision f16
 };
 
 template <Backend B> void Engine<B>::validate() {
@@ -222,6 +223,8 @@ template <Backend B> void Engine<B>::resume() {
   }
   default_generator().set_state(parse_u64(m, "rng_seed", path), parse_u64(m, "rng_offset", path));
   skipped_ = m.count("skipped_steps") ? parse_i64(m, "skipped_steps", path) : 0;
+  if (scaler_ && m.count("loss_scale"))
+    scaler_->set_state(std::stod(m.at("loss_scale")), m.count("loss_scale_good_steps") ? parse_i64(m, "loss_scale_good_steps", path) : 0);
   start_ = step;
 }
 
@@ -252,7 +255,11 @@ template <Backend B> double Engine<B>::evaluate(std::map<std::string, double>& m
   std::map<std::string, std::vector<double>> values;
   for (int64_t i = 0; i < n; ++i) {
     eval_->fetch(i);
-    const StepOutput<B> out = (*eval_step_)();
+    StepOutput<B> out;
+    {
+      autocast::Scope ac(o_.precision);
+      out = (*eval_step_)();
+    }
     KILN_CHECK(out.loss.defined() && out.loss.numel() == 1, "fit: the step function must return a scalar loss, got {}",
                out.loss.defined() ? shape_str(out.loss.shape()) : std::string("an undefined Var"));
     losses.push_back(item<double>(out.loss.value()));
@@ -305,6 +312,10 @@ template <Backend B> void Engine<B>::save_checkpoint(int64_t step_count) {
   meta["grad_accum"] = std::to_string(k_);
   meta["optimizer"] = optimizer_kind(opt_);
   meta["skipped_steps"] = std::to_string(skipped_);
+  if (scaler_) {
+    meta["loss_scale"] = fmt::format("{}", scaler_->scale());
+    meta["loss_scale_good_steps"] = std::to_string(scaler_->good_steps());
+  }
   meta["data.kind"] = train_.indexed() ? "indexed" : "loader";
   for (auto& [k, v] : train_.state()) meta[k] = v;
   safetensors::save<B>(o_.checkpoint_path, ts, meta);
@@ -312,6 +323,9 @@ template <Backend B> void Engine<B>::save_checkpoint(int64_t step_count) {
 
 template <Backend B> FitResult Engine<B>::run() {
   validate();
+  KILN_CHECK(o_.precision == DType::f32 || o_.precision == DType::bf16 || o_.precision == DType::f16,
+             "fit: precision must be f32, bf16 or f16, got {}", o_.precision);
+  if (o_.precision == DType::f16) scaler_.emplace(o_.loss_scale);
   named_ = model_.named_parameters();
   for (const auto& [n, p] : named_) params_.push_back(p);
   for (const auto& g : opt_.groups()) peaks_.push_back(o_.lr > 0 ? o_.lr : g.lr);
@@ -438,16 +452,19 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
         const profile::Scope prof_fetch("fit.fetch_batch", "data");
         train_.fetch(step * k_ + j);
       }
-      StepOutput<B> out = [&] {
+      StepOutput<B> out;
+      {
         const profile::Scope prof_fwd("fit.forward", "step");
-        return step_();
-      }();
+        autocast::Scope ac(o_.precision);  // the forward and loss; backward below runs outside it
+        out = step_();
+      }
       KILN_CHECK(out.loss.defined() && out.loss.numel() == 1, "fit: the step function must return a scalar loss, got {}",
                  out.loss.defined() ? shape_str(out.loss.shape()) : std::string("an undefined Var"));
       {
         const profile::Scope prof_bwd("fit.backward", "step");
-        if (m == 1) out.loss.backward();
-        else out.loss.mul(1.0 / static_cast<double>(m)).backward();
+        const double factor = (m == 1 ? 1.0 : 1.0 / static_cast<double>(m)) * (scaler_ ? scaler_->scale() : 1.0);
+        if (factor == 1.0) out.loss.backward();
+        else out.loss.mul(factor).backward();
       }
       losses.push_back(out.loss.value());
       for (const auto& [k, v] : out.metrics) metric_sums[k] += v;
@@ -459,6 +476,12 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
     else micro();
   }
   if (o_.hooks.after_backward) o_.hooks.after_backward();
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  if (scaler_)  // unscale: the gradients of the loss itself
+    for (const auto& p : params_) {
+      Tensor<B> g = p.grad();
+      if (g.defined()) g.mul_(1.0 / loss_scale);
+    }
   const double norm = optim::grad_norm(params_);
   double loss = 0;
   for (const auto& l : losses) loss += item<double>(l);
@@ -477,6 +500,9 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
   }
 
   const bool finite = std::isfinite(loss) && std::isfinite(norm);
+  // f16: an overflow is the loss scale's business (skip, back off), not a diverged run.
+  const bool overflow = scaler_ && !finite;
+  if (scaler_) scaler_->update(overflow);
   if (finite) {
     if (o_.grad_clip > 0) {
       const double coef = std::min(1.0, o_.grad_clip / (norm + 1e-6));  // optim::clip_grad_norm's formula
@@ -487,8 +513,11 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
         }
     }
     opt_.step();
-  } else if (o_.on_nonfinite == NonFinite::error) {
+  } else if (o_.on_nonfinite == NonFinite::error && !overflow) {
     fail_nonfinite(step, loss, norm);
+  } else if (overflow) {
+    opt_.zero_grad();
+    for (auto& p : params_) p.zero_grad();
   } else {
     opt_.zero_grad();
     for (auto& p : params_) p.zero_grad();
@@ -503,7 +532,10 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
     rec["flops"] = flops;
     rec["gflops"] = flops / (ms / 1e3) / 1e9;
   }
-  if (!finite) {
+  if (scaler_) rec["loss_scale"] = loss_scale;
+  if (overflow) {
+    rec["overflow"] = true;
+  } else if (!finite) {
     rec["skipped"] = true;
     rec["skipped_steps"] = skipped_;
   }

@@ -79,8 +79,16 @@
 // signal, stop_after) on any rank stops every rank after the same step, and rank 0 alone writes the
 // log, draws the progress bar, evaluates (the on_eval callbacks run there) and writes checkpoints.
 // Every rank calls the optimizer's state_dict() for a checkpoint (a dist::ZeroOptimizer gathers its
-// shards there) and every rank reads resume_path. Mixed precision (later) runs each micro-batch
-// inside an autocast scope (around_micro_batch) and unscales in after_backward.
+// shards there) and every rank reads resume_path.
+//
+// Mixed precision (docs/mixed_precision.md): precision bf16 or f16 runs the step function (forward and
+// loss, training and evaluation) inside autocast::Scope(precision); backward runs after the scope.
+// Parameters, gradients and the optimizer stay in their own dtype (f32). f16 adds dynamic loss
+// scaling (autocast::GradScaler with loss_scale): the loss is multiplied by the scale before backward,
+// the gradients divided by it after hooks.after_backward (so after a DDP all-reduce); a step whose
+// gradient norm is then not finite is skipped ("overflow": true in the log, not counted as a
+// non-finite step) and the scale backed off. Records carry "loss_scale". On the Cpu f16 runs but
+// its matmuls compute in f32 (no f16 kernels; one notice on stderr): use bf16 there.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -92,6 +100,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/autograd/autocast.hpp"
 #include "kiln/backends/backends.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/optim/optimizer.hpp"
@@ -164,6 +173,8 @@ struct FitOptions {
   int64_t grad_accum = 1;  // micro-batches per optimizer step
   double grad_clip = 0;    // max global L2 norm of the gradients (PyTorch clip_grad_norm_); 0 = off
   NonFinite on_nonfinite = NonFinite::error;
+  DType precision = DType::f32;            // f32 (off), bf16 or f16: the autocast dtype of the step function
+  autocast::LossScaleOptions loss_scale{};  // precision f16 only
   int64_t eval_every = 0;         // evaluate every this many steps and after the last (0: the last only)
   std::string checkpoint_path{};  // "" = no checkpoints
   int64_t checkpoint_every = 0;   // 0 = only when the run ends

@@ -141,6 +141,8 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
   }
 
   manual_seed(o.seed);
+  KILN_CHECK(tc.precision == "f32" || o.dtype == DType::f32,
+             "train: precision \"{}\" keeps f32 master weights; it does not combine with --dtype {}", tc.precision, o.dtype);
   nn::GPT<B> model(cfg, o.dtype);
   model.init_weights(o.seed);
   if (!o.init_from.empty()) model.load(o.init_from);
@@ -165,6 +167,7 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
                       .grad_accum = tc.grad_accum,
                       .grad_clip = tc.grad_clip,
                       .on_nonfinite = tc.on_nonfinite == "skip" ? NonFinite::skip : NonFinite::error,
+                      .precision = parse_dtype(tc.precision),
                       .eval_every = tc.eval_every,
                       .checkpoint_path = o.checkpoint_path,
                       .checkpoint_every = tc.checkpoint_every,
@@ -176,12 +179,13 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
                       .hooks = ddp ? dist::fit_hooks(*ddp) : FitHooks{},
                       .schedule = tc.schedule};  // peak: the optimizer's lr, tc.optimizer.lr
   if (!o.quiet && main)
-    fmt::print("kiln train: {} parameters, {} {}{}·{} tokens/step, {:.1f} MFLOP/token, steps {}..{} of {}, device {}{}{}\n",
+    fmt::print("kiln train: {} parameters, {} {}{}·{} tokens/step, {:.1f} MFLOP/token, steps {}..{} of {}, device {}{}{}{}\n",
                model.num_parameters(), cfg.attention, tc.grad_accum > 1 ? fmt::format("{}·", tc.grad_accum) : "", bs, T,
                seq_flops / static_cast<double>(T) / 1e6, resume.step,
                o.stop_after >= 0 ? std::min(tc.steps, o.stop_after) : tc.steps, tc.steps, B::name,
                std::is_same_v<B, Cpu> ? fmt::format(" ({})", cpu_isa()) : std::string(),  // the kernels' instruction set
-               parallel ? fmt::format(", {} ranks × {} rows{}", ranks, rows.count, tc.zero_stage == 1 ? ", ZeRO-1" : "") : std::string());
+               parallel ? fmt::format(", {} ranks × {} rows{}", ranks, rows.count, tc.zero_stage == 1 ? ", ZeRO-1" : "") : std::string(),
+               tc.precision == "f32" ? std::string() : fmt::format(", precision {} (autocast)", tc.precision));
   const FitResult r = with_eval ? fit(model, *opt, train, eval, step, fo) : fit(model, *opt, train, step, fo);
 
   TrainResult res;

@@ -3,6 +3,8 @@
 // user's attention mask as given, never expanded; the mask gets no gradient); the
 // backward is fused::attention_backward (FlashAttention-2: P recomputed from LSE). Every input gets a
 // gradient when any does (the fused backward produces all three at once).
+// Under autocast q, k, v are cast to the low dtype (the kernels compute in f32 and round O once).
+#include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/record.hpp"
 #include "kiln/core/fused.hpp"
 
@@ -14,8 +16,9 @@ template <Backend B> Grads<B> AttentionBackward<B>::operator()(const Tensor<B>& 
 }
 
 template <Backend B>
-Var<B> AttentionOps<B>::attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, double scale, bool causal, int64_t pos0,
-                                  const Tensor<B>& key_padding, const Tensor<B>& mask) {
+Var<B> AttentionOps<B>::attention(const Var<B>& q_in, const Var<B>& k_in, const Var<B>& v_in, double scale, bool causal,
+                                  int64_t pos0, const Tensor<B>& key_padding, const Tensor<B>& mask) {
+  const Var<B> q = autocast::to_low(q_in), k = autocast::to_low(k_in), v = autocast::to_low(v_in);
   auto [o, lse] = fused::attention_forward(q.value(), k.value(), v.value(), scale, causal, pos0, key_padding, mask);
   if (!(needs_grad(q) || needs_grad(k) || needs_grad(v))) return Var<B>(o);
   return record<B>("attention", o, {&q, &k, &v},

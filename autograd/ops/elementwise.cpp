@@ -3,6 +3,7 @@
 // summed back to its own shape (sum_to).
 #include <cmath>
 
+#include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/record.hpp"
 
 namespace kiln::autograd {
@@ -13,6 +14,15 @@ template <Backend B> using T = Tensor<B>;
 template <Backend B> T<B> reduce_to(bool on, const T<B>& g, const Shape& shape) { return on ? g.sum_to(shape) : T<B>(); }
 // bool mask -> 0/1 in dtype d
 template <Backend B> T<B> as(const T<B>& mask, DType d) { return mask.to(d); }
+// Binary ops on two floating dtypes compute in the wider one (PyTorch's promotion: bf16 + f32 -> f32);
+// false when a and b already agree (or are not both floating: the Tensor op reports the mismatch).
+template <Backend B> bool promoted(const Var<B>& a, const Var<B>& b, Var<B>& a2, Var<B>& b2) {
+  if (a.dtype() == b.dtype() || !is_floating(a.dtype()) || !is_floating(b.dtype())) return false;
+  const DType d = autocast::promote(a.dtype(), b.dtype());
+  a2 = a.to(d);
+  b2 = b.to(d);
+  return true;
+}
 }  // namespace
 
 // ------------------------------------------------------------------------------------------ unary
@@ -33,24 +43,28 @@ template <Backend B> Var<B> Elementwise<B>::square(const X& x) {
 }
 
 // y = e^x                        dx = dy * y             (saves the output only)
-template <Backend B> Var<B> Elementwise<B>::exp(const X& x) {
+template <Backend B> Var<B> Elementwise<B>::exp(const X& x_in) {
+  const X x = autocast::to_f32(x_in);  // autocast: f32 list
   T<B> y = x.value().exp();
   return record<B>("exp", y, {&x}, [y](const T<B>& g) { return Grads<B>{g.mul(y)}; });
 }
 
 // y = ln x                       dx = dy / x
-template <Backend B> Var<B> Elementwise<B>::log(const X& x) {
+template <Backend B> Var<B> Elementwise<B>::log(const X& x_in) {
+  const X x = autocast::to_f32(x_in);  // autocast: f32 list
   return record<B>("log", x.value().log(), {&x}, [x = x.value()](const T<B>& g) { return Grads<B>{g.div(x)}; });
 }
 
 // y = ln(1 + x)                  dx = dy / (1 + x)
-template <Backend B> Var<B> Elementwise<B>::log1p(const X& x) {
+template <Backend B> Var<B> Elementwise<B>::log1p(const X& x_in) {
+  const X x = autocast::to_f32(x_in);  // autocast: f32 list
   return record<B>("log1p", x.value().log1p(), {&x},
                    [x = x.value()](const T<B>& g) { return Grads<B>{g.div(x.add(Scalar(1.0)))}; });
 }
 
 // y = e^x - 1                    dx = dy * (y + 1)
-template <Backend B> Var<B> Elementwise<B>::expm1(const X& x) {
+template <Backend B> Var<B> Elementwise<B>::expm1(const X& x_in) {
+  const X x = autocast::to_f32(x_in);  // autocast: f32 list
   T<B> y = x.value().expm1();
   return record<B>("expm1", y, {&x}, [y](const T<B>& g) { return Grads<B>{g.mul(y.add(Scalar(1.0)))}; });
 }
@@ -62,14 +76,16 @@ template <Backend B> Var<B> Elementwise<B>::sqrt(const X& x) {
 }
 
 // y = x^(-1/2)                   dx = dy * -y^3 / 2
-template <Backend B> Var<B> Elementwise<B>::rsqrt(const X& x) {
+template <Backend B> Var<B> Elementwise<B>::rsqrt(const X& x_in) {
+  const X x = autocast::to_f32(x_in);  // autocast: f32 list
   T<B> y = x.value().rsqrt();
   return record<B>("rsqrt", y, {&x},
                    [y](const T<B>& g) { return Grads<B>{g.mul(y.square().mul(y)).mul(Scalar(-0.5))}; });
 }
 
 // y = 1/x                        dx = -dy * y^2
-template <Backend B> Var<B> Elementwise<B>::reciprocal(const X& x) {
+template <Backend B> Var<B> Elementwise<B>::reciprocal(const X& x_in) {
+  const X x = autocast::to_f32(x_in);  // autocast: f32 list
   T<B> y = x.value().reciprocal();
   return record<B>("reciprocal", y, {&x}, [y](const T<B>& g) { return Grads<B>{g.mul(y.square()).neg()}; });
 }
@@ -141,6 +157,7 @@ template <Backend B> Var<B> Elementwise<B>::gelu(const X& x, bool tanh_approx) {
 // ------------------------------------------------------------------------------------------ binary
 // y = a + b                      da = dy, db = dy         (summed to each shape)
 template <Backend B> Var<B> Elementwise<B>::add(const X& a, const X& b) {
+  if (X a2, b2; promoted<B>(a, b, a2, b2)) return add(a2, b2);
   const bool na = needs_grad(a), nb = needs_grad(b);
   return record<B>("add", a.value().add(b.value()), {&a, &b}, [na, nb, sa = a.shape(), sb = b.shape()](const T<B>& g) {
     return Grads<B>{reduce_to<B>(na, g, sa), reduce_to<B>(nb, g, sb)};
@@ -149,6 +166,7 @@ template <Backend B> Var<B> Elementwise<B>::add(const X& a, const X& b) {
 
 // y = a - b                      da = dy, db = -dy
 template <Backend B> Var<B> Elementwise<B>::sub(const X& a, const X& b) {
+  if (X a2, b2; promoted<B>(a, b, a2, b2)) return sub(a2, b2);
   const bool na = needs_grad(a), nb = needs_grad(b);
   return record<B>("sub", a.value().sub(b.value()), {&a, &b}, [na, nb, sa = a.shape(), sb = b.shape()](const T<B>& g) {
     return Grads<B>{reduce_to<B>(na, g, sa), nb ? g.sum_to(sb).neg() : T<B>()};
@@ -157,6 +175,7 @@ template <Backend B> Var<B> Elementwise<B>::sub(const X& a, const X& b) {
 
 // y = a * b                      da = dy * b, db = dy * a  (each operand saved only if the other needs it)
 template <Backend B> Var<B> Elementwise<B>::mul(const X& a, const X& b) {
+  if (X a2, b2; promoted<B>(a, b, a2, b2)) return mul(a2, b2);
   const bool na = needs_grad(a), nb = needs_grad(b);
   return record<B>("mul", a.value().mul(b.value()), {&a, &b},
                    [na, nb, sa = a.shape(), sb = b.shape(), av = keep_if(nb, a.value()), bv = keep_if(na, b.value())](const T<B>& g) {
@@ -166,6 +185,7 @@ template <Backend B> Var<B> Elementwise<B>::mul(const X& a, const X& b) {
 
 // y = a / b                      da = dy / b, db = -dy * y / b
 template <Backend B> Var<B> Elementwise<B>::div(const X& a, const X& b) {
+  if (X a2, b2; promoted<B>(a, b, a2, b2)) return div(a2, b2);
   const bool na = needs_grad(a), nb = needs_grad(b);
   T<B> y = a.value().div(b.value());
   return record<B>("div", y, {&a, &b}, [na, nb, sa = a.shape(), sb = b.shape(), bv = b.value(), y = keep_if(nb, y)](const T<B>& g) {
@@ -177,6 +197,7 @@ template <Backend B> Var<B> Elementwise<B>::div(const X& a, const X& b) {
 // y = a^b                        da = dy * b a^(b-1)   (0 where b = 0)
 //                                db = dy * y ln a      (0 where a = 0 and b >= 0), as PyTorch
 template <Backend B> Var<B> Elementwise<B>::pow(const X& a, const X& b) {
+  if (X a2, b2; promoted<B>(a, b, a2, b2)) return pow(a2, b2);
   const bool na = needs_grad(a), nb = needs_grad(b);
   T<B> y = a.value().pow(b.value());
   return record<B>("pow", y, {&a, &b}, [na, nb, av = a.value(), bv = b.value(), y = keep_if(nb, y)](const T<B>& g) {
@@ -203,6 +224,7 @@ template <Backend B> T<B> win_share(const T<B>& a, const T<B>& b, bool is_max) {
 }
 
 template <Backend B> Var<B> extremum(const Var<B>& a, const Var<B>& b, bool is_max) {
+  if (Var<B> a2, b2; promoted<B>(a, b, a2, b2)) return extremum<B>(a2, b2, is_max);
   const bool na = needs_grad(a), nb = needs_grad(b);
   T<B> y = is_max ? a.value().maximum(b.value()) : a.value().minimum(b.value());
   return record<B>(is_max ? "maximum" : "minimum", y, {&a, &b},
@@ -236,7 +258,8 @@ template <Backend B> Var<B> Elementwise<B>::div_scalar(const X& x, Scalar s) {
 }
 
 // y = x^s                        dx = dy * s x^(s-1)    (0 when s = 0)
-template <Backend B> Var<B> Elementwise<B>::pow_scalar(const X& x, Scalar s) {
+template <Backend B> Var<B> Elementwise<B>::pow_scalar(const X& x_in, Scalar s) {
+  const X x = autocast::to_f32(x_in);  // autocast: f32 list
   return record<B>("pow", x.value().pow(s), {&x}, [s, x = x.value()](const T<B>& g) {
     if (s.to_double() == 0.0) return Grads<B>{g.zeros_like()};
     return Grads<B>{g.mul(x.pow(Scalar(s.to_double() - 1.0)).mul(s))};
@@ -277,6 +300,7 @@ template <Backend B> Var<B> Elementwise<B>::clamp(const X& x, Scalar lo, Scalar 
 
 // y = cond ? a : b               da = cond ? dy : 0, db = cond ? 0 : dy   (cond: bool, broadcasts)
 template <Backend B> Var<B> Elementwise<B>::where(const Tensor<B>& cond, const X& a, const X& b) {
+  if (X a2, b2; promoted<B>(a, b, a2, b2)) return where(cond, a2, b2);
   const bool na = needs_grad(a), nb = needs_grad(b);
   return record<B>("where", T<B>::where(cond, a.value(), b.value()), {&a, &b},
                    [na, nb, cond, sa = a.shape(), sb = b.shape()](const T<B>& g) {

@@ -5,12 +5,17 @@
 //   da2 = dy2 @ b2^T  [batch, M, K] -> summed over broadcast batch dims to a2's shape -> a's shape
 //   db2 = a2^T @ dy2  [batch, K, N] -> summed to b2's shape -> b's shape
 // Each operand is saved only when the other one needs a gradient.
+// Under autocast (autograd/autocast.hpp) both operands are cast to the low dtype first; the product
+// and its gradients then run in that dtype (f32 accumulation in the kernels) and the casts' backward
+// brings the gradients back to the operands' own dtypes.
+#include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/record.hpp"
 
 namespace kiln::autograd {
 
-template <Backend B> Var<B> Linalg<B>::matmul(const Var<B>& a, const Var<B>& b) {
+template <Backend B> Var<B> Linalg<B>::matmul(const Var<B>& a_in, const Var<B>& b_in) {
   using T = Tensor<B>;
+  const Var<B> a = autocast::to_low(a_in), b = autocast::to_low(b_in);
   const bool na = needs_grad(a), nb = needs_grad(b);
   return record<B>("matmul", a.value().matmul(b.value()), {&a, &b},
                    [na, nb, sa = a.shape(), sb = b.shape(), av = keep_if(nb, a.value()), bv = keep_if(na, b.value())](const T& g) {

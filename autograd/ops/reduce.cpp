@@ -1,5 +1,6 @@
 // Reductions over a set of axes (all when empty): x [*] -> y [* with the axes removed, or kept as 1].
 // Backward views dy in the keepdim shape and broadcasts it back over the reduced axes.
+#include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/record.hpp"
 
 namespace kiln::autograd {
@@ -28,7 +29,8 @@ template <Backend B> Var<B> extreme(const Var<B>& x, const std::vector<int64_t>&
 }  // namespace
 
 // y = sum over axes              dx = broadcast(dy)
-template <Backend B> Var<B> Reduce<B>::sum(const X& x, const std::vector<int64_t>& axes, bool keepdim) {
+template <Backend B> Var<B> Reduce<B>::sum(const X& x_in, const std::vector<int64_t>& axes, bool keepdim) {
+  const X x = autocast::to_f32(x_in);  // autocast: f32 list
   const std::vector<int64_t> ax = reduce_axes(axes, x.shape(), "sum");
   return record<B>("sum", x.value().sum(ax, keepdim), {&x}, [shape = x.shape(), ax](const T<B>& g) {
     return Grads<B>{unreduce<B>(g, keepdim_shape(shape, ax)).expand(shape)};
@@ -36,7 +38,8 @@ template <Backend B> Var<B> Reduce<B>::sum(const X& x, const std::vector<int64_t
 }
 
 // y = mean over axes (n elements) dx = broadcast(dy) / n
-template <Backend B> Var<B> Reduce<B>::mean(const X& x, const std::vector<int64_t>& axes, bool keepdim) {
+template <Backend B> Var<B> Reduce<B>::mean(const X& x_in, const std::vector<int64_t>& axes, bool keepdim) {
+  const X x = autocast::to_f32(x_in);  // autocast: f32 list
   const std::vector<int64_t> ax = reduce_axes(axes, x.shape(), "mean");
   int64_t n = 1;
   for (int64_t a : ax) n *= x.shape()[static_cast<size_t>(a)];

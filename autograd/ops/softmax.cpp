@@ -2,12 +2,14 @@
 //   softmax:      dx = y * (dy - sum(dy * y, axis))
 //   log_softmax:  dx = dy - exp(y) * sum(dy, axis)
 // both through fused::softmax_backward, which a backend may override with a fused kernel.
+#include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/record.hpp"
 #include "kiln/core/fused.hpp"
 
 namespace kiln::autograd {
 
-template <Backend B> Var<B> SoftmaxOps<B>::softmax(const Var<B>& x, int64_t axis, bool log) {
+template <Backend B> Var<B> SoftmaxOps<B>::softmax(const Var<B>& x_in, int64_t axis, bool log) {
+  const Var<B> x = autocast::to_f32(x_in);  // autocast: f32 list
   Tensor<B> y = fused::softmax(x.value(), axis, log);
   return record<B>(log ? "log_softmax" : "softmax", y, {&x}, [y, axis, log](const Tensor<B>& g) {
     return Grads<B>{fused::softmax_backward(y, g, axis, log)};

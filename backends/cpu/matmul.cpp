@@ -18,10 +18,17 @@
 //    are at least as many items as threads, the batch loop is parallel and each GEMM single-threaded
 //    (OpenBLAS runs single-threaded inside a parallel region); else the batch loop is serial and each
 //    GEMM uses all threads.
-//  * bf16/f16: converted to f32, multiplied with f32 accumulation, rounded back.
-// KILN_CPU_MATMUL=blas|onednn forces one library for f32 (for benchmarking).
+//  * bf16 where the CPU has AVX512-BF16 or AMX (oneDNN's effective ISA, asked once at run time):
+//    oneDNN's bf16 matmul (bf16 operands, f32 accumulation, the bf16 output rounded once), cached like
+//    the f32 one; autocast (autograd/autocast.hpp) sends its matmuls here.
+//  * bf16 elsewhere, f16 (oneDNN 2.6 has no f16 CPU matmul short of AVX512-FP16), or a bf16 layout
+//    oneDNN declines: converted to f32, multiplied with f32 accumulation, rounded back; the first such
+//    product prints one line on stderr saying so (the numbers are the same either way, only slower).
+// KILN_CPU_MATMUL=blas|onednn forces one library for f32 (for benchmarking); blas also sends bf16 to
+// the f32 path.
 #include <cblas.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <unordered_map>
@@ -135,7 +142,7 @@ struct DnnlThread {
 
 // The memory desc of one operand: batch dims (size 1 where the operand is broadcast) + the matrix.
 dnnl::memory::desc dnnl_desc(const std::vector<int64_t>& bdims, const std::vector<int64_t>& bstr, int64_t rows, int64_t cols,
-                             const Operand& op) {
+                             const Operand& op, dnnl::memory::data_type dt) {
   dnnl::memory::dims dims, strides;
   for (size_t i = 0; i < bdims.size(); ++i) {
     dims.push_back(bstr[i] == 0 ? 1 : bdims[i]);
@@ -145,22 +152,40 @@ dnnl::memory::desc dnnl_desc(const std::vector<int64_t>& bdims, const std::vecto
   dims.push_back(cols);
   strides.push_back(op.trans ? 1 : op.ld);
   strides.push_back(op.trans ? op.ld : 1);
-  return {dims, dnnl::memory::data_type::f32, strides};
+  return {dims, dt, strides};
+}
+
+template <class T> constexpr dnnl::memory::data_type dnnl_type() {
+  return std::is_same_v<T, bf16> ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+}
+
+// Does this CPU run oneDNN's bf16 kernels natively (AVX512-BF16 or AMX)? Without them oneDNN would
+// emulate bf16 or fall to a reference kernel, slower than converting to f32 for sgemm.
+bool dnnl_bf16_native() {
+  static const bool yes = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto want = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+    return (isa & want) == want;
+  }();
+  return yes;
 }
 
 // Runs the problem with oneDNN (batch addressed through bdims and strides from item 0's offsets);
-// false when oneDNN declines the layout.
-bool run_dnnl(const Problem& p, const float* a, const float* b, float* c) {
+// false when oneDNN declines the layout (or, for bf16, offers only its reference kernel).
+template <class T> bool run_dnnl(const Problem& p, const T* a, const T* b, T* c) {
   thread_local DnnlThread t;
-  std::vector<int64_t> key{p.M, p.N, p.K, p.a.trans, p.a.ld, p.b.trans, p.b.ld, p.ldc};
+  constexpr auto dt = dnnl_type<T>();
+  std::vector<int64_t> key{static_cast<int64_t>(dt), p.M, p.N, p.K, p.a.trans, p.a.ld, p.b.trans, p.b.ld, p.ldc};
   for (size_t i = 0; i < p.bdims.size(); ++i) key.insert(key.end(), {p.bdims[i], p.bsa[i], p.bsb[i], p.bsc[i]});
   auto it = t.cache.find(key);
   if (it == t.cache.end()) {
-    const dnnl::memory::desc ad = dnnl_desc(p.bdims, p.bsa, p.M, p.K, p.a), bd = dnnl_desc(p.bdims, p.bsb, p.K, p.N, p.b),
-                             cd = dnnl_desc(p.bdims, p.bsc, p.M, p.N, Operand{true, false, p.ldc});
+    const dnnl::memory::desc ad = dnnl_desc(p.bdims, p.bsa, p.M, p.K, p.a, dt), bd = dnnl_desc(p.bdims, p.bsb, p.K, p.N, p.b, dt),
+                             cd = dnnl_desc(p.bdims, p.bsc, p.M, p.N, Operand{true, false, p.ldc}, dt);
     DnnlEntry e;
     try {
       const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), t.eng);
+      const bool reference_kernel = std::string(pd.impl_info_str()).find("ref") != std::string::npos;
+      if (dt != dnnl::memory::data_type::f32 && reference_kernel) throw dnnl::error(dnnl_unimplemented, "ref");
       e.prim = std::make_shared<dnnl::matmul>(pd);
       e.a = dnnl::memory(ad, t.eng, DNNL_MEMORY_NONE);
       e.b = dnnl::memory(bd, t.eng, DNNL_MEMORY_NONE);
@@ -173,8 +198,8 @@ bool run_dnnl(const Problem& p, const float* a, const float* b, float* c) {
   }
   DnnlEntry& e = it->second;
   if (!e.prim) return false;
-  e.a.set_data_handle(const_cast<float*>(a + p.oa[0]));
-  e.b.set_data_handle(const_cast<float*>(b + p.ob[0]));
+  e.a.set_data_handle(const_cast<T*>(a + p.oa[0]));
+  e.b.set_data_handle(const_cast<T*>(b + p.ob[0]));
   e.c.set_data_handle(c + p.oc[0]);
   sync_omp_threads();
   e.prim->execute(t.stream, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
@@ -213,12 +238,16 @@ Staged stage(Cpu::V v, DType to) {
   return r;
 }
 
-template <class T> void matmul_typed(Cpu::M out, Cpu::V a, Cpu::V b) {
+// false only for bf16 when oneDNN declined: the caller then computes in f32.
+template <class T> bool matmul_typed(Cpu::M out, Cpu::V a, Cpu::V b) {
   const Shape& os = out.layout.shape;
   const size_t r = os.size();
   const int64_t M = os[r - 2], N = os[r - 1], K = a.layout.shape[r - 1];
-  if (M == 0 || N == 0) return;
-  if (K == 0) return Cpu::fill(out, 0);
+  if (M == 0 || N == 0) return true;
+  if (K == 0) {
+    Cpu::fill(out, 0);
+    return true;
+  }
 
   // Stage operands BLAS cannot take as they are.
   Staged sa, sb, sc;
@@ -296,11 +325,32 @@ template <class T> void matmul_typed(Cpu::M out, Cpu::V a, Cpu::V b) {
     const bool batched = p.oa.size() > 1 || !p.bdims.empty();
     const bool use = lib == Lib::onednn || (lib == Lib::automatic && flops >= kDnnlMinFlops && (batched || flops < kDnnlMaxFlops));
     // oneDNN addresses the batch through (bdims, strides) from item 0's offsets (p.oa[0], ...).
-    if (use) done = run_dnnl(p, pa, pb, pc);
+    if (use) done = run_dnnl<float>(p, pa, pb, pc);
   }
+  if constexpr (std::is_same_v<T, bf16>) done = run_dnnl<bf16>(p, pa, pb, pc);
 #endif
-  if (!done) run_blas<T>(p, pa, pb, pc);
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (!done) return false;
+  } else if (!done) {
+    run_blas<T>(p, pa, pb, pc);
+  }
   if (stage_c) Cpu::copy(out, Cpu::V{*sc.storage, sc.layout, out.dtype});
+  return true;
+}
+
+// Half-precision products without a native kernel: f32 compute, one notice per process.
+void half_via_f32(Cpu::M out, Cpu::V a, Cpu::V b) {
+  static const bool noticed = [&] {
+    std::fprintf(stderr, "kiln: %s matmuls on this Cpu compute in f32 (native kernels: bf16 with AVX512-BF16 or AMX only)\n",
+                 std::string(dtype_name(a.dtype)).c_str());
+    return true;
+  }();
+  (void)noticed;
+  const Staged fa = stage(a, DType::f32), fb = stage(b, DType::f32);
+  Staged fc{HostStorage::make(static_cast<size_t>(out.layout.numel()) * 4), Layout(out.layout.shape)};
+  matmul_typed<float>(Cpu::M{*fc.storage, fc.layout, DType::f32}, Cpu::V{*fa.storage, fa.layout, DType::f32},
+                      Cpu::V{*fb.storage, fb.layout, DType::f32});
+  Cpu::copy(out, Cpu::V{*fc.storage, fc.layout, DType::f32});
 }
 
 }  // namespace
@@ -315,15 +365,14 @@ void Cpu::matmul(M out, V a, V b) {
                  b.layout.shape[r - 1] == out.layout.shape[r - 1],
              "matmul: {} @ {} -> {}: shapes do not match", shape_str(a.layout.shape), shape_str(b.layout.shape), shape_str(out.layout.shape));
   switch (a.dtype) {
-    case DType::f32: return matmul_typed<float>(out, a, b);
-    case DType::f64: return matmul_typed<double>(out, a, b);
+    case DType::f32: matmul_typed<float>(out, a, b); return;
+    case DType::f64: matmul_typed<double>(out, a, b); return;
     case DType::bf16:
-    case DType::f16: {
-      const Staged fa = stage(a, DType::f32), fb = stage(b, DType::f32);
-      Staged fc{HostStorage::make(static_cast<size_t>(out.layout.numel()) * 4), Layout(out.layout.shape)};
-      matmul_typed<float>(M{*fc.storage, fc.layout, DType::f32}, V{*fa.storage, fa.layout, DType::f32}, V{*fb.storage, fb.layout, DType::f32});
-      return Cpu::copy(out, V{*fc.storage, fc.layout, DType::f32});
-    }
+#ifdef KILN_HAVE_ONEDNN
+      if (dnnl_bf16_native() && forced_lib() != Lib::blas && matmul_typed<bf16>(out, a, b)) return;
+#endif
+      return half_via_f32(out, a, b);
+    case DType::f16: return half_via_f32(out, a, b);
     default: fail("matmul: not supported for dtype {} ({} @ {})", a.dtype, shape_str(a.layout.shape), shape_str(b.layout.shape));
   }
 }

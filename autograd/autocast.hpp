@@ -1,0 +1,90 @@
+#pragma once
+// Autocast: mixed precision for the forward pass, torch.autocast's contract (docs/mixed_precision.md).
+//
+//   {
+//     kiln::autocast::Scope ac(DType::bf16);   // this thread, until the scope ends (nestable)
+//     loss = nn::cross_entropy(model.forward(x), y);
+//   }
+//   loss.backward();                            // outside the scope, as PyTorch recommends
+//
+// While a scope with a low dtype (bf16 or f16) is active on the calling thread, the differentiable ops
+// apply one of three policies to their floating inputs (f64 is never touched):
+//   * low:   matmul (and so Linear and the LM head) and fused attention cast their inputs to the low
+//            dtype and return it; the kernels accumulate in f32 (oneDNN / cuBLAS with f32 compute).
+//   * f32:   softmax, log_softmax, cross_entropy, rms_norm, layer_norm, depth attention, sum, mean,
+//            exp, log, log1p, expm1, rsqrt, reciprocal, pow cast bf16/f16 inputs up and return f32.
+//   * promote (always, scope or not): binary elementwise ops on two floating dtypes compute in the
+//            wider one (bf16 + f32 -> f32, bf16 + f16 -> f32), as PyTorch's type promotion.
+// Every cast is the differentiable Var::to, whose backward casts the gradient back: gradients reach
+// f32 master parameters in f32. Scope(DType::f32) or Scope(..., false) turns autocast off inside
+// (results bit-identical to no scope). A parameter (a leaf that requires grad) is cast once per
+// outermost scope and the cast reused (PyTorch's cast cache): do not change parameters in place inside
+// a scope.
+#include "kiln/autograd/var.hpp"
+
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
+namespace kiln::autocast {
+
+// True when a scope with a low dtype (bf16/f16) is active on this thread.
+bool enabled();
+// The innermost scope's low dtype (f32 when none is active).
+DType dtype();
+
+class Scope {
+ public:
+  // dtype: bf16, f16, or f32 (= off); anything else is a kiln::Error. enabled = false turns autocast off
+  // for the scope whatever the dtype.
+  explicit Scope(DType dtype = DType::bf16, bool enabled = true);
+  ~Scope();
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  DType prev_;
+};
+
+// The casts the ops apply (identity when autocast is off or nothing needs casting).
+template <Backend B> KILN_API Var<B> to_low(const Var<B>& x);  // f32/bf16/f16 -> the low dtype
+template <Backend B> KILN_API Var<B> to_f32(const Var<B>& x);  // bf16/f16 -> f32
+#define KILN_AUTOCAST_EXTERN(B)                            \
+  extern template Var<B> to_low<B>(const Var<B>&);        \
+  extern template Var<B> to_f32<B>(const Var<B>&);
+KILN_FOR_EACH_BACKEND(KILN_AUTOCAST_EXTERN)
+#undef KILN_AUTOCAST_EXTERN
+
+// The dtype two floating operands compute in (PyTorch's promote_types on floats): the wider one; the
+// two 16-bit types meet in f32.
+constexpr DType promote(DType a, DType b) {
+  if (a == b) return a;
+  if (a == DType::f64 || b == DType::f64) return DType::f64;
+  return DType::f32;
+}
+
+// Dynamic loss scaling for f16 (torch.cuda.amp.GradScaler's rule and defaults): multiply the loss by
+// scale() before backward, divide the gradients by it afterwards; a step whose gradients hold an inf or
+// NaN is skipped and the scale multiplied by backoff; after `interval` good steps in a row the scale is
+// multiplied by growth. kiln::fit applies it for precision f16 (train/loop.hpp).
+struct LossScaleOptions {
+  double init = 65536.0;  // 2^16
+  double growth = 2.0;
+  double backoff = 0.5;
+  int64_t interval = 2000;
+};
+class GradScaler {
+ public:
+  explicit GradScaler(LossScaleOptions o = {});
+  double scale() const { return scale_; }
+  int64_t good_steps() const { return good_; }  // finite steps since the last growth or backoff
+  // After each step: found_inf = the unscaled gradients were not all finite (the step was skipped).
+  void update(bool found_inf);
+  // The state a checkpoint keeps, and its restore.
+  void set_state(double scale, int64_t good_steps);
+
+ private:
+  LossScaleOptions o_;
+  double scale_;
+  int64_t good_ = 0;
+};
+
+}  // namespace kiln::autocast
+#pragma GCC visibility pop

@@ -1,0 +1,547 @@
+// Mixed precision (autograd/autocast.hpp, docs/mixed_precision.md): the autocast scope, the op lists
+// against torch.autocast (tests/amp/amp_ref.py), bit-identity when autocast is off, the casts'
+// backward, one GPT training step against torch.autocast("cpu", bfloat16), the loss scaler, and
+// `kiln train` with "precision": "bf16" (the 300-step comparison with f32 is [slow]).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <kiln/autograd/autocast.hpp>
+#include <kiln/backends/backends.hpp>
+#include <kiln/formats/safetensors.hpp>
+#include <kiln/nn/gpt.hpp>
+#include <kiln/nn/linear.hpp>
+#include <kiln/nn/loss.hpp>
+#include <kiln/nn/norm.hpp>
+#include <kiln/optim/optimizer.hpp>
+#include <kiln/train/data.hpp>
+#include <kiln/train/loop.hpp>
+
+#include "common/kiln_test.hpp"
+#include "common/python.hpp"
+
+using namespace kiln;
+using json = nlohmann::json;
+using T = Tensor<Cpu>;
+using V = Var<Cpu>;
+
+namespace {
+
+// bf16's unit roundoff: one rounding to nearest changes a value by at most u relative.
+constexpr double kU = 0x1p-9;
+
+double rel_l2(const T& a, const T& b) {
+  const T x = a.to(DType::f64), y = b.to(DType::f64);
+  const double num = std::sqrt(item<double>(x.sub(y).square().sum()));
+  const double den = std::sqrt(item<double>(y.square().sum()));
+  return den == 0 ? num : num / den;
+}
+
+std::filesystem::path temp_dir(const std::string& tag) {
+  static int n = 0;
+  const auto d = std::filesystem::temp_directory_path() / fmt::format("kiln-amp-{}-{}-{}", tag, ::getpid(), n++);
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+void require_torch() {
+  if (std::system(fmt::format("{} -c 'import torch' >/dev/null 2>&1", test::python()).c_str()) != 0)
+    FAIL("PyTorch for " << test::python() << " is missing: run scripts/setup.sh --python, or set KILN_PYTHON");
+}
+
+void run_py(const std::string& script, const std::string& args) {
+  const std::string cmd = fmt::format("OMP_NUM_THREADS=2 KILN_REFERENCE_DIR={} {} {} {} >/dev/null", KILN_REFERENCE_DIR, test::python(),
+                                      script, args);
+  INFO(cmd);
+  REQUIRE(std::system(cmd.c_str()) == 0);
+}
+std::string amp_script() { return std::string(KILN_SOURCE_DIR) + "/tests/amp/amp_ref.py"; }
+
+// Elementwise: |got - want| <= rel·|want| + abs, where want is torch's; reports the worst element.
+void check_rel(const T& got, const T& want, double rel, double abs, const std::string& what) {
+  INFO(what);
+  REQUIRE(got.shape() == want.shape());
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double excess = std::abs(g[i] - w[i]) - (rel * std::abs(w[i]) + abs);
+    if (excess > worst) {
+      worst = excess;
+      at = i;
+    }
+  }
+  INFO("worst element " << at << ": got " << g[at] << " want " << w[at]);
+  CHECK(worst == 0);
+}
+
+}  // namespace
+
+TEST_CASE("amp: the autocast scope is per thread, nestable, and can be turned off inside", "[amp]") {
+  CHECK_FALSE(autocast::enabled());
+  CHECK(autocast::dtype() == DType::f32);
+  {
+    autocast::Scope a(DType::bf16);
+    CHECK(autocast::enabled());
+    CHECK(autocast::dtype() == DType::bf16);
+    {
+      autocast::Scope off(DType::bf16, false);
+      CHECK_FALSE(autocast::enabled());
+      {
+        autocast::Scope h(DType::f16);
+        CHECK(autocast::dtype() == DType::f16);
+      }
+      CHECK_FALSE(autocast::enabled());
+    }
+    {
+      autocast::Scope f(DType::f32);
+      CHECK_FALSE(autocast::enabled());
+    }
+    CHECK(autocast::dtype() == DType::bf16);
+  }
+  CHECK_FALSE(autocast::enabled());
+  CHECK_THROWS_WITH(autocast::Scope(DType::f64), Catch::Contains("autocast::Scope") && Catch::Contains("f64"));
+  CHECK_THROWS_WITH(autocast::Scope(DType::i32), Catch::Contains("bf16, f16 or f32"));
+}
+
+TEST_CASE("amp: matmul, linear and the f32 list under autocast match torch.autocast", "[amp][torch]") {
+  require_torch();
+  const auto dir = temp_dir("ops");
+  const std::string f = (dir / "ops.safetensors").string();
+  run_py(amp_script(), fmt::format("ops --seed 7 --out {}", f));
+  const auto r = safetensors::load<Cpu>(f);
+  const T a = r.at("in.a"), b = r.at("in.b"), w = r.at("in.w"), bias = r.at("in.bias"), xb = r.at("in.xb").to(DType::bf16);
+  const int64_t K = a.size(1), N = b.size(1);
+  // One bf16 rounding of the output may land on either side where the f32 sums (accumulated in
+  // different orders) straddle a rounding boundary: at most 1 ulp = 2u·2 relative, plus the f32
+  // accumulation error K·2^-24·Σ|a||b| (about sqrt(K)·|a||b|·2^-24 for random signs).
+  const double ulp = 4 * kU, acc = std::sqrt(static_cast<double>(K)) * 0x1p-20;
+
+  V av(a, true), bv(b, true);
+  V mm, lin;
+  {
+    autocast::Scope ac(DType::bf16);
+    mm = av.matmul(bv);
+    nn::Linear<Cpu> l(nn::LinearOptions{.in = K, .out = N, .bias = true});
+    T(l.named_parameters()[0].second.value()).copy_(w);
+    T(l.named_parameters()[1].second.value()).copy_(bias);
+    lin = l.forward(V(a));
+  }
+  CHECK(mm.dtype() == DType::bf16);
+  CHECK(lin.dtype() == DType::bf16);
+  check_rel(mm.value(), r.at("out.mm"), ulp, acc, "a @ b");
+  // linear: torch adds the bias inside the GEMM and rounds once; kiln rounds the product, casts the
+  // bias and rounds their sum: u·(|x·Wᵀ| + |b|) more, which is not relative to the result where the two
+  // cancel. Bound per element: 2 ulp of the result + u·(|x·Wᵀ| + |b|) + the accumulation error.
+  {
+    const std::vector<double> got = lin.value().to_vector<double>(), want = r.at("out.linear").to_vector<double>(),
+                              p = a.matmul(w.t()).abs().add(bias.abs()).to_vector<double>();
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) bad += std::abs(got[i] - want[i]) > ulp * std::abs(want[i]) + kU * p[i] + acc;
+    CHECK(bad == 0);
+  }
+
+  // The gradient through the casts: bf16 products (dy @ bᵀ, aᵀ @ dy) rounded, then cast back to f32.
+  (mm.to(DType::f32) * V(r.at("in.gw"))).sum().backward();
+  CHECK(av.grad().dtype() == DType::f32);
+  CHECK(bv.grad().dtype() == DType::f32);
+  check_rel(av.grad(), r.at("out.mm.grad_a"), ulp, std::sqrt(static_cast<double>(N)) * 0x1p-20, "grad a");
+  check_rel(bv.grad(), r.at("out.mm.grad_b"), ulp, std::sqrt(static_cast<double>(a.size(0))) * 0x1p-20, "grad b");
+
+  // The f32 list takes bf16 in and gives f32 out, equal to the op on the input cast up (f32 rounding).
+  autocast::Scope ac(DType::bf16);
+  const V x(xb);
+  const T t = r.at("in.t");
+  const std::vector<std::pair<std::string, V>> f32_ops = {
+      {"softmax", x.softmax(-1)},
+      {"log_softmax", x.log_softmax(-1)},
+      {"cross_entropy", nn::cross_entropy(x, t).reshape({1})},
+      {"sum", x.sum({-1})},
+      {"mean", x.mean({0})},
+      {"exp", x.div(4.0).exp()},
+      {"layer_norm", nn::functional::layer_norm(x, V(), V(), 1e-5)},
+  };
+  for (const auto& [name, y] : f32_ops) {
+    INFO(name);
+    CHECK(y.dtype() == DType::f32);
+    check_rel(y.value(), r.at("out." + name), 1e-5, 1e-5, name);
+  }
+  // rms_norm has no torch 1.13 op: the same contract against its f32 self.
+  const V rn = nn::functional::rms_norm(x, V(), 1e-6);
+  CHECK(rn.dtype() == DType::f32);
+  kt::check_bits(rn.value(), nn::functional::rms_norm(V(xb.to(DType::f32)), V(), 1e-6).value(), "rms_norm");
+}
+
+TEST_CASE("amp: fused attention under autocast takes bf16 q, k, v and rounds O once", "[amp]") {
+  Generator g(5);
+  const T q = T::randn({2, 3, 17, 16}, DType::f32, &g), k = T::randn({2, 3, 17, 16}, DType::f32, &g),
+          v = T::randn({2, 3, 17, 16}, DType::f32, &g);
+  V o;
+  {
+    autocast::Scope ac(DType::bf16);
+    o = autograd::AttentionOps<Cpu>::attention(V(q), V(k), V(v), 0.25, true, 0);
+  }
+  REQUIRE(o.dtype() == DType::bf16);
+  // The contract: bf16 inputs, f32 (here f64) compute, one rounding of O.
+  const T qb = q.to(DType::bf16).to(DType::f64), kb = k.to(DType::bf16).to(DType::f64), vb = v.to(DType::bf16).to(DType::f64);
+  const T o64 = autograd::AttentionOps<Cpu>::attention(V(qb), V(kb), V(vb), 0.25, true, 0).value();
+  check_rel(o.value(), o64, 4 * kU, 1e-6, "attention");
+}
+
+TEST_CASE("amp: autocast f32 or disabled is bit-identical to no autocast, and the cast backward is exact", "[amp]") {
+  const ModelConfig cfg = ModelConfig::from_json(json{{"vocab_size", 40}, {"d_model", 32}, {"n_layers", 2}, {"n_heads", 2},
+                                                      {"max_seq_len", 16}, {"attention", "diff"}, {"residual", "attnres_block"},
+                                                      {"attnres_block_size", 2}, {"tie_embeddings", true}})
+                              .resolved();
+  nn::GPT<Cpu> model(cfg);
+  model.init_weights(1);
+  Generator g(2);
+  const T ids = T::uniform({2, 12}, 0, 40, DType::f32, &g).to(DType::i64), tgt = T::uniform({2, 12}, 0, 40, DType::f32, &g).to(DType::i64);
+  auto run = [&](int mode) {
+    model.zero_grad();
+    V loss;
+    {
+      std::optional<autocast::Scope> ac;
+      if (mode == 1) ac.emplace(DType::f32);
+      if (mode == 2) ac.emplace(DType::bf16, false);
+      if (mode == 3) ac.emplace(DType::bf16);
+      loss = nn::cross_entropy(model.forward(ids).reshape({-1, 40}), tgt.reshape({-1}));
+    }
+    loss.backward();
+    std::vector<T> out{loss.value()};
+    for (auto& [n, p] : model.named_parameters()) out.push_back(p.grad().clone());
+    return out;
+  };
+  const auto plain = run(0);
+  for (int mode : {1, 2}) {
+    const auto got = run(mode);
+    for (size_t i = 0; i < plain.size(); ++i) kt::check_bits(got[i], plain[i], fmt::format("mode {} tensor {}", mode, i));
+  }
+  const auto low = run(3);  // really bf16: close, not equal, and every gradient f32
+  CHECK(item<double>(low[0]) == Approx(item<double>(plain[0])).epsilon(0.01));
+  for (size_t i = 1; i < low.size(); ++i) CHECK(low[i].dtype() == DType::f32);
+  CHECK(item<double>(low[0]) != item<double>(plain[0]));
+
+  // The cast's backward casts the gradient back, exactly; promotion sends each operand its share.
+  const V x(T::randn({5, 7}, DType::f32, &g), true);
+  const T gy = T::randn({5, 7}, DType::bf16, &g);
+  x.to(DType::bf16).backward(gy);
+  kt::check_bits(x.grad(), gy.to(DType::f32), "to(bf16) backward");
+  const V a(T::randn({5, 7}, DType::bf16, &g), true), b(T::randn({7}, DType::f32, &g), true);
+  const V y = a * b;  // bf16 * f32 -> f32 (PyTorch's promotion)
+  REQUIRE(y.dtype() == DType::f32);
+  const T gz = T::randn({5, 7}, DType::f32, &g);
+  y.backward(gz);
+  CHECK(a.grad().dtype() == DType::bf16);
+  kt::check_bits(a.grad(), gz.mul(b.value()).to(DType::bf16), "promoted mul: grad of the bf16 operand");
+  kt::check_bits(b.grad(), gz.mul(a.value().to(DType::f32)).sum({0}), "promoted mul: grad of the f32 operand");
+}
+
+TEST_CASE("amp: a parameter is cast once per scope and its gradient sums every use", "[amp]") {
+  nn::Linear<Cpu> l(nn::LinearOptions{.in = 8, .out = 8, .bias = false});
+  const V w = l.named_parameters()[0].second;
+  Generator g(3);
+  const T x = T::randn({4, 8}, DType::f32, &g);
+  V y, c1;
+  {
+    autocast::Scope ac(DType::bf16);
+    c1 = autocast::to_low(w);
+    CHECK(autocast::to_low(w).node() == c1.node());  // the cache
+    y = l.forward(l.forward(V(x)));                   // w used twice
+  }
+  {
+    autocast::Scope ac(DType::bf16);
+    CHECK(autocast::to_low(w).node() != c1.node());  // a fresh scope casts afresh
+  }
+  y.to(DType::f32).sum().backward();
+  // The same in explicit bf16 arithmetic, with two separate casts.
+  const V wb(w.value().to(DType::bf16), true);
+  const V h = V(x.to(DType::bf16)).matmul(wb.t());
+  h.matmul(wb.t()).to(DType::f32).sum().backward();
+  kt::check_bits(w.grad(), wb.grad().to(DType::f32), "grad of a twice-used parameter");
+}
+
+TEST_CASE("amp: one GPT training step under bf16 autocast matches torch.autocast(\"cpu\", bfloat16)", "[amp][torch]") {
+  require_torch();
+  // Tolerances. u = 2^-9 is bf16's unit roundoff. Both sides round to bf16 at (nearly) the same points
+  // (the outputs of every matmul; torch also rounds q·kᵀ, the scaled scores and P inside attention,
+  // and keeps softmax in bf16 on the CPU), and each rounding perturbs a value by <= u relative, in
+  // practice independently: a path through n roundings ends about sqrt(n)·u off in relative L2.
+  // Forward to the logits, per layer: the cast of the norm output, q/k/v, 3 in RoPE, O (torch: 3 more),
+  // the out projection, gate/up, SiLU, the product, the down projection: about 12-16 → n ≈ 32 for two
+  // layers plus the head; each side is then ~sqrt(32)·u ≈ 5.7u off the exact result and the two sides
+  // differ by ~sqrt(2) of that ≈ 8u. Backward doubles the path (the bf16 products dy·Wᵀ and xᵀ·dy round
+  // again): ~11u; gradients are sums with cancellation, so allow 2x: 24u. The loss, an f32 cross-entropy
+  // over bf16 logits, averages the logit errors: 4u. (Measured: logits ~2u, gradients 3-5u vs f64 on
+  // each side.) A second check compares accuracy: kiln's error against the float64 model must not
+  // exceed 1.5x torch's plus u.
+  struct Case {
+    const char* name;
+    json model;
+  };
+  const json base = {{"vocab_size", 61}, {"d_model", 64}, {"n_layers", 2}, {"n_heads", 4}, {"max_seq_len", 64}};
+  json diff = base;
+  diff["attention"] = "diff";
+  diff["n_heads"] = 2;
+  diff["residual"] = "attnres_block";
+  diff["attnres_block_size"] = 2;
+  diff["tie_embeddings"] = true;
+  for (const Case& c : {Case{"mha, standard residual", base}, Case{"diff + attnres_block, tied (examples/char_gpt's kind)", diff}}) {
+    SECTION(c.name) {
+      const auto dir = temp_dir("step");
+      const std::string m = (dir / "model.json").string(), init = (dir / "init.safetensors").string(),
+                        tok = (dir / "tokens.safetensors").string(), out = (dir / "grads.safetensors").string();
+      std::ofstream(m) << c.model.dump();
+      const ModelConfig cfg = ModelConfig::from_json(c.model).resolved();
+      const int64_t Bn = 4, Tn = 32;
+      // --prepare: kiln_ref.py's init (seed 3) and tokens (3000, seed 1) in the same Python process
+      run_py(amp_script(),
+             fmt::format("grads --prepare --model {} --data {} --init-from {} --batch {} --seq-len {} --out {}", m, tok, init, Bn, Tn, out));
+
+      nn::GPT<Cpu> model(cfg);
+      model.load(init);
+      const auto [x, y] = TokenData::load(tok).batch<Cpu>(0, Bn, Tn);
+      V logits, loss;
+      {
+        autocast::Scope ac(DType::bf16);
+        logits = model.forward(x);
+        loss = nn::cross_entropy(logits.reshape({-1, cfg.vocab_size}), y.reshape({-1}));
+      }
+      loss.backward();
+      CHECK(logits.dtype() == DType::bf16);
+      CHECK(loss.dtype() == DType::f32);
+
+      const auto r = safetensors::load<Cpu>(out);
+      const T ref_loss = r.at("amp.loss").reshape({}), f64_loss = r.at("f64.loss").reshape({});
+      CHECK(std::abs(item<double>(loss.value()) - item<double>(ref_loss)) <= 4 * kU * std::abs(item<double>(ref_loss)));
+      const double lk = rel_l2(logits.value(), r.at("amp.logits"));
+      INFO("logits: kiln vs torch " << lk << ", kiln vs f64 " << rel_l2(logits.value(), r.at("f64.logits")) << ", torch vs f64 "
+                                    << rel_l2(r.at("amp.logits"), r.at("f64.logits")));
+      WARN(c.name << ": logits kiln vs torch " << lk / kU << "u; vs float64: kiln " << rel_l2(logits.value(), r.at("f64.logits")) / kU
+                  << "u, torch " << rel_l2(r.at("amp.logits"), r.at("f64.logits")) / kU << "u");
+      CHECK(lk <= 8 * kU);
+      CHECK(rel_l2(logits.value(), r.at("f64.logits")) <= 1.5 * rel_l2(r.at("amp.logits"), r.at("f64.logits")) + kU);
+      for (const auto& [name, p] : model.named_parameters()) {
+        const T want = r.at("amp.grad." + name), exact = r.at("f64.grad." + name);
+        REQUIRE(p.grad().defined());
+        CHECK(p.grad().dtype() == DType::f32);
+        const double d = rel_l2(p.grad(), want), ek = rel_l2(p.grad(), exact), et = rel_l2(want, exact);
+        INFO(name << ": kiln vs torch " << d << ", kiln vs f64 " << ek << ", torch vs f64 " << et);
+        if (et <= 24 * kU) {
+          CHECK(d <= 24 * kU);
+          CHECK(ek <= 1.5 * et + kU);
+        } else {
+          // Ill-conditioned: PyTorch's own autocast misses float64 by more than the bound. So far only
+          // differential attention's λ vectors: dλ sums o2·dO over every token and nearly cancels, so
+          // the bf16 errors of the terms dominate the result (measured: torch 8-140% off float64). Both
+          // sides then sit in the same noise: kiln must be no further than twice PyTorch's distance.
+          CHECK(name.find("lambda_") != std::string::npos);
+          CHECK(ek <= 2 * et);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("amp: the loss scaler backs off on overflow and grows after good steps, and fit skips overflowing f16 steps", "[amp]") {
+  autocast::GradScaler s({.init = 8, .growth = 2, .backoff = 0.5, .interval = 3});
+  s.update(false);
+  s.update(false);
+  CHECK(s.scale() == 8);
+  s.update(false);
+  CHECK(s.scale() == 16);
+  s.update(true);
+  CHECK(s.scale() == 8);
+  CHECK(s.good_steps() == 0);
+  CHECK_THROWS_WITH(autocast::GradScaler({.init = 0}), Catch::Contains("GradScaler"));
+
+  // fit with f16: a scale of 2^120 overflows f16 (and f32) gradients, so the first steps are skipped
+  // (weights untouched) and the scale halves each time until the gradients fit.
+  nn::Linear<Cpu> model(nn::LinearOptions{.in = 6, .out = 3});
+  optim::Adam<Cpu> opt(model.named_parameters(), {.lr = 1e-2});
+  Generator g(4);
+  const T xs = T::randn({8, 6}, DType::f32, &g), ys = T::uniform({8}, 0, 3, DType::f32, &g).to(DType::i64);
+  const T w0 = model.named_parameters()[0].second.value().clone();
+  const auto dir = temp_dir("scaler");
+  const std::string log = (dir / "log.jsonl").string();
+  int64_t fetched = 0;
+  IndexedBatches src{.batch = [&](int64_t i) { return (fetched = i); }};
+  const FitResult res = fit(model, opt, src, [&](int64_t) { return nn::cross_entropy(model.forward(V(xs)), ys); },
+                            FitOptions{.steps = 200, .precision = DType::f16, .loss_scale = {.init = 0x1p120, .interval = 1000},
+                                       .log_path = log, .progress = 0});
+  std::ifstream in(log);
+  std::string line;
+  std::vector<json> recs;
+  while (std::getline(in, line)) recs.push_back(json::parse(line));
+  REQUIRE(recs.size() == 200);
+  CHECK(recs[0].value("overflow", false));
+  CHECK(recs[0]["loss_scale"].get<double>() == 0x1p120);
+  CHECK(recs[1]["loss_scale"].get<double>() == 0x1p119);
+  int64_t first_good = -1;
+  for (size_t i = 0; i < recs.size() && first_good < 0; ++i)
+    if (!recs[i].value("overflow", false)) first_good = static_cast<int64_t>(i);
+  REQUIRE(first_good > 0);
+  CHECK(res.skipped == 0);  // overflows are not non-finite steps
+  CHECK(recs.back()["loss"].get<double>() < recs[static_cast<size_t>(first_good)]["loss"].get<double>());
+  CHECK(item<double>(model.named_parameters()[0].second.value().sub(w0).abs().max()) > 0);
+}
+
+namespace {
+
+int sh(const std::string& cmd) {
+  INFO(cmd);
+  const int st = std::system(cmd.c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+std::vector<json> read_log(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<json> recs;
+  for (std::string line; std::getline(in, line);) recs.push_back(json::parse(line));
+  return recs;
+}
+
+}  // namespace
+
+TEST_CASE("amp: kiln train with \"precision\": \"bf16\" runs and the loss falls", "[amp][cli]") {
+  const auto dir = temp_dir("cli");
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  std::ofstream(dir / "corpus.txt") << text;
+  std::ofstream(dir / "model.json") << json{{"vocab_size", 32}, {"d_model", 32}, {"n_layers", 2}, {"n_heads", 2}, {"max_seq_len", 32}}.dump();
+  std::ofstream(dir / "train.json") << json{{"batch_size", 8},
+                                            {"seq_len", 32},
+                                            {"steps", 30},
+                                            {"precision", "bf16"},
+                                            {"optimizer", {{"name", "adamw"}, {"lr", 1e-2}}}}
+                                           .dump();
+  const std::string d = dir.string();
+  REQUIRE(sh(fmt::format("{} tokenize --text {}/corpus.txt --chars --out {}/tok.safetensors >/dev/null", KILN_CLI, d, d)) == 0);
+  REQUIRE(sh(fmt::format("{} train --model {}/model.json --train {}/train.json --data {}/tok.safetensors --log {}/log.jsonl "
+                         "--progress off > {}/out.txt 2>&1",
+                         KILN_CLI, d, d, d, d, d, d)) == 0);
+  std::ifstream out(dir / "out.txt");
+  const std::string printed((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  CHECK_THAT(printed, Catch::Contains("precision bf16 (autocast)"));
+  const auto recs = read_log(d + "/log.jsonl");
+  REQUIRE(recs.size() == 30);
+  const double first = recs.front()["loss"].get<double>(), last = recs.back()["loss"].get<double>();
+  INFO("loss " << first << " -> " << last);
+  CHECK(last < 0.5 * first);
+  // A bad value names the key and the valid ones.
+  std::ofstream(dir / "bad.json") << json{{"precision", "fp8"}}.dump();
+  CHECK(sh(fmt::format("{} train --train {}/bad.json --data {}/tok.safetensors --model {}/model.json > {}/bad.txt 2>&1", KILN_CLI, d, d,
+                       d, d)) != 0);
+  std::ifstream bad(dir / "bad.txt");
+  const std::string msg((std::istreambuf_iterator<char>(bad)), std::istreambuf_iterator<char>());
+  CHECK_THAT(msg, Catch::Contains("precision") && Catch::Contains("bf16"));
+}
+
+// examples/char_gpt (diff attention + attnres_block) on Debian's fortunes (scripts/train_demo.sh's
+// corpus and tokenizer), 300 steps in f32 and in bf16: the final held-out losses within 2%.
+// About 2 x 1-2 minutes on 2 cores.
+TEST_CASE("amp: examples/char_gpt trained 300 steps in bf16 ends within 2% of f32 held-out loss", "[amp][slow]") {
+  if (!std::filesystem::exists("/usr/share/games/fortunes/fortunes"))
+    FAIL("Debian's fortunes package is missing (apt-get install fortunes; scripts/train_demo.sh installs it)");
+  const auto dir = temp_dir("char_gpt");
+  const std::string d = dir.string(), src = KILN_SOURCE_DIR;
+  REQUIRE(sh(fmt::format("find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -print0 | sort -z | "
+                         "xargs -0 cat | sed 's/^%$//' | LC_ALL=C tr -cd '\\11\\12\\40-\\176' > {}/corpus.txt",
+                         d)) == 0);
+  REQUIRE(sh(fmt::format("{} tokenize --text {}/corpus.txt --chars --out {}/train.safetensors --eval-out {}/eval.safetensors "
+                         "--eval-fraction 0.05 >/dev/null",
+                         KILN_CLI, d, d, d, d)) == 0);
+  json t;
+  std::ifstream(src + "/examples/char_gpt/train.json") >> t;
+  t["steps"] = 300;
+  std::map<std::string, double> eval;
+  for (const char* prec : {"f32", "bf16"}) {
+    t["precision"] = prec;
+    const std::string tj = fmt::format("{}/train_{}.json", d, prec), log = fmt::format("{}/log_{}.jsonl", d, prec);
+    std::ofstream(tj) << t.dump();
+    REQUIRE(sh(fmt::format("{} train --model {}/examples/char_gpt/model.json --train {} --data {}/train.safetensors "
+                           "--eval-data {}/eval.safetensors --log {} --quiet",
+                           KILN_CLI, src, tj, d, d, log)) == 0);
+    const auto recs = read_log(log);
+    REQUIRE(recs.size() == 300);
+    REQUIRE(recs.back().contains("eval_loss"));
+    eval[prec] = recs.back()["eval_loss"].get<double>();
+  }
+  INFO("held-out loss: f32 " << eval["f32"] << ", bf16 " << eval["bf16"]);
+  WARN("char_gpt 300 steps, held-out loss: f32 " << eval["f32"] << ", bf16 " << eval["bf16"]);
+  CHECK(std::abs(eval["bf16"] - eval["f32"]) <= 0.02 * eval["f32"]);
+}
+
+#if defined(KILN_HAVE_CUDA_BACKEND)
+// Cuda: autocast sends the matmuls to cuBLAS on 16-bit operands with f32 compute (tensor cores on a
+// GPU), attention to the f32 flash kernels. The bf16 step rounds where the Cpu's does, so the two agree
+// within the bounds of the torch comparison above (only accumulation orders differ); the f16 step
+// (u = 2^-11) lies within the same bounds of the Cpu's f32 step. Then kiln::fit with precision f16: the
+// loss scale backs off from an overflowing 2^100 and training proceeds.
+TEST_CASE("amp: on Cuda, bf16 and f16 autocast steps agree with the Cpu, and f16 fit with loss scaling trains", "[amp][cuda]") {
+  const ModelConfig cfg = ModelConfig::from_json(json{{"vocab_size", 40}, {"d_model", 32}, {"n_layers", 2}, {"n_heads", 2},
+                                                      {"max_seq_len", 16}})
+                              .resolved();
+  nn::GPT<Cpu> cpu(cfg);
+  cpu.init_weights(1);
+  const auto dir = temp_dir("cuda");
+  const std::string w = (dir / "w.safetensors").string();
+  cpu.save(w);
+  nn::GPT<Cuda> gpu(cfg);
+  gpu.load(w);
+  Generator g(2);
+  const T ids = T::uniform({2, 12}, 0, 40, DType::f32, &g).to(DType::i64), tgt = T::uniform({2, 12}, 0, 40, DType::f32, &g).to(DType::i64);
+  const auto step = [&]<Backend B>(nn::GPT<B>& m, DType prec) {
+    m.zero_grad();
+    const Tensor<B> x = Tensor<B>::from_blob(ids.contiguous().to_vector<int64_t>().data(), ids.shape(), DType::i64),
+                    y = Tensor<B>::from_blob(tgt.contiguous().to_vector<int64_t>().data(), tgt.shape(), DType::i64);
+    Var<B> logits, loss;
+    {
+      autocast::Scope ac(prec);
+      logits = m.forward(x);
+      loss = nn::cross_entropy(logits.reshape({-1, 40}), y.reshape({-1}));
+    }
+    loss.backward();
+    std::vector<T> out{T::from_vector(logits.value().template to_vector<float>(), logits.shape()),
+                       T::from_vector(loss.value().reshape({1}).template to_vector<float>(), {1})};
+    CHECK(logits.dtype() == (prec == DType::f32 ? DType::f32 : prec));
+    for (auto& [n, p] : m.named_parameters()) {
+      CHECK(p.grad().dtype() == DType::f32);
+      out.push_back(T::from_vector(p.grad().template to_vector<float>(), p.shape()));
+    }
+    return out;
+  };
+  const auto cpu_bf16 = step(cpu, DType::bf16), cpu_f32 = step(cpu, DType::f32);
+  const auto gpu_bf16 = step(gpu, DType::bf16), gpu_f16 = step(gpu, DType::f16);
+  for (size_t i = 0; i < cpu_bf16.size(); ++i) {
+    INFO("tensor " << i << " (0 logits, 1 loss, then the gradients in named_parameters order)");
+    const double tol = i == 0 ? 8 * kU : 24 * kU;
+    CHECK(rel_l2(gpu_bf16[i], cpu_bf16[i]) <= tol);
+    CHECK(rel_l2(gpu_f16[i], cpu_f32[i]) <= tol);
+  }
+
+  optim::Adam<Cuda> opt(gpu.named_parameters(), {.lr = 1e-2});
+  const Tensor<Cuda> x = Tensor<Cuda>::from_blob(ids.contiguous().to_vector<int64_t>().data(), ids.shape(), DType::i64),
+                     y = Tensor<Cuda>::from_blob(tgt.contiguous().to_vector<int64_t>().data(), tgt.shape(), DType::i64);
+  const std::string log = (dir / "log.jsonl").string();
+  IndexedBatches src{.batch = [](int64_t i) { return i; }};
+  fit(gpu, opt, src, [&](int64_t) { return nn::cross_entropy(gpu.forward(x).reshape({-1, 40}), y.reshape({-1})); },
+      FitOptions{.steps = 120, .precision = DType::f16, .loss_scale = {.init = 0x1p100}, .log_path = log, .progress = 0});
+  const auto recs = read_log(log);
+  REQUIRE(recs.size() == 120);
+  CHECK(recs[0].value("overflow", false));
+  int64_t first_good = -1;
+  for (size_t i = 0; i < recs.size() && first_good < 0; ++i)
+    if (!recs[i].value("overflow", false)) first_good = static_cast<int64_t>(i);
+  REQUIRE(first_good > 0);
+  REQUIRE(first_good < 110);
+  CHECK(recs.back()["loss"].get<double>() < 0.8 * recs[static_cast<size_t>(first_good)]["loss"].get<double>());
+}
+#endif
