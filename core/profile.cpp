@@ -553,9 +553,10 @@ void write_chrome_trace(const std::string& path) {
   };
   std::vector<int> tids;
   bool device = false;
-  for (const auto& [tid, e] : s.events) {
+  for (const auto& te : s.events) {
+    const auto& [tid, e] = te;
     if (tids.empty() || tids.back() != tid) tids.push_back(tid);
-    auto args = [&] {
+    auto args = [&e = te.second] {  // clang < 16 cannot capture a structured binding
       std::string a = "{";
       if (e.n_ops) a += fmt::format("\"shapes\": \"{}\", \"dtype\": \"{}\", \"bytes\": {}", json_escape(shapes_str(e)), dtype_name(e.dtype[0]), e.bytes);
       if (e.flops > 0) a += fmt::format(", \"flops\": {:.0f}", e.flops);
