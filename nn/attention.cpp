@@ -1,5 +1,8 @@
 #include "kiln/nn/attention.hpp"
 
+#include "kiln/autograd/record.hpp"
+#include "kiln/core/fused_rope.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -37,12 +40,12 @@ template <Backend B> Var<B> rope(const Var<B>& x, int64_t pos0, double theta, co
   const int64_t d = x.shape().back(), T = x.size(-2);
   KILN_CHECK(d % 2 == 0, "rope: width {} must be even (input {})", d, shape_str(x.shape()));
   const RopeTable<B> own;
-  const auto [c, s] = (table ? table : &own)->at(pos0, T, d, theta, x.dtype());
-  const Var<B> cs(c), sn(s);
-  const Var<B> x0 = x.slice(-1, 0, d, 2), x1 = x.slice(-1, 1, d, 2);  // [..., T, d/2]
-  const Var<B> y0 = x0 * cs - x1 * sn;
-  const Var<B> y1 = x0 * sn + x1 * cs;
-  return Var<B>::stack({y0, y1}, -1).flatten(-2);
+  const auto cs = (table ? table : &own)->at(pos0, T, d, theta, x.dtype());
+  const Tensor<B> c = cs.first, s = cs.second;
+  // One recorded op on the fused kernel (core/fused_rope.hpp); the backward needs only the tables.
+  return autograd::record<B>("rope", fused::rope_forward(x.value(), c, s), {&x}, [c, s](const Tensor<B>& g) {
+    return autograd::Grads<B>{fused::rope_backward(g, c, s)};
+  });
 }
 
 template <Backend B>

@@ -46,7 +46,8 @@ template <Backend B> class RopeTable {
   mutable DType dtype_ = DType::f32;
 };
 
-// Applies interleaved RoPE to x [..., T, d] for positions pos0 .. pos0+T−1. Differentiable in x.
+// Applies interleaved RoPE to x [..., T, d] for positions pos0 .. pos0+T−1. Differentiable in x: one
+// recorded op on the fused kernel (core/fused_rope.hpp) whose backward keeps only the cos/sin views.
 // `table`: cached cos/sin tables (else built for this call).
 template <Backend B> KILN_API Var<B> rope(const Var<B>& x, int64_t pos0, double theta, const RopeTable<B>* table = nullptr);
 

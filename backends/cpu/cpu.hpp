@@ -44,6 +44,8 @@ struct Cpu {
   // fused SwiGLU gating silu(a)·b (backends/cpu/unary.cpp; contract in core/fused_swiglu.hpp)
   static void swiglu_forward(M y, V a, V b);
   static void swiglu_backward(M da, M db, V a, V b, V dy);
+  // fused RoPE turn of x's pairs by cos/sin, or back (backends/cpu/rope.cpp; contract in core/fused_rope.hpp)
+  static void rope(M y, V x, V cos, V sin, bool inverse);
 
   // fused depth attention of Attention Residuals (backends/cpu/depth.cpp; contract in core/fused_depth.hpp)
   static void depth_attention_forward(M h, M alpha, M rstd, const std::vector<V>& v, V q, double eps);
