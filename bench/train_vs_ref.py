@@ -29,6 +29,13 @@ def run(cmd, env):
     return usage.ru_maxrss / 1024.0
 
 
+def bench_model(variant, T):
+    """The d_model 256 benchmark model (docs/specs.md §5) of a variant "attention[+residual]"."""
+    att, _, res = variant.partition("+")
+    return {"vocab_size": 256, "d_model": 256, "n_layers": 4, "n_heads": 2 if att == "diff" else 4,
+            "max_seq_len": T, "attention": att, "residual": res or "standard", "attnres_block_size": 4}
+
+
 def median_ms(log):
     rows = [json.loads(l) for l in open(log) if l.strip()]
     return statistics.median(r["ms"] for r in rows[3:])
@@ -52,9 +59,7 @@ def main():
           f"{'kiln RSS':>9} {'ref RSS':>8}" + (f" {'base ms':>8} {'base speedup':>12}" if a.kiln_base else ""))
     results = []
     for v in a.variants.split(","):
-        att, _, res = v.partition("+")
-        model = {"vocab_size": 256, "d_model": 256, "n_layers": 4, "n_heads": 2 if att == "diff" else 4,
-                 "max_seq_len": T, "attention": att, "residual": res or "standard", "attnres_block_size": 4}
+        model = bench_model(v, T)
         m = os.path.join(tmp, f"{v}.json")
         json.dump(model, open(m, "w"))
         init = os.path.join(tmp, f"{v}.init.safetensors")

@@ -9,6 +9,8 @@ import argparse, json, os, statistics, subprocess, sys, tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REF = os.path.join(HERE, "..", "..", "tests", "reference", "kiln_ref.py")
+sys.path.insert(0, os.path.join(HERE, ".."))
+from train_vs_ref import bench_model  # noqa: E402  (the same model configs)
 
 
 def main():
@@ -25,9 +27,7 @@ def main():
     env = dict(os.environ, KILN_NUM_THREADS=os.environ.get("KILN_NUM_THREADS", "2"))
     print(f"{'variant':<22} {'f32 ms':>8} {'bf16 ms':>8} {'speedup':>8}   (KILN_NUM_THREADS={env['KILN_NUM_THREADS']})")
     for v in a.variants.split(","):
-        att, _, res = v.partition("+")
-        model = {"vocab_size": 256, "d_model": 256, "n_layers": 4, "n_heads": 2 if att == "diff" else 4,
-                 "max_seq_len": T, "attention": att, "residual": res or "standard", "attnres_block_size": 4}
+        model = bench_model(v, T)
         m = os.path.join(tmp, f"{v}.json")
         json.dump(model, open(m, "w"))
         ms = {"f32": [], "bf16": []}
