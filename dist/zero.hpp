@@ -54,6 +54,8 @@ template <Backend B> class ZeroOptimizer : public optim::Optimizer<B> {
   std::vector<std::pair<std::string, Tensor<B>>> state_dict() const override;
   // The full state (as state_dict() or optim::Adam/SGD write it), given on every rank; strict as theirs.
   void load_state_dict(const std::map<std::string, Tensor<B>>& state) override;
+  // A sharded optimizer checkpoints the full state of the one it shards: the same kind.
+  std::string kind() const override { return shard_optimizer().kind(); }
 
   const optim::Optimizer<B>& shard_optimizer() const;  // this rank's inner optimizer
   int64_t shard_numel() const;  // parameter elements this rank updates

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -48,6 +49,10 @@ template <Backend B> class Optimizer {
   virtual std::vector<std::pair<std::string, Tensor<B>>> state_dict() const;
   // Strict: every buffer the optimizer would need must be there with the right shape, and nothing else.
   virtual void load_state_dict(const std::map<std::string, Tensor<B>>& state);
+  // The kind of update, as checkpoints record it ("adam" for Adam and AdamW, "sgd"): a resumed run
+  // must use the kind that wrote the state. An optimizer of your own may name itself; the default is
+  // its C++ type's (implementation-defined) name.
+  virtual std::string kind() const { return typeid(*this).name(); }
 
  protected:
   // Per-parameter state buffers, by buffer name then parameter name.
@@ -71,6 +76,7 @@ template <Backend B> class SGD : public Optimizer<B> {
   SGD(std::vector<ParamGroup<B>> groups, SGDOptions o);
   SGD(const NamedParams<B>& params, SGDOptions o) : SGD(decay_groups(params, o.lr, o.weight_decay), o) {}
   void step() override;
+  std::string kind() const override { return "sgd"; }
 
  private:
   std::vector<std::string> buffer_names() const override;
@@ -91,6 +97,7 @@ template <Backend B> class Adam : public Optimizer<B> {
   Adam(std::vector<ParamGroup<B>> groups, AdamOptions o);
   Adam(const NamedParams<B>& params, AdamOptions o) : Adam(decay_groups(params, o.lr, o.weight_decay), o) {}
   void step() override;
+  std::string kind() const override { return "adam"; }
 
  private:
   std::vector<std::string> buffer_names() const override;

@@ -8,11 +8,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <typeinfo>
 
 #include <nlohmann/json.hpp>
 
-#include "kiln/dist/zero.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/train/progress.hpp"
 
@@ -79,14 +77,6 @@ uint64_t parse_u64(const std::map<std::string, std::string>& m, const std::strin
   const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   KILN_CHECK(ec == std::errc() && p == s.data() + s.size(), "fit: resume checkpoint '{}': '{}' = '{}' is not an integer", path, key, s);
   return v;
-}
-
-template <Backend B> std::string optimizer_kind(const optim::Optimizer<B>& opt) {
-  // A sharded optimizer checkpoints the full state of the one it shards: the same kind.
-  if (const auto* z = dynamic_cast<const dist::ZeroOptimizer<B>*>(&opt)) return optimizer_kind(z->shard_optimizer());
-  if (dynamic_cast<const optim::Adam<B>*>(&opt)) return "adam";
-  if (dynamic_cast<const optim::SGD<B>*>(&opt)) return "sgd";
-  return typeid(opt).name();
 }
 
 // Keeps the records of steps < `before` (a torn or unparsable line is dropped), atomically.
@@ -190,7 +180,7 @@ template <Backend B> void Engine<B>::resume() {
   const int64_t accum = m.count("grad_accum") ? parse_i64(m, "grad_accum", path) : 1;
   KILN_CHECK(accum == k_, "fit: resume checkpoint '{}' was written with grad_accum {}, this run has grad_accum {}", path, accum, k_);
   if (m.count("optimizer")) {
-    const std::string kind = optimizer_kind(opt_);
+    const std::string kind = opt_.kind();
     KILN_CHECK(m.at("optimizer") == kind, "fit: resume checkpoint '{}' holds the state of optimizer '{}', this run uses '{}'", path,
                m.at("optimizer"), kind);
   }
@@ -310,7 +300,7 @@ template <Backend B> void Engine<B>::save_checkpoint(int64_t step_count) {
   meta["rng_seed"] = std::to_string(g.seed());
   meta["rng_offset"] = std::to_string(g.offset());
   meta["grad_accum"] = std::to_string(k_);
-  meta["optimizer"] = optimizer_kind(opt_);
+  meta["optimizer"] = opt_.kind();
   meta["skipped_steps"] = std::to_string(skipped_);
   if (scaler_) {
     meta["loss_scale"] = fmt::format("{}", scaler_->scale());
