@@ -10,6 +10,13 @@
 //             const std::vector<View>& g, const AdamHyper& h)
 // receiving contiguous tensors, each quadruple of one shape and one dtype (f32 or f64). Others (half
 // types, strided) take the composite path here.
+//
+// Multi-tensor sum of squares (the squared global norm of clip_grad_norm_): Σ over every tensor of
+// Σ x², each square and the sum in f64, returned as a [] f64 tensor on the device (nothing is read
+// back). A backend overrides with
+//   sum_squares(MutView out, const std::vector<View>& xs)
+// writing the f64 scalar out from contiguous f32/f64 tensors; the composite is to(f64).square().sum()
+// per tensor (five passes over each gradient and an f64 copy of it, where the kernel reads it once).
 #include <cmath>
 #include <vector>
 
@@ -22,6 +29,11 @@ namespace kiln::fused {
 template <class B>
 concept HasAdam = requires(const std::vector<MutView<typename B::Storage>>& w, const std::vector<View<typename B::Storage>>& g,
                            const AdamHyper& h) { B::adam_step(w, w, w, g, h); };
+
+template <class B>
+concept HasSumSquares = requires(MutView<typename B::Storage> out, const std::vector<View<typename B::Storage>>& xs) {
+  B::sum_squares(out, xs);
+};
 
 // The composite update of one parameter (also the oracle of the fused kernels).
 template <Backend B> void adam_step_composite(Tensor<B>& w, Tensor<B>& m, Tensor<B>& v, Tensor<B> grad, const AdamHyper& h) {
@@ -69,6 +81,29 @@ void adam_step(const std::vector<Tensor<B>*>& w, const std::vector<Tensor<B>*>& 
     }
     if (!wv.empty()) KILN_PROFILED("adam_step", wv, mv, vv, gv) B::adam_step(wv, mv, vv, gv, h);
   }
+}
+
+// Σ_i Σ xs[i]², in f64, as a [] f64 tensor (undefined tensors and empty ones add nothing).
+template <Backend B> Tensor<B> sum_squares(const std::vector<Tensor<B>>& xs) {
+  Tensor<B> total;
+  auto add = [&](const Tensor<B>& s) { total = total.defined() ? total.add(s) : s; };
+  std::vector<View<typename B::Storage>> fv;
+  for (const Tensor<B>& x : xs) {
+    if (!x.defined() || !x.numel()) continue;
+    KILN_CHECK(is_floating(x.dtype()), "sum_squares: tensors must be floating, got {} {}", x.dtype(), shape_str(x.shape()));
+    bool fusable = false;
+    if constexpr (HasSumSquares<B>) fusable = (x.dtype() == DType::f32 || x.dtype() == DType::f64) && x.is_contiguous();
+    if (fusable) fv.push_back(x.cview());
+    else add(x.to(DType::f64).square().sum());
+  }
+  if constexpr (HasSumSquares<B>) {
+    if (!fv.empty()) {
+      Tensor<B> out = Tensor<B>::empty(Shape{}, DType::f64);
+      KILN_PROFILED("sum_squares", out.mview(), fv) B::sum_squares(out.mview(), fv);
+      add(out);
+    }
+  }
+  return total.defined() ? total : Tensor<B>::zeros(Shape{}, DType::f64);
 }
 
 }  // namespace kiln::fused

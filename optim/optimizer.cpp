@@ -153,16 +153,12 @@ template <Backend B> void Adam<B>::step() {
 
 // ------------------------------------------------------------------------------------------ clipping
 template <Backend B> double grad_norm(const std::vector<Var<B>>& params) {
-  // Summed on the device in parameter order (the same double additions as reading each square sum
-  // back): one read at the end, so a GPU is waited for once per call, not once per parameter.
-  Tensor<B> total;
-  for (const auto& p : params) {
-    const Tensor<B> g = p.grad();
-    if (!g.defined() || !g.numel()) continue;
-    const Tensor<B> s = g.to(DType::f64).square().sum();
-    total = total.defined() ? total.add(s) : s;
-  }
-  return total.defined() ? std::sqrt(item<double>(total)) : 0.0;
+  // One multi-tensor pass on the device (core/fused_optim.hpp), f64 accumulation; one read at the end,
+  // so a GPU is waited for once per call, not once per parameter.
+  std::vector<Tensor<B>> grads;
+  grads.reserve(params.size());
+  for (const auto& p : params) grads.push_back(p.grad());
+  return std::sqrt(item<double>(fused::sum_squares(grads)));
 }
 
 template <Backend B> double clip_grad_norm(const std::vector<Var<B>>& params, double max_norm) {

@@ -102,3 +102,35 @@ TEMPLATE_TEST_CASE("fused Adam/AdamW: the multi-tensor step equals the per-param
       }
     }
 }
+
+TEMPLATE_TEST_CASE("fused sum of squares: equals the f64 composite, whatever the views, dtypes and thread count", "[optim][fused]",
+                   KILN_BACKEND_TYPES) {
+  using B = TestType;
+  Generator gen(17);
+  // Sizes that straddle the Cpu kernel's chunks (65536 elements), f32 and f64, a half type, a transposed
+  // view and a slice (both take the composite), an empty tensor and an undefined one.
+  std::vector<Tensor<B>> xs{Tensor<B>::randn({70000}, DType::f32, &gen), Tensor<B>::randn({3, 5}, DType::f64, &gen),
+                            Tensor<B>::randn({65536}, DType::f32, &gen).mul(1e3), Tensor<B>::randn({0}, DType::f32, &gen),
+                            Tensor<B>(), Tensor<B>::randn({40, 31}, DType::f32, &gen).transpose(0, 1),
+                            Tensor<B>::randn({9, 8}, DType::f64, &gen).narrow(1, 2, 3), Tensor<B>::randn({33}, DType::bf16, &gen),
+                            Tensor<B>::randn({131073}, DType::f64, &gen)};
+  double want = 0;
+  for (const auto& x : xs)
+    if (x.defined())
+      for (double v : x.template to<Reference>().template to_vector<double>()) want += v * v;
+  const Tensor<B> got = fused::sum_squares(xs);
+  CHECK(got.dtype() == DType::f64);
+  CHECK(got.dim() == 0);
+  const double s = item<double>(got);
+  CHECK(std::abs(s - want) <= 1e-12 * want);
+  if constexpr (std::is_same_v<B, Cpu>) {  // the chunk sums do not depend on the threads
+    const int n0 = num_threads();
+    set_num_threads(1);
+    const double one = item<double>(fused::sum_squares(xs));
+    set_num_threads(n0);
+    CHECK(one == s);
+  }
+  CHECK(item<double>(fused::sum_squares(std::vector<Tensor<B>>{})) == 0.0);
+  CHECK_THROWS_WITH(fused::sum_squares(std::vector<Tensor<B>>{Tensor<B>::zeros({2}, DType::i64)}),
+                    Catch::Matchers::Contains("sum_squares") && Catch::Matchers::Contains("i64"));
+}
