@@ -157,13 +157,14 @@ template <Backend B> void run_backward(const std::shared_ptr<Node<B>>& root, Ten
   for (const auto& n : tape) {
     auto it = pending.find(n.get());
     if (it != pending.end()) {  // else no gradient reached this node
-      const Tensor<B> g = std::move(it->second);
+      Tensor<B> g = std::move(it->second);
       pending.erase(it);
       Grads<B> gin;
       {
         const profile::Scope prof(profile::enabled() ? profile::detail::backward_name(n->op) : nullptr, "backward");
         gin = n->backward(g);
       }
+      g = Tensor<B>();  // a gradient passed through as a view (t(), reshape) is then the only owner of its storage
       KILN_CHECK(gin.size() == n->inputs.size(), "backward: '{}' returned {} gradients for {} inputs", n->op, gin.size(),
                  n->inputs.size());
       for (size_t i = 0; i < gin.size(); ++i) {

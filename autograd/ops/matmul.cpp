@@ -5,6 +5,9 @@
 //   da2 = dy2 @ b2^T  [batch, M, K] -> summed over broadcast batch dims to a2's shape -> a's shape
 //   db2 = a2^T @ dy2  [batch, K, N] -> summed to b2's shape -> b's shape
 // Each operand is saved only when the other one needs a gradient.
+// A 2-D operand b stored transposed (b = W.t() of a contiguous W, as Linear passes its weight) gets its
+// gradient in that layout too: db = (dyᵀ · a)ᵀ, a transposed view of a contiguous [N, K] product, so
+// the t() node hands W a contiguous gradient the leaf takes as it is (no transposing copy per step).
 // Under autocast (autograd/autocast.hpp) both operands are cast to the low dtype first; the product
 // and its gradients then run in that dtype (f32 accumulation in the kernels) and the casts' backward
 // brings the gradients back to the operands' own dtypes.
@@ -17,8 +20,11 @@ template <Backend B> Var<B> Linalg<B>::matmul(const Var<B>& a_in, const Var<B>& 
   using T = Tensor<B>;
   const Var<B> a = autocast::to_low(a_in), b = autocast::to_low(b_in);
   const bool na = needs_grad(a), nb = needs_grad(b);
-  return record<B>("matmul", a.value().matmul(b.value()), {&a, &b},
-                   [na, nb, sa = a.shape(), sb = b.shape(), av = keep_if(nb, a.value()), bv = keep_if(na, b.value())](const T& g) {
+  const T& bval = b.value();
+  const bool b_cols = a.dim() == 2 && b.dim() == 2 && bval.shape()[0] > 1 && bval.shape()[1] > 1 && bval.strides()[0] == 1 &&
+                      bval.strides()[1] == bval.shape()[0];
+  return record<B>("matmul", a.value().matmul(bval), {&a, &b},
+                   [na, nb, b_cols, sa = a.shape(), sb = b.shape(), av = keep_if(nb, a.value()), bv = keep_if(na, bval)](const T& g) {
                      const bool a1 = sa.size() == 1, b1 = sb.size() == 1;
                      T g2 = g;
                      if (a1 && b1) g2 = g.reshape({1, 1});
@@ -32,7 +38,9 @@ template <Backend B> Var<B> Linalg<B>::matmul(const Var<B>& a_in, const Var<B>& 
                        const T b2 = b1 ? bv.unsqueeze(-1) : bv;
                        ga = g2.matmul(b2.transpose(-1, -2)).sum_to(sa2).reshape(sa);
                      }
-                     if (nb) {
+                     if (nb && b_cols) {
+                       gb = g.transpose(-1, -2).matmul(av).transpose(-1, -2);
+                     } else if (nb) {
                        const T a2 = a1 ? av.unsqueeze(0) : av;
                        gb = a2.transpose(-1, -2).matmul(g2).sum_to(sb2).reshape(sb);
                      }

@@ -48,6 +48,29 @@ TEMPLATE_TEST_CASE("autograd: leaf grads are private, contiguous tensors", "[aut
   check_values(c.grad(), {4.0, 4.0, 4.0});
 }
 
+TEMPLATE_TEST_CASE("autograd: a weight used transposed (Linear's x · Wᵀ) gets its gradient contiguous, without a transposing copy",
+                   "[autograd]", KILN_BACKEND_TYPES) {
+  using B = TestType;
+  using V = Var<B>;
+  auto max_abs_diff = [](const Tensor<B>& a, const Tensor<B>& b) {
+    REQUIRE(a.shape() == b.shape());
+    return item<double>(a.to(DType::f64).sub(b.to(DType::f64)).abs().max());
+  };
+  Generator gen(3);
+  for (DType d : {DType::f32, DType::f64}) {
+    const Tensor<B> x0 = Tensor<B>::randn({6, 5}, d, &gen), w0 = Tensor<B>::randn({4, 5}, d, &gen), g = Tensor<B>::randn({6, 4}, d, &gen);
+    V x(x0, true), w(w0, true);
+    (x.matmul(w.t()) * V(g)).sum().backward();
+    // the same product with a contiguous copy of Wᵀ: the gradient of that copy, transposed
+    V x2(x0, true), wt(w0.t().contiguous(), true);
+    (x2.matmul(wt) * V(g)).sum().backward();
+    CHECK(w.grad().is_contiguous());
+    CHECK(max_abs_diff(w.grad(), wt.grad().t()) < 1e-5);
+    CHECK(max_abs_diff(x.grad(), x2.grad()) < 1e-5);
+    CHECK(max_abs_diff(w.grad(), g.t().matmul(x0)) < 1e-5);
+  }
+}
+
 TEMPLATE_TEST_CASE("autograd: NoGrad records nothing", "[autograd]", KILN_BACKEND_TYPES) {
   using V = Var<TestType>;
   V x(f64<TestType>({1.0, 2.0}, {2}), true);
