@@ -21,7 +21,11 @@
 //
 // The tile products go to OpenBLAS (single-threaded inside the parallel region) with the operands'
 // row strides as leading dimensions, so strided q/k/v/dO views (heads interleaved, a sliced KV cache)
-// cost no copy. f32 rows use the exp of vecmath.hpp (AVX2, or libm's at baseline); f64 uses std::exp.
+// cost no copy. The two products against a transposed tile, S = Q Kᵀ and dP = dO Vᵀ, would be
+// OpenBLAS's row-major NT case, which at these sizes takes its packing path at about half the rate of
+// its small-matrix kernels; so a key tile of K (and V) is transposed once into a thread-local buffer
+// (8×8 register transposes) and the products run as NN, reused by every query tile and GQA head that
+// sees the tile. Tiles of fewer than kMinRowsT query rows (decoding) keep the NT form. f32 rows use the exp of vecmath.hpp (AVX2, or libm's at baseline); f64 uses std::exp.
 // The row work between the products (mask, online softmax, dS) runs as kernel variants chosen per call
 // for the instruction set (common.hpp), one call per tile.
 #include <cblas.h>
@@ -44,6 +48,7 @@ constexpr int64_t kBr = 64;   // forward: query rows per tile
 constexpr int64_t kBc = 64;   // forward: keys per tile
 constexpr int64_t kBrB = 64;  // backward: query rows per tile
 constexpr int64_t kBcB = 64;  // backward: keys per tile
+constexpr int64_t kMinRowsT = 16;  // query rows per key tile from which the key tile is transposed
 
 template <class T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
@@ -56,6 +61,44 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* a
   else
     cblas_dgemm(CblasRowMajor, TA, TB, m, n, k, alpha, a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
                 static_cast<blasint>(ldc));
+}
+
+// dst (8 rows, stride ldd) = the transpose of the 8×8 block at src (row stride lds).
+template <class T> inline void transpose8(Baseline, const T* src, int64_t lds, T* dst, int64_t ldd) {
+  for (int64_t c = 0; c < 8; ++c)
+    for (int64_t r = 0; r < 8; ++r) dst[c * ldd + r] = src[r * lds + c];
+}
+#if KILN_CPU_X86
+KILN_CPU_AVX2_BEGIN
+inline void transpose8(Avx2, const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);  // a0 b0 a1 b1 | a4 b4 a5 b5
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {  // rows 4i..4i+3: columns {0,4}, {1,5}, {2,6}, {3,7}
+    r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+inline void transpose8(Avx2, const double* src, int64_t lds, double* dst, int64_t ldd) { transpose8(Baseline{}, src, lds, dst, ldd); }
+KILN_CPU_AVX2_END
+#endif
+
+// Kernel: dst (cols rows, row stride ldd) = the transpose of src (rows rows of cols, row stride lds).
+template <class I, class T> void transpose_tile(const T* src, int64_t lds, T* dst, int64_t ldd, int64_t rows, int64_t cols) {
+  const int64_t r8 = rows / 8 * 8, c8 = cols / 8 * 8;
+  for (int64_t r0 = 0; r0 < r8; r0 += 8)
+    for (int64_t c0 = 0; c0 < c8; c0 += 8) transpose8(I{}, src + r0 * lds + c0, lds, dst + c0 * ldd + r0, ldd);
+  for (int64_t c = 0; c < cols; ++c)  // the ragged edges
+    for (int64_t r = (c < c8 ? r8 : 0); r < rows; ++r) dst[c * ldd + r] = src[r * lds + c];
 }
 
 // A [B, H, N, w] operand with unit-stride rows.
@@ -208,6 +251,7 @@ template <class T> struct TileKernels {
   decltype(&tile_finish<Baseline, T>) finish = pick<tile_finish<Baseline, T>, tile_finish<Avx2, T>>();
   decltype(&tile_probs<Baseline, T>) probs = pick<tile_probs<Baseline, T>, tile_probs<Avx2, T>, tile_probs<Avx512, T>>();
   decltype(&tile_ds<Baseline, T>) ds = pick<tile_ds<Baseline, T>, tile_ds<Avx2, T>>();
+  decltype(&transpose_tile<Baseline, T>) transpose = pick<transpose_tile<Baseline, T>, transpose_tile<Avx2, T>>();
 };
 
 // ---------------------------------------------------------------------------------- problem
@@ -244,12 +288,14 @@ template <class T> void forward(const Problem<T>& P, T* o, T* lse) {
   const int64_t units = P.B * P.H * nqt;
   const int nt = threads_for(units);
   const TileKernels<T> K;
-  std::vector<T> scratch(static_cast<size_t>(nt) * static_cast<size_t>(kBr * kBc + 2 * kBr));
+  const size_t per_thread = static_cast<size_t>(kBr * kBc + 2 * kBr + P.d * kBc);
+  std::vector<T> scratch(static_cast<size_t>(nt) * per_thread);
 #pragma omp parallel num_threads(nt)
   {
-    T* s = scratch.data() + static_cast<size_t>(omp_get_thread_num()) * static_cast<size_t>(kBr * kBc + 2 * kBr);
+    T* s = scratch.data() + static_cast<size_t>(omp_get_thread_num()) * per_thread;
     T* m = s + kBr * kBc;
     T* l = m + kBr;
+    T* kt = l + kBr;  // a key tile transposed: [d, kBc]
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < units; ++u) {
       const int64_t qt = nqt - 1 - u % nqt, bh = u / nqt, b = bh / P.H, h = bh % P.H, hk = h / P.rep;
@@ -262,7 +308,12 @@ template <class T> void forward(const Problem<T>& P, T* o, T* lse) {
       const bool* kp = P.kp_row(b);
       for (int64_t j0 = 0; j0 < kend; j0 += kBc) {
         const int64_t bc = std::min(kBc, kend - j0);
-        gemm<T>(false, true, br, bc, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBc);
+        if (br >= kMinRowsT) {
+          K.transpose(P.k.row(b, hk, j0), P.k.ld, kt, kBc, bc, P.d);
+          gemm<T>(false, false, br, bc, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, kt, kBc, T(0), s, kBc);
+        } else {
+          gemm<T>(false, true, br, bc, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBc);
+        }
         const bool diag = P.causal && j0 + bc - 1 > P.pos0 + i0;  // some key of the tile is hidden from row 0
         K.softmax(s, kBc, br, bc, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0), m, l, orow, P.dv);
         gemm<T>(false, false, br, P.dv, bc, T(1), s, kBc, P.v.row(b, hk, j0), P.v.ld, T(1), orow, P.dv);
@@ -276,22 +327,29 @@ template <class T> void forward(const Problem<T>& P, T* o, T* lse) {
 // (a contiguous [B, H, T, d] buffer).
 template <class T>
 void backward_key_tile(const Problem<T>& P, const TileKernels<T>& K, const Rows<T>& g, const T* lse, const T* D, int64_t b, int64_t hk,
-                       int64_t j0, T* dk, T* dv, T* dq_base, T* s, T* dp) {
+                       int64_t j0, T* dk, T* dv, T* dq_base, T* s, T* dp, T* kt, T* vt) {
   const int64_t bc = std::min(kBcB, P.S - j0);
   const bool* kp = P.kp_row(b);
   T* dk_t = dk + ((b * P.Hkv + hk) * P.S + j0) * P.d;
   T* dv_t = dv + ((b * P.Hkv + hk) * P.S + j0) * P.dv;
   const int64_t i_first = P.causal ? std::max<int64_t>(0, j0 - P.pos0) : 0;  // queries that see key j0 or later
+  const bool nn = P.rep * (P.T_ - i_first) >= kMinRowsT;  // enough query rows: Kᵀ and Vᵀ of the tile, NN products
+  if (nn) {
+    K.transpose(P.k.row(b, hk, j0), P.k.ld, kt, kBcB, bc, P.d);
+    K.transpose(P.v.row(b, hk, j0), P.v.ld, vt, kBcB, bc, P.dv);
+  }
   for (int64_t hr = 0; hr < P.rep; ++hr) {
     const int64_t h = hk * P.rep + hr, bh = b * P.H + h;
     for (int64_t i0 = i_first; i0 < P.T_; i0 += kBrB) {
       const int64_t br = std::min(kBrB, P.T_ - i0);
-      gemm<T>(false, true, br, bc, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBcB);
+      if (nn) gemm<T>(false, false, br, bc, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, kt, kBcB, T(0), s, kBcB);
+      else gemm<T>(false, true, br, bc, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBcB);
       const bool diag = P.causal && j0 + bc - 1 > P.pos0 + i0;
       K.probs(s, kBcB, br, bc, lse + bh * P.T_ + i0, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0));
       const T* grow = g.row(b, h, i0);
       gemm<T>(true, false, bc, P.dv, br, T(1), s, kBcB, grow, g.ld, T(1), dv_t, P.dv);                  // dV += Pᵀ dO
-      gemm<T>(false, true, br, bc, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), dp, kBcB);  // dP = dO Vᵀ
+      if (nn) gemm<T>(false, false, br, bc, P.dv, T(1), grow, g.ld, vt, kBcB, T(0), dp, kBcB);  // dP = dO Vᵀ
+      else gemm<T>(false, true, br, bc, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), dp, kBcB);
       K.ds(s, dp, kBcB, br, bc, D + bh * P.T_ + i0, P.scale);                                            // dS (scaled)
       gemm<T>(true, false, bc, P.d, br, T(1), dp, kBcB, P.q.row(b, h, i0), P.q.ld, T(1), dk_t, P.d);  // dK += dSᵀ Q
       gemm<T>(false, false, br, P.d, bc, T(1), dp, kBcB, P.k.row(b, hk, j0), P.k.ld, T(1), dq_base + (bh * P.T_ + i0) * P.d,
@@ -324,7 +382,7 @@ template <class T> void backward(const Problem<T>& P, const Rows<T>& o, const Ro
   const int nt_max = threads_for(units * nkt);
   const bool per_unit = units >= nt_max;  // enough (batch, kv head) units: no shared dQ rows
   const int nt = per_unit ? threads_for(units) : nt_max;
-  const size_t tile = static_cast<size_t>(2 * kBrB * kBcB);
+  const size_t tile = static_cast<size_t>((2 * kBrB + P.d + P.dv) * kBcB);
   std::vector<T> scratch(static_cast<size_t>(nt) * tile);
   const size_t nq = static_cast<size_t>(rows * P.d);
   std::vector<T> priv(per_unit ? 0 : static_cast<size_t>(nt) * nq, T(0));
@@ -333,17 +391,19 @@ template <class T> void backward(const Problem<T>& P, const Rows<T>& o, const Ro
     const int tid = omp_get_thread_num();
     T* s = scratch.data() + static_cast<size_t>(tid) * tile;
     T* dp = s + kBrB * kBcB;
+    T* kt = dp + kBrB * kBcB;  // the key tile's Kᵀ [d, kBcB] and Vᵀ [dv, kBcB]
+    T* vt = kt + P.d * kBcB;
     if (per_unit) {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t u = 0; u < units; ++u)
         for (int64_t jt = 0; jt < nkt; ++jt)
-          backward_key_tile(P, K, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBcB, dk, dv, dq, s, dp);
+          backward_key_tile(P, K, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBcB, dk, dv, dq, s, dp, kt, vt);
     } else {
       T* mine = priv.data() + static_cast<size_t>(tid) * nq;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t w = 0; w < units * nkt; ++w) {
         const int64_t u = w / nkt, jt = w % nkt;
-        backward_key_tile(P, K, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBcB, dk, dv, mine, s, dp);
+        backward_key_tile(P, K, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBcB, dk, dv, mine, s, dp, kt, vt);
       }
       // (implicit barrier) sum the private dQ buffers
       const int team = omp_get_num_threads();
