@@ -9,9 +9,11 @@
 // A backend overrides with
 //   rope(MutView y, View x, View cos, View sin, bool inverse)
 // receiving f32/f64 tensors of one dtype: x of rank >= 2 whose last axis has stride 1 (the leading axes
-// may be strided, e.g. a transposed [B, H, T, hd] view of [B, T, H, hd]), y contiguous of x's shape,
-// cos and sin contiguous [T, d/2]; `inverse` turns by −angle (the backward). Half types are converted
-// here. Without an override (Reference, Cuda) the composite below runs.
+// may be strided, e.g. a transposed [B, H, T, hd] view of [B, T, H, hd]), y of x's shape laid out in
+// x's memory order (Tensor::empty_like_layout: for that view, a [B, T, H, hd] block seen as
+// [B, H, T, hd], so the head split and merge around attention stay views), cos and sin contiguous
+// [T, d/2]; `inverse` turns by −angle (the backward). Half types are converted here. Without an override
+// (Reference, Cuda) the composite below runs.
 #include "kiln/core/profile.hpp"
 #include "kiln/core/tensor.hpp"
 
@@ -40,7 +42,7 @@ template <Backend B> Tensor<B> rope_apply(const char* op, const Tensor<B>& x, co
     Tensor<B> xc = x.to(cd);
     if (xc.strides().back() != 1) xc = xc.contiguous();
     const Tensor<B> cc = c.contiguous(), sc = s.contiguous();
-    Tensor<B> y = Tensor<B>::empty(x.shape(), cd);
+    Tensor<B> y = xc.empty_like_layout(xc.shape(), cd);
     if (y.numel()) KILN_PROFILED("rope", y, xc, cc, sc) B::rope(y.mview(), xc.cview(), cc.cview(), sc.cview(), inverse);
     return y.to(dt);
   } else {

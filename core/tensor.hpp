@@ -54,6 +54,10 @@ template <Backend B> class Tensor {
   template <class T> static Tensor from(std::initializer_list<std::initializer_list<T>> rows);
 
   Tensor empty_like() const { return empty(shape(), dtype_); }
+  // A new dense tensor of `shape` (this tensor's rank) whose axes lie in memory in the order of this
+  // tensor's strides, largest first (ties: axis order), as torch's preserve_format: empty_like_layout of a
+  // transposed [B, H, T, d] view of [B, T, H, d] is a [B, T, H, d'] block seen as [B, H, T, d'].
+  Tensor empty_like_layout(const Shape& shape, DType dtype) const;
   Tensor zeros_like() const { return zeros(shape(), dtype_); }
   Tensor ones_like() const { return ones(shape(), dtype_); }
 

@@ -25,6 +25,23 @@ template <Backend B> Tensor<B> Tensor<B>::empty(const Shape& shape, DType dtype)
   return Tensor(B::allocate(bytes), Layout(shape), dtype);
 }
 
+template <Backend B> Tensor<B> Tensor<B>::empty_like_layout(const Shape& shape, DType dtype) const {
+  KILN_CHECK(static_cast<int64_t>(shape.size()) == dim(), "empty_like_layout: shape {} for a tensor of shape {}", shape_str(shape),
+             shape_str(this->shape()));
+  std::vector<int64_t> order(shape.size());  // the axes from the outermost in memory to the innermost
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return layout_.strides[static_cast<size_t>(a)] > layout_.strides[static_cast<size_t>(b)];
+  });
+  Shape ps(shape.size());
+  std::vector<int64_t> inverse(shape.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    ps[i] = shape[static_cast<size_t>(order[i])];
+    inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
+  }
+  return empty(ps, dtype).permute(inverse);
+}
+
 template <Backend B> Tensor<B> Tensor<B>::full(const Shape& shape, Scalar value, DType dtype) {
   Tensor t = empty(shape, dtype);
   if (t.numel()) KILN_PROFILED("fill", t) B::fill(t.mview(), value);

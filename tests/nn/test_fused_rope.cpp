@@ -59,6 +59,10 @@ TEMPLATE_TEST_CASE("fused rope: forward and backward equal the float64 composite
       const Tensor<B> bc = rounded(ang.cos()).to(d).template to<B>().narrow(0, cs.pos0, T), bs = rounded(ang.sin()).to(d).template to<B>().narrow(0, cs.pos0, T);
       kt::check_close(fused::rope_forward(bx, bc, bs), fused::rope_forward(x, c, sn).to(d), rope_tol(d), "y");
       kt::check_close(fused::rope_backward(bg, bc, bs), fused::rope_backward(g, c, sn).to(d), rope_tol(d), "dx");
+      if (fused::HasRope<B> && cs.swap && d != DType::bf16) {  // the kernel's output keeps the input's memory order
+        CHECK(fused::rope_forward(bx, bc, bs).transpose(1, 2).is_contiguous());
+        CHECK(fused::rope_backward(bg, bc, bs).transpose(1, 2).is_contiguous());
+      }
     }
 }
 
