@@ -103,6 +103,15 @@ template <Backend B> Tensor<B> softmax_backward(const Tensor<B>& y, const Tensor
 // and lse are contiguous; key_padding is nullptr or a contiguous bool [B, S]; mask is nullptr or a
 // [B, H, T, S] view with any strides (zero on broadcast dims, so no size-T·S buffer), bool or of the
 // compute dtype (f32/f64, additive). dq, dk, dv arrive zero-filled.
+// A backend that also declares `static constexpr bool attention_any_layout = true` receives instead
+// outputs laid out in their inputs' memory order (Tensor::empty_like_layout: O and dq like q, dk like k,
+// dv like v; for the transposed [B, H, T, hd] views of a [B, T, H, hd] projection that MultiHeadAttention
+// passes, [B, T, H, hd] blocks, so the head merge after attention and the head split's backward stay
+// views), each with unit-stride rows, and dq, dk, dv uninitialised: it writes every element.
+template <class B>
+concept AttentionAnyLayout = requires {
+  requires B::attention_any_layout;
+};
 template <class B>
 concept HasAttention = requires(MutView<typename B::Storage> out, View<typename B::Storage> in, const View<typename B::Storage>* kp,
                                 double scale, bool causal, int64_t pos0) {
@@ -293,9 +302,10 @@ std::pair<Tensor<B>, Tensor<B>> attention_forward(const Tensor<B>& q, const Tens
       return {o.to(dt), lse};
     }
     if (a.empty()) return attention_forward_composite(q, k, v, scale, causal, pos0, key_padding, mask);
-    Tensor<B> o = Tensor<B>::empty({a.B, a.H, a.T, a.dv}, dt);
-    Tensor<B> lse = Tensor<B>::empty({a.B, a.H, a.T}, dt);
     const Tensor<B> qc = detail::attn_rows(q), kc = detail::attn_rows(k), vc = detail::attn_rows(v);
+    const Shape os{a.B, a.H, a.T, a.dv};
+    Tensor<B> o = AttentionAnyLayout<B> ? qc.empty_like_layout(os, dt) : Tensor<B>::empty(os, dt);
+    Tensor<B> lse = Tensor<B>::empty({a.B, a.H, a.T}, dt);
     const Tensor<B> kp = key_padding.defined() ? key_padding.contiguous() : Tensor<B>();
     const View<typename B::Storage> kpv = kp.defined() ? kp.cview() : qc.cview();
     const Tensor<B> mv = mask.defined() ? detail::mask_view(a, mask, dt) : Tensor<B>();
@@ -332,8 +342,13 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward(const Tensor<B>& 
       return {dq.to(dt), dk.to(dt), dv.to(dt)};
     }
     if (a.empty()) return attention_backward_composite(q, k, v, o, lse, dout, scale, causal, pos0, key_padding, mask);
-    Tensor<B> dq = Tensor<B>::zeros(q.shape(), dt), dk = Tensor<B>::zeros(k.shape(), dt), dv = Tensor<B>::zeros(v.shape(), dt);
     const Tensor<B> qc = detail::attn_rows(q), kc = detail::attn_rows(k), vc = detail::attn_rows(v);
+    Tensor<B> dq, dk, dv;
+    if constexpr (AttentionAnyLayout<B>) {
+      dq = qc.empty_like_layout(q.shape(), dt), dk = kc.empty_like_layout(k.shape(), dt), dv = vc.empty_like_layout(v.shape(), dt);
+    } else {
+      dq = Tensor<B>::zeros(q.shape(), dt), dk = Tensor<B>::zeros(k.shape(), dt), dv = Tensor<B>::zeros(v.shape(), dt);
+    }
     const Tensor<B> oc = detail::attn_rows(o), gc = detail::attn_rows(dout), lc = lse.contiguous();
     const Tensor<B> kp = key_padding.defined() ? key_padding.contiguous() : Tensor<B>();
     const View<typename B::Storage> kpv = kp.defined() ? kp.cview() : qc.cview();

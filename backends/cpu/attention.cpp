@@ -7,7 +7,8 @@
 //   S = scale · Q_i K_jᵀ (sgemm/dgemm, kBr × kBc, in a thread-local buffer), the user's attention
 //   mask added (additive) or applied (bool), mask (causal, padding, bool mask) to −inf, m' = max(m, rowmax S), P = exp(S − m'), l = l·e^(m−m') + ΣP, O = O·e^(m−m') + P V_j.
 // At the end O /= l and LSE = m + log l. The [T, S] matrix never exists; per thread the scratch is one
-// kBr × kBc tile, and O accumulates directly in the (contiguous) output.
+// kBr × kBc tile, and O accumulates directly in the output's rows (any layout with unit-stride rows:
+// core/fused.hpp hands over O in q's memory order, dq, dk, dv in q's, k's, v's).
 //
 // Backward (recompute from LSE): D = rowsum(dO ⊙ O) first; then the units are (batch, kv head) and
 // each walks its key tiles; for a key tile it loops over the query heads of its GQA group and the
@@ -15,7 +16,7 @@
 //   P = exp(S − LSE), dV_j += Pᵀ dO_i, dP = dO_i V_jᵀ, dS = scale · P ⊙ (dP − D),
 //   dK_j += dSᵀ Q_i, dQ_i += dS K_j.
 // A unit owns dK, dV of its kv head and dQ of its group's query heads, so no two threads ever write
-// the same element. When there are fewer (batch, kv head) units than threads (e.g. B = 1, one kv
+// the same element; it zeroes them first (they arrive uninitialised, and are then in cache). When there are fewer (batch, kv head) units than threads (e.g. B = 1, one kv
 // head, long sequences), the units become (batch, kv head, key tile) and each thread accumulates dQ in
 // a private buffer that is summed at the end.
 //
@@ -101,20 +102,27 @@ template <class I, class T> void transpose_tile(const T* src, int64_t lds, T* ds
     for (int64_t r = (c < c8 ? r8 : 0); r < rows; ++r) dst[c * ldd + r] = src[r * lds + c];
 }
 
-// A [B, H, N, w] operand with unit-stride rows.
-template <class T> struct Rows {
-  const T* p = nullptr;
+// A [B, H, N, w] operand with unit-stride rows (E = const T for inputs, T for outputs).
+template <class E> struct RowsOf {
+  E* p = nullptr;
   int64_t sb = 0, sh = 0, st = 0, ld = 0;
-  Rows(Cpu::V v) {  // NOLINT
+  RowsOf(E* p_, int64_t sb_, int64_t sh_, int64_t st_, int64_t ld_) : p(p_), sb(sb_), sh(sh_), st(st_), ld(ld_) {}
+  template <class View> RowsOf(const View& v) {  // NOLINT
     const Layout& l = v.layout;
-    p = v.storage.as<T>() + l.offset;
+    p = v.storage.template as<std::remove_const_t<E>>() + l.offset;
     sb = l.strides[0];
     sh = l.strides[1];
     st = l.strides[2];
     ld = std::max<int64_t>({l.shape[2] > 1 ? st : 0, l.shape[3], 1});
   }
-  const T* row(int64_t b, int64_t h, int64_t t) const { return p + b * sb + h * sh + t * st; }
+  E* row(int64_t b, int64_t h, int64_t t) const { return p + b * sb + h * sh + t * st; }
+  // Zeroes rows [t0, t0 + n) of (b, h), w wide.
+  void zero(int64_t b, int64_t h, int64_t t0, int64_t n, int64_t w) const {
+    for (int64_t t = t0; t < t0 + n; ++t) std::fill(row(b, h, t), row(b, h, t) + w, E(0));
+  }
 };
+template <class T> using Rows = RowsOf<const T>;
+template <class T> using OutRows = RowsOf<T>;
 
 // ---------------------------------------------------------------------------------- row kernels
 template <class I, class T> T row_max(const T* x, int64_t n) {
@@ -180,11 +188,11 @@ void mask_row(T* row, int64_t bc, int64_t i, int64_t j0, bool causal, int64_t po
 // Kernels (common.hpp), one call per tile; s holds br rows of bc scores with row stride ld.
 
 // Forward: mask (causal when diag, padding kp), then the online-softmax step of each row: the new max
-// m', P = exp(S − m') in place, l = l·e^(m−m') + ΣP, and the output rows orow (dv wide) rescaled by
-// e^(m−m'). Rows with nothing visible yet become zeros.
+// m', P = exp(S − m') in place, l = l·e^(m−m') + ΣP, and the output rows orow (dv wide, row stride
+// ldo) rescaled by e^(m−m'). Rows with nothing visible yet become zeros.
 template <class I, class T>
 void tile_softmax(T* s, int64_t ld, int64_t br, int64_t bc, int64_t i0, int64_t j0, bool diag, int64_t pos0, const bool* kp,
-                  const TileMask<T>& um, T* m, T* l, T* orow, int64_t dv) {
+                  const TileMask<T>& um, T* m, T* l, T* orow, int64_t ldo, int64_t dv) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
   const bool masked = diag || kp || um.any();
   for (int64_t r = 0; r < br; ++r) {
@@ -200,17 +208,17 @@ void tile_softmax(T* s, int64_t ld, int64_t br, int64_t bc, int64_t i0, int64_t 
     l[r] = l[r] * alpha + sum;
     m[r] = mnew;
     if (alpha != T(1)) {
-      T* orr = orow + r * dv;
+      T* orr = orow + r * ldo;
       for (int64_t c = 0; c < dv; ++c) orr[c] *= alpha;
     }
   }
 }
 
 // Forward, after the last key tile: O /= l and LSE = m + log l for br rows.
-template <class I, class T> void tile_finish(T* orow, T* lse, const T* m, const T* l, int64_t br, int64_t dv) {
+template <class I, class T> void tile_finish(T* orow, int64_t ldo, T* lse, const T* m, const T* l, int64_t br, int64_t dv) {
   for (int64_t r = 0; r < br; ++r) {
     const T inv = T(1) / l[r];  // l = 0 (no visible key): 0 · inf = NaN, as PyTorch
-    T* orr = orow + r * dv;
+    T* orr = orow + r * ldo;
     for (int64_t c = 0; c < dv; ++c) orr[c] *= inv;
     lse[r] = m[r] + std::log(l[r]);
   }
@@ -282,7 +290,7 @@ int threads_for(int64_t units) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads(), units)));
 }
 
-template <class T> void forward(const Problem<T>& P, T* o, T* lse) {
+template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
   const int64_t nqt = (P.T_ + kBr - 1) / kBr;
   const int64_t units = P.B * P.H * nqt;
@@ -300,8 +308,8 @@ template <class T> void forward(const Problem<T>& P, T* o, T* lse) {
     for (int64_t u = 0; u < units; ++u) {
       const int64_t qt = nqt - 1 - u % nqt, bh = u / nqt, b = bh / P.H, h = bh % P.H, hk = h / P.rep;
       const int64_t i0 = qt * kBr, br = std::min(kBr, P.T_ - i0);
-      T* orow = o + (bh * P.T_ + i0) * P.dv;
-      std::fill(orow, orow + br * P.dv, T(0));
+      T* orow = o.row(b, h, i0);
+      o.zero(b, h, i0, br, P.dv);
       std::fill(m, m + br, ninf);
       std::fill(l, l + br, T(0));
       const int64_t kend = P.key_end(i0, br);
@@ -315,23 +323,23 @@ template <class T> void forward(const Problem<T>& P, T* o, T* lse) {
           gemm<T>(false, true, br, bc, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBc);
         }
         const bool diag = P.causal && j0 + bc - 1 > P.pos0 + i0;  // some key of the tile is hidden from row 0
-        K.softmax(s, kBc, br, bc, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0), m, l, orow, P.dv);
-        gemm<T>(false, false, br, P.dv, bc, T(1), s, kBc, P.v.row(b, hk, j0), P.v.ld, T(1), orow, P.dv);
+        K.softmax(s, kBc, br, bc, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0), m, l, orow, o.ld, P.dv);
+        gemm<T>(false, false, br, P.dv, bc, T(1), s, kBc, P.v.row(b, hk, j0), P.v.ld, T(1), orow, o.ld);
       }
-      K.finish(orow, lse + bh * P.T_ + i0, m, l, br, P.dv);
+      K.finish(orow, o.ld, lse + bh * P.T_ + i0, m, l, br, P.dv);
     }
   }
 }
 
-// One key tile [j0, j0 + bc) of (b, hk): accumulates into dk, dv (rows of that tile) and dq_base
-// (a contiguous [B, H, T, d] buffer).
+// One key tile [j0, j0 + bc) of (b, hk): accumulates into dk, dv (rows of that tile) and dq (the
+// output's rows or a thread's private [B, H, T, d] buffer).
 template <class T>
 void backward_key_tile(const Problem<T>& P, const TileKernels<T>& K, const Rows<T>& g, const T* lse, const T* D, int64_t b, int64_t hk,
-                       int64_t j0, T* dk, T* dv, T* dq_base, T* s, T* dp, T* kt, T* vt) {
+                       int64_t j0, const OutRows<T>& dk, const OutRows<T>& dv, const OutRows<T>& dq, T* s, T* dp, T* kt, T* vt) {
   const int64_t bc = std::min(kBcB, P.S - j0);
   const bool* kp = P.kp_row(b);
-  T* dk_t = dk + ((b * P.Hkv + hk) * P.S + j0) * P.d;
-  T* dv_t = dv + ((b * P.Hkv + hk) * P.S + j0) * P.dv;
+  T* dk_t = dk.row(b, hk, j0);
+  T* dv_t = dv.row(b, hk, j0);
   const int64_t i_first = P.causal ? std::max<int64_t>(0, j0 - P.pos0) : 0;  // queries that see key j0 or later
   const bool nn = P.rep * (P.T_ - i_first) >= kMinRowsT;  // enough query rows: Kᵀ and Vᵀ of the tile, NN products
   if (nn) {
@@ -347,18 +355,19 @@ void backward_key_tile(const Problem<T>& P, const TileKernels<T>& K, const Rows<
       const bool diag = P.causal && j0 + bc - 1 > P.pos0 + i0;
       K.probs(s, kBcB, br, bc, lse + bh * P.T_ + i0, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0));
       const T* grow = g.row(b, h, i0);
-      gemm<T>(true, false, bc, P.dv, br, T(1), s, kBcB, grow, g.ld, T(1), dv_t, P.dv);                  // dV += Pᵀ dO
+      gemm<T>(true, false, bc, P.dv, br, T(1), s, kBcB, grow, g.ld, T(1), dv_t, dv.ld);                 // dV += Pᵀ dO
       if (nn) gemm<T>(false, false, br, bc, P.dv, T(1), grow, g.ld, vt, kBcB, T(0), dp, kBcB);  // dP = dO Vᵀ
       else gemm<T>(false, true, br, bc, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), dp, kBcB);
       K.ds(s, dp, kBcB, br, bc, D + bh * P.T_ + i0, P.scale);                                            // dS (scaled)
-      gemm<T>(true, false, bc, P.d, br, T(1), dp, kBcB, P.q.row(b, h, i0), P.q.ld, T(1), dk_t, P.d);  // dK += dSᵀ Q
-      gemm<T>(false, false, br, P.d, bc, T(1), dp, kBcB, P.k.row(b, hk, j0), P.k.ld, T(1), dq_base + (bh * P.T_ + i0) * P.d,
-              P.d);  // dQ += dS K
+      gemm<T>(true, false, bc, P.d, br, T(1), dp, kBcB, P.q.row(b, h, i0), P.q.ld, T(1), dk_t, dk.ld);                 // dK += dSᵀ Q
+      gemm<T>(false, false, br, P.d, bc, T(1), dp, kBcB, P.k.row(b, hk, j0), P.k.ld, T(1), dq.row(b, h, i0), dq.ld);  // dQ += dS K
     }
   }
 }
 
-template <class T> void backward(const Problem<T>& P, const Rows<T>& o, const Rows<T>& g, const T* lse, T* dq, T* dk, T* dv) {
+template <class T>
+void backward(const Problem<T>& P, const Rows<T>& o, const Rows<T>& g, const T* lse, const OutRows<T>& dq, const OutRows<T>& dk,
+              const OutRows<T>& dv) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
   // D = rowsum(dO ⊙ O), 0 for rows with no visible key (their O is NaN)
   const int64_t rows = P.B * P.H * P.T_;
@@ -393,28 +402,44 @@ template <class T> void backward(const Problem<T>& P, const Rows<T>& o, const Ro
     T* dp = s + kBrB * kBcB;
     T* kt = dp + kBrB * kBcB;  // the key tile's Kᵀ [d, kBcB] and Vᵀ [dv, kBcB]
     T* vt = kt + P.d * kBcB;
-    if (per_unit) {
+    if (per_unit) {  // a unit owns dk, dv of (b, hk) and dq of its group's query heads: zeroed here, in cache
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t u = 0; u < units; ++u)
-        for (int64_t jt = 0; jt < nkt; ++jt)
-          backward_key_tile(P, K, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBcB, dk, dv, dq, s, dp, kt, vt);
-    } else {
-      T* mine = priv.data() + static_cast<size_t>(tid) * nq;
+      for (int64_t u = 0; u < units; ++u) {
+        const int64_t b = u / P.Hkv, hk = u % P.Hkv;
+        dk.zero(b, hk, 0, P.S, P.d);
+        dv.zero(b, hk, 0, P.S, P.dv);
+        for (int64_t hr = 0; hr < P.rep; ++hr) dq.zero(b, hk * P.rep + hr, 0, P.T_, P.d);
+        for (int64_t jt = 0; jt < nkt; ++jt) backward_key_tile(P, K, g, lse, D.data(), b, hk, jt * kBcB, dk, dv, dq, s, dp, kt, vt);
+      }
+    } else {  // a work item owns dk, dv of its key tile; dq goes to the thread's private buffer
+      const OutRows<T> mine(priv.data() + static_cast<size_t>(tid) * nq, P.H * P.T_ * P.d, P.T_ * P.d, P.d, P.d);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t w = 0; w < units * nkt; ++w) {
-        const int64_t u = w / nkt, jt = w % nkt;
-        backward_key_tile(P, K, g, lse, D.data(), u / P.Hkv, u % P.Hkv, jt * kBcB, dk, dv, mine, s, dp, kt, vt);
+        const int64_t u = w / nkt, jt = w % nkt, b = u / P.Hkv, hk = u % P.Hkv, j0 = jt * kBcB, bc = std::min(kBcB, P.S - j0);
+        dk.zero(b, hk, j0, bc, P.d);
+        dv.zero(b, hk, j0, bc, P.dv);
+        backward_key_tile(P, K, g, lse, D.data(), b, hk, j0, dk, dv, mine, s, dp, kt, vt);
       }
-      // (implicit barrier) sum the private dQ buffers
+      // (implicit barrier) sum the private dQ buffers into dq's rows
       const int team = omp_get_num_threads();
 #pragma omp for schedule(static)
-      for (int64_t x = 0; x < static_cast<int64_t>(nq); ++x) {
-        T acc = 0;
-        for (int t = 0; t < team; ++t) acc += priv[static_cast<size_t>(t) * nq + static_cast<size_t>(x)];
-        dq[x] = acc;
+      for (int64_t x = 0; x < rows; ++x) {
+        const int64_t t = x % P.T_, bh = x / P.T_;
+        T* out = dq.row(bh / P.H, bh % P.H, t);
+        for (int64_t c = 0; c < P.d; ++c) {
+          T acc = 0;
+          for (int th = 0; th < team; ++th) acc += priv[static_cast<size_t>(th) * nq + static_cast<size_t>(x * P.d + c)];
+          out[c] = acc;
+        }
       }
     }
   }
+}
+
+// An output the kernels can write: rank 4, unit-stride rows that do not overlap (row stride >= width).
+bool out_rows(const Cpu::M& m) {
+  const Layout& l = m.layout;
+  return l.rank() == 4 && (l.shape[3] <= 1 || l.strides[3] == 1) && (l.shape[2] <= 1 || l.strides[2] >= l.shape[3]);
 }
 
 void check_views(const char* op, std::initializer_list<Cpu::V> vs, DType dt) {
@@ -469,34 +494,34 @@ Problem<T> make_problem(Cpu::V q, Cpu::V k, Cpu::V v, const Cpu::V* key_padding,
 void Cpu::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0) {
   KILN_CHECK(q.dtype == DType::f32 || q.dtype == DType::f64, "attention_forward: cpu kernel takes f32 or f64, got {}", q.dtype);
   check_views("attention_forward", {q, k, v}, q.dtype);
-  KILN_CHECK(o.layout.is_contiguous() && lse.layout.is_contiguous() && o.dtype == q.dtype && lse.dtype == q.dtype &&
+  KILN_CHECK(out_rows(o) && lse.layout.is_contiguous() && o.dtype == q.dtype && lse.dtype == q.dtype &&
                  o.layout.shape == Shape({q.layout.shape[0], q.layout.shape[1], q.layout.shape[2], v.layout.shape[3]}) &&
                  lse.layout.shape == Shape({q.layout.shape[0], q.layout.shape[1], q.layout.shape[2]}),
-             "attention_forward: outputs o {} and lse {} must be contiguous [B, H, T, dv] and [B, H, T] (q {}, v {})",
+             "attention_forward: outputs o {} and lse {} must be [B, H, T, dv] with unit-stride rows and a contiguous [B, H, T] "
+             "(q {}, v {})",
              shape_str(o.layout.shape), shape_str(lse.layout.shape), shape_str(q.layout.shape), shape_str(v.layout.shape));
-  if (q.dtype == DType::f32) {
-    const Problem<float> P = make_problem<float>(q, k, v, key_padding, mask, scale, causal, pos0);
-    forward(P, o.storage.as<float>() + o.layout.offset, lse.storage.as<float>() + lse.layout.offset);
-  } else {
-    const Problem<double> P = make_problem<double>(q, k, v, key_padding, mask, scale, causal, pos0);
-    forward(P, o.storage.as<double>() + o.layout.offset, lse.storage.as<double>() + lse.layout.offset);
-  }
+  auto run = [&]<class T>(type_tag<T>) {
+    const Problem<T> P = make_problem<T>(q, k, v, key_padding, mask, scale, causal, pos0);
+    forward(P, OutRows<T>(o), lse.storage.as<T>() + lse.layout.offset);
+  };
+  if (q.dtype == DType::f32) run(type_tag<float>{});
+  else run(type_tag<double>{});
 }
 
 void Cpu::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, const V* mask, double scale,
                              bool causal, int64_t pos0) {
   KILN_CHECK(q.dtype == DType::f32 || q.dtype == DType::f64, "attention_backward: cpu kernel takes f32 or f64, got {}", q.dtype);
   check_views("attention_backward", {q, k, v, o, dout}, q.dtype);
-  KILN_CHECK(dq.layout.is_contiguous() && dk.layout.is_contiguous() && dv.layout.is_contiguous() && lse.layout.is_contiguous() &&
+  KILN_CHECK(out_rows(dq) && out_rows(dk) && out_rows(dv) && lse.layout.is_contiguous() &&
                  dq.layout.shape == q.layout.shape && dk.layout.shape == k.layout.shape && dv.layout.shape == v.layout.shape &&
                  o.layout.shape == dout.layout.shape && lse.dtype == q.dtype,
-             "attention_backward: dq {}, dk {}, dv {} must be contiguous like q {}, k {}, v {}", shape_str(dq.layout.shape),
+             "attention_backward: dq {}, dk {}, dv {} must have unit-stride rows and the shapes of q {}, k {}, v {}",
+             shape_str(dq.layout.shape),
              shape_str(dk.layout.shape), shape_str(dv.layout.shape), shape_str(q.layout.shape), shape_str(k.layout.shape),
              shape_str(v.layout.shape));
   auto run = [&]<class T>(type_tag<T>) {
     const Problem<T> P = make_problem<T>(q, k, v, key_padding, mask, scale, causal, pos0);
-    backward(P, Rows<T>(o), Rows<T>(dout), lse.storage.as<T>() + lse.layout.offset, dq.storage.as<T>() + dq.layout.offset,
-             dk.storage.as<T>() + dk.layout.offset, dv.storage.as<T>() + dv.layout.offset);
+    backward(P, Rows<T>(o), Rows<T>(dout), lse.storage.as<T>() + lse.layout.offset, OutRows<T>(dq), OutRows<T>(dk), OutRows<T>(dv));
   };
   if (q.dtype == DType::f32) run(type_tag<float>{});
   else run(type_tag<double>{});

@@ -63,7 +63,9 @@ struct Cpu {
   static void adam_step(const std::vector<M>& w, const std::vector<M>& m, const std::vector<M>& v, const std::vector<V>& g,
                         const fused::AdamHyper& h);
   static void sum_squares(M out, const std::vector<V>& xs);  // Σ x² in f64 (core/fused_optim.hpp)
-  // flash attention (backends/cpu/attention.cpp; contract in core/fused.hpp)
+  // flash attention (backends/cpu/attention.cpp; contract in core/fused.hpp): outputs in the inputs'
+  // layouts, every element written
+  static constexpr bool attention_any_layout = true;
   static void attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0);
   static void attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, const V* mask, double scale,
                                  bool causal, int64_t pos0);
