@@ -176,7 +176,11 @@ template <Backend B> void run_backward(const std::shared_ptr<Node<B>>& root, Ten
           if (!hooked_uses.empty() && hooked_uses.count(in)) hooked_got_grad.insert(in);
         } else {
           auto [slot, fresh] = pending.try_emplace(in, gin[i]);
-          if (!fresh) slot->second = slot->second.add(gin[i]);
+          if (!fresh) {  // in place when nothing else holds the running sum (no new buffer per residual fork)
+            Tensor<B>& sum = slot->second;
+            if (sum.is_contiguous() && sum.storage().use_count() == 1) sum.add_(gin[i]);
+            else sum = sum.add(gin[i]);
+          }
         }
       }
     }
