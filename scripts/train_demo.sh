@@ -7,7 +7,7 @@
 #   DEVICE=cuda scripts/train_demo.sh      on the GPU (kiln built with the CUDA backend, a GPU visible)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --main  # the build set only; scripts/test.sh's setup adds the test tools
 dpkg-query -W -f='${Status}' fortunes 2>/dev/null | grep -q "install ok installed" || {
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q fortunes
