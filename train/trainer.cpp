@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/autograd/autocast.hpp"
 #include "kiln/backends/dispatch.hpp"
 #include "kiln/dist/fit.hpp"
 #include "kiln/dist/zero.hpp"
@@ -42,11 +43,12 @@ template <Backend B> Var<B> lm_loss(const nn::GPT<B>& model, const Tensor<B>& x,
 }  // namespace
 
 template <Backend B>
-double evaluate(const nn::GPT<B>& model, const TokenData& data, int64_t batches, int64_t batch_size, int64_t seq_len) {
+double evaluate(const nn::GPT<B>& model, const TokenData& data, int64_t batches, int64_t batch_size, int64_t seq_len, DType precision) {
   NoGrad ng;
   double total = 0;
   for (int64_t i = 0; i < batches; ++i) {
     const auto [x, y] = data.batch<B>(i, batch_size, seq_len);
+    const autocast::Scope ac(precision);
     total += item<double>(lm_loss(model, x, y).value());
   }
   return total / static_cast<double>(batches);
@@ -214,7 +216,7 @@ TrainResult train_gpt(const TrainOptions& o) {
   template void save_checkpoint<B>(const std::string&, const nn::GPT<B>&, const optim::Optimizer<B>*, int64_t,           \
                                    const TrainConfig&, const std::string&);                                              \
   template std::shared_ptr<nn::GPT<B>> load_gpt<B>(const std::string&, const std::string&);                             \
-  template double evaluate<B>(const nn::GPT<B>&, const TokenData&, int64_t, int64_t, int64_t);
+  template double evaluate<B>(const nn::GPT<B>&, const TokenData&, int64_t, int64_t, int64_t, DType);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST
 

@@ -62,9 +62,11 @@ KILN_API void save_checkpoint(const std::string& path, const nn::GPT<B>& model, 
 // Loads a model from a checkpoint or a weights file (then model_json gives the config).
 template <Backend B> KILN_API std::shared_ptr<nn::GPT<B>> load_gpt(const std::string& path, const std::string& model_json = "");
 
-// Mean cross-entropy of `batches` batches of held-out data (under NoGrad).
+// Mean cross-entropy of `batches` batches of held-out data (under NoGrad), the forward under autocast
+// to `precision` (f32: none), as kiln::fit evaluates a model trained with "precision".
 template <Backend B>
-KILN_API double evaluate(const nn::GPT<B>& model, const class TokenData& data, int64_t batches, int64_t batch_size, int64_t seq_len);
+KILN_API double evaluate(const nn::GPT<B>& model, const class TokenData& data, int64_t batches, int64_t batch_size, int64_t seq_len,
+                         DType precision = DType::f32);
 
 }  // namespace kiln
 #pragma GCC visibility pop

@@ -22,6 +22,7 @@
 #include <kiln/optim/optimizer.hpp>
 #include <kiln/train/data.hpp>
 #include <kiln/train/loop.hpp>
+#include <kiln/train/trainer.hpp>
 
 #include "common/kiln_test.hpp"
 #include "common/python.hpp"
@@ -409,6 +410,22 @@ std::vector<json> read_log(const std::string& path) {
 }
 
 }  // namespace
+
+TEST_CASE("amp: train::evaluate runs the forward under autocast to the precision it is given", "[amp]") {
+  ModelConfig c;
+  c.vocab_size = 32, c.d_model = 32, c.n_layers = 2, c.n_heads = 2, c.max_seq_len = 16;
+  nn::GPT<Cpu> model(c.resolved());
+  model.init_weights(3);
+  std::vector<int64_t> toks;
+  for (int64_t i = 0; i < 400; ++i) toks.push_back((i * 7 + i / 5) % 32);
+  const TokenData data(toks);
+  const double f32 = evaluate(model, data, 3, 4, 16), f32b = evaluate(model, data, 3, 4, 16, DType::f32);
+  const double bf = evaluate(model, data, 3, 4, 16, DType::bf16);
+  CHECK(f32 == f32b);
+  CHECK(bf != f32);                                  // the products ran in bf16
+  CHECK(std::abs(bf - f32) < 0.02 * std::abs(f32));  // and stayed within bf16's rounding of the loss
+  CHECK_FALSE(autocast::enabled());                  // the scope ended with the call
+}
 
 TEST_CASE("amp: kiln train with \"precision\": \"bf16\" runs and the loss falls", "[amp][cli]") {
   const auto dir = temp_dir("cli");
