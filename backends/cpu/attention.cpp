@@ -5,7 +5,8 @@
 // the key tiles of kBc keys its rows can see (causal: tiles entirely above the diagonal are never
 // visited) and keeps, per query row, the running max m and sum l of the online softmax:
 //   S = scale · Q_i K_jᵀ (sgemm/dgemm, kBr × kBc, in a thread-local buffer), the user's attention
-//   mask added (additive) or applied (bool), mask (causal, padding, bool mask) to −inf, m' = max(m, rowmax S), P = exp(S − m'), l = l·e^(m−m') + ΣP, O = O·e^(m−m') + P V_j.
+//   mask added (additive) or applied (bool), mask (causal, padding, bool mask) to −inf,
+//   m' = max(m, rowmax S), P = exp(S − m'), l = l·e^(m−m') + ΣP, O = O·e^(m−m') + P V_j.
 // At the end O /= l and LSE = m + log l. The [T, S] matrix never exists; per thread the scratch is one
 // kBr × kBc tile, and O accumulates directly in the output's rows (any layout with unit-stride rows:
 // core/fused.hpp hands over O in q's memory order, dq, dk, dv in q's, k's, v's).
@@ -16,9 +17,10 @@
 //   P = exp(S − LSE), dV_j += Pᵀ dO_i, dP = dO_i V_jᵀ, dS = scale · P ⊙ (dP − D),
 //   dK_j += dSᵀ Q_i, dQ_i += dS K_j.
 // A unit owns dK, dV of its kv head and dQ of its group's query heads, so no two threads ever write
-// the same element; it zeroes them first (they arrive uninitialised, and are then in cache). When there are fewer (batch, kv head) units than threads (e.g. B = 1, one kv
-// head, long sequences), the units become (batch, kv head, key tile) and each thread accumulates dQ in
-// a private buffer that is summed at the end.
+// the same element; it zeroes them first (they arrive uninitialised, and are then in cache). When
+// there are fewer (batch, kv head) units than threads (e.g. B = 1, one kv head, long sequences), the
+// units become (batch, kv head, key tile) and each thread accumulates dQ in a private buffer that is
+// summed at the end.
 //
 // The tile products go to OpenBLAS (single-threaded inside the parallel region) with the operands'
 // row strides as leading dimensions, so strided q/k/v/dO views (heads interleaved, a sliced KV cache)
@@ -26,7 +28,8 @@
 // OpenBLAS's row-major NT case, which at these sizes takes its packing path at about half the rate of
 // its small-matrix kernels; so a key tile of K (and V) is transposed once into a thread-local buffer
 // (8×8 register transposes) and the products run as NN, reused by every query tile and GQA head that
-// sees the tile. Tiles of fewer than kMinRowsT query rows (decoding) keep the NT form. f32 rows use the exp of vecmath.hpp (AVX2, or libm's at baseline); f64 uses std::exp.
+// sees the tile. Tiles of fewer than kMinRowsT query rows (decoding) keep the NT form. f32 rows use
+// the exp of vecmath.hpp (AVX2/AVX-512, or libm's at baseline); f64 uses std::exp.
 // The row work between the products (mask, online softmax, dS) runs as kernel variants chosen per call
 // for the instruction set (common.hpp), one call per tile.
 #include <cblas.h>
