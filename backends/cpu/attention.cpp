@@ -162,11 +162,10 @@ template <class T> struct TileMask {
   bool any() const { return add || keep; }
 };
 
-// Sets the scores of keys row `i` (query index) may not see to −inf: the user's mask (row r of the
-// tile: added when additive, −inf where false when bool), causal (key j0 + c > pos0 + i) and padding
-// (kp[j0 + c] false).
-template <class T>
-void mask_row(T* row, int64_t bc, int64_t i, int64_t j0, bool causal, int64_t pos0, const bool* kp, const TileMask<T>& um, int64_t r) {
+// Sets the scores of the keys a row may not see to −inf, besides causality (visible() cuts the row at
+// the causal limit first): the user's mask (row r of the tile: added when additive, −inf where false
+// when bool) and padding (kp[j0 + c] false).
+template <class T> void mask_row(T* row, int64_t bc, int64_t j0, const bool* kp, const TileMask<T>& um, int64_t r) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
   if (um.add) {
     const T* a = um.add + r * um.st;
@@ -178,36 +177,40 @@ void mask_row(T* row, int64_t bc, int64_t i, int64_t j0, bool causal, int64_t po
     const bool* a = um.keep + r * um.st;
     for (int64_t c = 0; c < bc; ++c) row[c] = a[c * um.ss] ? row[c] : ninf;
   }
-  if (causal) {
-    const int64_t vis = pos0 + i - j0 + 1;  // keys c < vis are visible
-    for (int64_t c = std::max<int64_t>(vis, 0); c < bc; ++c) row[c] = ninf;
-  }
   if (kp)
     for (int64_t c = 0; c < bc; ++c)
       if (!kp[j0 + c]) row[c] = ninf;
 }
 
+// The causal prefix of a tile row: keys c <= last (the row's position minus the tile's first key) are
+// visible; only those are masked further and exponentiated, and the rest become exact zeros, so a
+// causal row's hidden keys never reach the vector exp as −∞ (which takes its slow, range-checked path).
+inline int64_t visible(bool diag, int64_t last, int64_t bc) { return diag ? std::clamp<int64_t>(last + 1, 0, bc) : bc; }
+
 // ---------------------------------------------------------------------------------- tile kernels
 // Kernels (common.hpp), one call per tile; s holds br rows of bc scores with row stride ld.
 
-// Forward: mask (causal when diag, padding kp), then the online-softmax step of each row: the new max
+// Forward: mask (causal when diag: the row's visible prefix; padding kp; the user's mask), then the
+// online-softmax step of each row: the new max
 // m', P = exp(S − m') in place, l = l·e^(m−m') + ΣP, and the output rows orow (dv wide, row stride
 // ldo) rescaled by e^(m−m'). Rows with nothing visible yet become zeros.
 template <class I, class T>
 void tile_softmax(T* s, int64_t ld, int64_t br, int64_t bc, int64_t i0, int64_t j0, bool diag, int64_t pos0, const bool* kp,
                   const TileMask<T>& um, T* m, T* l, T* orow, int64_t ldo, int64_t dv) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
-  const bool masked = diag || kp || um.any();
+  const bool masked = kp || um.any();
   for (int64_t r = 0; r < br; ++r) {
     T* row = s + r * ld;
-    if (masked) mask_row(row, bc, i0 + r, j0, diag, pos0, kp, um, r);
-    const T mnew = std::max(m[r], row_max<I>(row, bc));
+    const int64_t n = visible(diag, pos0 + i0 + r - j0, bc);
+    if (masked) mask_row(row, n, j0, kp, um, r);
+    const T mnew = std::max(m[r], n ? row_max<I>(row, n) : ninf);
     if (mnew == ninf) {  // nothing visible yet
       std::fill(row, row + bc, T(0));
       continue;
     }
     const T alpha = m[r] == ninf ? T(0) : std::exp(m[r] - mnew);
-    const T sum = exp_shift_sum<I>(row, bc, mnew);
+    const T sum = exp_shift_sum<I>(row, n, mnew);
+    std::fill(row + n, row + bc, T(0));
     l[r] = l[r] * alpha + sum;
     m[r] = mnew;
     if (alpha != T(1)) {
@@ -227,13 +230,13 @@ template <class I, class T> void tile_finish(T* orow, int64_t ldo, T* lse, const
   }
 }
 
-// Backward: P = exp(S − LSE) in place after the mask; rows whose LSE is −inf (no visible key) become
-// zeros.
+// Backward: P = exp(S − LSE) in place after the mask (the visible prefix, as the forward); rows whose
+// LSE is −inf (no visible key) become zeros.
 template <class I, class T>
 void tile_probs(T* s, int64_t ld, int64_t br, int64_t bc, const T* lse, int64_t i0, int64_t j0, bool diag, int64_t pos0, const bool* kp,
                 const TileMask<T>& um) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
-  const bool masked = diag || kp || um.any();
+  const bool masked = kp || um.any();
   for (int64_t r = 0; r < br; ++r) {
     T* row = s + r * ld;
     const T L = lse[r];
@@ -241,8 +244,10 @@ void tile_probs(T* s, int64_t ld, int64_t br, int64_t bc, const T* lse, int64_t 
       std::fill(row, row + bc, T(0));
       continue;
     }
-    if (masked) mask_row(row, bc, i0 + r, j0, diag, pos0, kp, um, r);
-    exp_shift_sum<I>(row, bc, L);
+    const int64_t n = visible(diag, pos0 + i0 + r - j0, bc);
+    if (masked) mask_row(row, n, j0, kp, um, r);
+    exp_shift_sum<I>(row, n, L);
+    std::fill(row + n, row + bc, T(0));
   }
 }
 

@@ -385,7 +385,7 @@ inline float exp_shift_rest(Avx2, const float* x, float* y, int64_t n, float c, 
   if (i < n) {
     alignas(32) float buf[8];
     for (int64_t j = i; j < n; ++j) buf[j - i] = x[j] - c;
-    for (int64_t j = n - i; j < 8; ++j) buf[j] = -std::numeric_limits<float>::infinity();
+    for (int64_t j = n - i; j < 8; ++j) buf[j] = 0.0f;  // unused lanes: in range, so no slow path for them
     _mm256_store_ps(buf, avx2::exp8(_mm256_load_ps(buf)));
     for (int64_t j = i; j < n; ++j) {
       y[j] = buf[j - i];
