@@ -2,7 +2,7 @@
 // over a row for mean(x²), one to write y; backward one pass for mean(g·x), one for dx, and dw
 // accumulated per thread over its rows, then summed in thread order (deterministic for a given thread
 // count). Rows are split over the threads; `omp simd` reductions vectorise the row sums. The row loops
-// are kernels with variants per instruction set (common.hpp): SSE2 at baseline, AVX2 + FMA.
+// are kernels with variants per instruction set (common.hpp): SSE2 at baseline, AVX2 + FMA, AVX-512.
 #include <vector>
 
 #include "kiln/backends/cpu/common.hpp"
@@ -64,7 +64,7 @@ void rms_bwd_rows(T* dx, T* acc, const T* x, const T* w, const T* rstd, const T*
 }
 
 template <class T> void rms_fwd(T* y, T* rstd, const T* x, const T* w, int64_t N, int64_t D, double eps) {
-  const auto rows = pick<rms_fwd_rows<Baseline, T>, rms_fwd_rows<Avx2, T>>();
+  const auto rows = pick<rms_fwd_rows<Baseline, T>, rms_fwd_rows<Avx2, T>, rms_fwd_rows<Avx512, T>>();
   parallel_for(N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(D, 1)), [&](int64_t b, int64_t e) {
     rows(y, rstd, x, w, b, e, D, eps);
   }, 1);
@@ -75,7 +75,7 @@ template <class T> void rms_bwd(T* dx, T* dw, const T* x, const T* w, const T* r
   std::vector<std::vector<T>> partial(dw ? static_cast<size_t>(nt) : 0);
   const int64_t grain = std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(D, 1));
   const int64_t chunk = (N + nt - 1) / nt;
-  const auto rows = pick<rms_bwd_rows<Baseline, T>, rms_bwd_rows<Avx2, T>>();
+  const auto rows = pick<rms_bwd_rows<Baseline, T>, rms_bwd_rows<Avx2, T>, rms_bwd_rows<Avx512, T>>();
   // Rows split into nt fixed chunks (not parallel_for's), so dw's summation order never changes.
   auto body = [&](int t) {
     const int64_t b = std::min<int64_t>(N, chunk * t), e = std::min<int64_t>(N, b + chunk);

@@ -2,7 +2,7 @@
 // row's pairs turn by its position's cos/sin row. Rows are walked through x's and y's layouts (an
 // odometer, common.hpp's Plan), so a transposed [B, H, T, hd] view of [B, T, H, hd] is read in place and
 // y, allocated in x's memory order, is written in place too. The pair loop is a kernel with
-// variants per instruction set (common.hpp): GCC vectorises it with SSE2 at baseline, AVX2 + FMA.
+// variants per instruction set (common.hpp): GCC vectorises it with SSE2 at baseline, AVX2 + FMA, AVX-512.
 #include "kiln/backends/cpu/common.hpp"
 
 namespace kiln {
@@ -45,8 +45,8 @@ void Cpu::rope(M y, V x, V cos, V sin, bool inverse) {
   ts.back() = 1;
   const Plan<3> plan = make_plan<3>(rows, {&xs, &ys, &ts}, {x.layout.offset, y.layout.offset, 0});
   float_types(x.dtype, "rope", [&]<class T_>(type_tag<T_>) {
-    const auto run = inverse ? pick<rope_row_inverse<Baseline, T_>, rope_row_inverse<Avx2, T_>>()
-                             : pick<rope_row<Baseline, T_>, rope_row<Avx2, T_>>();
+    const auto run = inverse ? pick<rope_row_inverse<Baseline, T_>, rope_row_inverse<Avx2, T_>, rope_row_inverse<Avx512, T_>>()
+                             : pick<rope_row<Baseline, T_>, rope_row<Avx2, T_>, rope_row<Avx512, T_>>();
     T_* py = ptr<T_>(y.storage);
     const T_* px = ptr<T_>(x.storage);
     const T_ *pc = ptr<T_>(cos.storage) + cos.layout.offset, *ps = ptr<T_>(sin.storage) + sin.layout.offset;

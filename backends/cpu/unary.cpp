@@ -132,7 +132,7 @@ template <class I, class T> void swiglu_bwd_range(T* da, T* db, const T* a, cons
 void Cpu::swiglu_forward(M y, V a, V b) {
   const int64_t n = a.layout.numel();
   float_types(a.dtype, "swiglu", [&]<class T>(type_tag<T>) {
-    const auto run = pick<swiglu_fwd_range<Baseline, T>, swiglu_fwd_range<Avx2, T>>();
+    const auto run = pick<swiglu_fwd_range<Baseline, T>, swiglu_fwd_range<Avx2, T>, swiglu_fwd_range<Avx512, T>>();
     T* py = ptr<T>(y.storage) + y.layout.offset;
     const T *pa = ptr<T>(a.storage) + a.layout.offset, *pb = ptr<T>(b.storage) + b.layout.offset;
     parallel_for(n, kGrainMath, [&](int64_t i0, int64_t i1) { run(py, pa, pb, i0, i1); });
@@ -142,7 +142,7 @@ void Cpu::swiglu_forward(M y, V a, V b) {
 void Cpu::swiglu_backward(M da, M db, V a, V b, V dy) {
   const int64_t n = a.layout.numel();
   float_types(a.dtype, "swiglu_backward", [&]<class T>(type_tag<T>) {
-    const auto run = pick<swiglu_bwd_range<Baseline, T>, swiglu_bwd_range<Avx2, T>>();
+    const auto run = pick<swiglu_bwd_range<Baseline, T>, swiglu_bwd_range<Avx2, T>, swiglu_bwd_range<Avx512, T>>();
     T *pda = ptr<T>(da.storage) + da.layout.offset, *pdb = ptr<T>(db.storage) + db.layout.offset;
     const T *pa = ptr<T>(a.storage) + a.layout.offset, *pb = ptr<T>(b.storage) + b.layout.offset;
     const T* pg = ptr<T>(dy.storage) + dy.layout.offset;

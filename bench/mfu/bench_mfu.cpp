@@ -178,7 +178,10 @@ struct Runner {
   }
 };
 
+// One untimed call first: each implementation is timed in the same steady state (its operands and
+// output in cache), whichever of the three ran before it.
 template <class F> double time_reps(int reps, F&& f) {
+  f();
   const double t0 = now_ms();
   for (int r = 0; r < reps; ++r) f();
   return now_ms() - t0;
