@@ -4,12 +4,17 @@
 
 #include <stdlib.h>  // on_exit (glibc)
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -77,6 +82,78 @@ void check_mpi(int rc, const char* op, const char* call) {
   MPI_Error_string(rc, msg, &len);
   fail("{}: {} failed on rank {} of {}: {}", op, call, st().rank, st().size, std::string(msg, static_cast<size_t>(len)));
 }
+
+// ------------------------------------------------------------------------------------ watchdog
+// The blocking collectives run as MPI's own blocking calls (OpenMPI's tuned algorithms; its
+// nonblocking twins take about twice as long on large buffers), which cannot be interrupted to raise
+// an error. So a thread watches them: a call not complete after the group's time limit
+// (InitOptions::timeout_s, KILN_DIST_TIMEOUT) means a peer stuck or gone without dying, and the
+// watchdog names the op and the rank and ends the job (MPI_Abort), as PyTorch's NCCL watchdog does.
+// Arming costs a clock read and two atomic writes; the thread wakes every quarter of the limit
+// (0.05 to 5 s). Work::wait (the asynchronous ops) raises a kiln::Error under the same limit instead.
+class Watchdog {
+ public:
+  void start(double limit_s) {
+    limit_ns_ = static_cast<int64_t>(limit_s * 1e9);
+    std::thread([this, period = std::clamp(limit_s / 4, 0.05, 5.0)] { run(period); }).detach();
+  }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+  }
+  void arm(const char* what) {
+    what_.store(what, std::memory_order_relaxed);
+    since_ns_.store(now_ns(), std::memory_order_relaxed);
+    seq_.fetch_add(1, std::memory_order_release);  // odd: a call in flight
+  }
+  void disarm() { seq_.fetch_add(1, std::memory_order_release); }
+
+ private:
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  void run(double period) {
+    std::unique_lock<std::mutex> lk(m_);
+    while (!cv_.wait_for(lk, std::chrono::duration<double>(period), [this] { return stop_; })) {
+      const uint64_t seq = seq_.load(std::memory_order_acquire);
+      if (seq % 2 == 0 || now_ns() - since_ns_.load(std::memory_order_relaxed) <= limit_ns_ || seq_.load() != seq) continue;
+      std::fflush(stdout);
+      std::fprintf(stderr,
+                   "kiln::dist: %s: not complete after %g s on rank %d of %d: a peer is stuck or gone (the limit: InitOptions::timeout_s, "
+                   "KILN_DIST_TIMEOUT); ending the job (MPI_Abort)\n",
+                   what_.load(), static_cast<double>(limit_ns_) / 1e9, st().rank, st().size);
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+      std::_Exit(1);
+    }
+  }
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<int64_t> since_ns_{0};
+  std::atomic<const char*> what_{""};
+  int64_t limit_ns_ = 0;
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+};
+Watchdog*& watchdog_slot() {
+  static Watchdog* w = nullptr;  // set by init() when the group has peers and a limit; never destroyed
+  return w;
+}
+
+// Arms the watchdog around one blocking MPI call.
+struct Watched {
+  explicit Watched(const char* what) {
+    if (Watchdog* w = watchdog_slot()) w->arm(what);
+  }
+  ~Watched() {
+    if (Watchdog* w = watchdog_slot()) w->disarm();
+  }
+  Watched(const Watched&) = delete;
+  Watched& operator=(const Watched&) = delete;
+};
 
 MPI_Datatype mpi_reduce_type(DType d) {
   switch (d) {
@@ -174,12 +251,18 @@ void agree(const char* op, Kind kind, DType d, int64_t numel, int64_t arg, const
       mm[i] = v[i];
       mm[kSig + i] = -v[i];
     }
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, mm, 2 * kSig, MPI_INT64_T, MPI_MAX, s.comm), op, "MPI_Allreduce (consistency check)");
+    {
+      const Watched w(op);
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, mm, 2 * kSig, MPI_INT64_T, MPI_MAX, s.comm), op, "MPI_Allreduce (consistency check)");
+    }
     bool same = true;
     for (int i = 0; i < kSig; ++i) same = same && mm[i] == -mm[kSig + i];
     if (same && mm[4] == 0) return;
     std::vector<int64_t> all(static_cast<size_t>(kSig) * static_cast<size_t>(s.size));
-    check_mpi(MPI_Allgather(v, kSig, MPI_INT64_T, all.data(), kSig, MPI_INT64_T, s.comm), op, "MPI_Allgather (consistency check)");
+    {
+      const Watched w(op);
+      check_mpi(MPI_Allgather(v, kSig, MPI_INT64_T, all.data(), kSig, MPI_INT64_T, s.comm), op, "MPI_Allgather (consistency check)");
+    }
     if (!local_error.empty()) fail("{}", local_error);
     std::string bad, ranks;
     for (int r = 0; r < s.size; ++r) {
@@ -335,6 +418,7 @@ template <Backend B> std::shared_ptr<Work::Impl> start_all_reduce(const Tensor<B
     char* p = static_cast<char*>(raw(buf));
     const size_t es = dtype_size(wire);
     if (blocking) {
+      const Watched wd(what);
       for (int64_t off = 0; off < n; off += kMaxCount)
         check_mpi(MPI_Allreduce(MPI_IN_PLACE, p + off * static_cast<int64_t>(es), static_cast<int>(std::min(kMaxCount, n - off)),
                                 mpi_reduce_type(wire), mpi_op(op, wire), s.comm),
@@ -374,6 +458,7 @@ template <Backend B> void run_broadcast(const Tensor<B>& t, int root) {
 #if defined(KILN_HAVE_MPI)
     char* p = static_cast<char*>(raw(buf));
     const auto es = static_cast<int64_t>(dtype_size(t.dtype()));
+    const Watched wd("broadcast");
     for (int64_t off = 0; off < n; off += kMaxCount)
       check_mpi(MPI_Bcast(p + off * es, static_cast<int>(std::min(kMaxCount, n - off)), mpi_bits_type(t.dtype()), root, s.comm),
                 "broadcast", "MPI_Bcast");
@@ -396,6 +481,7 @@ template <Backend B> void run_all_gather(const Tensor<B>& out, const Tensor<B>& 
   } else {
 #if defined(KILN_HAVE_MPI)
     const MPI_Datatype ty = mpi_bits_type(t.dtype());
+    const Watched wd("all_gather");
     check_mpi(MPI_Allgather(raw(send), static_cast<int>(n), ty, raw(recv), static_cast<int>(n), ty, s.comm), "all_gather", "MPI_Allgather");
     finisher(out, recv, ReduceOp::sum, s.size)();
 #else
@@ -416,6 +502,7 @@ template <Backend B> void run_reduce_scatter(const Tensor<B>& out, const Tensor<
     detail::nccl_start(c, finisher(out, recv, op, s.size), keep_of<B>({t, out, send, recv}))->wait();
   } else {
 #if defined(KILN_HAVE_MPI)
+    const Watched wd("reduce_scatter");
     check_mpi(MPI_Reduce_scatter_block(raw(send), raw(recv), static_cast<int>(k), mpi_reduce_type(wire), mpi_op(op, wire), s.comm),
               "reduce_scatter", "MPI_Reduce_scatter_block");
     finisher(out, recv, op, s.size)();
@@ -446,7 +533,10 @@ double timeout_s() { return st().timeout_s; }
 void broadcast_bytes(void* data, size_t n, int root, const char* op) {
   require_init(op);
 #if defined(KILN_HAVE_MPI)
-  if (st().size > 1) check_mpi(MPI_Bcast(data, static_cast<int>(n), MPI_BYTE, root, st().comm), op, "MPI_Bcast");
+  if (st().size > 1) {
+    const Watched wd(op);
+    check_mpi(MPI_Bcast(data, static_cast<int>(n), MPI_BYTE, root, st().comm), op, "MPI_Bcast");
+  }
 #else
   (void)data, (void)n, (void)root;
 #endif
@@ -489,6 +579,10 @@ void init(const InitOptions& o) {
   MPI_Get_processor_name(name, &len);
   s.processor.assign(name, static_cast<size_t>(len));
   if (s.owns_mpi) on_exit(on_process_exit, nullptr);
+  if (s.size > 1 && s.timeout_s > 0) {
+    watchdog_slot() = new Watchdog;
+    watchdog_slot()->start(s.timeout_s);
+  }
 #else
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
     const int n = env_int(v);
@@ -508,6 +602,10 @@ void finalize() {
   auto hooks = std::move(s.shutdown);
   for (auto& h : hooks) h();
 #if defined(KILN_HAVE_MPI)
+  if (Watchdog* w = watchdog_slot()) {
+    watchdog_slot() = nullptr;
+    w->stop();  // the detached thread ends; the object stays (never freed: the thread may still read it)
+  }
   if (s.comm != MPI_COMM_NULL) MPI_Comm_free(&s.comm);
   int done = 0;
   MPI_Finalized(&done);
@@ -556,7 +654,10 @@ void barrier() {
   detail::require_init("barrier");
   agree("barrier", Kind::barrier, DType::f32, 0, 0, {}, "");
 #if defined(KILN_HAVE_MPI)
-  if (st().size > 1) check_mpi(MPI_Barrier(st().comm), "barrier", "MPI_Barrier");
+  if (st().size > 1) {
+    const Watched wd("barrier");
+    check_mpi(MPI_Barrier(st().comm), "barrier", "MPI_Barrier");
+  }
 #endif
 }
 
