@@ -26,6 +26,17 @@ template <class T, class I> void gather_kernel(Cpu::M out, Cpu::V src, int axis,
   std::atomic<bool> bad{false};
   for_each_parallel(p, kGrainCheap, [&](const std::array<int64_t, 3>& off, int64_t n) {
     const int64_t so = p.inner(0), si = p.inner(1), ssr = p.inner(2);
+    if (si == 0) {  // one index for the whole run (index_select, an embedding's rows): check it once, copy the run
+      const int64_t k = idx_at(ix + off[1]);
+      if (k < 0 || k >= lim) {
+        bad = true;
+        return;
+      }
+      T* d = o + off[0];
+      const T* r = s + off[2] + k * sax;
+      for (int64_t i = 0; i < n; ++i) d[i * so] = r[i * ssr];
+      return;
+    }
     for (int64_t i = 0; i < n; ++i) {
       const int64_t k = idx_at(ix + off[1] + i * si);
       if (k < 0 || k >= lim) {
@@ -56,6 +67,17 @@ template <class T, class I> void scatter_kernel(Cpu::M out, int axis, Cpu::V ind
     const Plan<3> p = make_plan<3>(sh, {&os, &index.layout.strides, &src.layout.strides}, {oo, io, so0});
     for_range(p, 0, p.numel, [&](const std::array<int64_t, 3>& off, int64_t n) {
       const int64_t st0 = p.inner(0), si = p.inner(1), ss = p.inner(2);
+      if (si == 0) {  // one index for the whole run (index_add, an embedding's gradient rows): one check, one row add
+        const int64_t k = idx_at(ix + off[1]);
+        if (k < 0 || k >= lim) {
+          bad = true;
+          return;
+        }
+        T* d = o + off[0] + k * oax;
+        const T* r = s + off[2];
+        for (int64_t i = 0; i < n; ++i) d[i * st0] = st<T>(ld(d[i * st0]) + ld(r[i * ss]));
+        return;
+      }
       for (int64_t i = 0; i < n; ++i) {
         const int64_t k = idx_at(ix + off[1] + i * si);
         if (k < 0 || k >= lim) {
