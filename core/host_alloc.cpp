@@ -2,6 +2,7 @@
 #include "kiln/core/host_alloc.hpp"
 
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -50,11 +51,25 @@ Cache& cache() {
 
 void* raw_alloc(size_t bytes) { return std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign); }
 
+// KILN_HOST_POISON=1: every block handed out is filled with 0xFF bytes (NaN in every float dtype, -1 in
+// the integers), so a kernel that leaves part of an uninitialised output unwritten shows as NaN.
+bool poison() {
+  static const bool on = [] {
+    const char* s = std::getenv("KILN_HOST_POISON");
+    return s && std::strcmp(s, "1") == 0;
+  }();
+  return on;
+}
+void* poisoned(void* p, size_t bytes) {
+  if (p && poison()) std::memset(p, 0xFF, bytes);
+  return p;
+}
+
 }  // namespace
 
 void* host_alloc(size_t bytes) {
   if (bytes == 0) return nullptr;
-  if (bytes < kLarge) return raw_alloc(bytes);
+  if (bytes < kLarge) return poisoned(raw_alloc(bytes), bytes);
   const size_t cls = size_class(bytes);
   Cache& c = cache();
   {
@@ -65,13 +80,13 @@ void* host_alloc(size_t bytes) {
       it->second.pop_back();
       c.cached -= cls;
       ++c.hits;
-      return p;
+      return poisoned(p, bytes);
     }
     ++c.misses;
   }
-  if (void* p = raw_alloc(cls)) return p;
+  if (void* p = raw_alloc(cls)) return poisoned(p, bytes);
   host_cache_release();  // out of memory: give the cache back and try once more
-  return raw_alloc(cls);
+  return poisoned(raw_alloc(cls), bytes);
 }
 
 void host_free(void* p, size_t bytes) {

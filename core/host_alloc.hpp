@@ -9,7 +9,9 @@
 // two: at most 25% more than asked) and, when freed, kept for the next request of their class, up to
 // a cap on the bytes kept (KILN_HOST_CACHE_MB, default 2048; 0 turns the cache off). Smaller blocks go
 // straight to aligned_alloc/free. A failed allocation empties the cache and tries once more.
-// Thread-safe. Memory from the cache is not zeroed (neither is aligned_alloc's).
+// Thread-safe. Memory from the cache is not zeroed (neither is aligned_alloc's); KILN_HOST_POISON=1
+// fills every block with 0xFF bytes (NaN floats) instead, which the tests use to catch outputs a kernel
+// leaves partly unwritten.
 #include <cstddef>
 #include <cstdint>
 

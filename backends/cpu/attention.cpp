@@ -17,7 +17,9 @@
 //   P = exp(S − LSE), dV_j += Pᵀ dO_i, dP = dO_i V_jᵀ, dS = scale · P ⊙ (dP − D),
 //   dK_j += dSᵀ Q_i, dQ_i += dS K_j.
 // A unit owns dK, dV of its kv head and dQ of its group's query heads, so no two threads ever write
-// the same element; it zeroes them first (they arrive uninitialised, and are then in cache). When
+// the same element. They arrive uninitialised: the first product into each row writes it (beta 0; key
+// tile 0 reaches every query row), and only rows no product reaches are zeroed. The forward's O rows
+// likewise come from key tile 0's P V with beta 0, not from a memset. When
 // there are fewer (batch, kv head) units than threads (e.g. B = 1, one kv head, long sequences), the
 // units become (batch, kv head, key tile) and each thread accumulates dQ in a private buffer that is
 // summed at the end.
@@ -202,7 +204,8 @@ inline int64_t visible(bool diag, int64_t last, int64_t bc) { return diag ? std:
 // Forward: mask (causal when diag: the row's visible prefix; padding kp; the user's mask), then the
 // online-softmax step of each row: the new max
 // m', P = exp(S − m') in place, l = l·e^(m−m') + ΣP, and the output rows orow (dv wide, row stride
-// ldo) rescaled by e^(m−m'). Rows with nothing visible yet become zeros.
+// ldo) rescaled by e^(m−m'); orow null: the first key tile, whose P·V product overwrites the rows.
+// Rows with nothing visible yet become zeros.
 template <class I, class T>
 void tile_softmax(T* s, int64_t ld, int64_t br, int64_t bc, int64_t i0, int64_t j0, bool diag, int64_t pos0, const bool* kp,
                   const TileMask<T>& um, T* m, T* l, T* orow, int64_t ldo, int64_t dv) {
@@ -222,7 +225,7 @@ void tile_softmax(T* s, int64_t ld, int64_t br, int64_t bc, int64_t i0, int64_t 
     std::fill(row + n, row + bc, T(0));
     l[r] = l[r] * alpha + sum;
     m[r] = mnew;
-    if (alpha != T(1)) {
+    if (orow && alpha != T(1)) {
       T* orr = orow + r * ldo;
       for (int64_t c = 0; c < dv; ++c) orr[c] *= alpha;
     }
@@ -360,10 +363,10 @@ template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse
       const int64_t qt = nqt - 1 - u % nqt, bh = u / nqt, b = bh / P.H, h = bh % P.H, hk = h / P.rep;
       const int64_t i0 = qt * kBr, br = std::min(kBr, P.T_ - i0);
       T* orow = o.row(b, h, i0);
-      o.zero(b, h, i0, br, P.dv);
+      const int64_t kend = P.key_end(i0, br);
+      if (kend <= 0) o.zero(b, h, i0, br, P.dv);  // else the first key tile's P·V writes every row (beta 0)
       std::fill(m, m + br, ninf);
       std::fill(l, l + br, T(0));
-      const int64_t kend = P.key_end(i0, br);
       const bool* kp = P.kp_row(b);
       for (int64_t j0 = 0; j0 < kend; j0 += kBc) {
         const int64_t bc = std::min(kBc, kend - j0);
@@ -375,8 +378,9 @@ template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse
           else gemm<T>(false, true, rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBc);
           const bool diag = P.causal && j0 + bcs - 1 > P.pos0 + ii;  // some key of the block is hidden from its row 0
           T* ob = orow + r0 * o.ld;
-          K.softmax(s, kBc, rb, bcs, ii, j0, diag, P.pos0, kp, P.tile_mask(b, h, ii, j0), m + r0, l + r0, ob, o.ld, P.dv);
-          gemm<T>(false, false, rb, P.dv, bcs, T(1), s, kBc, P.v.row(b, hk, j0), P.v.ld, T(1), ob, o.ld);
+          const bool first = j0 == 0;  // every block of key tile 0 sees a key: its product writes the rows
+          K.softmax(s, kBc, rb, bcs, ii, j0, diag, P.pos0, kp, P.tile_mask(b, h, ii, j0), m + r0, l + r0, first ? nullptr : ob, o.ld, P.dv);
+          gemm<T>(false, false, rb, P.dv, bcs, T(1), s, kBc, P.v.row(b, hk, j0), P.v.ld, T(first ? 0 : 1), ob, o.ld);
         });
       }
       K.finish(orow, o.ld, lse + bh * P.T_ + i0, m, l, br, P.dv);
@@ -384,11 +388,14 @@ template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse
   }
 }
 
-// One key tile [j0, j0 + bc) of (b, hk): accumulates into dk, dv (rows of that tile) and dq (the
-// output's rows or a thread's private [B, H, T, d] buffer).
+// One key tile [j0, j0 + bc) of (b, hk): writes dk, dv (rows of that tile, which arrive uninitialised:
+// the first block's products write them, beta 0, after zeroing the rows it does not reach) and
+// accumulates into dq (the output's rows or a thread's private [B, H, T, d] buffer; dq_first: dq's
+// rows arrive uninitialised, and this tile, key tile 0, writes every one of them).
 template <class T>
 void backward_key_tile(const Problem<T>& P, const TileKernels<T>& K, const Rows<T>& g, const T* lse, const T* D, int64_t b, int64_t hk,
-                       int64_t j0, const OutRows<T>& dk, const OutRows<T>& dv, const OutRows<T>& dq, T* s, T* dp, T* kt, T* vt) {
+                       int64_t j0, const OutRows<T>& dk, const OutRows<T>& dv, const OutRows<T>& dq, bool dq_first, T* s, T* dp, T* kt,
+                       T* vt) {
   const int64_t bc = std::min(kBcB, P.S - j0);
   const bool* kp = P.kp_row(b);
   T* dk_t = dk.row(b, hk, j0);
@@ -399,24 +406,36 @@ void backward_key_tile(const Problem<T>& P, const TileKernels<T>& K, const Rows<
     K.transpose(P.k.row(b, hk, j0), P.k.ld, kt, kBcB, bc, P.d);
     K.transpose(P.v.row(b, hk, j0), P.v.ld, vt, kBcB, bc, P.dv);
   }
+  bool kv_written = false;
   for (int64_t hr = 0; hr < P.rep; ++hr) {
     const int64_t h = hk * P.rep + hr, bh = b * P.H + h;
     for (int64_t it = i_first; it < P.T_; it += kBrB) {
       for_diag_blocks(P, kDiagRowsB, it, std::min(kBrB, P.T_ - it), j0, bc, [&](int64_t r0, int64_t br, int64_t n) {  // n keys of the tile
         const int64_t i0 = it + r0;
+        const T kv_beta = kv_written ? T(1) : T(0);
+        if (!kv_written) {  // the first block: its products write rows [0, n) of the tile; the rest start at zero
+          dk.zero(b, hk, j0 + n, bc - n, P.d);
+          dv.zero(b, hk, j0 + n, bc - n, P.dv);
+          kv_written = true;
+        }
         if (nn) gemm<T>(false, false, br, n, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, kt, kBcB, T(0), s, kBcB);
         else gemm<T>(false, true, br, n, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBcB);
         const bool diag = P.causal && j0 + n - 1 > P.pos0 + i0;
         K.probs(s, kBcB, br, n, lse + bh * P.T_ + i0, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0));
         const T* grow = g.row(b, h, i0);
-        gemm<T>(true, false, n, P.dv, br, T(1), s, kBcB, grow, g.ld, T(1), dv_t, dv.ld);                 // dV += Pᵀ dO
+        gemm<T>(true, false, n, P.dv, br, T(1), s, kBcB, grow, g.ld, kv_beta, dv_t, dv.ld);              // dV += Pᵀ dO
         if (nn) gemm<T>(false, false, br, n, P.dv, T(1), grow, g.ld, vt, kBcB, T(0), dp, kBcB);  // dP = dO Vᵀ
         else gemm<T>(false, true, br, n, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), dp, kBcB);
         K.ds(s, dp, kBcB, br, n, D + bh * P.T_ + i0, P.scale);                                            // dS (scaled)
-        gemm<T>(true, false, n, P.d, br, T(1), dp, kBcB, P.q.row(b, h, i0), P.q.ld, T(1), dk_t, dk.ld);                 // dK += dSᵀ Q
-        gemm<T>(false, false, br, P.d, n, T(1), dp, kBcB, P.k.row(b, hk, j0), P.k.ld, T(1), dq.row(b, h, i0), dq.ld);  // dQ += dS K
+        gemm<T>(true, false, n, P.d, br, T(1), dp, kBcB, P.q.row(b, h, i0), P.q.ld, kv_beta, dk_t, dk.ld);  // dK += dSᵀ Q
+        gemm<T>(false, false, br, P.d, n, T(1), dp, kBcB, P.k.row(b, hk, j0), P.k.ld, T(dq_first ? 0 : 1), dq.row(b, h, i0),
+                dq.ld);  // dQ += dS K
       });
     }
+  }
+  if (!kv_written) {  // no query sees this tile
+    dk.zero(b, hk, j0, bc, P.d);
+    dv.zero(b, hk, j0, bc, P.dv);
   }
 }
 
@@ -447,23 +466,21 @@ void backward(const Problem<T>& P, const Rows<T>& o, const Rows<T>& g, const T* 
     T* dp = s + kBrB * kBcB;
     T* kt = dp + kBrB * kBcB;  // the key tile's Kᵀ [d, kBcB] and Vᵀ [dv, kBcB]
     T* vt = kt + P.d * kBcB;
-    if (per_unit) {  // a unit owns dk, dv of (b, hk) and dq of its group's query heads: zeroed here, in cache
+    if (per_unit) {  // a unit owns dk, dv of (b, hk) and dq of its group's query heads, written by its first products
 #pragma omp for schedule(dynamic, 1)
       for (int64_t u = 0; u < units; ++u) {
         const int64_t b = u / P.Hkv, hk = u % P.Hkv;
-        dk.zero(b, hk, 0, P.S, P.d);
-        dv.zero(b, hk, 0, P.S, P.dv);
-        for (int64_t hr = 0; hr < P.rep; ++hr) dq.zero(b, hk * P.rep + hr, 0, P.T_, P.d);
-        for (int64_t jt = 0; jt < nkt; ++jt) backward_key_tile(P, K, g, lse, D.data(), b, hk, jt * kBcB, dk, dv, dq, s, dp, kt, vt);
+        if (nkt == 0)  // no keys: dq is zero; else key tile 0 writes all of dq's rows (every query sees key 0)
+          for (int64_t hr = 0; hr < P.rep; ++hr) dq.zero(b, hk * P.rep + hr, 0, P.T_, P.d);
+        for (int64_t jt = 0; jt < nkt; ++jt)
+          backward_key_tile(P, K, g, lse, D.data(), b, hk, jt * kBcB, dk, dv, dq, jt == 0, s, dp, kt, vt);
       }
     } else {  // a work item owns dk, dv of its key tile; dq goes to the thread's private buffer
       const OutRows<T> mine(priv.data() + static_cast<size_t>(tid) * nq, P.H * P.T_ * P.d, P.T_ * P.d, P.d, P.d);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t w = 0; w < units * nkt; ++w) {
-        const int64_t u = w / nkt, jt = w % nkt, b = u / P.Hkv, hk = u % P.Hkv, j0 = jt * kBcB, bc = std::min(kBcB, P.S - j0);
-        dk.zero(b, hk, j0, bc, P.d);
-        dv.zero(b, hk, j0, bc, P.dv);
-        backward_key_tile(P, K, g, lse, D.data(), b, hk, j0, dk, dv, mine, s, dp, kt, vt);
+        const int64_t u = w / nkt, jt = w % nkt, b = u / P.Hkv, hk = u % P.Hkv, j0 = jt * kBcB;
+        backward_key_tile(P, K, g, lse, D.data(), b, hk, j0, dk, dv, mine, false, s, dp, kt, vt);
       }
       // (implicit barrier) sum the private dQ buffers into dq's rows
       const int team = omp_get_num_threads();
