@@ -66,8 +66,9 @@ enum class ReduceOp { sum, avg, max, min };
 const char* reduce_op_name(ReduceOp op);
 
 struct InitOptions {
-  // Every host collective (blocking, or Work::wait) gives up after this many seconds (a peer stuck or gone)
-  // with a kiln::Error naming the op and the rank; 0 = never.
+  // Every host collective gives up after this many seconds (a peer stuck or gone), naming the op and
+  // the rank: Work::wait raises a kiln::Error, a blocking collective's watchdog ends the job (MPI_Abort).
+  // 0 = never.
   // KILN_DIST_TIMEOUT (seconds) in the environment overrides it.
   double timeout_s = 1800;
   // The cross-rank consistency check of every collective (above). KILN_DIST_CHECK=0|1 overrides it.
