@@ -462,8 +462,11 @@ TEST_CASE("amp: kiln train with \"precision\": \"bf16\" runs and the loss falls"
 }
 
 // examples/char_gpt (diff attention + attnres_block) on Debian's fortunes (scripts/train_demo.sh's
-// corpus and tokenizer), 300 steps in f32 and in bf16: the final held-out losses within 2%.
-// About 2 x 1-2 minutes on 2 cores.
+// corpus and tokenizer), 300 steps in f32 and in bf16: the final held-out losses within 2%, as the
+// mean over seeds 0, 1, 2. One seed is not enough: at 300 steps the final loss moves by 1-3% with the
+// seed, or with any change in the order of a few additions, in f32 alone (measured 2026-11-25: f32
+// 2.267 / 2.340 / 2.312, bf16 2.363 / 2.328 / 2.325; seed 0 alone is 4.2% apart, the means 1.4%).
+// About 6 x 1 minute on 2 cores.
 TEST_CASE("amp: examples/char_gpt trained 300 steps in bf16 ends within 2% of f32 held-out loss", "[amp][slow]") {
   if (!std::filesystem::exists("/usr/share/games/fortunes/fortunes"))
     FAIL("Debian's fortunes package is missing (apt-get install fortunes; scripts/train_demo.sh installs it)");
@@ -478,21 +481,27 @@ TEST_CASE("amp: examples/char_gpt trained 300 steps in bf16 ends within 2% of f3
   json t;
   std::ifstream(src + "/examples/char_gpt/train.json") >> t;
   t["steps"] = 300;
-  std::map<std::string, double> eval;
-  for (const char* prec : {"f32", "bf16"}) {
-    t["precision"] = prec;
-    const std::string tj = fmt::format("{}/train_{}.json", d, prec), log = fmt::format("{}/log_{}.jsonl", d, prec);
-    std::ofstream(tj) << t.dump();
-    REQUIRE(sh(fmt::format("{} train --model {}/examples/char_gpt/model.json --train {} --data {}/train.safetensors "
-                           "--eval-data {}/eval.safetensors --log {} --quiet",
-                           KILN_CLI, src, tj, d, d, log)) == 0);
-    const auto recs = read_log(log);
-    REQUIRE(recs.size() == 300);
-    REQUIRE(recs.back().contains("eval_loss"));
-    eval[prec] = recs.back()["eval_loss"].get<double>();
-  }
-  INFO("held-out loss: f32 " << eval["f32"] << ", bf16 " << eval["bf16"]);
-  WARN("char_gpt 300 steps, held-out loss: f32 " << eval["f32"] << ", bf16 " << eval["bf16"]);
+  std::map<std::string, double> eval;  // the mean over the seeds
+  std::string each;
+  constexpr int kSeeds = 3;
+  for (int seed = 0; seed < kSeeds; ++seed)
+    for (const char* prec : {"f32", "bf16"}) {
+      t["precision"] = prec;
+      const std::string tj = fmt::format("{}/train_{}.json", d, prec), log = fmt::format("{}/log_{}_{}.jsonl", d, prec, seed);
+      std::ofstream(tj) << t.dump();
+      REQUIRE(sh(fmt::format("{} train --model {}/examples/char_gpt/model.json --train {} --data {}/train.safetensors "
+                             "--eval-data {}/eval.safetensors --seed {} --log {} --quiet",
+                             KILN_CLI, src, tj, d, d, seed, log)) == 0);
+      const auto recs = read_log(log);
+      REQUIRE(recs.size() == 300);
+      REQUIRE(recs.back().contains("eval_loss"));
+      const double e = recs.back()["eval_loss"].get<double>();
+      eval[prec] += e / kSeeds;
+      each += fmt::format("{}seed {} {} {:.4f}", each.empty() ? "" : ", ", seed, prec, e);
+    }
+  INFO("held-out loss, mean of " << kSeeds << " seeds: f32 " << eval["f32"] << ", bf16 " << eval["bf16"] << " (" << each << ")");
+  WARN("char_gpt 300 steps, held-out loss, mean of " << kSeeds << " seeds: f32 " << eval["f32"] << ", bf16 " << eval["bf16"] << " ("
+                                                      << each << ")");
   CHECK(std::abs(eval["bf16"] - eval["f32"]) <= 0.02 * eval["f32"]);
 }
 
