@@ -273,21 +273,13 @@ template <class I, class T> void tile_ds(const T* p, T* dp, int64_t ld, int64_t 
   }
 }
 
-// Backward: D[x] = Σ_c o[x, c] · g[x, c] for the n rows starting at row x0 of the [B·H·T] row space
-// (0 for rows with no visible key: their O is NaN).
+// Backward: D[x] = Σ_c o[x, c] · g[x, c] for rows [x0, x0 + n) of the [B·H·T] row space, through
+// common.hpp's row dot product (0 for rows with no visible key: their O is NaN).
 template <class I, class T>
-void rows_dot(T* D, const T* lse, int64_t x0, int64_t n, const T* o, int64_t osb, int64_t osh, int64_t ost, const T* g, int64_t gsb,
-              int64_t gsh, int64_t gst, int64_t H, int64_t Tn, int64_t w) {
+void rows_dot(T* D, const T* lse, int64_t x0, int64_t n, const Rows<T>& o, const Rows<T>& g, int64_t H, int64_t Tn, int64_t w) {
   for (int64_t x = x0; x < x0 + n; ++x) {
-    T acc = 0;
-    if (lse[x] != -std::numeric_limits<T>::infinity()) {
-      const int64_t t = x % Tn, bh = x / Tn, b = bh / H, h = bh % H;
-      const T* orow = o + b * osb + h * osh + t * ost;
-      const T* grow = g + b * gsb + h * gsh + t * gst;
-#pragma omp simd reduction(+ : acc)
-      for (int64_t c = 0; c < w; ++c) acc += orow[c] * grow[c];
-    }
-    D[x] = acc;
+    const int64_t t = x % Tn, bh = x / Tn, b = bh / H, h = bh % H;
+    D[x] = lse[x] == -std::numeric_limits<T>::infinity() ? T(0) : dot(I{}, o.row(b, h, t), g.row(b, h, t), w);
   }
 }
 
@@ -447,7 +439,7 @@ void backward(const Problem<T>& P, const Rows<T>& o, const Rows<T>& g, const T* 
   std::vector<T> D(static_cast<size_t>(rows));
   const TileKernels<T> K;
   parallel_for(rows, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(P.dv, 1)), [&](int64_t rb, int64_t re) {
-    K.dot(D.data(), lse, rb, re - rb, o.p, o.sb, o.sh, o.st, g.p, g.sb, g.sh, g.st, P.H, P.T_, P.dv);
+    K.dot(D.data(), lse, rb, re - rb, o, g, P.H, P.T_, P.dv);
   }, 1);
 
   const int64_t nkt = (P.S + kBcB - 1) / kBcB;
