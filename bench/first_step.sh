@@ -30,11 +30,14 @@ rm -rf "$root/root/kiln"
 git clone -q "$src" "$root/root/kiln"
 
 log="$root/root/kiln/out/char_gpt/log.jsonl"
-start=$(date +%s.%N)
+start=$(date +%s%N)
 chroot "$root" bash -c 'cd /root/kiln && STEPS=3 bash scripts/train_demo.sh' >"$root/root/first_step.log" 2>&1 &
 pid=$!
 configured="" first=""
-since() { echo "$(date +%s.%N) - $start" | bc; }
+since() {  # seconds since start, to the millisecond
+  local ms=$((($(date +%s%N) - start) / 1000000))
+  printf '%d.%03d' $((ms / 1000)) $((ms % 1000))
+}
 while kill -0 "$pid" 2>/dev/null; do
   [ -z "$configured" ] && [ -e "$root/root/kiln/build-cpu/CMakeCache.txt" ] && configured=$(since)
   [ -z "$first" ] && [ -s "$log" ] && first=$(since)
