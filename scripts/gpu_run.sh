@@ -13,6 +13,11 @@
 #             off: KILN_CUDA_NO_CACHE=1), racecheck over the attention and reduction tests
 #   bench     bench/cuda: GEMM vs raw cuBLAS, flash attention, GPT-2-small step vs PyTorch (mha, diff)
 #
+# On this machine a CUDA test that finds no usable device fails instead of reporting itself skipped
+# (KILN_REQUIRE_GPU=1, tests/catch_main.cpp): a GPU run where every test skipped is a broken run, not a
+# green one. KILN_REQUIRE_GPU=0 bash scripts/gpu_run.sh ... restores the skips (e.g. to try the script on
+# a machine without a GPU).
+#
 # A device call may run 10 minutes; split the phases over calls (the build folder stays on a warm
 # machine): e.g. `info build`, then `test`, then `sanitize bench`.
 set -uo pipefail
@@ -29,6 +34,7 @@ fi
 export LD_LIBRARY_PATH="$deps/usr/lib/$arch:$deps/usr/lib/$arch/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KILN_PYTHON="${KILN_PYTHON:-$(command -v python3)}"
 export KILN_NUM_THREADS="${KILN_NUM_THREADS:-8}"
+export KILN_REQUIRE_GPU="${KILN_REQUIRE_GPU:-1}"
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 jobs="$(nproc)"

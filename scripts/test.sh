@@ -5,7 +5,7 @@
 #   scripts/test.sh -L slow         ctest arguments replace the default `-LE 'slow|fuzz-long'` (here: only slow tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --python
+bash scripts/setup.sh --python --data  # PyTorch for the parity tests, Fashion-MNIST for the examples' tests
 san="${KILN_SANITIZE:-OFF}"
 dir=build
 [ "$san" = "ON" ] && dir=build-asan

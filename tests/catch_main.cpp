@@ -4,12 +4,23 @@
 // backend) or it is tagged [cuda]. Where no device is usable (or kiln was built without the backend):
 //  * a run that selects only such tests prints "no CUDA device (...): skipped" and exits 77, which CTest
 //    reports as skipped (SKIP_RETURN_CODE, tests/CMakeLists.txt);
-//  * a run that selects some runs the others and says how many it left out.
+//  * a run that selects some runs the others and says how many it left out;
+//  * with KILN_REQUIRE_GPU=1 (scripts/gpu_run.sh sets it) a run that selects CUDA tests fails instead:
+//    on a GPU machine, "no device" is a broken machine, not a skip.
+// Temporary files: the run makes one folder of its own under the temporary directory and points TMPDIR
+// at it (std::filesystem::temp_directory_path, Python's tempfile and the `kiln` processes a test starts
+// all follow TMPDIR), and removes it with everything in it when the run ends: a run leaves nothing in
+// /tmp, whatever its test cases forgot. KILN_KEEP_TMP=1 keeps it (the path is printed) to look at.
+// Exit status: 0 when every selected test passed, 77 only for the skip above, 1 for any failure. (Catch2
+// v2 returns the number of failed assertions, capped at 255: exactly 77 would read as skipped.)
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <kiln/config.hpp>
@@ -36,9 +47,38 @@ std::string escape_name(const std::string& s) {
   return r;
 }
 
+// This run's temporary folder (above).
+class RunTmpDir {
+ public:
+  RunTmpDir() {
+    std::error_code ec;
+    std::string base = std::filesystem::temp_directory_path(ec).string();
+    if (ec) base = "/tmp";
+    std::string tmpl = base + "/kiln-test-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) return;  // then the tests use the plain temporary directory
+    dir_ = tmpl;
+    ::setenv("TMPDIR", dir_.c_str(), 1);
+  }
+  ~RunTmpDir() {
+    if (dir_.empty()) return;
+    if (const char* keep = std::getenv("KILN_KEEP_TMP"); keep != nullptr && std::string(keep) == "1") {
+      std::printf("KILN_KEEP_TMP=1: temporary files kept in %s\n", dir_.c_str());
+      return;
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  RunTmpDir(const RunTmpDir&) = delete;
+  RunTmpDir& operator=(const RunTmpDir&) = delete;
+
+ private:
+  std::string dir_;
+};
+
 }  // namespace
 
 int main(int argc, char* argv[]) {
+  const RunTmpDir tmp;
   Catch::Session session;
   if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
 #if defined(KILN_HAVE_CUDA_BACKEND)
@@ -59,6 +99,10 @@ int main(int argc, char* argv[]) {
       else keep.push_back(t.name);
     }
     if (gpu > 0) {
+      if (const char* req = std::getenv("KILN_REQUIRE_GPU"); req != nullptr && std::string(req) == "1") {
+        std::printf("KILN_REQUIRE_GPU=1 and no CUDA device (%s): %zu CUDA test case(s) fail\n", why.c_str(), gpu);
+        return 1;
+      }
       if (keep.empty()) {
         std::printf("no CUDA device (%s): skipped %zu CUDA test case(s)\n", why.c_str(), gpu);
         return 77;
@@ -73,5 +117,5 @@ int main(int argc, char* argv[]) {
       session.useConfigData(data);
     }
   }
-  return session.run();
+  return session.run() == 0 ? 0 : 1;
 }

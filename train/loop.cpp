@@ -347,7 +347,7 @@ template <Backend B> FitResult Engine<B>::run() {
   } closer{log};
 
   const bool show = main && o_.progress != 0;
-  ProgressBar bar(total_, stdout, o_.progress < 0 ? -1 : o_.progress);
+  ProgressBar bar(total_, stdout);  // a bar on a terminal, plain lines in a file or pipe
   bar.start_at(start_);
   struct BarGuard {
     ProgressBar* b;

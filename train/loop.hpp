@@ -180,7 +180,8 @@ struct FitOptions {
   int64_t checkpoint_every = 0;   // 0 = only when the run ends
   std::string resume_path{};      // a checkpoint of this loop to continue from
   std::string log_path{};         // JSONL, one record per optimizer step
-  int progress = -1;              // progress bar on stdout: -1 when stdout is a terminal, 0 off, 1 on
+  int progress = -1;              // progress on stdout: -1 (auto) or 1 on, 0 off; a bar redrawn in place on a
+                                  // terminal, plain lines (ProgressBar) when stdout is a file or a pipe
   int64_t stop_after = -1;        // end (with a checkpoint) once this many steps are done in total; -1 = never
   bool handle_signals = true;     // SIGINT/SIGTERM finish the step, checkpoint and stop
   std::map<std::string, std::string> metadata{};  // extra checkpoint metadata (e.g. configs)

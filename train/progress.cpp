@@ -54,8 +54,9 @@ void ProgressBar::update(int64_t step, double loss, double lr, int64_t tokens, c
   if (tty_) {
     fmt::print(out_, "\r{}\x1b[K", l);
     open_line_ = true;
-  } else if ((step + 1) % every_ == 0 || step + 1 == total_ || step == 0) {
+  } else if ((step + 1) % every_ == 0 || step + 1 == total_ || step == step0_ || el - last_line_s_ >= kLineSeconds) {
     fmt::print(out_, "{}\n", l);
+    last_line_s_ = el;
   }
   std::fflush(out_);
 }

@@ -90,6 +90,12 @@ void set_num_threads(int n);
 // unknown or asks for what the CPU lacks. (OpenBLAS and oneDNN pick their own code for the CPU.)
 std::string_view cpu_isa();
 
+// Whether bf16 matmuls run on oneDNN's native bf16 kernels (bf16 operands, f32 accumulation, the output
+// rounded once), which need AVX512-BF16 or AMX (as oneDNN sees the CPU: ONEDNN_MAX_CPU_ISA applies) and
+// not KILN_CPU_MATMUL=blas. Otherwise they convert the operands to f32, run sgemm and round the output
+// once: the same contract, another summation order. f16 matmuls always take the f32 path.
+bool native_bf16_matmul();
+
 extern template class Tensor<Cpu>;
 
 }  // namespace kiln

@@ -355,6 +355,14 @@ void half_via_f32(Cpu::M out, Cpu::V a, Cpu::V b) {
 
 }  // namespace
 
+bool native_bf16_matmul() {
+#ifdef KILN_HAVE_ONEDNN
+  return dnnl_bf16_native() && forced_lib() != Lib::blas;
+#else
+  return false;
+#endif
+}
+
 void Cpu::matmul(M out, V a, V b) {
   const size_t r = out.layout.shape.size();
   KILN_CHECK(r >= 2 && a.layout.shape.size() == r && b.layout.shape.size() == r, "matmul: ranks differ or < 2: {} @ {} -> {}",
@@ -369,7 +377,7 @@ void Cpu::matmul(M out, V a, V b) {
     case DType::f64: matmul_typed<double>(out, a, b); return;
     case DType::bf16:
 #ifdef KILN_HAVE_ONEDNN
-      if (dnnl_bf16_native() && forced_lib() != Lib::blas && matmul_typed<bf16>(out, a, b)) return;
+      if (native_bf16_matmul() && matmul_typed<bf16>(out, a, b)) return;
 #endif
       return half_via_f32(out, a, b);
     case DType::f16: return half_via_f32(out, a, b);

@@ -9,7 +9,7 @@
 //     min_accuracy         exit with status 1 when the final test accuracy is below it (default 0: never)
 //     max_steps_per_epoch  > 0: stop each epoch after that many batches (a quick run); default 0: whole epochs
 //     save.safetensors     where to write the trained weights and batch-norm statistics (default: nowhere)
-// Exit status 2: the dataset is missing (CTest counts that as skipped).
+// Exit status 2: the dataset is missing (apt-get install dataset-fashion-mnist, or scripts/setup.sh --data).
 // Each epoch prints a JSON line (seconds, images/s, test accuracy) that bench/conv/run.sh compares with PyTorch.
 #include <chrono>
 #include <cstdio>

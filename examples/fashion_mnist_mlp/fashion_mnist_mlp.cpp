@@ -5,7 +5,7 @@
 //     data_dir      default /usr/share/datasets/fashion-mnist (Debian package dataset-fashion-mnist)
 //     epochs        default 5
 //     min_accuracy  exit with status 1 when the final test accuracy is below it (default 0: never)
-// Exit status 2: the dataset is missing (CTest counts that as skipped).
+// Exit status 2: the dataset is missing (apt-get install dataset-fashion-mnist, or scripts/setup.sh --data).
 // scripts/fashion_mnist.sh installs the package, builds and runs this.
 #include <chrono>
 #include <cstdio>

@@ -55,16 +55,23 @@ def cmd_ops(args):
     xb = (torch.randn(M, N, generator=g) * 3).bfloat16()  # a low-precision activation
     t = torch.randint(0, N, (M,), generator=g)
     out = {"in.a": a, "in.b": b, "in.w": w, "in.bias": bias, "in.xb": xb.float(), "in.t": t}
-    a.requires_grad_(True)
-    b.requires_grad_(True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        mm = a @ b
-        lin = F.linear(a, w, bias)
-    assert mm.dtype == torch.bfloat16 and lin.dtype == torch.bfloat16
     gw = torch.linspace(-1, 1, N)
     out["in.gw"] = gw
-    (mm.float() * gw).sum().backward()  # a gradient through the casts
-    out.update({"out.mm": mm.detach().float(), "out.linear": lin.detach().float(), "out.mm.grad_a": a.grad, "out.mm.grad_b": b.grad})
+    # Twice: as torch runs on this CPU, and with oneDNN off ("fallback"). Torch 1.13 takes oneDNN's bf16
+    # GEMM (f32 accumulation) only where the CPU has AVX-512 BW/VL/DQ; elsewhere (AVX2-only CPUs) its own
+    # bf16 GEMM, which accumulates in bf16. The fallback shows that path on every machine.
+    for suffix, mkldnn in (("", True), (".fallback", False)):
+        a.grad = b.grad = None
+        a.requires_grad_(True)
+        b.requires_grad_(True)
+        with torch.backends.mkldnn.flags(enabled=mkldnn):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                mm = a @ b
+                lin = F.linear(a, w, bias)
+            assert mm.dtype == torch.bfloat16 and lin.dtype == torch.bfloat16
+            (mm.float() * gw).sum().backward()  # a gradient through the casts
+        out.update({"out.mm" + suffix: mm.detach().float(), "out.linear" + suffix: lin.detach().float(),
+                    "out.mm.grad_a" + suffix: a.grad.clone(), "out.mm.grad_b" + suffix: b.grad.clone()})
     # The f32 list: what torch.autocast("cuda") runs in float32 (the CPU autocast of 1.13 keeps these in
     # bfloat16; kiln follows the CUDA lists on every device), i.e. the op on the input cast up.
     xf = xb.float()

@@ -12,7 +12,7 @@ gradients are averaged, so 2 ranks with batch_size B take the steps of one proce
   * a 2-rank run stopped and resumed (by 2 ranks) is bit-identical to one that never stopped; a ZeRO-1
     checkpoint written by 2 ranks resumes in 1 process (and continues as the 2-rank run does, to 1e-5);
   * a batch_size that does not divide among the ranks is refused, naming both.
-Exit 77 (skipped) without PyTorch (python3-torch) for the reference.
+Fails (exit 1) without PyTorch (python3-torch), which the suite's set-up installs (scripts/setup.sh --python), as the C++ torch tests do.
 """
 import json
 import math
@@ -25,8 +25,7 @@ os.makedirs(work, exist_ok=True)
 try:
     import torch  # noqa: F401
 except ImportError:
-    print("train_parity.py: skipped: PyTorch (python3-torch) is needed for the reference and the data")
-    sys.exit(77)
+    sys.exit("train_parity.py: PyTorch (python3-torch) is needed for the reference and the data: run scripts/setup.sh --python, or set KILN_PYTHON")
 sys.path.insert(0, os.path.dirname(kiln_ref))
 from kiln_ref import load_safetensors  # noqa: E402
 

@@ -143,7 +143,7 @@ int cmd_train(int argc, char** argv) {
           {"device", "cpu (default), reference, or cuda"},
           {"seed", "seed for initialisation and sampling (default 0)"},
           {"dtype", "parameter dtype: f32 (default) or f64"},
-          {"progress", "progress bar: auto (default), on, off"},
+          {"progress", "auto (default) or on: a bar redrawn in place on a terminal, plain lines (every 5% of the steps or 30 s) in a file or pipe; off"},
           {"profile", "record every op (docs/profiling.md): write the Chrome trace here, print the table at the end"},
           {"quiet", "print nothing but errors", true}});
   a.parse(argc, argv, 2);
