@@ -74,3 +74,23 @@ TEST_CASE("cli: a character-level corpus with non-ASCII UTF-8 trains and samples
   CHECK(r.status == 0);
   CHECK_THAT(r.out, Catch::StartsWith("caf"));
 }
+
+TEST_CASE("cli: --progress on into a file or pipe prints plain lines, not a bar redrawn with carriage returns", "[cli]") {
+  const std::string text = temp("progress.txt", std::string(400, 'a') + "the quick brown fox jumps over the lazy dog\n");
+  const std::string tok = temp("progress.safetensors", "");
+  REQUIRE(kiln(fmt::format("tokenize --text {} --chars --out {}", text, tok)).status == 0);
+  const std::string model = temp("progress_model.json", R"({"vocab_size": 32, "d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16})");
+  const std::string train = temp("progress_train.json", R"({"batch_size": 2, "seq_len": 8, "steps": 40})");
+  for (const char* mode : {"on", "auto"}) {
+    INFO("--progress " << mode);
+    const Result r = kiln(fmt::format("train --model {} --train {} --data {} --progress {}", model, train, tok, mode));
+    REQUIRE(r.status == 0);
+    CHECK(r.out.find('\r') == std::string::npos);
+    CHECK(r.out.find("\x1b[K") == std::string::npos);
+    CHECK_THAT(r.out, Catch::Contains("\n1/40 loss") && Catch::Contains("\n2/40 loss") && Catch::Contains("\n40/40 loss"));
+    CHECK_THAT(r.out, !Catch::Contains("\n3/40 loss"));  // every 5% of the steps: 2, 4, ..., not each step
+  }
+  const Result off = kiln(fmt::format("train --model {} --train {} --data {} --progress off", model, train, tok));
+  CHECK(off.status == 0);
+  CHECK_THAT(off.out, !Catch::Contains("/40 loss"));
+}
