@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -284,12 +285,34 @@ std::string json_escape(std::string_view s) {
   return o;
 }
 
+}  // namespace
+
+int launcher_rank() {
+  // Those dist::launched() looks for (a job's size, or PMIx's rank), then the rank beside them.
+  const auto env = [](const char* n) -> const char* {
+    const char* v = std::getenv(n);
+    return v && *v ? v : nullptr;
+  };
+  if (!env("OMPI_COMM_WORLD_SIZE") && !env("PMI_SIZE") && !env("PMIX_RANK")) return -1;
+  for (const char* n : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+    if (const char* v = env(n)) {
+      char* end = nullptr;
+      const long r = std::strtol(v, &end, 10);
+      if (end && *end == '\0' && r >= 0 && r <= INT32_MAX) return static_cast<int>(r);
+    }
+  return -1;
+}
+
+namespace {
+
 // KILN_PROFILE=1: record the whole process, report at exit (unless the program stopped it itself).
+// One rank of a job writes its own file: the path + ".rank<r>", as `kiln train --profile` does.
 void exit_report() {
   if (!enabled()) return;
   stop();
   const char* out = std::getenv("KILN_PROFILE_OUT");
-  const std::string path = out && *out ? out : "kiln-profile.json";
+  std::string path = out && *out ? out : "kiln-profile.json";
+  if (const int r = launcher_rank(); r >= 0) path += fmt::format(".rank{}", r);
   try {
     std::fputs(report().c_str(), stderr);
     write_chrome_trace(path);
@@ -544,7 +567,8 @@ std::string report(size_t rows) {
 void write_chrome_trace(const std::string& path) {
   const Snapshot s = snapshot();
   std::string o = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
-  const int pid = 1;
+  const int rank = launcher_rank();
+  const int pid = rank >= 0 ? rank : 1;  // one process of a job: its rank (the ranks' traces side by side)
   constexpr int kDeviceTid = 1000000;  // the device stream's track
   bool first = true;
   auto sep = [&] {
@@ -584,7 +608,8 @@ void write_chrome_trace(const std::string& path) {
                      kDeviceTid);
   }
   sep();
-  o += fmt::format(R"({{"name": "process_name", "ph": "M", "pid": {}, "args": {{"name": "kiln"}}}})", pid);
+  o += fmt::format(R"({{"name": "process_name", "ph": "M", "pid": {}, "args": {{"name": "{}"}}}})", pid,
+                   rank >= 0 ? fmt::format("kiln rank {}", rank) : std::string("kiln"));
   o += "\n]}\n";
   try {  // as every file kiln writes: never half-written (docs/formats.md)
     safetensors::write_atomically(path, {{o.data(), o.size()}});

@@ -2,8 +2,8 @@
 // kiln::profile: where the time of a program goes, op by op (docs/profiling.md).
 //
 // Turned on by KILN_PROFILE=1 in the environment (the whole process; at exit the table goes to stderr
-// and the Chrome trace to KILN_PROFILE_OUT, default kiln-profile.json), by `kiln train --profile
-// out.json`, or in C++:
+// and the Chrome trace to KILN_PROFILE_OUT, default kiln-profile.json; rank r of an mpirun/srun job
+// writes <that path>.rank<r>), by `kiln train --profile out.json`, or in C++:
 //
 //   kiln::profile::start();
 //   { kiln::profile::Scope s("my_block"); ... }         // a named region; ops inside nest under it
@@ -91,8 +91,15 @@ std::vector<Stat> stats();
 
 // The table (stats() with GFLOP/s or GB/s and the top ops' shapes), at most `rows` rows.
 std::string report(size_t rows = 40);
-// The Chrome trace event format (JSON), for Perfetto (ui.perfetto.dev) and chrome://tracing.
+// The Chrome trace event format (JSON), for Perfetto (ui.perfetto.dev) and chrome://tracing. In one
+// rank of a job (launcher_rank() >= 0) every event's "pid" is the rank, and the process is named
+// "kiln rank <r>"; otherwise the pid is 1.
 void write_chrome_trace(const std::string& path);
+// The rank a launcher gave this process: under mpirun, srun or another PMI launcher (the variables
+// dist::launched() looks for: OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK), its OMPI_COMM_WORLD_RANK,
+// PMIX_RANK, PMI_RANK or SLURM_PROCID; -1 in a process started alone. (core/ reads the environment:
+// it cannot ask kiln::dist, which sits above it.)
+int launcher_rank();
 
 // A named region on the calling thread. The const char* form keeps the pointer (give it a string
 // literal or another string that outlives the session); the std::string form copies the name once

@@ -163,6 +163,41 @@ template <Backend B> struct DistributedDataParallel<B>::Impl {
     }
     round_active = false;
     round_pass = autograd::backward_pass_count();
+    if (o.broadcast_buffers) broadcast_buffers();
+  }
+
+  // Rank 0's buffers (BatchNorm's running statistics) to every rank, one broadcast per dtype: what
+  // PyTorch's DDP broadcasts before the next forward in training, sent at the end of the round.
+  void broadcast_buffers() {
+    const auto bufs = module.named_buffers();
+    std::vector<bool> done(bufs.size(), false);
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      if (done[i]) continue;
+      const DType d = bufs[i].second.dtype();
+      std::vector<size_t> group;
+      int64_t n = 0;
+      for (size_t j = i; j < bufs.size(); ++j)
+        if (!done[j] && bufs[j].second.dtype() == d) {
+          group.push_back(j);
+          done[j] = true;
+          n += bufs[j].second.numel();
+        }
+      const Tensor<B> flat = Tensor<B>::empty({n}, d);
+      int64_t off = 0;
+      for (size_t j : group) {
+        const Tensor<B>& t = bufs[j].second;
+        if (rank() == 0) flat.narrow(0, off, t.numel()).copy_(t.reshape({t.numel()}));
+        off += t.numel();
+      }
+      broadcast(flat, 0);
+      if (rank() == 0) continue;
+      off = 0;
+      for (size_t j : group) {
+        Tensor<B> t = bufs[j].second;  // a handle on the module's buffer
+        t.copy_(flat.narrow(0, off, t.numel()).view(t.shape()));
+        off += t.numel();
+      }
+    }
   }
 };
 
@@ -181,8 +216,7 @@ template <Backend B> DistributedDataParallel<B>::DistributedDataParallel(nn::Mod
   for (const auto& [name, t] : buffers) lines.push_back(fmt::format("buffer '{}' {} {}", name, t.dtype(), shape_str(t.shape())));
   check_same_model<B>(lines);
   for (const auto& [name, v] : module.named_parameters()) broadcast(v.value(), 0);
-  if (o.broadcast_buffers)
-    for (const auto& [name, t] : buffers) broadcast(t, 0);
+  if (o.broadcast_buffers) m.broadcast_buffers();
 
   // Buckets: reverse registration order, one dtype each, first_bucket_mb then bucket_mb.
   const double mib = 1024.0 * 1024.0;

@@ -15,7 +15,14 @@
 //   }
 //
 // Construction checks that every rank has the same parameters (names, shapes, dtypes; an Error names
-// the first difference and the ranks), then broadcasts rank 0's parameters and persistent buffers.
+// the first difference and the ranks), then broadcasts rank 0's parameters and buffers.
+//
+// Buffers (BatchNorm's running_mean, running_var, num_batches_tracked): each rank's forward updates
+// its own from its own rows. With broadcast_buffers (the default, PyTorch DDP's broadcast_buffers=True)
+// every synchronising round ends by broadcasting rank 0's buffers to every rank (one broadcast per
+// dtype), so after each step every rank holds rank 0's bit for bit: the values PyTorch broadcasts
+// before the next forward, here in place already for evaluation and checkpoints. Passes under
+// no_sync() keep their own updates until the round that ends the step. Off: each rank keeps its own.
 //
 // Buckets. The parameters that require grad, in reverse registration order (about the order backward
 // finalises them), are packed into flat buckets of one dtype each: the first holds up to
@@ -60,7 +67,7 @@ namespace kiln::dist {
 struct DDPOptions {
   double bucket_mb = 25;       // MiB per bucket (PyTorch's bucket_cap_mb)
   double first_bucket_mb = 1;  // MiB of the first bucket (the last layers, ready first)
-  bool broadcast_buffers = true;  // rank 0's persistent buffers at construction too
+  bool broadcast_buffers = true;  // rank 0's buffers to every rank at construction and after each round
 };
 
 template <Backend B> class DistributedDataParallel {

@@ -209,10 +209,12 @@ void on_process_exit(int status, void*) {
 #endif
 
 // ------------------------------------------------------------------------------------ agreement
-enum class Kind : int64_t { all_reduce = 1, broadcast, all_gather, reduce_scatter, barrier };
+// all_reduce_async is a kind of its own: MPI never matches a nonblocking collective with a blocking
+// one, so a rank in all_reduce_async and another in all_reduce would wait for each other for ever.
+enum class Kind : int64_t { all_reduce = 1, broadcast, all_gather, reduce_scatter, barrier, all_reduce_async };
 const char* kind_name(int64_t k) {
-  static const char* names[] = {"?", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"};
-  return k >= 1 && k <= 5 ? names[k] : "?";
+  static const char* names[] = {"?", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "all_reduce_async"};
+  return k >= 1 && k <= 6 ? names[k] : "?";
 }
 constexpr int kShapeSlots = 6;
 constexpr int kSig = 6 + kShapeSlots;  // kind, dtype, numel, arg, bad, ndim, shape...
@@ -227,7 +229,8 @@ std::string describe(const int64_t* v) {
   if (nd > kShapeSlots) s += ", ...";
   s += fmt::format("] ({} elements)", v[2]);
   if (kind == static_cast<int64_t>(Kind::broadcast)) s += fmt::format(" root {}", v[3]);
-  else if (kind == static_cast<int64_t>(Kind::all_reduce) || kind == static_cast<int64_t>(Kind::reduce_scatter))
+  else if (kind == static_cast<int64_t>(Kind::all_reduce) || kind == static_cast<int64_t>(Kind::all_reduce_async) ||
+           kind == static_cast<int64_t>(Kind::reduce_scatter))
     s += fmt::format(" {}", reduce_op_name(static_cast<ReduceOp>(v[3])));
   return s;
 }
@@ -668,21 +671,23 @@ void Work::wait() {
 bool Work::completed() const { return !impl_ || impl_->done; }
 
 // ------------------------------------------------------------------------------------ collectives
+// The checks and the cross-rank agreement of all_reduce and all_reduce_async (`kind`).
+template <Backend B> void agree_all_reduce(const char* what, Kind kind, const Tensor<B>& t, ReduceOp op) {
+  detail::require_init(what);
+  std::string err = tensor_error(what, "the tensor", t, true);
+  if (err.empty()) err = op_error(what, op, t.dtype());
+  agree(what, kind, t.defined() ? t.dtype() : DType::f32, t.defined() ? t.numel() : -1, static_cast<int64_t>(op),
+        t.defined() ? t.shape() : Shape{}, err);
+}
+
 template <Backend B> void all_reduce(const Tensor<B>& t, ReduceOp op) {
-  detail::require_init("all_reduce");
-  std::string err = tensor_error("all_reduce", "the tensor", t, true);
-  if (err.empty()) err = op_error("all_reduce", op, t.dtype());
-  agree("all_reduce", Kind::all_reduce, t.defined() ? t.dtype() : DType::f32, t.defined() ? t.numel() : -1,
-        static_cast<int64_t>(op), t.defined() ? t.shape() : Shape{}, err);
+  agree_all_reduce("all_reduce", Kind::all_reduce, t, op);
   if (st().size == 1) return;  // the sum (max, min, mean) over one rank
   start_all_reduce(t, op, "all_reduce", true);
 }
 
 template <Backend B> Work all_reduce_async(const Tensor<B>& t, ReduceOp op) {
-  detail::require_init("all_reduce_async");
-  std::string err = tensor_error("all_reduce_async", "the tensor", t, true);
-  if (err.empty()) err = op_error("all_reduce_async", op, t.dtype());
-  KILN_CHECK(err.empty(), "{}", err);
+  agree_all_reduce("all_reduce_async", Kind::all_reduce_async, t, op);  // blocking, at issue (process_group.hpp)
   if (st().size == 1) return Work();
   return Work(start_all_reduce(t, op, "all_reduce_async", false));
 }

@@ -45,6 +45,16 @@
 // count, shape, root) in one small all-reduce; a difference is an Error on every rank that names the
 // op and each rank's values ("all_reduce: the ranks disagree: rank 0: f32 [3, 4] sum; rank 1: f32 [5]
 // sum"), and a rank whose own arguments are wrong makes every rank raise, so no rank is left waiting.
+// The asynchronous all_reduce_async runs the same check, blocking, when it is called (before the
+// data's MPI_Iallreduce or NCCL call is started): so a mismatch raises there on every rank, and a
+// started Work is always one every rank agreed on. It compares as an op of its own
+// ("all_reduce_async"): a rank in all_reduce_async and another in all_reduce disagree (MPI never
+// matches a nonblocking collective with a blocking one). The cost: the call waits until every rank
+// has reached it (one small all-reduce); the data's transfer stays asynchronous. A nonblocking check
+// (its exchange started with the data's and compared in wait) was not chosen: the data op must not
+// start before the check has passed (ranks that disagree on the count would corrupt memory or hang),
+// so every later collective would have to wait for the earlier checks anyway, to keep the ops in the
+// same order on every rank.
 // MPI failures are Errors naming the MPI call and the rank. A process that dies makes mpirun (or srun
 // --kill-on-bad-exit) end every other rank at once and exit non-zero naming it: see
 // docs/distributed.md, "When a rank dies".
@@ -121,7 +131,7 @@ class Work {
 // In place: t becomes the reduction of every rank's t.
 template <Backend B> KILN_API void all_reduce(const Tensor<B>& t, ReduceOp op = ReduceOp::sum);
 // The same, started and not waited for (MPI_Iallreduce; on Cuda, NCCL on the communication stream).
-// t must stay untouched until wait(). Never consistency-checked (it would wait).
+// t must stay untouched until wait(). Consistency-checked like the blocking forms, at the call (above).
 template <Backend B> KILN_API Work all_reduce_async(const Tensor<B>& t, ReduceOp op = ReduceOp::sum);
 // In place: every rank's t becomes root's.
 template <Backend B> KILN_API void broadcast(const Tensor<B>& t, int root = 0);

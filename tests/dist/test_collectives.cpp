@@ -190,7 +190,8 @@ TEMPLATE_TEST_CASE("collectives on non-contiguous tensors: communicated through 
   for (int q = 0; q < N; ++q) CHECK(to_vector<int64_t>(big.select(0, q)) == std::vector<int64_t>{0, q + 10, 0, 0, q + 10, 0});
 }
 
-TEMPLATE_TEST_CASE("all_reduce_async: started, then waited for; its result is the blocking one's", "[collectives]", KILN_DIST_BACKENDS) {
+TEMPLATE_TEST_CASE("all_reduce_async: started, then waited for; its result is the blocking one's", "[collectives][async]",
+                   KILN_DIST_BACKENDS) {
   using B = TestType;
   const int r = dist::rank(), N = dist::world_size();
   const Tensor<B> a = rank_tensor<B>(DType::f32, r, 1031), b = rank_tensor<B>(DType::bf16, r, 77);
@@ -238,6 +239,46 @@ TEST_CASE("collective errors are raised on every rank, naming the op, the ranks 
   // the group is still usable afterwards
   const Tensor<Cpu> ok = Tensor<Cpu>::ones({2});
   dist::all_reduce(ok);
+  CHECK(to_vector<float>(ok) == std::vector<float>{static_cast<float>(N), static_cast<float>(N)});
+}
+
+TEST_CASE("all_reduce_async: a disagreement raises at the call on every rank, naming each rank's arguments", "[collectives][async-errors]") {
+  const int r = dist::rank(), N = dist::world_size();
+  if (N > 1) {
+    // shapes (so counts) that differ: the data's MPI_Iallreduce would be erroneous; it never starts
+    const Tensor<Cpu> t = Tensor<Cpu>::zeros({r == 0 ? 3 : 5});
+    CHECK_THROWS_WITH(dist::all_reduce_async(t), Catch::Contains("all_reduce_async: the ranks disagree") &&
+                                                     Catch::Contains("rank 0: all_reduce_async f32 [3] (3 elements) sum") &&
+                                                     Catch::Contains("rank 1: all_reduce_async f32 [5] (5 elements) sum"));
+    // the reduction
+    const Tensor<Cpu> u = Tensor<Cpu>::zeros({4});
+    CHECK_THROWS_WITH(dist::all_reduce_async(u, r == 0 ? dist::ReduceOp::sum : dist::ReduceOp::max),
+                      Catch::Contains("all_reduce_async: the ranks disagree") &&
+                          Catch::Contains("rank 0: all_reduce_async f32 [4] (4 elements) sum") &&
+                          Catch::Contains("rank 1: all_reduce_async f32 [4] (4 elements) max"));
+    // the same shape and op, one rank asynchronous and the other blocking: MPI would not match them
+    if (r == 0)
+      CHECK_THROWS_WITH(dist::all_reduce_async(u), Catch::Contains("all_reduce_async: the ranks disagree") &&
+                                                       Catch::Contains("rank 0: all_reduce_async f32 [4]") &&
+                                                       Catch::Contains("rank 1: all_reduce f32 [4]"));
+    else
+      CHECK_THROWS_WITH(dist::all_reduce(u), Catch::Contains("all_reduce: the ranks disagree") &&
+                                                 Catch::Contains("rank 0: all_reduce_async f32 [4]") &&
+                                                 Catch::Contains("rank 1: all_reduce f32 [4]"));
+    // a rank whose own arguments are wrong: it says why, the others that it failed
+    const Tensor<Cpu> w = Tensor<Cpu>::zeros({4}, r == 1 ? DType::i32 : DType::f32);
+    if (r == 1)
+      CHECK_THROWS_WITH(dist::all_reduce_async(w, dist::ReduceOp::avg),
+                        Catch::Contains("all_reduce_async: avg needs a floating dtype, got i32"));
+    else
+      CHECK_THROWS_WITH(dist::all_reduce_async(w, dist::ReduceOp::avg), Catch::Contains("all_reduce_async: rank 1 failed its own checks"));
+  }
+  CHECK_THROWS_WITH(dist::all_reduce_async(Tensor<Cpu>::zeros({1}).expand({3})),
+                    Catch::Contains("all_reduce_async") && Catch::Contains("overlapping elements"));
+  // the group is still usable afterwards, asynchronously too
+  const Tensor<Cpu> ok = Tensor<Cpu>::ones({2});
+  dist::Work work = dist::all_reduce_async(ok);
+  work.wait();
   CHECK(to_vector<float>(ok) == std::vector<float>{static_cast<float>(N), static_cast<float>(N)});
 }
 

@@ -13,13 +13,14 @@
 
 #include <kiln/config.hpp>
 #include <kiln/dist/ddp.hpp>
+#include <kiln/dist/fit.hpp>
 #include <kiln/dist/zero.hpp>
 #include <kiln/formats/safetensors.hpp>
+#include <kiln/nn/batch_norm.hpp>
 #include <kiln/nn/gpt.hpp>
 #include <kiln/nn/linear.hpp>
 #include <kiln/nn/loss.hpp>
 #include <kiln/optim/optimizer.hpp>
-#include <kiln/dist/fit.hpp>
 #include <kiln/train/dataloader.hpp>
 #include <kiln/train/loop.hpp>
 #if defined(KILN_HAVE_CUDA_BACKEND)
@@ -522,6 +523,84 @@ TEST_CASE("fit with dist::fit_hooks: N ranks (sharded DataLoader, ZeRO-1, grad_a
   both.insert(both.end(), b.r.losses.begin(), b.r.losses.end());
   CHECK(both == par.r.losses);
   CHECK(b.weights == par.weights);
+}
+
+namespace {
+
+// BatchNorm on the input, then a Linear: the running statistics depend on the data alone, so a lone
+// BatchNorm1d fed the same batches is their reference, bit for bit.
+class NormedLinear : public nn::Module<Cpu> {
+ public:
+  NormedLinear() {
+    bn_ = this->register_module("bn", std::make_shared<nn::BatchNorm1d<Cpu>>(nn::BatchNormOptions{.num_features = 4}));
+    lin_ = this->register_module("lin", std::make_shared<nn::Linear<Cpu>>(nn::LinearOptions{.in = 4, .out = 1, .bias = true}));
+  }
+  Var<Cpu> forward(const Var<Cpu>& x) const { return (*lin_)((*bn_)(x)); }
+  const nn::BatchNorm1d<Cpu>& bn() const { return *bn_; }
+
+ private:
+  std::shared_ptr<nn::BatchNorm1d<Cpu>> bn_;
+  std::shared_ptr<nn::Linear<Cpu>> lin_;
+};
+
+// Rank r's micro-batch j of step s: [6, 4], different on every rank.
+Tensor<Cpu> bn_batch(int r, int64_t s, int64_t j) {
+  std::vector<float> v(24);
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<float>((static_cast<int64_t>(i) * 13 + r * 29 + s * 7 + j * 3) % 17) * 0.25f - 1.5f + static_cast<float>(r);
+  return Tensor<Cpu>::from_vector(v, {6, 4});
+}
+
+struct BnState {
+  std::vector<float> mean, var;
+  int64_t count = 0;
+  bool operator==(const BnState&) const = default;
+};
+BnState state_of(const nn::BatchNorm<Cpu>& bn) {
+  return {to_vector<float>(bn.running_mean()), to_vector<float>(bn.running_var()), item<int64_t>(bn.num_batches_tracked())};
+}
+
+// 3 steps of 2 micro-batches (the first under no_sync); each rank its own data. Returns the model's
+// running statistics, and those of lone BatchNorms fed rank 0's batches and this rank's.
+struct BnRun {
+  BnState got, rank0, own;
+};
+BnRun train_bn(bool broadcast_buffers) {
+  const int r = dist::rank();
+  NormedLinear model;
+  dist::DistributedDataParallel<Cpu> ddp(model, {.broadcast_buffers = broadcast_buffers});
+  nn::BatchNorm1d<Cpu> rank0({.num_features = 4}), own({.num_features = 4});
+  for (int64_t s = 0; s < 3; ++s) {
+    model.zero_grad();
+    for (int64_t j = 0; j < 2; ++j) {
+      {
+        const NoGrad ng;
+        rank0(Var<Cpu>(bn_batch(0, s, j)));
+        own(Var<Cpu>(bn_batch(r, s, j)));
+      }
+      const Var<Cpu> x(bn_batch(r, s, j));
+      if (j == 0) {
+        const auto guard = ddp.no_sync();
+        model.forward(x).square().mean().backward();
+      } else {
+        model.forward(x).square().mean().backward();
+      }
+    }
+  }
+  return {state_of(model.bn()), state_of(rank0), state_of(own)};
+}
+
+}  // namespace
+
+TEST_CASE("DDP broadcast_buffers: BatchNorm running statistics are rank 0's on every rank after each step; off: each rank's own", "[ddp]") {
+  const int r = dist::rank();
+  const BnRun on = train_bn(true);
+  CHECK(on.rank0.count == 6);
+  CHECK(on.got == on.rank0);                    // bit for bit, on every rank
+  if (r != 0) CHECK_FALSE(on.own == on.rank0);  // the ranks' data differ: the check above is not vacuous
+  const BnRun off = train_bn(false);
+  CHECK(off.got == off.own);
+  if (r != 0) CHECK_FALSE(off.got == off.rank0);
 }
 
 #if defined(KILN_HAVE_CUDA_BACKEND)
