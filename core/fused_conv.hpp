@@ -130,9 +130,10 @@ inline Shape pool2d_shape(const char* op, const Shape& x, const Pool2dParams& p,
   KILN_CHECK(p.dilation.h >= 1 && p.dilation.w >= 1, "{}: dilation must be >= 1, got ({}, {})", op, p.dilation.h, p.dilation.w);
   KILN_CHECK(dilation_allowed || (p.dilation.h == 1 && p.dilation.w == 1), "{}: takes no dilation, got ({}, {})", op, p.dilation.h,
              p.dilation.w);
-  const int64_t eh = p.dilation.h * (p.kernel.h - 1) + 1, ew = p.dilation.w * (p.kernel.w - 1) + 1;
-  KILN_CHECK(p.padding.h >= 0 && p.padding.w >= 0 && p.padding.h <= eh / 2 && p.padding.w <= ew / 2,
-             "{}: padding ({}, {}) must be >= 0 and at most half of the (dilated) kernel ({}, {})", op, p.padding.h, p.padding.w, eh, ew);
+  // PyTorch's rule: at most half the kernel_size itself, whatever the dilation.
+  KILN_CHECK(p.padding.h >= 0 && p.padding.w >= 0 && p.padding.h <= p.kernel.h / 2 && p.padding.w <= p.kernel.w / 2,
+             "{}: padding ({}, {}) must be >= 0 and at most half of kernel_size ({}, {}) (input {})", op, p.padding.h, p.padding.w,
+             p.kernel.h, p.kernel.w, shape_str(x));
   KILN_CHECK(x[1] >= 1 && x[2] >= 1 && x[3] >= 1, "{}: input {} has an empty channel or spatial dim", op, shape_str(x));
   const int64_t ho = pool_out(x[2], p.kernel.h, p.stride.h, p.padding.h, p.dilation.h, p.ceil_mode);
   const int64_t wo = pool_out(x[3], p.kernel.w, p.stride.w, p.padding.w, p.dilation.w, p.ceil_mode);

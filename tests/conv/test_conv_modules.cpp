@@ -111,6 +111,14 @@ TEMPLATE_TEST_CASE("conv and pool errors name the op and the values", "[conv][er
   throws_with([&] { F::conv_transpose2d(Var<B>(T::randn({1, 2, 1, 1})), Var<B>(T::randn({2, 1, 1, 1})), {}, 1, 1); },
               {"conv_transpose2d", "output size -1x-1 is too small"});
   throws_with([&] { F::max_pool2d(x, 3, 1, 2); }, {"max_pool2d", "padding (2, 2)", "at most half"});
+  // PyTorch's limit is half the kernel_size itself: dilation does not raise it.
+  throws_with([&] { F::max_pool2d(x, 3, 1, 2, 2); }, {"max_pool2d", "padding (2, 2)", "at most half of kernel_size (3, 3)"});
+  throws_with([&] { F::max_pool2d(x, Size2{2, 3}, 1, Size2{0, 2}, Size2{1, 3}); }, {"max_pool2d", "padding (0, 2)", "kernel_size (2, 3)"});
+  CHECK(F::max_pool2d(x, 3, 1, 1, 2).shape() == Shape{2, 3, 3, 3});  // padding 1 = ⌊3/2⌋ is fine
+  throws_with([&] { nn::MaxPool2d<B>({.kernel_size = 3, .padding = 2, .dilation = 2}); },
+              {"MaxPool2d", "padding (2, 2)", "kernel_size (3, 3)"});
+  throws_with([&] { nn::AvgPool2d<B>({.kernel_size = {4, 2}, .padding = {2, 2}}); }, {"AvgPool2d", "padding (2, 2)", "kernel_size (4, 2)"});
+  throws_with([&] { nn::MaxPool2d<B>({.kernel_size = 2, .dilation = 0}); }, {"MaxPool2d", "dilation must be >= 1"});
   throws_with([&] { F::max_pool2d(x, 0); }, {"max_pool2d", "kernel_size must be >= 1"});
   throws_with([&] { F::avg_pool2d(x, 2, Size2{0}); }, {"avg_pool2d", "stride must be >= 1"});
   throws_with([&] { F::max_pool2d(Var<B>(T::randn({1, 1, 2, 2})), 5, 1, 1); }, {"max_pool2d", "output size", "too small"});
