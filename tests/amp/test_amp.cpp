@@ -544,6 +544,68 @@ std::vector<json> read_log(const std::string& path) {
 
 }  // namespace
 
+// f16 loss scaling tells an overflow from a divergence (train/loop.hpp, docs/mixed_precision.md): a
+// non-finite loss comes from the forward, before any scaling, and goes to on_nonfinite at once; so do
+// non-finite gradients once the scale is at its floor (min_scale, default 1). Neither moves the scale.
+TEST_CASE("amp: under f16 loss scaling a diverged forward, or gradients not finite at the floor scale, reach on_nonfinite", "[amp]") {
+  Generator g(6);
+  const T xs = T::randn({8, 6}, DType::f32, &g), ys = T::uniform({8}, 0, 3, DType::f32, &g).to(DType::i64);
+  const T nan_xs = xs.mul(std::nan(""));
+  const auto dir = temp_dir("diverge");
+  const std::string log = (dir / "log.jsonl").string();
+  struct Run {
+    FitResult res;
+    std::vector<json> recs;
+  };
+  // kind "loss": the batch holds NaNs from step 3 on (the forward diverges); kind "grad": from step 0 the
+  // loss is finite but one gradient is NaN at any scale (0·∞ in sqrt's backward at 0).
+  const auto run = [&](const std::string& kind, NonFinite policy, double init) {
+    nn::Linear<Cpu> model(nn::LinearOptions{.in = 6, .out = 3});
+    optim::Adam<Cpu> opt(model.named_parameters(), {.lr = 1e-2});
+    int64_t at = 0;
+    IndexedBatches src{.batch = [&](int64_t i) { return (at = i); }};
+    const auto step = [&](int64_t) {
+      if (kind == "loss") return nn::cross_entropy(model.forward(V(at >= 3 ? nan_xs : xs)), ys);
+      return nn::cross_entropy(model.forward(V(xs)), ys) + model.weight().mul(0.0).sqrt().sum();
+    };
+    Run out;
+    out.res =
+        fit(model, opt, src, step,
+            FitOptions{
+                .steps = 8, .on_nonfinite = policy, .precision = DType::f16, .loss_scale = {.init = init}, .log_path = log, .progress = 0});
+    out.recs = read_log(log);
+    return out;
+  };
+
+  // error: the first diverged step throws, naming it; before, every such step was an "overflow", skipped forever.
+  CHECK_THROWS_WITH(run("loss", NonFinite::error, 1024), Catch::Contains("non-finite") && Catch::Contains("at step 3"));
+  CHECK_THROWS_WITH(run("grad", NonFinite::error, 4), Catch::Contains("non-finite gradient at step 2") &&
+                                                          Catch::Contains("at its floor min_scale 1") && Catch::Contains("'weight'"));
+
+  // skip: counted as non-finite steps ("skipped", not "overflow"); the scale stays where it was.
+  const Run a = run("loss", NonFinite::skip, 1024);
+  REQUIRE(a.recs.size() == 8);
+  CHECK(a.res.skipped == 5);
+  for (size_t i = 0; i < 8; ++i) {
+    INFO("step " << i << ": " << a.recs[i].dump());
+    CHECK(a.recs[i].value("skipped", false) == (i >= 3));
+    CHECK_FALSE(a.recs[i].value("overflow", false));
+    CHECK(a.recs[i]["loss_scale"].get<double>() == 1024);
+  }
+  // Gradients that overflow at every scale: two backoffs (4 -> 2 -> 1), then divergences at the floor.
+  const Run b = run("grad", NonFinite::skip, 4);
+  REQUIRE(b.recs.size() == 8);
+  CHECK(b.res.skipped == 6);
+  const std::vector<double> scales{4, 2, 1, 1, 1, 1, 1, 1};
+  for (size_t i = 0; i < 8; ++i) {
+    INFO("step " << i << ": " << b.recs[i].dump());
+    CHECK(b.recs[i].value("overflow", false) == (i < 2));
+    CHECK(b.recs[i].value("skipped", false) == (i >= 2));
+    CHECK(b.recs[i]["loss_scale"].get<double>() == scales[i]);
+  }
+  CHECK_THROWS_WITH(autocast::GradScaler({.min_scale = -1}), Catch::Contains("min_scale"));
+}
+
 TEST_CASE("amp: train::evaluate runs the forward under autocast to the precision it is given", "[amp]") {
   ModelConfig c;
   c.vocab_size = 32, c.d_model = 32, c.n_layers = 2, c.n_heads = 2, c.max_seq_len = 16;
