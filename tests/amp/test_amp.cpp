@@ -498,7 +498,7 @@ TEST_CASE("amp: the loss scaler backs off on overflow and grows after good steps
 
   // fit with f16: a scale of 2^120 overflows f16 (and f32) gradients, so the first steps are skipped
   // (weights untouched) and the scale halves each time until the gradients fit.
-  nn::Linear<Cpu> model(nn::LinearOptions{.in = 6, .out = 3});
+  nn::Linear<Cpu> model(nn::LinearOptions{.in = 6, .out = 3, .bias = false});
   optim::Adam<Cpu> opt(model.named_parameters(), {.lr = 1e-2});
   Generator g(4);
   const T xs = T::randn({8, 6}, DType::f32, &g), ys = T::uniform({8}, 0, 3, DType::f32, &g).to(DType::i64);

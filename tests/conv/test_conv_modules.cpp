@@ -62,6 +62,33 @@ TEMPLATE_TEST_CASE("Conv1d, Conv2d, ConvTranspose2d: parameters, init, shapes", 
   CHECK(param_shapes(ct) == std::map<std::string, Shape>{{"weight", {4, 3, 3, 3}}, {"bias", {6}}});
   check_uniform(ct.weight(), 1.0 / std::sqrt(27.0), "ConvTranspose2d weight");  // PyTorch's fan_in: weight.size(1)·kh·kw
   CHECK(ct(Var<B>(Tensor<B>::randn({2, 4, 5, 7}))).shape() == Shape{2, 6, 10, 14});
+
+  // One designated initialiser for both option structs: it compiles only while the fields they share
+  // come in the same order (C++ requires the declaration order), as the options of torch's two layers
+  // share keyword names.
+  const auto opts = []<class O>(O) {
+    return O{.in_channels = 4,
+             .out_channels = 6,
+             .kernel_size = 3,
+             .stride = 2,
+             .padding = 2,
+             .dilation = 2,
+             .groups = 2,
+             .bias = false,
+             .dtype = DType::f64};
+  };
+  const auto co = opts(nn::Conv2dOptions{});
+  const auto cto = opts(nn::ConvTranspose2dOptions{});
+  CHECK(cto.dilation == Size2{2});
+  CHECK(cto.groups == 2);
+  CHECK_FALSE(cto.bias);
+  nn::Conv2d<B> same(co);
+  nn::ConvTranspose2d<B> same_t(cto);
+  CHECK(param_shapes(same_t) == std::map<std::string, Shape>{{"weight", {4, 3, 3, 3}}});
+  // (5 − 1)·2 − 2·2 + 2·(3 − 1) + 1 = 9, and conv2d maps it back: ⌊(9 + 4 − 4 − 1)/2⌋ + 1 = 5
+  const Var<B> up = same_t(Var<B>(Tensor<B>::randn({1, 4, 5, 5}, DType::f64)));
+  CHECK(up.shape() == Shape{1, 6, 9, 9});
+  CHECK(same(Var<B>(Tensor<B>::randn({1, 4, 9, 9}, DType::f64))).shape() == Shape{1, 6, 5, 5});
 }
 
 TEMPLATE_TEST_CASE("pooling modules and Flatten: shapes and defaults", "[pool][nn]", KILN_BACKEND_TYPES) {
