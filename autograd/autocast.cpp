@@ -66,9 +66,11 @@ template <Backend B> Var<B> to_f32(const Var<B>& x) {
 }
 
 GradScaler::GradScaler(LossScaleOptions o) : o_(o), scale_(o.init) {
-  KILN_CHECK(o.init > 0 && std::isfinite(o.init) && o.growth >= 1 && o.backoff > 0 && o.backoff < 1 && o.interval >= 1,
-             "GradScaler: needs init > 0, growth >= 1, 0 < backoff < 1, interval >= 1; got init={} growth={} backoff={} interval={}",
-             o.init, o.growth, o.backoff, o.interval);
+  KILN_CHECK(o.init > 0 && std::isfinite(o.init) && o.growth >= 1 && o.backoff > 0 && o.backoff < 1 && o.interval >= 1 &&
+                 o.min_scale >= 0 && std::isfinite(o.min_scale),
+             "GradScaler: needs init > 0, growth >= 1, 0 < backoff < 1, interval >= 1, min_scale >= 0; got init={} growth={} "
+             "backoff={} interval={} min_scale={}",
+             o.init, o.growth, o.backoff, o.interval, o.min_scale);
 }
 
 void GradScaler::update(bool found_inf) {

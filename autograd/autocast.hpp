@@ -63,12 +63,18 @@ constexpr DType promote(DType a, DType b) {
 // Dynamic loss scaling for f16 (torch.cuda.amp.GradScaler's rule and defaults): multiply the loss by
 // scale() before backward, divide the gradients by it afterwards; a step whose gradients hold an inf or
 // NaN is skipped and the scale multiplied by backoff; after `interval` good steps in a row the scale is
-// multiplied by growth. kiln::fit applies it for precision f16 (train/loop.hpp).
+// multiplied by growth. kiln::fit applies it for precision f16 (train/loop.hpp), and tells an overflow
+// from a divergence (docs/mixed_precision.md): a non-finite loss is never an overflow (the loss is
+// computed before the scaling), nor are non-finite gradients once the scale is at or below min_scale
+// (they are not finite at any scale); both go to FitOptions::on_nonfinite and leave the scale alone.
 struct LossScaleOptions {
   double init = 65536.0;  // 2^16
   double growth = 2.0;
   double backoff = 0.5;
   int64_t interval = 2000;
+  // The floor: from 2^16, 16 overflows in a row reach 1, where the gradients are not scaled at all;
+  // if they still overflow, scaling cannot help (GradScaler has no floor and backs off forever).
+  double min_scale = 1.0;
 };
 class GradScaler {
  public:
@@ -77,6 +83,9 @@ class GradScaler {
   int64_t good_steps() const { return good_; }  // finite steps since the last growth or backoff
   // After each step: found_inf = the unscaled gradients were not all finite (the step was skipped).
   void update(bool found_inf);
+  // Whether non-finite gradients at the current scale are an overflow to back off from (the scale is
+  // above min_scale), rather than a divergence.
+  bool can_back_off() const { return scale_ > o_.min_scale; }
   // The state a checkpoint keeps, and its restore.
   void set_state(double scale, int64_t good_steps);
 

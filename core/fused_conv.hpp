@@ -130,9 +130,10 @@ inline Shape pool2d_shape(const char* op, const Shape& x, const Pool2dParams& p,
   KILN_CHECK(p.dilation.h >= 1 && p.dilation.w >= 1, "{}: dilation must be >= 1, got ({}, {})", op, p.dilation.h, p.dilation.w);
   KILN_CHECK(dilation_allowed || (p.dilation.h == 1 && p.dilation.w == 1), "{}: takes no dilation, got ({}, {})", op, p.dilation.h,
              p.dilation.w);
-  const int64_t eh = p.dilation.h * (p.kernel.h - 1) + 1, ew = p.dilation.w * (p.kernel.w - 1) + 1;
-  KILN_CHECK(p.padding.h >= 0 && p.padding.w >= 0 && p.padding.h <= eh / 2 && p.padding.w <= ew / 2,
-             "{}: padding ({}, {}) must be >= 0 and at most half of the (dilated) kernel ({}, {})", op, p.padding.h, p.padding.w, eh, ew);
+  // PyTorch's rule: at most half the kernel_size itself, whatever the dilation.
+  KILN_CHECK(p.padding.h >= 0 && p.padding.w >= 0 && p.padding.h <= p.kernel.h / 2 && p.padding.w <= p.kernel.w / 2,
+             "{}: padding ({}, {}) must be >= 0 and at most half of kernel_size ({}, {}) (input {})", op, p.padding.h, p.padding.w,
+             p.kernel.h, p.kernel.w, shape_str(x));
   KILN_CHECK(x[1] >= 1 && x[2] >= 1 && x[3] >= 1, "{}: input {} has an empty channel or spatial dim", op, shape_str(x));
   const int64_t ho = pool_out(x[2], p.kernel.h, p.stride.h, p.padding.h, p.dilation.h, p.ceil_mode);
   const int64_t wo = pool_out(x[3], p.kernel.w, p.stride.w, p.padding.w, p.dilation.w, p.ceil_mode);
@@ -318,8 +319,8 @@ template <Backend B> Tensor<B> avg_pool2d_backward_composite(const Tensor<B>& dy
 template <Backend B> Tensor<B> conv2d(const Tensor<B>& x, const Tensor<B>& w, const Tensor<B>& bias, const Conv2dParams& p) {
   KILN_CHECK(x.defined() && w.defined(), "conv2d: undefined input or weight");
   KILN_CHECK(is_floating(x.dtype()) && w.dtype() == x.dtype() && (!bias.defined() || bias.dtype() == x.dtype()),
-             "conv2d: input {} {}, weight {} {}{} need one float dtype", shape_str(x.shape()), x.dtype(), shape_str(w.shape()), w.dtype(),
-             bias.defined() ? fmt::format(", bias {}", bias.dtype()) : std::string());
+             "conv2d: input {} {}, weight {} {}{} need one float dtype (mixed: under an autocast::Scope)", shape_str(x.shape()), x.dtype(),
+             shape_str(w.shape()), w.dtype(), bias.defined() ? fmt::format(", bias {}", bias.dtype()) : std::string());
   const Shape ys = detail::conv2d_shape("conv2d", x.shape(), w.shape(), bias.defined() ? &bias.shape() : nullptr, p);
   if constexpr (HasConv2d<B>) {
     if (detail::is_half(x.dtype()))
@@ -381,10 +382,14 @@ template <Backend B>
 Tensor<B> conv_transpose2d(const Tensor<B>& x, const Tensor<B>& w, const Tensor<B>& bias, const Conv2dParams& p, Size2 output_padding) {
   KILN_CHECK(x.defined() && w.defined(), "conv_transpose2d: undefined input or weight");
   KILN_CHECK(is_floating(x.dtype()) && w.dtype() == x.dtype() && (!bias.defined() || bias.dtype() == x.dtype()),
-             "conv_transpose2d: input {} {}, weight {} {} need one float dtype", shape_str(x.shape()), x.dtype(), shape_str(w.shape()),
-             w.dtype());
+             "conv_transpose2d: input {} {}, weight {} {}{} need one float dtype (mixed: under an autocast::Scope)", shape_str(x.shape()),
+             x.dtype(), shape_str(w.shape()), w.dtype(), bias.defined() ? fmt::format(", bias {}", bias.dtype()) : std::string());
   const Shape ys =
       detail::conv_transpose2d_shape("conv_transpose2d", x.shape(), w.shape(), bias.defined() ? &bias.shape() : nullptr, p, output_padding);
+  // bf16/f16: computed in f32 with the bias and rounded once (as conv2d), not rounded before the bias.
+  if (detail::is_half(x.dtype()))
+    return conv_transpose2d(x.to(DType::f32), w.to(DType::f32), bias.defined() ? bias.to(DType::f32) : bias, p, output_padding)
+        .to(x.dtype());
   // conv2d(y, w) has x's size, or one more row/column where output_padding >= stride (allowed when it
   // is < dilation): x is then zero-extended, the extra rows reaching nothing.
   const Shape cs = detail::conv2d_shape("conv_transpose2d", ys, w.shape(), nullptr, p);

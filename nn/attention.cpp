@@ -119,7 +119,9 @@ template <Backend B> MultiHeadAttention<B>::MultiHeadAttention(AttentionOptions 
   hd_ = o_.d_model / o_.n_heads;
   KILN_CHECK(!o_.rope || hd_ % 2 == 0, "MultiHeadAttention: RoPE needs an even head width, got d_model/n_heads = {}", hd_);
   const int64_t D = o_.d_model;
-  auto lin = [&](int64_t in, int64_t out) { return std::make_shared<Linear<B>>(LinearOptions{.in = in, .out = out, .dtype = o_.dtype}); };
+  auto lin = [&](int64_t in, int64_t out) {
+    return std::make_shared<Linear<B>>(LinearOptions{.in = in, .out = out, .bias = false, .dtype = o_.dtype});
+  };
   q_ = this->register_module("q_proj", lin(D, o_.n_heads * hd_));
   k_ = this->register_module("k_proj", lin(D, o_.n_kv_heads * hd_));
   v_ = this->register_module("v_proj", lin(D, o_.n_kv_heads * hd_));

@@ -98,6 +98,10 @@ KILN_API int64_t attention_inputs_check(const char* op, const Var<B>& x, const A
                                         int64_t max_seq_len);
 }  // namespace detail
 
+// The defaults make a decoder's (GPT, Llama) self-attention: causal, with RoPE, no biases. This module
+// is not torch.nn.MultiheadAttention (which has biases, no RoPE, and no mask unless given one): for
+// an encoder or cross-attention say causal = false (and rope = false). docs/layers.md, "Porting from
+// PyTorch", lists where kiln's options differ from torch.nn.
 struct AttentionOptions {
   int64_t d_model = 0;
   int64_t n_heads = 0;

@@ -110,16 +110,21 @@ BatchNorm<B>::BatchNorm(BatchNormOptions o, const char* name, int64_t min_rank, 
     b_ = this->register_parameter("bias", Tensor<B>::zeros({o.num_features}, o.dtype));
   }
   if (o.track_running_stats) {
-    mean_ = this->register_buffer("running_mean", Tensor<B>::zeros({o.num_features}, o.dtype));
-    var_ = this->register_buffer("running_var", Tensor<B>::ones({o.num_features}, o.dtype));
-    count_ = this->register_buffer("num_batches_tracked", Tensor<B>::zeros({}, DType::i64));
+    this->register_buffer("running_mean", Tensor<B>::zeros({o.num_features}, o.dtype));
+    this->register_buffer("running_var", Tensor<B>::ones({o.num_features}, o.dtype));
+    this->register_buffer("num_batches_tracked", Tensor<B>::zeros({}, DType::i64));
   }
+}
+
+template <Backend B> const Tensor<B>& BatchNorm<B>::stat(const char* name) const {
+  static const Tensor<B> none;
+  return o_.track_running_stats ? this->buffer(name) : none;
 }
 
 template <Backend B> void BatchNorm<B>::reset_running_stats() {
   if (!o_.track_running_stats) return;
   NoGrad ng;
-  Tensor<B> m = mean_, v = var_, c = count_;
+  Tensor<B> m = running_mean(), v = running_var(), c = num_batches_tracked();
   m.fill_(0);
   v.fill_(1);
   c.fill_(0);
@@ -144,15 +149,15 @@ template <Backend B> Var<B> BatchNorm<B>::forward(const Var<B>& x) const {
   double factor = o_.momentum.value_or(0.0);
   if (training && o_.track_running_stats) {
     // Counted before the update, so the cumulative average's first factor is 1 (as PyTorch).
-    Tensor<B> c = count_;
+    Tensor<B> c = num_batches_tracked();
     c.add_(Scalar(int64_t{1}));
     if (!o_.momentum) factor = 1.0 / static_cast<double>(c.template item<int64_t>());
   }
   // Eval without running stats normalises with the batch's statistics (PyTorch's bn_training).
   const bool use_batch = training || !o_.track_running_stats;
   const bool pass_running = !training || o_.track_running_stats;
-  return functional::batch_norm<B>(x, pass_running ? mean_ : Tensor<B>(), pass_running ? var_ : Tensor<B>(), w_, b_, use_batch,
-                                   factor, o_.eps);
+  return functional::batch_norm<B>(x, pass_running ? running_mean() : Tensor<B>(), pass_running ? running_var() : Tensor<B>(), w_, b_,
+                                   use_batch, factor, o_.eps);
 }
 
 #define KILN_INST(B)                                                                                                   \

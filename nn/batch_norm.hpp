@@ -45,9 +45,10 @@ template <Backend B> class BatchNorm : public Module<B> {
   // Undefined when affine (weight, bias) or track_running_stats (the buffers) is off.
   const Var<B>& weight() const { return w_; }
   const Var<B>& bias() const { return b_; }
-  const Tensor<B>& running_mean() const { return mean_; }
-  const Tensor<B>& running_var() const { return var_; }
-  const Tensor<B>& num_batches_tracked() const { return count_; }
+  // The buffers as they are now (after any Module::to, which converts running_mean/var).
+  const Tensor<B>& running_mean() const { return stat("running_mean"); }
+  const Tensor<B>& running_var() const { return stat("running_var"); }
+  const Tensor<B>& num_batches_tracked() const { return stat("num_batches_tracked"); }
   void reset_running_stats();  // mean 0, var 1, count 0
   void reset_parameters();     // the running stats, and weight 1, bias 0
 
@@ -59,7 +60,7 @@ template <Backend B> class BatchNorm : public Module<B> {
   const char* name_;
   int64_t min_rank_, max_rank_;
   Var<B> w_, b_;
-  Tensor<B> mean_, var_, count_;
+  const Tensor<B>& stat(const char* name) const;  // the buffer, or an undefined tensor without running stats
 };
 
 template <Backend B> class BatchNorm1d : public BatchNorm<B> {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "kiln/autograd/autocast.hpp"
 #include "kiln/nn/init.hpp"
 
 namespace kiln::nn {
@@ -15,7 +16,8 @@ Var<B> conv1d(const Var<B>& x, const Var<B>& weight, const Var<B>& bias, int64_t
              weight.defined() ? shape_str(weight.shape()) : std::string("undefined"));
   const int64_t ax = x.dim() - 1;  // the length axis; H = 1 is inserted before it
   const Conv2dParams p{Size2{1, stride}, Size2{0, padding}, Size2{1, dilation}, groups};
-  return autograd::ConvOps<B>::conv2d(x.unsqueeze(ax), weight.unsqueeze(2), bias, p).squeeze(ax);
+  // The weight is cast before the unsqueeze, so that autocast's cast cache sees the parameter itself.
+  return autograd::ConvOps<B>::conv2d(x.unsqueeze(ax), autocast::to_low(weight).unsqueeze(2), bias, p).squeeze(ax);
 }
 }  // namespace functional
 

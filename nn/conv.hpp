@@ -49,12 +49,15 @@ struct Conv2dOptions {
   DType dtype = DType::f32;
 };
 
+// The fields shared with Conv2dOptions come in the same order (C++ designated initialisers must follow
+// the declaration order, so an initialiser written for one compiles for the other), output_padding
+// after padding as in PyTorch's keyword order. Unlike torch.nn.ConvTranspose2d's positional
+// arguments, dilation precedes groups and bias here (docs/layers.md, "Porting from PyTorch").
 struct ConvTranspose2dOptions {
   int64_t in_channels = 0, out_channels = 0;
-  Size2 kernel_size = 1, stride = 1, padding = 0, output_padding = 0;
+  Size2 kernel_size = 1, stride = 1, padding = 0, output_padding = 0, dilation = 1;
   int64_t groups = 1;
   bool bias = true;
-  Size2 dilation = 1;
   DType dtype = DType::f32;
 };
 

@@ -25,7 +25,9 @@ template <Backend B> DifferentialAttention<B>::DifferentialAttention(DiffAttenti
   lk2_ = this->register_parameter("lambda_k2", Tensor<B>::zeros({d_}, o_.dtype));
   for (Var<B>* l : {&lq1_, &lk1_, &lq2_, &lk2_}) init::normal_(*l, 0.0, 0.1);
   const int64_t D = o_.d_model, h = o_.n_heads, hkv = o_.n_kv_heads;
-  auto lin = [&](int64_t in, int64_t out) { return std::make_shared<Linear<B>>(LinearOptions{.in = in, .out = out, .dtype = o_.dtype}); };
+  auto lin = [&](int64_t in, int64_t out) {
+    return std::make_shared<Linear<B>>(LinearOptions{.in = in, .out = out, .bias = false, .dtype = o_.dtype});
+  };
   q_ = this->register_module("q_proj", lin(D, h * 2 * d_));
   k_ = this->register_module("k_proj", lin(D, hkv * 2 * d_));
   v_ = this->register_module("v_proj", lin(D, hkv * 2 * d_));

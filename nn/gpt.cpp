@@ -62,7 +62,8 @@ template <Backend B> GPT<B>::GPT(const ModelConfig& config, DType dtype) : c_(co
                          .d_model = c_.d_model, .eps = c_.norm_eps, .key_norm_affine = c_.attnres_key_norm_affine}));
   norm_ = this->register_module("norm", std::make_shared<RMSNorm<B>>(RMSNormOptions{.dim = c_.d_model, .eps = c_.norm_eps}));
   if (!c_.tie_embeddings)
-    lm_head_ = this->register_module("lm_head", std::make_shared<Linear<B>>(LinearOptions{.in = c_.d_model, .out = c_.vocab_size}));
+    lm_head_ =
+        this->register_module("lm_head", std::make_shared<Linear<B>>(LinearOptions{.in = c_.d_model, .out = c_.vocab_size, .bias = false}));
   init_weights(0);
   if (dtype != DType::f32) this->to(dtype);
 }

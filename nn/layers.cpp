@@ -34,9 +34,12 @@ template <Backend B> Var<B> Act<B>::forward(const Var<B>& x) const {
 }
 
 template <Backend B> SwiGLU<B>::SwiGLU(SwiGLUOptions o) {
-  gate_ = this->register_module("gate_proj", std::make_shared<Linear<B>>(LinearOptions{.in = o.dim, .out = o.hidden, .dtype = o.dtype}));
-  up_ = this->register_module("up_proj", std::make_shared<Linear<B>>(LinearOptions{.in = o.dim, .out = o.hidden, .dtype = o.dtype}));
-  down_ = this->register_module("down_proj", std::make_shared<Linear<B>>(LinearOptions{.in = o.hidden, .out = o.dim, .dtype = o.dtype}));
+  gate_ = this->register_module("gate_proj",
+                                std::make_shared<Linear<B>>(LinearOptions{.in = o.dim, .out = o.hidden, .bias = false, .dtype = o.dtype}));
+  up_ = this->register_module("up_proj",
+                              std::make_shared<Linear<B>>(LinearOptions{.in = o.dim, .out = o.hidden, .bias = false, .dtype = o.dtype}));
+  down_ = this->register_module("down_proj",
+                                std::make_shared<Linear<B>>(LinearOptions{.in = o.hidden, .out = o.dim, .bias = false, .dtype = o.dtype}));
 }
 
 template <Backend B> Var<B> SwiGLU<B>::forward(const Var<B>& x) const {

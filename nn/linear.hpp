@@ -8,10 +8,12 @@
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::nn {
 
+// The defaults are torch.nn.Linear's (bias = true, as Conv2dOptions'); the transformer layers ask for
+// bias = false themselves. docs/layers.md, "Porting from PyTorch", lists where kiln's options differ.
 struct LinearOptions {
   int64_t in = 0;
   int64_t out = 0;
-  bool bias = false;
+  bool bias = true;
   DType dtype = DType::f32;
 };
 

@@ -30,6 +30,12 @@ template <Backend B> Tensor<B> Module<B>::register_buffer(const std::string& nam
   return value;
 }
 
+template <Backend B> const Tensor<B>& Module<B>::buffer(const std::string& name) const {
+  for (const Buffer& b : buffers_)
+    if (b.name == name) return b.value;
+  fail("buffer: this module has no buffer '{}'", name);
+}
+
 template <Backend B>
 void Module<B>::collect_params(const std::string& prefix, std::vector<std::pair<std::string, Var<B>>>& out) const {
   for (const auto& [n, p] : params_) out.emplace_back(prefix + n, p);
@@ -152,7 +158,13 @@ template <Backend B> void Module<B>::load(const std::string& path, bool strict) 
 
 template <Backend B> void Module<B>::to(DType dtype) {
   KILN_CHECK(is_floating(dtype), "Module::to: parameters must be floating point, got {}", dtype);
-  for (auto& [n, p] : params_) p.node()->value = p.value().to(dtype).contiguous();
+  for (auto& [n, p] : params_) {
+    auto& node = *p.node();
+    node.value = node.value.to(dtype).contiguous();
+    if (node.grad.defined()) node.grad = node.grad.to(dtype);
+  }
+  for (Buffer& b : buffers_)
+    if (b.value.defined() && is_floating(b.value.dtype())) b.value = b.value.to(dtype).contiguous();
   for (auto& [n, c] : children_) c->to(dtype);
 }
 

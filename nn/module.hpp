@@ -59,13 +59,19 @@ template <Backend B> class Module {
   void save(const std::string& path, const std::map<std::string, std::string>& metadata = {}) const;
   void load(const std::string& path, bool strict = true);
 
-  // Converts every parameter to a dtype (e.g. f64 for gradient checks); buffers keep theirs.
+  // Converts every parameter and every floating-point buffer (BatchNorm's running_mean/var, persistent
+  // or not) to a floating dtype, e.g. f64 for gradient checks, as torch.nn.Module.to(dtype); integer
+  // buffers (num_batches_tracked) keep theirs; accumulated gradients are converted with their
+  // parameter. Layers read their buffers through buffer() (the converted tensor), never a handle kept
+  // from registration. Make the optimizer after to(): it holds the parameters' old tensors otherwise.
   void to(DType dtype);
 
  protected:
   // Registration. Names are non-empty, contain no '.', and are unique within the module.
   Var<B> register_parameter(const std::string& name, Tensor<B> value, bool requires_grad = true);
   Tensor<B> register_buffer(const std::string& name, Tensor<B> value, bool persistent = true);
+  // This module's own buffer `name` (registered above): the current tensor, after any to().
+  const Tensor<B>& buffer(const std::string& name) const;
   template <class M> std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
     static_assert(std::is_base_of_v<Module<B>, M>, "register_module: M must derive from nn::Module<B>");
     check_name(name, "register_module");

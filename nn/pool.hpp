@@ -3,7 +3,8 @@
 // # Shapes
 //   MaxPool2d, AvgPool2d:  x [N, C, H, W] or [C, H, W] -> [N, C, Ho, Wo]
 //       Ho = ⌊ or ⌈(H + 2p − d(k−1) − 1)/s⌉ + 1 (ceil_mode), the last window starting inside the
-//       input or the left padding; stride defaults to kernel_size; padding at most half the kernel.
+//       input or the left padding; stride defaults to kernel_size; padding at most half of kernel_size (undilated, as
+//       PyTorch), checked when the layer is made and by the functional ops.
 //   AdaptiveAvgPool2d:     x [N, C, H, W] or [C, H, W] -> [N, C, Ho, Wo] (output_size), cell (i, j)
 //       averaging rows [⌊iH/Ho⌋, ⌈(i+1)H/Ho⌉) and the same for columns
 //   Flatten:               x [d0, ..., dn] -> dims start_dim..end_dim merged into one (default 1..-1)

@@ -107,7 +107,7 @@ template <Backend B> class Engine {
   void one_step(int64_t step, json& rec, FitState& st);
   double evaluate(std::map<std::string, double>& metrics);
   void save_checkpoint(int64_t step_count);
-  [[noreturn]] void fail_nonfinite(int64_t step, double loss, double norm);
+  [[noreturn]] void fail_nonfinite(int64_t step, double loss, double norm, double loss_scale);
 
   nn::Module<B>& model_;
   optim::Optimizer<B>& opt_;
@@ -218,7 +218,7 @@ template <Backend B> void Engine<B>::resume() {
   start_ = step;
 }
 
-template <Backend B> void Engine<B>::fail_nonfinite(int64_t step, double loss, double norm) {
+template <Backend B> void Engine<B>::fail_nonfinite(int64_t step, double loss, double norm, double loss_scale) {
   std::string bad;
   for (const auto& [name, p] : named_) {
     const Tensor<B> g = p.grad();
@@ -228,8 +228,13 @@ template <Backend B> void Engine<B>::fail_nonfinite(int64_t step, double loss, d
       break;
     }
   }
+  // f16 with a finite loss: the gradients overflowed at the scaler's floor (a non-finite loss says so itself).
+  const std::string scaled = scaler_ && std::isfinite(loss)
+                                 ? fmt::format(" with the f16 loss scale {} at its floor min_scale {}: not finite at any scale", loss_scale,
+                                               o_.loss_scale.min_scale)
+                                 : std::string();
   if (!bad.empty())
-    fail("fit: non-finite gradient at step {}: first in parameter '{}' (loss {}, grad norm {}, lr {})", step, bad, loss, norm,
+    fail("fit: non-finite gradient at step {}{}: first in parameter '{}' (loss {}, grad norm {}, lr {})", step, scaled, bad, loss, norm,
          opt_.groups().empty() ? 0.0 : opt_.groups()[0].lr);
   fail("fit: non-finite loss {} at step {} (every gradient finite, grad norm {}, lr {})", loss, step, norm,
        opt_.groups().empty() ? 0.0 : opt_.groups()[0].lr);
@@ -490,9 +495,11 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
   }
 
   const bool finite = std::isfinite(loss) && std::isfinite(norm);
-  // f16: an overflow is the loss scale's business (skip, back off), not a diverged run.
-  const bool overflow = scaler_ && !finite;
-  if (scaler_) scaler_->update(overflow);
+  // f16: gradients that overflow under a finite loss are the loss scale's business (skip, back off),
+  // not a diverged run, until the scale reaches its floor. A non-finite loss comes from the forward,
+  // before any scaling: a divergence, as non-finite gradients at the floor; neither moves the scale.
+  const bool overflow = scaler_ && !finite && std::isfinite(loss) && scaler_->can_back_off();
+  if (scaler_ && (finite || overflow)) scaler_->update(overflow);
   if (finite) {
     if (o_.grad_clip > 0) {
       const double coef = std::min(1.0, o_.grad_clip / (norm + 1e-6));  // optim::clip_grad_norm's formula
@@ -504,7 +511,7 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
     }
     opt_.step();
   } else if (o_.on_nonfinite == NonFinite::error && !overflow) {
-    fail_nonfinite(step, loss, norm);
+    fail_nonfinite(step, loss, norm, loss_scale);
   } else if (overflow) {
     opt_.zero_grad();
     for (auto& p : params_) p.zero_grad();

@@ -37,9 +37,10 @@
 //      the batches left (windows never straddle epochs). With equal-sized micro-batches and mean
 //      losses, k micro-batches of n give the gradient of one batch of k·n;
 //   4. hooks.after_backward; the global L2 norm of the gradients (before clipping, in double);
-//   5. a non-finite loss or norm: on_nonfinite = error throws a kiln::Error naming the step and the
-//      first parameter (dotted name) with a non-finite gradient; skip zeroes the gradients, makes no
-//      update, counts the step and logs it ("skipped": true), and the weights stay as they were;
+//   5. a non-finite loss or norm (with f16 loss scaling: unless it is an overflow, below): on_nonfinite
+//      = error throws a kiln::Error naming the step and the first parameter (dotted name) with a
+//      non-finite gradient; skip zeroes the gradients, makes no update, counts the step and logs it
+//      ("skipped": true), and the weights stay as they were;
 //   6. otherwise clipping (grad_clip > 0: gradients × min(1, clip / (norm + 1e-6)), exactly
 //      optim::clip_grad_norm) and opt.step();
 //   7. evaluation when (s + 1) % eval_every == 0 or s is the run's last step (eval_every = 0: the
@@ -47,9 +48,9 @@
 //   8. the on_step callbacks; at the end of a DataLoader epoch the loader moves to the next epoch,
 //      then the on_epoch callbacks;
 //   9. one JSONL record: step, loss (mean over the micro-batches), lr (group 0), grad_norm, ms (wall
-//      time of 1–6), tokens_per_s / samples_per_s where known, flops (of the step) and gflops where the step function gives them, eval_loss and eval_<metric> when
-//      evaluated, the step function's metrics (means over micro-batches), what callbacks recorded;
-//      then what callbacks print() and the progress bar;
+//      time of 1–6), tokens_per_s / samples_per_s where known, flops (of the step) and gflops where the step function gives them, eval_loss
+//      and eval_<metric> when evaluated, the step function's metrics (means over micro-batches), what callbacks recorded; then what
+//      callbacks print() and the progress bar;
 //  10. a checkpoint when (s + 1) % checkpoint_every == 0;
 //  11. stop when a callback asked, stop_after is reached or SIGINT/SIGTERM came (the step in
 //      progress always finishes; a second signal kills at once). The run ends with a checkpoint
@@ -86,8 +87,11 @@
 // Parameters, gradients and the optimizer stay in their own dtype (f32). f16 adds dynamic loss
 // scaling (autocast::GradScaler with loss_scale): the loss is multiplied by the scale before backward,
 // the gradients divided by it after hooks.after_backward (so after a DDP all-reduce); a step whose
-// gradient norm is then not finite is skipped ("overflow": true in the log, not counted as a
-// non-finite step) and the scale backed off. Records carry "loss_scale". On the Cpu f16 runs but
+// loss is finite but whose gradient norm is then not finite is an overflow: skipped ("overflow": true
+// in the log, not counted as a non-finite step) and the scale backed off. A divergence is not: a
+// non-finite loss (the forward's, computed before any scaling), or non-finite gradients while the
+// scale is at or below loss_scale.min_scale (default 1: unscaled), go to on_nonfinite as in step 5
+// and leave the scale as it is. Records carry "loss_scale". On the Cpu f16 runs but
 // its matmuls compute in f32 (no f16 kernels; one notice on stderr): use bf16 there.
 #include <cstdint>
 #include <functional>
@@ -139,7 +143,7 @@ struct FitState {
   double loss = 0, lr = 0, grad_norm = 0;
   double eval_loss = 0;     // valid when evaluated
   bool evaluated = false;   // this step ran an evaluation
-  bool skipped = false;     // a non-finite step skipped (on_nonfinite = skip)
+  bool skipped = false;     // no update this step: non-finite and skipped (on_nonfinite = skip), or an f16 overflow
   std::map<std::string, double> metrics{};  // logged with this step: step-function metrics, eval_*, and what callbacks add
   bool stop = false;        // set it to end the run after this step (with a checkpoint)
   std::vector<std::string> messages{};  // lines to print (above the progress bar) after this step

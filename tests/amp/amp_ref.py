@@ -6,6 +6,12 @@ reference GPT (tests/reference/kiln_ref.py) and on single ops.
       loss, logits and the gradient of every parameter.
   amp_ref.py ops --seed S --out f
       inputs ("in.*") and torch's results ("out.*") of single ops under autocast.
+  amp_ref.py conv --seed S --out f
+      conv2d under torch.autocast("cpu", bfloat16), and conv_transpose2d as newer PyTorch's autocast
+      runs it, by hand (bf16-rounded operands, float32 compute, bf16-rounded results; 1.13's CPU
+      autocast keeps it in float32); conv2d by hand too where torch has no bf16 convolution (below
+      AVX-512): inputs ("in.<op>.*"), outputs and gradients ("out.<op>.*"), "out.<op>.native" = 1
+      where torch.autocast itself ran.
 """
 import argparse
 import os
@@ -81,6 +87,46 @@ def cmd_ops(args):
     kiln_ref.save_safetensors(args.out, out)
 
 
+CONV_ARGS = {"conv2d": dict(stride=(2, 1), padding=(1, 1), dilation=(1, 2), groups=2),
+             "conv_transpose2d": dict(stride=2, padding=1, output_padding=1, groups=2)}
+
+
+def conv_emulated(op, x, w, b, gy):
+    """What autocast runs, by hand: operands rounded to bf16, f32 compute, output and gradients rounded to bf16."""
+    leaves = [t.bfloat16().float().requires_grad_(True) for t in (x, w, b)]
+    y = getattr(F, op)(*leaves, **CONV_ARGS[op])
+    y.backward(gy.bfloat16().float())  # autocast's cast backward rounds the incoming gradient
+    return y.detach().bfloat16().float(), [t.grad.bfloat16().float() for t in leaves]
+
+
+def cmd_conv(args):
+    torch.set_num_threads(2)
+    g = torch.Generator().manual_seed(args.seed)
+    out = {}
+    for op, xs, ws, bs in (("conv2d", (2, 6, 9, 8), (4, 3, 3, 3), 4), ("conv_transpose2d", (2, 4, 5, 6), (4, 3, 3, 3), 6)):
+        x, w, b = torch.randn(*xs, generator=g), torch.randn(*ws, generator=g), torch.randn(bs, generator=g)
+        with torch.no_grad():
+            shape = getattr(F, op)(x, w, b, **CONV_ARGS[op]).shape
+        gy = torch.randn(*shape, generator=g)
+        out.update({f"in.{op}.x": x, f"in.{op}.w": w, f"in.{op}.b": b, f"in.{op}.gy": gy})
+        native = op == "conv2d"  # 1.13's CPU autocast lists conv2d low, conv_transpose2d not
+        if native:
+            try:
+                leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    y = F.conv2d(*leaves, **CONV_ARGS[op])
+                assert y.dtype == torch.bfloat16
+                (y.float() * gy).sum().backward()
+                y, grads = y.detach().float(), [t.grad for t in leaves]
+            except RuntimeError:  # no bf16 convolution in torch's oneDNN below AVX-512 (e.g. an AVX2-only CPU)
+                native = False
+        if not native:
+            y, grads = conv_emulated(op, x, w, b, gy)
+        out.update({f"out.{op}.y": y, f"out.{op}.grad_x": grads[0], f"out.{op}.grad_w": grads[1], f"out.{op}.grad_b": grads[2],
+                    f"out.{op}.native": torch.tensor([1.0 if native else 0.0])})
+    kiln_ref.save_safetensors(args.out, out)
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -95,6 +141,10 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_ops)
+    p = sub.add_parser("conv")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.set_defaults(fn=cmd_conv)
     args = ap.parse_args()
     args.fn(args)
 

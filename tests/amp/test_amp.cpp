@@ -17,6 +17,7 @@
 #include <kiln/autograd/autocast.hpp>
 #include <kiln/backends/backends.hpp>
 #include <kiln/formats/safetensors.hpp>
+#include <kiln/nn/conv.hpp>
 #include <kiln/nn/gpt.hpp>
 #include <kiln/nn/linear.hpp>
 #include <kiln/nn/loss.hpp>
@@ -48,13 +49,26 @@ double rel_l2(const T& a, const T& b) {
   return den == 0 ? num : num / den;
 }
 
-std::filesystem::path temp_dir(const std::string& tag) {
-  static int n = 0;
-  const auto d = std::filesystem::temp_directory_path() / fmt::format("kiln-amp-{}-{}-{}", tag, ::getpid(), n++);
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d;
-}
+// A fresh directory under the system's temporary directory, removed with its contents when the test
+// case ends, passed or failed.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& tag) {
+    static int n = 0;
+    path = std::filesystem::temp_directory_path() / fmt::format("kiln-amp-{}-{}-{}", tag, ::getpid(), n++);
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::filesystem::path operator/(const std::string& name) const { return path / name; }
+  std::string string() const { return path.string(); }
+};
+TempDir temp_dir(const std::string& tag) { return TempDir(tag); }
 
 void require_torch() {
   if (std::system(fmt::format("{} -c 'import torch' >/dev/null 2>&1", test::python()).c_str()) != 0)
@@ -269,6 +283,125 @@ TEST_CASE("amp: matmul, linear and the f32 list under autocast match torch.autoc
   kt::check_bits(rn.value(), nn::functional::rms_norm(V(xb.to(DType::f32)), V(), 1e-6).value(), "rms_norm");
 }
 
+namespace {
+
+// bf16's unit roundoff: 8 significant bits, so one rounding to nearest moves a value by at most 2^-8
+// relative (half an ulp; kU above counts in quarter ulps).
+constexpr double kRound = 0x1p-8;
+
+// f64 of the bf16 rounding of t: the operands the low-precision ops compute on.
+T rounded(const T& t) { return t.to(DType::bf16).to(DType::f64); }
+
+// The result of an f32 accumulation of K products rounded once to bf16, against the exact sum e of
+// the same bf16 operands: |got − e| <= u·|e| + 1.01·γ_K·S (u = kRound), where S = Σ|products| (+|bias|) and
+// γ_K = K·2^-24 bounds an f32 sum of K terms in any order (Higham): whatever the kernel and the
+// CPU's instruction set. One rounding more (a bias added to a rounded product, an operand left
+// unrounded) breaks it wherever the terms cancel.
+void check_low(const T& got, const T& exact, const T& abs_sum, int64_t K, const std::string& what) {
+  INFO(what << " (K = " << K << ")");
+  REQUIRE(got.shape() == exact.shape());
+  const std::vector<double> g = got.to_vector<double>(), e = exact.to_vector<double>(), a = abs_sum.to_vector<double>();
+  const double gamma = 1.01 * static_cast<double>(K) * 0x1p-24;
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double excess = std::abs(g[i] - e[i]) - (kRound * std::abs(e[i]) + gamma * a[i]);
+    if (excess > worst) worst = excess, at = i;
+  }
+  INFO("worst element " << at << ": got " << g[at] << ", exact " << e[at] << ", Σ|terms| " << a[at]);
+  CHECK(worst == 0);
+}
+
+}  // namespace
+
+// conv2d and conv_transpose2d follow PyTorch's autocast policy (the low list): every floating operand
+// rounded to bf16, f32 compute, the output (bias included) rounded once, the gradients the same way
+// and then cast back to the f32 leaves. Oracles: kiln's own float64 convolution of the bf16-rounded
+// operands (exact up to 2^-53), with the bound of check_low; and torch.autocast's conv2d, held to the
+// same bound around the same exact sums. 1.13's CPU autocast keeps conv_transpose2d in f32, so torch
+// runs it as later PyTorch's autocast does, by hand (bf16 operands, f32 compute, bf16 results); conv2d
+// too where torch has no bf16 convolution (CPUs below AVX-512: tests/amp/amp_ref.py).
+TEST_CASE("amp: conv2d and conv_transpose2d under autocast match torch.autocast and the exact sums of bf16 operands", "[amp][torch]") {
+  require_torch();
+  const auto dir = temp_dir("conv");
+  const std::string f = (dir / "conv.safetensors").string();
+  run_py(amp_script(), fmt::format("conv --seed 11 --out {}", f));
+  const auto r = safetensors::load<Cpu>(f);
+  namespace F = nn::functional;
+  for (const std::string op : {"conv2d", "conv_transpose2d"}) {
+    INFO(op);
+    const bool tr = op == "conv_transpose2d";
+    const auto in = [&](const char* n) { return r.at("in." + op + "." + n); };
+    const T x = in("x"), w = in("w"), b = in("b"), gy = in("gy");
+    const auto run = [&](const V& xv, const V& wv, const V& bv) {
+      return tr ? F::conv_transpose2d(xv, wv, bv, 2, 1, 1, 2) : F::conv2d(xv, wv, bv, Size2{2, 1}, 1, Size2{1, 2}, 2);
+    };
+    // kiln under autocast: f32 leaves (the parameters' dtype), bf16 out, f32 gradients.
+    V xv(x, true), wv(w, true), bv(b, true);
+    V y;
+    {
+      autocast::Scope ac(DType::bf16);
+      y = run(xv, wv, bv);
+    }
+    REQUIRE(y.dtype() == DType::bf16);
+    (y.to(DType::f32) * V(gy)).sum().backward();
+    REQUIRE(xv.grad().dtype() == DType::f32);
+    REQUIRE(wv.grad().dtype() == DType::f32);
+    REQUIRE(bv.grad().dtype() == DType::f32);
+
+    // The exact sums of the bf16 operands (the incoming gradient rounded by the cast's backward), and
+    // the sums of the terms' magnitudes: the same convolution of |operands| (every term positive).
+    V x64(rounded(x), true), w64(rounded(w), true), b64(rounded(b), true);
+    const V y64 = run(x64, w64, b64);
+    y64.backward(rounded(gy));
+    V xa(rounded(x).abs(), true), wa(rounded(w).abs(), true), ba(rounded(b).abs(), true);
+    const V ya = run(xa, wa, ba);
+    ya.backward(rounded(gy).abs());
+    // Terms per value: forward (C_in/groups)·kh·kw (at most, transposed), dx (O/groups)·kh·kw, dw and db N·Ho·Wo (N·H·W).
+    const int64_t taps = w.size(2) * w.size(3), kf = (tr ? w.size(0) / 2 : w.size(1)) * taps, kx = (tr ? w.size(1) : w.size(0) / 2) * taps;
+    const int64_t kw = tr ? x.size(0) * x.size(2) * x.size(3) : y.size(0) * y.size(2) * y.size(3), kb = y.size(0) * y.size(2) * y.size(3);
+    const std::vector<std::tuple<std::string, T, T, T, int64_t>> checks = {
+        {"y", y.value(), y64.value(), ya.value(), kf},
+        {"grad_x", xv.grad(), x64.grad(), xa.grad(), kx},
+        {"grad_w", wv.grad(), w64.grad(), wa.grad(), kw},
+        {"grad_b", bv.grad(), b64.grad(), ba.grad(), kb},
+    };
+    const bool native = item<double>(r.at("out." + op + ".native")) == 1;
+    INFO("PyTorch side: " << (native ? "torch.autocast" : "by hand (bf16 operands, f32 compute, bf16 results)"));
+    if (op == "conv2d" && !native) WARN("torch has no bf16 conv2d on this CPU: its autocast policy emulated by hand");
+    for (const auto& [name, got, exact, abs_sum, K] : checks) {
+      check_low(got, exact, abs_sum, K, "kiln " + op + " " + name);
+      check_low(r.at("out." + op + "." + name), exact, abs_sum, K, "torch " + op + " " + name);
+    }
+  }
+}
+
+TEST_CASE("amp: a bf16 activation into an f32 Conv2d, ConvTranspose2d or Conv1d runs under autocast, and is an Error outside", "[amp]") {
+  Generator g(9);
+  nn::Conv2d<Cpu> conv({.in_channels = 3, .out_channels = 4, .kernel_size = 3, .padding = 1});
+  nn::ConvTranspose2d<Cpu> convt({.in_channels = 4, .out_channels = 2, .kernel_size = 2, .stride = 2});
+  nn::Conv1d<Cpu> conv1({.in_channels = 3, .out_channels = 2, .kernel_size = 3});
+  const V x(T::randn({2, 3, 6, 5}, DType::f32, &g).to(DType::bf16));  // e.g. the output of an earlier low-precision op
+  CHECK_THROWS_WITH(conv(x), Catch::Contains("conv2d") && Catch::Contains("bf16") && Catch::Contains("f32"));
+  CHECK_THROWS_WITH(convt(V(T::randn({1, 4, 3, 3}, DType::f32, &g).to(DType::bf16))),
+                    Catch::Contains("conv_transpose2d") && Catch::Contains("bf16") && Catch::Contains("f32"));
+  V y, y1;
+  {
+    autocast::Scope ac(DType::bf16);
+    y = convt(conv(x));
+    y1 = conv1(V(T::randn({2, 3, 7}, DType::f32, &g).to(DType::bf16)));
+  }
+  REQUIRE(y.dtype() == DType::bf16);
+  REQUIRE(y.shape() == Shape{2, 2, 12, 10});
+  REQUIRE(y1.dtype() == DType::bf16);
+  (y.to(DType::f32).sum() + y1.to(DType::f32).sum()).backward();
+  for (const auto& [name, p] : conv.named_parameters()) CHECK(p.grad().dtype() == DType::f32);
+  for (const auto& [name, p] : convt.named_parameters()) CHECK(p.grad().dtype() == DType::f32);
+  for (const auto& [name, p] : conv1.named_parameters()) CHECK(p.grad().dtype() == DType::f32);
+  // The bias's gradient is Σ dy over (N, H, W), exact in bf16 here: dy = 1 everywhere, 2·12·10 = 240 terms.
+  CHECK(item<double>(convt.bias().grad().sub(240.0).abs().max()) == 0);
+}
+
 TEST_CASE("amp: fused attention under autocast takes bf16 q, k, v and rounds O once", "[amp]") {
   Generator g(5);
   const T q = T::randn({2, 3, 17, 16}, DType::f32, &g), k = T::randn({2, 3, 17, 16}, DType::f32, &g),
@@ -454,7 +587,7 @@ TEST_CASE("amp: the loss scaler backs off on overflow and grows after good steps
 
   // fit with f16: a scale of 2^120 overflows f16 (and f32) gradients, so the first steps are skipped
   // (weights untouched) and the scale halves each time until the gradients fit.
-  nn::Linear<Cpu> model(nn::LinearOptions{.in = 6, .out = 3});
+  nn::Linear<Cpu> model(nn::LinearOptions{.in = 6, .out = 3, .bias = false});
   optim::Adam<Cpu> opt(model.named_parameters(), {.lr = 1e-2});
   Generator g(4);
   const T xs = T::randn({8, 6}, DType::f32, &g), ys = T::uniform({8}, 0, 3, DType::f32, &g).to(DType::i64);
@@ -499,6 +632,68 @@ std::vector<json> read_log(const std::string& path) {
 }
 
 }  // namespace
+
+// f16 loss scaling tells an overflow from a divergence (train/loop.hpp, docs/mixed_precision.md): a
+// non-finite loss comes from the forward, before any scaling, and goes to on_nonfinite at once; so do
+// non-finite gradients once the scale is at its floor (min_scale, default 1). Neither moves the scale.
+TEST_CASE("amp: under f16 loss scaling a diverged forward, or gradients not finite at the floor scale, reach on_nonfinite", "[amp]") {
+  Generator g(6);
+  const T xs = T::randn({8, 6}, DType::f32, &g), ys = T::uniform({8}, 0, 3, DType::f32, &g).to(DType::i64);
+  const T nan_xs = xs.mul(std::nan(""));
+  const auto dir = temp_dir("diverge");
+  const std::string log = (dir / "log.jsonl").string();
+  struct Run {
+    FitResult res;
+    std::vector<json> recs;
+  };
+  // kind "loss": the batch holds NaNs from step 3 on (the forward diverges); kind "grad": from step 0 the
+  // loss is finite but one gradient is NaN at any scale (0·∞ in sqrt's backward at 0).
+  const auto run = [&](const std::string& kind, NonFinite policy, double init) {
+    nn::Linear<Cpu> model(nn::LinearOptions{.in = 6, .out = 3});
+    optim::Adam<Cpu> opt(model.named_parameters(), {.lr = 1e-2});
+    int64_t at = 0;
+    IndexedBatches src{.batch = [&](int64_t i) { return (at = i); }};
+    const auto step = [&](int64_t) {
+      if (kind == "loss") return nn::cross_entropy(model.forward(V(at >= 3 ? nan_xs : xs)), ys);
+      return nn::cross_entropy(model.forward(V(xs)), ys) + model.weight().mul(0.0).sqrt().sum();
+    };
+    Run out;
+    out.res =
+        fit(model, opt, src, step,
+            FitOptions{
+                .steps = 8, .on_nonfinite = policy, .precision = DType::f16, .loss_scale = {.init = init}, .log_path = log, .progress = 0});
+    out.recs = read_log(log);
+    return out;
+  };
+
+  // error: the first diverged step throws, naming it; before, every such step was an "overflow", skipped forever.
+  CHECK_THROWS_WITH(run("loss", NonFinite::error, 1024), Catch::Contains("non-finite") && Catch::Contains("at step 3"));
+  CHECK_THROWS_WITH(run("grad", NonFinite::error, 4), Catch::Contains("non-finite gradient at step 2") &&
+                                                          Catch::Contains("at its floor min_scale 1") && Catch::Contains("'weight'"));
+
+  // skip: counted as non-finite steps ("skipped", not "overflow"); the scale stays where it was.
+  const Run a = run("loss", NonFinite::skip, 1024);
+  REQUIRE(a.recs.size() == 8);
+  CHECK(a.res.skipped == 5);
+  for (size_t i = 0; i < 8; ++i) {
+    INFO("step " << i << ": " << a.recs[i].dump());
+    CHECK(a.recs[i].value("skipped", false) == (i >= 3));
+    CHECK_FALSE(a.recs[i].value("overflow", false));
+    CHECK(a.recs[i]["loss_scale"].get<double>() == 1024);
+  }
+  // Gradients that overflow at every scale: two backoffs (4 -> 2 -> 1), then divergences at the floor.
+  const Run b = run("grad", NonFinite::skip, 4);
+  REQUIRE(b.recs.size() == 8);
+  CHECK(b.res.skipped == 6);
+  const std::vector<double> scales{4, 2, 1, 1, 1, 1, 1, 1};
+  for (size_t i = 0; i < 8; ++i) {
+    INFO("step " << i << ": " << b.recs[i].dump());
+    CHECK(b.recs[i].value("overflow", false) == (i < 2));
+    CHECK(b.recs[i].value("skipped", false) == (i >= 2));
+    CHECK(b.recs[i]["loss_scale"].get<double>() == scales[i]);
+  }
+  CHECK_THROWS_WITH(autocast::GradScaler({.min_scale = -1}), Catch::Contains("min_scale"));
+}
 
 TEST_CASE("amp: train::evaluate runs the forward under autocast to the precision it is given", "[amp]") {
   ModelConfig c;

@@ -62,6 +62,33 @@ TEMPLATE_TEST_CASE("Conv1d, Conv2d, ConvTranspose2d: parameters, init, shapes", 
   CHECK(param_shapes(ct) == std::map<std::string, Shape>{{"weight", {4, 3, 3, 3}}, {"bias", {6}}});
   check_uniform(ct.weight(), 1.0 / std::sqrt(27.0), "ConvTranspose2d weight");  // PyTorch's fan_in: weight.size(1)·kh·kw
   CHECK(ct(Var<B>(Tensor<B>::randn({2, 4, 5, 7}))).shape() == Shape{2, 6, 10, 14});
+
+  // One designated initialiser for both option structs: it compiles only while the fields they share
+  // come in the same order (C++ requires the declaration order), as the options of torch's two layers
+  // share keyword names.
+  const auto opts = []<class O>(O) {
+    return O{.in_channels = 4,
+             .out_channels = 6,
+             .kernel_size = 3,
+             .stride = 2,
+             .padding = 2,
+             .dilation = 2,
+             .groups = 2,
+             .bias = false,
+             .dtype = DType::f64};
+  };
+  const auto co = opts(nn::Conv2dOptions{});
+  const auto cto = opts(nn::ConvTranspose2dOptions{});
+  CHECK(cto.dilation == Size2{2});
+  CHECK(cto.groups == 2);
+  CHECK_FALSE(cto.bias);
+  nn::Conv2d<B> same(co);
+  nn::ConvTranspose2d<B> same_t(cto);
+  CHECK(param_shapes(same_t) == std::map<std::string, Shape>{{"weight", {4, 3, 3, 3}}});
+  // (5 − 1)·2 − 2·2 + 2·(3 − 1) + 1 = 9, and conv2d maps it back: ⌊(9 + 4 − 4 − 1)/2⌋ + 1 = 5
+  const Var<B> up = same_t(Var<B>(Tensor<B>::randn({1, 4, 5, 5}, DType::f64)));
+  CHECK(up.shape() == Shape{1, 6, 9, 9});
+  CHECK(same(Var<B>(Tensor<B>::randn({1, 4, 9, 9}, DType::f64))).shape() == Shape{1, 6, 5, 5});
 }
 
 TEMPLATE_TEST_CASE("pooling modules and Flatten: shapes and defaults", "[pool][nn]", KILN_BACKEND_TYPES) {
@@ -111,6 +138,14 @@ TEMPLATE_TEST_CASE("conv and pool errors name the op and the values", "[conv][er
   throws_with([&] { F::conv_transpose2d(Var<B>(T::randn({1, 2, 1, 1})), Var<B>(T::randn({2, 1, 1, 1})), {}, 1, 1); },
               {"conv_transpose2d", "output size -1x-1 is too small"});
   throws_with([&] { F::max_pool2d(x, 3, 1, 2); }, {"max_pool2d", "padding (2, 2)", "at most half"});
+  // PyTorch's limit is half the kernel_size itself: dilation does not raise it.
+  throws_with([&] { F::max_pool2d(x, 3, 1, 2, 2); }, {"max_pool2d", "padding (2, 2)", "at most half of kernel_size (3, 3)"});
+  throws_with([&] { F::max_pool2d(x, Size2{2, 3}, 1, Size2{0, 2}, Size2{1, 3}); }, {"max_pool2d", "padding (0, 2)", "kernel_size (2, 3)"});
+  CHECK(F::max_pool2d(x, 3, 1, 1, 2).shape() == Shape{2, 3, 3, 3});  // padding 1 = ⌊3/2⌋ is fine
+  throws_with([&] { nn::MaxPool2d<B>({.kernel_size = 3, .padding = 2, .dilation = 2}); },
+              {"MaxPool2d", "padding (2, 2)", "kernel_size (3, 3)"});
+  throws_with([&] { nn::AvgPool2d<B>({.kernel_size = {4, 2}, .padding = {2, 2}}); }, {"AvgPool2d", "padding (2, 2)", "kernel_size (4, 2)"});
+  throws_with([&] { nn::MaxPool2d<B>({.kernel_size = 2, .dilation = 0}); }, {"MaxPool2d", "dilation must be >= 1"});
   throws_with([&] { F::max_pool2d(x, 0); }, {"max_pool2d", "kernel_size must be >= 1"});
   throws_with([&] { F::avg_pool2d(x, 2, Size2{0}); }, {"avg_pool2d", "stride must be >= 1"});
   throws_with([&] { F::max_pool2d(Var<B>(T::randn({1, 1, 2, 2})), 5, 1, 1); }, {"max_pool2d", "output size", "too small"});

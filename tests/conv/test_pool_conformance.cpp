@@ -30,7 +30,7 @@ PoolCase random_pool(Gen& g, bool dilation) {
   c.p.stride = {g.integer(1, 3), g.integer(1, 3)};
   c.p.dilation = dilation ? Size2{g.integer(1, 2), g.integer(1, 2)} : Size2{1};
   const int64_t eh = c.p.dilation.h * (c.p.kernel.h - 1) + 1, ew = c.p.dilation.w * (c.p.kernel.w - 1) + 1;
-  c.p.padding = {g.integer(0, eh / 2), g.integer(0, ew / 2)};
+  c.p.padding = {g.integer(0, c.p.kernel.h / 2), g.integer(0, c.p.kernel.w / 2)};  // PyTorch's limit: half the undilated kernel
   c.p.ceil_mode = g.coin();
   c.p.count_include_pad = g.coin();
   c.N = g.integer(1, 3);

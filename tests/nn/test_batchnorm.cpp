@@ -336,15 +336,36 @@ TEMPLATE_TEST_CASE("BatchNorm: train normalises with the batch and moves the run
   nostats.eval();
   CHECK(to_vector<double>(nostats.forward(Var<B>(x4)).value()) == yt);
 
-  // Module::to(f64) converts the parameters; the f32 buffers still take the f64 batch's statistics.
-  BatchNorm1d<B> conv({.num_features = 2});
+  // Module::to(f64) converts the parameters and the floating buffers, as torch's module.to(float64):
+  // the converted layer then computes bit for bit what a layer made in f64 computes, in train (the
+  // running statistics updated in f64) and in eval (normalised by them); num_batches_tracked stays i64.
+  BatchNorm2d<B> conv({.num_features = 2, .momentum = 0.1});
+  BatchNorm2d<B> made({.num_features = 2, .momentum = 0.1, .dtype = DType::f64});
   conv.to(DType::f64);
-  const Var<B> yc = conv.forward(Var<B>(x));
-  CHECK(yc.dtype() == DType::f64);
-  CHECK(conv.running_mean().dtype() == DType::f32);
-  const auto crm = to_vector<double>(conv.running_mean());
-  CHECK(crm[0] == Approx(0.3).epsilon(1e-6));  // 0.1 · the channel means 3 and 30, stored in f32
-  CHECK(crm[1] == Approx(3.0).epsilon(1e-6));
+  for (const auto& [name, t] : conv.state_dict()) {
+    INFO(name);
+    CHECK(t.dtype() == (name == "num_batches_tracked" ? DType::i64 : DType::f64));
+  }
+  CHECK(conv.running_mean().dtype() == DType::f64);
+  CHECK(conv.running_var().dtype() == DType::f64);
+  const Tensor<B> xc = Tensor<B>::randn({3, 2, 2, 2}, DType::f64, &gen).mul(3.0).add(0.7);
+  for (int step = 0; step < 2; ++step) {
+    const Var<B> yc = conv.forward(Var<B>(xc)), ym = made.forward(Var<B>(xc));
+    CHECK(yc.dtype() == DType::f64);
+    kt::check_bits(yc.value(), ym.value(), "train forward after to(f64)");
+  }
+  kt::check_bits(conv.running_mean(), made.running_mean(), "running_mean after to(f64)");
+  kt::check_bits(conv.running_var(), made.running_var(), "running_var after to(f64)");
+  CHECK(conv.num_batches_tracked().dtype() == DType::i64);
+  CHECK(conv.num_batches_tracked().template item<int64_t>() == 2);
+  conv.eval();
+  made.eval();
+  kt::check_bits(conv.forward(Var<B>(xc)).value(), made.forward(Var<B>(xc)).value(), "eval forward after to(f64)");
+  // And back to f32: the statistics follow (rounded once).
+  conv.to(DType::f32);
+  CHECK(conv.running_var().dtype() == DType::f32);
+  kt::check_bits(conv.running_var(), made.running_var().to(DType::f32), "running_var after to(f32)");
+  CHECK(conv.forward(Var<B>(xc.to(DType::f32))).dtype() == DType::f32);
 }
 
 TEMPLATE_TEST_CASE("BatchNorm and GroupNorm: bad shapes and options raise errors naming the values", "[norm][errors]", KILN_BACKEND_TYPES) {

@@ -27,7 +27,7 @@ template <Backend B> class Net : public Module<B> {
         "features", std::make_shared<Sequential<B>>(std::make_shared<Linear<B>>(LinearOptions{.in = 4, .out = 6, .bias = true}),
                                                     std::make_shared<BatchNorm1d<B>>(BatchNormOptions{.num_features = 6}),
                                                     std::make_shared<ReLU<B>>(), std::make_shared<Dropout<B>>(0.5)));
-    head = this->register_module("head", std::make_shared<Linear<B>>(LinearOptions{.in = 6, .out = 2}));
+    head = this->register_module("head", std::make_shared<Linear<B>>(LinearOptions{.in = 6, .out = 2, .bias = false}));
   }
   Var<B> forward(const Var<B>& x) const { return head->forward(features->forward(x)); }
   std::shared_ptr<Sequential<B>> features;
@@ -93,7 +93,7 @@ TEMPLATE_TEST_CASE("Sequential: PyTorch names, nested as features.0.weight, forw
 TEMPLATE_TEST_CASE("Sequential: named push_back, nesting, typed access and index errors", "[container][errors]", KILN_BACKEND_TYPES) {
   using B = TestType;
   Sequential<B> s;
-  auto lin = s.push_back(std::make_shared<Linear<B>>(LinearOptions{.in = 3, .out = 3}));
+  auto lin = s.push_back(std::make_shared<Linear<B>>(LinearOptions{.in = 3, .out = 3, .bias = false}));
   s.push_back("act", std::make_shared<GELU<B>>(true));
   auto inner = s.push_back(std::make_shared<Sequential<B>>());
   inner->push_back(std::make_shared<LayerNorm<B>>(LayerNormOptions{.dim = 3}));
@@ -159,7 +159,7 @@ TEMPLATE_TEST_CASE("containers: train and eval reach nested modules, state dicts
 
 TEMPLATE_TEST_CASE("ModuleList: names 0, 1, ..., iteration, typed access, parameters and modes", "[container]", KILN_BACKEND_TYPES) {
   using B = TestType;
-  ModuleList<B> list(std::make_shared<Linear<B>>(LinearOptions{.in = 2, .out = 3}),
+  ModuleList<B> list(std::make_shared<Linear<B>>(LinearOptions{.in = 2, .out = 3, .bias = false}),
                      std::make_shared<GroupNorm<B>>(GroupNormOptions{.num_groups = 1, .num_channels = 3}));
   list.push_back(std::make_shared<BatchNorm1d<B>>(BatchNormOptions{.num_features = 3, .affine = false}));
   CHECK(list.size() == 3);

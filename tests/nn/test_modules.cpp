@@ -23,7 +23,7 @@ template <Backend B> class Two : public Module<B> {
     a = this->register_module("a", std::make_shared<Linear<B>>(LinearOptions{.in = 3, .out = 4, .bias = true}));
     s = this->register_parameter("scale", Tensor<B>::ones({4}));
     this->register_buffer("steps", Tensor<B>::zeros({1}, DType::i64));
-    b = this->register_module("b", std::make_shared<Linear<B>>(LinearOptions{.in = 4, .out = 2}));
+    b = this->register_module("b", std::make_shared<Linear<B>>(LinearOptions{.in = 4, .out = 2, .bias = false}));
   }
   void bad_names() {
     this->register_parameter("scale", Tensor<B>::ones({1}));
@@ -67,6 +67,32 @@ TEMPLATE_TEST_CASE("module: PyTorch names and order, counting, strict state dict
   CHECK_FALSE(m.a->is_training());
   m.train();
   CHECK(m.b->is_training());
+}
+
+// The option defaults a PyTorch user relies on without writing them (docs/layers.md, "Porting from
+// PyTorch"): Linear has a bias, as torch.nn.Linear(in, out); the transformer layers, whose torch
+// counterparts do too, ask for none themselves (a GPT has no bias anywhere).
+TEMPLATE_TEST_CASE("porting: Linear has a bias by default as torch.nn.Linear, and the GPT layers still have none", "[module]",
+                   KILN_BACKEND_TYPES) {
+  using B = TestType;
+  Linear<B> lin(LinearOptions{.in = 4, .out = 3});
+  CHECK(lin.named_parameters().size() == 2);
+  CHECK(lin.bias().defined());
+  CHECK(lin.bias().shape() == Shape{3});
+  Linear<B> nob(LinearOptions{.in = 4, .out = 3, .bias = false});
+  CHECK(nob.named_parameters().size() == 1);
+  ModelConfig c;
+  c.vocab_size = 16, c.d_model = 16, c.n_layers = 2, c.n_heads = 2, c.max_seq_len = 8;
+  for (const std::string attention : {"mha", "diff"}) {
+    INFO(attention);
+    c.attention = attention;
+    c.tie_embeddings = attention == "diff";  // mha: the untied LM head is checked too
+    GPT<B> gpt(c.resolved());
+    for (const auto& [name, p] : gpt.named_parameters()) {
+      INFO(name);
+      CHECK(name.find("bias") == std::string::npos);
+    }
+  }
 }
 
 TEMPLATE_TEST_CASE("layers: LayerNorm/RMSNorm against the formula and FD, Dropout, MSE, init bounds", "[layers]", KILN_BACKEND_TYPES) {
