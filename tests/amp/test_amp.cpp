@@ -187,7 +187,6 @@ TEST_CASE("amp: matmul, linear and the f32 list under autocast match torch.autoc
   const std::string f = (dir / "ops.safetensors").string();
   run_py(amp_script(), fmt::format("ops --seed 7 --out {}", f));
   const auto r = safetensors::load<Cpu>(f);
-  std::filesystem::remove_all(dir);
   const T a = r.at("in.a"), b = r.at("in.b"), w = r.at("in.w"), bias = r.at("in.bias"), xb = r.at("in.xb").to(DType::bf16);
   const int64_t K = a.size(1), N = b.size(1);
   WARN("bf16 matmul on this CPU: " << (native_bf16_matmul() ? "oneDNN's bf16 kernels" : "f32 sgemm, output rounded once (no AVX512-BF16/AMX, or forced)")
@@ -285,15 +284,11 @@ TEST_CASE("amp: matmul, linear and the f32 list under autocast match torch.autoc
 
 namespace {
 
-// bf16's unit roundoff: 8 significant bits, so one rounding to nearest moves a value by at most 2^-8
-// relative (half an ulp; kU above counts in quarter ulps).
-constexpr double kRound = 0x1p-8;
-
 // f64 of the bf16 rounding of t: the operands the low-precision ops compute on.
 T rounded(const T& t) { return t.to(DType::bf16).to(DType::f64); }
 
 // The result of an f32 accumulation of K products rounded once to bf16, against the exact sum e of
-// the same bf16 operands: |got − e| <= u·|e| + 1.01·γ_K·S (u = kRound), where S = Σ|products| (+|bias|) and
+// the same bf16 operands: |got − e| <= u·|e| + 1.01·γ_K·S (u = kBf16U), where S = Σ|products| (+|bias|) and
 // γ_K = K·2^-24 bounds an f32 sum of K terms in any order (Higham): whatever the kernel and the
 // CPU's instruction set. One rounding more (a bias added to a rounded product, an operand left
 // unrounded) breaks it wherever the terms cancel.
@@ -305,7 +300,7 @@ void check_low(const T& got, const T& exact, const T& abs_sum, int64_t K, const 
   double worst = 0;
   size_t at = 0;
   for (size_t i = 0; i < g.size(); ++i) {
-    const double excess = std::abs(g[i] - e[i]) - (kRound * std::abs(e[i]) + gamma * a[i]);
+    const double excess = std::abs(g[i] - e[i]) - (kBf16U * std::abs(e[i]) + gamma * a[i]);
     if (excess > worst) worst = excess, at = i;
   }
   INFO("worst element " << at << ": got " << g[at] << ", exact " << e[at] << ", Σ|terms| " << a[at]);
