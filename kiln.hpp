@@ -37,6 +37,8 @@
 #include "kiln/formats/idx.hpp"
 #include "kiln/formats/safetensors.hpp"
 
+#include "kiln/text/tokenizer.hpp"
+
 #include "kiln/train/config.hpp"
 #include "kiln/train/data.hpp"
 #include "kiln/train/dataloader.hpp"

@@ -56,6 +56,25 @@ kiln_require(ZLIB_FOUND zlib1g-dev "zlib (reads .gz datasets)")
 find_package(nlohmann_json CONFIG QUIET)
 kiln_require(nlohmann_json_FOUND nlohmann-json3-dev "nlohmann-json")
 
+# The tokenizers (text/): PCRE2 for the pre-tokenizers' Unicode regexes, libsentencepiece for
+# tokenizer.model files, utf8proc for the NFC/NFKC normalizers. Imported targets, so that a static
+# libkiln's exported link interface can name them (kilnConfig.cmake defines them again).
+function(kiln_find_text_lib target lib header pkg what)
+  find_library(KILN_${target}_LIB NAMES ${lib} PATHS ${KILN_DEPS_ROOT}/usr/lib/${CMAKE_LIBRARY_ARCHITECTURE})
+  find_path(KILN_${target}_INCLUDE NAMES ${header} PATHS ${KILN_DEPS_ROOT}/usr/include)
+  if(NOT KILN_${target}_LIB OR NOT KILN_${target}_INCLUDE)
+    kiln_require(FALSE ${pkg} "${what}")
+  endif()
+  if(NOT TARGET kiln::${target})
+    add_library(kiln::${target} UNKNOWN IMPORTED GLOBAL)
+    set_target_properties(kiln::${target} PROPERTIES IMPORTED_LOCATION ${KILN_${target}_LIB}
+                                                     INTERFACE_INCLUDE_DIRECTORIES ${KILN_${target}_INCLUDE})
+  endif()
+endfunction()
+kiln_find_text_lib(pcre2 pcre2-8 pcre2.h libpcre2-dev "PCRE2 (the tokenizers' regexes)")
+kiln_find_text_lib(sentencepiece sentencepiece sentencepiece_processor.h libsentencepiece-dev "SentencePiece (tokenizer.model files)")
+kiln_find_text_lib(utf8proc utf8proc utf8proc.h libutf8proc-dev "utf8proc (Unicode normalization for the tokenizers)")
+
 # MPI for kiln::dist (KILN_WITH_MPI: auto = when found). Open MPI from Debian: libopenmpi-dev, openmpi-bin.
 set(KILN_MPI_ENABLED OFF)
 if(KILN_WITH_MPI STREQUAL "auto" OR KILN_WITH_MPI)

@@ -19,7 +19,7 @@ install(FILES ${PROJECT_SOURCE_DIR}/docs/formats.md ${PROJECT_SOURCE_DIR}/docs/s
         ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
 
 # Public headers: every .hpp of the library's folders but these, which are the backends' insides.
-set(KILN_PRIVATE_HEADERS backends/cpu/common.hpp backends/cpu/vecmath.hpp backends/cuda/runtime.hpp dist/detail.hpp
+set(KILN_PRIVATE_HEADERS backends/cpu/common.hpp backends/cpu/vecmath.hpp backends/cuda/runtime.hpp dist/detail.hpp text/detail.hpp
                          backends/cuda/testing.hpp formats/json_fields.hpp)
 set(KILN_PUBLIC_HEADERS)
 foreach(d ${KILN_HEADER_DIRS})
@@ -58,7 +58,7 @@ if(NOT CMAKE_INSTALL_PREFIX STREQUAL "/usr")
 endif()
 set(KILN_PC_LIBS_PRIVATE "")
 if(NOT KILN_SHARED)
-  set(KILN_PC_LIBS_PRIVATE "Libs.private: -fopenmp ${KILN_OPENBLAS_LIB} -lz")
+  set(KILN_PC_LIBS_PRIVATE "Libs.private: -fopenmp ${KILN_OPENBLAS_LIB} -lz -lpcre2-8 -lsentencepiece -lutf8proc")
   if(KILN_WITH_ONEDNN)
     string(APPEND KILN_PC_LIBS_PRIVATE " -ldnnl")
   endif()

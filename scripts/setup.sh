@@ -13,6 +13,7 @@ set -euo pipefail
 main=(build-essential cmake pkg-config libopenblas-dev libopenblas0-openmp libdnnl-dev
       libfmt-dev nlohmann-json3-dev zlib1g-dev
       gnuplot-nox  # kiln plot (training curves)
+      libpcre2-dev libsentencepiece-dev libutf8proc-dev  # text/: the tokenizers (regexes, tokenizer.model, NFC)
       ocl-icd-opencl-dev)  # Debian's oneDNN CMake package requires OpenCL (a Recommends of libdnnl-dev)
 rest=(catch2 libbenchmark-dev
       clang libclang-rt-dev  # the readers' libFuzzer targets (fuzz/, tests/fuzz)

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <iterator>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -16,6 +19,7 @@
 #include "kiln/core/profile.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/dist/process_group.hpp"
+#include "kiln/text/tokenizer.hpp"
 #include "kiln/train/data.hpp"
 #include "kiln/train/plot.hpp"
 #include "kiln/train/text.hpp"
@@ -124,7 +128,8 @@ commands:
   train      train a GPT on a token file (checkpoints, resume, JSONL log)
   sample     generate text from a checkpoint (KV cache, temperature, top-k)
   eval       mean cross-entropy of a checkpoint on a token file
-  tokenize   turn a text file into a token file (byte-level, or character-level with --chars)
+  tokenize   turn a text file into a token file (bytes, characters with --chars, or a model's own
+             tokenizer with --tokenizer: tokenizer.json / tokenizer.model); --print-ids prints the ids
   inspect    list the tensors and metadata of a safetensors file or checkpoint
   plot       draw loss, eval loss, lr, grad norm and tokens/s of JSONL logs into a PNG (gnuplot))";
 
@@ -203,23 +208,52 @@ std::string from_hex(const std::string& s) {
   return out;
 }
 
-// Text <-> tokens for sampling: a checkpoint trained with `kiln tokenize --chars` carries its alphabet.
+// Text <-> tokens for sampling: a checkpoint trained with `kiln tokenize --chars` carries its alphabet,
+// one trained with `kiln tokenize --tokenizer DIR` the tokenizer's path.
 struct Codec {
   std::optional<CharTokenizer> chars;
-  std::vector<int64_t> encode(const std::string& s) const { return chars ? chars->encode(s) : ByteTokenizer::encode(s); }
-  std::string decode(const std::vector<int64_t>& ids) const { return chars ? chars->decode(ids) : ByteTokenizer::decode(ids); }
+  std::optional<text::Tokenizer> pretrained;
+  std::vector<int64_t> encode(const std::string& s) const {
+    if (pretrained) {
+      const auto ids = pretrained->encode(s, false);
+      return {ids.begin(), ids.end()};
+    }
+    return chars ? chars->encode(s) : ByteTokenizer::encode(s);
+  }
+  std::string decode(const std::vector<int64_t>& ids) const {
+    if (pretrained) {
+      const std::vector<int32_t> v(ids.begin(), ids.end());
+      return pretrained->decode(v);
+    }
+    return chars ? chars->decode(ids) : ByteTokenizer::decode(ids);
+  }
+  int64_t vocab_size() const {
+    return pretrained ? pretrained->vocab_size() : chars ? chars->vocab_size() : ByteTokenizer::vocab_size;
+  }
 };
 
-Codec codec_for(const std::string& data_path) {
+Codec codec_for(const std::string& data_path, const std::string& tokenizer) {
   Codec c;
+  if (!tokenizer.empty()) {
+    c.pretrained = text::Tokenizer::load(tokenizer);
+    return c;
+  }
   if (data_path.empty()) return c;
+  std::map<std::string, std::string> m;
   try {
-    const auto f = safetensors::File::open(data_path);
-    const auto& m = f.metadata();
-    if (const auto hx = m.find("alphabet_hex"); hx != m.end()) c.chars = CharTokenizer(from_hex(hx->second));
-    else if (const auto it = m.find("alphabet"); it != m.end()) c.chars = CharTokenizer(it->second);
+    m = safetensors::File::open(data_path).metadata();
   } catch (const Error&) {
-    // the data file may have moved: fall back to bytes
+    return c;  // the data file may have moved: fall back to bytes
+  }
+  if (const auto hx = m.find("alphabet_hex"); hx != m.end()) c.chars = CharTokenizer(from_hex(hx->second));
+  else if (const auto it = m.find("alphabet"); it != m.end()) c.chars = CharTokenizer(it->second);
+  else if (const auto tp = m.find("tokenizer_path"); tp != m.end()) {
+    try {
+      c.pretrained = text::Tokenizer::load(tp->second);
+    } catch (const Error& e) {
+      fail("the token file '{}' was made with the tokenizer '{}', which cannot be read now ({}); give it with --tokenizer", data_path,
+           tp->second, e.what());
+    }
   }
   return c;
 }
@@ -228,7 +262,8 @@ int cmd_sample(int argc, char** argv) {
   Args a("sample", "kiln sample --checkpoint ckpt.safetensors [--prompt TEXT] [flags]",
          {{"checkpoint", "checkpoint or weights file (required)"},
           {"model", "model config JSON (needed for a plain weights file)"},
-          {"data", "token file the model was trained on (for its alphabet; default: the checkpoint's)"},
+          {"data", "token file the model was trained on (for its alphabet or tokenizer; default: the checkpoint's)"},
+          {"tokenizer", "the tokenizer to encode the prompt and decode with (a model directory, tokenizer.json or tokenizer.model; default: the token file's)"},
           {"prompt", "text to continue (default: a newline)"},
           {"tokens", "number of tokens to generate (default 200)"},
           {"temperature", "sampling temperature, 0 = greedy (default 0.8)"},
@@ -242,8 +277,8 @@ int cmd_sample(int argc, char** argv) {
                        .top_k = a.integer("top-k", 40), .seed = static_cast<uint64_t>(a.integer("seed", 0))};
   KILN_CHECK(so.max_new_tokens >= 0 && so.top_k >= 0, "kiln sample: --tokens and --top-k must be >= 0");
   const CheckpointInfo info = read_checkpoint_info(ck);
-  const Codec codec = codec_for(a.str("data", info.data_path));
-  so.vocab_limit = codec.chars ? codec.chars->vocab_size() : ByteTokenizer::vocab_size;  // only ids the codec can decode
+  const Codec codec = codec_for(a.str("data", info.data_path), a.str("tokenizer"));
+  so.vocab_limit = codec.vocab_size();  // only ids the codec can decode
   const std::vector<int64_t> out = dispatch(a.str("device", "cpu"), [&]<Backend B>() {
     auto model = load_gpt<B>(ck, a.str("model"));
     return model->generate(codec.encode(prompt), so);
@@ -273,22 +308,49 @@ int cmd_eval(int argc, char** argv) {
   return 0;
 }
 
+// The text of a file, or of the standard input for "-".
+std::string read_input(const std::string& path) {
+  if (path != "-") return read_text_file(path);
+  std::ios::sync_with_stdio(false);
+  std::string s((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  KILN_CHECK(!std::cin.bad(), "kiln tokenize: cannot read the standard input");
+  return s;
+}
+
 int cmd_tokenize(int argc, char** argv) {
-  Args a("tokenize", "kiln tokenize --text corpus.txt --out tokens.safetensors [--chars] [--eval-out eval.safetensors]",
-         {{"text", "input text file (required)"},
-          {"out", "output token file (required)"},
+  Args a("tokenize",
+         "kiln tokenize --text corpus.txt --out tokens.safetensors [--chars | --tokenizer MODEL_DIR] [--eval-out eval.safetensors]\n"
+         "       kiln tokenize --tokenizer MODEL_DIR --print-ids [--text corpus.txt] < corpus.txt",
+         {{"text", "input text file ('-' or absent with --print-ids: the standard input)"},
+          {"out", "output token file (required unless --print-ids)"},
           {"chars", "character-level vocabulary (the corpus's distinct bytes) instead of bytes (256)", true},
+          {"tokenizer", "a pretrained model's tokenizer: a Hugging Face model directory (tokenizer.json, tokenizer.model), or one of those files"},
+          {"print-ids", "print the ids of the whole text as one comma-separated line (with --tokenizer, or bytes/--chars)", true},
+          {"no-special-tokens", "with --tokenizer: no BOS/EOS from the tokenizer's post-processor (special tokens written in the text still count)", true},
           {"eval-out", "also write the last --eval-fraction of the tokens here, and leave them out of --out"},
           {"eval-fraction", "held-out fraction for --eval-out (default 0.05)"},
           {"max-bytes", "read at most this many bytes of the text (default: all)"}});
   a.parse(argc, argv, 2);
-  std::string text = read_text_file(a.required("text"));
+  const bool print_ids = a.has("print-ids");
+  KILN_CHECK(!(a.has("chars") && a.has("tokenizer")), "kiln tokenize: --chars and --tokenizer exclude each other");
+  std::string text = read_input(print_ids ? a.str("text", "-") : a.required("text"));
   const int64_t maxb = a.integer("max-bytes", -1);
   if (maxb >= 0 && static_cast<size_t>(maxb) < text.size()) text.resize(static_cast<size_t>(maxb));
   std::vector<int64_t> ids;
-  std::map<std::string, std::string> meta{{"tokenizer", a.has("chars") ? "chars" : "bytes"}};
+  std::map<std::string, std::string> meta{{"tokenizer", a.has("chars") ? "chars" : a.has("tokenizer") ? "pretrained" : "bytes"}};
   int64_t vocab = 256;
-  if (a.has("chars")) {
+  if (a.has("tokenizer")) {
+    const text::Tokenizer tok = text::Tokenizer::load(a.str("tokenizer"));
+    const std::vector<int32_t> v = tok.encode(text, !a.has("no-special-tokens"));
+    ids.assign(v.begin(), v.end());
+    vocab = tok.vocab_size();
+    std::error_code ec;
+    const auto abs = std::filesystem::absolute(a.str("tokenizer"), ec);
+    meta["tokenizer_path"] = ec ? a.str("tokenizer") : abs.lexically_normal().string();
+    meta["tokenizer_kind"] = tok.description();
+    if (tok.bos_id()) meta["bos_id"] = std::to_string(*tok.bos_id());
+    if (tok.eos_id()) meta["eos_id"] = std::to_string(*tok.eos_id());
+  } else if (a.has("chars")) {
     const CharTokenizer t = CharTokenizer::fit(text);
     ids = t.encode(text);
     // The alphabet is a set of bytes: as text when it is ASCII, else as hex (the bytes of a multi-byte
@@ -299,6 +361,10 @@ int cmd_tokenize(int argc, char** argv) {
     vocab = t.vocab_size();
   } else {
     ids = ByteTokenizer::encode(text);
+  }
+  if (print_ids) {  // the ids alone, one line (the last), for scripts
+    fmt::print("{}\n", fmt::join(ids, ","));
+    return 0;
   }
   std::vector<int64_t> held;
   if (a.has("eval-out")) {
