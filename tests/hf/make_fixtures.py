@@ -63,8 +63,11 @@ def make(name, cls, config, seed, dtype=torch.float32, shard=None, eos_at=None, 
     d = os.path.join(OUT, name)
     shutil.rmtree(d, ignore_errors=True)
     # What is stored is what the reference computes from: round to the storage dtype first.
+    # (the parameters only: model.to() would round RoPE's inv_freq buffer too, which a reload does not)
     if dtype != torch.float32:
-        model = model.to(dtype).to(torch.float32)
+        with torch.no_grad():
+            for prm in model.parameters():
+                prm.copy_(prm.to(dtype).to(torch.float32))
     model.generation_config.pad_token_id = 0
     if eos_at is not None:  # stop at a greedy token first generated at index eos_at or later
         plain = greedy(model, prompt, n)
