@@ -110,7 +110,7 @@ std::string last_line(const std::string& s) {
 
 }  // namespace
 
-TEST_CASE("hf: logits of a whole prompt match transformers within 1e-4 relative, every architecture (cpu)", "[hf]") {
+TEST_CASE("import: logits of a whole prompt match transformers within 1e-4 relative, every architecture (cpu)", "[hf]") {
   for (const char* name : kModels) {
     DYNAMIC_SECTION(name) {
       const json e = read_json(kFixtures + name + "/expected.json");
@@ -123,7 +123,7 @@ TEST_CASE("hf: logits of a whole prompt match transformers within 1e-4 relative,
   }
 }
 
-TEST_CASE("hf: greedy generation is token for token transformers' generate(do_sample=False), EOS included", "[hf]") {
+TEST_CASE("generate: greedy generation is token for token transformers' generate(do_sample=False), EOS included", "[hf]") {
   for (const char* name : kModels) {
     DYNAMIC_SECTION(name) {
       const json e = read_json(kFixtures + name + "/expected.json");
@@ -142,7 +142,7 @@ TEST_CASE("hf: greedy generation is token for token transformers' generate(do_sa
   }
 }
 
-TEST_CASE("hf: the KV-cached forward gives the logits of the full forward; Reference agrees with Cpu", "[hf]") {
+TEST_CASE("generate: the KV-cached forward gives the logits of the full forward, and Reference agrees with Cpu", "[hf]") {
   for (const char* name : {"gpt2", "llama", "qwen2"}) {
     DYNAMIC_SECTION(name) {
       const json e = read_json(kFixtures + name + "/expected.json");
@@ -163,7 +163,7 @@ TEST_CASE("hf: the KV-cached forward gives the logits of the full forward; Refer
   }
 }
 
-TEST_CASE("hf: transformers 5's rope_parameters reads as transformers 4's rope_theta + rope_scaling", "[hf]") {
+TEST_CASE("import: transformers 5's rope_parameters reads as transformers 4's rope_theta + rope_scaling", "[hf]") {
   const std::string dir = copy_fixture("llama3_bf16", "rope5");
   json c = read_json(dir + "/config.json");
   json p = c["rope_scaling"];
@@ -182,7 +182,7 @@ TEST_CASE("hf: transformers 5's rope_parameters reads as transformers 4's rope_t
   fs::remove_all(dir);
 }
 
-TEST_CASE("hf: bf16 parameters and bf16 autocast stay close to the f32 logits", "[hf]") {
+TEST_CASE("import: bf16 parameters and bf16 autocast stay close to the f32 logits", "[hf]") {
   const json e = read_json(kFixtures + "llama/expected.json");
   const auto prompt = e["prompt"].get<std::vector<int64_t>>();
   const auto ref = e["logits"].get<std::vector<double>>();
@@ -190,7 +190,7 @@ TEST_CASE("hf: bf16 parameters and bf16 autocast stay close to the f32 logits", 
   CHECK(rel_err(logits_of(*hf::load_causal_lm<Cpu>(kFixtures + "llama", {.autocast = DType::bf16}), prompt), ref) < 5e-2);
 }
 
-TEST_CASE("hf: samplers are transformers' logits processors (repetition penalty, temperature, top-k, top-p)", "[hf]") {
+TEST_CASE("generate: samplers are transformers' logits processors (repetition penalty, temperature, top-k, top-p)", "[hf]") {
   const json s = read_json(kFixtures + "samplers.json");
   const auto scores = s["scores"].get<std::vector<float>>();
   const auto history = s["history"].get<std::vector<int64_t>>();
@@ -228,7 +228,7 @@ TEST_CASE("hf: samplers are transformers' logits processors (repetition penalty,
   CHECK(cold.ids == nn::generate(*model, {prompt}, {.max_new_tokens = 30}).ids);
 }
 
-TEST_CASE("hf: bad configs are errors naming config.json and the field", "[hf]") {
+TEST_CASE("import: bad configs are errors naming config.json and the field", "[hf]") {
   struct Case {
     const char* model;
     std::function<void(json&)> edit;
@@ -263,7 +263,7 @@ TEST_CASE("hf: bad configs are errors naming config.json and the field", "[hf]")
   }
 }
 
-TEST_CASE("hf: missing, extra, mis-shaped, mis-tied tensors and broken files are errors naming the file and the tensor", "[hf]") {
+TEST_CASE("import: missing, extra, mis-shaped, mis-tied tensors and broken files are errors naming the file and the tensor", "[hf]") {
   SECTION("missing") {
     const std::string dir = copy_fixture("llama", "missing");
     rewrite(dir + "/model.safetensors", [](auto& ts) { ts.erase("model.layers.1.mlp.up_proj.weight"); });
@@ -345,7 +345,7 @@ TEST_CASE("hf: missing, extra, mis-shaped, mis-tied tensors and broken files are
   }
 }
 
-TEST_CASE("hf: kiln generate MODEL_DIR --print-ids prints transformers' greedy ids as its last line", "[hf]") {
+TEST_CASE("cli: kiln generate MODEL_DIR --print-ids prints transformers' greedy ids as its last line", "[hf]") {
   for (const char* name : {"gpt2", "qwen2"}) {
     const json e = read_json(kFixtures + name + "/expected.json");
     const std::string out = run(fmt::format("{} generate {}{} --prompt-ids {} --max-new-tokens {} --temperature 0 --print-ids 2>&1", KILN_CLI,
