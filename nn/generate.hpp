@@ -28,9 +28,9 @@ struct GenerateOptions {
   double top_p = 1.0;               // 1: every token
   double repetition_penalty = 1.0;  // 1: none (transformers' RepetitionPenaltyLogitsProcessor)
   uint64_t seed = 0;
-  std::vector<int64_t> stop_ids;    // end a sequence (the model's EOS ids, and any others)
+  std::vector<int64_t> stop_ids{};  // end a sequence (the model's EOS ids, and any others)
   // Streaming: called with (sequence index, id) as each token is chosen.
-  std::function<void(size_t, int64_t)> on_token;
+  std::function<void(size_t, int64_t)> on_token{};
 };
 
 struct GenerateStats {
