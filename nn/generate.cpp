@@ -12,6 +12,8 @@ namespace kiln::nn {
 void process_logits(std::vector<float>& x, const std::vector<int64_t>& context, const GenerateOptions& o) {
   const int64_t V = static_cast<int64_t>(x.size());
   const float ninf = -std::numeric_limits<float>::infinity();
+  if (o.vocab_limit > 0)
+    for (int64_t i = o.vocab_limit; i < V; ++i) x[static_cast<size_t>(i)] = ninf;
   if (o.repetition_penalty != 1.0) {
     std::vector<char> seen(x.size(), 0);
     const auto p = static_cast<float>(o.repetition_penalty);

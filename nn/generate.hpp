@@ -28,6 +28,7 @@ struct GenerateOptions {
   double top_p = 1.0;               // 1: every token
   double repetition_penalty = 1.0;  // 1: none (transformers' RepetitionPenaltyLogitsProcessor)
   uint64_t seed = 0;
+  int64_t vocab_limit = 0;          // > 0: only ids below it (a tokenizer smaller than the model's vocabulary)
   std::vector<int64_t> stop_ids{};  // end a sequence (the model's EOS ids, and any others)
   // Streaming: called with (sequence index, id) as each token is chosen.
   std::function<void(size_t, int64_t)> on_token{};

@@ -23,6 +23,7 @@
 #include <kiln/formats/safetensors.hpp>
 #include <kiln/nn/generate.hpp>
 #include <kiln/nn/hf/causal_lm.hpp>
+#include <kiln/train/trainer.hpp>
 
 using namespace kiln;
 namespace fs = std::filesystem;
@@ -368,4 +369,32 @@ TEST_CASE("cli: kiln generate MODEL_DIR --print-ids prints transformers' greedy 
   const std::string bad = run(fmt::format("{} generate {}llama --prompt-ids 1,x 2>&1", KILN_CLI, kFixtures));
   CHECK(bad.rfind("status 1", 0) == 0);
   CHECK(bad.find("--prompt-ids") != std::string::npos);
+}
+
+TEST_CASE("cli: kiln generate takes a kiln checkpoint too, and says which it found", "[hf]") {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kiln-hf-{}-ckpt", ::getpid());
+  fs::create_directories(dir);
+  {
+    std::ofstream t(dir / "c.txt");
+    for (int i = 0; i < 100; ++i) t << "hello world, the quick brown fox " << i << "\n";
+  }
+  std::ofstream(dir / "m.json") << R"({"d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 32})";
+  std::ofstream(dir / "t.json") << R"({"steps": 2, "batch_size": 2, "seq_len": 16})";
+  const std::string d = dir.string();
+  REQUIRE(run(fmt::format("{} tokenize --text {}/c.txt --out {}/t.safetensors 2>&1", KILN_CLI, d, d)).rfind("status 0", 0) == 0);
+  REQUIRE(run(fmt::format("{} train --model {}/m.json --train {}/t.json --data {}/t.safetensors --checkpoint {}/checkpoint.safetensors 2>&1",
+                          KILN_CLI, d, d, d, d)).rfind("status 0", 0) == 0);
+  const std::string out = run(fmt::format("{} generate {} --prompt-ids 104,101 --max-new-tokens 5 --print-ids 2>&1", KILN_CLI, d));
+  INFO(out);
+  CHECK(out.rfind("status 0", 0) == 0);
+  CHECK(out.find("kiln checkpoint") != std::string::npos);
+  // The same ids as the library's greedy generation on the same checkpoint.
+  const auto model = load_gpt<Cpu>(d + "/checkpoint.safetensors");
+  const auto g = nn::generate(*model, {{104, 101}}, {.max_new_tokens = 5});
+  CHECK(last_line(out) == fmt::format("{}", fmt::join(g.ids[0], ",")));
+  // Past max_seq_len: an error naming it.
+  CHECK(error_of([&] { nn::generate(*model, {{104, 101}}, {.max_new_tokens = 40}); }).find("max_seq_len") != std::string::npos);
+  const std::string text = run(fmt::format("{} generate {} --prompt hello --max-new-tokens 8 2>/dev/null", KILN_CLI, d));
+  CHECK(text.rfind("status 0\nhello", 0) == 0);
+  fs::remove_all(dir);
 }

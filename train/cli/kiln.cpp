@@ -414,14 +414,16 @@ int cmd_generate(int argc, char** argv) {
 
   // Streaming text (one prompt: as it comes; a batch: each sequence printed when done).
   std::vector<std::string> texts(prompts.size());
+  const bool stream = text_mode && !print_ids && prompts.size() == 1;
   if (text_mode) {
     if (hf) hf_text.start(prompts.size());
+    else o.vocab_limit = codec->chars ? codec->chars->vocab_size() : ByteTokenizer::vocab_size;  // only ids the codec can decode
     for (size_t i = 0; i < prompts.size(); ++i) texts[i] = a.list("prompt")[i];
+    if (stream) fmt::print("{}", texts[0]);
     o.on_token = [&](size_t s, int64_t id) {
       const std::string piece = hf ? hf_text.push(s, id) : codec->decode({id});
       texts[s] += piece;
-      if (prompts.size() == 1 && !print_ids) {
-        if (texts[s].size() == piece.size() + a.list("prompt")[0].size()) fmt::print("{}", a.list("prompt")[0]);
+      if (stream) {
         fmt::print("{}", piece);
         std::fflush(stdout);
       }
@@ -435,12 +437,11 @@ int cmd_generate(int argc, char** argv) {
     auto model = load_gpt<B>(path, a.str("model"));
     return nn::generate(*model, prompts, o);
   });
-  if (text_mode) {
+  if (text_mode && !print_ids) {
     for (size_t s = 0; s < prompts.size(); ++s) {
-      if (hf) texts[s] += hf_text.finish(s);
-      if (print_ids) continue;
-      if (prompts.size() == 1) fmt::print("{}\n", hf ? hf_text.finish(s) : std::string());
-      else fmt::print("{}\n", texts[s]);
+      const std::string rest = hf ? hf_text.finish(s) : std::string();
+      if (stream) fmt::print("{}\n", rest);
+      else fmt::print("{}{}\n", texts[s], rest);
     }
   }
   const nn::GenerateStats& st = g.stats;
