@@ -24,6 +24,7 @@
 #include <kiln/nn/generate.hpp>
 #include <kiln/nn/hf/causal_lm.hpp>
 #include <kiln/train/trainer.hpp>
+#include "common/run.hpp"
 
 using namespace kiln;
 namespace fs = std::filesystem;
@@ -92,14 +93,10 @@ void rewrite(const std::string& file, const std::function<void(std::map<std::str
   fs::rename(file + ".new", file);
 }
 
+// "status N\n" and what the command printed.
 std::string run(const std::string& cmd) {
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = ::pclose(p);
-  return fmt::format("status {}\n{}", WEXITSTATUS(st), out);
+  const kt::CommandResult r = kt::run_command(cmd);
+  return fmt::format("status {}\n{}", r.status, r.out);
 }
 
 std::string last_line(const std::string& s) {
