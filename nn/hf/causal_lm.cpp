@@ -244,6 +244,7 @@ template <Backend B> std::shared_ptr<CausalLM<B>> load_causal_lm(const ModelDir&
     used.insert(src.name);
     Tensor<B> p = var.value();
     p.copy_(transform(f.load<B>(src.name), src));
+    if (src.parts == 1 || src.part == src.parts - 1) f.release(src.name);  // GPT-2's c_attn: after its last third
   }
   KILN_CHECK(problems.empty(), "hf::load_causal_lm: {} does not fit {}: {}", where, d.config_path(), fmt::join(problems, "; "));
   // A tied head: a stored lm_head copy must be the embedding (transformers would drop it silently).
