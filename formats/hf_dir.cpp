@@ -15,7 +15,7 @@ namespace kiln::hf {
 namespace {
 
 bool exists(const std::string& p) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(p.c_str(), &st) == 0;
 }
 
@@ -34,7 +34,7 @@ nlohmann::json read_json(const std::string& path) {
 }  // namespace
 
 bool is_model_dir(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && exists(path + "/config.json");
 }
 
@@ -42,7 +42,7 @@ ModelDir ModelDir::open(const std::string& dir_in) {
   ModelDir d;
   d.dir_ = dir_in;
   while (d.dir_.size() > 1 && d.dir_.back() == '/') d.dir_.pop_back();
-  struct stat st{};
+  struct stat st {};
   KILN_CHECK(::stat(d.dir_.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "hf: {} is not a directory", d.dir_);
   KILN_CHECK(exists(d.config_path()), "hf: {} has no config.json (not a Hugging Face model directory)", d.dir_);
   d.config_ = std::make_shared<const nlohmann::json>(read_json(d.config_path()));
@@ -64,8 +64,10 @@ ModelDir ModelDir::open(const std::string& dir_in) {
     for (const std::string& n : d.files_[0].names()) d.where_[n] = 0;
     return d;
   }
-  KILN_CHECK(exists(index), "hf: {} has neither model.safetensors nor model.safetensors.index.json (only safetensors weights are read; "
-             "pytorch_model.bin is not)", d.dir_);
+  KILN_CHECK(exists(index),
+             "hf: {} has neither model.safetensors nor model.safetensors.index.json (only safetensors weights are read; "
+             "pytorch_model.bin is not)",
+             d.dir_);
   d.sharded_ = true;
   const nlohmann::json idx = read_json(index);
   const auto wm = idx.is_object() ? idx.find("weight_map") : idx.end();
@@ -95,8 +97,8 @@ ModelDir ModelDir::open(const std::string& dir_in) {
     }
   }
   for (const auto& [n, shard] : claimed)
-    KILN_CHECK(d.where_.count(n), "{}: the index {} puts tensor '{}' in this shard, which does not hold it", d.dir_ + "/" + shard,
-               index, n);
+    KILN_CHECK(d.where_.count(n), "{}: the index {} puts tensor '{}' in this shard, which does not hold it", d.dir_ + "/" + shard, index,
+               n);
   return d;
 }
 

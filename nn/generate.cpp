@@ -79,12 +79,12 @@ template <Backend B> std::vector<float> last_row(const Var<B>& logits) {
 }
 
 // step(ids [1, T], caches) -> logits [1, T, V]; make() -> fresh caches; limit: the most positions (0: none).
-template <Backend B, class Step, class Make>
-Generation run(const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o, int64_t limit, const char* what, Step step,
-               Make make) {
+template <Backend B, class Step, class Make> Generation run(const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o,
+                                                            int64_t limit, const char* what, Step step, Make make) {
   KILN_CHECK(o.max_new_tokens >= 0 && o.top_k >= 0 && o.temperature >= 0 && o.top_p > 0 && o.top_p <= 1 && o.repetition_penalty > 0,
              "generate: bad options (max_new_tokens {} and top_k {} must be >= 0, temperature {} >= 0, top_p {} in (0, 1], "
-             "repetition_penalty {} > 0)", o.max_new_tokens, o.top_k, o.temperature, o.top_p, o.repetition_penalty);
+             "repetition_penalty {} > 0)",
+             o.max_new_tokens, o.top_k, o.temperature, o.top_p, o.repetition_penalty);
   NoGrad no_grad;
   Generation g;
   std::mt19937_64 rng(o.seed);
@@ -94,8 +94,8 @@ Generation run(const std::vector<std::vector<int64_t>>& prompts, const GenerateO
     const std::vector<int64_t>& prompt = prompts[s];
     KILN_CHECK(!prompt.empty(), "generate: prompt {} is empty (a causal LM needs at least one token, e.g. BOS)", s);
     const int64_t total = static_cast<int64_t>(prompt.size()) + o.max_new_tokens;
-    KILN_CHECK(limit == 0 || total <= limit, "generate: prompt {} ({} tokens) + {} new tokens exceed the {} positions of {}", s, prompt.size(),
-               o.max_new_tokens, limit, what);
+    KILN_CHECK(limit == 0 || total <= limit, "generate: prompt {} ({} tokens) + {} new tokens exceed the {} positions of {}", s,
+               prompt.size(), o.max_new_tokens, limit, what);
     std::vector<int64_t> context = prompt, out;
     auto caches = make();
     if (o.max_new_tokens == 0) {
@@ -128,18 +128,20 @@ Generation run(const std::vector<std::vector<int64_t>>& prompts, const GenerateO
 
 template <Backend B>
 Generation generate(const hf::CausalLM<B>& model, const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o) {
-  return run<B>(prompts, o, model.max_positions(), "the model (n_positions)",
-                [&](const Tensor<B>& ids, std::vector<KVCache<B>>& c, int64_t cap) { return model.forward(ids, c, cap); },
-                [&] { return model.make_caches(); });
+  return run<B>(
+      prompts, o, model.max_positions(), "the model (n_positions)",
+      [&](const Tensor<B>& ids, std::vector<KVCache<B>>& c, int64_t cap) { return model.forward(ids, c, cap); },
+      [&] { return model.make_caches(); });
 }
 
 template <Backend B> Generation generate(const GPT<B>& model, const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o) {
-  return run<B>(prompts, o, model.config().max_seq_len, "the model (max_seq_len)",
-                [&](const Tensor<B>& ids, std::vector<KVCache<B>>& c, int64_t) { return model.forward(ids, c); },
-                [&] { return std::vector<KVCache<B>>(static_cast<size_t>(model.config().n_layers)); });
+  return run<B>(
+      prompts, o, model.config().max_seq_len, "the model (max_seq_len)",
+      [&](const Tensor<B>& ids, std::vector<KVCache<B>>& c, int64_t) { return model.forward(ids, c); },
+      [&] { return std::vector<KVCache<B>>(static_cast<size_t>(model.config().n_layers)); });
 }
 
-#define KILN_INST(B)                                                                                                            \
+#define KILN_INST(B)                                                                                                         \
   template Generation generate<B>(const hf::CausalLM<B>&, const std::vector<std::vector<int64_t>>&, const GenerateOptions&); \
   template Generation generate<B>(const GPT<B>&, const std::vector<std::vector<int64_t>>&, const GenerateOptions&);
 KILN_FOR_EACH_BACKEND(KILN_INST)

@@ -53,7 +53,8 @@ void process_logits(std::vector<float>& logits, const std::vector<int64_t>& cont
 template <Backend B>
 KILN_API Generation generate(const hf::CausalLM<B>& model, const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o);
 // kiln's GPT: prompt + max_new_tokens must fit max_seq_len (its KV caches' capacity).
-template <Backend B> KILN_API Generation generate(const GPT<B>& model, const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o);
+template <Backend B>
+KILN_API Generation generate(const GPT<B>& model, const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o);
 
 }  // namespace kiln::nn
 #pragma GCC visibility pop

@@ -17,16 +17,65 @@ const std::vector<Architecture>& registry() {
 // config.json fields of every transformers config that do not change a forward pass: names, versions,
 // token ids, generation defaults (generate() reads generation_config.json), dropout (inference),
 // output switches, task heads kiln does not build.
-const char* const kNoEffect[] = {
-    "_attn_implementation_autoset", "_name_or_path", "_commit_hash", "architectures", "bad_words_ids", "begin_suppress_tokens",
-    "bos_token_id", "chunk_size_feed_forward", "cross_attention_hidden_size", "decoder_start_token_id", "diversity_penalty", "do_sample",
-    "early_stopping", "encoder_no_repeat_ngram_size", "eos_token_id", "exponential_decay_length_penalty", "finetuning_task",
-    "forced_bos_token_id", "forced_eos_token_id", "id2label", "initializer_range", "is_decoder", "label2id", "length_penalty",
-    "max_length", "min_length", "model_type", "no_repeat_ngram_size", "num_beam_groups", "num_beams", "num_return_sequences",
-    "output_attentions", "output_hidden_states", "output_scores", "pad_token_id", "prefix", "problem_type", "remove_invalid_values",
-    "repetition_penalty", "return_dict", "return_dict_in_generate", "sep_token_id", "suppress_tokens", "task_specific_params",
-    "temperature", "tf_legacy_loss", "tie_encoder_decoder", "tokenizer_class", "top_k", "top_p", "torch_dtype", "dtype", "torchscript",
-    "transformers_version", "typical_p", "use_bfloat16", "use_cache", "attention_dropout", "gradient_checkpointing"};
+const char* const kNoEffect[] = {"_attn_implementation_autoset",
+                                 "_name_or_path",
+                                 "_commit_hash",
+                                 "architectures",
+                                 "bad_words_ids",
+                                 "begin_suppress_tokens",
+                                 "bos_token_id",
+                                 "chunk_size_feed_forward",
+                                 "cross_attention_hidden_size",
+                                 "decoder_start_token_id",
+                                 "diversity_penalty",
+                                 "do_sample",
+                                 "early_stopping",
+                                 "encoder_no_repeat_ngram_size",
+                                 "eos_token_id",
+                                 "exponential_decay_length_penalty",
+                                 "finetuning_task",
+                                 "forced_bos_token_id",
+                                 "forced_eos_token_id",
+                                 "id2label",
+                                 "initializer_range",
+                                 "is_decoder",
+                                 "label2id",
+                                 "length_penalty",
+                                 "max_length",
+                                 "min_length",
+                                 "model_type",
+                                 "no_repeat_ngram_size",
+                                 "num_beam_groups",
+                                 "num_beams",
+                                 "num_return_sequences",
+                                 "output_attentions",
+                                 "output_hidden_states",
+                                 "output_scores",
+                                 "pad_token_id",
+                                 "prefix",
+                                 "problem_type",
+                                 "remove_invalid_values",
+                                 "repetition_penalty",
+                                 "return_dict",
+                                 "return_dict_in_generate",
+                                 "sep_token_id",
+                                 "suppress_tokens",
+                                 "task_specific_params",
+                                 "temperature",
+                                 "tf_legacy_loss",
+                                 "tie_encoder_decoder",
+                                 "tokenizer_class",
+                                 "top_k",
+                                 "top_p",
+                                 "torch_dtype",
+                                 "dtype",
+                                 "torchscript",
+                                 "transformers_version",
+                                 "typical_p",
+                                 "use_bfloat16",
+                                 "use_cache",
+                                 "attention_dropout",
+                                 "gradient_checkpointing"};
 }  // namespace
 
 const Architecture* find_architecture(const std::string& name) {
@@ -93,7 +142,8 @@ void ConfigReader::accept(std::initializer_list<const char*> keys) {
 }
 void ConfigReader::unsupported(const std::string& key, const std::string& why) const {
   const auto it = json().find(key);
-  fail("{}: field '{}' = {}: {} ({} in kiln)", path_, key, it == json().end() ? std::string("(absent)") : it->dump(), why, d_.architecture());
+  fail("{}: field '{}' = {}: {} ({} in kiln)", path_, key, it == json().end() ? std::string("(absent)") : it->dump(), why,
+       d_.architecture());
 }
 void ConfigReader::finish() const {
   for (auto it = json().begin(); it != json().end(); ++it)
@@ -112,7 +162,8 @@ std::vector<double> rope_inv_freq(ConfigReader& c, int64_t head_dim, double defa
   std::string field = "rope_scaling";
   const nlohmann::json* p = scaling;
   if (params) {
-    KILN_CHECK(!scaling, "{}: both 'rope_parameters' (transformers 5) and 'rope_scaling' (transformers 4) are set; which one holds?", c.path());
+    KILN_CHECK(!scaling, "{}: both 'rope_parameters' (transformers 5) and 'rope_scaling' (transformers 4) are set; which one holds?",
+               c.path());
     KILN_CHECK(params->is_object(), "{}: field 'rope_parameters' must be an object, got {}", c.path(), params->dump());
     p = params;
     field = "rope_parameters";
@@ -129,16 +180,19 @@ std::vector<double> rope_inv_freq(ConfigReader& c, int64_t head_dim, double defa
       } else if (it->is_null()) {
         continue;
       } else {
-        KILN_CHECK(it->is_number(), "{}: '{}.{}' must be a number, got {} (kiln reads {}.rope_type, rope_theta, factor, low_freq_factor, "
-                   "high_freq_factor, original_max_position_embeddings)", c.path(), field, k, it->dump(), field);
+        KILN_CHECK(it->is_number(),
+                   "{}: '{}.{}' must be a number, got {} (kiln reads {}.rope_type, rope_theta, factor, low_freq_factor, "
+                   "high_freq_factor, original_max_position_embeddings)",
+                   c.path(), field, k, it->dump(), field);
         num[k] = it->get<double>();
       }
     }
   }
   if (num.count("rope_theta")) {
-    KILN_CHECK(field == "rope_parameters", "{}: 'rope_scaling.rope_theta' is not a transformers 4 field (rope_theta is top level)", c.path());
-    KILN_CHECK(!top_theta || c.number("rope_theta") == num["rope_theta"], "{}: 'rope_theta' ({}) and 'rope_parameters.rope_theta' ({}) disagree",
-               c.path(), c.number("rope_theta"), num["rope_theta"]);
+    KILN_CHECK(field == "rope_parameters", "{}: 'rope_scaling.rope_theta' is not a transformers 4 field (rope_theta is top level)",
+               c.path());
+    KILN_CHECK(!top_theta || c.number("rope_theta") == num["rope_theta"],
+               "{}: 'rope_theta' ({}) and 'rope_parameters.rope_theta' ({}) disagree", c.path(), c.number("rope_theta"), num["rope_theta"]);
     theta = num["rope_theta"];
     num.erase("rope_theta");
   }

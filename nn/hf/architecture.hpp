@@ -58,7 +58,7 @@ class ConfigReader {
   double number(const std::string& key, double def);
   std::string string(const std::string& key, const std::string& def);
   bool boolean(const std::string& key, bool def);
-  const nlohmann::json* raw(const std::string& key);  // null when absent or null; marks it read
+  const nlohmann::json* raw(const std::string& key);     // null when absent or null; marks it read
   void accept(std::initializer_list<const char*> keys);  // fields this architecture knows change nothing
   [[noreturn]] void unsupported(const std::string& key, const std::string& why) const;
   void finish() const;

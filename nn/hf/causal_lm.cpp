@@ -27,11 +27,9 @@ template <Backend B> class Group : public nn::Module<B> {
 // RoPE on the fused interleaved kernel with the model's own tables (any frequencies), recorded so
 // that a loaded model can be fine-tuned.
 template <Backend B> Var<B> rope(const Var<B>& x, const Tensor<B>& c, const Tensor<B>& s) {
-  return autograd::record<B>("rope", fused::rope_forward(x.value(), c, s), {&x}, [c, s](const Tensor<B>& g) {
-    return autograd::Grads<B>{fused::rope_backward(g, c, s)};
-  });
+  return autograd::record<B>("rope", fused::rope_forward(x.value(), c, s), {&x},
+                             [c, s](const Tensor<B>& g) { return autograd::Grads<B>{fused::rope_backward(g, c, s)}; });
 }
-
 
 }  // namespace
 
@@ -41,9 +39,11 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
   DecoderLayer(const Spec& s, DType dt) : s_(s) {
     auto norm = [&](const char* name, std::shared_ptr<nn::RMSNorm<B>>& rms, std::shared_ptr<nn::LayerNorm<B>>& ln) {
       if (s.norm == NormKind::rms)
-        rms = this->register_module(name, std::make_shared<nn::RMSNorm<B>>(nn::RMSNormOptions{.dim = s.hidden, .eps = s.norm_eps, .dtype = dt}));
+        rms = this->register_module(name,
+                                    std::make_shared<nn::RMSNorm<B>>(nn::RMSNormOptions{.dim = s.hidden, .eps = s.norm_eps, .dtype = dt}));
       else
-        ln = this->register_module(name, std::make_shared<nn::LayerNorm<B>>(nn::LayerNormOptions{.dim = s.hidden, .eps = s.norm_eps, .dtype = dt}));
+        ln = this->register_module(
+            name, std::make_shared<nn::LayerNorm<B>>(nn::LayerNormOptions{.dim = s.hidden, .eps = s.norm_eps, .dtype = dt}));
     };
     auto lin = [&](Group<B>& g, const char* name, int64_t in, int64_t out, bool bias) {
       return g.add(name, std::make_shared<nn::Linear<B>>(nn::LinearOptions{.in = in, .out = out, .bias = bias, .dtype = dt}));
@@ -67,8 +67,7 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
   }
 
   // x [B, T, D]; cos/sin [T, hd/2] (RoPE) or undefined; cache: the positions before x's.
-  Var<B> forward(const Var<B>& x, int64_t pos0, const Tensor<B>& cos, const Tensor<B>& sin, nn::KVCache<B>* cache,
-                 int64_t capacity) const {
+  Var<B> forward(const Var<B>& x, int64_t pos0, const Tensor<B>& cos, const Tensor<B>& sin, nn::KVCache<B>* cache, int64_t capacity) const {
     const int64_t Bn = x.size(0), T = x.size(1), H = s_.heads, Hkv = s_.kv_heads, hd = s_.head_dim;
     const Var<B> h = attn_rms_ ? attn_rms_->forward(x) : attn_ln_->forward(x);
     Var<B> q = q_->forward(h).reshape({Bn, T, H, hd}).transpose(1, 2);  // [B, H, T, hd]
@@ -92,10 +91,18 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
     } else {
       const Var<B> u = up_->forward(m);
       switch (s_.act) {
-        case Act::gelu_tanh: a = u.gelu(true); break;
-        case Act::gelu: a = u.gelu(false); break;
-        case Act::relu: a = u.relu(); break;
-        case Act::silu: a = u.silu(); break;
+        case Act::gelu_tanh:
+          a = u.gelu(true);
+          break;
+        case Act::gelu:
+          a = u.gelu(false);
+          break;
+        case Act::relu:
+          a = u.relu();
+          break;
+        case Act::silu:
+          a = u.silu();
+          break;
       }
     }
     return x1 + down_->forward(a);
@@ -109,26 +116,32 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
 };
 
 template <Backend B> CausalLM<B>::CausalLM(Spec s, LoadOptions o) : s_(std::move(s)), o_(o) {
-  KILN_CHECK(s_.vocab > 0 && s_.hidden > 0 && s_.layers > 0 && s_.heads > 0 && s_.kv_heads > 0 && s_.head_dim > 0 && s_.intermediate > 0,
-             "hf::CausalLM({}): sizes must be positive (vocab {}, hidden {}, layers {}, heads {}, kv heads {}, head_dim {}, intermediate {})",
-             s_.architecture, s_.vocab, s_.hidden, s_.layers, s_.heads, s_.kv_heads, s_.head_dim, s_.intermediate);
+  KILN_CHECK(
+      s_.vocab > 0 && s_.hidden > 0 && s_.layers > 0 && s_.heads > 0 && s_.kv_heads > 0 && s_.head_dim > 0 && s_.intermediate > 0,
+      "hf::CausalLM({}): sizes must be positive (vocab {}, hidden {}, layers {}, heads {}, kv heads {}, head_dim {}, intermediate {})",
+      s_.architecture, s_.vocab, s_.hidden, s_.layers, s_.heads, s_.kv_heads, s_.head_dim, s_.intermediate);
   KILN_CHECK(s_.heads % s_.kv_heads == 0, "hf::CausalLM({}): {} attention heads are not a multiple of {} key/value heads", s_.architecture,
              s_.heads, s_.kv_heads);
-  KILN_CHECK(s_.learned_positions ? s_.max_positions > 0 : (s_.head_dim % 2 == 0 && static_cast<int64_t>(s_.inv_freq.size()) == s_.head_dim / 2),
-             "hf::CausalLM({}): RoPE needs an even head_dim and head_dim/2 frequencies (head_dim {}, {} frequencies)", s_.architecture,
-             s_.head_dim, s_.inv_freq.size());
-  embed_ = this->register_module("embed", std::make_shared<nn::Embedding<B>>(nn::EmbeddingOptions{.num = s_.vocab, .dim = s_.hidden, .dtype = o.dtype}));
+  KILN_CHECK(
+      s_.learned_positions ? s_.max_positions > 0 : (s_.head_dim % 2 == 0 && static_cast<int64_t>(s_.inv_freq.size()) == s_.head_dim / 2),
+      "hf::CausalLM({}): RoPE needs an even head_dim and head_dim/2 frequencies (head_dim {}, {} frequencies)", s_.architecture,
+      s_.head_dim, s_.inv_freq.size());
+  embed_ = this->register_module(
+      "embed", std::make_shared<nn::Embedding<B>>(nn::EmbeddingOptions{.num = s_.vocab, .dim = s_.hidden, .dtype = o.dtype}));
   if (s_.learned_positions)
     pos_embed_ = this->register_module(
         "pos_embed", std::make_shared<nn::Embedding<B>>(nn::EmbeddingOptions{.num = s_.max_positions, .dim = s_.hidden, .dtype = o.dtype}));
   auto layers = this->register_module("layers", std::make_shared<Group<B>>());
   for (int64_t i = 0; i < s_.layers; ++i) layers_.push_back(layers->add(std::to_string(i), std::make_shared<DecoderLayer<B>>(s_, o.dtype)));
   if (s_.norm == NormKind::rms)
-    rms_ = this->register_module("norm", std::make_shared<nn::RMSNorm<B>>(nn::RMSNormOptions{.dim = s_.hidden, .eps = s_.norm_eps, .dtype = o.dtype}));
+    rms_ = this->register_module(
+        "norm", std::make_shared<nn::RMSNorm<B>>(nn::RMSNormOptions{.dim = s_.hidden, .eps = s_.norm_eps, .dtype = o.dtype}));
   else
-    ln_ = this->register_module("norm", std::make_shared<nn::LayerNorm<B>>(nn::LayerNormOptions{.dim = s_.hidden, .eps = s_.norm_eps, .dtype = o.dtype}));
+    ln_ = this->register_module(
+        "norm", std::make_shared<nn::LayerNorm<B>>(nn::LayerNormOptions{.dim = s_.hidden, .eps = s_.norm_eps, .dtype = o.dtype}));
   if (!s_.tie_embeddings)
-    lm_head_ = this->register_module("lm_head", std::make_shared<nn::Linear<B>>(nn::LinearOptions{.in = s_.hidden, .out = s_.vocab, .dtype = o.dtype}));
+    lm_head_ = this->register_module(
+        "lm_head", std::make_shared<nn::Linear<B>>(nn::LinearOptions{.in = s_.hidden, .out = s_.vocab, .dtype = o.dtype}));
 }
 
 template <Backend B> std::pair<Tensor<B>, Tensor<B>> CausalLM<B>::rope_tables(int64_t pos0, int64_t T) const {
@@ -140,7 +153,8 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> CausalLM<B>::rope_tables(in
     for (int64_t t = 0; t < P; ++t)
       for (int64_t k = 0; k < half; ++k) {
         // transformers: angle = f32(position · f32(inv_freq)), cos/sin of it in f32
-        const double ang = static_cast<float>(static_cast<double>(t) * static_cast<double>(static_cast<float>(s_.inv_freq[static_cast<size_t>(k)])));
+        const double ang =
+            static_cast<float>(static_cast<double>(t) * static_cast<double>(static_cast<float>(s_.inv_freq[static_cast<size_t>(k)])));
         c[static_cast<size_t>(t * half + k)] = static_cast<float>(std::cos(ang));
         s[static_cast<size_t>(t * half + k)] = static_cast<float>(std::sin(ang));
       }
@@ -152,18 +166,19 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> CausalLM<B>::rope_tables(in
 
 template <Backend B> Var<B> CausalLM<B>::forward(const Tensor<B>& ids) const { return run(ids, nullptr, 0); }
 
-template <Backend B>
-Var<B> CausalLM<B>::forward(const Tensor<B>& ids, std::vector<nn::KVCache<B>>& caches, int64_t capacity) const {
-  KILN_CHECK(static_cast<int64_t>(caches.size()) == s_.layers, "hf::CausalLM: {} KV caches for {} layers (use make_caches())", caches.size(),
-             s_.layers);
+template <Backend B> Var<B> CausalLM<B>::forward(const Tensor<B>& ids, std::vector<nn::KVCache<B>>& caches, int64_t capacity) const {
+  KILN_CHECK(static_cast<int64_t>(caches.size()) == s_.layers, "hf::CausalLM: {} KV caches for {} layers (use make_caches())",
+             caches.size(), s_.layers);
   return run(ids, &caches, capacity);
 }
 
 template <Backend B> Var<B> CausalLM<B>::run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* caches, int64_t capacity) const {
-  KILN_CHECK(ids.dim() == 2 && (ids.dtype() == DType::i64 || ids.dtype() == DType::i32), "hf::CausalLM({}): ids must be i32/i64 [B, T], got {} {}",
-             s_.architecture, ids.dtype(), shape_str(ids.shape()));
+  KILN_CHECK(ids.dim() == 2 && (ids.dtype() == DType::i64 || ids.dtype() == DType::i32),
+             "hf::CausalLM({}): ids must be i32/i64 [B, T], got {} {}", s_.architecture, ids.dtype(), shape_str(ids.shape()));
   const int64_t T = ids.size(1), pos0 = caches ? (*caches)[0].len : 0;
-  if (caches) KILN_CHECK(pos0 + T <= capacity, "hf::CausalLM({}): {} cached + {} new positions exceed the caches' capacity {}", s_.architecture, pos0, T, capacity);
+  if (caches)
+    KILN_CHECK(pos0 + T <= capacity, "hf::CausalLM({}): {} cached + {} new positions exceed the caches' capacity {}", s_.architecture, pos0,
+               T, capacity);
   if (s_.learned_positions)
     KILN_CHECK(pos0 + T <= s_.max_positions, "hf::CausalLM({}): positions {}..{} exceed the model's {} learned positions (n_positions)",
                s_.architecture, pos0, pos0 + T - 1, s_.max_positions);
@@ -178,8 +193,9 @@ template <Backend B> Var<B> CausalLM<B>::run(const Tensor<B>& ids, std::vector<n
   }
   for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(x, pos0, c, s, caches ? &(*caches)[i] : nullptr, capacity);
   x = rms_ ? rms_->forward(x) : ln_->forward(x);
-  const Var<B> logits = lm_head_ ? lm_head_->forward(x)
-                                 : x.reshape({-1, s_.hidden}).matmul(autocast::to_low(embed_->weight()).t()).reshape({ids.size(0), T, s_.vocab});
+  const Var<B> logits = lm_head_
+                            ? lm_head_->forward(x)
+                            : x.reshape({-1, s_.hidden}).matmul(autocast::to_low(embed_->weight()).t()).reshape({ids.size(0), T, s_.vocab});
   return logits.dtype() == DType::f32 ? logits : logits.to(DType::f32);
 }
 
@@ -189,9 +205,13 @@ namespace {
 
 template <Backend B> Tensor<B> transform(Tensor<B> t, const TensorSource& src) {
   switch (src.op) {
-    case TensorSource::Op::copy: break;
-    case TensorSource::Op::transpose: t = t.transpose(0, 1); break;
-    case TensorSource::Op::rope_rows: break;
+    case TensorSource::Op::copy:
+      break;
+    case TensorSource::Op::transpose:
+      t = t.transpose(0, 1);
+      break;
+    case TensorSource::Op::rope_rows:
+      break;
   }
   if (src.parts > 1) {
     const int64_t n = t.size(0) / src.parts;
@@ -224,7 +244,8 @@ template <Backend B> std::shared_ptr<CausalLM<B>> load_causal_lm(const ModelDir&
   std::vector<std::string> problems;
   for (const auto& [name, var] : model->named_parameters()) {
     const auto it = table.find(name);
-    KILN_CHECK(it != table.end(), "hf::load_causal_lm({}): the table has no source for parameter '{}' (a bug in nn/hf)", s.architecture, name);
+    KILN_CHECK(it != table.end(), "hf::load_causal_lm({}): the table has no source for parameter '{}' (a bug in nn/hf)", s.architecture,
+               name);
     const TensorSource& src = it->second;
     if (!d.contains(src.name)) {
       problems.push_back(fmt::format("missing tensor '{}' (for {} {})", src.name, s.architecture, name));
@@ -254,7 +275,8 @@ template <Backend B> std::shared_ptr<CausalLM<B>> load_causal_lm(const ModelDir&
       const auto& f = d.file_of(lm->second.name);
       KILN_CHECK(f.info(lm->second.name).shape == emb->second.shape, "{}: tensor '{}' is {}, the embedding {} is {}", f.path(),
                  lm->second.name, shape_str(f.info(lm->second.name).shape), emb->second.name, shape_str(emb->second.shape));
-      const Tensor<B> diff = f.load<B>(lm->second.name).to(DType::f32).sub(d.file_of(emb->second.name).load<B>(emb->second.name).to(DType::f32)).abs().max();
+      const Tensor<B> diff =
+          f.load<B>(lm->second.name).to(DType::f32).sub(d.file_of(emb->second.name).load<B>(emb->second.name).to(DType::f32)).abs().max();
       KILN_CHECK(diff.template item<float>() == 0.0f,
                  "{}: 'tie_word_embeddings' is true but tensor '{}' in {} differs from '{}' (set tie_word_embeddings to false to use it)",
                  d.config_path(), lm->second.name, f.path(), emb->second.name);
@@ -269,8 +291,8 @@ template <Backend B> std::shared_ptr<CausalLM<B>> load_causal_lm(const ModelDir&
     });
     if (!ignored) extra.push_back(fmt::format("'{}' ({})", n, d.file_of(n).path()));
   }
-  KILN_CHECK(extra.empty(), "hf::load_causal_lm: {} holds tensor{} that {} with {} has no place for: {}", d.dir(), extra.size() > 1 ? "s" : "",
-             s.architecture, d.config_path(), fmt::join(extra, ", "));
+  KILN_CHECK(extra.empty(), "hf::load_causal_lm: {} holds tensor{} that {} with {} has no place for: {}", d.dir(),
+             extra.size() > 1 ? "s" : "", s.architecture, d.config_path(), fmt::join(extra, ", "));
   model->eval();
   return model;
 }
@@ -279,10 +301,10 @@ template <Backend B> std::shared_ptr<CausalLM<B>> load_causal_lm(const std::stri
   return load_causal_lm<B>(ModelDir::open(dir), o);
 }
 
-#define KILN_INST(B)                                                                                       \
-  template class DecoderLayer<B>;                                                                          \
-  template class CausalLM<B>;                                                                              \
-  template std::shared_ptr<CausalLM<B>> load_causal_lm<B>(const ModelDir&, const LoadOptions&);             \
+#define KILN_INST(B)                                                                            \
+  template class DecoderLayer<B>;                                                               \
+  template class CausalLM<B>;                                                                   \
+  template std::shared_ptr<CausalLM<B>> load_causal_lm<B>(const ModelDir&, const LoadOptions&); \
   template std::shared_ptr<CausalLM<B>> load_causal_lm<B>(const std::string&, const LoadOptions&);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

@@ -21,8 +21,10 @@ Spec qwen2_spec(const ModelDir& d) {
   const int64_t window = c.integer("sliding_window", 0);
   const int64_t max_window_layers = c.integer("max_window_layers", s.layers);
   if (sliding && window > 0 && window < s.max_positions && max_window_layers < s.layers)
-    c.unsupported("use_sliding_window", fmt::format("sliding-window attention (window {} < max_position_embeddings {} from layer {}) is not "
-                                                    "implemented", window, s.max_positions, max_window_layers));
+    c.unsupported("use_sliding_window",
+                  fmt::format("sliding-window attention (window {} < max_position_embeddings {} from layer {}) is not "
+                              "implemented",
+                              window, s.max_positions, max_window_layers));
   c.finish();
   return s;
 }

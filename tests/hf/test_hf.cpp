@@ -149,7 +149,8 @@ TEST_CASE("generate: the KV-cached forward gives the logits of the full forward,
       const std::vector<float> full = logits_of(*model, prompt);
       NoGrad ng;
       auto caches = model->make_caches();
-      std::vector<float> cached = model->forward(ids_tensor<Cpu>({prompt.begin(), prompt.begin() + 4}), caches, 7).value().to_vector<float>();
+      std::vector<float> cached =
+          model->forward(ids_tensor<Cpu>({prompt.begin(), prompt.begin() + 4}), caches, 7).value().to_vector<float>();
       for (size_t t = 4; t < prompt.size(); ++t) {
         const auto row = model->forward(ids_tensor<Cpu>({prompt[t]}), caches, 7).value().to_vector<float>();
         cached.insert(cached.end(), row.begin(), row.end());
@@ -193,7 +194,9 @@ TEST_CASE("generate: samplers are transformers' logits processors (repetition pe
   const auto scores = s["scores"].get<std::vector<float>>();
   const auto history = s["history"].get<std::vector<int64_t>>();
   for (const json& c : s["cases"]) {
-    nn::GenerateOptions o{.temperature = c["temperature"].get<double>(), .top_k = c["top_k"].get<int64_t>(), .top_p = c["top_p"].get<double>(),
+    nn::GenerateOptions o{.temperature = c["temperature"].get<double>(),
+                          .top_k = c["top_k"].get<int64_t>(),
+                          .top_p = c["top_p"].get<double>(),
                           .repetition_penalty = c["repetition_penalty"].get<double>()};
     std::vector<float> x = scores;
     nn::process_logits(x, history, o);
@@ -235,14 +238,31 @@ TEST_CASE("import: bad configs are errors naming config.json and the field", "[h
   const std::vector<Case> cases = {
       {"llama", [](json& c) { c["architectures"] = {"FalconForCausalLM"}; }, {"config.json", "FalconForCausalLM", "LlamaForCausalLM"}},
       {"llama", [](json& c) { c["attn_logit_softcapping"] = 30.0; }, {"config.json", "attn_logit_softcapping"}},
-      {"llama", [](json& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; }, {"config.json", "rope_scaling", "yarn"}},
-      {"llama", [](json& c) { c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 4.0}}; }, {"rope_scaling", "low_freq_factor"}},
+      {"llama",
+       [](json& c) {
+         c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+       },
+       {"config.json", "rope_scaling", "yarn"}},
+      {"llama",
+       [](json& c) {
+         c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 4.0}};
+       },
+       {"rope_scaling", "low_freq_factor"}},
       {"llama", [](json& c) { c["hidden_act"] = "gelu"; }, {"config.json", "hidden_act"}},
       {"llama", [](json& c) { c["num_key_value_heads"] = 3; }, {"config.json", "num_key_value_heads"}},
       {"llama", [](json& c) { c.erase("hidden_size"); }, {"config.json", "hidden_size", "required"}},
-      {"llama", [](json& c) { c["layer_types"] = {"full_attention", "sliding_attention"}; }, {"layer_types", "sliding_attention"}},
+      {"llama",
+       [](json& c) {
+         c["layer_types"] = {"full_attention", "sliding_attention"};
+       },
+       {"layer_types", "sliding_attention"}},
       {"mistral", [](json& c) { c["sliding_window"] = 16; }, {"config.json", "sliding_window", "16"}},
-      {"qwen2", [](json& c) { c["use_sliding_window"] = true; c["sliding_window"] = 8; c["max_window_layers"] = 0; },
+      {"qwen2",
+       [](json& c) {
+         c["use_sliding_window"] = true;
+         c["sliding_window"] = 8;
+         c["max_window_layers"] = 0;
+       },
        {"config.json", "use_sliding_window"}},
       {"gpt2", [](json& c) { c["scale_attn_by_inverse_layer_idx"] = true; }, {"config.json", "scale_attn_by_inverse_layer_idx"}},
       {"gpt2", [](json& c) { c["activation_function"] = "gelu_fast"; }, {"activation_function", "gelu_fast"}},
@@ -324,8 +344,8 @@ TEST_CASE("import: missing, extra, mis-shaped, mis-tied tensors and broken files
     dir = copy_fixture("qwen2", "index");
     json idx = read_json(dir + "/model.safetensors.index.json");
     const std::string old = idx["weight_map"]["model.norm.weight"];
-    idx["weight_map"]["model.norm.weight"] = old == "model-00001-of-00004.safetensors" ? "model-00002-of-00004.safetensors"
-                                                                                       : "model-00001-of-00004.safetensors";
+    idx["weight_map"]["model.norm.weight"] =
+        old == "model-00001-of-00004.safetensors" ? "model-00002-of-00004.safetensors" : "model-00001-of-00004.safetensors";
     write_json(dir + "/model.safetensors.index.json", idx);
     msg = load_error(dir);
     CHECK(msg.find("model.norm.weight") != std::string::npos);
@@ -346,9 +366,9 @@ TEST_CASE("import: missing, extra, mis-shaped, mis-tied tensors and broken files
 TEST_CASE("cli: kiln generate MODEL_DIR --print-ids prints transformers' greedy ids as its last line", "[hf]") {
   for (const char* name : {"gpt2", "qwen2"}) {
     const json e = read_json(kFixtures + name + "/expected.json");
-    const std::string out = run(fmt::format("{} generate {}{} --prompt-ids {} --max-new-tokens {} --temperature 0 --print-ids 2>&1", KILN_CLI,
-                                            kFixtures, name, fmt::join(e["prompt"].get<std::vector<int64_t>>(), ","),
-                                            e["max_new_tokens"].get<int64_t>()));
+    const std::string out =
+        run(fmt::format("{} generate {}{} --prompt-ids {} --max-new-tokens {} --temperature 0 --print-ids 2>&1", KILN_CLI, kFixtures, name,
+                        fmt::join(e["prompt"].get<std::vector<int64_t>>(), ","), e["max_new_tokens"].get<int64_t>()));
     INFO(out);
     CHECK(out.rfind("status 0", 0) == 0);
     CHECK(out.find("Hugging Face") != std::string::npos);
@@ -379,8 +399,10 @@ TEST_CASE("cli: kiln generate takes a kiln checkpoint too, and says which it fou
   std::ofstream(dir / "t.json") << R"({"steps": 2, "batch_size": 2, "seq_len": 16})";
   const std::string d = dir.string();
   REQUIRE(run(fmt::format("{} tokenize --text {}/c.txt --out {}/t.safetensors 2>&1", KILN_CLI, d, d)).rfind("status 0", 0) == 0);
-  REQUIRE(run(fmt::format("{} train --model {}/m.json --train {}/t.json --data {}/t.safetensors --checkpoint {}/checkpoint.safetensors 2>&1",
-                          KILN_CLI, d, d, d, d)).rfind("status 0", 0) == 0);
+  REQUIRE(
+      run(fmt::format("{} train --model {}/m.json --train {}/t.json --data {}/t.safetensors --checkpoint {}/checkpoint.safetensors 2>&1",
+                      KILN_CLI, d, d, d, d))
+          .rfind("status 0", 0) == 0);
   const std::string out = run(fmt::format("{} generate {} --prompt-ids 104,101 --max-new-tokens 5 --print-ids 2>&1", KILN_CLI, d));
   INFO(out);
   CHECK(out.rfind("status 0", 0) == 0);
