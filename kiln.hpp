@@ -14,7 +14,9 @@
 #include "kiln/nn/attnres.hpp"
 #include "kiln/nn/diff_attention.hpp"
 #include "kiln/nn/embedding.hpp"
+#include "kiln/nn/generate.hpp"  // nn::generate: greedy, sampling, KV cache (GPT and Hugging Face models)
 #include "kiln/nn/gpt.hpp"
+#include "kiln/nn/hf/causal_lm.hpp"  // hf::load_causal_lm: GPT-2, Llama, Mistral, Qwen2 directories
 #include "kiln/nn/init.hpp"
 #include "kiln/nn/layers.hpp"
 #include "kiln/nn/linear.hpp"
@@ -34,6 +36,7 @@
 #include "kiln/dist/process_group.hpp"
 #include "kiln/dist/zero.hpp"
 
+#include "kiln/formats/hf_dir.hpp"
 #include "kiln/formats/idx.hpp"
 #include "kiln/formats/safetensors.hpp"
 

@@ -199,6 +199,14 @@ const unsigned char* File::data(const std::string& name) const {
   return static_cast<const unsigned char*>(map_) + data_start_ + info(name).begin;
 }
 
+void File::release(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto base = reinterpret_cast<uintptr_t>(map_);
+  const uintptr_t lo = (base + data_start_ + t.begin + page - 1) / page * page, hi = (base + data_start_ + t.end) / page * page;
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // a hint: failure changes nothing
+}
+
 namespace {
 template <class S, class D> std::vector<D> widen(const unsigned char* p, size_t n) {
   std::vector<D> out(n);

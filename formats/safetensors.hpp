@@ -45,6 +45,11 @@ class File {
   // Raw little-endian bytes of a tensor in the file's dtype.
   const unsigned char* data(const std::string& name) const;
 
+  // Drops the mapped pages that lie wholly inside a tensor's bytes from this process (madvise
+  // MADV_DONTNEED; the file is read-only, so a later read maps them again). Loaders call it once a
+  // tensor is copied, so that reading a checkpoint does not keep both the file and the weights resident.
+  void release(const std::string& name) const;
+
   // The tensor, converted to kiln's dtype (integer types narrower than 32 bits widen to i32, U32 to i64).
   template <Backend B> Tensor<B> load(const std::string& name) const;
 

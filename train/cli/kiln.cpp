@@ -1,7 +1,10 @@
 // The `kiln` command line: train, sample, eval, tokenize, inspect. See `kiln --help`.
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <optional>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -17,7 +20,10 @@
 
 #include "kiln/backends/dispatch.hpp"
 #include "kiln/core/profile.hpp"
+#include "kiln/formats/hf_dir.hpp"
 #include "kiln/formats/safetensors.hpp"
+#include "kiln/nn/generate.hpp"
+#include "kiln/nn/hf/causal_lm.hpp"
 #include "kiln/dist/process_group.hpp"
 #include "kiln/text/tokenizer.hpp"
 #include "kiln/train/data.hpp"
@@ -127,6 +133,7 @@ installed in share/doc/kiln/.
 commands:
   train      train a GPT on a token file (checkpoints, resume, JSONL log)
   sample     generate text from a checkpoint (KV cache, temperature, top-k)
+  generate   generate from a Hugging Face model directory or a kiln checkpoint (ids or text)
   eval       mean cross-entropy of a checkpoint on a token file
   tokenize   turn a text file into a token file (bytes, characters with --chars, or a model's own
              tokenizer with --tokenizer: tokenizer.json / tokenizer.model); --print-ids prints the ids
@@ -284,6 +291,179 @@ int cmd_sample(int argc, char** argv) {
     return model->generate(codec.encode(prompt), so);
   });
   fmt::print("{}{}\n", prompt, codec.decode(out));
+  return 0;
+}
+
+// ------------------------------------------------------------------------------------- kiln generate
+// `kiln generate MODEL [flags]`: MODEL is a Hugging Face directory (config.json + safetensors) or a
+// kiln checkpoint (a file, or a directory holding checkpoint.safetensors). Prompts are ids
+// (--prompt-ids 1,2,3) or text (--prompt): text needs a tokenizer, kiln's byte/character codec for its
+// own checkpoints and the model's tokenizer for Hugging Face models (the seam below). Information goes to
+// stderr; stdout gets the output: with --print-ids one line of comma-separated generated ids per prompt.
+
+std::vector<int64_t> parse_ids(const std::string& flag, const std::string& s) {
+  std::vector<int64_t> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    const size_t j = std::min(s.find(',', i), s.size());
+    const std::string t = s.substr(i, j - i);
+    size_t used = 0;
+    int64_t v = -1;
+    try {
+      v = std::stoll(t, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    KILN_CHECK(!t.empty() && used == t.size() && v >= 0, "kiln generate: --{} must be comma-separated token ids (0, 1, ...), got '{}'", flag, s);
+    out.push_back(v);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::string join_ids(const std::vector<int64_t>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
+
+// A Hugging Face model's text side for kiln generate --prompt: its tokenizer (kiln::text) and one stream per sequence.
+struct HfText {
+  std::optional<text::Tokenizer> tok;
+  std::vector<text::TextStream> streams;
+  void load(const std::string& dir) { tok = text::Tokenizer::load(dir); }
+  std::vector<int64_t> encode(const std::string& s) const {
+    const auto v = tok->encode(s, true);
+    return {v.begin(), v.end()};
+  }
+  void start(size_t n) { streams.assign(n, text::TextStream(*tok)); }
+  std::string push(size_t seq, int64_t id) { return streams[seq].push(static_cast<int32_t>(id)); }
+  std::string finish(size_t seq) { return streams[seq].finish(); }
+};
+
+bool is_directory(const std::string& p) {
+  struct stat st{};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int cmd_generate(int argc, char** argv) {
+  Args a("generate", "kiln generate MODEL_DIR (--prompt-ids 1,2,3 | --prompt TEXT) [flags]\n\n"
+         "MODEL_DIR: a Hugging Face model directory (config.json, model.safetensors or its sharded index) or a kiln\n"
+         "checkpoint. Sampling defaults come from the model's generation_config.json (greedy when it has none).",
+         {{"prompt-ids", "prompt token ids, comma-separated; repeat the flag for a batch of prompts"},
+          {"prompt", "prompt text (the model's tokenizer; repeat for a batch)"},
+          {"max-new-tokens", "tokens to generate per prompt (default 20)"},
+          {"temperature", "0 = greedy; > 0 samples (default: generation_config.json's, else 0)"},
+          {"top-k", "sample among the k most likely tokens, 0 = all"},
+          {"top-p", "sample among the most likely tokens holding this probability, 1 = all"},
+          {"repetition-penalty", "transformers' repetition penalty, 1 = none"},
+          {"seed", "sampling seed (default 0)"},
+          {"stop-ids", "comma-separated ids that end a sequence, besides the model's EOS"},
+          {"ignore-eos", "do not stop at the model's EOS ids", true},
+          {"print-ids", "print the generated ids, comma-separated, one line per prompt", true},
+          {"dtype", "parameters' dtype: f32 (default), bf16, f16"},
+          {"autocast", "bf16 or f16: run matmuls and attention in that dtype (default: off)"},
+          {"model", "model config JSON (a plain kiln weights file)"},
+          {"device", "cpu (default), reference, or cuda"}});
+  KILN_CHECK(argc >= 3 && std::string(argv[2]).rfind("--", 0) != 0, "kiln generate: the model directory comes first (kiln generate MODEL_DIR "
+             "--prompt-ids 1,2,3; see kiln generate --help)");
+  if (std::string(argv[2]) == "--help") a.parse(argc, argv, 2);
+  std::string path = argv[2];
+  a.parse(argc, argv, 3);
+  KILN_CHECK(a.has("prompt-ids") != a.has("prompt"), "kiln generate: give --prompt-ids or --prompt (one of them)");
+
+  const bool hf = hf::is_model_dir(path);
+  if (!hf && is_directory(path)) {
+    KILN_CHECK(::access((path + "/checkpoint.safetensors").c_str(), R_OK) == 0,
+               "kiln generate: {} is neither a Hugging Face model directory (no config.json) nor holds a kiln checkpoint "
+               "(checkpoint.safetensors)", path);
+    path += "/checkpoint.safetensors";
+  }
+  std::optional<hf::ModelDir> dir;
+  std::optional<CheckpointInfo> info;
+  nn::GenerateOptions o;
+  o.max_new_tokens = a.integer("max-new-tokens", 20);
+  if (hf) {
+    dir = hf::ModelDir::open(path);
+    if (!a.has("ignore-eos")) o.stop_ids = hf::eos_token_ids(*dir);
+    // transformers' generate() defaults: generation_config.json's sampling settings.
+    if (const nlohmann::json* g = dir->generation_config(); g && g->value("do_sample", false)) {
+      auto num = [&](const char* k, double def) { return g->contains(k) && (*g)[k].is_number() ? (*g)[k].get<double>() : def; };
+      o.temperature = num("temperature", 1.0);
+      o.top_k = static_cast<int64_t>(num("top_k", 50));
+      o.top_p = num("top_p", 1.0);
+      o.repetition_penalty = num("repetition_penalty", 1.0);
+    } else if (g) {
+      o.repetition_penalty = g->contains("repetition_penalty") && (*g)["repetition_penalty"].is_number() ? (*g)["repetition_penalty"].get<double>() : 1.0;
+    }
+    fmt::print(stderr, "kiln generate: Hugging Face model directory {}: {} ({} tensors, {} bytes of weights, {})\n", path, dir->architecture(),
+               dir->tensor_names().size(), dir->weight_bytes(), dir->sharded() ? "sharded" : "model.safetensors");
+  } else {
+    info = read_checkpoint_info(path);
+    fmt::print(stderr, "kiln generate: kiln {} {} (GPT, {} layers, d_model {})\n", info->is_checkpoint ? "checkpoint" : "weights file", path,
+               info->model.n_layers, info->model.d_model);
+  }
+  o.temperature = a.number("temperature", o.temperature);
+  o.top_k = a.integer("top-k", o.top_k);
+  o.top_p = a.number("top-p", o.top_p);
+  o.repetition_penalty = a.number("repetition-penalty", o.repetition_penalty);
+  o.seed = static_cast<uint64_t>(a.integer("seed", 0));
+  if (a.has("stop-ids"))
+    for (int64_t id : parse_ids("stop-ids", a.str("stop-ids"))) o.stop_ids.push_back(id);
+
+  // Prompts and the way back to text.
+  std::vector<std::vector<int64_t>> prompts;
+  const bool text_mode = a.has("prompt");
+  HfText hf_text;
+  std::optional<Codec> codec;
+  if (text_mode) {
+    if (hf) {
+      hf_text.load(path);
+      for (const std::string& p : a.list("prompt")) prompts.push_back(hf_text.encode(p));
+    } else {
+      codec = codec_for(info->data_path);
+      for (const std::string& p : a.list("prompt")) prompts.push_back(codec->encode(p));
+    }
+  } else {
+    for (const std::string& p : a.list("prompt-ids")) prompts.push_back(parse_ids("prompt-ids", p));
+  }
+  const bool print_ids = a.has("print-ids") || !text_mode;
+  const DType dtype = parse_dtype(a.str("dtype", "f32"));
+  const DType autocast = a.has("autocast") ? parse_dtype(a.str("autocast")) : DType::f32;
+
+  // Streaming text (one prompt: as it comes; a batch: each sequence printed when done).
+  std::vector<std::string> texts(prompts.size());
+  const bool stream = text_mode && !print_ids && prompts.size() == 1;
+  if (text_mode) {
+    if (hf) hf_text.start(prompts.size());
+    else o.vocab_limit = codec->chars ? codec->chars->vocab_size() : ByteTokenizer::vocab_size;  // only ids the codec can decode
+    for (size_t i = 0; i < prompts.size(); ++i) texts[i] = a.list("prompt")[i];
+    if (stream) fmt::print("{}", texts[0]);
+    o.on_token = [&](size_t s, int64_t id) {
+      const std::string piece = hf ? hf_text.push(s, id) : codec->decode({id});
+      texts[s] += piece;
+      if (stream) {
+        fmt::print("{}", piece);
+        std::fflush(stdout);
+      }
+    };
+  }
+  const nn::Generation g = dispatch(a.str("device", "cpu"), [&]<Backend B>() {
+    if (hf) {
+      auto model = hf::load_causal_lm<B>(*dir, {.dtype = dtype, .autocast = autocast});
+      return nn::generate(*model, prompts, o);
+    }
+    auto model = load_gpt<B>(path, a.str("model"));
+    return nn::generate(*model, prompts, o);
+  });
+  if (text_mode && !print_ids) {
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      const std::string rest = hf ? hf_text.finish(s) : std::string();
+      if (stream) fmt::print("{}\n", rest);
+      else fmt::print("{}{}\n", texts[s], rest);
+    }
+  }
+  const nn::GenerateStats& st = g.stats;
+  fmt::print(stderr, "prefill: {} tokens, {:.1f} tokens/s; decode: {} tokens, {:.1f} tokens/s\n", st.prefill_tokens,
+             st.prefill_tokens_per_second(), st.decode_tokens, st.decode_tokens_per_second());
+  if (print_ids)
+    for (const auto& ids : g.ids) fmt::print("{}\n", join_ids(ids));
   return 0;
 }
 
@@ -458,11 +638,12 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "train") return cmd_train(argc, argv);
     if (cmd == "sample") return cmd_sample(argc, argv);
+    if (cmd == "generate") return cmd_generate(argc, argv);
     if (cmd == "eval") return cmd_eval(argc, argv);
     if (cmd == "tokenize") return cmd_tokenize(argc, argv);
     if (cmd == "inspect") return cmd_inspect(argc, argv);
     if (cmd == "plot") return cmd_plot(argc, argv);
-    fmt::print(stderr, "kiln: unknown command '{}' (valid: train, sample, eval, tokenize, inspect, plot)\n", cmd);
+    fmt::print(stderr, "kiln: unknown command '{}' (valid: train, sample, generate, eval, tokenize, inspect, plot)\n", cmd);
     return 2;
   } catch (const Error& e) {
     // In a job of several ranks, say which one (each rank reports its own errors).

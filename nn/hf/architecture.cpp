@@ -1,0 +1,236 @@
+#include "kiln/nn/hf/architecture.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kiln::hf {
+
+namespace {
+const std::vector<Architecture>& registry() {
+  static const std::vector<Architecture> all = {detail::gpt2_architecture(), detail::llama_architecture("LlamaForCausalLM"),
+                                                detail::llama_architecture("MistralForCausalLM"), detail::qwen2_architecture()};
+  return all;
+}
+
+// config.json fields of every transformers config that do not change a forward pass: names, versions,
+// token ids, generation defaults (generate() reads generation_config.json), dropout (inference),
+// output switches, task heads kiln does not build.
+const char* const kNoEffect[] = {"_attn_implementation_autoset",
+                                 "_name_or_path",
+                                 "_commit_hash",
+                                 "architectures",
+                                 "bad_words_ids",
+                                 "begin_suppress_tokens",
+                                 "bos_token_id",
+                                 "chunk_size_feed_forward",
+                                 "cross_attention_hidden_size",
+                                 "decoder_start_token_id",
+                                 "diversity_penalty",
+                                 "do_sample",
+                                 "early_stopping",
+                                 "encoder_no_repeat_ngram_size",
+                                 "eos_token_id",
+                                 "exponential_decay_length_penalty",
+                                 "finetuning_task",
+                                 "forced_bos_token_id",
+                                 "forced_eos_token_id",
+                                 "id2label",
+                                 "initializer_range",
+                                 "is_decoder",
+                                 "label2id",
+                                 "length_penalty",
+                                 "max_length",
+                                 "min_length",
+                                 "model_type",
+                                 "no_repeat_ngram_size",
+                                 "num_beam_groups",
+                                 "num_beams",
+                                 "num_return_sequences",
+                                 "output_attentions",
+                                 "output_hidden_states",
+                                 "output_scores",
+                                 "pad_token_id",
+                                 "prefix",
+                                 "problem_type",
+                                 "remove_invalid_values",
+                                 "repetition_penalty",
+                                 "return_dict",
+                                 "return_dict_in_generate",
+                                 "sep_token_id",
+                                 "suppress_tokens",
+                                 "task_specific_params",
+                                 "temperature",
+                                 "tf_legacy_loss",
+                                 "tie_encoder_decoder",
+                                 "tokenizer_class",
+                                 "top_k",
+                                 "top_p",
+                                 "torch_dtype",
+                                 "dtype",
+                                 "torchscript",
+                                 "transformers_version",
+                                 "typical_p",
+                                 "use_bfloat16",
+                                 "use_cache",
+                                 "attention_dropout",
+                                 "gradient_checkpointing"};
+}  // namespace
+
+const Architecture* find_architecture(const std::string& name) {
+  for (const Architecture& a : registry())
+    if (a.name == name) return &a;
+  return nullptr;
+}
+
+std::vector<std::string> architectures() {
+  std::vector<std::string> out;
+  for (const Architecture& a : registry()) out.push_back(a.name);
+  return out;
+}
+
+namespace detail {
+
+ConfigReader::ConfigReader(const ModelDir& d) : d_(d), path_(d.config_path()) {
+  for (const char* k : kNoEffect) read_.insert(k);
+  // Generic fields that would change the model if set: they must hold their defaults.
+  if (const auto* v = raw("is_encoder_decoder"))
+    if (!(v->is_boolean() && !v->get<bool>())) unsupported("is_encoder_decoder", "an encoder-decoder is no causal LM");
+  if (const auto* v = raw("add_cross_attention"))
+    if (!(v->is_boolean() && !v->get<bool>())) unsupported("add_cross_attention", "cross-attention layers are not built");
+  if (const auto* v = raw("pruned_heads"))
+    if (!(v->is_object() && v->empty())) unsupported("pruned_heads", "pruned attention heads are not supported");
+}
+
+const nlohmann::json& ConfigReader::json() const { return d_.config(); }
+
+const nlohmann::json* ConfigReader::raw(const std::string& key) {
+  read_.insert(key);
+  const auto it = json().find(key);
+  return it == json().end() || it->is_null() ? nullptr : &*it;
+}
+
+int64_t ConfigReader::integer(const std::string& key) {
+  const auto* v = raw(key);
+  KILN_CHECK(v != nullptr, "{}: field '{}' is required", path_, key);
+  KILN_CHECK(v->is_number_integer(), "{}: field '{}' must be an integer, got {}", path_, key, v->dump());
+  return v->get<int64_t>();
+}
+int64_t ConfigReader::integer(const std::string& key, int64_t def) { return raw(key) ? integer(key) : def; }
+double ConfigReader::number(const std::string& key) {
+  const auto* v = raw(key);
+  KILN_CHECK(v != nullptr, "{}: field '{}' is required", path_, key);
+  KILN_CHECK(v->is_number(), "{}: field '{}' must be a number, got {}", path_, key, v->dump());
+  return v->get<double>();
+}
+double ConfigReader::number(const std::string& key, double def) { return raw(key) ? number(key) : def; }
+std::string ConfigReader::string(const std::string& key, const std::string& def) {
+  const auto* v = raw(key);
+  if (!v) return def;
+  KILN_CHECK(v->is_string(), "{}: field '{}' must be a string, got {}", path_, key, v->dump());
+  return v->get<std::string>();
+}
+bool ConfigReader::boolean(const std::string& key, bool def) {
+  const auto* v = raw(key);
+  if (!v) return def;
+  KILN_CHECK(v->is_boolean(), "{}: field '{}' must be true or false, got {}", path_, key, v->dump());
+  return v->get<bool>();
+}
+void ConfigReader::accept(std::initializer_list<const char*> keys) {
+  for (const char* k : keys) read_.insert(k);
+}
+void ConfigReader::unsupported(const std::string& key, const std::string& why) const {
+  const auto it = json().find(key);
+  fail("{}: field '{}' = {}: {} ({} in kiln)", path_, key, it == json().end() ? std::string("(absent)") : it->dump(), why,
+       d_.architecture());
+}
+void ConfigReader::finish() const {
+  for (auto it = json().begin(); it != json().end(); ++it)
+    KILN_CHECK(read_.count(it.key()) != 0,
+               "{}: field '{}' = {} is not one kiln implements for {}; it may change the model's math, so kiln stops rather than ignore it",
+               path_, it.key(), it.value().dump(), d_.architecture());
+}
+
+std::vector<double> rope_inv_freq(ConfigReader& c, int64_t head_dim, double default_theta) {
+  // transformers 5.x: "rope_parameters": {"rope_type": ..., "rope_theta": ..., scaling fields}
+  // transformers 4.x: "rope_theta" and "rope_scaling": {"rope_type" (or "type"): ..., scaling fields}
+  const nlohmann::json* params = c.raw("rope_parameters");
+  const nlohmann::json* scaling = c.raw("rope_scaling");
+  const bool top_theta = c.raw("rope_theta") != nullptr;
+  double theta = top_theta ? c.number("rope_theta") : default_theta;
+  std::string field = "rope_scaling";
+  const nlohmann::json* p = scaling;
+  if (params) {
+    KILN_CHECK(!scaling, "{}: both 'rope_parameters' (transformers 5) and 'rope_scaling' (transformers 4) are set; which one holds?",
+               c.path());
+    KILN_CHECK(params->is_object(), "{}: field 'rope_parameters' must be an object, got {}", c.path(), params->dump());
+    p = params;
+    field = "rope_parameters";
+  }
+  std::string type = "default";
+  std::map<std::string, double> num;
+  if (p) {
+    KILN_CHECK(p->is_object(), "{}: field '{}' must be an object or null, got {}", c.path(), field, p->dump());
+    for (auto it = p->begin(); it != p->end(); ++it) {
+      const std::string& k = it.key();
+      if (k == "rope_type" || k == "type") {
+        KILN_CHECK(it->is_string(), "{}: '{}.{}' must be a string, got {}", c.path(), field, k, it->dump());
+        type = it->get<std::string>();
+      } else if (it->is_null()) {
+        continue;
+      } else {
+        KILN_CHECK(it->is_number(),
+                   "{}: '{}.{}' must be a number, got {} (kiln reads {}.rope_type, rope_theta, factor, low_freq_factor, "
+                   "high_freq_factor, original_max_position_embeddings)",
+                   c.path(), field, k, it->dump(), field);
+        num[k] = it->get<double>();
+      }
+    }
+  }
+  if (num.count("rope_theta")) {
+    KILN_CHECK(field == "rope_parameters", "{}: 'rope_scaling.rope_theta' is not a transformers 4 field (rope_theta is top level)",
+               c.path());
+    KILN_CHECK(!top_theta || c.number("rope_theta") == num["rope_theta"],
+               "{}: 'rope_theta' ({}) and 'rope_parameters.rope_theta' ({}) disagree", c.path(), c.number("rope_theta"), num["rope_theta"]);
+    theta = num["rope_theta"];
+    num.erase("rope_theta");
+  }
+  KILN_CHECK(theta > 0, "{}: rope_theta must be positive, got {}", c.path(), theta);
+  auto take = [&](const char* k) {
+    const auto it = num.find(k);
+    KILN_CHECK(it != num.end(), "{}: '{}' of rope type \"{}\" needs '{}'", c.path(), field, type, k);
+    const double v = it->second;
+    num.erase(it);
+    return v;
+  };
+  std::vector<double> inv(static_cast<size_t>(head_dim / 2));
+  for (int64_t k = 0; k < head_dim / 2; ++k)  // transformers computes these in f32
+    inv[static_cast<size_t>(k)] = static_cast<float>(1.0 / std::pow(theta, static_cast<double>(2 * k) / static_cast<double>(head_dim)));
+  if (type == "default") {
+  } else if (type == "linear") {
+    const double factor = take("factor");
+    for (double& f : inv) f = static_cast<float>(f / factor);
+  } else if (type == "llama3") {
+    const double factor = take("factor"), lo = take("low_freq_factor"), hi = take("high_freq_factor");
+    const double old_ctx = take("original_max_position_embeddings");
+    const double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
+    for (double& f : inv) {
+      const double wavelen = 2 * M_PI / f;
+      if (wavelen > lo_wavelen) {
+        f = f / factor;
+      } else if (!(wavelen < hi_wavelen)) {  // between: interpolate
+        const double smooth = (old_ctx / wavelen - lo) / (hi - lo);
+        f = (1 - smooth) * f / factor + smooth * f;
+      }
+      f = static_cast<float>(f);
+    }
+  } else {
+    c.unsupported(field, fmt::format("rope type \"{}\" is not implemented (kiln has default, linear, llama3)", type));
+  }
+  if (!num.empty()) c.unsupported(field, fmt::format("'{}' does not apply to rope type \"{}\"", num.begin()->first, type));
+  return inv;
+}
+
+}  // namespace detail
+}  // namespace kiln::hf

@@ -1,0 +1,85 @@
+#pragma once
+// The per-architecture tables behind hf::load_causal_lm (nn/hf/causal_lm.hpp): one file per
+// architecture (gpt2.cpp, llama.cpp, qwen2.cpp) defines an Architecture: how config.json becomes a
+// Spec, and where each parameter of the shared decoder comes from in the checkpoint. Adding an
+// architecture is one more file and one line in architecture.cpp's list.
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "kiln/nn/hf/causal_lm.hpp"
+
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
+namespace kiln::hf {
+
+// Where one kiln parameter comes from.
+struct TensorSource {
+  enum class Op {
+    copy,       // as stored
+    transpose,  // a GPT-2 Conv1D weight, stored [in, out]: transposed to Linear's [out, in]
+    rope_rows,  // q_proj/k_proj weight [H·hd, in] or bias [H·hd]: rows (i, i + hd/2) of each head
+                // become (2i, 2i+1) (rotate-half RoPE onto kiln's interleaved kernel)
+  };
+  std::string name;  // the checkpoint's tensor
+  Shape shape;       // its shape in the checkpoint, as config.json implies
+  Op op = Op::copy;
+  int64_t part = 0, parts = 1;  // after op: rows [part·n/parts, (part+1)·n/parts) (GPT-2's fused c_attn)
+  int64_t heads = 0;            // rope_rows: the heads of the tensor
+};
+
+struct Architecture {
+  std::string name;  // config.json "architectures"[0]
+  // config.json (and the directory) -> the decoder; throws naming the field on anything unsupported.
+  std::function<Spec(const ModelDir&)> spec;
+  // kiln parameter name -> its source (every parameter of CausalLM(spec), nothing more).
+  std::function<std::map<std::string, TensorSource>(const Spec&, const ModelDir&)> tensors;
+  // Checkpoint tensors that are no weights (buffers some exports carry: GPT-2's attn.bias causal
+  // mask, rotary_emb.inv_freq), matched as name suffixes; they are skipped.
+  std::vector<std::string> ignored_suffixes;
+};
+
+const Architecture* find_architecture(const std::string& name);
+
+namespace detail {
+// Strict reading of config.json: each field an architecture reads is asked for by name; finish()
+// rejects whatever key is left that is neither read nor in the list of fields with no effect on the
+// math (names, dropout, generation defaults, ...), naming the file and the field.
+class ConfigReader {
+ public:
+  explicit ConfigReader(const ModelDir& d);
+  // A required integer / number / string, or an optional one (returns def when absent or null).
+  int64_t integer(const std::string& key);
+  int64_t integer(const std::string& key, int64_t def);
+  double number(const std::string& key);
+  double number(const std::string& key, double def);
+  std::string string(const std::string& key, const std::string& def);
+  bool boolean(const std::string& key, bool def);
+  const nlohmann::json* raw(const std::string& key);     // null when absent or null; marks it read
+  void accept(std::initializer_list<const char*> keys);  // fields this architecture knows change nothing
+  [[noreturn]] void unsupported(const std::string& key, const std::string& why) const;
+  void finish() const;
+  const std::string& path() const { return path_; }
+  const nlohmann::json& json() const;
+
+ private:
+  const ModelDir& d_;
+  std::string path_;
+  std::set<std::string> read_;
+};
+
+// RoPE frequencies of a Llama-family config, both spellings: transformers 4.x ("rope_theta" and
+// "rope_scaling" at the top level) and 5.x ("rope_parameters": {"rope_type", "rope_theta", ...}).
+// rope types: "default", "linear", "llama3"; anything else is an error naming the field.
+std::vector<double> rope_inv_freq(ConfigReader& c, int64_t head_dim, double default_theta);
+
+Architecture gpt2_architecture();
+Architecture llama_architecture(const std::string& name);  // LlamaForCausalLM, MistralForCausalLM
+Architecture qwen2_architecture();
+}  // namespace detail
+
+}  // namespace kiln::hf
+#pragma GCC visibility pop

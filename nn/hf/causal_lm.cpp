@@ -1,0 +1,312 @@
+#include "kiln/nn/hf/causal_lm.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "kiln/autograd/autocast.hpp"
+#include "kiln/autograd/record.hpp"
+#include "kiln/core/fused_rope.hpp"
+#include "kiln/nn/hf/architecture.hpp"
+#include "kiln/nn/layers.hpp"
+
+namespace kiln::hf {
+
+namespace {
+
+// A plain holder of submodules, so parameter names read "layers.0.attn.q_proj.weight".
+template <Backend B> class Group : public nn::Module<B> {
+ public:
+  template <class M> std::shared_ptr<M> add(const std::string& name, std::shared_ptr<M> m) { return this->register_module(name, m); }
+};
+
+// RoPE on the fused interleaved kernel with the model's own tables (any frequencies), recorded so
+// that a loaded model can be fine-tuned.
+template <Backend B> Var<B> rope(const Var<B>& x, const Tensor<B>& c, const Tensor<B>& s) {
+  return autograd::record<B>("rope", fused::rope_forward(x.value(), c, s), {&x},
+                             [c, s](const Tensor<B>& g) { return autograd::Grads<B>{fused::rope_backward(g, c, s)}; });
+}
+
+}  // namespace
+
+// One pre-norm decoder layer: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)).
+template <Backend B> class DecoderLayer : public nn::Module<B> {
+ public:
+  DecoderLayer(const Spec& s, DType dt) : s_(s) {
+    auto norm = [&](const char* name, std::shared_ptr<nn::RMSNorm<B>>& rms, std::shared_ptr<nn::LayerNorm<B>>& ln) {
+      if (s.norm == NormKind::rms)
+        rms = this->register_module(name,
+                                    std::make_shared<nn::RMSNorm<B>>(nn::RMSNormOptions{.dim = s.hidden, .eps = s.norm_eps, .dtype = dt}));
+      else
+        ln = this->register_module(
+            name, std::make_shared<nn::LayerNorm<B>>(nn::LayerNormOptions{.dim = s.hidden, .eps = s.norm_eps, .dtype = dt}));
+    };
+    auto lin = [&](Group<B>& g, const char* name, int64_t in, int64_t out, bool bias) {
+      return g.add(name, std::make_shared<nn::Linear<B>>(nn::LinearOptions{.in = in, .out = out, .bias = bias, .dtype = dt}));
+    };
+    norm("attn_norm", attn_rms_, attn_ln_);
+    auto attn = this->register_module("attn", std::make_shared<Group<B>>());
+    q_ = lin(*attn, "q_proj", s.hidden, s.heads * s.head_dim, s.qkv_bias);
+    k_ = lin(*attn, "k_proj", s.hidden, s.kv_heads * s.head_dim, s.qkv_bias);
+    v_ = lin(*attn, "v_proj", s.hidden, s.kv_heads * s.head_dim, s.qkv_bias);
+    o_ = lin(*attn, "o_proj", s.heads * s.head_dim, s.hidden, s.o_bias);
+    norm("mlp_norm", mlp_rms_, mlp_ln_);
+    auto mlp = this->register_module("mlp", std::make_shared<Group<B>>());
+    if (s.mlp == MlpKind::swiglu) {
+      gate_ = lin(*mlp, "gate_proj", s.hidden, s.intermediate, s.mlp_bias);
+      up_ = lin(*mlp, "up_proj", s.hidden, s.intermediate, s.mlp_bias);
+      down_ = lin(*mlp, "down_proj", s.intermediate, s.hidden, s.mlp_bias);
+    } else {
+      up_ = lin(*mlp, "fc", s.hidden, s.intermediate, s.mlp_bias);
+      down_ = lin(*mlp, "proj", s.intermediate, s.hidden, s.mlp_bias);
+    }
+  }
+
+  // x [B, T, D]; cos/sin [T, hd/2] (RoPE) or undefined; cache: the positions before x's.
+  Var<B> forward(const Var<B>& x, int64_t pos0, const Tensor<B>& cos, const Tensor<B>& sin, nn::KVCache<B>* cache, int64_t capacity) const {
+    const int64_t Bn = x.size(0), T = x.size(1), H = s_.heads, Hkv = s_.kv_heads, hd = s_.head_dim;
+    const Var<B> h = attn_rms_ ? attn_rms_->forward(x) : attn_ln_->forward(x);
+    Var<B> q = q_->forward(h).reshape({Bn, T, H, hd}).transpose(1, 2);  // [B, H, T, hd]
+    Var<B> k = k_->forward(h).reshape({Bn, T, Hkv, hd}).transpose(1, 2);
+    Var<B> v = v_->forward(h).reshape({Bn, T, Hkv, hd}).transpose(1, 2);
+    if (cos.defined()) {
+      q = rope(q, cos, sin);
+      k = rope(k, cos, sin);
+    }
+    if (cache) {
+      auto [kc, vc] = nn::kv_cache_append(*cache, k.value(), v.value(), capacity);
+      k = Var<B>(kc);
+      v = Var<B>(vc);
+    }
+    const Var<B> y = nn::attention(q, k, v, /*causal=*/true, pos0);  // [B, H, T, hd]
+    const Var<B> x1 = x + o_->forward(y.transpose(1, 2).reshape({Bn, T, H * hd}));
+    const Var<B> m = mlp_rms_ ? mlp_rms_->forward(x1) : mlp_ln_->forward(x1);
+    Var<B> a;
+    if (s_.mlp == MlpKind::swiglu) {
+      a = nn::functional::swiglu(gate_->forward(m), up_->forward(m));
+    } else {
+      const Var<B> u = up_->forward(m);
+      switch (s_.act) {
+        case Act::gelu_tanh:
+          a = u.gelu(true);
+          break;
+        case Act::gelu:
+          a = u.gelu(false);
+          break;
+        case Act::relu:
+          a = u.relu();
+          break;
+        case Act::silu:
+          a = u.silu();
+          break;
+      }
+    }
+    return x1 + down_->forward(a);
+  }
+
+ private:
+  Spec s_;
+  std::shared_ptr<nn::RMSNorm<B>> attn_rms_, mlp_rms_;
+  std::shared_ptr<nn::LayerNorm<B>> attn_ln_, mlp_ln_;
+  std::shared_ptr<nn::Linear<B>> q_, k_, v_, o_, gate_, up_, down_;
+};
+
+template <Backend B> CausalLM<B>::CausalLM(Spec s, LoadOptions o) : s_(std::move(s)), o_(o) {
+  KILN_CHECK(
+      s_.vocab > 0 && s_.hidden > 0 && s_.layers > 0 && s_.heads > 0 && s_.kv_heads > 0 && s_.head_dim > 0 && s_.intermediate > 0,
+      "hf::CausalLM({}): sizes must be positive (vocab {}, hidden {}, layers {}, heads {}, kv heads {}, head_dim {}, intermediate {})",
+      s_.architecture, s_.vocab, s_.hidden, s_.layers, s_.heads, s_.kv_heads, s_.head_dim, s_.intermediate);
+  KILN_CHECK(s_.heads % s_.kv_heads == 0, "hf::CausalLM({}): {} attention heads are not a multiple of {} key/value heads", s_.architecture,
+             s_.heads, s_.kv_heads);
+  KILN_CHECK(
+      s_.learned_positions ? s_.max_positions > 0 : (s_.head_dim % 2 == 0 && static_cast<int64_t>(s_.inv_freq.size()) == s_.head_dim / 2),
+      "hf::CausalLM({}): RoPE needs an even head_dim and head_dim/2 frequencies (head_dim {}, {} frequencies)", s_.architecture,
+      s_.head_dim, s_.inv_freq.size());
+  embed_ = this->register_module(
+      "embed", std::make_shared<nn::Embedding<B>>(nn::EmbeddingOptions{.num = s_.vocab, .dim = s_.hidden, .dtype = o.dtype}));
+  if (s_.learned_positions)
+    pos_embed_ = this->register_module(
+        "pos_embed", std::make_shared<nn::Embedding<B>>(nn::EmbeddingOptions{.num = s_.max_positions, .dim = s_.hidden, .dtype = o.dtype}));
+  auto layers = this->register_module("layers", std::make_shared<Group<B>>());
+  for (int64_t i = 0; i < s_.layers; ++i) layers_.push_back(layers->add(std::to_string(i), std::make_shared<DecoderLayer<B>>(s_, o.dtype)));
+  if (s_.norm == NormKind::rms)
+    rms_ = this->register_module(
+        "norm", std::make_shared<nn::RMSNorm<B>>(nn::RMSNormOptions{.dim = s_.hidden, .eps = s_.norm_eps, .dtype = o.dtype}));
+  else
+    ln_ = this->register_module(
+        "norm", std::make_shared<nn::LayerNorm<B>>(nn::LayerNormOptions{.dim = s_.hidden, .eps = s_.norm_eps, .dtype = o.dtype}));
+  if (!s_.tie_embeddings)
+    lm_head_ = this->register_module(
+        "lm_head", std::make_shared<nn::Linear<B>>(nn::LinearOptions{.in = s_.hidden, .out = s_.vocab, .dtype = o.dtype}));
+}
+
+template <Backend B> std::pair<Tensor<B>, Tensor<B>> CausalLM<B>::rope_tables(int64_t pos0, int64_t T) const {
+  std::lock_guard<std::mutex> lk(rope_mu_);
+  const int64_t have = cos_.defined() ? cos_.size(0) : 0, half = s_.head_dim / 2;
+  if (pos0 + T > have) {
+    const int64_t P = std::max<int64_t>({pos0 + T, 2 * have, 64});
+    std::vector<float> c(static_cast<size_t>(P * half)), s(c.size());
+    for (int64_t t = 0; t < P; ++t)
+      for (int64_t k = 0; k < half; ++k) {
+        // transformers: angle = f32(position · f32(inv_freq)), cos/sin of it in f32
+        const double ang =
+            static_cast<float>(static_cast<double>(t) * static_cast<double>(static_cast<float>(s_.inv_freq[static_cast<size_t>(k)])));
+        c[static_cast<size_t>(t * half + k)] = static_cast<float>(std::cos(ang));
+        s[static_cast<size_t>(t * half + k)] = static_cast<float>(std::sin(ang));
+      }
+    cos_ = Tensor<B>::from_vector(c, {P, half});
+    sin_ = Tensor<B>::from_vector(s, {P, half});
+  }
+  return {cos_.narrow(0, pos0, T), sin_.narrow(0, pos0, T)};
+}
+
+template <Backend B> Var<B> CausalLM<B>::forward(const Tensor<B>& ids) const { return run(ids, nullptr, 0); }
+
+template <Backend B> Var<B> CausalLM<B>::forward(const Tensor<B>& ids, std::vector<nn::KVCache<B>>& caches, int64_t capacity) const {
+  KILN_CHECK(static_cast<int64_t>(caches.size()) == s_.layers, "hf::CausalLM: {} KV caches for {} layers (use make_caches())",
+             caches.size(), s_.layers);
+  return run(ids, &caches, capacity);
+}
+
+template <Backend B> Var<B> CausalLM<B>::run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* caches, int64_t capacity) const {
+  KILN_CHECK(ids.dim() == 2 && (ids.dtype() == DType::i64 || ids.dtype() == DType::i32),
+             "hf::CausalLM({}): ids must be i32/i64 [B, T], got {} {}", s_.architecture, ids.dtype(), shape_str(ids.shape()));
+  const int64_t T = ids.size(1), pos0 = caches ? (*caches)[0].len : 0;
+  if (caches)
+    KILN_CHECK(pos0 + T <= capacity, "hf::CausalLM({}): {} cached + {} new positions exceed the caches' capacity {}", s_.architecture, pos0,
+               T, capacity);
+  if (s_.learned_positions)
+    KILN_CHECK(pos0 + T <= s_.max_positions, "hf::CausalLM({}): positions {}..{} exceed the model's {} learned positions (n_positions)",
+               s_.architecture, pos0, pos0 + T - 1, s_.max_positions);
+  std::optional<autocast::Scope> scope;
+  if (o_.autocast != DType::f32) scope.emplace(o_.autocast);
+  Var<B> x = embed_->forward(ids);  // [B, T, D]
+  Tensor<B> c, s;
+  if (s_.learned_positions) {
+    x = x + pos_embed_->forward(Tensor<B>::arange(static_cast<double>(pos0), static_cast<double>(pos0 + T), 1.0, DType::i64)).unsqueeze(0);
+  } else {
+    std::tie(c, s) = rope_tables(pos0, T);
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(x, pos0, c, s, caches ? &(*caches)[i] : nullptr, capacity);
+  x = rms_ ? rms_->forward(x) : ln_->forward(x);
+  const Var<B> logits = lm_head_
+                            ? lm_head_->forward(x)
+                            : x.reshape({-1, s_.hidden}).matmul(autocast::to_low(embed_->weight()).t()).reshape({ids.size(0), T, s_.vocab});
+  return logits.dtype() == DType::f32 ? logits : logits.to(DType::f32);
+}
+
+// ------------------------------------------------------------------------------------------ loading
+
+namespace {
+
+template <Backend B> Tensor<B> transform(Tensor<B> t, const TensorSource& src) {
+  switch (src.op) {
+    case TensorSource::Op::copy:
+      break;
+    case TensorSource::Op::transpose:
+      t = t.transpose(0, 1);
+      break;
+    case TensorSource::Op::rope_rows:
+      break;
+  }
+  if (src.parts > 1) {
+    const int64_t n = t.size(0) / src.parts;
+    t = t.narrow(0, src.part * n, n);
+  }
+  if (src.op == TensorSource::Op::rope_rows) {
+    const int64_t H = src.heads, hd = t.size(0) / H;
+    if (t.dim() == 2)
+      t = t.reshape({H, 2, hd / 2, t.size(1)}).transpose(1, 2).reshape({H * hd, t.size(1)});
+    else
+      t = t.reshape({H, 2, hd / 2}).transpose(1, 2).reshape({H * hd});
+  }
+  return t;
+}
+
+}  // namespace
+
+template <Backend B> std::shared_ptr<CausalLM<B>> load_causal_lm(const ModelDir& d, const LoadOptions& o) {
+  KILN_CHECK(o.dtype == DType::f32 || o.dtype == DType::bf16 || o.dtype == DType::f16 || o.dtype == DType::f64,
+             "hf::load_causal_lm: the parameters' dtype must be a float type, got {}", o.dtype);
+  const Architecture* a = find_architecture(d.architecture());
+  KILN_CHECK(a != nullptr, "{}: architecture '{}' is not supported (kiln reads: {})", d.config_path(), d.architecture(),
+             fmt::join(architectures(), ", "));
+  const Spec s = a->spec(d);
+  const std::map<std::string, TensorSource> table = a->tensors(s, d);
+  NoGrad no_grad;
+  auto model = std::make_shared<CausalLM<B>>(s, o);
+  const std::string where = d.sharded() ? d.dir() + "/model.safetensors.index.json" : d.dir() + "/model.safetensors";
+  std::set<std::string> used;
+  std::vector<std::string> problems;
+  for (const auto& [name, var] : model->named_parameters()) {
+    const auto it = table.find(name);
+    KILN_CHECK(it != table.end(), "hf::load_causal_lm({}): the table has no source for parameter '{}' (a bug in nn/hf)", s.architecture,
+               name);
+    const TensorSource& src = it->second;
+    if (!d.contains(src.name)) {
+      problems.push_back(fmt::format("missing tensor '{}' (for {} {})", src.name, s.architecture, name));
+      continue;
+    }
+    const safetensors::File& f = d.file_of(src.name);
+    const safetensors::TensorInfo& info = f.info(src.name);
+    if (info.shape != src.shape) {
+      problems.push_back(fmt::format("{}: tensor '{}' is {} but {} makes it {}", f.path(), src.name, shape_str(info.shape), d.config_path(),
+                                     shape_str(src.shape)));
+      continue;
+    }
+    if (!(info.dtype == DType::f32 || info.dtype == DType::bf16 || info.dtype == DType::f16 || info.dtype == DType::f64)) {
+      problems.push_back(fmt::format("{}: tensor '{}' is {} (weights must be F32, F16 or BF16)", f.path(), src.name, info.st_dtype));
+      continue;
+    }
+    used.insert(src.name);
+    Tensor<B> p = var.value();
+    p.copy_(transform(f.load<B>(src.name), src));
+    if (src.parts == 1 || src.part == src.parts - 1) f.release(src.name);  // GPT-2's c_attn: after its last third
+  }
+  KILN_CHECK(problems.empty(), "hf::load_causal_lm: {} does not fit {}: {}", where, d.config_path(), fmt::join(problems, "; "));
+  // A tied head: a stored lm_head copy must be the embedding (transformers would drop it silently).
+  if (s.tie_embeddings) {
+    const auto lm = table.find("lm_head.weight"), emb = table.find("embed.weight");
+    if (lm != table.end() && d.contains(lm->second.name)) {
+      const auto& f = d.file_of(lm->second.name);
+      KILN_CHECK(f.info(lm->second.name).shape == emb->second.shape, "{}: tensor '{}' is {}, the embedding {} is {}", f.path(),
+                 lm->second.name, shape_str(f.info(lm->second.name).shape), emb->second.name, shape_str(emb->second.shape));
+      const Tensor<B> diff =
+          f.load<B>(lm->second.name).to(DType::f32).sub(d.file_of(emb->second.name).load<B>(emb->second.name).to(DType::f32)).abs().max();
+      KILN_CHECK(diff.template item<float>() == 0.0f,
+                 "{}: 'tie_word_embeddings' is true but tensor '{}' in {} differs from '{}' (set tie_word_embeddings to false to use it)",
+                 d.config_path(), lm->second.name, f.path(), emb->second.name);
+      used.insert(lm->second.name);
+    }
+  }
+  std::vector<std::string> extra;
+  for (const std::string& n : d.tensor_names()) {
+    if (used.count(n)) continue;
+    const bool ignored = std::any_of(a->ignored_suffixes.begin(), a->ignored_suffixes.end(), [&](const std::string& suf) {
+      return n.size() >= suf.size() && n.compare(n.size() - suf.size(), suf.size(), suf) == 0;
+    });
+    if (!ignored) extra.push_back(fmt::format("'{}' ({})", n, d.file_of(n).path()));
+  }
+  KILN_CHECK(extra.empty(), "hf::load_causal_lm: {} holds tensor{} that {} with {} has no place for: {}", d.dir(),
+             extra.size() > 1 ? "s" : "", s.architecture, d.config_path(), fmt::join(extra, ", "));
+  model->eval();
+  return model;
+}
+
+template <Backend B> std::shared_ptr<CausalLM<B>> load_causal_lm(const std::string& dir, const LoadOptions& o) {
+  return load_causal_lm<B>(ModelDir::open(dir), o);
+}
+
+#define KILN_INST(B)                                                                            \
+  template class DecoderLayer<B>;                                                               \
+  template class CausalLM<B>;                                                                   \
+  template std::shared_ptr<CausalLM<B>> load_causal_lm<B>(const ModelDir&, const LoadOptions&); \
+  template std::shared_ptr<CausalLM<B>> load_causal_lm<B>(const std::string&, const LoadOptions&);
+KILN_FOR_EACH_BACKEND(KILN_INST)
+#undef KILN_INST
+
+}  // namespace kiln::hf

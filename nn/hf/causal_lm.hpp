@@ -1,0 +1,109 @@
+#pragma once
+// Hugging Face causal language models as kiln modules: GPT2LMHeadModel, LlamaForCausalLM,
+// MistralForCausalLM (the Llama mapping, without an acting sliding window) and Qwen2ForCausalLM.
+//
+//   auto model = kiln::hf::load_causal_lm<Cpu>("path/to/model_dir");      // config.json + safetensors
+//   Var<Cpu> logits = model->forward(ids);                                  // ids [B, T] -> [B, T, vocab]
+//
+// One decoder (CausalLM below) serves every architecture: a Spec says which norm, MLP, biases and
+// positions it has; each architecture is one file (nn/hf/gpt2.cpp, llama.cpp, qwen2.cpp) holding a
+// table that reads config.json into a Spec and names, for every kiln parameter, the checkpoint tensor
+// it comes from and how (copy, transpose a Conv1D, a slice of a fused c_attn, RoPE rows re-ordered).
+// docs/formats.md has the tables.
+//
+// RoPE: transformers' Llama family turns the halves of a head (pairs (i, i + d/2), "rotate_half");
+// kiln's fused RoPE turns adjacent pairs (2i, 2i+1). Loading re-orders the rows of q_proj and k_proj
+// (and their biases) within each head, as llama.cpp's converter does: q·k is unchanged, the same
+// frequency turns the same pair, and the fast kernel runs as is. The parameters of a loaded Llama are
+// therefore not byte-equal to the checkpoint's q_proj/k_proj (every other tensor is).
+//
+// # Shapes
+//   ids [B, T] (i32/i64) -> logits [B, T, vocab]; with per-layer KV caches, ids are the positions
+//   after the cached ones (generation, under NoGrad).
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kiln/formats/hf_dir.hpp"
+#include "kiln/nn/attention.hpp"
+#include "kiln/nn/embedding.hpp"
+#include "kiln/nn/linear.hpp"
+#include "kiln/nn/norm.hpp"
+
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
+namespace kiln::hf {
+
+enum class NormKind { rms, layer };
+enum class MlpKind { swiglu, fc };  // swiglu: down(silu(gate(x)) * up(x));  fc: proj(act(fc(x)))
+enum class Act { gelu_tanh, gelu, relu, silu };
+
+// What a decoder is made of: the architecture tables fill it from config.json.
+struct Spec {
+  std::string architecture;  // "LlamaForCausalLM", ...
+  int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
+  int64_t max_positions = 0;  // learned positions: the table's size (a hard limit); RoPE: informative
+  NormKind norm = NormKind::rms;
+  double norm_eps = 1e-5;
+  MlpKind mlp = MlpKind::swiglu;
+  Act act = Act::silu;
+  bool qkv_bias = false, o_bias = false, mlp_bias = false;
+  bool learned_positions = false;  // GPT-2's wpe; otherwise RoPE
+  std::vector<double> inv_freq;    // RoPE: [head_dim/2] angular frequencies (theta and scaling applied)
+  bool tie_embeddings = false;     // lm_head is the embedding matrix
+};
+
+struct LoadOptions {
+  DType dtype = DType::f32;     // the parameters' dtype (the weights are converted from the stored one)
+  DType autocast = DType::f32;  // bf16/f16: forward under autocast (matmuls and attention in that dtype)
+};
+
+template <Backend B> class DecoderLayer;
+
+template <Backend B> class CausalLM : public nn::Module<B> {
+ public:
+  CausalLM(Spec s, LoadOptions o = {});
+  const Spec& spec() const { return s_; }
+  const LoadOptions& options() const { return o_; }
+
+  Var<B> forward(const Tensor<B>& ids) const;
+  Var<B> operator()(const Tensor<B>& ids) const { return forward(ids); }
+  // With one KV cache per layer: ids hold the positions after the cached ones. `capacity`: the
+  // positions the caches are allocated for on their first use (prompt + tokens to generate).
+  Var<B> forward(const Tensor<B>& ids, std::vector<nn::KVCache<B>>& caches, int64_t capacity) const;
+  std::vector<nn::KVCache<B>> make_caches() const { return std::vector<nn::KVCache<B>>(static_cast<size_t>(s_.layers)); }
+  // The most positions a sequence may have (learned positions); 0: no limit.
+  int64_t max_positions() const { return s_.learned_positions ? s_.max_positions : 0; }
+
+  // The RoPE tables (cos, sin [T, head_dim/2], f32) for positions pos0..pos0+T-1, grown on demand.
+  std::pair<Tensor<B>, Tensor<B>> rope_tables(int64_t pos0, int64_t T) const;
+
+ private:
+  Var<B> run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* caches, int64_t capacity) const;
+  Spec s_;
+  LoadOptions o_;
+  std::shared_ptr<nn::Embedding<B>> embed_, pos_embed_;
+  std::vector<std::shared_ptr<DecoderLayer<B>>> layers_;
+  std::shared_ptr<nn::RMSNorm<B>> rms_;
+  std::shared_ptr<nn::LayerNorm<B>> ln_;
+  std::shared_ptr<nn::Linear<B>> lm_head_;
+  mutable std::mutex rope_mu_;
+  mutable Tensor<B> cos_, sin_;
+};
+
+// Reads a Hugging Face model directory (formats/hf_dir.hpp) into a CausalLM: the architecture's table
+// (config.json -> Spec, checkpoint tensors -> parameters). An unknown architecture, a config field kiln
+// does not implement, a missing, extra or mis-shaped tensor is a kiln::Error naming the file, the field
+// or the tensor. Tensors are read from the mapped files one at a time, converted to options.dtype.
+template <Backend B> KILN_API std::shared_ptr<CausalLM<B>> load_causal_lm(const std::string& dir, const LoadOptions& options = {});
+template <Backend B> KILN_API std::shared_ptr<CausalLM<B>> load_causal_lm(const ModelDir& dir, const LoadOptions& options = {});
+
+// The architectures load_causal_lm knows ("GPT2LMHeadModel", ...).
+std::vector<std::string> architectures();
+
+#define KILN_EXTERN(B) extern template class CausalLM<B>;
+KILN_FOR_EACH_BACKEND(KILN_EXTERN)
+#undef KILN_EXTERN
+
+}  // namespace kiln::hf
+#pragma GCC visibility pop

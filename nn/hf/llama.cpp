@@ -1,0 +1,106 @@
+// LlamaForCausalLM (transformers' models/llama/modeling_llama.py) and MistralForCausalLM, which is
+// the same network: RMSNorm, rotate-half RoPE (theta; default, linear or llama3 scaling), GQA,
+// SwiGLU, tied or untied head, optional attention/MLP biases. Mistral's sliding window must not act
+// (null, or at least max_position_embeddings). q_proj/k_proj rows are re-ordered for kiln's
+// interleaved RoPE (nn/hf/causal_lm.hpp).
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kiln/nn/hf/architecture.hpp"
+
+namespace kiln::hf::detail {
+
+// Shared by Llama, Mistral and Qwen2: the fields of their configs and the tensor names of their
+// decoders ("model.layers.{i}.self_attn.q_proj.weight", ...).
+Spec llama_family_spec(ConfigReader& c, const ModelDir& d) {
+  Spec s;
+  s.architecture = d.architecture();
+  s.vocab = c.integer("vocab_size");
+  s.hidden = c.integer("hidden_size");
+  s.intermediate = c.integer("intermediate_size");
+  s.layers = c.integer("num_hidden_layers");
+  s.heads = c.integer("num_attention_heads");
+  s.kv_heads = c.integer("num_key_value_heads", s.heads);
+  KILN_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0,
+             "{}: num_attention_heads {} must be a positive multiple of num_key_value_heads {}", c.path(), s.heads, s.kv_heads);
+  s.head_dim = c.integer("head_dim", s.hidden / s.heads);
+  KILN_CHECK(s.head_dim > 0 && s.head_dim % 2 == 0, "{}: head_dim {} must be even and positive", c.path(), s.head_dim);
+  s.max_positions = c.integer("max_position_embeddings", 2048);
+  s.norm = NormKind::rms;
+  s.norm_eps = c.number("rms_norm_eps", 1e-6);
+  s.mlp = MlpKind::swiglu;
+  const std::string act = c.string("hidden_act", "silu");
+  if (act != "silu" && act != "swish") c.unsupported("hidden_act", "kiln's gated MLP is SwiGLU (silu)");
+  s.act = Act::silu;
+  s.tie_embeddings = c.boolean("tie_word_embeddings", false);
+  s.inv_freq = rope_inv_freq(c, s.head_dim, 10000.0);
+  if (const auto* v = c.raw("partial_rotary_factor"))
+    if (!(v->is_number() && v->get<double>() == 1.0)) c.unsupported("partial_rotary_factor", "partial RoPE is not implemented");
+  // transformers 4.5x+/5: a type per layer; only full attention is implemented.
+  if (const auto* v = c.raw("layer_types")) {
+    KILN_CHECK(v->is_array(), "{}: field 'layer_types' must be a list, got {}", c.path(), v->dump());
+    for (const auto& t : *v)
+      if (!(t.is_string() && t.get<std::string>() == "full_attention"))
+        c.unsupported("layer_types", fmt::format("layer type {} is not implemented (only \"full_attention\")", t.dump()));
+  }
+  return s;
+}
+
+std::map<std::string, TensorSource> llama_family_tensors(const Spec& s, const ModelDir&) {
+  const int64_t D = s.hidden, I = s.intermediate, H = s.heads, Hkv = s.kv_heads, hd = s.head_dim;
+  using Op = TensorSource::Op;
+  std::map<std::string, TensorSource> t;
+  t["embed.weight"] = {"model.embed_tokens.weight", {s.vocab, D}};
+  for (int64_t i = 0; i < s.layers; ++i) {
+    const std::string k = fmt::format("layers.{}.", i), h = fmt::format("model.layers.{}.", i);
+    t[k + "attn_norm.weight"] = {h + "input_layernorm.weight", {D}};
+    t[k + "attn.q_proj.weight"] = {h + "self_attn.q_proj.weight", {H * hd, D}, Op::rope_rows, 0, 1, H};
+    t[k + "attn.k_proj.weight"] = {h + "self_attn.k_proj.weight", {Hkv * hd, D}, Op::rope_rows, 0, 1, Hkv};
+    t[k + "attn.v_proj.weight"] = {h + "self_attn.v_proj.weight", {Hkv * hd, D}};
+    t[k + "attn.o_proj.weight"] = {h + "self_attn.o_proj.weight", {D, H * hd}};
+    if (s.qkv_bias) {
+      t[k + "attn.q_proj.bias"] = {h + "self_attn.q_proj.bias", {H * hd}, Op::rope_rows, 0, 1, H};
+      t[k + "attn.k_proj.bias"] = {h + "self_attn.k_proj.bias", {Hkv * hd}, Op::rope_rows, 0, 1, Hkv};
+      t[k + "attn.v_proj.bias"] = {h + "self_attn.v_proj.bias", {Hkv * hd}};
+    }
+    if (s.o_bias) t[k + "attn.o_proj.bias"] = {h + "self_attn.o_proj.bias", {D}};
+    t[k + "mlp_norm.weight"] = {h + "post_attention_layernorm.weight", {D}};
+    const char* names[] = {"gate_proj", "up_proj", "down_proj"};
+    for (const char* n : names) {
+      const bool down = std::string(n) == "down_proj";
+      t[k + "mlp." + n + ".weight"] = {h + "mlp." + n + ".weight", down ? Shape{D, I} : Shape{I, D}};
+      if (s.mlp_bias) t[k + "mlp." + n + ".bias"] = {h + "mlp." + n + ".bias", {down ? D : I}};
+    }
+  }
+  t["norm.weight"] = {"model.norm.weight", {D}};
+  t["lm_head.weight"] = {"lm_head.weight", {s.vocab, D}};
+  return t;
+}
+
+namespace {
+
+Spec llama_spec(const ModelDir& d) {
+  ConfigReader c(d);
+  Spec s = llama_family_spec(c, d);
+  const bool mistral = d.architecture() == "MistralForCausalLM";
+  if (mistral) {
+    if (const auto* w = c.raw("sliding_window")) {
+      KILN_CHECK(w->is_number_integer(), "{}: field 'sliding_window' must be an integer or null, got {}", c.path(), w->dump());
+      if (w->get<int64_t>() < s.max_positions)
+        c.unsupported("sliding_window", fmt::format("sliding-window attention (window {} < max_position_embeddings {}) is not implemented",
+                                                    w->get<int64_t>(), s.max_positions));
+    }
+  } else {
+    s.qkv_bias = s.o_bias = c.boolean("attention_bias", false);
+    s.mlp_bias = c.boolean("mlp_bias", false);
+    c.accept({"pretraining_tp"});  // the same products, split in slices
+  }
+  c.finish();
+  return s;
+}
+
+}  // namespace
+
+Architecture llama_architecture(const std::string& name) { return {name, llama_spec, llama_family_tensors, {"rotary_emb.inv_freq"}}; }
+
+}  // namespace kiln::hf::detail

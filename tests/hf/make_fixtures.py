@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Regenerates tests/hf/fixtures/: tiny random Hugging Face checkpoints and what transformers computes
+from them (the reference values of tests/hf). Nothing is downloaded: every model is built here from a
+config, its weights drawn from a seeded generator.
+
+    scripts/hf_venv.sh && .venv-hf/bin/python tests/hf/make_fixtures.py
+
+Each fixtures/<name>/ holds a save_pretrained() directory (config.json, generation_config.json,
+model.safetensors or the sharded model-*.safetensors + model.safetensors.index.json) and expected.json:
+  prompt          the prompt ids
+  logits          transformers' f32 logits of the whole prompt, [len(prompt), vocab] row-major
+  greedy          generate(do_sample=False, max_new_tokens) ids after the prompt (stopped at EOS if any)
+  max_new_tokens  the generation length asked for
+  batch           (some models) prompts of different lengths, left-padded for transformers, and the
+                  greedy ids it generates for each, padding and anything after EOS removed
+fixtures/samplers.json: transformers' logits processors (repetition penalty, temperature, top-k, top-p)
+applied to one row of scores.
+"""
+import json
+import os
+import shutil
+
+import torch
+import transformers
+import transformers.generation.utils as gu
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM)
+from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                                                    TopKLogitsWarper, TopPLogitsWarper)
+
+gu.is_fsdp_managed_module = lambda m: False  # torch 1.13's FSDP module fails to import on Python 3.11
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "fixtures")
+VOCAB = 96
+
+
+def randomize(model, seed):
+    """Weights large enough that the logits are far from uniform (greedy ids are then not decided by
+    rounding): matrices N(0, 0.25^2), norm weights 1 + N(0, 0.1^2), biases N(0, 0.1^2)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and ("norm" in name or ".ln_" in name or name.endswith("ln_f.weight")) and name.endswith("weight"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            elif p.dim() == 1:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.25 * torch.randn(p.shape, generator=g))
+
+
+def greedy(model, ids, n, **kw):
+    out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, **kw)
+    return out[0, len(ids):].tolist()
+
+
+def make(name, cls, config, seed, dtype=torch.float32, shard=None, eos_at=None, batch=False):
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    randomize(model, seed)
+    prompt = [int(i) for i in torch.randint(3, VOCAB, (7,), generator=torch.Generator().manual_seed(seed + 1))]
+    n = 12
+    d = os.path.join(OUT, name)
+    shutil.rmtree(d, ignore_errors=True)
+    # What is stored is what the reference computes from: round to the storage dtype first.
+    # (the parameters only: model.to() would round RoPE's inv_freq buffer too, which a reload does not)
+    if dtype != torch.float32:
+        with torch.no_grad():
+            for prm in model.parameters():
+                prm.copy_(prm.to(dtype).to(torch.float32))
+    model.generation_config.pad_token_id = 0
+    if eos_at is not None:  # stop at a greedy token first generated at index eos_at or later
+        plain = greedy(model, prompt, n)
+        model.generation_config.eos_token_id = next(t for i, t in enumerate(plain) if i >= eos_at and t not in plain[:i])
+    else:
+        model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0]
+    exp = {"prompt": prompt, "logits": [float(x) for x in logits.flatten()], "vocab": VOCAB, "max_new_tokens": n,
+           "greedy": greedy(model, prompt, n)}
+    if batch:
+        prompts = [prompt, prompt[2:5], prompt[1:] + [5, 9]]
+        L = max(len(p) for p in prompts)
+        ids = torch.tensor([[0] * (L - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts])
+        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n)[:, L:].tolist()
+        eos = model.generation_config.eos_token_id
+        for row in out:
+            if eos is not None and eos in row:
+                del row[row.index(eos) + 1:]
+        exp["batch"] = {"prompts": prompts, "greedy": out}
+    model = model.to(dtype)
+    kw = {"max_shard_size": shard} if shard else {}
+    model.save_pretrained(d, safe_serialization=True, **kw)
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        json.dump(exp, f)
+    size = sum(os.path.getsize(os.path.join(d, x)) for x in os.listdir(d))
+    print(f"{name}: {size} bytes, greedy {exp['greedy']}")
+
+
+def samplers():
+    g = torch.Generator().manual_seed(7)
+    scores = 3 * torch.randn((1, VOCAB), generator=g)
+    history = torch.tensor([[3, 17, 17, 40, 5, 88]])
+    cases = []
+    for rp, t, k, p in [(1.3, 0.7, 10, 0.8), (1.0, 1.0, 0, 0.5), (0.8, 1.5, 5, 1.0), (1.1, 1.0, 0, 0.95)]:
+        s = scores.clone()
+        if rp != 1.0:
+            s = RepetitionPenaltyLogitsProcessor(rp)(history, s)
+        if t != 1.0:
+            s = TemperatureLogitsWarper(t)(history, s)
+        if k:
+            s = TopKLogitsWarper(k)(history, s)
+        if p < 1.0:
+            s = TopPLogitsWarper(p)(history, s)
+        cases.append({"repetition_penalty": rp, "temperature": t, "top_k": k, "top_p": p,
+                      "out": [None if x == float("-inf") else float(x) for x in s[0]]})
+    with open(os.path.join(OUT, "samplers.json"), "w") as f:
+        json.dump({"history": history[0].tolist(), "scores": [float(x) for x in scores[0]], "cases": cases}, f)
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=64)
+    make("gpt2", GPT2LMHeadModel,
+         GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4, n_inner=64,
+                    activation_function="gelu_new", bos_token_id=1, eos_token_id=2), seed=1, eos_at=6)
+    make("llama", LlamaForCausalLM,
+         LlamaConfig(**small, num_key_value_heads=2, tie_word_embeddings=False, rope_theta=10000.0), seed=2, batch=True)
+    make("llama3_bf16", LlamaForCausalLM,
+         LlamaConfig(**dict(small, num_attention_heads=2), num_key_value_heads=1, tie_word_embeddings=True, rope_theta=500000.0,
+                     rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 16}),
+         seed=3, dtype=torch.bfloat16)
+    make("qwen2", Qwen2ForCausalLM,
+         Qwen2Config(**small, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1000000.0, use_sliding_window=False),
+         seed=4, shard="20KB", eos_at=4, batch=True)
+    make("mistral", MistralForCausalLM,
+         MistralConfig(**small, num_key_value_heads=1, head_dim=16, tie_word_embeddings=False, sliding_window=4096), seed=5)
+    samplers()
+    print("transformers", transformers.__version__, "torch", torch.__version__)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,419 @@
+// Hugging Face model import and generation against transformers 4.46.3: the fixtures of
+// tests/hf/make_fixtures.py (tiny random GPT-2, Llama (GQA, untied), Llama 3 RoPE scaling stored in
+// bf16, Qwen2 sharded, Mistral with head_dim != hidden/heads). Logits of a whole prompt within 1e-4
+// relative, greedy ids identical, the samplers' processed logits equal, and every kind of bad input
+// a kiln::Error naming the file, the field or the tensor.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <kiln/backends/backends.hpp>
+#include <kiln/formats/safetensors.hpp>
+#include <kiln/nn/generate.hpp>
+#include <kiln/nn/hf/causal_lm.hpp>
+#include <kiln/train/trainer.hpp>
+#include "common/run.hpp"
+
+using namespace kiln;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const std::string kFixtures = std::string(KILN_SOURCE_DIR) + "/tests/hf/fixtures/";
+const char* const kModels[] = {"gpt2", "llama", "llama3_bf16", "qwen2", "mistral"};
+
+json read_json(const std::string& path) {
+  std::ifstream f(path);
+  REQUIRE(f.good());
+  return json::parse(f);
+}
+
+void write_json(const std::string& path, const json& j) { std::ofstream(path) << j.dump(2); }
+
+// A fresh copy of a fixture directory to break.
+std::string copy_fixture(const std::string& name, const std::string& tag) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kiln-hf-{}-{}-{}", ::getpid(), name, tag);
+  fs::remove_all(dir);
+  fs::copy(kFixtures + name, dir);
+  return dir.string();
+}
+
+template <Backend B> Tensor<B> ids_tensor(const std::vector<int64_t>& ids) {
+  return Tensor<B>::from_vector(ids, {1, static_cast<int64_t>(ids.size())});
+}
+
+// max |a - b| / max |b|
+double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::abs(b[i]));
+  }
+  return num / den;
+}
+
+template <Backend B> std::vector<float> logits_of(const hf::CausalLM<B>& m, const std::vector<int64_t>& ids) {
+  NoGrad ng;
+  return m.forward(ids_tensor<B>(ids)).value().template to_vector<float>();
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string load_error(const std::string& dir) {
+  return error_of([&] { hf::load_causal_lm<Cpu>(dir); });
+}
+
+// Rewrites one safetensors file of a model directory through `edit` (name -> tensor).
+void rewrite(const std::string& file, const std::function<void(std::map<std::string, Tensor<Cpu>>&)>& edit) {
+  auto ts = safetensors::load<Cpu>(file);
+  edit(ts);
+  std::vector<std::pair<std::string, Tensor<Cpu>>> v(ts.begin(), ts.end());
+  safetensors::save<Cpu>(file + ".new", v);
+  fs::rename(file + ".new", file);
+}
+
+// "status N\n" and what the command printed.
+std::string run(const std::string& cmd) {
+  const kt::CommandResult r = kt::run_command(cmd);
+  return fmt::format("status {}\n{}", r.status, r.out);
+}
+
+std::string last_line(const std::string& s) {
+  std::string t = s;
+  while (!t.empty() && t.back() == '\n') t.pop_back();
+  const size_t i = t.rfind('\n');
+  return i == std::string::npos ? t : t.substr(i + 1);
+}
+
+}  // namespace
+
+TEST_CASE("import: logits of a whole prompt match transformers within 1e-4 relative, every architecture (cpu)", "[hf]") {
+  for (const char* name : kModels) {
+    DYNAMIC_SECTION(name) {
+      const json e = read_json(kFixtures + name + "/expected.json");
+      const auto model = hf::load_causal_lm<Cpu>(kFixtures + name);
+      const auto prompt = e["prompt"].get<std::vector<int64_t>>();
+      const double err = rel_err(logits_of(*model, prompt), e["logits"].get<std::vector<double>>());
+      INFO(name << ": relative error " << err);
+      CHECK(err < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("generate: greedy generation is token for token transformers' generate(do_sample=False), EOS included", "[hf]") {
+  for (const char* name : kModels) {
+    DYNAMIC_SECTION(name) {
+      const json e = read_json(kFixtures + name + "/expected.json");
+      const auto model = hf::load_causal_lm<Cpu>(kFixtures + name);
+      nn::GenerateOptions o{.max_new_tokens = e["max_new_tokens"].get<int64_t>(), .temperature = 0};
+      o.stop_ids = hf::eos_token_ids(hf::ModelDir::open(kFixtures + name));
+      const auto g = nn::generate(*model, {e["prompt"].get<std::vector<int64_t>>()}, o);
+      CHECK(g.ids.at(0) == e["greedy"].get<std::vector<int64_t>>());
+      CHECK(g.stats.prefill_tokens == static_cast<int64_t>(e["prompt"].size()));
+      CHECK(g.stats.decode_tokens == static_cast<int64_t>(e["greedy"].size()) - 1);
+      if (e.contains("batch")) {  // prompts of different lengths (transformers: left-padded batch)
+        const auto b = nn::generate(*model, e["batch"]["prompts"].get<std::vector<std::vector<int64_t>>>(), o);
+        CHECK(b.ids == e["batch"]["greedy"].get<std::vector<std::vector<int64_t>>>());
+      }
+    }
+  }
+}
+
+TEST_CASE("generate: the KV-cached forward gives the logits of the full forward, and Reference agrees with Cpu", "[hf]") {
+  for (const char* name : {"gpt2", "llama", "qwen2"}) {
+    DYNAMIC_SECTION(name) {
+      const json e = read_json(kFixtures + name + "/expected.json");
+      const auto prompt = e["prompt"].get<std::vector<int64_t>>();
+      const auto model = hf::load_causal_lm<Cpu>(kFixtures + name);
+      const std::vector<float> full = logits_of(*model, prompt);
+      NoGrad ng;
+      auto caches = model->make_caches();
+      std::vector<float> cached =
+          model->forward(ids_tensor<Cpu>({prompt.begin(), prompt.begin() + 4}), caches, 7).value().to_vector<float>();
+      for (size_t t = 4; t < prompt.size(); ++t) {
+        const auto row = model->forward(ids_tensor<Cpu>({prompt[t]}), caches, 7).value().to_vector<float>();
+        cached.insert(cached.end(), row.begin(), row.end());
+      }
+      CHECK(rel_err(cached, std::vector<double>(full.begin(), full.end())) < 1e-5);
+      const auto ref = hf::load_causal_lm<Reference>(kFixtures + name);
+      CHECK(rel_err(logits_of(*ref, prompt), e["logits"].get<std::vector<double>>()) < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("import: transformers 5's rope_parameters reads as transformers 4's rope_theta + rope_scaling", "[hf]") {
+  const std::string dir = copy_fixture("llama3_bf16", "rope5");
+  json c = read_json(dir + "/config.json");
+  json p = c["rope_scaling"];
+  p["rope_theta"] = c["rope_theta"];
+  c.erase("rope_scaling");
+  c.erase("rope_theta");
+  c["rope_parameters"] = p;
+  write_json(dir + "/config.json", c);
+  const json e = read_json(kFixtures + "llama3_bf16/expected.json");
+  const auto prompt = e["prompt"].get<std::vector<int64_t>>();
+  CHECK(rel_err(logits_of(*hf::load_causal_lm<Cpu>(dir), prompt), e["logits"].get<std::vector<double>>()) < 1e-4);
+  // Without the llama3 scaling the logits are different: the test can tell.
+  c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", p["rope_theta"]}};
+  write_json(dir + "/config.json", c);
+  CHECK(rel_err(logits_of(*hf::load_causal_lm<Cpu>(dir), prompt), e["logits"].get<std::vector<double>>()) > 1e-3);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("import: bf16 parameters and bf16 autocast stay close to the f32 logits", "[hf]") {
+  const json e = read_json(kFixtures + "llama/expected.json");
+  const auto prompt = e["prompt"].get<std::vector<int64_t>>();
+  const auto ref = e["logits"].get<std::vector<double>>();
+  CHECK(rel_err(logits_of(*hf::load_causal_lm<Cpu>(kFixtures + "llama", {.dtype = DType::bf16}), prompt), ref) < 5e-2);
+  CHECK(rel_err(logits_of(*hf::load_causal_lm<Cpu>(kFixtures + "llama", {.autocast = DType::bf16}), prompt), ref) < 5e-2);
+}
+
+TEST_CASE("generate: samplers are transformers' logits processors (repetition penalty, temperature, top-k, top-p)", "[hf]") {
+  const json s = read_json(kFixtures + "samplers.json");
+  const auto scores = s["scores"].get<std::vector<float>>();
+  const auto history = s["history"].get<std::vector<int64_t>>();
+  for (const json& c : s["cases"]) {
+    nn::GenerateOptions o{.temperature = c["temperature"].get<double>(),
+                          .top_k = c["top_k"].get<int64_t>(),
+                          .top_p = c["top_p"].get<double>(),
+                          .repetition_penalty = c["repetition_penalty"].get<double>()};
+    std::vector<float> x = scores;
+    nn::process_logits(x, history, o);
+    INFO(c.dump());
+    int kept = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const json& want = c["out"][i];
+      if (want.is_null()) {
+        CHECK(std::isinf(x[i]));
+      } else {
+        ++kept;
+        CHECK(x[i] == Approx(want.get<double>()).epsilon(1e-6));
+      }
+    }
+    CHECK(kept > 0);
+  }
+  // Sampling: the same seed gives the same ids; temperature -> 0 approaches greedy.
+  const auto model = hf::load_causal_lm<Cpu>(kFixtures + "llama");
+  const std::vector<int64_t> prompt{5, 6, 7};
+  nn::GenerateOptions o{.max_new_tokens = 10, .temperature = 1.0, .top_k = 20, .top_p = 0.9, .seed = 3};
+  const auto a = nn::generate(*model, {prompt}, o), b = nn::generate(*model, {prompt}, o);
+  CHECK(a.ids == b.ids);
+  o.seed = 4;
+  o.max_new_tokens = 30;
+  const auto c = nn::generate(*model, {prompt}, o);
+  o.seed = 3;
+  CHECK(nn::generate(*model, {prompt}, o).ids != c.ids);
+  o.temperature = 1e-4;
+  const auto cold = nn::generate(*model, {prompt}, o);
+  CHECK(cold.ids == nn::generate(*model, {prompt}, {.max_new_tokens = 30}).ids);
+}
+
+TEST_CASE("import: bad configs are errors naming config.json and the field", "[hf]") {
+  struct Case {
+    const char* model;
+    std::function<void(json&)> edit;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {"llama", [](json& c) { c["architectures"] = {"FalconForCausalLM"}; }, {"config.json", "FalconForCausalLM", "LlamaForCausalLM"}},
+      {"llama", [](json& c) { c["attn_logit_softcapping"] = 30.0; }, {"config.json", "attn_logit_softcapping"}},
+      {"llama",
+       [](json& c) {
+         c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+       },
+       {"config.json", "rope_scaling", "yarn"}},
+      {"llama",
+       [](json& c) {
+         c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 4.0}};
+       },
+       {"rope_scaling", "low_freq_factor"}},
+      {"llama", [](json& c) { c["hidden_act"] = "gelu"; }, {"config.json", "hidden_act"}},
+      {"llama", [](json& c) { c["num_key_value_heads"] = 3; }, {"config.json", "num_key_value_heads"}},
+      {"llama", [](json& c) { c.erase("hidden_size"); }, {"config.json", "hidden_size", "required"}},
+      {"llama",
+       [](json& c) {
+         c["layer_types"] = {"full_attention", "sliding_attention"};
+       },
+       {"layer_types", "sliding_attention"}},
+      {"mistral", [](json& c) { c["sliding_window"] = 16; }, {"config.json", "sliding_window", "16"}},
+      {"qwen2",
+       [](json& c) {
+         c["use_sliding_window"] = true;
+         c["sliding_window"] = 8;
+         c["max_window_layers"] = 0;
+       },
+       {"config.json", "use_sliding_window"}},
+      {"gpt2", [](json& c) { c["scale_attn_by_inverse_layer_idx"] = true; }, {"config.json", "scale_attn_by_inverse_layer_idx"}},
+      {"gpt2", [](json& c) { c["activation_function"] = "gelu_fast"; }, {"activation_function", "gelu_fast"}},
+      {"gpt2", [](json& c) { c["add_cross_attention"] = true; }, {"add_cross_attention"}},
+  };
+  int i = 0;
+  for (const Case& k : cases) {
+    const std::string dir = copy_fixture(k.model, fmt::format("cfg{}", i++));
+    json c = read_json(dir + "/config.json");
+    k.edit(c);
+    write_json(dir + "/config.json", c);
+    const std::string msg = load_error(dir);
+    INFO(msg);
+    for (const std::string& s : k.says) CHECK(msg.find(s) != std::string::npos);
+    fs::remove_all(dir);
+  }
+}
+
+TEST_CASE("import: missing, extra, mis-shaped, mis-tied tensors and broken files are errors naming the file and the tensor", "[hf]") {
+  SECTION("missing") {
+    const std::string dir = copy_fixture("llama", "missing");
+    rewrite(dir + "/model.safetensors", [](auto& ts) { ts.erase("model.layers.1.mlp.up_proj.weight"); });
+    const std::string msg = load_error(dir);
+    CHECK(msg.find("missing tensor 'model.layers.1.mlp.up_proj.weight'") != std::string::npos);
+    fs::remove_all(dir);
+  }
+  SECTION("extra") {
+    const std::string dir = copy_fixture("gpt2", "extra");
+    rewrite(dir + "/model.safetensors", [](auto& ts) { ts["transformer.h.0.attn.q_norm.weight"] = Tensor<Cpu>::ones({8}); });
+    const std::string msg = load_error(dir);
+    CHECK(msg.find("transformer.h.0.attn.q_norm.weight") != std::string::npos);
+    CHECK(msg.find("model.safetensors") != std::string::npos);
+    fs::remove_all(dir);
+  }
+  SECTION("ignored buffers of old exports are no extra tensors") {
+    const std::string dir = copy_fixture("gpt2", "buffers");
+    rewrite(dir + "/model.safetensors", [](auto& ts) { ts["transformer.h.0.attn.bias"] = Tensor<Cpu>::ones({1, 1, 4, 4}); });
+    CHECK(load_error(dir) == "(no error)");
+    fs::remove_all(dir);
+  }
+  SECTION("mis-shaped") {
+    const std::string dir = copy_fixture("qwen2", "shape");
+    const json idx = read_json(dir + "/model.safetensors.index.json");
+    const std::string shard = dir + "/" + idx["weight_map"]["model.layers.0.self_attn.k_proj.bias"].get<std::string>();
+    rewrite(shard, [](auto& ts) { ts["model.layers.0.self_attn.k_proj.bias"] = Tensor<Cpu>::zeros({12}); });
+    const std::string msg = load_error(dir);
+    CHECK(msg.find("model.layers.0.self_attn.k_proj.bias") != std::string::npos);
+    CHECK(msg.find("[12]") != std::string::npos);
+    CHECK(msg.find("[16]") != std::string::npos);
+    fs::remove_all(dir);
+  }
+  SECTION("untied head without lm_head, tied head with a different lm_head") {
+    std::string dir = copy_fixture("llama", "untied");
+    rewrite(dir + "/model.safetensors", [](auto& ts) { ts.erase("lm_head.weight"); });
+    CHECK(load_error(dir).find("missing tensor 'lm_head.weight'") != std::string::npos);
+    fs::remove_all(dir);
+    dir = copy_fixture("llama3_bf16", "tied");
+    rewrite(dir + "/model.safetensors", [](auto& ts) { ts["lm_head.weight"] = ts.at("model.embed_tokens.weight").mul(2.0); });
+    std::string msg = load_error(dir);
+    CHECK(msg.find("tie_word_embeddings") != std::string::npos);
+    CHECK(msg.find("lm_head.weight") != std::string::npos);
+    rewrite(dir + "/model.safetensors", [](auto& ts) { ts["lm_head.weight"] = ts.at("model.embed_tokens.weight"); });
+    CHECK(load_error(dir) == "(no error)");  // an equal copy is fine
+    fs::remove_all(dir);
+  }
+  SECTION("truncated weights") {
+    const std::string dir = copy_fixture("llama", "trunc");
+    fs::resize_file(dir + "/model.safetensors", fs::file_size(dir + "/model.safetensors") - 100);
+    CHECK(load_error(dir).find("model.safetensors") != std::string::npos);
+    fs::remove_all(dir);
+  }
+  SECTION("sharded: a missing shard, a tensor the index misplaces") {
+    std::string dir = copy_fixture("qwen2", "shard");
+    fs::remove(dir + "/model-00002-of-00004.safetensors");
+    std::string msg = load_error(dir);
+    CHECK(msg.find("model-00002-of-00004.safetensors") != std::string::npos);
+    CHECK(msg.find("missing") != std::string::npos);
+    fs::remove_all(dir);
+    dir = copy_fixture("qwen2", "index");
+    json idx = read_json(dir + "/model.safetensors.index.json");
+    const std::string old = idx["weight_map"]["model.norm.weight"];
+    idx["weight_map"]["model.norm.weight"] =
+        old == "model-00001-of-00004.safetensors" ? "model-00002-of-00004.safetensors" : "model-00001-of-00004.safetensors";
+    write_json(dir + "/model.safetensors.index.json", idx);
+    msg = load_error(dir);
+    CHECK(msg.find("model.norm.weight") != std::string::npos);
+    fs::remove_all(dir);
+  }
+  SECTION("bad JSON, no weights") {
+    std::string dir = copy_fixture("llama", "json");
+    std::ofstream(dir + "/config.json") << "{\"architectures\": [\"LlamaForCausalLM\"";
+    CHECK(load_error(dir).find("config.json") != std::string::npos);
+    fs::remove_all(dir);
+    dir = copy_fixture("llama", "noweights");
+    fs::remove(dir + "/model.safetensors");
+    CHECK(load_error(dir).find("neither model.safetensors nor") != std::string::npos);
+    fs::remove_all(dir);
+  }
+}
+
+TEST_CASE("cli: kiln generate MODEL_DIR --print-ids prints transformers' greedy ids as its last line", "[hf]") {
+  for (const char* name : {"gpt2", "qwen2"}) {
+    const json e = read_json(kFixtures + name + "/expected.json");
+    const std::string out =
+        run(fmt::format("{} generate {}{} --prompt-ids {} --max-new-tokens {} --temperature 0 --print-ids 2>&1", KILN_CLI, kFixtures, name,
+                        fmt::join(e["prompt"].get<std::vector<int64_t>>(), ","), e["max_new_tokens"].get<int64_t>()));
+    INFO(out);
+    CHECK(out.rfind("status 0", 0) == 0);
+    CHECK(out.find("Hugging Face") != std::string::npos);
+    CHECK(out.find("tokens/s") != std::string::npos);
+    CHECK(last_line(out) == fmt::format("{}", fmt::join(e["greedy"].get<std::vector<int64_t>>(), ",")));
+  }
+  // A batch: one line per prompt.
+  const json e = read_json(kFixtures + "llama/expected.json");
+  std::string flags;
+  for (const auto& p : e["batch"]["prompts"]) flags += fmt::format(" --prompt-ids {}", fmt::join(p.get<std::vector<int64_t>>(), ","));
+  const std::string out = run(fmt::format("{} generate {}llama{} --max-new-tokens 12 --print-ids 2>/dev/null", KILN_CLI, kFixtures, flags));
+  std::string want = "status 0\n";
+  for (const auto& g : e["batch"]["greedy"]) want += fmt::format("{}\n", fmt::join(g.get<std::vector<int64_t>>(), ","));
+  CHECK(out == want);
+  const std::string bad = run(fmt::format("{} generate {}llama --prompt-ids 1,x 2>&1", KILN_CLI, kFixtures));
+  CHECK(bad.rfind("status 1", 0) == 0);
+  CHECK(bad.find("--prompt-ids") != std::string::npos);
+}
+
+TEST_CASE("cli: kiln generate takes a kiln checkpoint too, and says which it found", "[hf]") {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kiln-hf-{}-ckpt", ::getpid());
+  fs::create_directories(dir);
+  {
+    std::ofstream t(dir / "c.txt");
+    for (int i = 0; i < 100; ++i) t << "hello world, the quick brown fox " << i << "\n";
+  }
+  std::ofstream(dir / "m.json") << R"({"d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 32})";
+  std::ofstream(dir / "t.json") << R"({"steps": 2, "batch_size": 2, "seq_len": 16})";
+  const std::string d = dir.string();
+  REQUIRE(run(fmt::format("{} tokenize --text {}/c.txt --out {}/t.safetensors 2>&1", KILN_CLI, d, d)).rfind("status 0", 0) == 0);
+  REQUIRE(
+      run(fmt::format("{} train --model {}/m.json --train {}/t.json --data {}/t.safetensors --checkpoint {}/checkpoint.safetensors 2>&1",
+                      KILN_CLI, d, d, d, d))
+          .rfind("status 0", 0) == 0);
+  const std::string out = run(fmt::format("{} generate {} --prompt-ids 104,101 --max-new-tokens 5 --print-ids 2>&1", KILN_CLI, d));
+  INFO(out);
+  CHECK(out.rfind("status 0", 0) == 0);
+  CHECK(out.find("kiln checkpoint") != std::string::npos);
+  // The same ids as the library's greedy generation on the same checkpoint.
+  const auto model = load_gpt<Cpu>(d + "/checkpoint.safetensors");
+  const auto g = nn::generate(*model, {{104, 101}}, {.max_new_tokens = 5});
+  CHECK(last_line(out) == fmt::format("{}", fmt::join(g.ids[0], ",")));
+  // Past max_seq_len: an error naming it.
+  CHECK(error_of([&] { nn::generate(*model, {{104, 101}}, {.max_new_tokens = 40}); }).find("max_seq_len") != std::string::npos);
+  const std::string text = run(fmt::format("{} generate {} --prompt hello --max-new-tokens 8 2>/dev/null", KILN_CLI, d));
+  CHECK(text.rfind("status 0\nhello", 0) == 0);
+  fs::remove_all(dir);
+}
