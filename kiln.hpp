@@ -48,3 +48,4 @@
 
 #include "kiln/nn/conv.hpp"
 #include "kiln/nn/pool.hpp"
+#include "kiln/nn/upsample.hpp"
