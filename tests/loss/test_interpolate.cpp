@@ -12,6 +12,7 @@
 
 #include "common/kiln_test.hpp"
 #include "common/torch_cases.hpp"
+#include "loss/cases.hpp"
 
 using namespace kiln;
 using json = nlohmann::json;
@@ -26,9 +27,7 @@ const json& cases() {
   return j;
 }
 
-template <Backend B> Tensor<B> array(const json& a) {
-  return Tensor<B>::from_vector(a.at("data").get<std::vector<double>>(), a.at("shape").get<Shape>());
-}
+template <Backend B> Tensor<B> array(const json& a) { return kiln::test::json_array<B>(a); }
 
 nn::InterpolateOptions options(const json& args) {
   nn::InterpolateOptions o;

@@ -12,6 +12,7 @@
 
 #include "common/kiln_test.hpp"
 #include "common/torch_cases.hpp"
+#include "loss/cases.hpp"
 
 using namespace kiln;
 using json = nlohmann::json;
@@ -23,12 +24,7 @@ const json& cases() {
   return j;
 }
 
-template <Backend B> Tensor<B> array(const json& a) {
-  std::vector<double> data;
-  for (const json& v : a.at("data")) data.push_back(v.is_string() ? std::stod(v.get<std::string>()) : v.get<double>());  // "inf", "nan"
-  const Tensor<B> t = Tensor<B>::from_vector(data, a.at("shape").get<Shape>());
-  return a.at("dtype") == "i64" ? t.to(DType::i64) : t;
-}
+template <Backend B> Tensor<B> array(const json& a) { return kiln::test::json_array<B>(a); }
 
 template <Backend B> void run_case(const json& c) {
   const std::string op = c.at("op");
