@@ -77,7 +77,7 @@ TEMPLATE_TEST_CASE("gradcheck: interpolate nearest and bilinear", "[loss][interp
   }
 }
 
-TEMPLATE_TEST_CASE("interpolate in f32 agrees with Reference; Upsample; errors", "[loss][interpolate]", KILN_TEST_BACKENDS) {
+TEMPLATE_TEST_CASE("interpolate in f32 agrees with Reference, Upsample, errors", "[loss][interpolate]", KILN_TEST_BACKENDS) {
   using B = TestType;
   Generator g(6);
   const kt::RT x = kt::RT::randn({2, 3, 5, 6}, DType::f32, &g);
