@@ -52,4 +52,6 @@
 #include "kiln/train/trainer.hpp"
 
 #include "kiln/nn/conv.hpp"
+#include "kiln/nn/einsum.hpp"
 #include "kiln/nn/pool.hpp"
+#include "kiln/nn/upsample.hpp"

@@ -1,6 +1,9 @@
 #include "kiln/nn/loss.hpp"
 
+#include <algorithm>
+
 #include "kiln/autograd/autocast.hpp"
+#include "kiln/autograd/loss_ops.hpp"
 #include "kiln/autograd/record.hpp"
 #include "kiln/core/fused_loss.hpp"
 
@@ -44,9 +47,215 @@ template <Backend B> Var<B> cross_entropy(const Var<B>& logits_in, const Tensor<
 
 template <Backend B> Var<B> mse_loss(const Var<B>& a, const Var<B>& b) { return (a - b).square().mean(); }
 
-#define KILN_INST(B)                                                                          \
-  template Var<B> cross_entropy<B>(const Var<B>&, const Tensor<B>&, CrossEntropyOptions);     \
-  template Var<B> mse_loss<B>(const Var<B>&, const Var<B>&);
+Reduction reduction_from_string(std::string_view name) {
+  if (name == "none") return Reduction::none;
+  if (name == "mean") return Reduction::mean;
+  if (name == "sum") return Reduction::sum;
+  if (name == "batchmean") return Reduction::batchmean;
+  fail("reduction: '{}' is not a valid value (none, mean, sum, batchmean)", name);
+}
+
+std::string_view reduction_name(Reduction r) {
+  switch (r) {
+    case Reduction::none:
+      return "none";
+    case Reduction::mean:
+      return "mean";
+    case Reduction::sum:
+      return "sum";
+    case Reduction::batchmean:
+      return "batchmean";
+  }
+  fail("reduction: invalid value {}", static_cast<int>(r));
+}
+
+namespace {
+
+// none / mean / sum of an elementwise loss; batchmean is kl_div's alone (handled there).
+template <Backend B> Var<B> reduce(const Var<B>& loss, Reduction r, const char* op) {
+  switch (r) {
+    case Reduction::none:
+      return loss;
+    case Reduction::mean:
+      return loss.mean();
+    case Reduction::sum:
+      return loss.sum();
+    case Reduction::batchmean:
+      break;
+  }
+  fail("{}: reduction '{}' is not valid here (none, mean, sum; batchmean is kl_div's)", op,
+       r == Reduction::batchmean ? std::string("batchmean") : fmt::format("<invalid {}>", static_cast<int>(r)));
+}
+
+// Input and target of a pointwise regression loss: defined, floating, one shape; under autocast in f32.
+template <Backend B> std::pair<Var<B>, Var<B>> pointwise(const Var<B>& input, const Var<B>& target, const char* op) {
+  KILN_CHECK(input.defined() && target.defined(), "{}: undefined input or target", op);
+  KILN_CHECK(is_floating(input.dtype()) && is_floating(target.dtype()), "{}: input and target must be floating, got {} and {}", op,
+             input.dtype(), target.dtype());
+  KILN_CHECK(input.shape() == target.shape(), "{}: target {} must have the input's shape {}", op, shape_str(target.shape()),
+             shape_str(input.shape()));
+  const Var<B> x = autocast::to_f32(input), y = autocast::to_f32(target);
+  KILN_CHECK(x.dtype() == y.dtype(), "{}: input {} and target {} must have one dtype", op, x.dtype(), y.dtype());
+  return {x, y};
+}
+
+}  // namespace
+
+template <Backend B> Var<B> binary_cross_entropy(const Var<B>& input, const Var<B>& target, BCELossOptions<B> o) {
+  return reduce(autograd::LossOps<B>::binary_cross_entropy(input, target, o.weight), o.reduction, "binary_cross_entropy");
+}
+
+template <Backend B> Var<B> binary_cross_entropy_with_logits(const Var<B>& input, const Var<B>& target, BCEWithLogitsLossOptions<B> o) {
+  return reduce(autograd::LossOps<B>::binary_cross_entropy_with_logits(input, target, o.weight, o.pos_weight), o.reduction,
+                "binary_cross_entropy_with_logits");
+}
+
+template <Backend B> Var<B> nll_loss(const Var<B>& input, const Tensor<B>& target, NLLLossOptions<B> o) {
+  static constexpr const char* op = "nll_loss";
+  KILN_CHECK(input.defined() && target.defined(), "{}: undefined input or target", op);
+  KILN_CHECK(is_floating(input.dtype()), "{}: input must be floating, got {} (shape {})", op, input.dtype(), shape_str(input.shape()));
+  KILN_CHECK(input.dim() >= 1, "{}: input must be [C], [N, C] or [N, C, d1, ...], got {}", op, shape_str(input.shape()));
+  KILN_CHECK(is_integral(target.dtype()), "{}: target must be i32 or i64, got {} (shape {})", op, target.dtype(),
+             shape_str(target.shape()));
+  const Var<B> x = autocast::to_f32(input);
+  const int64_t C = x.dim() == 1 ? x.size(0) : x.size(1);
+  Shape tshape = x.shape();
+  tshape.erase(tshape.begin() + (x.dim() == 1 ? 0 : 1));
+  KILN_CHECK(target.shape() == tshape, "{}: input {} (classes along dim {}) needs target of shape {}, got {}", op, shape_str(x.shape()),
+             x.dim() == 1 ? 0 : 1, shape_str(tshape), shape_str(target.shape()));
+  KILN_CHECK(!o.weight.defined() || o.weight.shape() == Shape{C}, "{}: weight must be [C] = [{}] (one per class), got {}", op, C,
+             o.weight.defined() ? shape_str(o.weight.shape()) : "");
+  KILN_CHECK(!o.weight.defined() || is_floating(o.weight.dtype()), "{}: weight must be floating, got {}", op, o.weight.dtype());
+  // [..., C] rows: the class axis last, flattened
+  Var<B> rows;
+  if (x.dim() <= 2) {
+    rows = x.reshape({-1, C});
+  } else {
+    std::vector<int64_t> perm{0};
+    for (int64_t d = 2; d < x.dim(); ++d) perm.push_back(d);
+    perm.push_back(1);
+    rows = x.permute(perm).reshape({-1, C});
+  }
+  const Tensor<B> t = target.reshape({-1}).to(DType::i64);
+  const Tensor<B> keep = t.ne(o.ignore_index);
+  if (t.numel()) {
+    const int64_t bad = item<int64_t>(keep.logical_and(t.lt(0).logical_or(t.ge(C))).sum().to(DType::i64));
+    KILN_CHECK(bad == 0, "{}: target values must be in [0, {}) or ignore_index {}; got min {} max {}", op, C, o.ignore_index,
+               item<int64_t>(t.min()), item<int64_t>(t.max()));
+  }
+  const Tensor<B> safe = t.mul(keep.to(DType::i64));  // ignored rows read class 0, weighted 0
+  const Tensor<B> kept = keep.to(x.dtype());
+  const Tensor<B> w = o.weight.defined() ? o.weight.to(x.dtype()).index_select(0, safe).mul(kept) : kept;
+  const Var<B> loss = rows.gather(1, safe.unsqueeze(1)).squeeze(1).mul(w).neg();
+  switch (o.reduction) {
+    case Reduction::none:
+      return loss.reshape(tshape);
+    case Reduction::sum:
+      return loss.sum();
+    case Reduction::mean:
+      return loss.sum().div(w.sum());  // PyTorch: Σ w[t]·ℓ / Σ w[t] (nan when nothing is kept)
+    default:
+      return reduce(loss, o.reduction, op);
+  }
+}
+
+template <Backend B> Var<B> l1_loss(const Var<B>& input, const Var<B>& target, Reduction reduction) {
+  const auto [x, y] = pointwise(input, target, "l1_loss");
+  return reduce(x.sub(y).abs(), reduction, "l1_loss");
+}
+
+template <Backend B> Var<B> smooth_l1_loss(const Var<B>& input, const Var<B>& target, SmoothL1LossOptions o) {
+  static constexpr const char* op = "smooth_l1_loss";
+  KILN_CHECK(o.beta >= 0, "{}: beta must be >= 0, got {}", op, o.beta);
+  const auto [x, y] = pointwise(input, target, op);
+  const Var<B> d = x.sub(y), ad = d.abs();
+  // β = 0: |d|, with PyTorch's input gradient −1 (not 0) at d = 0 (its backward tests d <= −β first);
+  // the target's is +1 there (PyTorch's: −1 as well)
+  if (o.beta == 0) return reduce(where(d.gt(0.0), d, d.neg()), o.reduction, op);
+  return reduce(where(ad.lt(o.beta), d.square().mul(0.5 / o.beta), ad.sub(0.5 * o.beta)), o.reduction, op);
+}
+
+template <Backend B> Var<B> huber_loss(const Var<B>& input, const Var<B>& target, HuberLossOptions o) {
+  static constexpr const char* op = "huber_loss";
+  KILN_CHECK(o.delta > 0, "{}: delta must be > 0, got {}", op, o.delta);
+  const auto [x, y] = pointwise(input, target, op);
+  const Var<B> d = x.sub(y), ad = d.abs();
+  return reduce(where(ad.lt(o.delta), d.square().mul(0.5), ad.sub(0.5 * o.delta).mul(o.delta)), o.reduction, op);
+}
+
+template <Backend B> Var<B> kl_div(const Var<B>& input, const Var<B>& target, KLDivLossOptions o) {
+  static constexpr const char* op = "kl_div";
+  const auto [x, y] = pointwise(input, target, op);
+  Var<B> loss;
+  if (o.log_target) {
+    loss = y.exp().mul(y.sub(x));
+  } else {
+    // xlogy(y, y) − y·x: y·log y is 0 where y = 0 (log reads 1 there); a negative y gives nan, as in PyTorch
+    loss = y.mul(where(y.ne(0.0), y, 1.0).log()).sub(y.mul(x));
+  }
+  if (o.reduction != Reduction::batchmean) return reduce(loss, o.reduction, op);
+  KILN_CHECK(x.dim() >= 1, "{}: reduction batchmean needs a batch dimension, input is 0-dim", op);
+  return loss.sum().div(static_cast<double>(x.size(0)));
+}
+
+template <Backend B> Var<B> cosine_similarity(const Var<B>& x1_in, const Var<B>& x2_in, int64_t dim, double eps) {
+  static constexpr const char* op = "cosine_similarity";
+  KILN_CHECK(x1_in.defined() && x2_in.defined(), "{}: undefined input", op);
+  KILN_CHECK(is_floating(x1_in.dtype()) && is_floating(x2_in.dtype()), "{}: inputs must be floating, got {} and {}", op, x1_in.dtype(),
+             x2_in.dtype());
+  KILN_CHECK(eps > 0, "{}: eps must be > 0, got {}", op, eps);
+  const Var<B> a = autocast::to_f32(x1_in), b = autocast::to_f32(x2_in);
+  const Shape s = broadcast_shapes(a.shape(), b.shape(), op);
+  KILN_CHECK(!s.empty(), "{}: inputs {} and {} are 0-dim; dim {} does not exist", op, shape_str(a.shape()), shape_str(b.shape()), dim);
+  const int64_t d = normalize_axis(dim, static_cast<int64_t>(s.size()), op, s);
+  const Var<B> x1 = a.shape() == s ? a : a.expand(s), x2 = b.shape() == s ? b : b.expand(s);
+  // ‖x‖ clamped at eps, as max(‖x‖², eps²) under the root: finite gradients for a zero vector
+  const Var<B> n1 = x1.square().sum({d}, true).maximum(eps * eps).sqrt(), n2 = x2.square().sum({d}, true).maximum(eps * eps).sqrt();
+  return x1.div(n1).mul(x2.div(n2)).sum({d});
+}
+
+template <Backend B>
+Var<B> cosine_embedding_loss(const Var<B>& x1_in, const Var<B>& x2_in, const Tensor<B>& target, CosineEmbeddingLossOptions o) {
+  static constexpr const char* op = "cosine_embedding_loss";
+  KILN_CHECK(x1_in.defined() && x2_in.defined() && target.defined(), "{}: undefined input or target", op);
+  KILN_CHECK(is_floating(x1_in.dtype()) && is_floating(x2_in.dtype()), "{}: inputs must be floating, got {} and {}", op, x1_in.dtype(),
+             x2_in.dtype());
+  KILN_CHECK(x1_in.shape() == x2_in.shape(), "{}: inputs {} and {} must have one shape", op, shape_str(x1_in.shape()),
+             shape_str(x2_in.shape()));
+  KILN_CHECK((target.dim() == 1 && x1_in.dim() == 2 && target.size(0) == x1_in.size(0)) || (target.dim() == 0 && x1_in.dim() == 1),
+             "{}: inputs [N, D] need target [N], inputs [D] a 0-dim target; got inputs {} and target {}", op, shape_str(x1_in.shape()),
+             shape_str(target.shape()));
+  const Var<B> x1 = autocast::to_f32(x1_in), x2 = autocast::to_f32(x2_in);
+  const Tensor<B> pos = target.eq(1), neg = target.eq(-1);
+  if (target.numel()) {
+    const int64_t bad = item<int64_t>(pos.logical_or(neg).logical_not().sum().to(DType::i64));
+    if (bad) {
+      const std::vector<double> tv = target.reshape({-1}).template to_vector<double>();
+      const auto it = std::find_if(tv.begin(), tv.end(), [](double v) { return v != 1 && v != -1; });
+      fail("{}: target values must be 1 or -1; {} of {} are not (target[{}] = {})", op, bad, target.numel(), it - tv.begin(), *it);
+    }
+  }
+  const int64_t d = x1.dim() - 1;
+  constexpr double kEps = 1e-12;  // PyTorch's EPSILON in the squared magnitudes
+  const Var<B> prod = x1.mul(x2).sum({d});
+  const Var<B> denom = x1.square().sum({d}).add(kEps).mul(x2.square().sum({d}).add(kEps)).sqrt();
+  const Var<B> cos = prod.div(denom);
+  const Var<B> loss = where(pos, cos.neg().add(1.0), 0.0).add(where(neg, cos.sub(o.margin).maximum(0.0), 0.0));
+  return reduce(loss, o.reduction, op);
+}
+
+#define KILN_INST(B)                                                                                              \
+  template Var<B> cross_entropy<B>(const Var<B>&, const Tensor<B>&, CrossEntropyOptions);                         \
+  template Var<B> mse_loss<B>(const Var<B>&, const Var<B>&);                                                      \
+  template Var<B> binary_cross_entropy<B>(const Var<B>&, const Var<B>&, BCELossOptions<B>);                       \
+  template Var<B> binary_cross_entropy_with_logits<B>(const Var<B>&, const Var<B>&, BCEWithLogitsLossOptions<B>); \
+  template Var<B> nll_loss<B>(const Var<B>&, const Tensor<B>&, NLLLossOptions<B>);                                \
+  template Var<B> l1_loss<B>(const Var<B>&, const Var<B>&, Reduction);                                            \
+  template Var<B> smooth_l1_loss<B>(const Var<B>&, const Var<B>&, SmoothL1LossOptions);                           \
+  template Var<B> huber_loss<B>(const Var<B>&, const Var<B>&, HuberLossOptions);                                  \
+  template Var<B> kl_div<B>(const Var<B>&, const Var<B>&, KLDivLossOptions);                                      \
+  template Var<B> cosine_similarity<B>(const Var<B>&, const Var<B>&, int64_t, double);                            \
+  template Var<B> cosine_embedding_loss<B>(const Var<B>&, const Var<B>&, const Tensor<B>&, CosineEmbeddingLossOptions);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST
 

@@ -1,0 +1,109 @@
+// Loss ops with a closed-form backward (autograd/loss_ops.hpp): forward and backward side by side.
+// Both return the elementwise loss; each closure saves only what its formulas read, and only for the
+// inputs that need a gradient.
+#include "kiln/autograd/autocast.hpp"
+#include "kiln/autograd/loss_ops.hpp"
+#include "kiln/autograd/record.hpp"
+
+namespace kiln::autograd {
+
+namespace {
+template <Backend B> using T = Tensor<B>;
+
+// PyTorch's EPSILON in binary_cross_entropy's backward is a float: 1e-12f, 9.9999999600e-13 as a double
+constexpr double kBceEps = static_cast<double>(1e-12f);
+
+template <Backend B> void check_pair(const Var<B>& x, const Var<B>& y, const char* op, const char* xname) {
+  KILN_CHECK(x.defined() && y.defined(), "{}: undefined {} or target", op, xname);
+  KILN_CHECK(is_floating(x.dtype()) && is_floating(y.dtype()), "{}: {} and target must be floating, got {} and {}", op, xname, x.dtype(),
+             y.dtype());
+  KILN_CHECK(x.shape() == y.shape(), "{}: target {} must have the {}'s shape {}", op, shape_str(y.shape()), xname, shape_str(x.shape()));
+}
+
+// A constant factor (weight, pos_weight) in x's dtype, expanded to x's shape; undefined stays undefined.
+template <Backend B> T<B> factor(const T<B>& w, const Shape& shape, DType d, const char* op, const char* name) {
+  if (!w.defined()) return w;
+  KILN_CHECK(is_floating(w.dtype()), "{}: {} must be floating, got {} (shape {})", op, name, w.dtype(), shape_str(w.shape()));
+  bool ok = w.dim() <= static_cast<int64_t>(shape.size());
+  for (int64_t i = 1; ok && i <= w.dim(); ++i) {
+    const int64_t a = w.shape()[static_cast<size_t>(w.dim() - i)], b = shape[shape.size() - static_cast<size_t>(i)];
+    ok = a == b || a == 1;
+  }
+  KILN_CHECK(ok, "{}: {} {} does not broadcast to the input's shape {}", op, name, shape_str(w.shape()), shape_str(shape));
+  return w.to(d).expand(shape);
+}
+template <Backend B> T<B> scaled(const T<B>& t, const T<B>& w) { return w.defined() ? t.mul(w) : t; }
+}  // namespace
+
+template <Backend B> Var<B> LossOps<B>::binary_cross_entropy(const X& p_in, const X& y_in, const T<B>& weight) {
+  static constexpr const char* op = "binary_cross_entropy";
+  check_pair(p_in, y_in, op, "input");
+  const X p = autocast::to_f32(p_in), y = autocast::to_f32(y_in);  // autocast: the loss runs in f32
+  KILN_CHECK(p.dtype() == y.dtype(), "{}: input {} and target {} must have one dtype", op, p.dtype(), y.dtype());
+  const T<B> pv = p.value(), yv = y.value();
+  if (pv.numel()) {  // NaN is out of range too, as in PyTorch
+    const int64_t bad = item<int64_t>(pv.ge(0.0).logical_and(pv.le(1.0)).logical_not().sum().to(DType::i64));
+    KILN_CHECK(bad == 0, "{}: all elements of input must be in [0, 1]; {} of {} are not (min {}, max {})", op, bad, pv.numel(),
+               item<double>(pv.min()), item<double>(pv.max()));
+  }
+  const T<B> w = factor(weight, pv.shape(), pv.dtype(), op, "weight");
+  const T<B> log_p = pv.log().maximum(-100.0), log_q = pv.neg().add(1.0).log().maximum(-100.0);  // PyTorch clamps at -100
+  T<B> loss = scaled(yv.sub(1.0).mul(log_q).sub(yv.mul(log_p)), w);
+  const bool np = needs_grad(p), ny = needs_grad(y);
+  return record<B>(op, std::move(loss), {&p, &y}, [np, ny, w, pv = keep_if(np || ny, pv), yv = keep_if(np, yv)](const T<B>& g) {
+    const T<B> gw = scaled(g, w);
+    T<B> dp, dy;
+    if (np) dp = gw.mul(pv.sub(yv)).div(pv.neg().add(1.0).mul(pv).maximum(kBceEps));
+    if (ny) dy = gw.mul(pv.neg().log1p().sub(pv.log()));  // unclamped, as PyTorch: ±inf at p = 0, 1
+    return Grads<B>{dp, dy};
+  });
+}
+
+template <Backend B>
+Var<B> LossOps<B>::binary_cross_entropy_with_logits(const X& x_in, const X& y_in, const T<B>& weight, const T<B>& pos_weight) {
+  static constexpr const char* op = "binary_cross_entropy_with_logits";
+  check_pair(x_in, y_in, op, "input");
+  const X x = autocast::to_f32(x_in), y = autocast::to_f32(y_in);
+  KILN_CHECK(x.dtype() == y.dtype(), "{}: input {} and target {} must have one dtype", op, x.dtype(), y.dtype());
+  const T<B> xv = x.value(), yv = y.value();
+  const T<B> w = factor(weight, xv.shape(), xv.dtype(), op, "weight");
+  const T<B> pw = factor(pos_weight, xv.shape(), xv.dtype(), op, "pos_weight");
+  // softplus(−x) = log(e^−m + e^(−x−m)) + m with m = max(−x, 0): no exp overflows
+  const T<B> m = xv.neg().maximum(0.0);
+  const T<B> softplus_neg = m.neg().exp().add(xv.neg().sub(m).exp()).log().add(m);
+  const T<B> lw = pw.defined() ? pw.sub(1.0).mul(yv).add(1.0) : T<B>();
+  T<B> loss = yv.neg().add(1.0).mul(xv).add(lw.defined() ? lw.mul(softplus_neg) : softplus_neg);
+  loss = scaled(loss, w);
+  const bool nx = needs_grad(x), ny = needs_grad(y);
+  return record<B>(op, std::move(loss), {&x, &y}, [nx, ny, w, pw, xv, yv = keep_if(nx, yv)](const T<B>& g) {
+    const T<B> gw = scaled(g, w);
+    T<B> dx, dy;
+    if (nx) {
+      if (pw.defined()) {
+        const T<B> t = pw.mul(yv);
+        dx = t.add(1.0).sub(yv).mul(xv.sigmoid()).sub(t);
+      } else {
+        dx = xv.sigmoid().sub(yv);
+      }
+      dx = gw.mul(dx);
+    }
+    if (ny) {
+      // log σ(−x) − pw·log σ(x) = −softplus(x) + pw·softplus(−x); without pos_weight, −x
+      if (pw.defined()) {
+        const T<B> mn = xv.neg().maximum(0.0), mp = xv.maximum(0.0);
+        const T<B> sp_neg = mn.neg().exp().add(xv.neg().sub(mn).exp()).log().add(mn);
+        const T<B> sp_pos = mp.neg().exp().add(xv.sub(mp).exp()).log().add(mp);
+        dy = gw.mul(pw.mul(sp_neg).sub(sp_pos));
+      } else {
+        dy = gw.mul(xv.neg());
+      }
+    }
+    return Grads<B>{dx, dy};
+  });
+}
+
+#define KILN_INST(B) template struct LossOps<B>;
+KILN_FOR_EACH_BACKEND(KILN_INST)
+#undef KILN_INST
+
+}  // namespace kiln::autograd
