@@ -4,7 +4,7 @@
 # the GPU machine (the device tool's `run`, carrying .gpukit) run scripts/gpu_run.sh; see docs/cuda.md,
 # "On a GPU machine".
 #
-# Packed, from this machine's packages: fmt, nlohmann-json, Catch2 v2, OpenBLAS (OpenMP build) with its
+# Packed, from this machine's packages: fmt, nlohmann-json, Catch2 v2, PCRE2, SentencePiece (+ protobuf), utf8proc, OpenBLAS (OpenMP build) with its
 # CBLAS headers and runtime needs (libgfortran, libquadmath), zlib. Not packed: oneDNN (40 MB; the GPU
 # build turns it off, the Cpu backend then uses OpenBLAS alone) and Google Benchmark (the GPU build
 # does not build the CPU benchmarks). The tree keeps Debian's paths (usr/include, usr/lib/<arch>, ...),
@@ -12,7 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arch="$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)"
-pkgs=(libfmt-dev libfmt9 nlohmann-json3-dev catch2 libopenblas0-openmp libopenblas-pthread-dev libgfortran5 libquadmath0 zlib1g-dev zlib1g)
+pkgs=(libfmt-dev libfmt9 nlohmann-json3-dev catch2 libopenblas0-openmp libopenblas-pthread-dev libgfortran5 libquadmath0 zlib1g-dev zlib1g
+      libpcre2-dev libpcre2-8-0 libsentencepiece-dev libsentencepiece0 libprotobuf32 libutf8proc-dev libutf8proc2)  # kiln::text
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || { echo "gpu_kit: package $p is missing: run scripts/setup.sh first" >&2; exit 1; }
 done

@@ -23,6 +23,7 @@
 #include <kiln/formats/safetensors.hpp>
 #include <kiln/nn/generate.hpp>
 #include <kiln/nn/hf/causal_lm.hpp>
+#include <kiln/text/tokenizer.hpp>
 #include <kiln/train/trainer.hpp>
 #include "common/run.hpp"
 
@@ -415,5 +416,44 @@ TEST_CASE("cli: kiln generate takes a kiln checkpoint too, and says which it fou
   CHECK(error_of([&] { nn::generate(*model, {{104, 101}}, {.max_new_tokens = 40}); }).find("max_seq_len") != std::string::npos);
   const std::string text = run(fmt::format("{} generate {} --prompt hello --max-new-tokens 8 2>/dev/null", KILN_CLI, d));
   CHECK(text.rfind("status 0\nhello", 0) == 0);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("cli: kiln generate --prompt tokenizes with the model's own tokenizer and prints the decoded continuation", "[hf]") {
+  // The gpt2 fixture with the byte-level BPE of tests/text (vocabulary 802 with its two special tokens):
+  // the embedding (tied head) regrown to that vocabulary with random rows.
+  const std::string dir = copy_fixture("gpt2", "prompt");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(std::string(KILN_SOURCE_DIR) + "/tests/text/fixtures/gpt2/" + f, fs::path(dir) / f);
+  const text::Tokenizer tok = text::Tokenizer::load(dir);
+  const int64_t V = tok.vocab_size();
+  json cfg = read_json(dir + "/config.json");
+  cfg["vocab_size"] = V;
+  cfg.erase("eos_token_id");
+  cfg.erase("bos_token_id");
+  write_json(dir + "/config.json", cfg);
+  fs::remove(fs::path(dir) / "generation_config.json");
+  rewrite(dir + "/model.safetensors", [&](std::map<std::string, Tensor<Cpu>>& ts) {
+    for (auto& [name, t] : ts)
+      if (name.find("wte") != std::string::npos) {
+        Generator g(3);
+        t = Tensor<Cpu>::randn({V, t.size(1)}, DType::f32, &g).mul(0.5);
+      }
+  });
+  const std::string prompt = "Hello wörld, 你好";
+  const std::vector<int32_t> ids32 = tok.encode(prompt);
+  const std::vector<int64_t> ids(ids32.begin(), ids32.end());
+  const std::string by_ids =
+      run(fmt::format("{} generate {} --prompt-ids {} --max-new-tokens 12 --temperature 0 --print-ids 2>/dev/null", KILN_CLI, dir, fmt::join(ids, ",")));
+  REQUIRE(by_ids.rfind("status 0", 0) == 0);
+  std::vector<int32_t> gen;
+  std::stringstream ss(last_line(by_ids));
+  for (std::string x; std::getline(ss, x, ',');) gen.push_back(std::stoi(x));
+  REQUIRE(gen.size() == 12);
+  // --prompt: the same ids (the tokenizer's encode), the prompt then the decoded continuation.
+  const std::string by_text = run(fmt::format("{} generate {} --prompt '{}' --max-new-tokens 12 --temperature 0 2>/dev/null", KILN_CLI, dir, prompt));
+  CHECK(by_text == fmt::format("status 0\n{}{}\n", prompt, tok.decode(gen)));
+  const std::string both = run(fmt::format("{} generate {} --prompt '{}' --max-new-tokens 12 --temperature 0 --print-ids 2>/dev/null", KILN_CLI, dir, prompt));
+  CHECK(last_line(both) == last_line(by_ids));
   fs::remove_all(dir);
 }

@@ -417,7 +417,7 @@ int cmd_generate(int argc, char** argv) {
       hf_text.load(path);
       for (const std::string& p : a.list("prompt")) prompts.push_back(hf_text.encode(p));
     } else {
-      codec = codec_for(info->data_path);
+      codec = codec_for(info->data_path, "");
       for (const std::string& p : a.list("prompt")) prompts.push_back(codec->encode(p));
     }
   } else {
@@ -432,7 +432,7 @@ int cmd_generate(int argc, char** argv) {
   const bool stream = text_mode && !print_ids && prompts.size() == 1;
   if (text_mode) {
     if (hf) hf_text.start(prompts.size());
-    else o.vocab_limit = codec->chars ? codec->chars->vocab_size() : ByteTokenizer::vocab_size;  // only ids the codec can decode
+    else o.vocab_limit = codec->vocab_size();  // only ids the codec can decode
     for (size_t i = 0; i < prompts.size(); ++i) texts[i] = a.list("prompt")[i];
     if (stream) fmt::print("{}", texts[0]);
     o.on_token = [&](size_t s, int64_t id) {
