@@ -223,6 +223,9 @@ std::map<std::string, std::string> loader_state(const DataLoaderState& s);
 DataLoaderState loader_state(const std::map<std::string, std::string>& metadata);
 std::map<std::string, std::string> indexed_state(const std::string& fingerprint);
 void check_indexed_state(const std::map<std::string, std::string>& metadata, const std::string& fingerprint);
+// A resumed run's log: keeps the records of steps < `before` (a torn or unparsable line, or one without
+// an integer "step", is dropped); rewritten atomically. Nothing happens when `path` does not exist.
+void truncate_log(const std::string& path, int64_t before);
 
 template <class D> class LoaderSource final : public Source {
  public:

@@ -9,6 +9,7 @@
 #include "kiln/dist/fit.hpp"
 #include "kiln/dist/zero.hpp"
 #include "kiln/nn/loss.hpp"
+#include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/train/data.hpp"
 #include "kiln/train/loop.hpp"
@@ -91,7 +92,7 @@ template <Backend B> std::shared_ptr<nn::GPT<B>> load_gpt(const std::string& pat
   try {
     model->load_state_dict(sd);
   } catch (const Error& e) {
-    fail("{} ('{}')", e.what(), path);
+    fail("{} ('{}')", printable(e.what(), std::string::npos), path);  // it may quote the file's tensor names
   }
   return model;
 }
