@@ -326,7 +326,8 @@ template <Backend B, class Train, class Eval, class Step>
 FitResult fit(nn::Module<B>& model, optim::Optimizer<B>& opt, Train&& train, Eval&& eval, Step&& step, const FitOptions& o) {
   auto src = fit_detail::make_source(train);
   auto ev = fit_detail::make_source(eval);
-  auto *s = src.get(), *e = ev.get();
+  auto* s = src.get();  // two declarations: the sources' types differ (one `auto` for both is ill-formed; GCC let it pass)
+  auto* e = ev.get();
   const std::function<StepOutput<B>()> run = [&step, s] { return fit_detail::run_step<B>(step, s->current()); };
   const std::function<StepOutput<B>()> run_eval = [&step, e] { return fit_detail::run_step<B>(step, e->current()); };
   return fit_detail::fit<B>(model, opt, *src, run, ev.get(), &run_eval, o);
