@@ -209,3 +209,24 @@ TEST_CASE("readers: a resume checkpoint's loss_scale that is not a number is a k
                       Contains("'loss_scale' = '" + std::string(bad) + "' is not a number"));
   }
 }
+
+TEST_CASE("readers: an optimizer state's step must be one integer >= 0", "[errors][fuzz]") {
+  // A float step (NaN, 1e300) was converted to int64: undefined behaviour (found by fuzz_resume).
+  nn::Linear<Reference> model(nn::LinearOptions{.in = 2, .out = 1});
+  optim::Adam<Reference> opt(model.named_parameters(), {.lr = 0.1});
+  std::map<std::string, Tensor<Reference>> sd;
+  for (auto& [k, v] : opt.state_dict()) sd.emplace(k, v);
+  using T = Tensor<Reference>;
+  auto with_step = [&](const T& s) {
+    auto m = sd;
+    m["step"] = s;
+    return m;
+  };
+  CHECK_THROWS_WITH(opt.load_state_dict(with_step(T::full({}, std::nan(""), DType::f64))), Contains("'step' must be one integer, got f64"));
+  CHECK_THROWS_WITH(opt.load_state_dict(with_step(T::full({}, 1e300, DType::f32))), Contains("'step' must be one integer"));
+  CHECK_THROWS_WITH(opt.load_state_dict(with_step(T::from_vector(std::vector<int64_t>{1, 2}))),
+                    Contains("'step' must be one integer") && Contains("[2]"));
+  CHECK_THROWS_WITH(opt.load_state_dict(with_step(T::full({}, -3, DType::i64))), Contains("'step' = -3 is negative"));
+  opt.load_state_dict(with_step(T::full({}, 7, DType::i32)));
+  CHECK(item<int64_t>(opt.state_dict().back().second) == 7);
+}
