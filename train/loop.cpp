@@ -64,30 +64,13 @@ const std::string& need(const std::map<std::string, std::string>& m, const std::
   return it->second;
 }
 
-int64_t parse_i64(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
+// Metadata `key` as a T, the whole string (from_chars: no prefix, no spaces, nothing out of range).
+template <class T> T parse(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
   const std::string& s = need(m, key, path);
-  int64_t v = 0;
+  T v = 0;
   const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  KILN_CHECK(ec == std::errc() && p == s.data() + s.size(), "fit: resume checkpoint '{}': '{}' = '{}' is not an integer", path, key,
-             printable(s, 40));
-  return v;
-}
-
-uint64_t parse_u64(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
-  const std::string& s = need(m, key, path);
-  uint64_t v = 0;
-  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  KILN_CHECK(ec == std::errc() && p == s.data() + s.size(), "fit: resume checkpoint '{}': '{}' = '{}' is not an integer", path, key,
-             printable(s, 40));
-  return v;
-}
-
-double parse_f64(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
-  const std::string& s = need(m, key, path);
-  double v = 0;
-  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  KILN_CHECK(ec == std::errc() && p == s.data() + s.size(), "fit: resume checkpoint '{}': '{}' = '{}' is not a number", path, key,
-             printable(s, 40));
+  KILN_CHECK(ec == std::errc() && p == s.data() + s.size(), "fit: resume checkpoint '{}': '{}' = '{}' is not {}", path, key,
+             printable(s, 40), std::is_integral_v<T> ? "an integer" : "a number");
   return v;
 }
 
@@ -195,8 +178,8 @@ template <Backend B> void Engine<B>::resume() {
   const auto f = safetensors::File::open(path);  // names the file when it is missing or malformed
   const auto& m = f.metadata();
   KILN_CHECK(m.count("kiln_checkpoint"), "fit: '{}' is not a kiln checkpoint (no kiln_checkpoint metadata)", path);
-  const int64_t step = parse_i64(m, "step", path);
-  const int64_t accum = m.count("grad_accum") ? parse_i64(m, "grad_accum", path) : 1;
+  const int64_t step = parse<int64_t>(m, "step", path);
+  const int64_t accum = m.count("grad_accum") ? parse<int64_t>(m, "grad_accum", path) : 1;
   KILN_CHECK(accum == k_, "fit: resume checkpoint '{}' was written with grad_accum {}, this run has grad_accum {}", path, accum, k_);
   if (m.count("optimizer")) {
     const std::string kind = opt_.kind();
@@ -230,11 +213,11 @@ template <Backend B> void Engine<B>::resume() {
   } catch (const Error& e) {
     fail("{} (resume checkpoint '{}')", printable(e.what(), std::string::npos), path);  // it may quote the file's names
   }
-  default_generator().set_state(parse_u64(m, "rng_seed", path), parse_u64(m, "rng_offset", path));
-  skipped_ = m.count("skipped_steps") ? parse_i64(m, "skipped_steps", path) : 0;
+  default_generator().set_state(parse<uint64_t>(m, "rng_seed", path), parse<uint64_t>(m, "rng_offset", path));
+  skipped_ = m.count("skipped_steps") ? parse<int64_t>(m, "skipped_steps", path) : 0;
   if (scaler_ && m.count("loss_scale"))
-    scaler_->set_state(parse_f64(m, "loss_scale", path),
-                       m.count("loss_scale_good_steps") ? parse_i64(m, "loss_scale_good_steps", path) : 0);
+    scaler_->set_state(parse<double>(m, "loss_scale", path),
+                       m.count("loss_scale_good_steps") ? parse<int64_t>(m, "loss_scale_good_steps", path) : 0);
   start_ = step;
 }
 
