@@ -134,8 +134,7 @@ File File::open(const std::string& path) {
     if (name == "__metadata__") {
       KILN_CHECK(v.is_object(), "safetensors: '{}': __metadata__ must be an object of strings", path);
       for (auto m2 = v.begin(); m2 != v.end(); ++m2) {
-        KILN_CHECK(m2.value().is_string(), "safetensors: '{}': __metadata__ value of '{}' is not a string", path,
-                   printable(m2.key()));
+        KILN_CHECK(m2.value().is_string(), "safetensors: '{}': __metadata__ value of '{}' is not a string", path, printable(m2.key()));
         f.metadata_[m2.key()] = m2.value().get<std::string>();
       }
       continue;
@@ -145,8 +144,10 @@ File File::open(const std::string& path) {
     KILN_CHECK(v["dtype"].is_string(), "safetensors: '{}': dtype of '{}' is not a string", path, shown);
     const std::string dt = v["dtype"].get<std::string>();
     const StType* t = find_type(dt);
-    KILN_CHECK(t != nullptr, "safetensors: '{}': tensor '{}' has unsupported dtype '{}' (supported: F32 F64 BF16 F16 I64 I32 I16 "
-               "U16 I8 U8 U32 BOOL)", path, shown, printable(dt));
+    KILN_CHECK(t != nullptr,
+               "safetensors: '{}': tensor '{}' has unsupported dtype '{}' (supported: F32 F64 BF16 F16 I64 I32 I16 "
+               "U16 I8 U8 U32 BOOL)",
+               path, shown, printable(dt));
     KILN_CHECK(v["shape"].is_array(), "safetensors: '{}': shape of '{}' is not an array", path, shown);
     TensorInfo info;
     info.st_dtype = dt;
@@ -165,10 +166,10 @@ File File::open(const std::string& path) {
     KILN_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
                "safetensors: '{}': data_offsets of '{}' must be two non-negative integers", path, shown);
     const auto b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-    KILN_CHECK(b <= e && e <= data_size, "safetensors: '{}': data_offsets [{}, {}] of '{}' fall outside the {} data bytes", path,
-               b, e, shown, data_size);
-    KILN_CHECK(e - b == count * t->size, "safetensors: '{}': '{}' is {} {} ({} bytes) but data_offsets span {} bytes", path,
-               shown, dt, shape_str(info.shape), count * t->size, e - b);
+    KILN_CHECK(b <= e && e <= data_size, "safetensors: '{}': data_offsets [{}, {}] of '{}' fall outside the {} data bytes", path, b, e,
+               shown, data_size);
+    KILN_CHECK(e - b == count * t->size, "safetensors: '{}': '{}' is {} {} ({} bytes) but data_offsets span {} bytes", path, shown, dt,
+               shape_str(info.shape), count * t->size, e - b);
     info.begin = static_cast<size_t>(b);
     info.end = static_cast<size_t>(e);
     spans.emplace_back(info.begin, info.end);
@@ -289,8 +290,7 @@ void save(const std::string& path, const std::vector<std::pair<std::string, Tens
   for (const auto& [name, t] : tensors) {
     KILN_CHECK(!name.empty(), "save: '{}': empty tensor name", path);
     KILN_CHECK(name != "__metadata__", "save: '{}': '__metadata__' is reserved", path);
-    KILN_CHECK(valid_utf8(name), "save: '{}': tensor name is not valid UTF-8: '{}' (a safetensors header is JSON)", path,
-               printable(name));
+    KILN_CHECK(valid_utf8(name), "save: '{}': tensor name is not valid UTF-8: '{}' (a safetensors header is JSON)", path, printable(name));
     KILN_CHECK(t.defined(), "save: '{}': tensor '{}' is undefined", path, name);
     sorted.emplace_back(name, &t);
   }

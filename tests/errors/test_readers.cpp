@@ -15,10 +15,10 @@
 #include <kiln/backends/backends.hpp>
 #include <kiln/formats/idx.hpp>
 #include <kiln/formats/printable.hpp>
-#include <kiln/nn/linear.hpp>
-#include <kiln/optim/optimizer.hpp>
 #include <kiln/formats/safetensors.hpp>
 #include <kiln/nn/config.hpp>
+#include <kiln/nn/linear.hpp>
+#include <kiln/optim/optimizer.hpp>
 #include <kiln/train/checkpoint.hpp>
 #include <kiln/train/config.hpp>
 #include <kiln/train/data.hpp>
@@ -127,13 +127,15 @@ TEST_CASE("readers: token files read every integer dtype from the mapped bytes, 
 
 TEST_CASE("printable: valid UTF-8 stays, every other byte and the controls become \\xNN", "[errors]") {
   CHECK(printable("caf\xc3\xa9 \xe6\x97\xa5 \xf0\x9f\x98\x80 a\\b") == "caf\xc3\xa9 \xe6\x97\xa5 \xf0\x9f\x98\x80 a\\b");
-  CHECK(printable("a\xff" "b\xfe") == "a\\xFFb\\xFE");
+  CHECK(printable("a\xff"
+                  "b\xfe") == "a\\xFFb\\xFE");
   CHECK(printable("\x1b[31mred\t\n\x7f") == "\\x1B[31mred\\x09\\x0A\\x7F");
-  CHECK(printable("\xc2\x9b" "1m") == "\\xC2\\x9B1m");  // U+009B, the C1 control sequence introducer
-  CHECK(printable("\xc0\x80") == "\\xC0\\x80");          // overlong NUL
-  CHECK(printable("\xed\xa0\x80") == "\\xED\\xA0\\x80");  // a surrogate
+  CHECK(printable("\xc2\x9b"
+                  "1m") == "\\xC2\\x9B1m");                        // U+009B, the C1 control sequence introducer
+  CHECK(printable("\xc0\x80") == "\\xC0\\x80");                    // overlong NUL
+  CHECK(printable("\xed\xa0\x80") == "\\xED\\xA0\\x80");           // a surrogate
   CHECK(printable("\xf4\x90\x80\x80") == "\\xF4\\x90\\x80\\x80");  // beyond U+10FFFF
-  CHECK(printable("\xe6\x97") == "\\xE6\\x97");  // a character cut short
+  CHECK(printable("\xe6\x97") == "\\xE6\\x97");                    // a character cut short
   CHECK(printable(std::string("a\0b", 3)) == "a\\x00b");
   // A cut never splits a character, and says so.
   CHECK(printable("\xc3\xa9\xc3\xa9\xc3\xa9", 3) == "\xc3\xa9...");
