@@ -11,7 +11,9 @@
 namespace kiln {
 
 template <class F> decltype(auto) dispatch(std::string_view device, F&& f) {
+#if !defined(KILN_REFERENCE_ONLY)  // fuzz/'s reduced build has the Reference backend only (backends.hpp)
   if (device == "cpu") return f.template operator()<Cpu>();
+#endif
   if (device == "reference") return f.template operator()<Reference>();
 #if defined(KILN_HAVE_CUDA_BACKEND)
   if (device == "cuda" || device.starts_with("cuda:")) {

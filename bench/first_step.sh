@@ -10,15 +10,18 @@
 #
 #   sudo bench/first_step.sh [ROOT_DIR]     (default /tmp/kiln-bare; needs root, debootstrap, network
 #                                            to a Debian mirror; removes nothing it did not create)
+# debootstrap fetches from the first Debian mirror the host's apt sources name (scripts/lib/mirror.sh;
+# KILN_DEBIAN_MIRROR overrides, http://deb.debian.org/debian when there is none).
 # The figure depends on the mirror's speed (apt fetches ~150 MB) and the cores; results in
 # bench/RESULTS.md.
 set -euo pipefail
 root="${1:-/tmp/kiln-bare}"
 src="$(cd "$(dirname "$0")/.." && pwd)"
+. "$src/scripts/lib/mirror.sh"
 [ "$(id -u)" -eq 0 ] || { echo "first_step.sh: needs root (debootstrap, chroot)" >&2; exit 2; }
 command -v debootstrap >/dev/null || apt-get install -y -q debootstrap >/dev/null
 if [ ! -e "$root/etc/debian_version" ]; then
-  debootstrap bookworm "$root" http://deb.debian.org/debian >/dev/null
+  debootstrap bookworm "$root" "$(debian_mirror)" >/dev/null
 fi
 cleanup() { umount -R "$root/proc" "$root/dev" "$root/sys" 2>/dev/null || true; }
 trap cleanup EXIT

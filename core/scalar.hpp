@@ -28,8 +28,18 @@ class Scalar {
     } else {
       kind_ = Kind::floating;
       d_ = static_cast<double>(v);
-      i_ = static_cast<int64_t>(v);
+      i_ = saturate(d_);
     }
+  }
+
+  // A double as an int64, truncated toward zero; NaN gives 0 and what is beyond the range its end (a
+  // plain cast of those is undefined behaviour: -inf, the attention mask's fill, reached it on every
+  // forward; found by fuzz/fuzz_resume under UBSan).
+  static int64_t saturate(double d) {
+    if (d != d) return 0;
+    if (d >= 0x1p63) return INT64_MAX;
+    if (d < -0x1p63) return INT64_MIN;
+    return static_cast<int64_t>(d);
   }
 
   Kind kind() const { return kind_; }
@@ -39,7 +49,7 @@ class Scalar {
 
   template <class T> T to() const {
     if constexpr (std::is_same_v<T, bool>) return kind_ == Kind::floating ? d_ != 0.0 : i_ != 0;
-    else if constexpr (std::is_integral_v<T>) return static_cast<T>(kind_ == Kind::floating ? static_cast<int64_t>(d_) : i_);
+    else if constexpr (std::is_integral_v<T>) return static_cast<T>(i_);
     else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) return T(static_cast<float>(d_));
     else return kind_ == Kind::floating ? static_cast<T>(d_) : static_cast<T>(i_);
   }

@@ -24,7 +24,7 @@ template <Backend B> void check_same_model(const std::vector<std::string>& lines
   for (const auto& l : lines) desc += l + "\n";
   const auto h = static_cast<int64_t>(fnv1a(desc) >> 1);
   const auto len = static_cast<int64_t>(desc.size());
-  const Tensor<Cpu> mm = Tensor<Cpu>::from_vector(std::vector<int64_t>{h, -h, len, -len});
+  const Tensor<HostValues> mm = Tensor<HostValues>::from_vector(std::vector<int64_t>{h, -h, len, -len});
   all_reduce(mm, ReduceOp::max);
   const auto v = to_vector<int64_t>(mm);
   if (v[0] == -v[1] && v[2] == -v[3]) return;

@@ -7,10 +7,19 @@
 #include <string>
 #include <vector>
 
+#include "kiln/backends/backends.hpp"
 #include "kiln/dist/process_group.hpp"
 
 #pragma GCC visibility push(default)
 namespace kiln::dist {
+
+// The backend of the group's own host-side values (scalars, hashes, flags): Cpu, or Reference in
+// fuzz/'s reduced build, which has no other (backends/backends.hpp, KILN_REFERENCE_ONLY).
+#if defined(KILN_REFERENCE_ONLY)
+using HostValues = Reference;
+#else
+using HostValues = Cpu;
+#endif
 
 struct Work::Impl {
   virtual ~Impl() = default;

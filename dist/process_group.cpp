@@ -771,13 +771,13 @@ template <Backend B> Tensor<B> reduce_scatter(const Tensor<B>& t, ReduceOp op) {
 }
 
 double all_reduce_scalar(double x, ReduceOp op) {
-  const Tensor<Cpu> t = Tensor<Cpu>::full({}, x, DType::f64);
+  const Tensor<HostValues> t = Tensor<HostValues>::full({}, x, DType::f64);
   all_reduce(t, op);
   return item<double>(t);
 }
 
 void all_reduce_scalars(std::vector<double>& xs, ReduceOp op) {
-  const Tensor<Cpu> t = Tensor<Cpu>::from_vector(xs, {static_cast<int64_t>(xs.size())});
+  const Tensor<HostValues> t = Tensor<HostValues>::from_vector(xs, {static_cast<int64_t>(xs.size())});
   all_reduce(t, op);
   xs = t.to_vector<double>();
 }

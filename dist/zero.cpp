@@ -172,7 +172,7 @@ template <Backend B> std::vector<std::pair<std::string, Tensor<B>>> ZeroOptimize
       }
       const Tensor<B> all = Tensor<B>::empty({sp.per_rank * m.n}, sp.dtype);
       all_gather_into(all, send);
-      const auto flags = to_vector<int32_t>(all_gather(Tensor<Cpu>::from_vector(has)));
+      const auto flags = to_vector<int32_t>(all_gather(Tensor<HostValues>::from_vector(has)));
       for (size_t k = 0; k < sp.params.size(); ++k) {
         bool any = false, every = true;
         for (int r = 0; r < m.n; ++r) {

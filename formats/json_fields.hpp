@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/core/error.hpp"
+#include "kiln/formats/printable.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
@@ -80,7 +81,7 @@ class Fields {
   void finish() const {
     std::vector<std::string> unknown;
     for (auto it = j_.begin(); it != j_.end(); ++it)
-      if (std::find(keys_.begin(), keys_.end(), it.key()) == keys_.end()) unknown.push_back("'" + it.key() + "'");
+      if (std::find(keys_.begin(), keys_.end(), it.key()) == keys_.end()) unknown.push_back("'" + printable(it.key()) + "'");
     KILN_CHECK(unknown.empty(), "{}: unknown key{} {} (valid keys: {})", where_, unknown.size() > 1 ? "s" : "",
                fmt::join(unknown, ", "), fmt::join(keys_, ", "));
   }
@@ -95,7 +96,7 @@ class Fields {
 inline void one_of(const std::string& where, const char* key, const std::string& v, std::initializer_list<const char*> valid) {
   for (const char* s : valid)
     if (v == s) return;
-  fail("{}: '{}' is \"{}\"; valid values: {}", where, key, v, fmt::join(valid, ", "));
+  fail("{}: '{}' is \"{}\"; valid values: {}", where, key, printable(v), fmt::join(valid, ", "));
 }
 
 }  // namespace detail

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/backends/backends.hpp"
+#include "kiln/formats/printable.hpp"
 
 namespace kiln::safetensors {
 
@@ -120,52 +121,55 @@ File File::open(const std::string& path) {
   try {
     h = nlohmann::json::parse(bytes + 8, bytes + 8 + n, cb);
   } catch (const nlohmann::json::exception& e) {
-    fail("safetensors: '{}': header is not valid JSON: {}", path, e.what());
+    fail("safetensors: '{}': header is not valid JSON: {}", path, printable(e.what(), 400));  // it quotes the bytes read
   }
-  KILN_CHECK(dup.empty(), "safetensors: '{}': tensor '{}' appears twice in the header", path, dup);
+  KILN_CHECK(dup.empty(), "safetensors: '{}': tensor '{}' appears twice in the header", path, printable(dup));
   KILN_CHECK(h.is_object(), "safetensors: '{}': header must be a JSON object", path);
 
   std::vector<std::pair<size_t, size_t>> spans;
   for (auto it = h.begin(); it != h.end(); ++it) {
     const std::string& name = it.key();
+    const std::string shown = printable(name);  // the name as error messages quote it
     const nlohmann::json& v = it.value();
     if (name == "__metadata__") {
       KILN_CHECK(v.is_object(), "safetensors: '{}': __metadata__ must be an object of strings", path);
       for (auto m2 = v.begin(); m2 != v.end(); ++m2) {
-        KILN_CHECK(m2.value().is_string(), "safetensors: '{}': __metadata__ value of '{}' is not a string", path, m2.key());
+        KILN_CHECK(m2.value().is_string(), "safetensors: '{}': __metadata__ value of '{}' is not a string", path, printable(m2.key()));
         f.metadata_[m2.key()] = m2.value().get<std::string>();
       }
       continue;
     }
     KILN_CHECK(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
-               "safetensors: '{}': entry '{}' needs dtype, shape and data_offsets", path, name);
-    KILN_CHECK(v["dtype"].is_string(), "safetensors: '{}': dtype of '{}' is not a string", path, name);
+               "safetensors: '{}': entry '{}' needs dtype, shape and data_offsets", path, shown);
+    KILN_CHECK(v["dtype"].is_string(), "safetensors: '{}': dtype of '{}' is not a string", path, shown);
     const std::string dt = v["dtype"].get<std::string>();
     const StType* t = find_type(dt);
-    KILN_CHECK(t != nullptr, "safetensors: '{}': tensor '{}' has unsupported dtype '{}' (supported: F32 F64 BF16 F16 I64 I32 I16 "
-               "U16 I8 U8 U32 BOOL)", path, name, dt);
-    KILN_CHECK(v["shape"].is_array(), "safetensors: '{}': shape of '{}' is not an array", path, name);
+    KILN_CHECK(t != nullptr,
+               "safetensors: '{}': tensor '{}' has unsupported dtype '{}' (supported: F32 F64 BF16 F16 I64 I32 I16 "
+               "U16 I8 U8 U32 BOOL)",
+               path, shown, printable(dt));
+    KILN_CHECK(v["shape"].is_array(), "safetensors: '{}': shape of '{}' is not an array", path, shown);
     TensorInfo info;
     info.st_dtype = dt;
     info.dtype = t->kiln;
     uint64_t count = 1;
     for (const auto& d : v["shape"]) {
       KILN_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
-                 "safetensors: '{}': shape of '{}' has an invalid dimension {}", path, name, d.dump());
+                 "safetensors: '{}': shape of '{}' has an invalid dimension {}", path, shown, d.dump());
       const auto dim = d.get<uint64_t>();
       KILN_CHECK(dim < (uint64_t{1} << 40) && (dim == 0 || count <= (uint64_t{1} << 48) / dim),
-                 "safetensors: '{}': shape of '{}' is absurdly large", path, name);
+                 "safetensors: '{}': shape of '{}' is absurdly large", path, shown);
       count *= dim;
       info.shape.push_back(static_cast<int64_t>(dim));
     }
     const nlohmann::json& off = v["data_offsets"];
     KILN_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
-               "safetensors: '{}': data_offsets of '{}' must be two non-negative integers", path, name);
+               "safetensors: '{}': data_offsets of '{}' must be two non-negative integers", path, shown);
     const auto b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-    KILN_CHECK(b <= e && e <= data_size, "safetensors: '{}': data_offsets [{}, {}] of '{}' fall outside the {} data bytes", path,
-               b, e, name, data_size);
-    KILN_CHECK(e - b == count * t->size, "safetensors: '{}': '{}' is {} {} ({} bytes) but data_offsets span {} bytes", path,
-               name, dt, shape_str(info.shape), count * t->size, e - b);
+    KILN_CHECK(b <= e && e <= data_size, "safetensors: '{}': data_offsets [{}, {}] of '{}' fall outside the {} data bytes", path, b, e,
+               shown, data_size);
+    KILN_CHECK(e - b == count * t->size, "safetensors: '{}': '{}' is {} {} ({} bytes) but data_offsets span {} bytes", path, shown, dt,
+               shape_str(info.shape), count * t->size, e - b);
     info.begin = static_cast<size_t>(b);
     info.end = static_cast<size_t>(e);
     spans.emplace_back(info.begin, info.end);
@@ -281,36 +285,20 @@ void write_atomically(const std::string& path, const std::vector<std::pair<const
   }
 }
 
-namespace {
-
-// The header is JSON, whose strings are UTF-8: a name or metadata string that is not is refused here
-// (the JSON writer would otherwise fail with an internal error).
-bool valid_utf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    for (size_t k = 1; k < n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
-    i += n;
-  }
-  return true;
-}
-
-}  // namespace
-
+// The header is JSON, whose strings are UTF-8: a name or metadata string that is not (strictly:
+// no overlong forms or surrogates, formats/printable.hpp) is refused here; the JSON writer would
+// otherwise fail with an internal error.
 template <Backend B>
 void save(const std::string& path, const std::vector<std::pair<std::string, Tensor<B>>>& tensors,
           const std::map<std::string, std::string>& metadata) {
   for (const auto& [k, v] : metadata)
     KILN_CHECK(valid_utf8(k) && valid_utf8(v), "save: '{}': metadata '{}' is not valid UTF-8 (a safetensors header is JSON)", path,
-               valid_utf8(k) ? k : std::string("<key not UTF-8>"));
+               printable(k));
   std::vector<std::pair<std::string, const Tensor<B>*>> sorted;
   for (const auto& [name, t] : tensors) {
     KILN_CHECK(!name.empty(), "save: '{}': empty tensor name", path);
     KILN_CHECK(name != "__metadata__", "save: '{}': '__metadata__' is reserved", path);
-    KILN_CHECK(valid_utf8(name), "save: '{}': a tensor name is not valid UTF-8 (a safetensors header is JSON)", path);
+    KILN_CHECK(valid_utf8(name), "save: '{}': tensor name is not valid UTF-8: '{}' (a safetensors header is JSON)", path, printable(name));
     KILN_CHECK(t.defined(), "save: '{}': tensor '{}' is undefined", path, name);
     sorted.emplace_back(name, &t);
   }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -16,10 +17,21 @@
 
 namespace kiln::fuzz {
 
+// The scratch files of this process, removed when it exits (libFuzzer exits normally at the end of a
+// run; a crash leaves them).
+struct Scratch {
+  std::set<std::string> paths;
+  ~Scratch() {
+    for (const std::string& p : paths) std::remove(p.c_str());
+  }
+};
+
 // A per-process scratch file holding `n` bytes (in /dev/shm when it exists: no disk traffic).
 inline std::string file(const uint8_t* data, size_t n, const char* tag = "in") {
   static const std::string dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+  static Scratch scratch;
   const std::string path = fmt::format("{}/kiln-fuzz-{}-{}", dir, getpid(), tag);
+  scratch.paths.insert(path);
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) std::abort();
   if (n && std::fwrite(data, 1, n, f) != n) std::abort();

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Writes the fuzzers' seed corpus (fuzz/corpus/<target>/): small valid files and edge cases of every
 format kiln reads (docs/formats.md). Deterministic; run it again after a format changes:
-    python3 fuzz/make_corpus.py
+    python3 fuzz/make_corpus.py [build/fuzz/fuzz_resume]
+The resume seeds are checkpoints of the fuzzer's own small GPT, so the built fuzz_resume writes them
+(KILN_FUZZ_SEEDS=fuzz/corpus/resume, fuzz/fuzz_resume.cpp) when its path is given; they are committed.
 """
-import gzip, json, os, struct
+import gzip, json, os, struct, subprocess, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -89,6 +91,27 @@ def main():
     put("text", "utf8", "caf\u00e9 \u00fcber \u65e5\u672c\u8a9e \U0001f600\n")
     put("text", "alphabet", b"\x03abcabccba")
     put("text", "binary", bytes(range(256)))
+
+    # JSONL logs (docs/formats.md, "The JSONL log"): kiln train's, kiln::fit's, a resumed run's repeats,
+    # a torn last line, skipped steps with nulls, and lines kiln plot refuses
+    def log(*records):
+        return "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+    put("log", "train", log(*({"step": s, "loss": 3.2 - 0.1 * s, "lr": 0.001 * (s + 1), "grad_norm": 1.5, "ms": 12.5,
+                                "tokens_per_s": 5000.0} for s in range(4)), {"step": 4, "loss": 2.7, "lr": 0.004, "eval_loss": 2.9}))
+    put("log", "fit_samples", log({"step": 0, "loss": 0.7, "lr": 0.1, "grad_norm": 2.0, "samples_per_s": 900.0, "eval_loss": 0.6,
+                                   "eval_accuracy": 0.8, "flops": 1e9, "gflops": 3.5},
+                                  {"step": 1, "loss": None, "lr": 0.1, "grad_norm": None, "skipped": True, "skipped_steps": 1}))
+    put("log", "resumed_torn", log({"step": 0, "loss": 1.0}, {"step": 1, "loss": 0.9}, {"step": 2, "loss": 0.8}, {"step": 1, "loss": 0.95},
+                                   {"step": 2, "loss": 0.85}) + '{"step":3,"loss":0.')
+    put("log", "blank_crlf", '\r\n{"step": 0, "loss": 1e-3, "lr": 0}\r\n  \t\n{"step": 1, "loss": 1e308, "lr": -0.0}')
+    put("log", "bad_lines", b'{"step": -1, "loss": 1}\n{"step": 1.5}\n{"loss": 2}\n[1, 2]\n{"step": 18446744073709551615}\n'
+        b'{"step": 2, "loss": "x"}\n\xff\xfe\n')
+
+    # resume: checkpoints of fuzz_resume's own model, written by the fuzzer itself
+    if len(sys.argv) > 1:
+        d = os.path.join(OUT, "resume")
+        os.makedirs(d, exist_ok=True)
+        subprocess.run([sys.argv[1]], env=dict(os.environ, KILN_FUZZ_SEEDS=d), check=True)
 
 
 if __name__ == "__main__":

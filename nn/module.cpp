@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
 
 namespace kiln::nn {
@@ -152,7 +153,7 @@ template <Backend B> void Module<B>::load(const std::string& path, bool strict) 
   try {
     load_state_dict(safetensors::load<B>(path), strict);
   } catch (const Error& e) {
-    fail("{} ('{}')", e.what(), path);
+    fail("{} ('{}')", printable(e.what(), std::string::npos), path);  // it may quote the file's tensor names
   }
 }
 

@@ -17,12 +17,12 @@ template <Backend B> Var<B> rms_norm(const Var<B>& x_in, const Var<B>& weight, d
   const Tensor<B> w = weight.defined() ? weight.value() : Tensor<B>();
   auto [y, rstd] = fused::rms_norm_forward(x.value(), w, eps);
   const Tensor<B> xv = x.value();
-  auto backward = [xv, w, rstd](const Tensor<B>& g) {
+  auto backward = [xv, w, rstd = rstd](const Tensor<B>& g) {  // clang 14 (fuzz/) captures no structured binding
     auto [dx, dw] = fused::rms_norm_backward(xv, w, rstd, g);
     return autograd::Grads<B>{dx, dw};
   };
   if (weight.defined()) return autograd::record<B>("rms_norm", y, {&x, &weight}, backward);
-  return autograd::record<B>("rms_norm", y, {&x}, [xv, rstd](const Tensor<B>& g) {
+  return autograd::record<B>("rms_norm", y, {&x}, [xv, rstd = rstd](const Tensor<B>& g) {
     return autograd::Grads<B>{fused::rms_norm_backward(xv, Tensor<B>(), rstd, g).first};
   });
 }

@@ -79,8 +79,16 @@ template <Backend B> void Optimizer<B>::load_state_dict(const std::map<std::stri
                shape_str(p->second));
     next[buf][name] = t.clone();
   }
+  // One integer >= 0: a float converted to int64 could be out of range (undefined behaviour; NaN or
+  // 1e300 from a corrupt checkpoint, found by fuzz/fuzz_resume), and a negative count skews Adam's
+  // bias correction.
+  const Tensor<B>& st = it->second;
+  KILN_CHECK(st.numel() == 1 && !is_floating(st.dtype()) && st.dtype() != DType::boolean,
+             "optimizer state: 'step' must be one integer, got {} of shape {}", st.dtype(), shape_str(st.shape()));
+  const auto steps = item<int64_t>(st);
+  KILN_CHECK(steps >= 0, "optimizer state: 'step' = {} is negative", steps);
   state_ = std::move(next);
-  steps_ = item<int64_t>(it->second);
+  steps_ = steps;
 }
 
 // ------------------------------------------------------------------------------------------ SGD

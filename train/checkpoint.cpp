@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/core/error.hpp"
+#include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
 
 namespace kiln {
@@ -16,7 +17,7 @@ template <class T> T whole_number(const std::string& s, const std::string& path,
   T v{};
   const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   KILN_CHECK(!s.empty() && ec == std::errc() && p == s.data() + s.size() && v >= 0,
-             "checkpoint '{}': metadata '{}' = '{}' is not a non-negative integer", path, key, s.substr(0, 40));
+             "checkpoint '{}': metadata '{}' = '{}' is not a non-negative integer", path, key, printable(s, 40));
   return v;
 }
 

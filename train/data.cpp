@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
 
 namespace kiln {
@@ -23,7 +24,8 @@ template <class T> void widen(const unsigned char* p, size_t n, std::vector<int6
 
 TokenData TokenData::load(const std::string& path, const std::string& name) {
   const auto f = safetensors::File::open(path);
-  KILN_CHECK(f.contains(name), "token data: '{}' has no tensor '{}' (it has: {})", path, name, fmt::join(f.names(), ", "));
+  KILN_CHECK(f.contains(name), "token data: '{}' has no tensor '{}' (it has: {})", path, name,
+             printable(fmt::format("{}", fmt::join(f.names(), ", ")), 400));
   const auto& info = f.info(name);
   KILN_CHECK(info.shape.size() == 1, "token data: '{}': '{}' must be 1-D, got shape {}", path, name, shape_str(info.shape));
   // Straight from the mapped bytes: no backend, no copy through a tensor.

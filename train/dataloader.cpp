@@ -3,6 +3,7 @@
 #include <charconv>
 
 #include "kiln/core/rng.hpp"
+#include "kiln/formats/printable.hpp"
 
 namespace kiln {
 
@@ -25,13 +26,14 @@ template <class T> T parse_int(const std::map<std::string, std::string>& m, cons
   const std::string s = need(m, key);
   T v{};
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  KILN_CHECK(ec == std::errc() && p == s.data() + s.size(), "DataLoaderState::from_map: '{}' = '{}' is not an integer", key, s);
+  KILN_CHECK(ec == std::errc() && p == s.data() + s.size(), "DataLoaderState::from_map: '{}' = '{}' is not an integer", key,
+             printable(s, 40));
   return v;
 }
 
 bool parse_bool(const std::map<std::string, std::string>& m, const std::string& key) {
   const std::string s = need(m, key);
-  KILN_CHECK(s == "true" || s == "false", "DataLoaderState::from_map: '{}' = '{}' is not true/false", key, s);
+  KILN_CHECK(s == "true" || s == "false", "DataLoaderState::from_map: '{}' = '{}' is not true/false", key, printable(s, 40));
   return s == "true";
 }
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/train/progress.hpp"
 
@@ -63,23 +64,20 @@ const std::string& need(const std::map<std::string, std::string>& m, const std::
   return it->second;
 }
 
-int64_t parse_i64(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
+// Metadata `key` as a T, the whole string (from_chars: no prefix, no spaces, nothing out of range).
+template <class T> T parse(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
   const std::string& s = need(m, key, path);
-  int64_t v = 0;
+  T v = 0;
   const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  KILN_CHECK(ec == std::errc() && p == s.data() + s.size(), "fit: resume checkpoint '{}': '{}' = '{}' is not an integer", path, key, s);
+  KILN_CHECK(ec == std::errc() && p == s.data() + s.size(), "fit: resume checkpoint '{}': '{}' = '{}' is not {}", path, key,
+             printable(s, 40), std::is_integral_v<T> ? "an integer" : "a number");
   return v;
 }
 
-uint64_t parse_u64(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
-  const std::string& s = need(m, key, path);
-  uint64_t v = 0;
-  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  KILN_CHECK(ec == std::errc() && p == s.data() + s.size(), "fit: resume checkpoint '{}': '{}' = '{}' is not an integer", path, key, s);
-  return v;
-}
+}  // namespace
 
-// Keeps the records of steps < `before` (a torn or unparsable line is dropped), atomically.
+namespace fit_detail {
+
 void truncate_log(const std::string& path, int64_t before) {
   if (!std::filesystem::exists(path)) return;
   std::ifstream in(path);
@@ -91,6 +89,10 @@ void truncate_log(const std::string& path, int64_t before) {
   }
   safetensors::write_atomically(path, {{kept.data(), kept.size()}});
 }
+
+}  // namespace fit_detail
+
+namespace {
 
 // The engine's state for one fit() call.
 template <Backend B> class Engine {
@@ -176,13 +178,13 @@ template <Backend B> void Engine<B>::resume() {
   const auto f = safetensors::File::open(path);  // names the file when it is missing or malformed
   const auto& m = f.metadata();
   KILN_CHECK(m.count("kiln_checkpoint"), "fit: '{}' is not a kiln checkpoint (no kiln_checkpoint metadata)", path);
-  const int64_t step = parse_i64(m, "step", path);
-  const int64_t accum = m.count("grad_accum") ? parse_i64(m, "grad_accum", path) : 1;
+  const int64_t step = parse<int64_t>(m, "step", path);
+  const int64_t accum = m.count("grad_accum") ? parse<int64_t>(m, "grad_accum", path) : 1;
   KILN_CHECK(accum == k_, "fit: resume checkpoint '{}' was written with grad_accum {}, this run has grad_accum {}", path, accum, k_);
   if (m.count("optimizer")) {
     const std::string kind = opt_.kind();
     KILN_CHECK(m.at("optimizer") == kind, "fit: resume checkpoint '{}' holds the state of optimizer '{}', this run uses '{}'", path,
-               m.at("optimizer"), kind);
+               printable(m.at("optimizer")), kind);
   }
   const std::string data_kind = m.count("data.kind") ? m.at("data.kind") : "indexed";
   const std::string mine = train_.indexed() ? "indexed" : "loader";
@@ -192,7 +194,7 @@ template <Backend B> void Engine<B>::resume() {
   try {
     train_.load_state(m);
   } catch (const Error& e) {
-    fail("{} (resume checkpoint '{}')", e.what(), path);
+    fail("{} (resume checkpoint '{}')", printable(e.what(), std::string::npos), path);  // it may quote the file's names
   }
   if (!train_.indexed()) {
     const int64_t at = train_.epoch() * spe_ + (train_.position() + k_ - 1) / k_;
@@ -209,12 +211,13 @@ template <Backend B> void Engine<B>::resume() {
     model_.load_state_dict(msd);
     opt_.load_state_dict(osd);
   } catch (const Error& e) {
-    fail("{} (resume checkpoint '{}')", e.what(), path);
+    fail("{} (resume checkpoint '{}')", printable(e.what(), std::string::npos), path);  // it may quote the file's names
   }
-  default_generator().set_state(parse_u64(m, "rng_seed", path), parse_u64(m, "rng_offset", path));
-  skipped_ = m.count("skipped_steps") ? parse_i64(m, "skipped_steps", path) : 0;
+  default_generator().set_state(parse<uint64_t>(m, "rng_seed", path), parse<uint64_t>(m, "rng_offset", path));
+  skipped_ = m.count("skipped_steps") ? parse<int64_t>(m, "skipped_steps", path) : 0;
   if (scaler_ && m.count("loss_scale"))
-    scaler_->set_state(std::stod(m.at("loss_scale")), m.count("loss_scale_good_steps") ? parse_i64(m, "loss_scale_good_steps", path) : 0);
+    scaler_->set_state(parse<double>(m, "loss_scale", path),
+                       m.count("loss_scale_good_steps") ? parse<int64_t>(m, "loss_scale_good_steps", path) : 0);
   start_ = step;
 }
 
@@ -340,7 +343,7 @@ template <Backend B> FitResult Engine<B>::run() {
   const bool main = o_.hooks.main_process;
   std::FILE* log = nullptr;
   if (main && !o_.log_path.empty()) {
-    if (start_ > 0) truncate_log(o_.log_path, start_);
+    if (start_ > 0) fit_detail::truncate_log(o_.log_path, start_);
     log = std::fopen(o_.log_path.c_str(), start_ > 0 ? "a" : "w");
     KILN_CHECK(log != nullptr, "fit: cannot open log file '{}'", o_.log_path);
   }
@@ -576,7 +579,7 @@ std::map<std::string, std::string> indexed_state(const std::string& fingerprint)
 void check_indexed_state(const std::map<std::string, std::string>& m, const std::string& fingerprint) {
   const auto it = m.find("data.fingerprint");
   if (it == m.end() || it->second.empty() || fingerprint.empty()) return;  // nothing to compare
-  KILN_CHECK(it->second == fingerprint, "fit: the checkpoint's data is '{}', this run's is '{}'", it->second, fingerprint);
+  KILN_CHECK(it->second == fingerprint, "fit: the checkpoint's data is '{}', this run's is '{}'", printable(it->second), fingerprint);
 }
 
 template <Backend B>

@@ -228,6 +228,9 @@ std::map<std::string, std::string> loader_state(const DataLoaderState& s);
 DataLoaderState loader_state(const std::map<std::string, std::string>& metadata);
 std::map<std::string, std::string> indexed_state(const std::string& fingerprint);
 void check_indexed_state(const std::map<std::string, std::string>& metadata, const std::string& fingerprint);
+// A resumed run's log: keeps the records of steps < `before` (a torn or unparsable line, or one without
+// an integer "step", is dropped); rewritten atomically. Nothing happens when `path` does not exist.
+void truncate_log(const std::string& path, int64_t before);
 
 template <class D> class LoaderSource final : public Source {
  public:
@@ -328,7 +331,8 @@ template <Backend B, class Train, class Eval, class Step>
 FitResult fit(nn::Module<B>& model, optim::Optimizer<B>& opt, Train&& train, Eval&& eval, Step&& step, const FitOptions& o) {
   auto src = fit_detail::make_source(train);
   auto ev = fit_detail::make_source(eval);
-  auto *s = src.get(), *e = ev.get();
+  auto* s = src.get();  // two declarations: the sources' types differ (one `auto` for both is ill-formed; GCC let it pass)
+  auto* e = ev.get();
   const std::function<StepOutput<B>()> run = [&step, s] { return fit_detail::run_step<B>(step, s->current()); };
   const std::function<StepOutput<B>()> run_eval = [&step, e] { return fit_detail::run_step<B>(step, e->current()); };
   return fit_detail::fit<B>(model, opt, *src, run, ev.get(), &run_eval, o);

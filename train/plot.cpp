@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/core/error.hpp"
+#include "kiln/formats/printable.hpp"
 
 extern char** environ;
 
@@ -123,8 +124,8 @@ LogSeries read_log(const std::string& path, const std::string& label) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = fmt::format("'{}' line {}", path, no);
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    KILN_CHECK(!j.is_discarded(), "plot: {}: not a JSON object: {}", where, line.substr(0, 80));
-    KILN_CHECK(j.is_object(), "plot: {}: not a JSON object: {}", where, line.substr(0, 80));
+    KILN_CHECK(!j.is_discarded(), "plot: {}: not a JSON object: {}", where, printable(line, 80));
+    KILN_CHECK(j.is_object(), "plot: {}: not a JSON object: {}", where, printable(line, 80));
     const auto st = j.find("step");
     KILN_CHECK(st != j.end() && st->is_number_integer() && st->get<int64_t>() >= 0,
                "plot: {}: needs an integer \"step\" >= 0, got {}", where, st == j.end() ? "none" : st->dump());

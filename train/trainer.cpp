@@ -9,6 +9,7 @@
 #include "kiln/dist/fit.hpp"
 #include "kiln/dist/zero.hpp"
 #include "kiln/nn/loss.hpp"
+#include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/train/data.hpp"
 #include "kiln/train/loop.hpp"
@@ -91,7 +92,7 @@ template <Backend B> std::shared_ptr<nn::GPT<B>> load_gpt(const std::string& pat
   try {
     model->load_state_dict(sd);
   } catch (const Error& e) {
-    fail("{} ('{}')", e.what(), path);
+    fail("{} ('{}')", printable(e.what(), std::string::npos), path);  // it may quote the file's tensor names
   }
   return model;
 }
@@ -160,11 +161,13 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
     return StepOutput<B>{.loss = lm_loss(model, b.first, b.second), .metrics = {}, .samples = n, .tokens = n * T,
                          .flops = static_cast<double>(n) * seq_flops};
   };
-  const IndexedBatches train{.batch = [&](int64_t i) { return data.rows<B>(i, bs, T, rows.start, rows.count); },
-                             .count = 0,
-                             .fingerprint = fmt::format("{} tokens, batches of {}x{}", data.size(), bs, T)};
+  // The batch functions' types spelled out: clang 14 (fuzz/) deduces no aggregate from designated initializers.
+  auto train_batch = [&](int64_t i) { return data.rows<B>(i, bs, T, rows.start, rows.count); };
+  auto eval_batch = [&](int64_t i) { return eval_data->batch<B>(i, bs, T); };
+  const IndexedBatches<decltype(train_batch)> train{
+      .batch = train_batch, .count = 0, .fingerprint = fmt::format("{} tokens, batches of {}x{}", data.size(), bs, T)};
   const bool with_eval = eval_data && tc.eval_every > 0;
-  const IndexedBatches eval{.batch = [&](int64_t i) { return eval_data->batch<B>(i, bs, T); }, .count = tc.eval_batches, .fingerprint = ""};
+  const IndexedBatches<decltype(eval_batch)> eval{.batch = eval_batch, .count = tc.eval_batches, .fingerprint = ""};
   const FitOptions fo{.steps = tc.steps,
                       .grad_accum = tc.grad_accum,
                       .grad_clip = tc.grad_clip,

@@ -21,6 +21,7 @@
 #include "kiln/backends/dispatch.hpp"
 #include "kiln/core/profile.hpp"
 #include "kiln/formats/hf_dir.hpp"
+#include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/nn/generate.hpp"
 #include "kiln/nn/hf/causal_lm.hpp"
@@ -207,7 +208,7 @@ std::string from_hex(const std::string& s) {
   auto digit = [&](char ch) -> int {
     if (ch >= '0' && ch <= '9') return ch - '0';
     if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-    fail("alphabet_hex: '{}' is not lower-case hex", s);
+    fail("alphabet_hex: '{}' is not lower-case hex", printable(s, 40));
   };
   KILN_CHECK(s.size() % 2 == 0, "alphabet_hex: odd length {}", s.size());
   std::string out;
@@ -604,7 +605,7 @@ int cmd_inspect(int argc, char** argv) {
     fmt::print("{:<48} {:<5} {}\n", n, i.st_dtype, shape_str(i.shape));
   }
   fmt::print("{} tensors, {} elements\n", f.names().size(), total);
-  for (const auto& [k, v] : f.metadata()) fmt::print("meta {} = {}\n", k, v.size() > 200 ? v.substr(0, 200) + "..." : v);
+  for (const auto& [k, v] : f.metadata()) fmt::print("meta {} = {}\n", printable(k), printable(v, 200));
   return 0;
 }
 
@@ -650,10 +651,11 @@ int main(int argc, char** argv) {
     const std::string who = kiln::dist::is_initialized() && kiln::dist::world_size() > 1
                                 ? fmt::format(" (rank {} of {})", kiln::dist::rank(), kiln::dist::world_size())
                                 : std::string();
-    fmt::print(stderr, "kiln {}{}: error: {}\n", cmd, who, e.what());
+    // The readers escape the file bytes they quote (formats/printable.hpp); this is the net behind them.
+    fmt::print(stderr, "kiln {}{}: error: {}\n", cmd, who, printable(e.what(), std::string::npos));
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "kiln {}: internal error: {}\n", cmd, e.what());
+    fmt::print(stderr, "kiln {}: internal error: {}\n", cmd, printable(e.what(), std::string::npos));
     return 3;
   }
 }
