@@ -173,6 +173,30 @@ template <Backend B> double clip_grad_norm(const std::vector<Var<B>>& params, do
   return norm;
 }
 
+template <Backend B> std::vector<double> clip_grad_norm_per_group(Optimizer<B>& opt, const std::vector<double>& max_norms) {
+  auto& groups = opt.groups();
+  KILN_CHECK(max_norms.size() == 1 || max_norms.size() == groups.size(),
+             "clip_grad_norm_per_group: expected 1 or {} max_norms (one per parameter group), got {}", groups.size(), max_norms.size());
+  std::vector<double> norms;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const double max_norm = max_norms.size() == 1 ? max_norms[0] : max_norms[i];
+    KILN_CHECK(max_norm > 0, "clip_grad_norm_per_group: max_norm of group {} must be > 0, got {}", i, max_norm);
+    std::vector<Var<B>> ps;
+    for (const auto& [name, p] : groups[i].params) ps.push_back(p);
+    norms.push_back(clip_grad_norm(ps, max_norm));
+  }
+  return norms;
+}
+
+template <Backend B> void clip_grad_value(const std::vector<Var<B>>& params, double clip_value) {
+  KILN_CHECK(clip_value >= 0 && !std::isnan(clip_value), "clip_grad_value: clip_value must be >= 0, got {}", clip_value);
+  NoGrad ng;
+  for (const auto& p : params) {
+    Tensor<B> g = p.grad();
+    if (g.defined()) g.copy_(g.clamp(-clip_value, clip_value));
+  }
+}
+
 #define KILN_INST(B)                                                                                              \
   template std::vector<ParamGroup<B>> decay_groups<B>(const NamedParams<B>&, double, double,                    \
                                                       const std::function<bool(const std::string&, const Var<B>&)>&); \
@@ -180,7 +204,9 @@ template <Backend B> double clip_grad_norm(const std::vector<Var<B>>& params, do
   template class SGD<B>;                                                                                          \
   template class Adam<B>;                                                                                         \
   template double grad_norm<B>(const std::vector<Var<B>>&);                                                       \
-  template double clip_grad_norm<B>(const std::vector<Var<B>>&, double);
+  template double clip_grad_norm<B>(const std::vector<Var<B>>&, double);                                         \
+  template std::vector<double> clip_grad_norm_per_group<B>(Optimizer<B>&, const std::vector<double>&);           \
+  template void clip_grad_value<B>(const std::vector<Var<B>>&, double);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST
 
