@@ -26,6 +26,7 @@
 #include "kiln/nn/group_norm.hpp"
 #include "kiln/nn/transformer.hpp"
 
+#include "kiln/optim/adafactor.hpp"
 #include "kiln/optim/ema.hpp"
 #include "kiln/optim/lion.hpp"
 #include "kiln/optim/optimizer.hpp"

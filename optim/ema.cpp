@@ -66,12 +66,12 @@ template <Backend B> void EMA<B>::load_state_dict(const std::map<std::string, Te
   for (const auto& [name, p] : params_) {
     const auto s = state.find("shadow." + name);
     KILN_CHECK(s != state.end(), "EMA state: no 'shadow.{}' entry", name);
-    KILN_CHECK(s->second.shape() == p.shape() && s->second.dtype() == p.dtype(), "EMA state: 'shadow.{}' is {} {}, the parameter {} {}", name,
-               s->second.dtype(), shape_str(s->second.shape()), p.dtype(), shape_str(p.shape()));
+    KILN_CHECK(s->second.shape() == p.shape() && s->second.dtype() == p.dtype(), "EMA state: 'shadow.{}' is {} {}, the parameter {} {}",
+               name, s->second.dtype(), shape_str(s->second.shape()), p.dtype(), shape_str(p.shape()));
     next.push_back(s->second.clone());
   }
-  KILN_CHECK(state.size() == params_.size() + 1, "EMA state: {} entries, expected {} (a shadow per parameter and num_updates)", state.size(),
-             params_.size() + 1);
+  KILN_CHECK(state.size() == params_.size() + 1, "EMA state: {} entries, expected {} (a shadow per parameter and num_updates)",
+             state.size(), params_.size() + 1);
   shadow_ = std::move(next);
   n_ = item<int64_t>(it->second);
 }

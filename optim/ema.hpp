@@ -46,7 +46,7 @@ template <Backend B> class EMA final : public EmaBase {
   void swap() override;
   bool swapped() const override { return swapped_; }
   int64_t num_updates() const override { return n_; }
-  double decay() const;  // the decay the next update() uses
+  double decay() const;                                     // the decay the next update() uses
   const Tensor<B>& average(const std::string& name) const;  // an Error while swapped in
 
   struct Applied {

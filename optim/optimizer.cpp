@@ -75,8 +75,9 @@ template <Backend B> void Optimizer<B>::load_state_dict(const std::map<std::stri
     const std::string name = key.substr(dot + 1);
     const auto p = params.find(name);
     KILN_CHECK(p != params.end(), "optimizer state: '{}' names no parameter of this optimizer", key);
-    KILN_CHECK(p->second == t.shape(), "optimizer state: '{}' has shape {}, the parameter has {}", key, shape_str(t.shape()),
-               shape_str(p->second));
+    const Shape want = buffer_shape(buf, p->second);
+    KILN_CHECK(want == t.shape(), "optimizer state: '{}' has shape {}, expected {} (the parameter has {})", key, shape_str(t.shape()),
+               shape_str(want), shape_str(p->second));
     next[buf][name] = t.clone();
   }
   state_ = std::move(next);
@@ -95,22 +96,18 @@ template <Backend B> void SGD<B>::step() {
   const profile::Scope prof("optimizer.step(SGD)", "optim");
   NoGrad ng;
   ++this->steps_;
-  for (auto& g : this->groups_)
-    for (auto& [name, p] : g.params) {
-      const Tensor<B> grad = p.grad();
-      if (!grad.defined()) continue;
-      Tensor<B> w = p.value();
-      Tensor<B> d = grad;
-      if (g.weight_decay != 0) d = d.add(w.mul(g.weight_decay));
-      if (o_.momentum != 0) {
-        bool created = false;
-        Tensor<B>& buf = this->buffer("momentum_buffer", name, w, created);
-        if (created) buf.copy_(d);
-        else buf.mul_(o_.momentum).add_(d.mul(1.0 - o_.dampening));
-        d = o_.nesterov ? d.add(buf.mul(o_.momentum)) : buf;
-      }
-      w.sub_(d.mul(g.lr));
+  this->each_param([&](const ParamGroup<B>& g, const std::string& name, Tensor<B>& w, const Tensor<B>& grad) {
+    Tensor<B> d = grad;
+    if (g.weight_decay != 0) d = d.add(w.mul(g.weight_decay));
+    if (o_.momentum != 0) {
+      bool created = false;
+      Tensor<B>& buf = this->buffer("momentum_buffer", name, w, created);
+      if (created) buf.copy_(d);
+      else buf.mul_(o_.momentum).add_(d.mul(1.0 - o_.dampening));
+      d = o_.nesterov ? d.add(buf.mul(o_.momentum)) : buf;
     }
+    w.sub_(d.mul(g.lr));
+  });
 }
 
 // ------------------------------------------------------------------------------------------ Adam(W)
@@ -197,15 +194,15 @@ template <Backend B> void clip_grad_value(const std::vector<Var<B>>& params, dou
   }
 }
 
-#define KILN_INST(B)                                                                                              \
-  template std::vector<ParamGroup<B>> decay_groups<B>(const NamedParams<B>&, double, double,                    \
+#define KILN_INST(B)                                                                                                  \
+  template std::vector<ParamGroup<B>> decay_groups<B>(const NamedParams<B>&, double, double,                          \
                                                       const std::function<bool(const std::string&, const Var<B>&)>&); \
-  template class Optimizer<B>;                                                                                    \
-  template class SGD<B>;                                                                                          \
-  template class Adam<B>;                                                                                         \
-  template double grad_norm<B>(const std::vector<Var<B>>&);                                                       \
-  template double clip_grad_norm<B>(const std::vector<Var<B>>&, double);                                         \
-  template std::vector<double> clip_grad_norm_per_group<B>(Optimizer<B>&, const std::vector<double>&);           \
+  template class Optimizer<B>;                                                                                        \
+  template class SGD<B>;                                                                                              \
+  template class Adam<B>;                                                                                             \
+  template double grad_norm<B>(const std::vector<Var<B>>&);                                                           \
+  template double clip_grad_norm<B>(const std::vector<Var<B>>&, double);                                              \
+  template std::vector<double> clip_grad_norm_per_group<B>(Optimizer<B>&, const std::vector<double>&);                \
   template void clip_grad_value<B>(const std::vector<Var<B>>&, double);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

@@ -61,7 +61,24 @@ template <Backend B> class Optimizer {
  protected:
   // Per-parameter state buffers, by buffer name then parameter name.
   Tensor<B>& buffer(const std::string& buf, const std::string& param, const Tensor<B>& like, bool& created);
+  // f(group, name, weight, grad) for every parameter that has a gradient, in group order (the weight
+  // shares the parameter's storage: update it in place). Call under NoGrad.
+  template <class F> void each_param(F&& f) {
+    for (auto& g : groups_)
+      for (auto& [name, p] : g.params) {
+        Tensor<B> grad = p.grad();
+        if (!grad.defined()) continue;
+        Tensor<B> w = p.value();
+        f(g, name, w, grad);
+      }
+  }
   virtual std::vector<std::string> buffer_names() const = 0;
+  // The shape of buffer `buf` for a parameter of shape `param`, as load_state_dict checks it: the
+  // parameter's, unless the optimizer keeps factored state (Adafactor).
+  virtual Shape buffer_shape(const std::string& buf, const Shape& param) const {
+    (void)buf;
+    return param;
+  }
   std::vector<ParamGroup<B>> groups_;
   std::map<std::string, std::map<std::string, Tensor<B>>> state_;
   int64_t steps_ = 0;

@@ -22,32 +22,28 @@ template <Backend B> void RMSprop<B>::step() {
   const profile::Scope prof("optimizer.step(RMSprop)", "optim");
   NoGrad ng;
   ++this->steps_;
-  for (auto& g : this->groups_)
-    for (auto& [name, p] : g.params) {
-      Tensor<B> grad = p.grad();
-      if (!grad.defined()) continue;
-      Tensor<B> w = p.value();
-      if (g.weight_decay != 0) grad = grad.add(w.mul(g.weight_decay));
-      bool created = false;
-      Tensor<B>& sq = this->buffer("square_avg", name, w, created);
-      sq.mul_(o_.alpha).add_(grad.mul(1.0 - o_.alpha).mul(grad));
-      Tensor<B> avg;
-      if (o_.centered) {
-        Tensor<B>& ga = this->buffer("grad_avg", name, w, created);
-        ga.mul_(o_.alpha).add_(grad.mul(1.0 - o_.alpha));
-        avg = sq.sub(ga.mul(ga)).sqrt();
-      } else {
-        avg = sq.sqrt();
-      }
-      avg.add_(o_.eps);
-      if (o_.momentum > 0) {
-        Tensor<B>& buf = this->buffer("momentum_buffer", name, w, created);
-        buf.mul_(o_.momentum).add_(grad.div(avg));
-        w.sub_(buf.mul(g.lr));
-      } else {
-        w.sub_(grad.div(avg).mul(g.lr));
-      }
+  this->each_param([&](const ParamGroup<B>& g, const std::string& name, Tensor<B>& w, Tensor<B> grad) {
+    if (g.weight_decay != 0) grad = grad.add(w.mul(g.weight_decay));
+    bool created = false;
+    Tensor<B>& sq = this->buffer("square_avg", name, w, created);
+    sq.mul_(o_.alpha).add_(grad.mul(1.0 - o_.alpha).mul(grad));
+    Tensor<B> avg;
+    if (o_.centered) {
+      Tensor<B>& ga = this->buffer("grad_avg", name, w, created);
+      ga.mul_(o_.alpha).add_(grad.mul(1.0 - o_.alpha));
+      avg = sq.sub(ga.mul(ga)).sqrt();
+    } else {
+      avg = sq.sqrt();
     }
+    avg.add_(o_.eps);
+    if (o_.momentum > 0) {
+      Tensor<B>& buf = this->buffer("momentum_buffer", name, w, created);
+      buf.mul_(o_.momentum).add_(grad.div(avg));
+      w.sub_(buf.mul(g.lr));
+    } else {
+      w.sub_(grad.div(avg).mul(g.lr));
+    }
+  });
 }
 
 // ------------------------------------------------------------------------------------------ Adagrad
@@ -61,23 +57,20 @@ template <Backend B> void Adagrad<B>::step() {
   const profile::Scope prof("optimizer.step(Adagrad)", "optim");
   NoGrad ng;
   const int64_t t = ++this->steps_;
-  for (auto& g : this->groups_) {
+  this->each_param([&](const ParamGroup<B>& g, const std::string& name, Tensor<B>& w, Tensor<B> grad) {
     const double clr = g.lr / (1 + static_cast<double>(t - 1) * o_.lr_decay);
-    for (auto& [name, p] : g.params) {
-      Tensor<B> grad = p.grad();
-      if (!grad.defined()) continue;
-      Tensor<B> w = p.value();
-      if (g.weight_decay != 0) grad = grad.add(w.mul(g.weight_decay));
-      bool created = false;
-      Tensor<B>& sum = this->buffer("sum", name, w, created);
-      if (created && o_.initial_accumulator_value != 0) sum.fill_(o_.initial_accumulator_value);
-      sum.add_(grad.mul(grad));
-      w.sub_(grad.div(sum.sqrt().add(o_.eps)).mul(clr));
-    }
-  }
+    if (g.weight_decay != 0) grad = grad.add(w.mul(g.weight_decay));
+    bool created = false;
+    Tensor<B>& sum = this->buffer("sum", name, w, created);
+    if (created && o_.initial_accumulator_value != 0) sum.fill_(o_.initial_accumulator_value);
+    sum.add_(grad.mul(grad));
+    w.sub_(grad.div(sum.sqrt().add(o_.eps)).mul(clr));
+  });
 }
 
-#define KILN_INST(B) template class RMSprop<B>; template class Adagrad<B>;
+#define KILN_INST(B)         \
+  template class RMSprop<B>; \
+  template class Adagrad<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST
 

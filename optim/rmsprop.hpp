@@ -56,7 +56,9 @@ template <Backend B> class Adagrad : public Optimizer<B> {
   AdagradOptions o_;
 };
 
-#define KILN_EXTERN(B) extern template class RMSprop<B>; extern template class Adagrad<B>;
+#define KILN_EXTERN(B)              \
+  extern template class RMSprop<B>; \
+  extern template class Adagrad<B>;
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 

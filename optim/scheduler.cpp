@@ -62,8 +62,8 @@ void LRScheduler::initial_step() {
 }
 
 void LRScheduler::apply(const std::vector<double>& lrs) {
-  KILN_CHECK(lrs.size() == groups(), "{}: {} learning rates for {} parameter groups (the optimizer's groups changed?)", kind(),
-             lrs.size(), groups());
+  KILN_CHECK(lrs.size() == groups(), "{}: {} learning rates for {} parameter groups (the optimizer's groups changed?)", kind(), lrs.size(),
+             groups());
   for (size_t i = 0; i < lrs.size(); ++i) {
     KILN_CHECK(std::isfinite(lrs[i]) && lrs[i] >= 0, "{}: lr {} for group {} at epoch {} (must be finite and >= 0)", kind(), lrs[i], i,
                last_epoch_);
@@ -107,8 +107,7 @@ void LRScheduler::load_state_dict(const SchedulerState& s) {
   load_extra(s, used);
   for (const auto& [key, v] : s)
     KILN_CHECK(std::find(used.begin(), used.end(), key) != used.end(),
-               "{}: load_state_dict: unexpected entry '{}' (a scheduler of another kind, or another number of parameter groups?)", k,
-               key);
+               "{}: load_state_dict: unexpected entry '{}' (a scheduler of another kind, or another number of parameter groups?)", k, key);
   last_epoch_ = last_epoch;
   step_count_ = step_count;
   base_lrs_ = base;
@@ -214,10 +213,14 @@ std::vector<double> CosineAnnealingLR::get_lr() {
   std::vector<double> out;
   for (size_t i = 0; i < groups(); ++i) {
     const double lr = group_lr(i), b = base_lrs_[i];
-    if (last_epoch_ == 0) out.push_back(lr);
-    else if (step_count_ == 1 && last_epoch_ > 0) out.push_back(eta_min_ + (b - eta_min_) * (1 + std::cos(e * kPi / T)) / 2);
-    else if ((last_epoch_ - 1 - T_max_) % (2 * T_max_) == 0) out.push_back(lr + (b - eta_min_) * (1 - std::cos(kPi / T)) / 2);
-    else out.push_back((1 + std::cos(kPi * e / T)) / (1 + std::cos(kPi * (e - 1) / T)) * (lr - eta_min_) + eta_min_);
+    if (last_epoch_ == 0)
+      out.push_back(lr);
+    else if (step_count_ == 1 && last_epoch_ > 0)
+      out.push_back(eta_min_ + (b - eta_min_) * (1 + std::cos(e * kPi / T)) / 2);
+    else if ((last_epoch_ - 1 - T_max_) % (2 * T_max_) == 0)
+      out.push_back(lr + (b - eta_min_) * (1 - std::cos(kPi / T)) / 2);
+    else
+      out.push_back((1 + std::cos(kPi * e / T)) / (1 + std::cos(kPi * (e - 1) / T)) * (lr - eta_min_) + eta_min_);
   }
   return out;
 }
@@ -267,9 +270,9 @@ void CosineAnnealingWarmRestarts::step_to(int64_t epoch) {
     if (T_mult_ == 1) {
       T_cur_ = epoch % T_0_;
     } else {
-      const auto n = static_cast<int64_t>(
-          std::log(static_cast<double>(epoch) / static_cast<double>(T_0_) * static_cast<double>(T_mult_ - 1) + 1) /
-          std::log(static_cast<double>(T_mult_)));
+      const auto n =
+          static_cast<int64_t>(std::log(static_cast<double>(epoch) / static_cast<double>(T_0_) * static_cast<double>(T_mult_ - 1) + 1) /
+                               std::log(static_cast<double>(T_mult_)));
       int64_t p = 1;
       for (int64_t i = 0; i < n; ++i) p *= T_mult_;
       T_cur_ = epoch - T_0_ * (p - 1) / (T_mult_ - 1);
@@ -307,10 +310,13 @@ std::vector<double> LinearLR::get_lr() {
   std::vector<double> out;
   for (size_t i = 0; i < groups(); ++i) {
     const double lr = group_lr(i);
-    if (last_epoch_ == 0) out.push_back(lr * start_);
-    else if (last_epoch_ > total_) out.push_back(lr);
+    if (last_epoch_ == 0)
+      out.push_back(lr * start_);
+    else if (last_epoch_ > total_)
+      out.push_back(lr);
     else
-      out.push_back(lr * (1. + (end_ - start_) / (static_cast<double>(total_) * start_ + static_cast<double>(last_epoch_ - 1) * (end_ - start_))));
+      out.push_back(
+          lr * (1. + (end_ - start_) / (static_cast<double>(total_) * start_ + static_cast<double>(last_epoch_ - 1) * (end_ - start_))));
   }
   return out;
 }
@@ -333,8 +339,8 @@ OneCycleLR::OneCycleLR(LrGroups opt, OneCycleLROptions o) : LRScheduler(std::mov
     total_ = o_.epochs * o_.steps_per_epoch;
   }
   KILN_CHECK(o_.pct_start >= 0 && o_.pct_start <= 1, "OneCycleLR: pct_start must be in [0, 1], got {}", o_.pct_start);
-  KILN_CHECK(o_.anneal_strategy == "cos" || o_.anneal_strategy == "linear", "OneCycleLR: anneal_strategy must be 'cos' or 'linear', got '{}'",
-             o_.anneal_strategy);
+  KILN_CHECK(o_.anneal_strategy == "cos" || o_.anneal_strategy == "linear",
+             "OneCycleLR: anneal_strategy must be 'cos' or 'linear', got '{}'", o_.anneal_strategy);
   KILN_CHECK(o_.div_factor > 0 && o_.final_div_factor > 0, "OneCycleLR: div_factor and final_div_factor must be > 0, got {} and {}",
              o_.div_factor, o_.final_div_factor);
   const double T = static_cast<double>(total_);
@@ -413,8 +419,10 @@ void SequentialLR::step() {
   ++last_epoch_;
   const size_t idx = static_cast<size_t>(std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) - milestones_.begin());
   LRScheduler& s = *s_[idx];
-  if (idx > 0 && milestones_[idx - 1] == last_epoch_) s.step_to(0);
-  else s.step();
+  if (idx > 0 && milestones_[idx - 1] == last_epoch_)
+    s.step_to(0);
+  else
+    s.step();
   last_lr_ = s.get_last_lr();
 }
 

@@ -38,8 +38,7 @@ namespace kiln::optim {
 // The learning rates of an optimizer's parameter groups, whatever its backend.
 class LrGroups {
  public:
-  template <Backend B>
-  LrGroups(Optimizer<B>& opt)  // NOLINT(google-explicit-constructor): schedulers take the optimizer itself
+  template <Backend B> LrGroups(Optimizer<B>& opt)  // NOLINT(google-explicit-constructor): schedulers take the optimizer itself
       : id_(&opt),
         size_([&opt] { return opt.groups().size(); }),
         lr_([&opt](size_t i) -> double& { return opt.groups().at(i).lr; }),
@@ -81,9 +80,9 @@ class LRScheduler {
 
  protected:
   explicit LRScheduler(LrGroups g) : g_(std::move(g)) {}
-  void init_base_lrs();   // group.setdefault("initial_lr", group["lr"]); base_lrs = initial_lrs
-  void initial_step();    // PyTorch's _initial_step: step_count = 0, then step()
-  virtual void step_to(int64_t epoch);  // PyTorch's step(epoch): the closed form where there is one (SequentialLR)
+  void init_base_lrs();                      // group.setdefault("initial_lr", group["lr"]); base_lrs = initial_lrs
+  void initial_step();                       // PyTorch's _initial_step: step_count = 0, then step()
+  virtual void step_to(int64_t epoch);       // PyTorch's step(epoch): the closed form where there is one (SequentialLR)
   virtual std::vector<double> get_lr() = 0;  // the chainable form at last_epoch
   virtual std::optional<std::vector<double>> closed_form_lr() { return std::nullopt; }
   void apply(const std::vector<double>& lrs);  // groups' lr = lrs; last_lr = lrs
@@ -203,8 +202,8 @@ struct OneCycleLROptions {
   int64_t steps_per_epoch = 0;
   double pct_start = 0.3;
   std::string anneal_strategy = "cos";  // cos | linear
-  double div_factor = 25.0;              // initial_lr = max_lr / div_factor
-  double final_div_factor = 1e4;         // min_lr = initial_lr / final_div_factor
+  double div_factor = 25.0;             // initial_lr = max_lr / div_factor
+  double final_div_factor = 1e4;        // min_lr = initial_lr / final_div_factor
   bool three_phase = false;
 };
 

@@ -159,8 +159,8 @@ template <Backend B> void Engine<B>::validate() {
                o_.scheduler->kind(), o_.schedule.name, o_.schedule.warmup_steps, o_.lr);
     KILN_CHECK(o_.scheduler->optimizer_id() == static_cast<const void*>(&opt_), "fit: the scheduler ({}) was built on another optimizer",
                o_.scheduler->kind());
-    KILN_CHECK(!o_.scheduler->needs_metric() || eval_ != nullptr,
-               "fit: {} steps on the evaluation loss: give fit evaluation data", o_.scheduler->kind());
+    KILN_CHECK(!o_.scheduler->needs_metric() || eval_ != nullptr, "fit: {} steps on the evaluation loss: give fit evaluation data",
+               o_.scheduler->kind());
   }
   if (o_.ema) {
     ema_ = dynamic_cast<optim::EMA<B>*>(o_.ema.get());
@@ -216,15 +216,15 @@ template <Backend B> void Engine<B>::resume() {
                train_.epoch(), train_.position(), at);
   }
   const std::string sched = m.count("scheduler") ? m.at("scheduler") : std::string();
-  KILN_CHECK(sched == (o_.scheduler ? o_.scheduler->kind() : std::string()),
-             "fit: resume checkpoint '{}' was written {}, this run has {}", path,
-             sched.empty() ? std::string("without a scheduler object") : "with scheduler " + sched,
+  KILN_CHECK(sched == (o_.scheduler ? o_.scheduler->kind() : std::string()), "fit: resume checkpoint '{}' was written {}, this run has {}",
+             path, sched.empty() ? std::string("without a scheduler object") : "with scheduler " + sched,
              o_.scheduler ? "scheduler " + o_.scheduler->kind() : std::string("none"));
   std::map<std::string, Tensor<B>> msd, osd, esd;
   for (const std::string& n : f.names()) {
     if (n.rfind("model.", 0) == 0) msd.emplace(n.substr(6), f.load<B>(n));
     else if (n.rfind("optim.", 0) == 0) osd.emplace(n.substr(6), f.load<B>(n));
-    else if (n.rfind("ema.", 0) == 0) esd.emplace(n.substr(4), f.load<B>(n));
+    else if (n.rfind("ema.", 0) == 0)
+      esd.emplace(n.substr(4), f.load<B>(n));
   }
   KILN_CHECK(esd.empty() == (ema_ == nullptr), "fit: resume checkpoint '{}' was written {} an EMA of the weights, this run has {}", path,
              esd.empty() ? "without" : "with", ema_ ? "one" : "none");

@@ -76,6 +76,37 @@ def lion_step(params, states, lr, betas, wds):
         st.mul_(betas[1]).add_(p.grad, alpha=1 - betas[1])
 
 
+def adafactor_step(params, states, step, lr, wds, beta2_decay=-0.8, eps=(None, 1e-3), d=1.0):
+    # torch.optim.Adafactor's single-tensor path (PyTorch 2.5+), with torch 1.13's ops
+    for param, wd in zip(params, wds):
+        grad = param.grad
+        st = states.setdefault(id(param), {})
+        eps1 = eps[0] if eps[0] is not None else torch.finfo(param.dtype).eps
+        one_minus_beta2_t = step ** beta2_decay
+        rho_t = min(lr, 1 / (step ** 0.5))
+        alpha = max(eps[1], param.norm(2).item() / (param.numel() ** 0.5)) * rho_t
+        with torch.no_grad():
+            if wd != 0:
+                param.mul_(1 - lr * wd)
+            if grad.dim() > 1:
+                row_var = st.setdefault("row", torch.zeros(grad.shape[:-1] + (1,), dtype=grad.dtype))
+                col_var = st.setdefault("col", torch.zeros(grad.shape[:-2] + (1, grad.shape[-1]), dtype=grad.dtype))
+                row_mean = torch.linalg.vector_norm(grad, dim=-1, keepdim=True).square_().div_(grad.size(-1))
+                row_var.lerp_(row_mean, one_minus_beta2_t)
+                col_mean = torch.linalg.vector_norm(grad, dim=-2, keepdim=True).square_().div_(grad.size(-2))
+                col_var.lerp_(col_mean, one_minus_beta2_t)
+                var_estimate = row_var @ col_var
+                var_estimate.div_(row_var.mean(dim=-2, keepdim=True).clamp_(min=eps1))
+            else:
+                variance = st.setdefault("var", torch.zeros_like(grad))
+                variance.lerp_(grad * grad, one_minus_beta2_t)
+                var_estimate = variance.clone()
+            update = var_estimate.clamp_(min=eps1 * eps1).rsqrt_()
+            update.mul_(grad)
+            denom = max(1.0, update.norm(2).item() / ((update.numel() ** 0.5) * d))
+            param.add_(update, alpha=-alpha / denom)
+
+
 def optimizer_cases():
     configs = {
         "rmsprop": ("RMSprop", {}),
@@ -86,6 +117,8 @@ def optimizer_cases():
         "adagrad_decay": ("Adagrad", {"lr": 0.1, "lr_decay": 0.01, "initial_accumulator_value": 0.1, "eps": 1e-8}),
         "lion": ("Lion", {"lr": 1e-3, "betas": (0.9, 0.99)}),
         "lion_betas": ("Lion", {"lr": 3e-3, "betas": (0.95, 0.98)}),
+        "adafactor": ("Adafactor", {"lr": 1e-2}),
+        "adafactor_options": ("Adafactor", {"lr": 0.05, "beta2_decay": -0.5, "eps": (1e-12, 1e-2), "d": 1.5}),
     }
     out = {}
     for dtype, dname in [(torch.float64, "f64"), (torch.float32, "f32")]:
@@ -97,6 +130,23 @@ def optimizer_cases():
             if kind == "Lion":
                 states = {}
                 step = lambda: lion_step([p, q], states, kw["lr"], kw["betas"], [0.1, 0.0])
+            elif kind == "Adafactor":
+                states, count = {}, [0]
+                # where PyTorch has Adafactor (2.5+), its own run checks this reference on copies
+                ref = None
+                if hasattr(torch.optim, "Adafactor"):
+                    rp, rq = p.detach().clone().requires_grad_(), q.detach().clone().requires_grad_()
+                    ref = (rp, rq, torch.optim.Adafactor([{"params": [rp], "weight_decay": 0.1}, {"params": [rq], "weight_decay": 0.0}], **kw))
+
+                def step(states=states, count=count, kw=kw, ref=ref):
+                    count[0] += 1
+                    adafactor_step([p, q], states, count[0], kw["lr"], [0.1, 0.0], **{k: v for k, v in kw.items() if k != "lr"})
+                    if ref is not None:
+                        ref[0].grad, ref[1].grad = p.grad.clone(), q.grad.clone()
+                        ref[2].step()
+                        tol = 1e-12 if p.dtype == torch.float64 else 1e-6
+                        assert torch.allclose(ref[0], p, rtol=tol, atol=tol * 1e-2), (ref[0], p)
+                        assert torch.allclose(ref[1], q, rtol=tol, atol=tol * 1e-2), (ref[1], q)
             else:
                 o = getattr(torch.optim, kind)([{"params": [p], "weight_decay": 0.1}, {"params": [q], "weight_decay": 0.0}], **kw)
                 step = o.step

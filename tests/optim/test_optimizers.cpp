@@ -6,6 +6,7 @@
 
 #include <memory>
 
+#include <kiln/optim/adafactor.hpp>
 #include <kiln/optim/lion.hpp>
 #include <kiln/optim/rmsprop.hpp>
 
@@ -38,6 +39,9 @@ template <Backend B> std::unique_ptr<optim::Optimizer<B>> make(const std::string
     return std::make_unique<Adagrad<B>>(ps.groups(0.1), AdagradOptions{.lr_decay = 0.01, .initial_accumulator_value = 0.1, .eps = 1e-8});
   if (name == "lion") return std::make_unique<Lion<B>>(ps.groups(1e-3), LionOptions{});
   if (name == "lion_betas") return std::make_unique<Lion<B>>(ps.groups(3e-3), LionOptions{.beta1 = 0.95, .beta2 = 0.98});
+  if (name == "adafactor") return std::make_unique<Adafactor<B>>(ps.groups(1e-2), AdafactorOptions{});
+  if (name == "adafactor_options")
+    return std::make_unique<Adafactor<B>>(ps.groups(0.05), AdafactorOptions{.beta2_decay = -0.5, .eps1 = 1e-12, .eps2 = 1e-2, .d = 1.5});
   FAIL("no optimizer " << name);
   return nullptr;
 }
@@ -55,9 +59,10 @@ std::vector<double> values(const Var<Cpu>& v) { return to_vector<double>(v.value
 
 }  // namespace
 
-TEST_CASE("optimizers: RMSprop, Adagrad and Lion follow PyTorch step for step (f64 1e-12, f32 1e-6, two groups)", "[optim][parity]") {
+TEST_CASE("optimizers: RMSprop, Adagrad, Lion and Adafactor follow PyTorch step for step (f64 1e-12, f32 1e-6, two groups)",
+          "[optim][parity]") {
   const auto& all = cases()["optimizers"];
-  REQUIRE(all.size() == 16);
+  REQUIRE(all.size() == 20);
   for (const auto& [key, c] : all.items()) {
     SECTION(key) {
       const bool f64 = key.ends_with("_f64");
@@ -78,7 +83,7 @@ TEST_CASE("optimizers: RMSprop, Adagrad and Lion follow PyTorch step for step (f
 
 TEST_CASE("optimizers: a state dict saved after 9 steps and loaded into a fresh optimizer continues the run", "[optim]") {
   const auto& all = cases()["optimizers"];
-  for (const char* name : {"rmsprop_centered_momentum", "adagrad_decay", "lion"}) {
+  for (const char* name : {"rmsprop_centered_momentum", "adagrad_decay", "lion", "adafactor"}) {
     SECTION(name) {
       const auto& c = all[std::string(name) + "_f64"];
       const auto ps = params<Cpu>(c, DType::f64);
@@ -105,10 +110,11 @@ TEST_CASE("optimizers: a state dict saved after 9 steps and loaded into a fresh 
   }
 }
 
-TEMPLATE_TEST_CASE("optimizers: RMSprop, Adagrad and Lion give Reference's values on every backend", "[optim]", KILN_BACKEND_TYPES) {
+TEMPLATE_TEST_CASE("optimizers: RMSprop, Adagrad, Lion and Adafactor give Reference's values on every backend", "[optim]",
+                   KILN_BACKEND_TYPES) {
   using B = TestType;
   const auto& all = cases()["optimizers"];
-  for (const char* name : {"rmsprop_centered_momentum", "rmsprop", "adagrad_decay", "lion_betas"})
+  for (const char* name : {"rmsprop_centered_momentum", "rmsprop", "adagrad_decay", "lion_betas", "adafactor_options"})
     for (DType d : {DType::f32, DType::f64}) {
       INFO(name << " " << dtype_name(d));
       const auto& c = all[std::string(name) + (d == DType::f64 ? "_f64" : "_f32")];
@@ -147,4 +153,24 @@ TEST_CASE("optimizers: bad options are Errors naming the optimizer", "[optim][er
   CHECK_THROWS_WITH(optim::Adagrad<Cpu>(ps, {.initial_accumulator_value = -1}), Catch::Contains("initial_accumulator_value"));
   CHECK_THROWS_WITH(optim::Lion<Cpu>(ps, {.beta1 = 1.1}), Catch::Contains("Lion") && Catch::Contains("betas"));
   CHECK_THROWS_WITH(optim::Lion<Cpu>(ps, {.lr = -1}), Catch::Contains("lr and weight_decay must be >= 0"));
+  CHECK_THROWS_WITH(optim::Adafactor<Cpu>(ps, {.beta2_decay = 0.5}), Catch::Contains("Adafactor") && Catch::Contains("beta2_decay"));
+  CHECK_THROWS_WITH(optim::Adafactor<Cpu>(ps, {.d = 0.5}), Catch::Contains("Adafactor") && Catch::Contains("d must be >= 1"));
+}
+
+TEST_CASE("optimizers: Adafactor keeps factored second moments (m + n numbers for an m x n matrix), checked on load", "[optim]") {
+  Var<Cpu> e(Tensor<Cpu>::randn({50, 8}), true), b(Tensor<Cpu>::randn({8}), true), t(Tensor<Cpu>::randn({3, 5, 4}), true);
+  optim::Adafactor<Cpu> opt(optim::NamedParams<Cpu>{{"emb", e}, {"bias", b}, {"t", t}}, {});
+  for (auto* v : {&e, &b, &t}) v->set_grad(Tensor<Cpu>::randn(v->shape()));
+  opt.step();
+  std::map<std::string, Tensor<Cpu>> state;
+  for (auto& [k, v] : opt.state_dict()) state.emplace(k, v);
+  CHECK(state.at("row_var.emb").shape() == Shape({50, 1}));
+  CHECK(state.at("col_var.emb").shape() == Shape({1, 8}));
+  CHECK(state.at("variance.bias").shape() == Shape({8}));
+  CHECK(state.at("row_var.t").shape() == Shape({3, 5, 1}));
+  CHECK(state.at("col_var.t").shape() == Shape({3, 1, 4}));
+  CHECK(state.count("variance.emb") == 0);
+  opt.load_state_dict(state);
+  state["row_var.emb"] = Tensor<Cpu>::zeros({50, 8});
+  CHECK_THROWS_WITH(opt.load_state_dict(state), Catch::Contains("'row_var.emb' has shape [50, 8], expected [50, 1]"));
 }

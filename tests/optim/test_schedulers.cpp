@@ -35,15 +35,20 @@ std::shared_ptr<optim::LRScheduler> make(const std::string& name, Opt& o) {
   if (name == "CosineAnnealingWarmRestarts_mult1") return std::make_shared<CosineAnnealingWarmRestarts>(o, 37);
   if (name == "OneCycleLR") return std::make_shared<OneCycleLR>(o, OneCycleLROptions{.max_lr = {0.5, 0.1}, .total_steps = 300});
   if (name == "OneCycleLR_linear3")
-    return std::make_shared<OneCycleLR>(o, OneCycleLROptions{.max_lr = {0.3}, .epochs = 3, .steps_per_epoch = 100, .pct_start = 0.25,
-                                                             .anneal_strategy = "linear", .div_factor = 10.0, .final_div_factor = 100.0,
+    return std::make_shared<OneCycleLR>(o, OneCycleLROptions{.max_lr = {0.3},
+                                                             .epochs = 3,
+                                                             .steps_per_epoch = 100,
+                                                             .pct_start = 0.25,
+                                                             .anneal_strategy = "linear",
+                                                             .div_factor = 10.0,
+                                                             .final_div_factor = 100.0,
                                                              .three_phase = true});
   if (name == "LinearLR") return std::make_shared<LinearLR>(o, 0.1, 1.0, 40);
   if (name == "LinearLR_down") return std::make_shared<LinearLR>(o, 1.0, 0.05, 300);
   if (name == "LambdaLR") return std::make_shared<LambdaLR>(o, [](int64_t e) { return std::pow(0.95, static_cast<double>(e)); });
   if (name == "LambdaLR_groups")
     return std::make_shared<LambdaLR>(o, std::vector<LambdaLR::Lambda>{[](int64_t e) { return 1.0 / static_cast<double>(1 + e); },
-                                                                        [](int64_t e) { return std::pow(0.97, static_cast<double>(e)); }});
+                                                                       [](int64_t e) { return std::pow(0.97, static_cast<double>(e)); }});
   if (name == "SequentialLR") {
     auto warm = std::make_shared<LinearLR>(o, 0.01, 1.0, 50);
     auto cos = std::make_shared<CosineAnnealingLR>(o, 250, 1e-5);
@@ -61,7 +66,8 @@ std::shared_ptr<optim::LRScheduler> make(const std::string& name, Opt& o) {
     return std::make_shared<SequentialLR>(o, std::vector<std::shared_ptr<LRScheduler>>{a, b}, std::vector<int64_t>{10});
   }
   if (name == "ReduceLROnPlateau")
-    return std::make_shared<ReduceLROnPlateau>(o, ReduceLROnPlateauOptions{.factor = 0.5, .patience = 5, .cooldown = 3, .min_lr = {1e-3, 1e-4}});
+    return std::make_shared<ReduceLROnPlateau>(
+        o, ReduceLROnPlateauOptions{.factor = 0.5, .patience = 5, .cooldown = 3, .min_lr = {1e-3, 1e-4}});
   if (name == "ReduceLROnPlateau_max_abs")
     return std::make_shared<ReduceLROnPlateau>(
         o, ReduceLROnPlateauOptions{.mode = "max", .factor = 0.7, .patience = 2, .threshold = 0.01, .threshold_mode = "abs"});
@@ -79,8 +85,10 @@ void check_lrs(const Opt& o, const optim::LRScheduler& s, const nlohmann::json& 
 }
 
 void step(optim::LRScheduler& s, const nlohmann::json& c, size_t t) {
-  if (s.needs_metric()) s.step(c["metrics"][t].get<double>());
-  else s.step();
+  if (s.needs_metric())
+    s.step(c["metrics"][t].get<double>());
+  else
+    s.step();
 }
 
 }  // namespace

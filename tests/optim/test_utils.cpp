@@ -142,14 +142,16 @@ struct FitSetup {
     y = x.sum({1}, true).mul(0.5);
   }
   auto batches() {
-    return IndexedBatches{.batch = [this](int64_t i) {
-                            const int64_t s = (i % 8) * 8;
-                            return std::pair{x.narrow(0, s, 8), y.narrow(0, s, 8)};
-                          },
+    return IndexedBatches{.batch =
+                              [this](int64_t i) {
+                                const int64_t s = (i % 8) * 8;
+                                return std::pair{x.narrow(0, s, 8), y.narrow(0, s, 8)};
+                              },
                           .count = 2};
   }
   auto step() {
-    return [this](const std::pair<Tensor<Cpu>, Tensor<Cpu>>& b) { return nn::mse_loss(model.forward(Var<Cpu>(b.first)), Var<Cpu>(b.second)); };
+    return
+        [this](const std::pair<Tensor<Cpu>, Tensor<Cpu>>& b) { return nn::mse_loss(model.forward(Var<Cpu>(b.first)), Var<Cpu>(b.second)); };
   }
 };
 
@@ -162,7 +164,8 @@ std::vector<double> logged_lrs(const std::filesystem::path& log) {
 
 }  // namespace
 
-TEST_CASE("fit: a scheduler object sets each step's lr, an EMA evaluates, and a resumed run equals one that never stopped", "[fit][optim]") {
+TEST_CASE("fit: a scheduler object sets each step's lr, an EMA evaluates, and a resumed run equals one that never stopped",
+          "[fit][optim]") {
   const auto dir = test::temp_dir("fit_sched");
   auto run = [&](int64_t stop_after, const std::string& resume, const std::string& tag) {
     manual_seed(1);
@@ -170,11 +173,16 @@ TEST_CASE("fit: a scheduler object sets each step's lr, an EMA evaluates, and a 
     optim::SGD<Cpu> opt(f.model.named_parameters(), {.lr = 0.05, .momentum = 0.9});
     auto warm = std::make_shared<optim::LinearLR>(opt, 0.1, 1.0, 4);
     auto cos = std::make_shared<optim::CosineAnnealingLR>(opt, 8, 1e-3);
-    auto sched = std::make_shared<optim::SequentialLR>(opt, std::vector<std::shared_ptr<optim::LRScheduler>>{warm, cos},
-                                                       std::vector<int64_t>{4});
+    auto sched =
+        std::make_shared<optim::SequentialLR>(opt, std::vector<std::shared_ptr<optim::LRScheduler>>{warm, cos}, std::vector<int64_t>{4});
     auto ema = std::make_shared<optim::EMA<Cpu>>(f.model.named_parameters(), optim::EMAOptions{.decay = 0.8});
-    FitOptions o{.steps = 12, .eval_every = 5, .checkpoint_path = (dir / (tag + ".safetensors")).string(), .resume_path = resume,
-                 .log_path = (dir / (tag + ".jsonl")).string(), .progress = 0, .stop_after = stop_after};
+    FitOptions o{.steps = 12,
+                 .eval_every = 5,
+                 .checkpoint_path = (dir / (tag + ".safetensors")).string(),
+                 .resume_path = resume,
+                 .log_path = (dir / (tag + ".jsonl")).string(),
+                 .progress = 0,
+                 .stop_after = stop_after};
     o.scheduler = sched;
     o.ema = ema;
     const FitResult r = fit(f.model, opt, f.batches(), f.batches(), f.step(), o);
@@ -183,8 +191,8 @@ TEST_CASE("fit: a scheduler object sets each step's lr, an EMA evaluates, and a 
       FitResult r;
       int64_t updates;
     };
-    return Out{to_vector<double>(f.model.weight().value()), to_vector<double>(ema->average("weight")), logged_lrs(dir / (tag + ".jsonl")), r,
-               ema->num_updates()};
+    return Out{to_vector<double>(f.model.weight().value()), to_vector<double>(ema->average("weight")), logged_lrs(dir / (tag + ".jsonl")),
+               r, ema->num_updates()};
   };
   const auto full = run(-1, "", "full");
   // the lr of each step: the same scheduler driven by hand, stepped after each optimizer step
@@ -261,8 +269,10 @@ TEST_CASE("fit: a scheduler with schedule or lr, on another optimizer, a plateau
   auto attempt = [&](std::shared_ptr<optim::LRScheduler> s, FitOptions o, bool with_eval = false) {
     o.scheduler = std::move(s);
     o.progress = 0;
-    if (with_eval) fit(f.model, opt, f.batches(), f.batches(), f.step(), o);
-    else fit(f.model, opt, f.batches(), f.step(), o);
+    if (with_eval)
+      fit(f.model, opt, f.batches(), f.batches(), f.step(), o);
+    else
+      fit(f.model, opt, f.batches(), f.step(), o);
   };
   auto step_lr = std::make_shared<optim::StepLR>(opt, 2);
   CHECK_THROWS_WITH(attempt(step_lr, {.steps = 2, .schedule = {.name = "cosine"}}), Catch::Contains("StepLR") && Catch::Contains("cosine"));
