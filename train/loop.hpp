@@ -12,7 +12,7 @@
 //       {.epochs = 5, .grad_clip = 1.0, .eval_every = 469, .checkpoint_path = "ck.safetensors",
 //        .log_path = "log.jsonl", .schedule = {.name = "cosine", .warmup_steps = 100}});
 //
-// (Designated initializers go in declaration order: FitOptions ends with lr and schedule.)
+// (Designated initializers go in declaration order: FitOptions ends with lr, schedule, scheduler and ema.)
 //
 // fit(model, opt, train, step, options) trains; fit(model, opt, train, eval, step, options) also
 // evaluates. The step function takes one batch (whatever the source yields) and returns the mean

@@ -229,7 +229,7 @@ TEST_CASE("fit: a scheduler object sets each step's lr, an EMA evaluates, and a 
   CHECK(std::find(names.begin(), names.end(), "ema.num_updates") != names.end());
 }
 
-TEST_CASE("fit: evaluation runs on the EMA weights; ReduceLROnPlateau steps on the evaluation loss", "[fit][optim]") {
+TEST_CASE("fit: evaluation runs on the EMA weights, and ReduceLROnPlateau steps on the evaluation loss", "[fit][optim]") {
   FitSetup f;
   optim::SGD<Cpu> opt(f.model.named_parameters(), {.lr = 0.05});
   auto ema = std::make_shared<optim::EMA<Cpu>>(f.model.named_parameters(), optim::EMAOptions{.decay = 0.9});
