@@ -28,8 +28,13 @@
 #include "kiln/nn/group_norm.hpp"
 #include "kiln/nn/transformer.hpp"
 
+#include "kiln/optim/adafactor.hpp"
+#include "kiln/optim/ema.hpp"
+#include "kiln/optim/lion.hpp"
 #include "kiln/optim/optimizer.hpp"
+#include "kiln/optim/rmsprop.hpp"
 #include "kiln/optim/schedule.hpp"
+#include "kiln/optim/scheduler.hpp"
 
 #include "kiln/dist/ddp.hpp"
 #include "kiln/dist/fit.hpp"

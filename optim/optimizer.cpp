@@ -75,8 +75,9 @@ template <Backend B> void Optimizer<B>::load_state_dict(const std::map<std::stri
     const std::string name = key.substr(dot + 1);
     const auto p = params.find(name);
     KILN_CHECK(p != params.end(), "optimizer state: '{}' names no parameter of this optimizer", key);
-    KILN_CHECK(p->second == t.shape(), "optimizer state: '{}' has shape {}, the parameter has {}", key, shape_str(t.shape()),
-               shape_str(p->second));
+    const Shape want = buffer_shape(buf, p->second);
+    KILN_CHECK(want == t.shape(), "optimizer state: '{}' has shape {}, expected {} (the parameter has {})", key, shape_str(t.shape()),
+               shape_str(want), shape_str(p->second));
     next[buf][name] = t.clone();
   }
   // One integer >= 0: a float converted to int64 could be out of range (undefined behaviour; NaN or
@@ -103,22 +104,18 @@ template <Backend B> void SGD<B>::step() {
   const profile::Scope prof("optimizer.step(SGD)", "optim");
   NoGrad ng;
   ++this->steps_;
-  for (auto& g : this->groups_)
-    for (auto& [name, p] : g.params) {
-      const Tensor<B> grad = p.grad();
-      if (!grad.defined()) continue;
-      Tensor<B> w = p.value();
-      Tensor<B> d = grad;
-      if (g.weight_decay != 0) d = d.add(w.mul(g.weight_decay));
-      if (o_.momentum != 0) {
-        bool created = false;
-        Tensor<B>& buf = this->buffer("momentum_buffer", name, w, created);
-        if (created) buf.copy_(d);
-        else buf.mul_(o_.momentum).add_(d.mul(1.0 - o_.dampening));
-        d = o_.nesterov ? d.add(buf.mul(o_.momentum)) : buf;
-      }
-      w.sub_(d.mul(g.lr));
+  this->each_param([&](const ParamGroup<B>& g, const std::string& name, Tensor<B>& w, const Tensor<B>& grad) {
+    Tensor<B> d = grad;
+    if (g.weight_decay != 0) d = d.add(w.mul(g.weight_decay));
+    if (o_.momentum != 0) {
+      bool created = false;
+      Tensor<B>& buf = this->buffer("momentum_buffer", name, w, created);
+      if (created) buf.copy_(d);
+      else buf.mul_(o_.momentum).add_(d.mul(1.0 - o_.dampening));
+      d = o_.nesterov ? d.add(buf.mul(o_.momentum)) : buf;
     }
+    w.sub_(d.mul(g.lr));
+  });
 }
 
 // ------------------------------------------------------------------------------------------ Adam(W)
@@ -181,14 +178,40 @@ template <Backend B> double clip_grad_norm(const std::vector<Var<B>>& params, do
   return norm;
 }
 
-#define KILN_INST(B)                                                                                              \
-  template std::vector<ParamGroup<B>> decay_groups<B>(const NamedParams<B>&, double, double,                    \
+template <Backend B> std::vector<double> clip_grad_norm_per_group(Optimizer<B>& opt, const std::vector<double>& max_norms) {
+  auto& groups = opt.groups();
+  KILN_CHECK(max_norms.size() == 1 || max_norms.size() == groups.size(),
+             "clip_grad_norm_per_group: expected 1 or {} max_norms (one per parameter group), got {}", groups.size(), max_norms.size());
+  std::vector<double> norms;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const double max_norm = max_norms.size() == 1 ? max_norms[0] : max_norms[i];
+    KILN_CHECK(max_norm > 0, "clip_grad_norm_per_group: max_norm of group {} must be > 0, got {}", i, max_norm);
+    std::vector<Var<B>> ps;
+    for (const auto& [name, p] : groups[i].params) ps.push_back(p);
+    norms.push_back(clip_grad_norm(ps, max_norm));
+  }
+  return norms;
+}
+
+template <Backend B> void clip_grad_value(const std::vector<Var<B>>& params, double clip_value) {
+  KILN_CHECK(clip_value >= 0 && !std::isnan(clip_value), "clip_grad_value: clip_value must be >= 0, got {}", clip_value);
+  NoGrad ng;
+  for (const auto& p : params) {
+    Tensor<B> g = p.grad();
+    if (g.defined()) g.copy_(g.clamp(-clip_value, clip_value));
+  }
+}
+
+#define KILN_INST(B)                                                                                                  \
+  template std::vector<ParamGroup<B>> decay_groups<B>(const NamedParams<B>&, double, double,                          \
                                                       const std::function<bool(const std::string&, const Var<B>&)>&); \
-  template class Optimizer<B>;                                                                                    \
-  template class SGD<B>;                                                                                          \
-  template class Adam<B>;                                                                                         \
-  template double grad_norm<B>(const std::vector<Var<B>>&);                                                       \
-  template double clip_grad_norm<B>(const std::vector<Var<B>>&, double);
+  template class Optimizer<B>;                                                                                        \
+  template class SGD<B>;                                                                                              \
+  template class Adam<B>;                                                                                             \
+  template double grad_norm<B>(const std::vector<Var<B>>&);                                                           \
+  template double clip_grad_norm<B>(const std::vector<Var<B>>&, double);                                              \
+  template std::vector<double> clip_grad_norm_per_group<B>(Optimizer<B>&, const std::vector<double>&);                \
+  template void clip_grad_value<B>(const std::vector<Var<B>>&, double);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST
 

@@ -5,6 +5,7 @@
 // change in parameter order.
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <typeinfo>
 #include <utility>
@@ -21,6 +22,9 @@ template <Backend B> struct ParamGroup {
   NamedParams<B> params;
   double lr = 1e-3;
   double weight_decay = 0.0;
+  // The lr a scheduler started from (PyTorch's group["initial_lr"]): set by the first scheduler built on
+  // the optimizer (optim/scheduler.hpp), which later ones and SequentialLR start from.
+  std::optional<double> initial_lr{};
 };
 
 // The default grouping (docs/specs.md §4): weight decay on tensors of rank >= 2 only — never on norms, biases,
@@ -57,7 +61,24 @@ template <Backend B> class Optimizer {
  protected:
   // Per-parameter state buffers, by buffer name then parameter name.
   Tensor<B>& buffer(const std::string& buf, const std::string& param, const Tensor<B>& like, bool& created);
+  // f(group, name, weight, grad) for every parameter that has a gradient, in group order (the weight
+  // shares the parameter's storage: update it in place). Call under NoGrad.
+  template <class F> void each_param(F&& f) {
+    for (auto& g : groups_)
+      for (auto& [name, p] : g.params) {
+        Tensor<B> grad = p.grad();
+        if (!grad.defined()) continue;
+        Tensor<B> w = p.value();
+        f(g, name, w, grad);
+      }
+  }
   virtual std::vector<std::string> buffer_names() const = 0;
+  // The shape of buffer `buf` for a parameter of shape `param`, as load_state_dict checks it: the
+  // parameter's, unless the optimizer keeps factored state (Adafactor).
+  virtual Shape buffer_shape(const std::string& buf, const Shape& param) const {
+    (void)buf;
+    return param;
+  }
   std::vector<ParamGroup<B>> groups_;
   std::map<std::string, std::map<std::string, Tensor<B>>> state_;
   int64_t steps_ = 0;
@@ -108,6 +129,12 @@ template <Backend B> class Adam : public Optimizer<B> {
 // gradients are scaled by min(1, max_norm / (norm + 1e-6)). Returns the norm before clipping.
 template <Backend B> KILN_API double grad_norm(const std::vector<Var<B>>& params);
 template <Backend B> KILN_API double clip_grad_norm(const std::vector<Var<B>>& params, double max_norm);
+// clip_grad_norm for each parameter group of `opt` on its own: group g's gradients are scaled by
+// min(1, max_norms[g] / (norm_g + 1e-6)), norm_g the L2 norm of that group's gradients alone. One
+// max_norm for every group, or one per group. Returns the norms before clipping, one per group.
+template <Backend B> KILN_API std::vector<double> clip_grad_norm_per_group(Optimizer<B>& opt, const std::vector<double>& max_norms);
+// PyTorch's clip_grad_value_: every gradient element clamped to [-clip_value, clip_value].
+template <Backend B> KILN_API void clip_grad_value(const std::vector<Var<B>>& params, double clip_value);
 
 #define KILN_EXTERN(B) extern template class Optimizer<B>; extern template class SGD<B>; extern template class Adam<B>;
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)

@@ -55,7 +55,7 @@ bool loop_key(const std::string& k) {
                                "optimizer",       "skipped_steps", "kiln_fit",  "loss_scale", "loss_scale_good_steps"};
   for (const char* x : keys)
     if (k == x) return true;
-  return k.rfind("data.", 0) == 0;
+  return k.rfind("data.", 0) == 0 || k == "scheduler" || k.rfind("scheduler.", 0) == 0;
 }
 
 const std::string& need(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
@@ -126,6 +126,7 @@ template <Backend B> class Engine {
   int64_t last_samples_ = 0, last_tokens_ = 0;  // of the last step, for the progress bar
   double last_flops_ = 0;
   std::optional<autocast::GradScaler> scaler_;  // precision f16
+  optim::EMA<B>* ema_ = nullptr;                // options.ema
 };
 
 template <Backend B> void Engine<B>::validate() {
@@ -153,6 +154,20 @@ template <Backend B> void Engine<B>::validate() {
   if (!o_.log_path.empty()) {
     const auto dir = std::filesystem::path(o_.log_path).parent_path();
     KILN_CHECK(dir.empty() || std::filesystem::is_directory(dir), "fit: log_path '{}': no directory '{}'", o_.log_path, dir.string());
+  }
+  if (o_.scheduler) {
+    KILN_CHECK(o_.schedule.name == "constant" && o_.schedule.warmup_steps == 0 && o_.lr == 0,
+               "fit: a scheduler object ({}) sets the lr: leave schedule (now '{}', warmup_steps {}) and lr (now {}) at their defaults",
+               o_.scheduler->kind(), o_.schedule.name, o_.schedule.warmup_steps, o_.lr);
+    KILN_CHECK(o_.scheduler->optimizer_id() == static_cast<const void*>(&opt_), "fit: the scheduler ({}) was built on another optimizer",
+               o_.scheduler->kind());
+    KILN_CHECK(!o_.scheduler->needs_metric() || eval_ != nullptr, "fit: {} steps on the evaluation loss: give fit evaluation data",
+               o_.scheduler->kind());
+  }
+  if (o_.ema) {
+    ema_ = dynamic_cast<optim::EMA<B>*>(o_.ema.get());
+    KILN_CHECK(ema_ != nullptr, "fit: options.ema must be an optim::EMA of this backend ({})", B::name);
+    KILN_CHECK(!ema_->swapped(), "fit: the EMA's averages are swapped into the model: swap() them back before fit");
   }
   k_ = o_.grad_accum;
   if (train_.indexed()) {
@@ -202,14 +217,29 @@ template <Backend B> void Engine<B>::resume() {
                "fit: resume checkpoint '{}': step {} does not match its data position (epoch {}, batch {}: step {})", path, step,
                train_.epoch(), train_.position(), at);
   }
-  std::map<std::string, Tensor<B>> msd, osd;
+  const std::string sched = m.count("scheduler") ? m.at("scheduler") : std::string();
+  KILN_CHECK(sched == (o_.scheduler ? o_.scheduler->kind() : std::string()), "fit: resume checkpoint '{}' was written {}, this run has {}",
+             path, sched.empty() ? std::string("without a scheduler object") : "with scheduler " + sched,
+             o_.scheduler ? "scheduler " + o_.scheduler->kind() : std::string("none"));
+  std::map<std::string, Tensor<B>> msd, osd, esd;
   for (const std::string& n : f.names()) {
     if (n.rfind("model.", 0) == 0) msd.emplace(n.substr(6), f.load<B>(n));
     else if (n.rfind("optim.", 0) == 0) osd.emplace(n.substr(6), f.load<B>(n));
+    else if (n.rfind("ema.", 0) == 0)
+      esd.emplace(n.substr(4), f.load<B>(n));
   }
+  KILN_CHECK(esd.empty() == (ema_ == nullptr), "fit: resume checkpoint '{}' was written {} an EMA of the weights, this run has {}", path,
+             esd.empty() ? "without" : "with", ema_ ? "one" : "none");
   try {
     model_.load_state_dict(msd);
     opt_.load_state_dict(osd);
+    if (ema_) ema_->load_state_dict(esd);
+    if (o_.scheduler) {
+      optim::SchedulerState ss;
+      for (const auto& [k, v] : m)
+        if (k.rfind("scheduler.", 0) == 0) ss.emplace(k.substr(10), v);
+      o_.scheduler->load_state_dict(ss);
+    }
   } catch (const Error& e) {
     fail("{} (resume checkpoint '{}')", printable(e.what(), std::string::npos), path);  // it may quote the file's names
   }
@@ -300,6 +330,8 @@ template <Backend B> void Engine<B>::save_checkpoint(int64_t step_count) {
   std::vector<std::pair<std::string, Tensor<B>>> ts;
   for (auto& [n, v] : model_.state_dict()) ts.emplace_back("model." + n, v);
   for (auto& [n, v] : opt_.state_dict()) ts.emplace_back("optim." + n, v);  // collective for a sharded optimizer
+  if (ema_)
+    for (auto& [n, v] : ema_->state_dict()) ts.emplace_back("ema." + n, v);
   if (!o_.hooks.main_process) return;  // rank 0 writes
   std::map<std::string, std::string> meta = o_.metadata;
   const Generator& g = default_generator();
@@ -310,6 +342,10 @@ template <Backend B> void Engine<B>::save_checkpoint(int64_t step_count) {
   meta["grad_accum"] = std::to_string(k_);
   meta["optimizer"] = opt_.kind();
   meta["skipped_steps"] = std::to_string(skipped_);
+  if (o_.scheduler) {
+    meta["scheduler"] = o_.scheduler->kind();
+    for (auto& [k, v] : o_.scheduler->state_dict()) meta["scheduler." + k] = v;
+  }
   if (scaler_) {
     meta["loss_scale"] = fmt::format("{}", scaler_->scale());
     meta["loss_scale_good_steps"] = std::to_string(scaler_->good_steps());
@@ -428,7 +464,7 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
   const profile::Scope prof("fit.step", "step");
   const auto t0 = std::chrono::steady_clock::now();
   auto& groups = opt_.groups();
-  for (size_t i = 0; i < groups.size(); ++i) {
+  for (size_t i = 0; i < groups.size() && !o_.scheduler; ++i) {
     const double lr = o_.schedule.at(peaks_[i], step, total_);
     KILN_CHECK(lr >= 0 && std::isfinite(lr), "fit: the schedule gives lr {} at step {}", lr, step);
     groups[i].lr = lr;
@@ -513,6 +549,7 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
         }
     }
     opt_.step();
+    if (ema_) ema_->update();
   } else if (o_.on_nonfinite == NonFinite::error && !overflow) {
     fail_nonfinite(step, loss, norm, loss_scale);
   } else if (overflow) {
@@ -548,13 +585,30 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
   st.skipped = !finite;
   for (const auto& [k, v] : metric_sums) st.metrics[k] = v / static_cast<double>(m);
 
-  if (eval_ && o_.hooks.main_process && ((o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == total_)) {
-    st.eval_loss = evaluate(st.metrics);
+  if (o_.scheduler && !o_.scheduler->needs_metric()) o_.scheduler->step();
+  const bool eval_now = eval_ && ((o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == total_);
+  if (eval_now && o_.hooks.main_process) {
+    if (ema_) {
+      ema_->swap();  // evaluate the averages; swapped back even if the step function throws
+      struct Back {
+        optim::EMA<B>* e;
+        ~Back() { e->swap(); }
+      } back{ema_};
+      st.eval_loss = evaluate(st.metrics);
+    } else {
+      st.eval_loss = evaluate(st.metrics);
+    }
     st.evaluated = true;
     rec["eval_loss"] = st.eval_loss;
+  }
+  if (eval_now && o_.scheduler && o_.scheduler->needs_metric()) {
+    std::vector<double> metric{o_.hooks.main_process ? st.eval_loss : 0.0};  // rank 0 evaluates: every rank steps on its loss
+    if (o_.hooks.sum_over_processes) o_.hooks.sum_over_processes(metric);
+    o_.scheduler->step(metric[0]);
+  }
+  if (st.evaluated)
     for (const auto& cb : o_.callbacks)
       if (cb.on_eval) cb.on_eval(st);
-  }
   for (const auto& cb : o_.callbacks)
     if (cb.on_step) cb.on_step(st);
   if (!train_.indexed() && train_.position() == train_.batches_per_epoch()) {

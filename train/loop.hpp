@@ -12,7 +12,7 @@
 //       {.epochs = 5, .grad_clip = 1.0, .eval_every = 469, .checkpoint_path = "ck.safetensors",
 //        .log_path = "log.jsonl", .schedule = {.name = "cosine", .warmup_steps = 100}});
 //
-// (Designated initializers go in declaration order: FitOptions ends with lr and schedule.)
+// (Designated initializers go in declaration order: FitOptions ends with lr, schedule, scheduler and ema.)
 //
 // fit(model, opt, train, step, options) trains; fit(model, opt, train, eval, step, options) also
 // evaluates. The step function takes one batch (whatever the source yields) and returns the mean
@@ -30,7 +30,8 @@
 //
 // One optimizer step s (0-based), in order:
 //   1. every parameter group's lr = schedule.at(peak, s, total_steps), peak = options.lr or, when 0,
-//      the group's lr when fit started (groups keep their ratios);
+//      the group's lr when fit started (groups keep their ratios); with a scheduler object
+//      (options.scheduler), the lr it set;
 //   2. gradients cleared (model and optimizer);
 //   3. for each micro-batch j < m: fetch it; loss = step(batch); backward of loss/m (of loss itself
 //      when m = 1). m = grad_accum, except at the end of a DataLoader epoch, where the window is
@@ -42,9 +43,11 @@
 //      non-finite gradient; skip zeroes the gradients, makes no update, counts the step and logs it
 //      ("skipped": true), and the weights stay as they were;
 //   6. otherwise clipping (grad_clip > 0: gradients × min(1, clip / (norm + 1e-6)), exactly
-//      optim::clip_grad_norm) and opt.step();
+//      optim::clip_grad_norm), opt.step() and options.ema->update(); then options.scheduler->step()
+//      (also after a skipped step);
 //   7. evaluation when (s + 1) % eval_every == 0 or s is the run's last step (eval_every = 0: the
-//      last step only), then the on_eval callbacks;
+//      last step only), on the EMA weights when options.ema is set; a ReduceLROnPlateau scheduler
+//      steps with its loss; then the on_eval callbacks;
 //   8. the on_step callbacks; at the end of a DataLoader epoch the loader moves to the next epoch,
 //      then the on_epoch callbacks;
 //   9. one JSONL record: step, loss (mean over the micro-batches), lr (group 0), grad_norm, ms (wall
@@ -58,12 +61,13 @@
 //
 // A checkpoint (one safetensors file, written atomically: temp file, fsync, rename) holds the
 // model's state dict ("model.<name>"), the optimizer's ("optim.<key>", including its step count),
-// and as metadata: kiln_checkpoint = "1", step (completed optimizer steps), rng_seed / rng_offset
-// (the default generator), grad_accum, optimizer (adam | sgd | the C++ type), skipped_steps,
-// data.kind (loader | indexed), the DataLoaderState as data.* (loader) or data.fingerprint
-// (indexed), plus options.metadata. Resuming (resume_path) restores all of it, so a run stopped
-// and resumed computes bit for bit what a run that never stopped computes; a checkpoint from
-// another model, optimizer, grad_accum or data configuration is refused with a kiln::Error naming
+// the EMA's ("ema.<key>", with options.ema), and as metadata: kiln_checkpoint = "1", step (completed
+// optimizer steps), rng_seed / rng_offset (the default generator), grad_accum, optimizer (adam | sgd |
+// the C++ type), skipped_steps, scheduler (its kind) and scheduler.<key> (its state) with
+// options.scheduler, data.kind (loader | indexed), the DataLoaderState as data.* (loader) or
+// data.fingerprint (indexed), plus options.metadata. Resuming (resume_path) restores all of it, so a
+// run stopped and resumed computes bit for bit what a run that never stopped computes; a checkpoint
+// from another model, optimizer, scheduler kind, EMA or not, grad_accum or data configuration is refused with a kiln::Error naming
 // the difference, before anything is written. Before writing, the loop checks that every parameter
 // is finite: a diverged run never replaces the last good checkpoint. A resumed run's log keeps the
 // records of the steps before the checkpoint and appends.
@@ -107,8 +111,10 @@
 #include "kiln/autograd/autocast.hpp"
 #include "kiln/backends/backends.hpp"
 #include "kiln/nn/module.hpp"
+#include "kiln/optim/ema.hpp"
 #include "kiln/optim/optimizer.hpp"
 #include "kiln/optim/schedule.hpp"
+#include "kiln/optim/scheduler.hpp"
 #include "kiln/train/dataloader.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
@@ -194,6 +200,15 @@ struct FitOptions {
   // The learning rate (last: GCC 12 warns falsely about a defaulted schedule followed by set members).
   double lr = 0;           // the schedule's peak; 0 = each parameter group's lr when fit starts
   LrSchedule schedule{};   // over total_steps (optim/schedule.hpp); default constant
+  // A scheduler object built on the optimizer (optim/scheduler.hpp), instead of `schedule` and `lr`
+  // (which then stay at their defaults): step() after every optimizer step, skipped ones included, so
+  // the lr is a function of the step count; ReduceLROnPlateau: step(eval_loss) after every evaluation
+  // (it needs evaluation data). Its state is saved in checkpoints and restored on resume.
+  std::shared_ptr<optim::LRScheduler> scheduler{};
+  // An exponential moving average of the weights (optim::EMA<B> over the model's parameters): update()
+  // after every optimizer update (not after skipped steps); evaluation runs on the averages, swapped in
+  // and back. Saved in checkpoints ("ema.*") and restored on resume.
+  std::shared_ptr<optim::EmaBase> ema{};
 };
 
 struct FitResult {
