@@ -141,7 +141,7 @@ template <Backend B> CausalLM<B>::CausalLM(Spec s, LoadOptions o) : s_(std::move
         "norm", std::make_shared<nn::LayerNorm<B>>(nn::LayerNormOptions{.dim = s_.hidden, .eps = s_.norm_eps, .dtype = o.dtype}));
   if (!s_.tie_embeddings)
     lm_head_ = this->register_module(
-        "lm_head", std::make_shared<nn::Linear<B>>(nn::LinearOptions{.in = s_.hidden, .out = s_.vocab, .dtype = o.dtype}));
+        "lm_head", std::make_shared<nn::Linear<B>>(nn::LinearOptions{.in = s_.hidden, .out = s_.vocab, .bias = false, .dtype = o.dtype}));
 }
 
 template <Backend B> std::pair<Tensor<B>, Tensor<B>> CausalLM<B>::rope_tables(int64_t pos0, int64_t T) const {
