@@ -9,7 +9,7 @@
 
 using kiln::Scalar;
 
-TEST_CASE("Scalar: a double beyond the integers saturates; NaN converts to 0", "[core]") {
+TEST_CASE("Scalar: a double beyond the integers saturates and NaN converts to 0", "[core]") {
   // A plain cast of these is undefined behaviour; -inf (the attention mask's fill) reached it on
   // every forward pass (found by fuzz/fuzz_resume under UBSan).
   // volatile: values the compiler cannot fold (GCC folds a constant's cast as saturating, the CPU does not).

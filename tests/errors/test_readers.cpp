@@ -125,7 +125,7 @@ TEST_CASE("readers: token files read every integer dtype from the mapped bytes, 
   CHECK_THROWS_WITH(TokenData::load(p), Contains("negative token -2 at position 1"));
 }
 
-TEST_CASE("printable: valid UTF-8 stays, every other byte and the controls become \\xNN", "[errors]") {
+TEST_CASE("printable: valid UTF-8 stays and every other byte or control character becomes a hex escape", "[errors]") {
   CHECK(printable("caf\xc3\xa9 \xe6\x97\xa5 \xf0\x9f\x98\x80 a\\b") == "caf\xc3\xa9 \xe6\x97\xa5 \xf0\x9f\x98\x80 a\\b");
   CHECK(printable("a\xff"
                   "b\xfe") == "a\\xFFb\\xFE");
