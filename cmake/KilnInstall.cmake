@@ -63,6 +63,13 @@ if(NOT KILN_SHARED)
     string(APPEND KILN_PC_LIBS_PRIVATE " -ldnnl")
   endif()
 endif()
+# A sanitized libkiln (KILN_SANITIZE) loads only into programs that link the sanitizer runtimes (ASan
+# must come first in the library list): the installed package links its users with them.
+set(KILN_PC_SANITIZE "")
+if(KILN_SANITIZE)
+  target_link_options(kiln INTERFACE $<INSTALL_INTERFACE:-fsanitize=address,undefined>)
+  set(KILN_PC_SANITIZE " -fsanitize=address,undefined")
+endif()
 configure_file(cmake/kiln.pc.in ${PROJECT_BINARY_DIR}/kiln.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/kiln.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 

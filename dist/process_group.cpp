@@ -95,14 +95,21 @@ class Watchdog {
  public:
   void start(double limit_s) {
     limit_ns_ = static_cast<int64_t>(limit_s * 1e9);
-    std::thread([this, period = std::clamp(limit_s / 4, 0.05, 5.0)] { run(period); }).detach();
+    thread_ = std::thread([this, period = std::clamp(limit_s / 4, 0.05, 5.0)] { run(period); });
   }
-  void stop() {
+  // Ends the thread and waits for it; true: the caller may delete the watchdog.
+  bool stop() {
     {
       std::lock_guard<std::mutex> lk(m_);
       stop_ = true;
     }
     cv_.notify_all();
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();  // an exit handler run by the watchdog's own MPI_Abort: the process ends
+      return false;
+    }
+    if (thread_.joinable()) thread_.join();
+    return true;
   }
   void arm(const char* what) {
     what_.store(what, std::memory_order_relaxed);
@@ -137,9 +144,10 @@ class Watchdog {
   std::mutex m_;
   std::condition_variable cv_;
   bool stop_ = false;
+  std::thread thread_;
 };
 Watchdog*& watchdog_slot() {
-  static Watchdog* w = nullptr;  // set by init() when the group has peers and a limit; never destroyed
+  static Watchdog* w = nullptr;  // set by init() when the group has peers and a limit; deleted by finalize()
   return w;
 }
 
@@ -607,7 +615,7 @@ void finalize() {
 #if defined(KILN_HAVE_MPI)
   if (Watchdog* w = watchdog_slot()) {
     watchdog_slot() = nullptr;
-    w->stop();  // the detached thread ends; the object stays (never freed: the thread may still read it)
+    if (w->stop()) delete w;  // its thread joined: nothing reads it any more
   }
   if (s.comm != MPI_COMM_NULL) MPI_Comm_free(&s.comm);
   int done = 0;
