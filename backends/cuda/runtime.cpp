@@ -128,7 +128,9 @@ struct ProfEvent {
   int device = 0;
 };
 std::mutex g_prof_mu;
-std::array<std::vector<ProfEvent*>, kMaxDevices> g_prof_pool;
+// Never destroyed, as the device states: the pooled events stay reachable to the end (a pool destroyed
+// at exit left them unreachable, a leak LeakSanitizer reported) and a late release finds the pool.
+auto& g_prof_pool = *new std::array<std::vector<ProfEvent*>, kMaxDevices>;
 
 void* prof_record() noexcept {
   try {
