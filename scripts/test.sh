@@ -3,7 +3,7 @@
 #   scripts/test.sh                 default suite (what CI runs)
 #   KILN_SANITIZE=ON scripts/test.sh   the same suite under ASan+UBSan (build-asan/)
 #   scripts/test.sh -L slow         ctest arguments replace the default `-LE 'slow|fuzz-long|sanitize'` (here: only slow tests)
-# The sanitized suite is not part of the default run (building it takes about an hour on 2 cores): the
+# The sanitized suite is not part of the default run (about 90 min to build, 55 to run on 2 shared cores): the
 # label sanitize holds one test that runs `KILN_SANITIZE=ON scripts/test.sh` (tests/sanitize), run
 # periodically with `scripts/test.sh -L sanitize`. Under KILN_SANITIZE=ON this script points ASan, UBSan
 # and LeakSanitizer at tests/sanitize/ (options and the suppressions of third-party leaks); options
