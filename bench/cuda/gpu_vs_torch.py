@@ -112,7 +112,8 @@ def main():
     spec = importlib.util.spec_from_file_location("kiln_ref", REF)
     ref = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ref)
-    tmp = tempfile.mkdtemp(prefix="kiln-gpu-")
+    tmp_dir = tempfile.TemporaryDirectory(prefix="kiln-gpu-")  # removed when main returns
+    tmp = tmp_dir.name
     tok = os.path.join(tmp, "tokens.safetensors")
     n_tok = max(20000, B * (T + 1) * (a.steps + 5))  # kiln_ref.py's generator is a Python loop: no more than needed
     subprocess.check_call([sys.executable, REF, "tokens", "--vocab", str(V), "--n", str(n_tok), "--out", tok])
