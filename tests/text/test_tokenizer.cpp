@@ -35,6 +35,13 @@ std::string slurp(const std::string& path) {
 
 std::vector<std::string> corpus_lines() { return json::parse(slurp(kFixtures + "corpus.json")).get<std::vector<std::string>>(); }
 
+// The corpus as one text: its lines joined by newlines.
+std::string joined(const std::vector<std::string>& lines) {
+  std::string whole;
+  for (size_t i = 0; i < lines.size(); ++i) whole += (i ? "\n" : "") + lines[i];
+  return whole;
+}
+
 json expected(const std::string& name) { return json::parse(slurp(kFixtures + name + "/expected.json")); }
 
 std::string temp_dir(const std::string& name) {
@@ -73,8 +80,7 @@ std::string error_of(const std::function<void()>& f) {
 // The corpus files hold the lines the fixtures were computed for (the script writes them all).
 TEST_CASE("text: the corpus and the fixtures agree", "[text]") {
   const auto lines = corpus_lines();
-  std::string whole;
-  for (size_t i = 0; i < lines.size(); ++i) whole += (i ? "\n" : "") + lines[i];
+  const std::string whole = joined(lines);
   CHECK(whole == slurp(kFixtures + "corpus.txt"));
   for (const auto& name : kNames) {
     INFO(name);
@@ -84,8 +90,7 @@ TEST_CASE("text: the corpus and the fixtures agree", "[text]") {
 
 TEST_CASE("text: encode is id for id the real library's, line by line and for the whole text", "[text]") {
   const auto lines = corpus_lines();
-  std::string whole;
-  for (size_t i = 0; i < lines.size(); ++i) whole += (i ? "\n" : "") + lines[i];
+  const std::string whole = joined(lines);
   for (const auto& name : kNames) {
     INFO(name);
     const Tokenizer tok = Tokenizer::load(kFixtures + name);
@@ -159,8 +164,7 @@ TEST_CASE("text: vocabulary pieces and special tokens", "[text]") {
 // Streaming: the pieces concatenate to decode(all), and none ends inside a UTF-8 character.
 TEST_CASE("text: TextStream gives whole characters and adds up to decode", "[text]") {
   const auto lines = corpus_lines();
-  std::string whole;
-  for (size_t i = 0; i < lines.size(); ++i) whole += (i ? "\n" : "") + lines[i];
+  const std::string whole = joined(lines);
   for (const auto& name : kNames) {
     INFO(name);
     const Tokenizer tok = Tokenizer::load(kFixtures + name);
