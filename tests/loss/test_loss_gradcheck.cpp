@@ -5,19 +5,16 @@
 #include <kiln/autograd/gradcheck.hpp>
 #include <kiln/nn/loss.hpp>
 
+#include "autograd/helpers.hpp"
+
 using namespace kiln;
 using nn::Reduction;
 
 namespace {
 
-template <Backend B> Tensor<B> rn(const Shape& s, uint64_t seed) {
-  Generator g(seed);
-  return Tensor<B>::randn(s, DType::f64, &g);
-}
-template <Backend B> Tensor<B> ru(const Shape& s, uint64_t seed, double lo, double hi) {
-  Generator g(seed);
-  return Tensor<B>::uniform(s, lo, hi, DType::f64, &g);
-}
+// f64 random tensors of tests/autograd/helpers.hpp; ru keeps this file's (shape, seed, lo, hi) order.
+template <Backend B> Tensor<B> rn(const Shape& s, uint64_t seed) { return kiln::test::randn<B>(s, seed); }
+template <Backend B> Tensor<B> ru(const Shape& s, uint64_t seed, double lo, double hi) { return kiln::test::uniform<B>(s, lo, hi, seed); }
 
 template <Backend B>
 void check(const std::string& what, const std::function<Var<B>(const std::vector<Var<B>>&)>& f, const std::vector<Tensor<B>>& in) {
