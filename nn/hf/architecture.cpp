@@ -152,13 +152,14 @@ void ConfigReader::finish() const {
                path_, it.key(), it.value().dump(), d_.architecture());
 }
 
-std::vector<double> rope_inv_freq(ConfigReader& c, int64_t head_dim, double default_theta) {
+RopeSpec read_rope(ConfigReader& c, double default_theta) {
   // transformers 5.x: "rope_parameters": {"rope_type": ..., "rope_theta": ..., scaling fields}
   // transformers 4.x: "rope_theta" and "rope_scaling": {"rope_type" (or "type"): ..., scaling fields}
   const nlohmann::json* params = c.raw("rope_parameters");
   const nlohmann::json* scaling = c.raw("rope_scaling");
   const bool top_theta = c.raw("rope_theta") != nullptr;
-  double theta = top_theta ? c.number("rope_theta") : default_theta;
+  RopeSpec r;
+  r.theta = top_theta ? c.number("rope_theta") : default_theta;
   std::string field = "rope_scaling";
   const nlohmann::json* p = scaling;
   if (params) {
@@ -168,7 +169,6 @@ std::vector<double> rope_inv_freq(ConfigReader& c, int64_t head_dim, double defa
     p = params;
     field = "rope_parameters";
   }
-  std::string type = "default";
   std::map<std::string, double> num;
   if (p) {
     KILN_CHECK(p->is_object(), "{}: field '{}' must be an object or null, got {}", c.path(), field, p->dump());
@@ -176,7 +176,7 @@ std::vector<double> rope_inv_freq(ConfigReader& c, int64_t head_dim, double defa
       const std::string& k = it.key();
       if (k == "rope_type" || k == "type") {
         KILN_CHECK(it->is_string(), "{}: '{}.{}' must be a string, got {}", c.path(), field, k, it->dump());
-        type = it->get<std::string>();
+        r.type = it->get<std::string>();
       } else if (it->is_null()) {
         continue;
       } else {
@@ -193,27 +193,40 @@ std::vector<double> rope_inv_freq(ConfigReader& c, int64_t head_dim, double defa
                c.path());
     KILN_CHECK(!top_theta || c.number("rope_theta") == num["rope_theta"],
                "{}: 'rope_theta' ({}) and 'rope_parameters.rope_theta' ({}) disagree", c.path(), c.number("rope_theta"), num["rope_theta"]);
-    theta = num["rope_theta"];
+    r.theta = num["rope_theta"];
     num.erase("rope_theta");
   }
-  KILN_CHECK(theta > 0, "{}: rope_theta must be positive, got {}", c.path(), theta);
+  KILN_CHECK(r.theta > 0, "{}: rope_theta must be positive, got {}", c.path(), r.theta);
   auto take = [&](const char* k) {
     const auto it = num.find(k);
-    KILN_CHECK(it != num.end(), "{}: '{}' of rope type \"{}\" needs '{}'", c.path(), field, type, k);
+    KILN_CHECK(it != num.end(), "{}: '{}' of rope type \"{}\" needs '{}'", c.path(), field, r.type, k);
     const double v = it->second;
     num.erase(it);
     return v;
   };
+  if (r.type == "default") {
+  } else if (r.type == "linear") {
+    r.factor = take("factor");
+  } else if (r.type == "llama3") {
+    r.factor = take("factor");
+    r.low_freq_factor = take("low_freq_factor");
+    r.high_freq_factor = take("high_freq_factor");
+    r.original_max_position_embeddings = take("original_max_position_embeddings");
+  } else {
+    c.unsupported(field, fmt::format("rope type \"{}\" is not implemented (kiln has default, linear, llama3)", r.type));
+  }
+  if (!num.empty()) c.unsupported(field, fmt::format("'{}' does not apply to rope type \"{}\"", num.begin()->first, r.type));
+  return r;
+}
+
+std::vector<double> rope_inv_freq(const RopeSpec& r, int64_t head_dim) {
   std::vector<double> inv(static_cast<size_t>(head_dim / 2));
   for (int64_t k = 0; k < head_dim / 2; ++k)  // transformers computes these in f32
-    inv[static_cast<size_t>(k)] = static_cast<float>(1.0 / std::pow(theta, static_cast<double>(2 * k) / static_cast<double>(head_dim)));
-  if (type == "default") {
-  } else if (type == "linear") {
-    const double factor = take("factor");
-    for (double& f : inv) f = static_cast<float>(f / factor);
-  } else if (type == "llama3") {
-    const double factor = take("factor"), lo = take("low_freq_factor"), hi = take("high_freq_factor");
-    const double old_ctx = take("original_max_position_embeddings");
+    inv[static_cast<size_t>(k)] = static_cast<float>(1.0 / std::pow(r.theta, static_cast<double>(2 * k) / static_cast<double>(head_dim)));
+  if (r.type == "linear") {
+    for (double& f : inv) f = static_cast<float>(f / r.factor);
+  } else if (r.type == "llama3") {
+    const double factor = r.factor, lo = r.low_freq_factor, hi = r.high_freq_factor, old_ctx = r.original_max_position_embeddings;
     const double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
     for (double& f : inv) {
       const double wavelen = 2 * M_PI / f;
@@ -226,10 +239,26 @@ std::vector<double> rope_inv_freq(ConfigReader& c, int64_t head_dim, double defa
       f = static_cast<float>(f);
     }
   } else {
-    c.unsupported(field, fmt::format("rope type \"{}\" is not implemented (kiln has default, linear, llama3)", type));
+    KILN_CHECK(r.type == "default", "hf: rope type \"{}\" is not implemented (kiln has default, linear, llama3)", r.type);
   }
-  if (!num.empty()) c.unsupported(field, fmt::format("'{}' does not apply to rope type \"{}\"", num.begin()->first, type));
   return inv;
+}
+
+void write_rope(const RopeSpec& r, nlohmann::json& config) {
+  config["rope_theta"] = r.theta;
+  if (r.type == "default") {
+    config["rope_scaling"] = nullptr;
+  } else if (r.type == "linear") {
+    config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", r.factor}};
+  } else {
+    KILN_CHECK(r.original_max_position_embeddings == std::floor(r.original_max_position_embeddings),
+               "hf: rope original_max_position_embeddings {} is not a whole number of positions", r.original_max_position_embeddings);
+    config["rope_scaling"] = {{"rope_type", r.type},
+                              {"factor", r.factor},
+                              {"low_freq_factor", r.low_freq_factor},
+                              {"high_freq_factor", r.high_freq_factor},
+                              {"original_max_position_embeddings", static_cast<int64_t>(r.original_max_position_embeddings)}};
+  }
 }
 
 }  // namespace detail

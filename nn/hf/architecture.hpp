@@ -35,11 +35,16 @@ struct Architecture {
   std::string name;  // config.json "architectures"[0]
   // config.json (and the directory) -> the decoder; throws naming the field on anything unsupported.
   std::function<Spec(const ModelDir&)> spec;
-  // kiln parameter name -> its source (every parameter of CausalLM(spec), nothing more).
-  std::function<std::map<std::string, TensorSource>(const Spec&, const ModelDir&)> tensors;
+  // kiln parameter name -> its source (every parameter of CausalLM(spec), nothing more). The
+  // directory is null when exporting (nn/hf/export.hpp reads the same table backwards): then the
+  // names transformers' save_pretrained writes.
+  std::function<std::map<std::string, TensorSource>(const Spec&, const ModelDir*)> tensors;
   // Checkpoint tensors that are no weights (buffers some exports carry: GPT-2's attn.bias causal
   // mask, rotary_emb.inv_freq), matched as name suffixes; they are skipped.
   std::vector<std::string> ignored_suffixes;
+  // The export's config.json: the fields that make spec() read back this Spec ("architectures",
+  // "model_type", the sizes, norm, activation, RoPE, tying, biases). nn/hf/export.cpp adds the rest.
+  std::function<nlohmann::json(const Spec&)> config;
 };
 
 const Architecture* find_architecture(const std::string& name);
@@ -71,10 +76,14 @@ class ConfigReader {
   std::set<std::string> read_;
 };
 
-// RoPE frequencies of a Llama-family config, both spellings: transformers 4.x ("rope_theta" and
-// "rope_scaling" at the top level) and 5.x ("rope_parameters": {"rope_type", "rope_theta", ...}).
-// rope types: "default", "linear", "llama3"; anything else is an error naming the field.
-std::vector<double> rope_inv_freq(ConfigReader& c, int64_t head_dim, double default_theta);
+// RoPE of a Llama-family config, both spellings: transformers 4.x ("rope_theta" and "rope_scaling" at
+// the top level) and 5.x ("rope_parameters": {"rope_type", "rope_theta", ...}). rope types:
+// "default", "linear", "llama3"; anything else is an error naming the field.
+RopeSpec read_rope(ConfigReader& c, double default_theta);
+// The angular frequencies [head_dim/2] of a RoPE spec, as transformers computes them (in f32).
+std::vector<double> rope_inv_freq(const RopeSpec& r, int64_t head_dim);
+// The transformers 4.x spelling of a RoPE spec: config["rope_theta"] and config["rope_scaling"].
+void write_rope(const RopeSpec& r, nlohmann::json& config);
 
 Architecture gpt2_architecture();
 Architecture llama_architecture(const std::string& name);  // LlamaForCausalLM, MistralForCausalLM

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/record.hpp"
@@ -235,8 +236,10 @@ template <Backend B> std::shared_ptr<CausalLM<B>> load_causal_lm(const ModelDir&
   const Architecture* a = find_architecture(d.architecture());
   KILN_CHECK(a != nullptr, "{}: architecture '{}' is not supported (kiln reads: {})", d.config_path(), d.architecture(),
              fmt::join(architectures(), ", "));
-  const Spec s = a->spec(d);
-  const std::map<std::string, TensorSource> table = a->tensors(s, d);
+  Spec s = a->spec(d);
+  s.source_config = std::make_shared<const nlohmann::json>(d.config());
+  if (d.generation_config()) s.source_generation_config = std::make_shared<const nlohmann::json>(*d.generation_config());
+  const std::map<std::string, TensorSource> table = a->tensors(s, &d);
   NoGrad no_grad;
   auto model = std::make_shared<CausalLM<B>>(s, o);
   const std::string where = d.sharded() ? d.dir() + "/model.safetensors.index.json" : d.dir() + "/model.safetensors";

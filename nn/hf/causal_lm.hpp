@@ -38,6 +38,14 @@ enum class NormKind { rms, layer };
 enum class MlpKind { swiglu, fc };  // swiglu: down(silu(gate(x)) * up(x));  fc: proj(act(fc(x)))
 enum class Act { gelu_tanh, gelu, relu, silu };
 
+// RoPE as a config spells it (nn/hf/architecture.hpp: read_rope, write_rope).
+struct RopeSpec {
+  std::string type = "default";  // "default", "linear", "llama3"
+  double theta = 10000.0;
+  double factor = 0;                                                                // linear, llama3
+  double low_freq_factor = 0, high_freq_factor = 0, original_max_position_embeddings = 0;  // llama3
+};
+
 // What a decoder is made of: the architecture tables fill it from config.json.
 struct Spec {
   std::string architecture;  // "LlamaForCausalLM", ...
@@ -50,7 +58,11 @@ struct Spec {
   bool qkv_bias = false, o_bias = false, mlp_bias = false;
   bool learned_positions = false;  // GPT-2's wpe; otherwise RoPE
   std::vector<double> inv_freq;    // RoPE: [head_dim/2] angular frequencies (theta and scaling applied)
+  RopeSpec rope;                   // RoPE: what inv_freq was computed from
   bool tie_embeddings = false;     // lm_head is the embedding matrix
+  // The config.json and generation_config.json of the directory the model was read from (null for a
+  // Spec made in code): hf::save_pretrained (nn/hf/export.hpp) writes their other fields back.
+  std::shared_ptr<const nlohmann::json> source_config, source_generation_config;
 };
 
 struct LoadOptions {

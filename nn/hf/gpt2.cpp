@@ -52,9 +52,9 @@ Spec gpt2_spec(const ModelDir& d) {
   return s;
 }
 
-std::map<std::string, TensorSource> gpt2_tensors(const Spec& s, const ModelDir& d) {
+std::map<std::string, TensorSource> gpt2_tensors(const Spec& s, const ModelDir* d) {
   // save_pretrained of GPT2LMHeadModel prefixes "transformer."; the original OpenAI export does not.
-  const std::string p = d.contains("wte.weight") && !d.contains("transformer.wte.weight") ? "" : "transformer.";
+  const std::string p = d && d->contains("wte.weight") && !d->contains("transformer.wte.weight") ? "" : "transformer.";
   const int64_t D = s.hidden, I = s.intermediate;
   using Op = TensorSource::Op;
   std::map<std::string, TensorSource> t;
@@ -84,8 +84,45 @@ std::map<std::string, TensorSource> gpt2_tensors(const Spec& s, const ModelDir& 
   return t;
 }
 
+nlohmann::json gpt2_config(const Spec& s) {
+  KILN_CHECK(s.norm == NormKind::layer && s.mlp == MlpKind::fc && s.learned_positions && s.heads == s.kv_heads &&
+                 s.head_dim * s.heads == s.hidden && s.qkv_bias && s.o_bias && s.mlp_bias,
+             "hf::save_pretrained: this decoder is not GPT2LMHeadModel's shape (LayerNorm, fc MLP, learned positions, MHA, biases)");
+  nlohmann::json j;
+  j["architectures"] = {s.architecture};
+  j["model_type"] = "gpt2";
+  j["vocab_size"] = s.vocab;
+  j["n_positions"] = s.max_positions;
+  j["n_embd"] = s.hidden;
+  j["n_layer"] = s.layers;
+  j["n_head"] = s.heads;
+  j["n_inner"] = s.intermediate;
+  j["layer_norm_epsilon"] = s.norm_eps;
+  const char* act = "gelu_new";
+  switch (s.act) {
+    case Act::gelu_tanh:
+      break;
+    case Act::gelu:
+      act = "gelu";
+      break;
+    case Act::relu:
+      act = "relu";
+      break;
+    case Act::silu:
+      act = "silu";
+      break;
+  }
+  j["activation_function"] = act;
+  j["tie_word_embeddings"] = s.tie_embeddings;
+  j["scale_attn_weights"] = true;
+  j["scale_attn_by_inverse_layer_idx"] = false;
+  return j;
+}
+
 }  // namespace
 
-Architecture gpt2_architecture() { return {"GPT2LMHeadModel", gpt2_spec, gpt2_tensors, {".attn.bias", ".attn.masked_bias"}}; }
+Architecture gpt2_architecture() {
+  return {"GPT2LMHeadModel", gpt2_spec, gpt2_tensors, {".attn.bias", ".attn.masked_bias"}, gpt2_config};
+}
 
 }  // namespace kiln::hf::detail

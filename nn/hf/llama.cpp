@@ -33,7 +33,8 @@ Spec llama_family_spec(ConfigReader& c, const ModelDir& d) {
   if (act != "silu" && act != "swish") c.unsupported("hidden_act", "kiln's gated MLP is SwiGLU (silu)");
   s.act = Act::silu;
   s.tie_embeddings = c.boolean("tie_word_embeddings", false);
-  s.inv_freq = rope_inv_freq(c, s.head_dim, 10000.0);
+  s.rope = read_rope(c, 10000.0);
+  s.inv_freq = rope_inv_freq(s.rope, s.head_dim);
   if (const auto* v = c.raw("partial_rotary_factor"))
     if (!(v->is_number() && v->get<double>() == 1.0)) c.unsupported("partial_rotary_factor", "partial RoPE is not implemented");
   // transformers 4.5x+/5: a type per layer; only full attention is implemented.
@@ -46,7 +47,7 @@ Spec llama_family_spec(ConfigReader& c, const ModelDir& d) {
   return s;
 }
 
-std::map<std::string, TensorSource> llama_family_tensors(const Spec& s, const ModelDir&) {
+std::map<std::string, TensorSource> llama_family_tensors(const Spec& s, const ModelDir*) {
   const int64_t D = s.hidden, I = s.intermediate, H = s.heads, Hkv = s.kv_heads, hd = s.head_dim;
   using Op = TensorSource::Op;
   std::map<std::string, TensorSource> t;
@@ -77,6 +78,26 @@ std::map<std::string, TensorSource> llama_family_tensors(const Spec& s, const Mo
   return t;
 }
 
+// The fields llama_family_spec reads, from a Spec (the export's config.json).
+nlohmann::json llama_family_config(const Spec& s, const char* model_type) {
+  nlohmann::json j;
+  j["architectures"] = {s.architecture};
+  j["model_type"] = model_type;
+  j["vocab_size"] = s.vocab;
+  j["hidden_size"] = s.hidden;
+  j["intermediate_size"] = s.intermediate;
+  j["num_hidden_layers"] = s.layers;
+  j["num_attention_heads"] = s.heads;
+  j["num_key_value_heads"] = s.kv_heads;
+  j["head_dim"] = s.head_dim;
+  j["max_position_embeddings"] = s.max_positions;
+  j["rms_norm_eps"] = s.norm_eps;
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = s.tie_embeddings;
+  write_rope(s.rope, j);
+  return j;
+}
+
 namespace {
 
 Spec llama_spec(const ModelDir& d) {
@@ -99,8 +120,24 @@ Spec llama_spec(const ModelDir& d) {
   return s;
 }
 
+nlohmann::json llama_config(const Spec& s) {
+  const bool mistral = s.architecture == "MistralForCausalLM";
+  nlohmann::json j = llama_family_config(s, mistral ? "mistral" : "llama");
+  if (mistral) {
+    KILN_CHECK(!s.qkv_bias && !s.o_bias && !s.mlp_bias, "hf::save_pretrained: MistralForCausalLM has no biases");
+    j["sliding_window"] = nullptr;  // full attention (transformers' default would be a window of 4096)
+  } else {
+    KILN_CHECK(s.qkv_bias == s.o_bias, "hf::save_pretrained: LlamaForCausalLM has biases on all of q, k, v, o or on none of them");
+    j["attention_bias"] = s.qkv_bias;
+    j["mlp_bias"] = s.mlp_bias;
+  }
+  return j;
+}
+
 }  // namespace
 
-Architecture llama_architecture(const std::string& name) { return {name, llama_spec, llama_family_tensors, {"rotary_emb.inv_freq"}}; }
+Architecture llama_architecture(const std::string& name) {
+  return {name, llama_spec, llama_family_tensors, {"rotary_emb.inv_freq"}, llama_config};
+}
 
 }  // namespace kiln::hf::detail

@@ -9,7 +9,8 @@
 namespace kiln::hf::detail {
 
 Spec llama_family_spec(ConfigReader& c, const ModelDir& d);
-std::map<std::string, TensorSource> llama_family_tensors(const Spec& s, const ModelDir& d);
+std::map<std::string, TensorSource> llama_family_tensors(const Spec& s, const ModelDir* d);
+nlohmann::json llama_family_config(const Spec& s, const char* model_type);
 
 namespace {
 
@@ -29,8 +30,17 @@ Spec qwen2_spec(const ModelDir& d) {
   return s;
 }
 
+nlohmann::json qwen2_config(const Spec& s) {
+  KILN_CHECK(s.qkv_bias && !s.o_bias && !s.mlp_bias, "hf::save_pretrained: Qwen2ForCausalLM has biases on q, k and v only");
+  nlohmann::json j = llama_family_config(s, "qwen2");
+  j["use_sliding_window"] = false;
+  return j;
+}
+
 }  // namespace
 
-Architecture qwen2_architecture() { return {"Qwen2ForCausalLM", qwen2_spec, llama_family_tensors, {"rotary_emb.inv_freq"}}; }
+Architecture qwen2_architecture() {
+  return {"Qwen2ForCausalLM", qwen2_spec, llama_family_tensors, {"rotary_emb.inv_freq"}, qwen2_config};
+}
 
 }  // namespace kiln::hf::detail

@@ -25,6 +25,7 @@
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/nn/generate.hpp"
 #include "kiln/nn/hf/causal_lm.hpp"
+#include "kiln/nn/hf/export.hpp"
 #include "kiln/dist/process_group.hpp"
 #include "kiln/text/tokenizer.hpp"
 #include "kiln/train/data.hpp"
@@ -136,6 +137,7 @@ commands:
   sample     generate text from a checkpoint (KV cache, temperature, top-k)
   generate   generate from a Hugging Face model directory or a kiln checkpoint (ids or text)
   eval       mean cross-entropy of a checkpoint on a token file
+  export     write a Hugging Face model directory (transformers loads it) from a checkpoint or model dir
   tokenize   turn a text file into a token file (bytes, characters with --chars, or a model's own
              tokenizer with --tokenizer: tokenizer.json / tokenizer.model); --print-ids prints the ids
   inspect    list the tensors and metadata of a safetensors file or checkpoint
@@ -468,6 +470,65 @@ int cmd_generate(int argc, char** argv) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------- kiln export
+// A Hugging Face model directory from a kiln checkpoint of the Llama shape (LlamaForCausalLM) or from a
+// Hugging Face directory read by load_causal_lm (written back: identical tensors). nn/hf/export.hpp.
+int cmd_export(int argc, char** argv) {
+  Args a("export", "kiln export CHECKPOINT_OR_MODEL_DIR --format hf --out DIR [flags]\n\n"
+         "Writes a Hugging Face model directory (config.json, generation_config.json, model.safetensors or shards with\n"
+         "model.safetensors.index.json) that transformers' from_pretrained loads. The input is a kiln checkpoint (a file, or a\n"
+         "directory holding checkpoint.safetensors) of the Llama shape, or a Hugging Face model directory.",
+         {{"format", "the output format: hf (the one there is; the default)"},
+          {"out", "the directory to write (required); an existing non-empty one needs --force"},
+          {"dtype", "stored dtype: f32 (default), bf16, f16"},
+          {"tokenizer", "copy the tokenizer files of this directory (default: the input model directory's, if it has any)"},
+          {"max-shard-size", "shard above this many bytes per file: 2GB, 500MB, 1GiB, ... (default 5GB, as transformers)"},
+          {"bos-id", "bos_token_id for config.json and generation_config.json (a kiln checkpoint has none)"},
+          {"eos-id", "eos_token_id for config.json and generation_config.json (a kiln checkpoint has none)"},
+          {"model", "model config JSON (a plain kiln weights file)"},
+          {"force", "replace an existing non-empty --out", true}});
+  if (argc >= 3 && std::string(argv[2]) == "--help") a.parse(argc, argv, 2);
+  KILN_CHECK(argc >= 3 && std::string(argv[2]).rfind("--", 0) != 0,
+             "kiln export: the checkpoint or model directory comes first (kiln export CHECKPOINT --format hf --out DIR; see kiln export --help)");
+  std::string path = argv[2];
+  a.parse(argc, argv, 3);
+  KILN_CHECK(a.str("format", "hf") == "hf", "kiln export: --format '{}' is not one kiln writes (valid: hf)", a.str("format"));
+  const std::string out = a.required("out");
+  hf::ExportOptions o;
+  o.dtype = parse_dtype(a.str("dtype", "f32"));
+  o.overwrite = a.has("force");
+  if (a.has("max-shard-size")) o.max_shard_bytes = hf::parse_byte_size(a.str("max-shard-size"));
+  if (a.has("bos-id")) o.bos_token_id = a.integer("bos-id", 0);
+  if (a.has("eos-id")) o.eos_token_id = a.integer("eos-id", 0);
+  o.tokenizer_from = a.str("tokenizer");
+  const bool hf_in = hf::is_model_dir(path);
+  if (hf_in) {
+    KILN_CHECK(!a.has("model"), "kiln export: --model is for a plain kiln weights file, not a Hugging Face directory ({})", path);
+    if (!a.has("tokenizer"))
+      for (const char* f : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json"})
+        if (::access((path + "/" + f).c_str(), R_OK) == 0) o.tokenizer_from = path;
+    auto model = hf::load_causal_lm<Cpu>(path);
+    fmt::print(stderr, "kiln export: Hugging Face model directory {} ({})\n", path, model->spec().architecture);
+    hf::save_pretrained(*model, out, o);
+  } else {
+    if (is_directory(path)) {
+      KILN_CHECK(::access((path + "/checkpoint.safetensors").c_str(), R_OK) == 0,
+                 "kiln export: {} is neither a Hugging Face model directory (no config.json) nor holds a kiln checkpoint "
+                 "(checkpoint.safetensors)", path);
+      path += "/checkpoint.safetensors";
+    }
+    auto model = load_gpt<Cpu>(path, a.str("model"));
+    fmt::print(stderr, "kiln export: kiln checkpoint {} (GPT, {} layers, d_model {}) as LlamaForCausalLM\n", path, model->config().n_layers,
+               model->config().d_model);
+    hf::save_pretrained(*model, out, o);
+  }
+  const hf::ModelDir d = hf::ModelDir::open(out);
+  fmt::print("kiln export: wrote {}: {}, {} tensors, {} bytes of weights ({}, {}){}\n", out, d.architecture(), d.tensor_names().size(),
+             d.weight_bytes(), o.dtype, d.sharded() ? fmt::format("{} shards", d.files().size()) : "model.safetensors",
+             o.tokenizer_from.empty() ? "" : ", tokenizer from " + o.tokenizer_from);
+  return 0;
+}
+
 int cmd_eval(int argc, char** argv) {
   Args a("eval", "kiln eval --checkpoint ckpt.safetensors --data tokens.safetensors [flags]",
          {{"checkpoint", "checkpoint or weights file (required)"},
@@ -641,10 +702,11 @@ int main(int argc, char** argv) {
     if (cmd == "sample") return cmd_sample(argc, argv);
     if (cmd == "generate") return cmd_generate(argc, argv);
     if (cmd == "eval") return cmd_eval(argc, argv);
+    if (cmd == "export") return cmd_export(argc, argv);
     if (cmd == "tokenize") return cmd_tokenize(argc, argv);
     if (cmd == "inspect") return cmd_inspect(argc, argv);
     if (cmd == "plot") return cmd_plot(argc, argv);
-    fmt::print(stderr, "kiln: unknown command '{}' (valid: train, sample, generate, eval, tokenize, inspect, plot)\n", cmd);
+    fmt::print(stderr, "kiln: unknown command '{}' (valid: train, sample, generate, eval, export, tokenize, inspect, plot)\n", cmd);
     return 2;
   } catch (const Error& e) {
     // In a job of several ranks, say which one (each rank reports its own errors).
