@@ -43,10 +43,10 @@ struct ExportOptions {
   int64_t max_shard_bytes = 5'000'000'000;
   // A directory whose tokenizer files (tokenizer.json, tokenizer_config.json, special_tokens_map.json,
   // tokenizer.model, vocab.json, merges.txt, added_tokens.json) are copied; it must hold at least one.
-  std::string tokenizer_from;
+  std::string tokenizer_from = {};
   bool overwrite = false;  // replace an existing non-empty DIR
   // config.json / generation_config.json token ids for a model with no source config (kiln-native).
-  std::optional<int64_t> bos_token_id, eos_token_id;
+  std::optional<int64_t> bos_token_id = {}, eos_token_id = {};
 };
 
 // An imported model (or a CausalLM built from a Spec) as the Hugging Face architecture of its Spec.
