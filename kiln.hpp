@@ -17,6 +17,7 @@
 #include "kiln/nn/generate.hpp"  // nn::generate: greedy, sampling, KV cache (GPT and Hugging Face models)
 #include "kiln/nn/gpt.hpp"
 #include "kiln/nn/hf/causal_lm.hpp"  // hf::load_causal_lm: GPT-2, Llama, Mistral, Qwen2 directories
+#include "kiln/nn/hf/export.hpp"     // hf::save_pretrained: back to a Hugging Face directory
 #include "kiln/nn/init.hpp"
 #include "kiln/nn/layers.hpp"
 #include "kiln/nn/linear.hpp"

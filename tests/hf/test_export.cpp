@@ -377,6 +377,27 @@ TEST_CASE("cli: kiln export writes a Hugging Face directory from a kiln weights 
   CHECK(hf_out.find("shards") != std::string::npos);
   CHECK(fs::exists(tmp.path / "hf/model.safetensors.index.json"));
   require_identical_tensors(kFixtures + "llama3_bf16", tmp / "hf");
+  // A directory holding checkpoint.safetensors is read as kiln generate reads it.
+  fs::create_directories(tmp.path / "ckpt");
+  fs::copy_file(tmp / "w.safetensors", tmp / "ckpt/checkpoint.safetensors");
+  const std::string from_dir = run(fmt::format("{} export {} --model {} --out {} 2>&1", KILN_CLI, tmp / "ckpt", tmp / "m.json", tmp / "hf2"));
+  INFO(from_dir);
+  CHECK(from_dir.rfind("status 0", 0) == 0);
+  CHECK(rel_err(logits_of(*hf::load_causal_lm<Cpu>(tmp / "hf2"), kPrompt), logits_of(*gpt, kPrompt)) < 1e-5);
+  fs::remove_all(tmp.path / "ckpt");
+  fs::remove_all(tmp.path / "hf2");
+  // A Hugging Face directory with a tokenizer: its files come along unless --tokenizer says otherwise.
+  fs::copy(kFixtures + "gpt2", tmp.path / "gpt2_tok");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(std::string(KILN_SOURCE_DIR) + "/tests/text/fixtures/gpt2/" + f, tmp.path / "gpt2_tok" / f);
+  const std::string tok = run(fmt::format("{} export {} --out {} 2>&1", KILN_CLI, tmp / "gpt2_tok", tmp / "gpt2_out"));
+  INFO(tok);
+  CHECK(tok.find("tokenizer from") != std::string::npos);
+  CHECK(fs::exists(tmp.path / "gpt2_out/tokenizer.json"));
+  CHECK(fs::exists(tmp.path / "gpt2_out/tokenizer_config.json"));
+  require_identical_tensors(kFixtures + "gpt2", tmp / "gpt2_out");
+  fs::remove_all(tmp.path / "gpt2_tok");
+  fs::remove_all(tmp.path / "gpt2_out");
   // Errors: a model with no Hugging Face architecture, an unknown format, a bad size.
   std::ofstream(tmp / "diff.json") << R"({"vocab_size": 96, "d_model": 32, "n_layers": 1, "n_heads": 2, "attention": "diff"})";
   const auto diff = std::make_shared<nn::GPT<Cpu>>(ModelConfig::load(tmp / "diff.json"));
