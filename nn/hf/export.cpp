@@ -22,8 +22,9 @@ namespace fs = std::filesystem;
 namespace {
 
 // The files a Hugging Face tokenizer may consist of (transformers' tokenizer save_pretrained).
-const char* const kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                                       "vocab.json",     "merges.txt",            "added_tokens.json"};
+const char* const kTokenizerFiles[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
+    "merges.txt",     "added_tokens.json"};
 
 const char* torch_dtype_name(DType d) {
   switch (d) {
@@ -125,8 +126,8 @@ std::vector<std::pair<std::string, Tensor<B>>> checkpoint_tensors(const Architec
     auto& ps = parts[ck];
     std::sort(ps.begin(), ps.end(), [](const auto& x, const auto& y) { return x.first->part < y.first->part; });
     const TensorSource& src = *ps[0].first;
-    KILN_CHECK(static_cast<int64_t>(ps.size()) == src.parts, "hf::save_pretrained({}): '{}' needs {} parts, the model has {}", s.architecture,
-               ck, src.parts, ps.size());
+    KILN_CHECK(static_cast<int64_t>(ps.size()) == src.parts, "hf::save_pretrained({}): '{}' needs {} parts, the model has {}",
+               s.architecture, ck, src.parts, ps.size());
     std::vector<Tensor<B>> rows;
     for (auto& [part, t] : ps) {
       Tensor<B> r = t;
@@ -181,9 +182,8 @@ void copy_tokenizer(const std::string& from, const std::string& to) {
 }
 
 // Writes the directory under a temporary name, reads it back, then renames it into place.
-template <Backend B>
-void write_model_dir_unchecked(const Spec& s, const std::vector<std::pair<std::string, Tensor<B>>>& params, const std::string& dir_in,
-                     const ExportOptions& o) {
+template <Backend B> void write_model_dir_unchecked(const Spec& s, const std::vector<std::pair<std::string, Tensor<B>>>& params,
+                                                    const std::string& dir_in, const ExportOptions& o) {
   torch_dtype_name(o.dtype);  // checks the dtype
   KILN_CHECK(o.max_shard_bytes >= 0, "hf::save_pretrained: max_shard_bytes must be >= 0 (0: one file), got {}", o.max_shard_bytes);
   const Architecture* a = find_architecture(s.architecture);
@@ -259,9 +259,8 @@ void write_model_dir_unchecked(const Spec& s, const std::vector<std::pair<std::s
 }
 
 // The same, with the file system's own errors (no space, no permission) as kiln::Errors naming DIR.
-template <Backend B>
-void write_model_dir(const Spec& s, const std::vector<std::pair<std::string, Tensor<B>>>& params, const std::string& dir,
-                     const ExportOptions& o) {
+template <Backend B> void write_model_dir(const Spec& s, const std::vector<std::pair<std::string, Tensor<B>>>& params,
+                                          const std::string& dir, const ExportOptions& o) {
   try {
     write_model_dir_unchecked<B>(s, params, dir, o);
   } catch (const fs::filesystem_error& e) {
@@ -275,7 +274,8 @@ Spec llama_spec_of(const ModelConfig& config) {
   const ModelConfig c = config.resolved();
   std::vector<std::string> none;
   if (c.attention == "diff")
-    none.push_back("attention \"diff\" (differential attention: two softmax maps subtracted and a per-head norm; no transformers model has it)");
+    none.push_back(
+        "attention \"diff\" (differential attention: two softmax maps subtracted and a per-head norm; no transformers model has it)");
   if (c.residual != "standard")
     none.push_back(fmt::format(
         "residual \"{}\" (attention residuals: each sublayer reads a depth attention over earlier outputs; no transformers model has it)",
@@ -319,8 +319,8 @@ int64_t parse_byte_size(const std::string& text) {
                                                        {"MIB", int64_t{1} << 20},
                                                        {"GIB", int64_t{1} << 30}};
   const auto u = units.find(unit);
-  KILN_CHECK(i > 0 && i <= 15 && u != units.end(), "max shard size '{}': expected a number of bytes with an optional unit (KB, MB, GB, KiB, MiB, GiB)",
-             text);
+  KILN_CHECK(i > 0 && i <= 15 && u != units.end(),
+             "max shard size '{}': expected a number of bytes with an optional unit (KB, MB, GB, KiB, MiB, GiB)", text);
   return std::stoll(text.substr(0, i)) * u->second;
 }
 
@@ -344,7 +344,7 @@ template <Backend B> void save_pretrained(const nn::GPT<B>& model, const std::st
   write_model_dir<B>(s, params, dir, o);
 }
 
-#define KILN_INST(B)                                                                               \
+#define KILN_INST(B)                                                                              \
   template void save_pretrained<B>(const CausalLM<B>&, const std::string&, const ExportOptions&); \
   template void save_pretrained<B>(const nn::GPT<B>&, const std::string&, const ExportOptions&);
 KILN_FOR_EACH_BACKEND(KILN_INST)

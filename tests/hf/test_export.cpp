@@ -366,9 +366,8 @@ TEST_CASE("cli: kiln export writes a Hugging Face directory from a kiln weights 
   for (const auto& [n, p] : gpt->named_parameters()) w.push_back({n, p.value()});
   safetensors::save<Cpu>(tmp / "w.safetensors", w);
   std::ofstream(tmp / "m.json") << gpt->config().to_json().dump();
-  const std::string out =
-      run(fmt::format("{} export {} --model {} --format hf --out {} --eos-id 2 2>&1", KILN_CLI, tmp / "w.safetensors", tmp / "m.json",
-                      tmp / "hf"));
+  const std::string out = run(fmt::format("{} export {} --model {} --format hf --out {} --eos-id 2 2>&1", KILN_CLI, tmp / "w.safetensors",
+                                          tmp / "m.json", tmp / "hf"));
   INFO(out);
   CHECK(out.rfind("status 0", 0) == 0);
   CHECK(out.find("LlamaForCausalLM") != std::string::npos);
@@ -380,8 +379,8 @@ TEST_CASE("cli: kiln export writes a Hugging Face directory from a kiln weights 
   CHECK(again.rfind("status 1", 0) == 0);
   CHECK(again.find("--force") != std::string::npos);
   // A Hugging Face directory, bf16 and sharded; --force replaces.
-  const std::string hf_out = run(fmt::format("{} export {}llama3_bf16 --out {} --dtype bf16 --max-shard-size 20KB --force 2>&1", KILN_CLI,
-                                             kFixtures, tmp / "hf"));
+  const std::string hf_out =
+      run(fmt::format("{} export {}llama3_bf16 --out {} --dtype bf16 --max-shard-size 20KB --force 2>&1", KILN_CLI, kFixtures, tmp / "hf"));
   INFO(hf_out);
   CHECK(hf_out.rfind("status 0", 0) == 0);
   CHECK(hf_out.find("shards") != std::string::npos);
@@ -390,7 +389,8 @@ TEST_CASE("cli: kiln export writes a Hugging Face directory from a kiln weights 
   // A directory holding checkpoint.safetensors is read as kiln generate reads it.
   fs::create_directories(tmp.path / "ckpt");
   fs::copy_file(tmp / "w.safetensors", tmp / "ckpt/checkpoint.safetensors");
-  const std::string from_dir = run(fmt::format("{} export {} --model {} --out {} 2>&1", KILN_CLI, tmp / "ckpt", tmp / "m.json", tmp / "hf2"));
+  const std::string from_dir =
+      run(fmt::format("{} export {} --model {} --out {} 2>&1", KILN_CLI, tmp / "ckpt", tmp / "m.json", tmp / "hf2"));
   INFO(from_dir);
   CHECK(from_dir.rfind("status 0", 0) == 0);
   CHECK(rel_err(logits_of(*hf::load_causal_lm<Cpu>(tmp / "hf2"), kPrompt), logits_of(*gpt, kPrompt)) < 1e-5);
