@@ -424,3 +424,16 @@ TEST_CASE("cli: kiln export writes a Hugging Face directory from a kiln weights 
         std::string::npos);
   CHECK(tmp.entries() == std::vector<std::string>{"diff.json", "diff.safetensors", "hf", "m.json", "w.safetensors"});
 }
+
+#if defined(KILN_HAVE_CUDA_BACKEND)
+TEST_CASE("export: on Cuda, imported models save back to identical tensors", "[hf][export][cuda]") {
+  for (const char* name : {"gpt2", "llama3_bf16", "qwen2"}) {
+    INFO(name);
+    Scratch tmp(std::string("cuda-") + name);
+    const std::string src = kFixtures + name;
+    const auto model = hf::load_causal_lm<Cuda>(src);
+    hf::save_pretrained(*model, tmp / "out", {.dtype = std::string(name) == "llama3_bf16" ? DType::bf16 : DType::f32});
+    require_identical_tensors(src, tmp / "out");
+  }
+}
+#endif
