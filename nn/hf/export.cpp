@@ -95,14 +95,18 @@ nlohmann::json make_generation_config(const Spec& s, const nlohmann::json& confi
   return g;
 }
 
-// The checkpoint tensors of a model: the architecture's table read backwards (the inverse of
-// causal_lm.cpp's transform: the parts of a fused tensor concatenated, rope rows back to rotate-half,
-// a Conv1D weight transposed back to [in, out]), in the order of the parameters, in the stored dtype.
-template <Backend B>
-std::vector<std::pair<std::string, Tensor<B>>> checkpoint_tensors(const Architecture& a, const Spec& s,
-                                                                  const std::vector<std::pair<std::string, Tensor<B>>>& params,
-                                                                  DType dtype) {
-  const std::map<std::string, TensorSource> table = a.tensors(s, nullptr);
+// One checkpoint tensor to write: the model's parameters it is made of (a fused tensor has several).
+template <Backend B> struct Planned {
+  std::string name;
+  const TensorSource* src = nullptr;
+  std::vector<std::pair<const TensorSource*, Tensor<B>>> parts;  // by part
+  int64_t bytes = 0;                                             // stored
+};
+
+// The checkpoint tensors of a model, in the order of the parameters: the architecture's table read
+// backwards. Nothing is computed yet (materialize does it, a shard at a time).
+template <Backend B> std::vector<Planned<B>> plan_tensors(const std::map<std::string, TensorSource>& table, const Spec& s,
+                                                          const std::vector<std::pair<std::string, Tensor<B>>>& params, DType dtype) {
   std::map<std::string, Tensor<B>> by_name;
   std::vector<std::string> order;  // checkpoint names, first use first
   for (const auto& [name, t] : params) {
@@ -121,51 +125,63 @@ std::vector<std::pair<std::string, Tensor<B>>> checkpoint_tensors(const Architec
     }
     parts[src.name].push_back({&src, p->second});
   }
-  std::vector<std::pair<std::string, Tensor<B>>> out;
+  std::vector<Planned<B>> out;
   for (const std::string& ck : order) {
-    auto& ps = parts[ck];
-    std::sort(ps.begin(), ps.end(), [](const auto& x, const auto& y) { return x.first->part < y.first->part; });
-    const TensorSource& src = *ps[0].first;
-    KILN_CHECK(static_cast<int64_t>(ps.size()) == src.parts, "hf::save_pretrained({}): '{}' needs {} parts, the model has {}",
-               s.architecture, ck, src.parts, ps.size());
-    std::vector<Tensor<B>> rows;
-    for (auto& [part, t] : ps) {
-      Tensor<B> r = t;
-      if (part->op == TensorSource::Op::rope_rows) {  // kiln's rows (2i, 2i+1) of each head back to (i, i + hd/2)
-        const int64_t H = part->heads, hd = r.size(0) / H;
-        if (r.dim() == 2)
-          r = r.reshape({H, hd / 2, 2, r.size(1)}).transpose(1, 2).reshape({H * hd, r.size(1)});
-        else
-          r = r.reshape({H, hd / 2, 2}).transpose(1, 2).reshape({H * hd});
-      }
-      rows.push_back(r);
-    }
-    Tensor<B> t = rows.size() == 1 ? rows[0] : Tensor<B>::cat(rows, 0);
-    if (src.op == TensorSource::Op::transpose) t = t.transpose(0, 1);
-    KILN_CHECK(t.shape() == src.shape, "hf::save_pretrained({}): '{}' comes out {}, the config makes it {}", s.architecture, ck,
-               shape_str(t.shape()), shape_str(src.shape));
-    out.push_back({ck, t.to(dtype).contiguous()});
+    Planned<B> t{ck, nullptr, std::move(parts[ck]), 0};
+    std::sort(t.parts.begin(), t.parts.end(), [](const auto& x, const auto& y) { return x.first->part < y.first->part; });
+    t.src = t.parts[0].first;
+    KILN_CHECK(static_cast<int64_t>(t.parts.size()) == t.src->parts, "hf::save_pretrained({}): '{}' needs {} parts, the model has {}",
+               s.architecture, ck, t.src->parts, t.parts.size());
+    t.bytes = numel(t.src->shape) * static_cast<int64_t>(dtype_size(dtype));
+    out.push_back(std::move(t));
   }
   return out;
 }
 
+// The inverse of causal_lm.cpp's transform: the parts of a fused tensor concatenated, rope rows back
+// to rotate-half, a Conv1D weight transposed back to [in, out]; in the stored dtype.
+template <Backend B> Tensor<B> materialize(const Planned<B>& p, const Spec& s, DType dtype) {
+  std::vector<Tensor<B>> rows;
+  for (const auto& [part, t] : p.parts) {
+    Tensor<B> r = t;
+    if (part->op == TensorSource::Op::rope_rows) {  // kiln's rows (2i, 2i+1) of each head back to (i, i + hd/2)
+      const int64_t H = part->heads, hd = r.size(0) / H;
+      if (r.dim() == 2)
+        r = r.reshape({H, hd / 2, 2, r.size(1)}).transpose(1, 2).reshape({H * hd, r.size(1)});
+      else
+        r = r.reshape({H, hd / 2, 2}).transpose(1, 2).reshape({H * hd});
+    }
+    rows.push_back(r);
+  }
+  Tensor<B> t = rows.size() == 1 ? rows[0] : Tensor<B>::cat(rows, 0);
+  if (p.src->op == TensorSource::Op::transpose) t = t.transpose(0, 1);
+  KILN_CHECK(t.shape() == p.src->shape, "hf::save_pretrained({}): '{}' comes out {}, the config makes it {}", s.architecture, p.name,
+             shape_str(t.shape()), shape_str(p.src->shape));
+  return t.to(dtype).contiguous();
+}
+
 // Files of at most max_bytes of weights each (a tensor larger than that alone in its file), in order,
 // as transformers' shard_checkpoint splits a state dict.
-template <Backend B>
-std::vector<std::vector<std::pair<std::string, Tensor<B>>>> shard(const std::vector<std::pair<std::string, Tensor<B>>>& ts,
-                                                                  int64_t max_bytes) {
-  std::vector<std::vector<std::pair<std::string, Tensor<B>>>> shards(1);
+template <Backend B> std::vector<std::vector<const Planned<B>*>> shard(const std::vector<Planned<B>>& ts, int64_t max_bytes) {
+  std::vector<std::vector<const Planned<B>*>> shards(1);
   int64_t size = 0;
-  for (const auto& nt : ts) {
-    const int64_t n = nt.second.numel() * static_cast<int64_t>(dtype_size(nt.second.dtype()));
-    if (max_bytes > 0 && !shards.back().empty() && size + n > max_bytes) {
+  for (const Planned<B>& t : ts) {
+    if (max_bytes > 0 && !shards.back().empty() && size + t.bytes > max_bytes) {
       shards.emplace_back();
       size = 0;
     }
-    shards.back().push_back(nt);
-    size += n;
+    shards.back().push_back(&t);
+    size += t.bytes;
   }
   return shards;
+}
+
+// Writes one file, computing its tensors only now: the export holds at most one shard's converted
+// copies besides the model.
+template <Backend B> void write_shard(const std::string& path, const std::vector<const Planned<B>*>& shard, const Spec& s, DType dtype) {
+  std::vector<std::pair<std::string, Tensor<B>>> ts;
+  for (const Planned<B>* p : shard) ts.push_back({p->name, materialize(*p, s, dtype)});
+  safetensors::save<B>(path, ts, {{"format", "pt"}});
 }
 
 void copy_tokenizer(const std::string& from, const std::string& to) {
@@ -202,7 +218,8 @@ template <Backend B> void write_model_dir_unchecked(const Spec& s, const std::ve
   fs::create_directories(parent);
 
   NoGrad no_grad;
-  const auto tensors = checkpoint_tensors<B>(*a, s, params, o.dtype);
+  const std::map<std::string, TensorSource> table = a->tensors(s, nullptr);
+  const std::vector<Planned<B>> tensors = plan_tensors<B>(table, s, params, o.dtype);
   const nlohmann::json config = make_config(*a, s, o);
   const nlohmann::json generation = make_generation_config(s, config, o);
 
@@ -211,18 +228,17 @@ template <Backend B> void write_model_dir_unchecked(const Spec& s, const std::ve
   fs::create_directory(tmp);
   try {
     const auto shards = shard<B>(tensors, o.max_shard_bytes);
-    const std::map<std::string, std::string> meta = {{"format", "pt"}};
     if (shards.size() == 1) {
-      safetensors::save<B>(tmp + "/model.safetensors", shards[0], meta);
+      write_shard<B>(tmp + "/model.safetensors", shards[0], s, o.dtype);
     } else {
       nlohmann::json index;
       int64_t total = 0;
       for (size_t i = 0; i < shards.size(); ++i) {
         const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
-        safetensors::save<B>(tmp + "/" + file, shards[i], meta);
-        for (const auto& [name, t] : shards[i]) {
-          index["weight_map"][name] = file;
-          total += t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
+        write_shard<B>(tmp + "/" + file, shards[i], s, o.dtype);
+        for (const Planned<B>* p : shards[i]) {
+          index["weight_map"][p->name] = file;
+          total += p->bytes;
         }
       }
       index["metadata"] = {{"total_size", total}};
@@ -239,7 +255,7 @@ template <Backend B> void write_model_dir_unchecked(const Spec& s, const std::ve
       KILN_CHECK(diff.empty(), "hf::save_pretrained({}): the config.json written reads back with another '{}' (a bug in nn/hf)",
                  s.architecture, diff);
       std::vector<std::string> want;
-      for (const auto& nt : tensors) want.push_back(nt.first);
+      for (const Planned<B>& p : tensors) want.push_back(p.name);
       std::sort(want.begin(), want.end());
       KILN_CHECK(back.tensor_names() == want, "hf::save_pretrained({}): the files written hold other tensors than those meant (a bug)",
                  s.architecture);
