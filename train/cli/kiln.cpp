@@ -364,9 +364,9 @@ int cmd_generate(int argc, char** argv) {
           {"autocast", "bf16 or f16: run matmuls and attention in that dtype (default: off)"},
           {"model", "model config JSON (a plain kiln weights file)"},
           {"device", "cpu (default), reference, or cuda"}});
+  if (argc >= 3 && std::string(argv[2]) == "--help") a.parse(argc, argv, 2);
   KILN_CHECK(argc >= 3 && std::string(argv[2]).rfind("--", 0) != 0, "kiln generate: the model directory comes first (kiln generate MODEL_DIR "
              "--prompt-ids 1,2,3; see kiln generate --help)");
-  if (std::string(argv[2]) == "--help") a.parse(argc, argv, 2);
   std::string path = argv[2];
   a.parse(argc, argv, 3);
   KILN_CHECK(a.has("prompt-ids") != a.has("prompt"), "kiln generate: give --prompt-ids or --prompt (one of them)");
