@@ -13,17 +13,31 @@ std::pair<int64_t, int64_t> fans(const Shape& s, const char* op) {
 
 namespace {
 template <Backend B> Tensor<B> data(Var<B>& p) { return p.value(); }  // a handle sharing the storage
+thread_local int skip_depth = 0;
+// Under SkipInit: consume what the draw would have consumed, and tell the caller to stop.
+template <Backend B> bool skipped(const Var<B>& p, Generator* gen) {
+  if (skip_depth == 0) return false;
+  (gen ? *gen : default_generator()).advance(static_cast<uint64_t>(p.value().numel()));
+  return true;
+}
 }  // namespace
 
+SkipInit::SkipInit() { ++skip_depth; }
+SkipInit::~SkipInit() { --skip_depth; }
+bool SkipInit::active() { return skip_depth > 0; }
+
 template <Backend B> void normal_(Var<B>& p, double mean, double std, Generator* gen) {
+  if (skipped(p, gen)) return;
   NoGrad ng;
   data(p).normal_(mean, std, gen);
 }
 template <Backend B> void uniform_(Var<B>& p, double lo, double hi, Generator* gen) {
+  if (skipped(p, gen)) return;
   NoGrad ng;
   data(p).uniform_(lo, hi, gen);
 }
 template <Backend B> void constant_(Var<B>& p, double value) {
+  if (SkipInit::active()) return;
   NoGrad ng;
   data(p).fill_(value);
 }

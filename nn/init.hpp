@@ -19,6 +19,20 @@ template <Backend B> KILN_API void kaiming_normal_(Var<B>& p, double a = 0.0, Ge
 template <Backend B> KILN_API void xavier_uniform_(Var<B>& p, double gain = 1.0, Generator* gen = nullptr);
 template <Backend B> KILN_API void xavier_normal_(Var<B>& p, double gain = 1.0, Generator* gen = nullptr);
 
+// While a SkipInit lives on this thread, the initialisers above leave the values as they are and only
+// advance the generator they would have drawn from by as much as they would have drawn, so everything
+// drawn afterwards (LoRA adapters, dropout, sampling) is what it would have been. For building a model
+// whose every parameter is then loaded: kiln::load_gpt and hf::load_causal_lm use it (at 150M
+// parameters the random fill took most of the load). Nests; the values left are unspecified.
+class KILN_API SkipInit {
+ public:
+  SkipInit();
+  ~SkipInit();
+  SkipInit(const SkipInit&) = delete;
+  SkipInit& operator=(const SkipInit&) = delete;
+  static bool active();
+};
+
 // (fan_in, fan_out) of a shape; throws for rank < 2.
 std::pair<int64_t, int64_t> fans(const Shape& shape, const char* op);
 

@@ -8,6 +8,7 @@
 #include "kiln/backends/dispatch.hpp"
 #include "kiln/dist/fit.hpp"
 #include "kiln/dist/zero.hpp"
+#include "kiln/nn/init.hpp"
 #include "kiln/nn/loss.hpp"
 #include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
@@ -79,7 +80,10 @@ template <Backend B> std::shared_ptr<nn::GPT<B>> load_gpt(const std::string& pat
   if (!model_json.empty()) cfg = ModelConfig::load(model_json);
   else if (info.is_checkpoint) cfg = info.model;
   else fail("'{}' is a plain weights file without a model config: pass --model model.json", path);
-  auto model = std::make_shared<nn::GPT<B>>(cfg);
+  const auto model = [&] {
+    nn::init::SkipInit every_parameter_is_loaded_below;  // load_state_dict is strict
+    return std::make_shared<nn::GPT<B>>(cfg);
+  }();
   const auto f = safetensors::File::open(path);
   std::map<std::string, Tensor<B>> sd;
   for (const std::string& n : f.names()) {

@@ -11,6 +11,7 @@
 
 #include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/record.hpp"
+#include "kiln/nn/init.hpp"
 #include "kiln/core/fused_rope.hpp"
 #include "kiln/nn/hf/architecture.hpp"
 #include "kiln/nn/layers.hpp"
@@ -241,7 +242,10 @@ template <Backend B> std::shared_ptr<CausalLM<B>> load_causal_lm(const ModelDir&
   if (d.generation_config()) s.source_generation_config = std::make_shared<const nlohmann::json>(*d.generation_config());
   const std::map<std::string, TensorSource> table = a->tensors(s, &d);
   NoGrad no_grad;
-  auto model = std::make_shared<CausalLM<B>>(s, o);
+  const auto model = [&] {
+    nn::init::SkipInit every_parameter_is_loaded_below;  // a parameter without a tensor is an error
+    return std::make_shared<CausalLM<B>>(s, o);
+  }();
   const std::string where = d.sharded() ? d.dir() + "/model.safetensors.index.json" : d.dir() + "/model.safetensors";
   std::set<std::string> used;
   std::vector<std::string> problems;

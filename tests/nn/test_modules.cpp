@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <optional>
 #include <tuple>
 
 #include <kiln/backends/backends.hpp>
@@ -218,4 +219,32 @@ TEMPLATE_TEST_CASE("attention: KV-cached decoding equals the full forward, gener
     CHECK(item<int64_t>(logits.select(1, -1).narrow(-1, 0, 3).argmax()) == t);
     ctx2.push_back(t);
   }
+}
+
+TEST_CASE("init: SkipInit leaves values alone and advances the generators as the draws would", "[layers]") {
+  using B = Cpu;
+  const ModelConfig cfg{.vocab_size = 50, .d_model = 32, .n_layers = 2, .n_heads = 2, .max_seq_len = 16};
+  manual_seed(7);
+  const GPT<B> drawn(cfg);
+  const Generator after_draw = default_generator();
+  manual_seed(7);
+  std::optional<GPT<B>> skipped;
+  {
+    init::SkipInit a;
+    init::SkipInit nested;
+    skipped.emplace(cfg);
+  }
+  CHECK(!init::SkipInit::active());
+  // Same generator state: what is drawn next (adapters, dropout masks, samples) does not depend on it.
+  CHECK(default_generator().seed() == after_draw.seed());
+  CHECK(default_generator().offset() == after_draw.offset());
+  CHECK(default_generator().offset() > 0);
+  // The values were not drawn: the tied embedding is N(0, 0.02) in `drawn`, untouched in `skipped`.
+  const auto d = to_vector<float>(drawn.parameter("tok_emb.weight").value());
+  const auto s = to_vector<float>(skipped->parameter("tok_emb.weight").value());
+  CHECK(d != s);
+  // Outside the guard the initialisers draw again.
+  Var<B> w(Tensor<B>::zeros({4, 4}));
+  init::normal_(w, 0.0, 1.0);
+  CHECK(to_vector<float>(w.value()) != std::vector<float>(16, 0.0f));
 }
