@@ -38,7 +38,7 @@ struct SavedCaches {
 }  // namespace
 CastCacheScope::CastCacheScope() {
   auto s = std::make_shared<SavedCaches>();
-#define KILN_SWAP_OUT(B)                                                                   \
+#define KILN_SWAP_OUT(B)                                                                    \
   s->maps.push_back(std::make_shared<decltype(cache<B>().map)>(std::move(cache<B>().map))); \
   cache<B>().map.clear();
   KILN_FOR_EACH_BACKEND(KILN_SWAP_OUT)

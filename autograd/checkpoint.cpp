@@ -119,14 +119,13 @@ std::vector<Var<B>> checkpoint(CheckpointFn<B> fn, const std::vector<Var<B>>& in
       throw;
     }
     rng.restore(now);
-    KILN_CHECK(r.size() == shapes.size(), "checkpoint: the recomputation returned {} outputs, the first run {}", r.size(),
-               shapes.size());
+    KILN_CHECK(r.size() == shapes.size(), "checkpoint: the recomputation returned {} outputs, the first run {}", r.size(), shapes.size());
     for (size_t i = 0; i < r.size(); ++i)
       KILN_CHECK(r[i].defined() && r[i].shape() == shapes[i] && r[i].dtype() == dtypes[i],
                  "checkpoint: the recomputation's output {} is {} {}, the first run's {} {}: the function must compute the same "
                  "thing when called again",
-                 i, r[i].defined() ? shape_str(r[i].shape()) : "undefined", r[i].defined() ? r[i].dtype() : dtypes[i],
-                 shape_str(shapes[i]), dtypes[i]);
+                 i, r[i].defined() ? shape_str(r[i].shape()) : "undefined", r[i].defined() ? r[i].dtype() : dtypes[i], shape_str(shapes[i]),
+                 dtypes[i]);
     return r;
   };
   return outs;

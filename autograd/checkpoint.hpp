@@ -50,8 +50,7 @@ KILN_API std::vector<Var<B>> checkpoint(CheckpointFn<B> fn, const std::vector<Va
 
 // One input, one output: fn(const Var<B>&) -> Var<B>.
 template <Backend B, class F>
-  requires std::is_invocable_r_v<Var<B>, F&, const Var<B>&>
-Var<B> checkpoint(F fn, const Var<B>& x, const CheckpointOptions& options = {}) {
+requires std::is_invocable_r_v<Var<B>, F&, const Var<B>&> Var<B> checkpoint(F fn, const Var<B>& x, const CheckpointOptions& options = {}) {
   CheckpointFn<B> f = [fn = std::move(fn)](const std::vector<Var<B>>& in) mutable { return std::vector<Var<B>>{fn(in[0])}; };
   return checkpoint<B>(std::move(f), std::vector<Var<B>>{x}, options)[0];
 }

@@ -207,8 +207,7 @@ template <Backend B> class Pass {
       gin = n.backward(g);
     }
     g = Tensor<B>();  // a gradient passed through as a view (t(), reshape) is then the only owner of its storage
-    KILN_CHECK(gin.size() == n.inputs.size(), "backward: '{}' returned {} gradients for {} inputs", n.op, gin.size(),
-               n.inputs.size());
+    KILN_CHECK(gin.size() == n.inputs.size(), "backward: '{}' returned {} gradients for {} inputs", n.op, gin.size(), n.inputs.size());
     for (size_t i = 0; i < gin.size(); ++i) {
       N* in = n.inputs[i].get();
       if (!in || !in->requires_grad || !gin[i].defined()) continue;
@@ -276,8 +275,10 @@ template <Backend B> class Pass {
       const size_t slot = k++;
       if (!grads[slot].defined()) continue;
       const Var<B>& o = outs[i];
-      KILN_CHECK(o.requires_grad(), "backward: the recomputation of a checkpointed function (kiln::checkpoint): output {} "
-                 "no longer requires grad", i);
+      KILN_CHECK(o.requires_grad(),
+                 "backward: the recomputation of a checkpointed function (kiln::checkpoint): output {} "
+                 "no longer requires grad",
+                 i);
       N& on = *o.node();
       if (!on.is_leaf() && on.seq > fence_ && seen.insert(&on).second) {
         stack.push_back(&on);
@@ -392,10 +393,10 @@ template <Backend B> void Var<B>::backward(const Tensor<B>& grad_output) const {
   autograd::run_backward<B>(n_, grad_output);
 }
 
-#define KILN_AUTOGRAD_INSTANTIATE(B)                                      \
-  template class Var<B>;                                                  \
-  template struct autograd::Node<B>;                                      \
-  template struct autograd::SegmentCollector<B>;                          \
+#define KILN_AUTOGRAD_INSTANTIATE(B)             \
+  template class Var<B>;                         \
+  template struct autograd::Node<B>;             \
+  template struct autograd::SegmentCollector<B>; \
   template autograd::SegmentCollector<B>*& autograd::active_collector<B>();
 KILN_FOR_EACH_BACKEND(KILN_AUTOGRAD_INSTANTIATE)
 

@@ -74,8 +74,8 @@ template <Backend B> struct Node;
 // reaches the first of them, it calls `recompute` (fn again, recording, same RNG and autocast state)
 // and replays the recomputed nodes in place of the segment, sending their gradients to the boundary.
 template <Backend B> struct Segment {
-  std::vector<std::weak_ptr<Node<B>>> outputs;  // the nodes made for fn's outputs (expired: not needed)
-  std::vector<bool> recorded;                   // per output of fn: did it get a node (required grad)?
+  std::vector<std::weak_ptr<Node<B>>> outputs;     // the nodes made for fn's outputs (expired: not needed)
+  std::vector<bool> recorded;                      // per output of fn: did it get a node (required grad)?
   std::function<std::vector<Var<B>>()> recompute;  // null once replayed
 };
 

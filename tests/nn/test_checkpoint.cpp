@@ -16,12 +16,12 @@
 #include <kiln/autograd/checkpoint.hpp>
 #include <kiln/autograd/gradcheck.hpp>
 #include <kiln/backends/dispatch.hpp>
+#include <kiln/formats/safetensors.hpp>
 #include <kiln/nn/gpt.hpp>
 #include <kiln/nn/hf/causal_lm.hpp>
 #include <kiln/nn/init.hpp>
 #include <kiln/nn/loss.hpp>
 #include <kiln/nn/transformer.hpp>
-#include <kiln/formats/safetensors.hpp>
 #include <kiln/train/trainer.hpp>
 
 #include "common/run.hpp"
@@ -183,8 +183,12 @@ TEST_CASE("checkpoint: float64 finite differences through a checkpointed GPT and
   std::vector<std::pair<std::string, Var<Cpu>>> params;
   for (auto& [n, p] : model.named_parameters())
     if (n.find("layers.1.") == 0 || n == "tok_emb.weight") params.emplace_back(n, p);
-  test::check_param_grads<Cpu>(params, [&] { return nn::cross_entropy(model.forward(x).reshape({-1, c.vocab_size}), y.reshape({-1})); },
-                               1e-6, 1e-6, 8);
+  test::check_param_grads<Cpu>(
+      params,
+      [&] {
+        return nn::cross_entropy(model.forward(x).reshape({-1, c.vocab_size}), y.reshape({-1}));
+      },
+      1e-6, 1e-6, 8);
 
   // Inputs and a closed-over weight, nested, two outputs, one input without grad.
   Generator g(9);
@@ -291,7 +295,8 @@ TEST_CASE("checkpoint: a function that changes between the runs, or leaks an int
   CHECK_THROWS_WITH(s.sum().backward(), Catch::Contains("output 0 is [] f32, the first run's [3] f32"));
 }
 
-TEST_CASE("checkpoint: kiln train with activation_checkpointing or --activation-checkpointing: the same losses, and resume", "[checkpoint][cli]") {
+TEST_CASE("checkpoint: kiln train with activation_checkpointing or --activation-checkpointing: the same losses, and resume",
+          "[checkpoint][cli]") {
   namespace fs = std::filesystem;
   using json = nlohmann::json;
   const fs::path dir = fs::temp_directory_path() / fmt::format("kiln-ckpt-{}", ::getpid());
@@ -304,7 +309,8 @@ TEST_CASE("checkpoint: kiln train with activation_checkpointing or --activation-
   std::ofstream(dir / "model.json") << R"({"vocab_size": 48, "d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 16,
                                            "residual": "attnres_block", "attnres_block_size": 3})";
   for (const bool on : {false, true})
-    std::ofstream(dir / fmt::format("train_{}.json", on)) << json{{"batch_size", 2}, {"seq_len", 16}, {"steps", 4}, {"activation_checkpointing", on}}.dump();
+    std::ofstream(dir / fmt::format("train_{}.json", on))
+        << json{{"batch_size", 2}, {"seq_len", 16}, {"steps", 4}, {"activation_checkpointing", on}}.dump();
   auto train = [&](bool key, bool flag, int64_t stop_after, const std::string& resume) {
     TrainOptions o;
     o.model_path = (dir / "model.json").string();
