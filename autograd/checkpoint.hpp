@@ -2,7 +2,7 @@
 // Activation checkpointing: trade compute for memory by recomputing a segment's forward in backward.
 //
 //   Var<Cpu> y = kiln::checkpoint([&](const Var<Cpu>& x) { return block.forward(x); }, x);
-//   std::vector<Var<Cpu>> ys = kiln::checkpoint(fn, {x1, x2});   // fn: vector<Var> -> vector<Var>
+//   std::vector<Var<Cpu>> ys = kiln::checkpoint<Cpu>(fn, {x1, x2});   // fn: vector<Var> -> vector<Var>
 //
 // checkpoint(fn, inputs) runs fn(inputs) without keeping its intermediates: its ops record nothing
 // (they run exactly as when recording, so the values are the same), and the Vars from outside that

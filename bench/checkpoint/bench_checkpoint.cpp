@@ -39,8 +39,8 @@ int main(int argc, char** argv) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
   std::printf("GPT %s/%s d_model %lld, %lld layers, T %lld, B %lld, %s, %d threads\n", c.attention.c_str(), c.residual.c_str(),
-              static_cast<long long>(c.d_model), static_cast<long long>(c.n_layers), static_cast<long long>(T),
-              static_cast<long long>(Bn), std::string(cpu_isa()).c_str(), num_threads());
+              static_cast<long long>(c.d_model), static_cast<long long>(c.n_layers), static_cast<long long>(T), static_cast<long long>(Bn),
+              std::string(cpu_isa()).c_str(), num_threads());
   step(false);  // warm-up: first-touch page faults, oneDNN primitives
   step(true);
   std::vector<double> off, on;

@@ -255,6 +255,19 @@ TEST_CASE("checkpoint: NoGrad, inputs without grad, outputs passed through, the 
   CHECK(seen[0] == to_vector<float>(p.grad()));
   CHECK(seen[0] == std::vector<float>{2, 2});  // d/dp of a·p² at a = p = 1
 
+  // A Var used inside and outside a segment: its gradient is summed in the same order as without
+  // checkpointing (the outside uses first, then the segment's, one by one), so it is bit-identical.
+  const Tensor<Cpu> x0 = Tensor<Cpu>::normal({257}, 0, 1, DType::f32), c1 = Tensor<Cpu>::normal({257}, 0, 1, DType::f32);
+  auto mixed = [&](bool ckpt) {
+    Var<Cpu> leaf(x0, true);
+    const Var<Cpu> h = leaf * 1.5;
+    auto f = [](const Var<Cpu>& v) { return v.exp() + v.sin() * 3.0 + v.square() * v; };
+    const Var<Cpu> out = ckpt ? kiln::checkpoint<Cpu>(f, h) : f(h);
+    ((out * Var<Cpu>(c1)).sum() + (h * Var<Cpu>(c1)).sum() + h.cos().sum()).backward();
+    return to_vector<float>(leaf.grad());
+  };
+  CHECK(mixed(true) == mixed(false));
+
   // A GPT keeps a handful of records per layer instead of every op's.
   nn::GPT<Cpu> model(tiny("mha", "standard"));
   const Tensor<Cpu> ids = token_ids<Cpu>(1, 8, 61, 3);
