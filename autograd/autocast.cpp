@@ -30,6 +30,30 @@ void clear_caches() {
 bool is_half(DType d) { return d == DType::bf16 || d == DType::f16; }
 }  // namespace
 
+namespace detail {
+namespace {
+struct SavedCaches {
+  std::vector<std::shared_ptr<void>> maps;  // one cast cache per backend, in KILN_FOR_EACH_BACKEND order
+};
+}  // namespace
+CastCacheScope::CastCacheScope() {
+  auto s = std::make_shared<SavedCaches>();
+#define KILN_SWAP_OUT(B)                                                                    \
+  s->maps.push_back(std::make_shared<decltype(cache<B>().map)>(std::move(cache<B>().map))); \
+  cache<B>().map.clear();
+  KILN_FOR_EACH_BACKEND(KILN_SWAP_OUT)
+#undef KILN_SWAP_OUT
+  saved_ = std::move(s);
+}
+CastCacheScope::~CastCacheScope() {
+  auto& s = *static_cast<SavedCaches*>(saved_.get());
+  size_t i = 0;
+#define KILN_SWAP_IN(B) cache<B>().map = std::move(*static_cast<decltype(cache<B>().map)*>(s.maps[i++].get()));
+  KILN_FOR_EACH_BACKEND(KILN_SWAP_IN)
+#undef KILN_SWAP_IN
+}
+}  // namespace detail
+
 bool enabled() { return g_dtype != DType::f32; }
 DType dtype() { return g_dtype; }
 

@@ -43,6 +43,22 @@ class Scope {
   DType prev_;
 };
 
+namespace detail {
+// While alive, this thread's parameter cast cache is a fresh, empty one; the previous one is restored
+// at the end. A checkpointed segment (autograd/checkpoint.hpp) runs its forward, and again its
+// recomputation, under one: the casts it makes are its own and never handed to code outside it.
+class CastCacheScope {
+ public:
+  CastCacheScope();
+  ~CastCacheScope();
+  CastCacheScope(const CastCacheScope&) = delete;
+  CastCacheScope& operator=(const CastCacheScope&) = delete;
+
+ private:
+  std::shared_ptr<void> saved_;
+};
+}  // namespace detail
+
 // The casts the ops apply (identity when autocast is off or nothing needs casting).
 template <Backend B> KILN_API Var<B> to_low(const Var<B>& x);  // f32/bf16/f16 -> the low dtype
 template <Backend B> KILN_API Var<B> to_f32(const Var<B>& x);  // bf16/f16 -> f32

@@ -30,6 +30,11 @@ Var<B> record_impl(const char* op, Tensor<B> out, const Var<B>* const* ins, size
   node.requires_grad = true;
   node.op = op;
   node.seq = next_seq();
+  if (SegmentCollector<B>* c = active_collector<B>()) {  // a checkpointed forward: note the boundary, keep nothing
+    for (size_t i = 0; i < n; ++i)
+      if (ins[i]->requires_grad()) c->note(ins[i]->node());
+    return v;
+  }
   node.inputs.reserve(n);
   for (size_t i = 0; i < n; ++i) node.inputs.push_back(ins[i]->requires_grad() ? ins[i]->node() : nullptr);
   node.backward = std::forward<F>(backward);

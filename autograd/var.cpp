@@ -61,6 +61,16 @@ Shape keepdim_shape(const Shape& shape, const std::vector<int64_t>& axes) {
   return s;
 }
 
+template <Backend B> SegmentCollector<B>*& active_collector() {
+  thread_local SegmentCollector<B>* c = nullptr;
+  return c;
+}
+
+template <Backend B> void SegmentCollector<B>::note(const std::shared_ptr<Node<B>>& n) {
+  if (!n->is_leaf() && n->seq > fence) return;  // made inside the segment
+  if (std::find(boundary.begin(), boundary.end(), n) == boundary.end()) boundary.push_back(n);
+}
+
 template <Backend B> Node<B>::~Node() {
   // Destroying the last handle to a long chain would recurse once per node; unlink iteratively.
   std::vector<std::shared_ptr<Node>> stack = std::move(inputs);
@@ -114,90 +124,199 @@ struct PassScope {
   }
 };
 
-template <Backend B> void run_backward(const std::shared_ptr<Node<B>>& root, Tensor<B> seed) {
+// One backward pass. Interior nodes are replayed in reverse creation order; a checkpointed segment's
+// output node is replaced, when the pass reaches it, by the recomputed nodes of its segment, replayed
+// at once (nested segments recursively): gradients reach every node and leaf in the order they would
+// have without checkpointing, so the sums are the same, bit for bit.
+template <Backend B> class Pass {
   using N = Node<B>;
-  PassScope pass;
-  // Collect the interior nodes reachable from the root that carry gradient. For leaves with
-  // post-accumulate hooks, count the edges into them: the hooks run when the last one is replayed.
-  std::vector<std::shared_ptr<N>> tape;
-  std::unordered_set<N*> seen;
-  std::unordered_map<N*, int64_t> hooked_uses;
-  std::vector<N*> stack{root.get()};
-  seen.insert(root.get());
-  while (!stack.empty()) {
-    N* n = stack.back();
-    stack.pop_back();
-    if (n->is_leaf()) continue;
-    KILN_CHECK(!n->released,
-               "backward: the graph through '{}' (output shape {}) was already freed by an earlier backward(); "
-               "recompute the forward pass to backward again",
-               n->op, shape_str(n->value.shape()));
-    for (const auto& in : n->inputs) {
-      if (in && in->requires_grad && in->is_leaf() && !in->post_accumulate_hooks.empty()) ++hooked_uses[in.get()];
-      if (in && in->requires_grad && seen.insert(in.get()).second) {
-        stack.push_back(in.get());
-        tape.push_back(in);
-      }
-    }
-  }
-  if (!root->is_leaf()) tape.push_back(root);
-  std::erase_if(tape, [](const std::shared_ptr<N>& n) { return n->is_leaf(); });
-  // Tape order is creation order: replay it in reverse.
-  std::sort(tape.begin(), tape.end(), [](const auto& a, const auto& b) { return a->seq > b->seq; });
 
-  if (root->is_leaf()) {
-    accumulate_leaf(*root, std::move(seed));
-    run_leaf_hooks(*root);
-    pass.finish();
-    return;
-  }
-  std::unordered_map<N*, Tensor<B>> pending;
-  std::unordered_set<N*> hooked_got_grad;  // hooked leaves that received a gradient in this pass
-  pending.emplace(root.get(), std::move(seed));
-  for (const auto& n : tape) {
-    auto it = pending.find(n.get());
-    if (it != pending.end()) {  // else no gradient reached this node
-      Tensor<B> g = std::move(it->second);
-      pending.erase(it);
-      Grads<B> gin;
-      {
-        const profile::Scope prof(profile::enabled() ? profile::detail::backward_name(n->op) : nullptr, "backward");
-        gin = n->backward(g);
-      }
-      g = Tensor<B>();  // a gradient passed through as a view (t(), reshape) is then the only owner of its storage
-      KILN_CHECK(gin.size() == n->inputs.size(), "backward: '{}' returned {} gradients for {} inputs", n->op, gin.size(),
-                 n->inputs.size());
-      for (size_t i = 0; i < gin.size(); ++i) {
-        N* in = n->inputs[i].get();
-        if (!in || !in->requires_grad || !gin[i].defined()) continue;
-        check_grad(*in, gin[i], n->op);
-        if (in->is_leaf()) {
-          accumulate_leaf(*in, std::move(gin[i]));
-          if (!hooked_uses.empty() && hooked_uses.count(in)) hooked_got_grad.insert(in);
-        } else {
-          auto [slot, fresh] = pending.try_emplace(in, gin[i]);
-          if (!fresh) {  // in place when nothing else holds the running sum (no new buffer per residual fork)
-            Tensor<B>& sum = slot->second;
-            if (sum.is_contiguous() && sum.storage().use_count() == 1) sum.add_(gin[i]);
-            else sum = sum.add(gin[i]);
-          }
+ public:
+  void run(const std::shared_ptr<N>& root, Tensor<B> seed) {
+    // Collect the interior nodes reachable from the root that carry gradient. For leaves with
+    // post-accumulate hooks, count the edges into them: the hooks run when the last one is replayed.
+    std::vector<std::shared_ptr<N>> tape;
+    std::unordered_set<N*> seen;
+    std::vector<N*> stack{root.get()};
+    seen.insert(root.get());
+    while (!stack.empty()) {
+      N* n = stack.back();
+      stack.pop_back();
+      if (n->is_leaf()) continue;
+      KILN_CHECK(!n->released,
+                 "backward: the graph through '{}' (output shape {}) was already freed by an earlier backward(); "
+                 "recompute the forward pass to backward again",
+                 n->op, shape_str(n->value.shape()));
+      for (const auto& in : n->inputs) {
+        if (in && in->requires_grad && in->is_leaf() && !in->post_accumulate_hooks.empty()) ++hooked_uses_[in.get()];
+        if (in && in->requires_grad && seen.insert(in.get()).second) {
+          stack.push_back(in.get());
+          tape.push_back(in);
         }
       }
     }
-    if (hooked_uses.empty()) continue;
-    for (const auto& in : n->inputs) {  // this node's edges into hooked leaves are done
-      const auto u = in ? hooked_uses.find(in.get()) : hooked_uses.end();
-      if (u == hooked_uses.end() || --u->second > 0) continue;
-      hooked_uses.erase(u);
-      if (hooked_got_grad.count(in.get())) run_leaf_hooks(*in);
+    if (!root->is_leaf()) tape.push_back(root);
+    std::erase_if(tape, [](const std::shared_ptr<N>& n) { return n->is_leaf(); });
+    // Tape order is creation order: replay it in reverse.
+    std::sort(tape.begin(), tape.end(), [](const auto& a, const auto& b) { return a->seq > b->seq; });
+
+    if (root->is_leaf()) {
+      accumulate_leaf(*root, std::move(seed));
+      run_leaf_hooks(*root);
+      return;
+    }
+    pending_.emplace(root.get(), std::move(seed));
+    for (const auto& n : tape) {
+      replay(*n, nullptr);
+      if (hooked_uses_.empty()) continue;
+      for (const auto& in : n->inputs) {  // this node's edges into hooked leaves are done
+        const auto u = in ? hooked_uses_.find(in.get()) : hooked_uses_.end();
+        if (u == hooked_uses_.end() || --u->second > 0) continue;
+        hooked_uses_.erase(u);
+        if (hooked_got_grad_.count(in.get())) run_leaf_hooks(*in);
+      }
+    }
+    // retain_graph=false: free the closures (and the tensors they saved) and the links.
+    for (const auto& n : tape) {
+      n->backward = nullptr;
+      n->segment = nullptr;
+      n->inputs.clear();
+      n->released = true;
     }
   }
-  // retain_graph=false: free the closures (and the tensors they saved) and the links.
-  for (const auto& n : tape) {
-    n->backward = nullptr;
-    n->inputs.clear();
-    n->released = true;
+
+ private:
+  // Replays n if a gradient reached it. `boundary`: inside a segment's replay, the segment's boundary
+  // (a node numbered at or below the segment's fence must be among it); nullptr outside one.
+  void replay(N& n, const std::unordered_set<N*>* boundary) {
+    if (n.segment) {
+      replay_segment(n);
+      return;
+    }
+    auto it = pending_.find(&n);
+    if (it == pending_.end()) return;  // no gradient reached this node
+    Tensor<B> g = std::move(it->second);
+    pending_.erase(it);
+    KILN_CHECK(n.backward != nullptr,
+               "backward: '{}' (output shape {}) was computed inside a checkpointed function (kiln::checkpoint) and used "
+               "outside it; return it from the function instead",
+               n.op, shape_str(n.value.shape()));
+    Grads<B> gin;
+    {
+      const profile::Scope prof(profile::enabled() ? profile::detail::backward_name(n.op) : nullptr, "backward");
+      gin = n.backward(g);
+    }
+    g = Tensor<B>();  // a gradient passed through as a view (t(), reshape) is then the only owner of its storage
+    KILN_CHECK(gin.size() == n.inputs.size(), "backward: '{}' returned {} gradients for {} inputs", n.op, gin.size(), n.inputs.size());
+    for (size_t i = 0; i < gin.size(); ++i) {
+      N* in = n.inputs[i].get();
+      if (!in || !in->requires_grad || !gin[i].defined()) continue;
+      send(*in, std::move(gin[i]), n.op, boundary);
+    }
   }
+
+  void send(N& in, Tensor<B> g, const char* from, const std::unordered_set<N*>* boundary) {
+    check_grad(in, g, from);
+    if (in.is_leaf()) {
+      accumulate_leaf(in, std::move(g));
+      if (!hooked_uses_.empty() && hooked_uses_.count(&in)) hooked_got_grad_.insert(&in);
+      return;
+    }
+    KILN_CHECK(!boundary || in.seq > fence_ || boundary->count(&in),
+               "backward: the recomputation of a checkpointed function (kiln::checkpoint) read '{}' (shape {}), which its "
+               "forward did not read: the function must compute the same thing when called again",
+               in.op, shape_str(in.value.shape()));
+    auto [slot, fresh] = pending_.try_emplace(&in, std::move(g));
+    if (!fresh) {  // in place when nothing else holds the running sum (no new buffer per residual fork)
+      Tensor<B>& sum = slot->second;
+      if (sum.is_contiguous() && sum.storage().use_count() == 1) sum.add_(g);  // try_emplace left g alone
+      else sum = sum.add(g);
+    }
+  }
+
+  // The segment of one of its output nodes: the first time the pass reaches one of them (the last
+  // made; they are numbered together, after everything inside the segment and before everything that
+  // uses them, so every output's gradient is complete), take the outputs' gradients, recompute and
+  // replay. Its other output nodes then find no gradient.
+  void replay_segment(N& n) {
+    const std::shared_ptr<Segment<B>> seg = n.segment;
+    if (!seg->recompute) return;
+    std::vector<Tensor<B>> grads(seg->outputs.size());
+    bool any = false;
+    for (size_t i = 0; i < seg->outputs.size(); ++i) {
+      const std::shared_ptr<N> o = seg->outputs[i].lock();
+      if (!o) continue;
+      auto it = pending_.find(o.get());
+      if (it == pending_.end()) continue;
+      grads[i] = std::move(it->second);
+      pending_.erase(it);
+      any = true;
+    }
+    if (!any) return;  // no gradient reached the segment
+    const std::unordered_set<N*> boundary = [&] {
+      std::unordered_set<N*> b;
+      for (const auto& in : n.inputs) b.insert(in.get());
+      return b;
+    }();
+    const uint64_t saved_fence = fence_;
+    fence_ = next_seq();  // nodes made by the recomputation are numbered above it
+    std::vector<Var<B>> outs;
+    {
+      const profile::Scope prof(profile::enabled() ? "checkpoint.recompute" : nullptr, "backward");
+      outs = seg->recompute();
+    }
+    seg->recompute = nullptr;  // drops what fn captured
+    size_t k = 0;
+    std::vector<std::shared_ptr<N>> sub;  // the recomputed nodes reachable from the outputs
+    std::unordered_set<N*> seen;
+    std::vector<N*> stack;
+    for (size_t i = 0; i < seg->recorded.size(); ++i) {
+      if (!seg->recorded[i]) continue;
+      const size_t slot = k++;
+      if (!grads[slot].defined()) continue;
+      const Var<B>& o = outs[i];
+      KILN_CHECK(o.requires_grad(),
+                 "backward: the recomputation of a checkpointed function (kiln::checkpoint): output {} "
+                 "no longer requires grad",
+                 i);
+      N& on = *o.node();
+      if (!on.is_leaf() && on.seq > fence_ && seen.insert(&on).second) {
+        stack.push_back(&on);
+        sub.push_back(o.node());
+      }
+      send(on, std::move(grads[slot]), "checkpoint", &boundary);
+    }
+    while (!stack.empty()) {
+      N* m = stack.back();
+      stack.pop_back();
+      for (const auto& in : m->inputs)
+        if (in && in->requires_grad && !in->is_leaf() && in->seq > fence_ && seen.insert(in.get()).second) {
+          stack.push_back(in.get());
+          sub.push_back(in);
+        }
+    }
+    outs.clear();
+    std::sort(sub.begin(), sub.end(), [](const auto& a, const auto& b) { return a->seq > b->seq; });
+    for (auto& m : sub) {
+      replay(*m, &boundary);
+      m->backward = nullptr;  // free the recomputed activations as soon as they are used
+      m->segment = nullptr;
+      m->inputs.clear();
+      m->released = true;
+      m.reset();
+    }
+    fence_ = saved_fence;
+  }
+
+  std::unordered_map<N*, Tensor<B>> pending_;
+  std::unordered_map<N*, int64_t> hooked_uses_;
+  std::unordered_set<N*> hooked_got_grad_;  // hooked leaves that received a gradient in this pass
+  uint64_t fence_ = 0;
+};
+
+template <Backend B> void run_backward(const std::shared_ptr<Node<B>>& root, Tensor<B> seed) {
+  PassScope pass;
+  Pass<B>().run(root, std::move(seed));
   pass.finish();
 }
 }  // namespace
@@ -274,9 +393,11 @@ template <Backend B> void Var<B>::backward(const Tensor<B>& grad_output) const {
   autograd::run_backward<B>(n_, grad_output);
 }
 
-#define KILN_AUTOGRAD_INSTANTIATE(B) \
-  template class Var<B>;             \
-  template struct autograd::Node<B>;
+#define KILN_AUTOGRAD_INSTANTIATE(B)             \
+  template class Var<B>;                         \
+  template struct autograd::Node<B>;             \
+  template struct autograd::SegmentCollector<B>; \
+  template autograd::SegmentCollector<B>*& autograd::active_collector<B>();
 KILN_FOR_EACH_BACKEND(KILN_AUTOGRAD_INSTANTIATE)
 
 }  // namespace kiln

@@ -66,6 +66,29 @@ template <Backend B> using Grads = std::vector<Tensor<B>>;
 // grad_out (the gradient of the node's output, its shape) -> gradients of the node's inputs.
 template <Backend B> using BackwardFn = std::function<Grads<B>(const Tensor<B>& grad_out)>;
 
+template <Backend B> struct Node;
+
+// Activation checkpointing (autograd/checkpoint.hpp). A segment is one kiln::checkpoint call: its
+// outputs are nodes whose `inputs` are the segment's boundary (every Var from outside that its forward
+// read: inputs, parameters, captured values) and whose `segment` points here. When the backward pass
+// reaches the first of them, it calls `recompute` (fn again, recording, same RNG and autocast state)
+// and replays the recomputed nodes in place of the segment, sending their gradients to the boundary.
+template <Backend B> struct Segment {
+  std::vector<std::weak_ptr<Node<B>>> outputs;     // the nodes made for fn's outputs (expired: not needed)
+  std::vector<bool> recorded;                      // per output of fn: did it get a node (required grad)?
+  std::function<std::vector<Var<B>>()> recompute;  // null once replayed
+};
+
+// While a segment's first forward runs (this thread), ops record nothing: their outputs are marked as
+// requiring grad (so that every op takes the same path as when recording) and the Vars from outside the
+// segment that they read are collected as its boundary.
+template <Backend B> struct SegmentCollector {
+  uint64_t fence = 0;  // nodes numbered above it were made inside the segment
+  std::vector<std::shared_ptr<Node<B>>> boundary;
+  void note(const std::shared_ptr<Node<B>>& n);
+};
+template <Backend B> SegmentCollector<B>*& active_collector();  // this thread's, nullptr when none
+
 template <Backend B> struct Node {
   Tensor<B> value;
   Tensor<B> grad;              // leaves only: the accumulated gradient
@@ -75,6 +98,7 @@ template <Backend B> struct Node {
   const char* op = nullptr;    // the recording op ("mul", "matmul", ...); nullptr for leaves
   std::vector<std::shared_ptr<Node>> inputs;  // nullptr where that input needs no gradient
   BackwardFn<B> backward;
+  std::shared_ptr<Segment<B>> segment;  // set on the outputs of kiln::checkpoint (their backward is the replay)
   // Leaves only: (handle, hook) pairs run after the last accumulation of a backward pass (Var::
   // register_post_accumulate_hook).
   std::vector<std::pair<int64_t, std::function<void(const Tensor<B>&)>>> post_accumulate_hooks;

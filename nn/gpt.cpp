@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kiln/autograd/checkpoint.hpp"
 #include "kiln/nn/init.hpp"
 
 namespace kiln::nn {
@@ -87,11 +88,32 @@ template <Backend B> Var<B> GPT<B>::run(const Tensor<B>& ids, std::vector<KVCach
   if (caches && caches->size() != layers_.size()) caches->assign(layers_.size(), KVCache<B>{});
   Var<B> x = tok_emb_->forward(ids);
   auto cache_of = [&](size_t i) { return caches ? &(*caches)[i] : nullptr; };
+  // Activation checkpointing: the segments capture their layer by value (they run again in backward).
+  const bool ckpt = checkpointing_ && !caches && grad_enabled();
   if (c_.residual == "standard") {
     for (size_t i = 0; i < layers_.size(); ++i) {
+      if (ckpt) {
+        x = kiln::checkpoint<B>(
+            [layer = layers_[i]](const Var<B>& h) {
+              const Var<B> y = h + layer->attn_sublayer(h, nullptr);
+              return y + layer->mlp_sublayer(y);
+            },
+            x);
+        continue;
+      }
       x = x + layers_[i]->attn_sublayer(x, cache_of(i));
       x = x + layers_[i]->mlp_sublayer(x);
     }
+  } else if (ckpt) {
+    AttnResStack<B> stack(x, c_.residual == "attnres_full" ? 1 : c_.attnres_block_size);
+    for (const auto& layer : layers_) {
+      stack.step(layer->attn_res(), [&](const Var<B>& h) {
+        return kiln::checkpoint<B>([layer](const Var<B>& v) { return layer->attn_sublayer(v, nullptr); }, h);
+      });
+      stack.step(layer->mlp_res(),
+                 [&](const Var<B>& h) { return kiln::checkpoint<B>([layer](const Var<B>& v) { return layer->mlp_sublayer(v); }, h); });
+    }
+    x = stack.finish(*final_res_);
   } else {
     std::vector<const DepthAttention<B>*> schedule;
     if (two_phase_ && !grad_enabled())

@@ -71,10 +71,19 @@ template <Backend B> class GPT : public Module<B> {
   // AttnRes models under NoGrad use two-phase inference (nn/attnres.hpp) unless this is turned off.
   void set_two_phase(bool on) { two_phase_ = on; }
 
+  // Activation checkpointing (autograd/checkpoint.hpp, docs/memory.md): when on, a forward that
+  // records (grad mode on, no KV cache) keeps no activations inside the decoder layers; backward
+  // recomputes them, layer by layer. Standard residual: one segment per layer (x -> x + attn, + mlp);
+  // AttnRes: one per sublayer function f(h) (norm and attention, norm and MLP), the depth attentions
+  // and the block state stay outside. The gradients are the same as without it.
+  void set_activation_checkpointing(bool on) { checkpointing_ = on; }
+  bool activation_checkpointing() const { return checkpointing_; }
+
  private:
   Var<B> run(const Tensor<B>& ids, std::vector<KVCache<B>>* caches) const;
   ModelConfig c_;
   bool two_phase_ = true;
+  bool checkpointing_ = false;
   std::shared_ptr<Embedding<B>> tok_emb_;
   std::vector<std::shared_ptr<GPTLayer<B>>> layers_;
   std::shared_ptr<DepthAttention<B>> final_res_;

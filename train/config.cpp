@@ -33,6 +33,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   f.get("precision", c.precision);
   f.get("zero_stage", c.zero_stage);
   f.get("bucket_mb", c.bucket_mb);
+  f.get("activation_checkpointing", c.activation_checkpointing);
   one_of(where, "on_nonfinite", c.on_nonfinite, {"error", "skip"});
   one_of(where, "precision", c.precision, {"f32", "bf16", "f16"});
   if (const json* o = f.object("optimizer")) {
@@ -140,7 +141,8 @@ json TrainConfig::to_json() const {
   return {{"batch_size", batch_size}, {"seq_len", seq_len}, {"steps", steps}, {"grad_clip", grad_clip},
           {"optimizer", o}, {"schedule", s}, {"eval_every", eval_every}, {"eval_batches", eval_batches},
           {"checkpoint_every", checkpoint_every}, {"grad_accum", grad_accum}, {"on_nonfinite", on_nonfinite},
-          {"precision", precision}, {"zero_stage", zero_stage}, {"bucket_mb", bucket_mb}};
+          {"precision", precision}, {"zero_stage", zero_stage}, {"bucket_mb", bucket_mb},
+          {"activation_checkpointing", activation_checkpointing}};
 }
 
 }  // namespace kiln

@@ -50,6 +50,9 @@ struct TrainConfig {
   // size (dist::DDPOptions::bucket_mb).
   int64_t zero_stage = 0;
   double bucket_mb = 25;
+  // Activation checkpointing (docs/memory.md): each decoder layer's activations are recomputed in
+  // backward instead of kept (GPT and Hugging Face models). Same gradients; less memory, more time.
+  bool activation_checkpointing = false;
 
   void validate() const;
   nlohmann::json to_json() const;

@@ -115,6 +115,7 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
                "train: --model {} differs from the model of checkpoint '{}': {} vs {}", o.model_path, o.resume_path,
                mc.resolved().to_json().dump(), resume.model.resolved().to_json().dump());
   }
+  if (o.activation_checkpointing) tc.activation_checkpointing = true;
   const ModelConfig cfg = mc.resolved();
   const TokenData data = TokenData::load(o.data_path);
   data.check_vocab(cfg.vocab_size);
@@ -153,6 +154,7 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
   nn::GPT<B> model(cfg, o.dtype);
   model.init_weights(o.seed);
   if (!o.init_from.empty()) model.load(o.init_from);
+  model.set_activation_checkpointing(tc.activation_checkpointing);
   std::unique_ptr<dist::DistributedDataParallel<B>> ddp;
   if (parallel) ddp = std::make_unique<dist::DistributedDataParallel<B>>(model, dist::DDPOptions{.bucket_mb = tc.bucket_mb});
   auto opt = make_optimizer(model, tc.optimizer, parallel && tc.zero_stage == 1);
@@ -195,6 +197,7 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
                std::is_same_v<B, Cpu> ? fmt::format(" ({})", cpu_isa()) : std::string(),  // the kernels' instruction set
                parallel ? fmt::format(", {} ranks × {} rows{}", ranks, rows.count, tc.zero_stage == 1 ? ", ZeRO-1" : "") : std::string(),
                tc.precision == "f32" ? std::string() : fmt::format(", precision {} (autocast)", tc.precision));
+  if (!o.quiet && main && tc.activation_checkpointing) fmt::print("kiln train: activation checkpointing on (layer activations recomputed in backward)\n");
   const FitResult r = with_eval ? fit(model, *opt, train, eval, step, fo) : fit(model, *opt, train, step, fo);
 
   TrainResult res;

@@ -41,6 +41,7 @@ struct TrainOptions {
   int progress = -1;           // progress bar: -1 auto (terminal), 0 off, 1 on
   bool quiet = false;
   DType dtype = DType::f32;
+  bool activation_checkpointing = false;  // --activation-checkpointing: turns train.json's key on
 };
 
 struct TrainResult {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/autograd/autocast.hpp"
+#include "kiln/autograd/checkpoint.hpp"
 #include "kiln/autograd/record.hpp"
 #include "kiln/nn/init.hpp"
 #include "kiln/core/fused_rope.hpp"
@@ -193,7 +194,12 @@ template <Backend B> Var<B> CausalLM<B>::run(const Tensor<B>& ids, std::vector<n
   } else {
     std::tie(c, s) = rope_tables(pos0, T);
   }
-  for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(x, pos0, c, s, caches ? &(*caches)[i] : nullptr, capacity);
+  if (checkpointing_ && !caches && grad_enabled()) {  // one segment per layer, which it captures by value
+    for (const auto& layer : layers_)
+      x = kiln::checkpoint<B>([layer, pos0, c, s](const Var<B>& h) { return layer->forward(h, pos0, c, s, nullptr, 0); }, x);
+  } else {
+    for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(x, pos0, c, s, caches ? &(*caches)[i] : nullptr, capacity);
+  }
   x = rms_ ? rms_->forward(x) : ln_->forward(x);
   const Var<B> logits = lm_head_
                             ? lm_head_->forward(x)

@@ -89,11 +89,17 @@ template <Backend B> class CausalLM : public nn::Module<B> {
 
   // The RoPE tables (cos, sin [T, head_dim/2], f32) for positions pos0..pos0+T-1, grown on demand.
   std::pair<Tensor<B>, Tensor<B>> rope_tables(int64_t pos0, int64_t T) const;
+  // Activation checkpointing (autograd/checkpoint.hpp, docs/memory.md): when on, a forward that records
+  // (grad mode on, no KV cache) keeps no activations inside the decoder layers (one segment per layer,
+  // recomputed in backward under the same autocast dtype). The gradients are the same as without it.
+  void set_activation_checkpointing(bool on) { checkpointing_ = on; }
+  bool activation_checkpointing() const { return checkpointing_; }
 
  private:
   Var<B> run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* caches, int64_t capacity) const;
   Spec s_;
   LoadOptions o_;
+  bool checkpointing_ = false;
   std::shared_ptr<nn::Embedding<B>> embed_, pos_embed_;
   std::vector<std::shared_ptr<DecoderLayer<B>>> layers_;
   std::shared_ptr<nn::RMSNorm<B>> rms_;

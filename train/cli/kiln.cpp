@@ -160,9 +160,12 @@ int cmd_train(int argc, char** argv) {
           {"dtype", "parameter dtype: f32 (default) or f64"},
           {"progress", "auto (default) or on: a bar redrawn in place on a terminal, plain lines (every 5% of the steps or 30 s) in a file or pipe; off"},
           {"profile", "record every op (docs/profiling.md): write the Chrome trace here, print the table at the end"},
+          {"activation-checkpointing", "recompute each layer's activations in backward instead of keeping them (train.json "
+                                       "\"activation_checkpointing\": same gradients, less memory, more time)", true},
           {"quiet", "print nothing but errors", true}});
   a.parse(argc, argv, 2);
   TrainOptions o;
+  o.activation_checkpointing = a.has("activation-checkpointing");
   o.model_path = a.str("model");
   o.train_path = a.str("train");
   o.data_path = a.required("data");
