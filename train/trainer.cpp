@@ -111,6 +111,8 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
                "train: --model {} differs from the model of checkpoint '{}': {} vs {}", o.model_path, o.resume_path,
                mc.resolved().to_json().dump(), resume.model.resolved().to_json().dump());
   }
+  KILN_CHECK(tc.lora.r == 0, "train: train.json's \"lora\" (r {}) needs --init-from MODEL_DIR, a Hugging Face model directory (docs/lora.md)",
+             tc.lora.r);
   const ModelConfig cfg = mc.resolved();
   const TokenData data = TokenData::load(o.data_path);
   data.check_vocab(cfg.vocab_size);

@@ -4,7 +4,8 @@ computes when it trains them (the reference values of tests/lora). Nothing is do
 
     scripts/hf_venv.sh && .venv-hf/bin/python tests/lora/make_fixtures.py
 
-fixtures/<base>/ is a save_pretrained() directory (llama: GQA 4 heads / 2 kv heads, untied; gpt2).
+fixtures/<base>/ is a save_pretrained() directory (llama: GQA 4 heads / 2 kv heads, untied; gpt2;
+llama_tok: a smaller Llama with tests/text/fixtures/gpt2's tokenizer, for the command-line test).
 fixtures/<case>/ for each case:
   adapter_init/   the adapter before training (PEFT save_pretrained; lora_A and lora_B random, B != 0)
   adapter_final/  the adapter after STEPS AdamW steps
@@ -57,6 +58,8 @@ def save(peft, d):
     with open(path) as f:
         config = json.load(f)
     config["base_model_name_or_path"] = os.path.basename(config["base_model_name_or_path"])  # not this machine's path
+    if isinstance(config["target_modules"], list):
+        config["target_modules"] = sorted(config["target_modules"])  # PEFT writes a set: in any order
     with open(path, "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
         f.write("\n")
@@ -108,6 +111,13 @@ def main():
     make_base("gpt2", GPT2LMHeadModel,
               GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=32, resid_pdrop=0, embd_pdrop=0,
                          attn_pdrop=0), 2)
+    # For `kiln train --init-from DIR` on a text file: a Llama with the byte-level BPE tokenizer of
+    # tests/text/fixtures/gpt2 (800 tokens and 2 special ones), small enough to train a few steps in a test.
+    d = make_base("llama_tok", LlamaForCausalLM,
+                  LlamaConfig(vocab_size=802, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                              num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True), 3)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(HERE, "..", "text", "fixtures", "gpt2", f), d)
     run_case("llama_qv", "llama", LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
                                              task_type="CAUSAL_LM"), 10)
     # PEFT's string form: a regex over the whole module path (kiln's glob "*.mlp.*_proj" matches the same; ".*\.mlp\..*"
