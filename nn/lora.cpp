@@ -1,6 +1,7 @@
 #include "kiln/nn/lora.hpp"
 
 #include <fnmatch.h>
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -225,7 +226,17 @@ template <Backend B> void save_lora(const Module<B>& model, const std::string& d
   KILN_CHECK(!ws.empty(), "save_lora: the model has no LoRA adapter (apply_lora or load_lora first); nothing written to '{}'", dir);
   const LoraOptions& o = ws.front().adapter->options();
   bool fan_in_fan_out = false;
-  for (const auto& w : ws) fan_in_fan_out = fan_in_fan_out || w.adapter->fan_in_fan_out;
+  for (const auto& w : ws) {
+    fan_in_fan_out = fan_in_fan_out || w.adapter->fan_in_fan_out;
+    const LoraOptions& p = w.adapter->options();
+    // One adapter_config.json holds one r, alpha, dropout and target list (PEFT's per-module
+    // rank_pattern/alpha_pattern are not implemented).
+    KILN_CHECK(p.r == o.r && p.alpha == o.alpha && p.dropout == o.dropout && p.use_rslora == o.use_rslora &&
+                   p.target_modules == o.target_modules && p.target_regex == o.target_regex,
+               "save_lora: the adapters of '{}' (r {}, alpha {}, target {}) and '{}' (r {}, alpha {}, target {}) come from different "
+               "apply_lora options; one adapter_config.json holds one set (apply_lora once with every target)",
+               ws.front().path, o.r, o.alpha, patterns_str(o), w.path, p.r, p.alpha, patterns_str(p));
+  }
   json c;
   c["peft_type"] = "LORA";
   c["task_type"] = "CAUSAL_LM";
@@ -349,7 +360,8 @@ template <Backend B> std::vector<std::string> load_lora(Module<B>& model, const 
     KILN_CHECK(problems.empty(), "load_lora: {} does not fit the model (target {}): {}", file, patterns_str(o), fmt::join(problems, "; "));
     for (auto& [dst, src] : copies) dst.copy_(src);
   } catch (...) {
-    for (const auto& w : wrapped(model)) w.linear->remove_adapter();
+    for (const auto& w : wrapped(model))  // only what this call applied: adapters from before stay
+      if (std::find(paths.begin(), paths.end(), w.path) != paths.end()) w.linear->remove_adapter();
     for (auto& [p, on] : grads) p.requires_grad_(on);
     throw;
   }

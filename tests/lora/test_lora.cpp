@@ -278,6 +278,12 @@ TEST_CASE("lora: bad targets, options and adapter files are errors naming them c
   CHECK_THAT(error_of([&] { nn::apply_lora(*hf::load_causal_lm<Cpu>(kFixtures + "gpt2"), {.target_modules = {"c_attn"}}); }),
              Catch::Contains("transformer.h.0.attn.c_attn") && Catch::Contains("fused"));
   CHECK_THAT(error_of([&] { nn::save_lora(*model(), "/nonexistent/never"); }), Catch::Contains("no LoRA adapter"));
+  {
+    auto m = model();
+    nn::apply_lora(*m, {.r = 4, .target_modules = {"q_proj"}});
+    nn::apply_lora(*m, {.r = 2, .target_modules = {"v_proj"}});
+    CHECK_THAT(error_of([&] { nn::save_lora(*m, "/nonexistent/never"); }), Catch::Contains("different apply_lora options"));
+  }
   CHECK_THAT(error_of([&] { nn::merge_lora(*model()); }), Catch::Contains("no LoRA adapter"));
 
   // Adapter directories that do not fit: r changed, a tensor missing, an extra one, a field kiln lacks.
@@ -305,6 +311,14 @@ TEST_CASE("lora: bad targets, options and adapter files are errors naming them c
     CHECK(nn::lora_adapters(*m).empty());
     CHECK(m->named_parameters().size() == before);
     for (const auto& [n, p] : m->named_parameters()) CHECK(p.requires_grad());
+    // A model with adapters from before keeps them (and their trainable state).
+    nn::apply_lora(*m, {.r = 2, .target_modules = {"o_proj"}});
+    CHECK_THAT(error_of([&] { nn::load_lora(*m, tmp.str()); }), Catch::Contains("does not fit the model"));
+    const auto kept = nn::lora_adapters(*m);
+    REQUIRE(kept.size() == 2);
+    CHECK(kept[0].first == "layers.0.attn.o_proj");
+    CHECK(m->parameter("layers.0.attn.o_proj.lora_A.weight").requires_grad());
+    CHECK(!m->parameter("layers.0.attn.q_proj.weight").requires_grad());
   }
   {
     auto t = good_tensors();
