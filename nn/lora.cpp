@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "kiln/autograd/autocast.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/nn/hf/architecture.hpp"
 #include "kiln/nn/init.hpp"
@@ -29,7 +30,7 @@ struct PeftName {
   std::string path;
   int64_t rope_heads = 0;
   bool fan_in_fan_out = false;
-  bool fused = false;  // a slice of a fused module (GPT-2's c_attn)
+  int64_t part = 0, parts = 1;  // a slice of a fused module (GPT-2's c_attn)
 };
 
 std::string strip_weight(const std::string& name) {
@@ -49,7 +50,7 @@ template <Backend B> std::map<std::string, PeftName> peft_names(const Module<B>&
   for (const auto& [kiln_name, src] : a->tensors(lm->spec(), hf::ModelDir{})) {
     const std::string k = strip_weight(kiln_name), h = strip_weight(src.name);
     if (k.empty() || h.empty()) continue;
-    out[k] = {h, src.op == hf::TensorSource::Op::rope_rows ? src.heads : 0, src.op == hf::TensorSource::Op::transpose, src.parts > 1};
+    out[k] = {h, src.op == hf::TensorSource::Op::rope_rows ? src.heads : 0, src.op == hf::TensorSource::Op::transpose, src.part, src.parts};
   }
   return out;
 }
@@ -135,9 +136,25 @@ template <Backend B> LoraAdapter<B>::LoraAdapter(const LoraOptions& o, int64_t i
   drop_ = std::make_shared<Dropout<B>>(o.dropout);
 }
 
+template <Backend B> void LoraAdapter<B>::share(std::shared_ptr<LoraAdapter> owner, int64_t part_index, int64_t part_count) {
+  owner_ = std::move(owner);
+  part = part_index;
+  parts = part_count;
+  a_.reset();
+  b_.reset();
+}
+
 template <Backend B> Var<B> LoraAdapter<B>::forward(const Var<B>& x) const {
   const auto& drop = static_cast<const Dropout<B>&>(*drop_);
-  return b_->forward(a_->forward(drop.forward(x))) * scaling_;
+  if (parts == 1) return b_->forward(a_->forward(drop.forward(x))) * scaling_;
+  // One part of a fused module: this part's rows of the owner's lora_B.
+  const LoraAdapter& o = owner_ ? *owner_ : *this;
+  const Var<B> h = o.a_->forward(drop.forward(x));  // [..., r]
+  const int64_t n = o.b_->options().out / parts;
+  const Var<B> rows = autocast::to_low(o.b_->weight()).narrow(0, part * n, n);  // [n, r]
+  Shape out_shape = h.shape();
+  out_shape.back() = n;
+  return h.reshape({-1, o_.r}).matmul(rows.t()).reshape(out_shape) * scaling_;
 }
 
 // ------------------------------------------------------------------------------------------ apply
@@ -177,26 +194,40 @@ template <Backend B> std::vector<std::string> apply_lora(Module<B>& model, const
     KILN_CHECK(lin != nullptr, "apply_lora: target {} matches module '{}', which is not a Linear (LoRA wraps Linear layers only)",
                patterns_str(o), name.path);
     KILN_CHECK(lin->adapter() == nullptr, "apply_lora: module '{}' has an adapter already", name.path);
-    KILN_CHECK(!name.fused,
-               "apply_lora: module '{}' (kiln '{}') is a slice of a fused Hugging Face module; LoRA on a fused module "
-               "(GPT-2's c_attn) is not implemented",
-               name.path, path);
     found.push_back({path, lin, name});
   }
   KILN_CHECK(!found.empty(), "apply_lora: target {} matches no module", patterns_str(o));
+  // A fused module (GPT-2's c_attn) is matched whole: every part, part 0 first (the table's order).
+  std::map<std::string, int64_t> fused_parts;
+  for (const auto& f : found)
+    if (f.name.parts > 1) ++fused_parts[f.name.path];
+  for (const auto& f : found)
+    KILN_CHECK(f.name.parts == 1 || fused_parts[f.name.path] == f.name.parts,
+               "apply_lora: fused module '{}' is matched in part ({} of its {} Linears)", f.name.path, fused_parts[f.name.path],
+               f.name.parts);
   model.requires_grad_(false);
   std::vector<std::string> paths;
+  std::map<std::string, std::shared_ptr<LoraAdapter<B>>> owners;  // fused module -> the adapter of its part 0
   for (auto& [path, lin, name] : found) {
     const LinearOptions& lo = lin->options();
-    auto a = std::make_shared<LoraAdapter<B>>(o, lo.in, lo.out, lin->weight().dtype(), name.path);
+    auto a = std::make_shared<LoraAdapter<B>>(o, lo.in, lo.out * name.parts, lin->weight().dtype(), name.path);
     a->rope_heads = name.rope_heads;
     a->fan_in_fan_out = name.fan_in_fan_out;
+    a->parts = name.parts;
     a->dropout_module()->train(model.is_training());
-    a->lora_A().train(model.is_training());
-    a->lora_B().train(model.is_training());
-    lin->set_adapter(a, {{"lora_dropout", a->dropout_module()},
-                         {"lora_A", std::shared_ptr<Module<B>>(a, &a->lora_A())},
-                         {"lora_B", std::shared_ptr<Module<B>>(a, &a->lora_B())}});
+    std::vector<std::pair<std::string, std::shared_ptr<Module<B>>>> modules{{"lora_dropout", a->dropout_module()}};
+    if (name.parts > 1 && name.part > 0) {
+      const auto owner = owners.find(name.path);
+      KILN_CHECK(owner != owners.end(), "apply_lora: fused module '{}': part {} comes before part 0", name.path, name.part);
+      a->share(owner->second, name.part, name.parts);
+    } else {
+      if (name.parts > 1) owners[name.path] = a;
+      a->lora_A().train(model.is_training());
+      a->lora_B().train(model.is_training());
+      modules.emplace_back("lora_A", std::shared_ptr<Module<B>>(a, &a->lora_A()));
+      modules.emplace_back("lora_B", std::shared_ptr<Module<B>>(a, &a->lora_B()));
+    }
+    lin->set_adapter(a, modules);
     paths.push_back(path);
   }
   return paths;
@@ -214,6 +245,7 @@ template <Backend B> std::vector<std::pair<std::string, Tensor<B>>> lora_state_d
   std::vector<std::pair<std::string, Tensor<B>>> out;
   for (const auto& w : wrapped(model)) {
     const LoraAdapter<B>& a = *w.adapter;
+    if (a.owner() != nullptr) continue;  // a later part of a fused module: its owner holds the tensors
     const Tensor<B>& lb = a.lora_B().weight().value();
     out.emplace_back(saved_name(a.peft_path(), "lora_A"), a.lora_A().weight().value());
     out.emplace_back(saved_name(a.peft_path(), "lora_B"), a.rope_heads ? rope_rows(lb, a.rope_heads, false) : lb);
@@ -338,6 +370,7 @@ template <Backend B> std::vector<std::string> load_lora(Module<B>& model, const 
     std::vector<std::pair<Tensor<B>, Tensor<B>>> copies;
     for (const auto& w : wrapped(model)) {
       const LoraAdapter<B>& a = *w.adapter;
+      if (a.owner() != nullptr) continue;  // a later part of a fused module: loaded through its owner
       for (const char* which : {"lora_A", "lora_B"}) {
         const std::string name = saved_name(a.peft_path(), which);
         Tensor<B> dst = (std::string_view(which) == "lora_A" ? a.lora_A() : a.lora_B()).weight().value();
@@ -377,8 +410,9 @@ template <Backend B> void merge_lora(Module<B>& model) {
   for (const auto& w : ws) {
     const LoraAdapter<B>& a = *w.adapter;
     const Tensor<B>& A = a.lora_A().weight().value();
-    const Tensor<B>& Bw = a.lora_B().weight().value();
+    Tensor<B> Bw = a.lora_B().weight().value();  // the owner's, for a part of a fused module
     Tensor<B> W = w.linear->weight().value();
+    if (a.parts > 1) Bw = Bw.narrow(0, a.part * W.size(0), W.size(0));
     // In the weight's dtype, as PEFT's merge (the product in f32 for f32 weights).
     W.add_(Bw.matmul(A).mul(a.scaling()).to(W.dtype()));
     w.linear->remove_adapter();

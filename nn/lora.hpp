@@ -23,8 +23,11 @@
 // Imported models: the adapter follows the checkpoint layout PEFT sees. Llama-family q_proj/k_proj
 // rows are re-ordered on import (nn/hf/causal_lm.hpp), so lora_B's rows are re-ordered the same way on
 // load and back on save. GPT-2's Conv1D modules (c_proj, c_fc) are fan_in_fan_out in PEFT: the adapter
-// shapes are the same ([r, in], [out, r]). GPT-2's fused c_attn is three Linears in kiln (q, k, v)
-// sharing one lora_A in PEFT: targeting it is an error (not implemented).
+// shapes are the same ([r, in], [out, r]). GPT-2's fused c_attn is three Linears in kiln (q, k, v);
+// PEFT puts one adapter on it (lora_A [r, D], lora_B [3D, r]): kiln registers both under q_proj
+// (layers.i.attn.q_proj.lora_A/lora_B.weight) and k_proj/v_proj use rows D..2D and 2D..3D of lora_B,
+// so the math, the gradients and the saved file are PEFT's (with dropout, each of the three draws its
+// own mask where PEFT draws one).
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,12 +57,18 @@ template <Backend B> class LoraAdapter : public LinearAdapter<B> {
   const LoraOptions& options() const { return o_; }
   double scaling() const { return scaling_; }
   const std::string& peft_path() const { return peft_path_; }
-  Linear<B>& lora_A() const { return *a_; }
-  Linear<B>& lora_B() const { return *b_; }
+  // lora_A [r, in] and lora_B [out, r] (a part of a fused module: its owner's, the fused [parts·out, r]).
+  Linear<B>& lora_A() const { return owner_ ? owner_->lora_A() : *a_; }
+  Linear<B>& lora_B() const { return owner_ ? owner_->lora_B() : *b_; }
   std::shared_ptr<Module<B>> dropout_module() const { return drop_; }
   // Imported Llama q/k_proj: the heads whose rows were re-ordered on import (0: none).
   int64_t rope_heads = 0;
   bool fan_in_fan_out = false;  // a GPT-2 Conv1D in PEFT
+  // A slice of a fused module (GPT-2's c_attn): rows [part·out, (part+1)·out) of the owner's lora_B
+  // (the adapter of part 0, which holds lora_A and the whole lora_B; owner() is null there).
+  int64_t part = 0, parts = 1;
+  void share(std::shared_ptr<LoraAdapter> owner, int64_t part_index, int64_t part_count);
+  const LoraAdapter* owner() const { return owner_.get(); }
 
  private:
   LoraOptions o_;
@@ -67,12 +76,13 @@ template <Backend B> class LoraAdapter : public LinearAdapter<B> {
   std::string peft_path_;
   std::shared_ptr<Linear<B>> a_, b_;
   std::shared_ptr<Module<B>> drop_;
+  std::shared_ptr<LoraAdapter> owner_;
 };
 
 // Wraps every Linear whose PEFT path matches, freezes every other parameter, and returns the kiln paths
 // of the wrapped modules. Errors (naming the patterns or the module path): no match, a match that is
 // not a Linear (a parent module: matching "*.mlp" is; use "*.mlp.*"), a Linear wrapped already, r < 1,
-// dropout outside [0, 1), bias other than "none", GPT-2's fused c_attn.
+// dropout outside [0, 1), bias other than "none", a fused module matched in part.
 template <Backend B> KILN_API std::vector<std::string> apply_lora(Module<B>& model, const LoraOptions& o);
 
 // The wrapped Linears: kiln path -> adapter.

@@ -124,6 +124,9 @@ def main():
     # would match act_fn too, which PEFT, like kiln, rejects).
     run_case("llama_mlp_regex", "llama", LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=r".*\.mlp\..*_proj",
                                                     task_type="CAUSAL_LM"), 20)
+    # GPT-2's fused c_attn (PEFT's default target for GPT-2): one adapter, lora_B [3D, r]; kiln's q, k, v share it.
+    run_case("gpt2_c_attn", "gpt2", LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["c_attn"],
+                                               fan_in_fan_out=True, task_type="CAUSAL_LM"), 40)
     # GPT-2's Conv1D modules (fan_in_fan_out): attn.c_proj, mlp.c_fc, mlp.c_proj.
     run_case("gpt2_conv1d", "gpt2", LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["c_proj", "c_fc"],
                                                fan_in_fan_out=True, task_type="CAUSAL_LM"), 30)
