@@ -28,7 +28,7 @@ TokenData finetune_data(const std::string& path, const std::string& model_dir) {
 
 }  // namespace
 
-template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o, const LoraTrainConfig* lora_override) {
+template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
   KILN_CHECK(!o.data_path.empty(), "train: --data is required (a token file, or a text file for the model's tokenizer)");
   KILN_CHECK(o.model_path.empty(),
              "train: --model {} does not combine with --init-from {} (a model directory: its config.json is the model)", o.model_path,
@@ -43,8 +43,8 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o, const
                o.resume_path);
     tc = TrainConfig::from_json(nlohmann::json::parse(meta.at("train_config")), o.resume_path + ": train_config");
   }
-  if (lora_override) {
-    tc.lora = *lora_override;
+  if (o.lora) {
+    tc.lora = *o.lora;
     tc.validate();
   }
   const bool parallel = dist::is_initialized() && dist::world_size() > 1;
@@ -105,10 +105,6 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o, const
   const IndexedBatches<decltype(train_batch)> train{
       .batch = train_batch, .count = 0, .fingerprint = fmt::format("{} tokens, batches of {}x{}", data.size(), bs, T)};
   const std::string adapter_dir = o.checkpoint_path.empty() ? std::string() : o.checkpoint_path + ".adapter";
-  Callback write_adapter{.on_step = [&](FitState& st) {
-    if (lora && main && !adapter_dir.empty() && tc.checkpoint_every > 0 && (st.step + 1) % tc.checkpoint_every == 0)
-      nn::save_lora(*model, adapter_dir);
-  }};
   const FitOptions fo{.steps = tc.steps,
                       .grad_accum = tc.grad_accum,
                       .grad_clip = tc.grad_clip,
@@ -120,7 +116,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o, const
                       .progress = o.quiet || !main ? 0 : o.progress,
                       .stop_after = o.stop_after,
                       .metadata = {{"train_config", tc.to_json().dump()}, {"data", o.data_path}, {"init_from", o.init_from}},
-                      .callbacks = {write_adapter},
+                      .callbacks = {lora_checkpoints(*model, tc, o.checkpoint_path, main)},
                       .hooks = ddp ? dist::fit_hooks(*ddp) : FitHooks{},
                       .schedule = tc.schedule};
   if (!o.quiet && main) {
@@ -149,11 +145,22 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o, const
   return res;
 }
 
-TrainResult finetune_causal_lm(const TrainOptions& o, const LoraTrainConfig* lora_override) {
-  return dispatch(o.device, [&]<Backend B>() { return finetune_causal_lm<B>(o, lora_override); });
+template <Backend B>
+Callback lora_checkpoints(const nn::Module<B>& model, const TrainConfig& tc, const std::string& checkpoint_path, bool main) {
+  if (tc.lora.r == 0 || checkpoint_path.empty() || tc.checkpoint_every == 0 || !main) return {};
+  // fit writes a checkpoint after step s when (s + 1) % checkpoint_every == 0: the adapter of the same step.
+  return {.on_step = [&model, every = tc.checkpoint_every, dir = checkpoint_path + ".adapter"](FitState& st) {
+    if ((st.step + 1) % every == 0) nn::save_lora(model, dir);
+  }};
 }
 
-#define KILN_INST(B) template TrainResult finetune_causal_lm<B>(const TrainOptions&, const LoraTrainConfig*);
+TrainResult finetune_causal_lm(const TrainOptions& o) {
+  return dispatch(o.device, [&]<Backend B>() { return finetune_causal_lm<B>(o); });
+}
+
+#define KILN_INST(B)                                               \
+  template TrainResult finetune_causal_lm<B>(const TrainOptions&); \
+  template Callback lora_checkpoints<B>(const nn::Module<B>&, const TrainConfig&, const std::string&, bool);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST
 

@@ -41,6 +41,8 @@ struct TrainOptions {
   int progress = -1;           // progress bar: -1 auto (terminal), 0 off, 1 on
   bool quiet = false;
   DType dtype = DType::f32;
+  // LoRA (docs/lora.md): replaces train.json's "lora" (the --lora-* flags) when set.
+  std::optional<LoraTrainConfig> lora{};
 };
 
 struct TrainResult {

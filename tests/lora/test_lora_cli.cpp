@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <kiln/backends/backends.hpp>
+#include <kiln/formats/safetensors.hpp>
 #include <kiln/nn/hf/causal_lm.hpp>
 #include <kiln/nn/lora.hpp>
 #include "common/run.hpp"
@@ -94,5 +95,44 @@ TEST_CASE("lora cli: kiln train --init-from MODEL_DIR --lora-r fine-tunes a text
   // LoRA flags without a model directory are an error naming what is needed.
   r = run_kiln(fmt::format("train --data {} --lora-r 4", kText));
   CHECK(r.status != 0);
-  CHECK_THAT(r.out, Catch::Contains("--lora-* needs --init-from MODEL_DIR"));
+  CHECK_THAT(r.out, Catch::Contains("--lora-* needs --init-from"));
+}
+
+TEST_CASE("lora cli: kiln train --init-from kiln weights --lora-r adapts a GPT and writes its adapter", "[lora]") {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kiln-lora-cli-gpt-{}", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() { fs::remove_all(p); }
+  } cleanup{dir};
+  const std::string d = dir.string();
+  std::ofstream(dir / "model.json") << R"({"d_model": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 32})";
+  std::ofstream(dir / "train.json") << R"({"batch_size": 4, "seq_len": 16, "steps": 20, "checkpoint_every": 10})";
+  auto r = run_kiln(fmt::format("tokenize --text {} --out {}/tokens.safetensors", kText, d));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const std::string base =
+      fmt::format("train --model {0}/model.json --train {0}/train.json --data {0}/tokens.safetensors --progress off", d);
+  r = run_kiln(fmt::format("{0} --save {1}/base.safetensors --checkpoint {1}/base.ckpt", base, d));
+  REQUIRE(r.status == 0);
+  r =
+      run_kiln(fmt::format("{0} --init-from {1}/base.safetensors --lora-r 4 --lora-target q_proj,v_proj,out_proj --save {1}/adapter "
+                           "--checkpoint {1}/ck.safetensors --log {1}/log.jsonl",
+                           base, d));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(losses(dir / "log.jsonl").size() == 20);
+  for (const char* sub : {"adapter", "ck.safetensors.adapter"}) {
+    INFO(sub);
+    const json c = json::parse(std::ifstream(dir / sub / "adapter_config.json"));
+    CHECK(c["target_modules"] == json({"q_proj", "v_proj", "out_proj"}));
+    const auto t = safetensors::load<Cpu>((dir / sub / "adapter_model.safetensors").string());
+    CHECK(t.size() == 2 * 3 * 2);
+    CHECK(t.count("base_model.model.layers.1.attn.out_proj.lora_B.weight") == 1);
+  }
+  // Without weights to adapt, LoRA is refused rather than ignored.
+  r = run_kiln(fmt::format("{} --lora-r 4", base));
+  CHECK(r.status != 0);
+  CHECK_THAT(r.out, Catch::Contains("--lora-* needs --init-from"));
 }

@@ -193,10 +193,10 @@ int cmd_train(int argc, char** argv) {
   if (!prof.empty() && dist::launched()) prof += fmt::format(".rank{}", dist::rank());  // one trace per process
   if (!prof.empty()) profile::start();
   // Fine-tuning a Hugging Face model directory (train/finetune.hpp), with LoRA from the flags or train.json.
-  std::optional<LoraTrainConfig> lora;
+  std::optional<LoraTrainConfig>& lora = o.lora;
   if (a.has("lora-r") || a.has("lora-alpha") || a.has("lora-dropout") || a.has("lora-target")) {
-    KILN_CHECK(hf::is_model_dir(o.init_from), "kiln train: --lora-* needs --init-from MODEL_DIR (a Hugging Face model directory), got '{}'",
-               o.init_from);
+    KILN_CHECK(!o.init_from.empty() || !o.resume_path.empty(),
+               "kiln train: --lora-* needs --init-from (a Hugging Face model directory or kiln weights) to adapt");
     lora = TrainConfig::load(o.train_path).lora;
     lora->r = a.integer("lora-r", lora->r == 0 ? 8 : lora->r);
     lora->alpha = a.number("lora-alpha", lora->alpha);
@@ -209,7 +209,7 @@ int cmd_train(int argc, char** argv) {
     }
   }
   const bool finetune = !o.init_from.empty() && hf::is_model_dir(o.init_from);
-  const TrainResult r = finetune ? finetune_causal_lm(o, lora ? &*lora : nullptr) : train_gpt(o);
+  const TrainResult r = finetune ? finetune_causal_lm(o) : train_gpt(o);
   if (!prof.empty()) {
     profile::stop();
     profile::write_chrome_trace(prof);
