@@ -21,6 +21,7 @@
 #include "kiln/nn/init.hpp"
 #include "kiln/nn/layers.hpp"
 #include "kiln/nn/linear.hpp"
+#include "kiln/nn/lora.hpp"
 #include "kiln/nn/loss.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/norm.hpp"

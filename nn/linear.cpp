@@ -19,8 +19,7 @@ template <Backend B> Linear<B>::Linear(LinearOptions o) : o_(o) {
 }
 
 template <Backend B> Var<B> Linear<B>::forward(const Var<B>& x) const {
-  KILN_CHECK(x.dim() >= 1 && x.shape().back() == o_.in, "Linear: input {} does not end in in_features={}", shape_str(x.shape()),
-             o_.in);
+  KILN_CHECK(x.dim() >= 1 && x.shape().back() == o_.in, "Linear: input {} does not end in in_features={}", shape_str(x.shape()), o_.in);
   // [..., in] -> [N, in] (a view for contiguous x) so the product is one GEMM, not a batch of small ones.
   Shape out_shape = x.shape();
   out_shape.back() = o_.out;
@@ -29,7 +28,25 @@ template <Backend B> Var<B> Linear<B>::forward(const Var<B>& x) const {
   // the bias follows it into the low dtype, as torch.autocast's linear (the output stays low).
   Var<B> y = x2.matmul(autocast::to_low(w_).t());
   if (o_.bias) y = y + autocast::to_low(b_);
-  return x.dim() == 2 ? y : y.reshape(out_shape);
+  y = x.dim() == 2 ? y : y.reshape(out_shape);
+  return adapter_ ? y + adapter_->forward(x) : y;
+}
+
+template <Backend B> void Linear<B>::set_adapter(std::shared_ptr<LinearAdapter<B>> a,
+                                                 const std::vector<std::pair<std::string, std::shared_ptr<Module<B>>>>& modules) {
+  KILN_CHECK(a != nullptr, "Linear::set_adapter: the adapter is null");
+  KILN_CHECK(adapter_ == nullptr, "Linear::set_adapter: this Linear [{}, {}] has an adapter already", o_.out, o_.in);
+  for (const auto& [name, m] : modules) {
+    this->register_module(name, m);
+    adapter_modules_.push_back(name);
+  }
+  adapter_ = std::move(a);
+}
+
+template <Backend B> void Linear<B>::remove_adapter() {
+  for (const auto& name : adapter_modules_) this->remove_module(name);
+  adapter_modules_.clear();
+  adapter_.reset();
 }
 
 #define KILN_INST(B) template class Linear<B>;

@@ -17,6 +17,14 @@ struct LinearOptions {
   DType dtype = DType::f32;
 };
 
+// A term added to a Linear's output, y = x Wᵀ + b + adapter(x): how LoRA (nn/lora.hpp) wraps any
+// Linear of any model in place, without the model's code knowing.
+template <Backend B> class LinearAdapter {
+ public:
+  virtual ~LinearAdapter() = default;
+  virtual Var<B> forward(const Var<B>& x) const = 0;
+};
+
 template <Backend B> class Linear : public Module<B> {
  public:
   explicit Linear(LinearOptions o);
@@ -27,9 +35,18 @@ template <Backend B> class Linear : public Module<B> {
   Var<B>& weight() { return w_; }
   Var<B>& bias() { return b_; }
 
+  // Attaches an adapter, its submodules registered under this Linear by the given names (so LoRA's
+  // parameters are "<path>.lora_A.weight", as PEFT names them); one adapter at a time.
+  void set_adapter(std::shared_ptr<LinearAdapter<B>> a, const std::vector<std::pair<std::string, std::shared_ptr<Module<B>>>>& modules);
+  // Detaches it and its submodules: the module is a plain Linear again.
+  void remove_adapter();
+  LinearAdapter<B>* adapter() const { return adapter_.get(); }
+
  private:
   LinearOptions o_;
   Var<B> w_, b_;
+  std::shared_ptr<LinearAdapter<B>> adapter_;
+  std::vector<std::string> adapter_modules_;
 };
 
 #define KILN_EXTERN(B) extern template class Linear<B>;

@@ -76,6 +76,12 @@ template <Backend B> std::vector<std::pair<std::string, const Module<B>*>> Modul
   return out;
 }
 
+template <Backend B> void Module<B>::remove_module(const std::string& name) {
+  const auto it = std::find_if(children_.begin(), children_.end(), [&](const auto& c) { return c.first == name; });
+  KILN_CHECK(it != children_.end(), "remove_module: no submodule '{}'", name);
+  children_.erase(it);
+}
+
 template <Backend B> int64_t Module<B>::num_parameters() const {
   int64_t n = 0;
   for (const auto& [name, p] : named_parameters()) n += p.numel();

@@ -79,6 +79,8 @@ template <Backend B> class Module {
     children_.emplace_back(name, m);
     return m;
   }
+  // Drops the submodule `name` (and so its parameters); an unknown name is an error.
+  void remove_module(const std::string& name);
   // Called by train(); layers with mode-dependent state override it.
   virtual void on_train(bool) {}
 

@@ -7,7 +7,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="$root/.venv-hf"
-pins=(transformers==4.46.3 tokenizers==0.20.3 sentencepiece==0.2.3 safetensors)
+pins=(transformers==4.46.3 tokenizers==0.20.3 sentencepiece==0.2.3 safetensors
+      peft==0.13.2 accelerate==0.34.2 Jinja2)  # tests/lora: PEFT and its accelerate; Jinja2 for the model card PEFT writes
 [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"  # Debian's python3, which sees python3-torch
 if ! "$venv/bin/python" - "${pins[@]}" <<'PY' 2>/dev/null; then
 import sys

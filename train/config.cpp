@@ -81,6 +81,21 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
     }
     g.finish();
   }
+  if (const json* l = f.object("lora")) {
+    Fields g(*l, where + ": lora");
+    g.get("r", c.lora.r);
+    g.get("alpha", c.lora.alpha);
+    g.get("dropout", c.lora.dropout);
+    if (const json* t = g.object("target_modules")) {
+      KILN_CHECK(t->is_array() && !t->empty(), "{}: 'target_modules' must be a non-empty list of names, got {}", g.where(), t->dump());
+      c.lora.target_modules.clear();
+      for (const auto& n : *t) {
+        KILN_CHECK(n.is_string(), "{}: 'target_modules' entries must be strings, got {}", g.where(), n.dump());
+        c.lora.target_modules.push_back(n.get<std::string>());
+      }
+    }
+    g.finish();
+  }
   f.finish();
   try {
     c.validate();
@@ -118,6 +133,9 @@ void TrainConfig::validate() const {
   KILN_CHECK(bucket_mb > 0 && std::isfinite(bucket_mb), "bucket_mb must be > 0, got {}", bucket_mb);
   KILN_CHECK(eval_every >= 0 && eval_batches >= 1 && checkpoint_every >= 0,
              "eval_every/checkpoint_every must be >= 0 and eval_batches >= 1");
+  KILN_CHECK(lora.r >= 0, "lora r must be >= 0 (0 = no adapters), got {}", lora.r);
+  KILN_CHECK(lora.dropout >= 0 && lora.dropout < 1, "lora dropout must be in [0, 1), got {}", lora.dropout);
+  KILN_CHECK(std::isfinite(lora.alpha), "lora alpha must be finite, got {}", lora.alpha);
 }
 
 json TrainConfig::to_json() const {
@@ -138,11 +156,14 @@ json TrainConfig::to_json() const {
   } else if (schedule.name != "constant") {
     s["min_lr_ratio"] = schedule.min_lr_ratio;
   }
-  return {{"batch_size", batch_size}, {"seq_len", seq_len}, {"steps", steps}, {"grad_clip", grad_clip},
-          {"optimizer", o}, {"schedule", s}, {"eval_every", eval_every}, {"eval_batches", eval_batches},
-          {"checkpoint_every", checkpoint_every}, {"grad_accum", grad_accum}, {"on_nonfinite", on_nonfinite},
-          {"precision", precision}, {"zero_stage", zero_stage}, {"bucket_mb", bucket_mb},
-          {"activation_checkpointing", activation_checkpointing}};
+  json out = {{"batch_size", batch_size}, {"seq_len", seq_len}, {"steps", steps}, {"grad_clip", grad_clip},
+              {"optimizer", o}, {"schedule", s}, {"eval_every", eval_every}, {"eval_batches", eval_batches},
+              {"checkpoint_every", checkpoint_every}, {"grad_accum", grad_accum}, {"on_nonfinite", on_nonfinite},
+              {"precision", precision}, {"zero_stage", zero_stage}, {"bucket_mb", bucket_mb},
+              {"activation_checkpointing", activation_checkpointing}};
+  if (lora.r > 0)
+    out["lora"] = {{"r", lora.r}, {"alpha", lora.alpha}, {"dropout", lora.dropout}, {"target_modules", lora.target_modules}};
+  return out;
 }
 
 }  // namespace kiln

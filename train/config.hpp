@@ -29,6 +29,14 @@ struct OptimizerConfig {
 
 using ScheduleConfig = LrSchedule;
 
+// LoRA fine-tuning (docs/lora.md; `kiln train --init-from MODEL_DIR`): the "lora" object of train.json.
+struct LoraTrainConfig {
+  int64_t r = 0;  // 0: no adapters (every parameter trains)
+  double alpha = 16.0;
+  double dropout = 0.0;
+  std::vector<std::string> target_modules{"q_proj", "v_proj"};  // names or globs, as nn::LoraOptions
+};
+
 struct TrainConfig {
   int64_t batch_size = 8;
   int64_t seq_len = 64;
@@ -53,6 +61,7 @@ struct TrainConfig {
   // Activation checkpointing (docs/memory.md): each decoder layer's activations are recomputed in
   // backward instead of kept (GPT and Hugging Face models). Same gradients; less memory, more time.
   bool activation_checkpointing = false;
+  LoraTrainConfig lora;  // "lora": {"r", "alpha", "dropout", "target_modules"}
 
   void validate() const;
   nlohmann::json to_json() const;

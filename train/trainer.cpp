@@ -10,9 +10,11 @@
 #include "kiln/dist/zero.hpp"
 #include "kiln/nn/init.hpp"
 #include "kiln/nn/loss.hpp"
+#include "kiln/nn/lora.hpp"
 #include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/train/data.hpp"
+#include "kiln/train/finetune.hpp"
 #include "kiln/train/loop.hpp"
 
 namespace kiln {
@@ -116,6 +118,14 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
                mc.resolved().to_json().dump(), resume.model.resolved().to_json().dump());
   }
   if (o.activation_checkpointing) tc.activation_checkpointing = true;
+  if (o.lora) {
+    tc.lora = *o.lora;
+    tc.validate();
+  }
+  const bool lora = tc.lora.r > 0;
+  KILN_CHECK(!lora || !o.init_from.empty() || !o.resume_path.empty(),
+             "train: LoRA (r {}) adapts trained weights: give --init-from (kiln weights or a Hugging Face model directory)", tc.lora.r);
+  KILN_CHECK(!lora || tc.zero_stage == 0, "train: LoRA with zero_stage {} is not implemented (use 0)", tc.zero_stage);
   const ModelConfig cfg = mc.resolved();
   const TokenData data = TokenData::load(o.data_path);
   data.check_vocab(cfg.vocab_size);
@@ -155,6 +165,10 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
   model.init_weights(o.seed);
   if (!o.init_from.empty()) model.load(o.init_from);
   model.set_activation_checkpointing(tc.activation_checkpointing);
+  // LoRA on the loaded GPT (docs/lora.md): only the adapters train; --save writes them in PEFT's layout.
+  if (lora)
+    nn::apply_lora(model, {.r = tc.lora.r, .alpha = tc.lora.alpha, .dropout = tc.lora.dropout, .target_modules = tc.lora.target_modules,
+                           .base_model_name_or_path = o.init_from});
   std::unique_ptr<dist::DistributedDataParallel<B>> ddp;
   if (parallel) ddp = std::make_unique<dist::DistributedDataParallel<B>>(model, dist::DDPOptions{.bucket_mb = tc.bucket_mb});
   auto opt = make_optimizer(model, tc.optimizer, parallel && tc.zero_stage == 1);
@@ -187,6 +201,7 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
                       .progress = o.quiet || !main ? 0 : o.progress,
                       .stop_after = o.stop_after,
                       .metadata = {{"model_config", cfg.to_json().dump()}, {"train_config", tc.to_json().dump()}, {"data", o.data_path}},
+                      .callbacks = {lora_checkpoints(model, tc, o.checkpoint_path, main)},
                       .hooks = ddp ? dist::fit_hooks(*ddp) : FitHooks{},
                       .schedule = tc.schedule};  // peak: the optimizer's lr, tc.optimizer.lr
   if (!o.quiet && main)
@@ -205,7 +220,11 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
   res.losses = r.losses;
   res.final_eval_loss = r.eval_losses.empty() ? -1 : r.eval_losses.back();
   res.interrupted = r.interrupted;
-  if (!o.save_path.empty() && main) model.save(o.save_path);
+  if (lora && main && !o.checkpoint_path.empty()) nn::save_lora(model, o.checkpoint_path + ".adapter");  // beside the final checkpoint
+  if (!o.save_path.empty() && main) {
+    if (lora) nn::save_lora(model, o.save_path);
+    else model.save(o.save_path);
+  }
   // Every rank waits for rank 0's files: a rank leaving early with a non-zero status (an interrupted
   // run) would end the job (dist: MPI_Abort) while rank 0 still writes.
   if (parallel) dist::barrier();

@@ -42,6 +42,8 @@ struct TrainOptions {
   bool quiet = false;
   DType dtype = DType::f32;
   bool activation_checkpointing = false;  // --activation-checkpointing: turns train.json's key on
+  // LoRA (docs/lora.md): replaces train.json's "lora" (the --lora-* flags) when set.
+  std::optional<LoraTrainConfig> lora{};
 };
 
 struct TrainResult {

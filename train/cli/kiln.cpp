@@ -11,6 +11,7 @@
 #include <iterator>
 #include <cstdlib>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@
 #include "kiln/dist/process_group.hpp"
 #include "kiln/text/tokenizer.hpp"
 #include "kiln/train/data.hpp"
+#include "kiln/train/finetune.hpp"
 #include "kiln/train/plot.hpp"
 #include "kiln/train/text.hpp"
 #include "kiln/train/trainer.hpp"
@@ -149,7 +151,13 @@ int cmd_train(int argc, char** argv) {
           {"train", "training config JSON (docs/formats.md); defaults when absent"},
           {"data", "token file: safetensors with a 1-D integer tensor 'tokens' (required)"},
           {"eval-data", "held-out token file, evaluated every eval_every steps"},
-          {"init-from", "initial weights (safetensors with the model's parameter names)"},
+          {"init-from", "initial weights (safetensors with the model's parameter names), or a Hugging Face model directory to fine-tune "
+                        "(--data then may be a text file, tokenized with the model's tokenizer)"},
+          // LoRA (docs/lora.md): with --init-from MODEL_DIR; train.json's "lora" object holds the same keys.
+          {"lora-r", "LoRA rank: adapters on the --lora-target modules, only they train (0: every parameter)"},
+          {"lora-alpha", "LoRA alpha (scaling alpha/r; default 16)"},
+          {"lora-dropout", "LoRA dropout on the adapters' input (default 0)"},
+          {"lora-target", "comma-separated module names or globs (default q_proj,v_proj)"},
           {"save", "write the final weights here (safetensors)"},
           {"log", "write one JSON object per step here (JSONL)"},
           {"checkpoint", "write a resumable checkpoint here (every checkpoint_every steps and at the end)"},
@@ -189,7 +197,24 @@ int cmd_train(int argc, char** argv) {
   std::string prof = a.str("profile");
   if (!prof.empty() && dist::launched()) prof += fmt::format(".rank{}", dist::rank());  // one trace per process
   if (!prof.empty()) profile::start();
-  const TrainResult r = train_gpt(o);
+  // Fine-tuning a Hugging Face model directory (train/finetune.hpp), with LoRA from the flags or train.json.
+  std::optional<LoraTrainConfig>& lora = o.lora;
+  if (a.has("lora-r") || a.has("lora-alpha") || a.has("lora-dropout") || a.has("lora-target")) {
+    KILN_CHECK(!o.init_from.empty() || !o.resume_path.empty(),
+               "kiln train: --lora-* needs --init-from (a Hugging Face model directory or kiln weights) to adapt");
+    lora = TrainConfig::load(o.train_path).lora;
+    lora->r = a.integer("lora-r", lora->r == 0 ? 8 : lora->r);
+    lora->alpha = a.number("lora-alpha", lora->alpha);
+    lora->dropout = a.number("lora-dropout", lora->dropout);
+    if (a.has("lora-target")) {
+      lora->target_modules.clear();
+      std::stringstream ss(a.str("lora-target"));
+      for (std::string t; std::getline(ss, t, ',');)
+        if (!t.empty()) lora->target_modules.push_back(t);
+    }
+  }
+  const bool finetune = !o.init_from.empty() && hf::is_model_dir(o.init_from);
+  const TrainResult r = finetune ? finetune_causal_lm(o) : train_gpt(o);
   if (!prof.empty()) {
     profile::stop();
     profile::write_chrome_trace(prof);

@@ -1,0 +1,433 @@
+#include "kiln/nn/lora.hpp"
+
+#include <fnmatch.h>
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "kiln/autograd/autocast.hpp"
+#include "kiln/formats/safetensors.hpp"
+#include "kiln/nn/hf/architecture.hpp"
+#include "kiln/nn/init.hpp"
+#include "kiln/nn/layers.hpp"
+
+namespace kiln::nn {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Where a kiln Linear sits in the model PEFT sees.
+struct PeftName {
+  std::string path;
+  int64_t rope_heads = 0;
+  bool fan_in_fan_out = false;
+  int64_t part = 0, parts = 1;  // a slice of a fused module (GPT-2's c_attn)
+};
+
+std::string strip_weight(const std::string& name) {
+  return name.size() > 7 && name.ends_with(".weight") ? name.substr(0, name.size() - 7) : std::string();
+}
+
+// kiln module path -> its PEFT name; empty for a model that is not an imported one (kiln paths are
+// then the PEFT paths). The architecture table is the one load_causal_lm read the checkpoint with.
+template <Backend B> std::map<std::string, PeftName> peft_names(const Module<B>& model) {
+  std::map<std::string, PeftName> out;
+  const auto* lm = dynamic_cast<const hf::CausalLM<B>*>(&model);
+  if (lm == nullptr) return out;
+  const hf::Architecture* a = hf::find_architecture(lm->spec().architecture);
+  if (a == nullptr) return out;
+  // Only GPT-2's table looks at the directory (its "transformer." prefix); with no directory it gives
+  // the module names of GPT2LMHeadModel, which are what PEFT sees.
+  for (const auto& [kiln_name, src] : a->tensors(lm->spec(), hf::ModelDir{})) {
+    const std::string k = strip_weight(kiln_name), h = strip_weight(src.name);
+    if (k.empty() || h.empty()) continue;
+    out[k] = {h, src.op == hf::TensorSource::Op::rope_rows ? src.heads : 0, src.op == hf::TensorSource::Op::transpose, src.part, src.parts};
+  }
+  return out;
+}
+
+bool is_glob(const std::string& p) { return p.find_first_of("*?[") != std::string::npos; }
+
+// PEFT's rule for a name in a list: the path itself or its last dotted components; a glob: the path.
+bool matches(const LoraOptions& o, const std::string& path) {
+  if (!o.target_regex.empty()) return std::regex_match(path, std::regex(o.target_regex));
+  for (const auto& p : o.target_modules) {
+    if (is_glob(p) ? fnmatch(p.c_str(), path.c_str(), 0) == 0 : path == p || path.ends_with("." + p)) return true;
+  }
+  return false;
+}
+
+std::string patterns_str(const LoraOptions& o) {
+  return o.target_regex.empty() ? fmt::format("[{}]", fmt::join(o.target_modules, ", ")) : "regex '" + o.target_regex + "'";
+}
+
+// The regex PEFT reads (a string target_modules, full match) for patterns with globs.
+std::string glob_regex(const std::vector<std::string>& patterns) {
+  std::string re;
+  for (const auto& p : patterns) {
+    re += re.empty() ? "(" : "|(";
+    if (!is_glob(p)) re += "(.*\\.)?";
+    for (const char c : p) {
+      if (c == '*')
+        re += ".*";
+      else if (c == '?')
+        re += ".";
+      else if (std::string_view("\\^$.|+()[]{}").find(c) != std::string_view::npos)
+        re += std::string("\\") + c;
+      else
+        re += c;
+    }
+    re += ")";
+  }
+  return re;
+}
+
+// lora_B rows between the checkpoint's head layout [H, 2, hd/2] and kiln's interleaved [H, hd/2, 2]
+// (nn/hf/causal_lm.cpp re-orders q_proj/k_proj this way on import).
+template <Backend B> Tensor<B> rope_rows(const Tensor<B>& t, int64_t H, bool to_kiln) {
+  const int64_t hd = t.size(0) / H, c = t.size(1);
+  const Shape from = to_kiln ? Shape{H, 2, hd / 2, c} : Shape{H, hd / 2, 2, c};
+  return t.reshape(from).transpose(1, 2).contiguous().reshape({H * hd, c});
+}
+
+template <Backend B> struct Wrapped {
+  std::string path;
+  Linear<B>* linear;
+  LoraAdapter<B>* adapter;
+};
+
+// The Linears with a LoRA adapter. The model is const in the traversal API; callers that change a
+// Linear were handed the model non-const.
+template <Backend B> std::vector<Wrapped<B>> wrapped(const Module<B>& model) {
+  std::vector<Wrapped<B>> out;
+  for (const auto& [path, m] : model.named_modules()) {
+    auto* lin = dynamic_cast<Linear<B>*>(const_cast<Module<B>*>(m));
+    if (lin == nullptr) continue;
+    if (auto* a = dynamic_cast<LoraAdapter<B>*>(lin->adapter())) out.push_back({path, lin, a});
+  }
+  return out;
+}
+
+std::string saved_name(const std::string& peft_path, const char* which) {
+  return "base_model.model." + peft_path + "." + which + ".weight";
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------ adapter
+
+template <Backend B> LoraAdapter<B>::LoraAdapter(const LoraOptions& o, int64_t in, int64_t out, DType dtype, std::string peft_path)
+    : o_(o),
+      scaling_(o.use_rslora ? o.alpha / std::sqrt(static_cast<double>(o.r)) : o.alpha / static_cast<double>(o.r)),
+      peft_path_(std::move(peft_path)) {
+  // PEFT's default init: lora_A kaiming-uniform with a = √5, i.e. U(±1/√in), Linear's own default.
+  a_ = std::make_shared<Linear<B>>(LinearOptions{.in = in, .out = o.r, .bias = false, .dtype = dtype});
+  b_ = std::make_shared<Linear<B>>(LinearOptions{.in = o.r, .out = out, .bias = false, .dtype = dtype});
+  init::zeros_(b_->weight());
+  drop_ = std::make_shared<Dropout<B>>(o.dropout);
+}
+
+template <Backend B> void LoraAdapter<B>::share(std::shared_ptr<LoraAdapter> owner, int64_t part_index, int64_t part_count) {
+  owner_ = std::move(owner);
+  part = part_index;
+  parts = part_count;
+  a_.reset();
+  b_.reset();
+}
+
+template <Backend B> Var<B> LoraAdapter<B>::forward(const Var<B>& x) const {
+  const auto& drop = static_cast<const Dropout<B>&>(*drop_);
+  if (parts == 1) return b_->forward(a_->forward(drop.forward(x))) * scaling_;
+  // One part of a fused module: this part's rows of the owner's lora_B.
+  const LoraAdapter& o = owner_ ? *owner_ : *this;
+  const Var<B> h = o.a_->forward(drop.forward(x));  // [..., r]
+  const int64_t n = o.b_->options().out / parts;
+  const Var<B> rows = autocast::to_low(o.b_->weight()).narrow(0, part * n, n);  // [n, r]
+  Shape out_shape = h.shape();
+  out_shape.back() = n;
+  return h.reshape({-1, o_.r}).matmul(rows.t()).reshape(out_shape) * scaling_;
+}
+
+// ------------------------------------------------------------------------------------------ apply
+
+template <Backend B> std::vector<std::string> apply_lora(Module<B>& model, const LoraOptions& o) {
+  KILN_CHECK(o.r >= 1, "apply_lora: r must be >= 1, got {}", o.r);
+  KILN_CHECK(o.dropout >= 0 && o.dropout < 1, "apply_lora: dropout must be in [0, 1), got {}", o.dropout);
+  KILN_CHECK(std::isfinite(o.alpha), "apply_lora: alpha must be finite, got {}", o.alpha);
+  KILN_CHECK(o.bias == "none", "apply_lora: bias '{}' is not implemented (kiln has 'none': biases stay frozen)", o.bias);
+  KILN_CHECK(o.target_modules.empty() != o.target_regex.empty(), "apply_lora: give target_modules or target_regex (one of them), got {}",
+             o.target_modules.empty() ? "neither" : "both");
+  if (!o.target_regex.empty()) {
+    try {
+      std::regex check(o.target_regex);
+    } catch (const std::regex_error& e) {
+      fail("apply_lora: target regex '{}' is invalid: {}", o.target_regex, e.what());
+    }
+  }
+  const auto names = peft_names(model);
+  struct Match {
+    std::string path;
+    Linear<B>* linear;
+    PeftName name;
+  };
+  std::vector<Match> found;
+  std::vector<std::string> wrapped_prefixes;
+  for (const auto& [path, m] : model.named_modules()) {
+    if (path.empty()) continue;
+    bool inside = false;  // the adapter modules of a wrapped Linear
+    for (const auto& w : wrapped_prefixes) inside = inside || path.starts_with(w + ".");
+    if (inside) continue;
+    auto* lin = dynamic_cast<Linear<B>*>(const_cast<Module<B>*>(m));
+    if (lin != nullptr && lin->adapter() != nullptr) wrapped_prefixes.push_back(path);
+    const auto it = names.find(path);
+    const PeftName name = it != names.end() ? it->second : PeftName{path};
+    if (!matches(o, name.path)) continue;
+    KILN_CHECK(lin != nullptr, "apply_lora: target {} matches module '{}', which is not a Linear (LoRA wraps Linear layers only)",
+               patterns_str(o), name.path);
+    KILN_CHECK(lin->adapter() == nullptr, "apply_lora: module '{}' has an adapter already", name.path);
+    found.push_back({path, lin, name});
+  }
+  KILN_CHECK(!found.empty(), "apply_lora: target {} matches no module", patterns_str(o));
+  // A fused module (GPT-2's c_attn) is matched whole: every part, part 0 first (the table's order).
+  std::map<std::string, int64_t> fused_parts;
+  for (const auto& f : found)
+    if (f.name.parts > 1) ++fused_parts[f.name.path];
+  for (const auto& f : found)
+    KILN_CHECK(f.name.parts == 1 || fused_parts[f.name.path] == f.name.parts,
+               "apply_lora: fused module '{}' is matched in part ({} of its {} Linears)", f.name.path, fused_parts[f.name.path],
+               f.name.parts);
+  model.requires_grad_(false);
+  std::vector<std::string> paths;
+  std::map<std::string, std::shared_ptr<LoraAdapter<B>>> owners;  // fused module -> the adapter of its part 0
+  for (auto& [path, lin, name] : found) {
+    const LinearOptions& lo = lin->options();
+    auto a = std::make_shared<LoraAdapter<B>>(o, lo.in, lo.out * name.parts, lin->weight().dtype(), name.path);
+    a->rope_heads = name.rope_heads;
+    a->fan_in_fan_out = name.fan_in_fan_out;
+    a->parts = name.parts;
+    a->dropout_module()->train(model.is_training());
+    std::vector<std::pair<std::string, std::shared_ptr<Module<B>>>> modules{{"lora_dropout", a->dropout_module()}};
+    if (name.parts > 1 && name.part > 0) {
+      const auto owner = owners.find(name.path);
+      KILN_CHECK(owner != owners.end(), "apply_lora: fused module '{}': part {} comes before part 0", name.path, name.part);
+      a->share(owner->second, name.part, name.parts);
+    } else {
+      if (name.parts > 1) owners[name.path] = a;
+      a->lora_A().train(model.is_training());
+      a->lora_B().train(model.is_training());
+      modules.emplace_back("lora_A", std::shared_ptr<Module<B>>(a, &a->lora_A()));
+      modules.emplace_back("lora_B", std::shared_ptr<Module<B>>(a, &a->lora_B()));
+    }
+    lin->set_adapter(a, modules);
+    paths.push_back(path);
+  }
+  return paths;
+}
+
+template <Backend B> std::vector<std::pair<std::string, LoraAdapter<B>*>> lora_adapters(const Module<B>& model) {
+  std::vector<std::pair<std::string, LoraAdapter<B>*>> out;
+  for (const auto& w : wrapped(model)) out.emplace_back(w.path, w.adapter);
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------ save
+
+template <Backend B> std::vector<std::pair<std::string, Tensor<B>>> lora_state_dict(const Module<B>& model) {
+  std::vector<std::pair<std::string, Tensor<B>>> out;
+  for (const auto& w : wrapped(model)) {
+    const LoraAdapter<B>& a = *w.adapter;
+    if (a.owner() != nullptr) continue;  // a later part of a fused module: its owner holds the tensors
+    const Tensor<B>& lb = a.lora_B().weight().value();
+    out.emplace_back(saved_name(a.peft_path(), "lora_A"), a.lora_A().weight().value());
+    out.emplace_back(saved_name(a.peft_path(), "lora_B"), a.rope_heads ? rope_rows(lb, a.rope_heads, false) : lb);
+  }
+  return out;
+}
+
+template <Backend B> void save_lora(const Module<B>& model, const std::string& dir) {
+  const auto ws = wrapped(model);
+  KILN_CHECK(!ws.empty(), "save_lora: the model has no LoRA adapter (apply_lora or load_lora first); nothing written to '{}'", dir);
+  const LoraOptions& o = ws.front().adapter->options();
+  bool fan_in_fan_out = false;
+  for (const auto& w : ws) {
+    fan_in_fan_out = fan_in_fan_out || w.adapter->fan_in_fan_out;
+    const LoraOptions& p = w.adapter->options();
+    // One adapter_config.json holds one r, alpha, dropout and target list (PEFT's per-module
+    // rank_pattern/alpha_pattern are not implemented).
+    KILN_CHECK(p.r == o.r && p.alpha == o.alpha && p.dropout == o.dropout && p.use_rslora == o.use_rslora &&
+                   p.target_modules == o.target_modules && p.target_regex == o.target_regex,
+               "save_lora: the adapters of '{}' (r {}, alpha {}, target {}) and '{}' (r {}, alpha {}, target {}) come from different "
+               "apply_lora options; one adapter_config.json holds one set (apply_lora once with every target)",
+               ws.front().path, o.r, o.alpha, patterns_str(o), w.path, p.r, p.alpha, patterns_str(p));
+  }
+  json c;
+  c["peft_type"] = "LORA";
+  c["task_type"] = "CAUSAL_LM";
+  c["base_model_name_or_path"] = o.base_model_name_or_path.empty() ? json(nullptr) : json(o.base_model_name_or_path);
+  c["r"] = o.r;
+  c["lora_alpha"] = o.alpha;
+  c["lora_dropout"] = o.dropout;
+  bool glob = false;
+  for (const auto& p : o.target_modules) glob = glob || is_glob(p);
+  // PEFT reads a list as names and a string as a regex: globs go as the equivalent regex.
+  if (!o.target_regex.empty())
+    c["target_modules"] = o.target_regex;
+  else if (glob)
+    c["target_modules"] = glob_regex(o.target_modules);
+  else
+    c["target_modules"] = o.target_modules;
+  c["bias"] = o.bias;
+  c["use_rslora"] = o.use_rslora;
+  c["fan_in_fan_out"] = fan_in_fan_out;
+  c["inference_mode"] = true;
+  c["init_lora_weights"] = true;
+  c["modules_to_save"] = nullptr;
+  c["use_dora"] = false;
+  c["rank_pattern"] = json::object();
+  c["alpha_pattern"] = json::object();
+  std::filesystem::create_directories(dir);
+  safetensors::save<B>(dir + "/adapter_model.safetensors", lora_state_dict(model), {{"format", "pt"}});
+  const std::string text = c.dump(2) + "\n";
+  safetensors::write_atomically(dir + "/adapter_config.json", {{text.data(), text.size()}});
+}
+
+// ------------------------------------------------------------------------------------------ load
+
+LoraOptions read_lora_config(const std::string& path) {
+  std::ifstream f(path);
+  KILN_CHECK(f.good(), "load_lora: cannot open '{}'", path);
+  json c;
+  try {
+    c = json::parse(f);
+  } catch (const json::exception& e) {
+    fail("load_lora: '{}' is not valid JSON: {}", path, e.what());
+  }
+  KILN_CHECK(c.is_object(), "load_lora: '{}' must hold a JSON object", path);
+  LoraOptions o;
+  auto num = [&](const char* k, double def) {
+    if (!c.contains(k) || c[k].is_null()) return def;
+    KILN_CHECK(c[k].is_number(), "load_lora: {}: '{}' must be a number, got {}", path, k, c[k].dump());
+    return c[k].get<double>();
+  };
+  KILN_CHECK(c.value("peft_type", json()) == "LORA", "load_lora: {}: peft_type must be \"LORA\", got {}", path,
+             c.value("peft_type", json()).dump());
+  KILN_CHECK(c.contains("r") && c["r"].is_number_integer(), "load_lora: {}: 'r' must be an integer", path);
+  o.r = c["r"].get<int64_t>();
+  o.alpha = num("lora_alpha", 8.0);
+  o.dropout = num("lora_dropout", 0.0);
+  const json t = c.value("target_modules", json());
+  if (t.is_string()) {
+    o.target_regex = t.get<std::string>();
+  } else {
+    KILN_CHECK(t.is_array() && !t.empty(), "load_lora: {}: 'target_modules' must be a list of names or a regex string, got {}", path,
+               t.dump());
+    for (const auto& n : t) {
+      KILN_CHECK(n.is_string(), "load_lora: {}: 'target_modules' entries must be strings, got {}", path, n.dump());
+      o.target_modules.push_back(n.get<std::string>());
+    }
+  }
+  o.bias = c.value("bias", std::string("none"));
+  o.use_rslora = c.value("use_rslora", false);
+  if (c.contains("base_model_name_or_path") && c["base_model_name_or_path"].is_string())
+    o.base_model_name_or_path = c["base_model_name_or_path"];
+  // Fields with no effect on a loaded adapter's math; fan_in_fan_out follows each module's type, as in PEFT.
+  static const std::set<std::string> read = {"peft_type",      "r",
+                                             "lora_alpha",     "lora_dropout",
+                                             "target_modules", "bias",
+                                             "use_rslora",     "base_model_name_or_path",
+                                             "fan_in_fan_out", "task_type",
+                                             "inference_mode", "init_lora_weights",
+                                             "revision",       "auto_mapping",
+                                             "megatron_core",  "peft_version"};
+  for (const auto& [k, v] : c.items()) {
+    if (read.count(k)) continue;
+    const bool unset = v.is_null() || v == false || (v.is_object() && v.empty()) || (v.is_array() && v.empty());
+    KILN_CHECK(unset, "load_lora: {}: field '{}' = {} is not implemented by kiln", path, k, v.dump());
+  }
+  return o;
+}
+
+template <Backend B> std::vector<std::string> load_lora(Module<B>& model, const std::string& dir) {
+  const LoraOptions o = read_lora_config(dir + "/adapter_config.json");
+  const std::string file = dir + "/adapter_model.safetensors";
+  KILN_CHECK(std::filesystem::exists(file), "load_lora: '{}' does not exist", file);
+  std::map<std::string, Tensor<B>> loaded = safetensors::load<B>(file);
+  // Remember what apply_lora changes, so a failed load leaves the model as it was.
+  std::vector<std::pair<Var<B>, bool>> grads;
+  for (auto& [n, p] : model.named_parameters()) grads.emplace_back(p, p.requires_grad());
+  const std::vector<std::string> paths = apply_lora(model, o);
+  try {
+    std::vector<std::string> problems;
+    std::vector<std::pair<Tensor<B>, Tensor<B>>> copies;
+    for (const auto& w : wrapped(model)) {
+      const LoraAdapter<B>& a = *w.adapter;
+      if (a.owner() != nullptr) continue;  // a later part of a fused module: loaded through its owner
+      for (const char* which : {"lora_A", "lora_B"}) {
+        const std::string name = saved_name(a.peft_path(), which);
+        Tensor<B> dst = (std::string_view(which) == "lora_A" ? a.lora_A() : a.lora_B()).weight().value();
+        const auto it = loaded.find(name);
+        if (it == loaded.end()) {
+          problems.push_back(fmt::format("missing '{}' {}", name, shape_str(dst.shape())));
+          continue;
+        }
+        Tensor<B> src = it->second;
+        loaded.erase(it);
+        if (src.shape() != dst.shape()) {
+          problems.push_back(fmt::format("'{}' is {}, the model's is {}", name, shape_str(src.shape()), shape_str(dst.shape())));
+          continue;
+        }
+        if (std::string_view(which) == "lora_B" && a.rope_heads) src = rope_rows(src, a.rope_heads, true);
+        copies.emplace_back(dst, src);
+      }
+    }
+    for (const auto& [name, t] : loaded) problems.push_back(fmt::format("unexpected '{}' {}", name, shape_str(t.shape())));
+    KILN_CHECK(problems.empty(), "load_lora: {} does not fit the model (target {}): {}", file, patterns_str(o), fmt::join(problems, "; "));
+    for (auto& [dst, src] : copies) dst.copy_(src);
+  } catch (...) {
+    for (const auto& w : wrapped(model))  // only what this call applied: adapters from before stay
+      if (std::find(paths.begin(), paths.end(), w.path) != paths.end()) w.linear->remove_adapter();
+    for (auto& [p, on] : grads) p.requires_grad_(on);
+    throw;
+  }
+  return paths;
+}
+
+// ------------------------------------------------------------------------------------------ merge
+
+template <Backend B> void merge_lora(Module<B>& model) {
+  const auto ws = wrapped(model);
+  KILN_CHECK(!ws.empty(), "merge_lora: the model has no LoRA adapter");
+  NoGrad no_grad;
+  for (const auto& w : ws) {
+    const LoraAdapter<B>& a = *w.adapter;
+    const Tensor<B>& A = a.lora_A().weight().value();
+    Tensor<B> Bw = a.lora_B().weight().value();  // the owner's, for a part of a fused module
+    Tensor<B> W = w.linear->weight().value();
+    if (a.parts > 1) Bw = Bw.narrow(0, a.part * W.size(0), W.size(0));
+    // In the weight's dtype, as PEFT's merge (the product in f32 for f32 weights).
+    W.add_(Bw.matmul(A).mul(a.scaling()).to(W.dtype()));
+    w.linear->remove_adapter();
+  }
+}
+
+#define KILN_INST(B)                                                                                \
+  template class LoraAdapter<B>;                                                                    \
+  template std::vector<std::string> apply_lora<B>(Module<B>&, const LoraOptions&);                  \
+  template std::vector<std::pair<std::string, LoraAdapter<B>*>> lora_adapters<B>(const Module<B>&); \
+  template std::vector<std::pair<std::string, Tensor<B>>> lora_state_dict<B>(const Module<B>&);     \
+  template void save_lora<B>(const Module<B>&, const std::string&);                                 \
+  template std::vector<std::string> load_lora<B>(Module<B>&, const std::string&);                   \
+  template void merge_lora<B>(Module<B>&);
+KILN_FOR_EACH_BACKEND(KILN_INST)
+#undef KILN_INST
+
+}  // namespace kiln::nn

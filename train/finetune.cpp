@@ -1,0 +1,167 @@
+#include "kiln/train/finetune.hpp"
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "kiln/backends/dispatch.hpp"
+#include "kiln/dist/fit.hpp"
+#include "kiln/formats/safetensors.hpp"
+#include "kiln/nn/hf/causal_lm.hpp"
+#include "kiln/nn/lora.hpp"
+#include "kiln/nn/loss.hpp"
+#include "kiln/text/tokenizer.hpp"
+#include "kiln/train/data.hpp"
+#include "kiln/train/loop.hpp"
+#include "kiln/train/text.hpp"
+
+namespace kiln {
+
+namespace {
+
+// A token file (safetensors with 'tokens'), or a text file encoded with the model's tokenizer.
+TokenData finetune_data(const std::string& path, const std::string& model_dir) {
+  if (path.ends_with(".safetensors")) return TokenData::load(path);
+  const text::Tokenizer tok = text::Tokenizer::load(model_dir);
+  const auto ids = tok.encode(read_text_file(path));
+  return TokenData(std::vector<int64_t>(ids.begin(), ids.end()), path);
+}
+
+}  // namespace
+
+template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
+  KILN_CHECK(!o.data_path.empty(), "train: --data is required (a token file, or a text file for the model's tokenizer)");
+  KILN_CHECK(o.model_path.empty(),
+             "train: --model {} does not combine with --init-from {} (a model directory: its config.json is the model)", o.model_path,
+             o.init_from);
+  KILN_CHECK(o.dtype == DType::f32 || o.dtype == DType::f64, "train: --dtype must be f32 or f64, got {}", o.dtype);
+  TrainConfig tc = TrainConfig::load(o.train_path);
+  if (!o.resume_path.empty() && o.train_path.empty()) {
+    // The checkpoint's train.json (read_checkpoint_info expects a GPT's model_config).
+    const auto meta = safetensors::File::open(o.resume_path).metadata();
+    KILN_CHECK(meta.count("kiln_checkpoint") && meta.count("train_config"),
+               "train: --resume '{}' is not a checkpoint of `kiln train --init-from` (no kiln_checkpoint/train_config metadata)",
+               o.resume_path);
+    tc = TrainConfig::from_json(nlohmann::json::parse(meta.at("train_config")), o.resume_path + ": train_config");
+  }
+  if (o.lora) {
+    tc.lora = *o.lora;
+    tc.validate();
+  }
+  const bool parallel = dist::is_initialized() && dist::world_size() > 1;
+  const int ranks = parallel ? dist::world_size() : 1;
+  const bool main = !parallel || dist::is_main_process();
+  const int64_t bs = tc.batch_size, T = tc.seq_len;
+  dist::RowSlice rows{0, bs};
+  if (parallel) {
+    KILN_CHECK(bs % ranks == 0, "train: batch_size {} does not divide among {} ranks: use a multiple of {}", bs, ranks, ranks);
+    rows = dist::batch_slice(bs);
+  }
+  KILN_CHECK(tc.zero_stage == 0, "train: zero_stage {} with --init-from MODEL_DIR is not implemented (use 0)", tc.zero_stage);
+  KILN_CHECK(tc.precision == "f32", "train: precision \"{}\" with --init-from MODEL_DIR is not implemented (use f32)", tc.precision);
+
+  manual_seed(o.seed);
+  auto model = hf::load_causal_lm<B>(o.init_from, {.dtype = o.dtype});
+  const TokenData data = finetune_data(o.data_path, o.init_from);
+  data.check_vocab(model->spec().vocab);
+  KILN_CHECK(data.size() > T, "train: '{}' has {} tokens; need more than seq_len={}", o.data_path, data.size(), T);
+  if (model->max_positions() > 0)
+    KILN_CHECK(T <= model->max_positions(), "train: seq_len {} exceeds the model's {} positions", T, model->max_positions());
+  const bool lora = tc.lora.r > 0;
+  if (lora)
+    nn::apply_lora(*model, {.r = tc.lora.r,
+                            .alpha = tc.lora.alpha,
+                            .dropout = tc.lora.dropout,
+                            .target_modules = tc.lora.target_modules,
+                            .base_model_name_or_path = o.init_from});
+  std::unique_ptr<dist::DistributedDataParallel<B>> ddp;
+  if (parallel) ddp = std::make_unique<dist::DistributedDataParallel<B>>(*model, dist::DDPOptions{.bucket_mb = tc.bucket_mb});
+  const OptimizerConfig& oc = tc.optimizer;
+  const auto groups = optim::decay_groups<B>(model->named_parameters(), oc.lr, oc.weight_decay);
+  std::unique_ptr<optim::Optimizer<B>> opt;
+  if (oc.name == "sgd")
+    opt = std::make_unique<optim::SGD<B>>(
+        groups,
+        optim::SGDOptions{
+            .lr = oc.lr, .momentum = oc.momentum, .dampening = oc.dampening, .weight_decay = oc.weight_decay, .nesterov = oc.nesterov});
+  else
+    opt = std::make_unique<optim::Adam<B>>(groups, optim::AdamOptions{.lr = oc.lr,
+                                                                      .beta1 = oc.beta1,
+                                                                      .beta2 = oc.beta2,
+                                                                      .eps = oc.eps,
+                                                                      .weight_decay = oc.weight_decay,
+                                                                      .decoupled = oc.name == "adamw"});
+
+  const int64_t V = model->spec().vocab;
+  auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& b) {
+    const int64_t n = b.first.size(0);
+    const Var<B> logits = model->forward(b.first);
+    return StepOutput<B>{.loss = nn::cross_entropy(logits.reshape({-1, V}), b.second.reshape({-1})),
+                         .metrics = {},
+                         .samples = n,
+                         .tokens = n * T,
+                         .flops = 0};
+  };
+  auto train_batch = [&](int64_t i) { return data.rows<B>(i, bs, T, rows.start, rows.count); };
+  const IndexedBatches<decltype(train_batch)> train{
+      .batch = train_batch, .count = 0, .fingerprint = fmt::format("{} tokens, batches of {}x{}", data.size(), bs, T)};
+  const std::string adapter_dir = o.checkpoint_path.empty() ? std::string() : o.checkpoint_path + ".adapter";
+  const FitOptions fo{.steps = tc.steps,
+                      .grad_accum = tc.grad_accum,
+                      .grad_clip = tc.grad_clip,
+                      .on_nonfinite = tc.on_nonfinite == "skip" ? NonFinite::skip : NonFinite::error,
+                      .checkpoint_path = o.checkpoint_path,
+                      .checkpoint_every = tc.checkpoint_every,
+                      .resume_path = o.resume_path,
+                      .log_path = o.log_path,
+                      .progress = o.quiet || !main ? 0 : o.progress,
+                      .stop_after = o.stop_after,
+                      .metadata = {{"train_config", tc.to_json().dump()}, {"data", o.data_path}, {"init_from", o.init_from}},
+                      .callbacks = {lora_checkpoints(*model, tc, o.checkpoint_path, main)},
+                      .hooks = ddp ? dist::fit_hooks(*ddp) : FitHooks{},
+                      .schedule = tc.schedule};
+  if (!o.quiet && main) {
+    int64_t trainable = 0;
+    for (const auto& [n, p] : model->named_parameters()) trainable += p.requires_grad() ? p.numel() : 0;
+    fmt::print("kiln train: {} from {}: {} parameters, {} trainable{}, {}·{} tokens/step, {} tokens, steps {}, device {}\n",
+               model->spec().architecture, o.init_from, model->num_parameters(), trainable,
+               lora ? fmt::format(" (LoRA r {} on {})", tc.lora.r, fmt::join(tc.lora.target_modules, ",")) : std::string(), bs, T,
+               data.size(), tc.steps, B::name);
+  }
+  const FitResult r = fit(*model, *opt, train, step, fo);
+  TrainResult res;
+  res.steps_done = r.steps_done;
+  res.losses = r.losses;
+  res.interrupted = r.interrupted;
+  if (main) {
+    if (lora && !adapter_dir.empty()) nn::save_lora(*model, adapter_dir);  // beside the final checkpoint
+    if (!o.save_path.empty()) {
+      if (lora)
+        nn::save_lora(*model, o.save_path);
+      else
+        model->save(o.save_path);
+    }
+  }
+  if (parallel) dist::barrier();
+  return res;
+}
+
+template <Backend B>
+Callback lora_checkpoints(const nn::Module<B>& model, const TrainConfig& tc, const std::string& checkpoint_path, bool main) {
+  if (tc.lora.r == 0 || checkpoint_path.empty() || tc.checkpoint_every == 0 || !main) return {};
+  // fit writes a checkpoint after step s when (s + 1) % checkpoint_every == 0: the adapter of the same step.
+  return {.on_step = [&model, every = tc.checkpoint_every, dir = checkpoint_path + ".adapter"](FitState& st) {
+    if ((st.step + 1) % every == 0) nn::save_lora(model, dir);
+  }};
+}
+
+TrainResult finetune_causal_lm(const TrainOptions& o) {
+  return dispatch(o.device, [&]<Backend B>() { return finetune_causal_lm<B>(o); });
+}
+
+#define KILN_INST(B)                                               \
+  template TrainResult finetune_causal_lm<B>(const TrainOptions&); \
+  template Callback lora_checkpoints<B>(const nn::Module<B>&, const TrainConfig&, const std::string&, bool);
+KILN_FOR_EACH_BACKEND(KILN_INST)
+#undef KILN_INST
+
+}  // namespace kiln
