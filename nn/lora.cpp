@@ -45,9 +45,9 @@ template <Backend B> std::map<std::string, PeftName> peft_names(const Module<B>&
   if (lm == nullptr) return out;
   const hf::Architecture* a = hf::find_architecture(lm->spec().architecture);
   if (a == nullptr) return out;
-  // Only GPT-2's table looks at the directory (its "transformer." prefix); with no directory it gives
-  // the module names of GPT2LMHeadModel, which are what PEFT sees.
-  for (const auto& [kiln_name, src] : a->tensors(lm->spec(), hf::ModelDir{})) {
+  // Without a directory (null, as when exporting) the table gives the names of the Hugging Face model's
+  // modules (GPT-2's without its checkpoint's "transformer." prefix), which are what PEFT sees.
+  for (const auto& [kiln_name, src] : a->tensors(lm->spec(), nullptr)) {
     const std::string k = strip_weight(kiln_name), h = strip_weight(src.name);
     if (k.empty() || h.empty()) continue;
     out[k] = {h, src.op == hf::TensorSource::Op::rope_rows ? src.heads : 0, src.op == hf::TensorSource::Op::transpose, src.part, src.parts};

@@ -47,6 +47,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
     tc.lora = *o.lora;
     tc.validate();
   }
+  if (o.activation_checkpointing) tc.activation_checkpointing = true;
   const bool parallel = dist::is_initialized() && dist::world_size() > 1;
   const int ranks = parallel ? dist::world_size() : 1;
   const bool main = !parallel || dist::is_main_process();
@@ -73,6 +74,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
                             .dropout = tc.lora.dropout,
                             .target_modules = tc.lora.target_modules,
                             .base_model_name_or_path = o.init_from});
+  model->set_activation_checkpointing(tc.activation_checkpointing);  // one segment per decoder layer (docs/memory.md)
   std::unique_ptr<dist::DistributedDataParallel<B>> ddp;
   if (parallel) ddp = std::make_unique<dist::DistributedDataParallel<B>>(*model, dist::DDPOptions{.bucket_mb = tc.bucket_mb});
   const OptimizerConfig& oc = tc.optimizer;
@@ -127,6 +129,8 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
                lora ? fmt::format(" (LoRA r {} on {})", tc.lora.r, fmt::join(tc.lora.target_modules, ",")) : std::string(), bs, T,
                data.size(), tc.steps, B::name);
   }
+  if (!o.quiet && main && tc.activation_checkpointing)
+    fmt::print("kiln train: activation checkpointing on (layer activations recomputed in backward)\n");
   const FitResult r = fit(*model, *opt, train, step, fo);
   TrainResult res;
   res.steps_done = r.steps_done;

@@ -92,6 +92,12 @@ TEST_CASE("lora cli: kiln train --init-from MODEL_DIR --lora-r fine-tunes a text
   const auto b = losses(dir / "b.jsonl");
   resumed.insert(resumed.end(), b.begin(), b.end());
   CHECK(resumed == full);
+  // Activation checkpointing (docs/memory.md) recomputes each decoder layer in backward: the same losses.
+  r = run_kiln(fmt::format("{} --log {}/ac.jsonl --checkpoint {}/ac.ckpt --activation-checkpointing --stop-after 10", common, d, d));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("activation checkpointing on"));
+  CHECK(losses(dir / "ac.jsonl") == std::vector<double>(full.begin(), full.begin() + 10));
   // LoRA flags without a model directory are an error naming what is needed.
   r = run_kiln(fmt::format("train --data {} --lora-r 4", kText));
   CHECK(r.status != 0);
