@@ -138,7 +138,7 @@ TEST_CASE("parity: kiln train = reference train for every attention x residual c
   json t = kTrain;
   t["steps"] = 12;
   t["schedule"] = {{"name", "cosine"}, {"warmup_steps", 2}};
-  for (const char* attention : {"mha", "diff"})
+  for (const char* attention : {"mha", "diff", "diff2"})
     for (const char* residual : {"standard", "attnres_full", "attnres_block"}) {
       json m = kBase;
       m["attention"] = attention;
