@@ -13,6 +13,8 @@
 #include <kiln/backends/backends.hpp>
 #include <kiln/core/fused_diff2.hpp>
 #include <kiln/nn/diff2_attention.hpp>
+#include <kiln/nn/gpt.hpp>
+#include <nlohmann/json.hpp>
 #include "common/kiln_test.hpp"
 #include "nn/param_gradcheck.hpp"
 
@@ -262,4 +264,34 @@ TEMPLATE_TEST_CASE("diff2: bad options and inputs throw kiln::Error naming the m
                     Catch::Contains("[1, 2, 3]") && Catch::Contains("[1, 2, 2]"));
   CHECK_THROWS_WITH(fused::diff2_combine_forward(T::zeros({1, 4, 2, 4}, DType::f64), T::zeros({1, 2, 2}, DType::f32)),
                     Catch::Contains("f64") && Catch::Contains("f32"));
+}
+
+TEMPLATE_TEST_CASE("diff2: a GPT with attention diff2 decodes with its KV caches as the full forward", "[attention][diff2]",
+                   KILN_BACKEND_TYPES) {
+  using T = Tensor<TestType>;
+  ModelConfig c;
+  c.vocab_size = 29, c.d_model = 24, c.n_layers = 2, c.n_heads = 3, c.n_kv_heads = 2, c.max_seq_len = 16, c.attention = "diff2";
+  nn::GPT<TestType> m(c, DType::f64);
+  CHECK(m.parameter("layers.1.attn.lambda_proj.weight").shape() == Shape({3, 24}));
+  CHECK(m.parameter("layers.0.attn.q_proj.weight").shape() == Shape({48, 24}));
+  CHECK(m.parameter("layers.0.attn.o_proj.weight").shape() == Shape({24, 24}));
+  Generator gen(16);
+  const T ids = T::rand({2, 10}, DType::f32, &gen).mul(29).to(DType::i64);
+  NoGrad ng;
+  const T full = m.forward(ids).value();
+  std::vector<nn::KVCache<TestType>> caches;
+  std::vector<T> parts{m.forward(ids.narrow(1, 0, 6), caches).value()};
+  for (int64_t t = 6; t < 10; ++t) parts.push_back(m.forward(ids.narrow(1, t, 1), caches).value());
+  kt::check_close(T::cat(parts, 1), full, {1e-11, 1e-11}, "logits");
+  CHECK(m.generate({1, 2, 3}, {.max_new_tokens = 20, .temperature = 0}).size() == 20);  // past max_seq_len: re-reads
+}
+
+TEST_CASE("diff2: model.json takes attention diff2 with n_kv_heads dividing 2·n_heads", "[attention][diff2][errors]") {
+  using json = nlohmann::json;
+  CHECK(ModelConfig::from_json(json{{"attention", "diff2"}, {"n_heads", 4}, {"n_kv_heads", 8}}).resolved().n_kv_heads == 8);
+  CHECK_THROWS_WITH(ModelConfig::from_json(json{{"attention", "diff2"}, {"n_heads", 4}, {"n_kv_heads", 3}}),
+                    Catch::Contains("diff2") && Catch::Contains("2·n_heads (8)") && Catch::Contains("n_kv_heads (3)"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(json{{"n_heads", 4}, {"n_kv_heads", 8}}), Catch::Contains("n_kv_heads (8)"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(json{{"attention", "diff2"}, {"d_model", 12}, {"n_heads", 4}}), Catch::Contains("odd"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(json{{"attention", "diff3"}}), Catch::Contains("mha, diff, diff2"));
 }
