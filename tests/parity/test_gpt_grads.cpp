@@ -73,11 +73,6 @@ TEST_CASE("parity: GPT with differential attention and attention residuals equal
     j["tie_embeddings"] = true;
     check_config(j);
   }
-  SECTION("diff2, RoPE, standard residual") {
-    json j = base;
-    j["attention"] = "diff2";
-    check_config(j);
-  }
   SECTION("diff2, GQA 3:2 (a head pair across two kv heads), tied, attnres_block S=3") {
     json j = base;
     j["attention"] = "diff2";
