@@ -13,6 +13,7 @@
 #include "kiln/nn/attention.hpp"
 #include "kiln/nn/attnres.hpp"
 #include "kiln/nn/diff_attention.hpp"
+#include "kiln/nn/diff2_attention.hpp"
 #include "kiln/nn/embedding.hpp"
 #include "kiln/nn/generate.hpp"  // nn::generate: greedy, sampling, KV cache (GPT and Hugging Face models)
 #include "kiln/nn/gpt.hpp"

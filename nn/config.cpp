@@ -58,14 +58,18 @@ ModelConfig ModelConfig::resolved() const {
   if (c.n_kv_heads == 0) c.n_kv_heads = c.n_heads;
   if (c.ffn_hidden == 0) c.ffn_hidden = ((8 * c.d_model / 3) + 63) / 64 * 64;
   const char* w = "model config";
-  one_of(w, "attention", c.attention, {"mha", "diff"});
+  one_of(w, "attention", c.attention, {"mha", "diff", "diff2"});
   one_of(w, "residual", c.residual, {"standard", "attnres_full", "attnres_block"});
   KILN_CHECK(c.vocab_size >= 1, "{}: vocab_size must be >= 1, got {}", w, c.vocab_size);
   KILN_CHECK(c.d_model >= 1, "{}: d_model must be >= 1, got {}", w, c.d_model);
   KILN_CHECK(c.n_layers >= 0, "{}: n_layers must be >= 0, got {}", w, c.n_layers);
   KILN_CHECK(c.n_heads >= 1, "{}: n_heads must be >= 1, got {}", w, c.n_heads);
-  KILN_CHECK(c.n_kv_heads >= 1 && c.n_heads % c.n_kv_heads == 0,
-             "{}: n_heads ({}) must be a multiple of n_kv_heads ({})", w, c.n_heads, c.n_kv_heads);
+  if (c.attention == "diff2")  // the attention runs on 2·n_heads query heads (docs/specs.md §1b)
+    KILN_CHECK(c.n_kv_heads >= 1 && (2 * c.n_heads) % c.n_kv_heads == 0,
+               "{}: attention \"diff2\" needs 2·n_heads ({}) to be a multiple of n_kv_heads ({})", w, 2 * c.n_heads, c.n_kv_heads);
+  else
+    KILN_CHECK(c.n_kv_heads >= 1 && c.n_heads % c.n_kv_heads == 0,
+               "{}: n_heads ({}) must be a multiple of n_kv_heads ({})", w, c.n_heads, c.n_kv_heads);
   KILN_CHECK(c.ffn_hidden >= 1, "{}: ffn_hidden must be >= 1, got {}", w, c.ffn_hidden);
   KILN_CHECK(c.max_seq_len >= 1, "{}: max_seq_len must be >= 1, got {}", w, c.max_seq_len);
   KILN_CHECK(c.norm_eps > 0, "{}: norm_eps must be > 0, got {}", w, c.norm_eps);

@@ -17,7 +17,7 @@ struct ModelConfig {
   int64_t n_kv_heads = 0;  // 0: = n_heads
   int64_t ffn_hidden = 0;  // 0: ceil64(8 * d_model / 3)
   int64_t max_seq_len = 256;
-  std::string attention = "mha";      // mha | diff
+  std::string attention = "mha";      // mha | diff | diff2
   std::string residual = "standard";  // standard | attnres_full | attnres_block
   int64_t attnres_block_size = 4;     // sublayers per block (attnres_block)
   bool rope = true;

@@ -31,6 +31,11 @@ template <Backend B> GPTLayer<B>::GPTLayer(const ModelConfig& c, int64_t depth) 
                     .d_model = c.d_model, .n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .depth = depth, .rope = c.rope,
                     .rope_theta = c.rope_theta, .norm_eps = c.norm_eps, .subln_affine = c.diff_subln_affine,
                     .max_seq_len = c.max_seq_len, .dtype = dt}));
+  } else if (c.attention == "diff2") {
+    diff2_ = this->register_module(
+        "attn", std::make_shared<DifferentialAttentionV2<B>>(Diff2AttentionOptions{
+                    .d_model = c.d_model, .n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .rope = c.rope,
+                    .rope_theta = c.rope_theta, .max_seq_len = c.max_seq_len, .dtype = dt}));
   } else {
     mha_ = this->register_module(
         "attn", std::make_shared<MultiHeadAttention<B>>(AttentionOptions{.d_model = c.d_model, .n_heads = c.n_heads,
@@ -49,6 +54,7 @@ template <Backend B> GPTLayer<B>::GPTLayer(const ModelConfig& c, int64_t depth) 
 
 template <Backend B> Var<B> GPTLayer<B>::attn_sublayer(const Var<B>& h, KVCache<B>* cache) const {
   const Var<B> n = attn_norm_->forward(h);
+  if (diff2_) return diff2_->forward(n, cache);
   return diff_ ? diff_->forward(n, cache) : mha_->forward(n, cache);
 }
 template <Backend B> Var<B> GPTLayer<B>::mlp_sublayer(const Var<B>& h) const { return mlp_->forward(mlp_norm_->forward(h)); }
@@ -194,11 +200,13 @@ GPTFlops gpt_flops(const ModelConfig& config, int64_t T) {
   const ModelConfig c = config.resolved();
   const double D = static_cast<double>(c.d_model), t = static_cast<double>(T), L = static_cast<double>(c.n_layers);
   const double head = D / static_cast<double>(c.n_heads), kv = static_cast<double>(c.n_kv_heads) * head;  // k and v widths
-  const double per_layer = D * D + 2 * D * kv + D * D + 3 * D * static_cast<double>(c.ffn_hidden);
+  double per_layer = D * D + 2 * D * kv + D * D + 3 * D * static_cast<double>(c.ffn_hidden);
+  if (c.attention == "diff2") per_layer += D * D + D * static_cast<double>(c.n_heads);  // q_proj's second half, lambda_proj
   GPTFlops f;
   f.dense = 6 * t * (L * per_layer + D * static_cast<double>(c.vocab_size));
   const double pairs = t * (t + 1) / 2;
-  const double qk_v = c.attention == "diff" ? 2 * (head / 2 + head) : head + head;  // Σ_branches d_qk + d_v
+  // Σ_branches d_qk + d_v per (output) head: diff2's 2 query heads of width head each
+  const double qk_v = c.attention == "diff" ? 2 * (head / 2 + head) : c.attention == "diff2" ? 2 * (head + head) : head + head;
   f.attention = 3 * L * static_cast<double>(c.n_heads) * 2 * qk_v * pairs;
   if (c.residual != "standard") {
     const int64_t S = c.residual == "attnres_full" ? 1 : c.attnres_block_size, J = 2 * c.n_layers;

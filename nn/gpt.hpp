@@ -1,6 +1,6 @@
 #pragma once
-// The GPT model family of docs/specs.md §3: pre-RMSNorm decoder, SwiGLU MLP, causal attention ("mha" or
-// "diff") with optional RoPE and GQA, no biases, optionally tied embeddings; residuals "standard"
+// The GPT model family of docs/specs.md §3: pre-RMSNorm decoder, SwiGLU MLP, causal attention ("mha",
+// "diff" or "diff2") with optional RoPE and GQA, no biases, optionally tied embeddings; residuals "standard"
 // (x = x + f(x)) or Attention Residuals ("attnres_full": every sublayer reads a depth attention over
 // all earlier outputs; "attnres_block": over completed blocks of S sublayers plus the running partial).
 // # Shapes
@@ -13,6 +13,7 @@
 #include "kiln/nn/attention.hpp"
 #include "kiln/nn/attnres.hpp"
 #include "kiln/nn/diff_attention.hpp"
+#include "kiln/nn/diff2_attention.hpp"
 #include "kiln/nn/config.hpp"
 #include "kiln/nn/embedding.hpp"
 #include "kiln/nn/layers.hpp"
@@ -21,7 +22,7 @@
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln::nn {
 
-// One decoder layer: attn_norm, attn (MHA or differential), mlp_norm, mlp — two sublayers — and,
+// One decoder layer: attn_norm, attn (MHA, differential or differential V2), mlp_norm, mlp — two sublayers — and,
 // with Attention Residuals, attn_res and mlp_res (the depth attention in front of each sublayer).
 template <Backend B> class GPTLayer : public Module<B> {
  public:
@@ -36,6 +37,7 @@ template <Backend B> class GPTLayer : public Module<B> {
   std::shared_ptr<RMSNorm<B>> attn_norm_, mlp_norm_;
   std::shared_ptr<MultiHeadAttention<B>> mha_;
   std::shared_ptr<DifferentialAttention<B>> diff_;
+  std::shared_ptr<DifferentialAttentionV2<B>> diff2_;
   std::shared_ptr<SwiGLU<B>> mlp_;
   std::shared_ptr<DepthAttention<B>> attn_res_, mlp_res_;
 };
@@ -99,7 +101,8 @@ template <Backend B> class GPT : public Module<B> {
 //   attention: 3 · Σ_heads Σ_branches 2 · (d_qk + d_v) · T(T+1)/2 per layer: Q·Kᵀ and P·V on the causal
 //              triangle only (the T(T+1)/2 query-key pairs a causal kernel must compute, not T²);
 //              backward twice the forward. mha: 1 branch, d_qk = d_v = D/h; diff: 2 branches of
-//              d_qk = D/2h, d_v = D/h, so 1.5 times mha's.
+//              d_qk = D/2h, d_v = D/h, so 1.5 times mha's; diff2: 2 query heads per output head, each
+//              d_qk = d_v = D/h, so twice mha's (and its dense part counts q_proj's 2D·D and lambda_proj).
 //   depth:     AttnRes: 3 · 4 · D · T per source of each depth attention (the logit dot product and
 //              the weighted sum; the key RMSNorm and softmax are not counted, as norms are nowhere).
 // Norms, softmax, RoPE, SwiGLU's gating and the loss are not counted (the usual MFU convention).

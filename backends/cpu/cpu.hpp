@@ -46,6 +46,9 @@ struct Cpu {
   static void swiglu_backward(M da, M db, V a, V b, V dy);
   // fused RoPE turn of x's pairs by cos/sin, or back (backends/cpu/rope.cpp; contract in core/fused_rope.hpp)
   static void rope(M y, V x, V cos, V sin, bool inverse);
+  // fused combine of Differential Transformer V2 (backends/cpu/diff2.cpp; contract in core/fused_diff2.hpp)
+  static void diff2_combine_forward(M y, V a, V l);
+  static void diff2_combine_backward(M da, M dl, V a, V l, V dy);
 
   // fused depth attention of Attention Residuals (backends/cpu/depth.cpp; contract in core/fused_depth.hpp)
   static void depth_attention_forward(M h, M alpha, M rstd, const std::vector<V>& v, V q, double eps);

@@ -30,6 +30,7 @@ double attention_by_pairs(const ModelConfig& c, int64_t T) {
       for (int64_t i = 0; i < T; ++i)
         for (int64_t j = 0; j <= i; ++j) {
           if (c.attention == "diff") f += 2.0 * (2 * (head / 2) + 2 * head);  // two branches: d_qk = head/2, d_v = head
+          else if (c.attention == "diff2") f += 2.0 * 2 * (head + head);      // two query heads of width head
           else f += 2.0 * (head + head);
         }
   return 3 * f;
@@ -53,7 +54,7 @@ int64_t depth_sources(int64_t n_layers, int64_t S) {
 }  // namespace
 
 TEST_CASE("gpt_flops: dense, attention and AttnRes parts match independent counts", "[gpt_flops]") {
-  for (const char* att : {"mha", "diff"})
+  for (const char* att : {"mha", "diff", "diff2"})
     for (const char* res : {"standard", "attnres_full", "attnres_block"})
       for (const bool tied : {false, true})
         for (const int64_t kv : {0, 1}) {

@@ -5,7 +5,7 @@
 
 The parity tests in test_train_parity.cpp cover chosen combinations; this draws the rest of the space
 docs/specs.md allows: vocabulary, width, depth, heads and KV heads (GQA), head widths down to 2, FFN
-width, attention (mha / diff), residual (standard / attnres_full / attnres_block with any block size),
+width, attention (mha / diff / diff2), residual (standard / attnres_full / attnres_block with any block size),
 RoPE on or off with its theta, tied embeddings, norm epsilons, the optional affine sub-norms, batch
 size, any seq_len up to max_seq_len (1 included), AdamW or SGD with momentum, weight decay, the three
 schedules with warm-up, clipping on or off. Case i draws its configuration, tokens and initial weights
@@ -37,7 +37,7 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 
 def draw(r):
     """A model.json and a train.json that docs/specs.md accepts, drawn from r."""
-    attention = r.choice(["mha", "diff"])
+    attention = r.choice(["mha", "diff", "diff2"])
     rope = r.random() < 0.7
     while True:  # a head width the attention and RoPE accept (diff: two halves; RoPE: even)
         heads = r.randint(1, 6)
@@ -45,8 +45,11 @@ def draw(r):
         rope_width = head_width // 2 if attention == "diff" else head_width
         if not rope or rope_width % 2 == 0:
             break
+    # diff2 runs 2·heads query heads: any divisor of those (a pair may straddle two kv heads, as in the official module)
+    q_heads = 2 * heads if attention == "diff2" else heads
+    kv_choices = [d for d in range(1, q_heads + 1) if q_heads % d == 0]
     model = {"vocab_size": r.randint(5, 300), "d_model": heads * head_width, "n_layers": r.randint(1, 5),
-             "n_heads": heads, "n_kv_heads": r.choice([d for d in range(1, heads + 1) if heads % d == 0]),
+             "n_heads": heads, "n_kv_heads": r.choice(kv_choices),
              "max_seq_len": r.randint(8, 96), "attention": attention,
              "residual": r.choice(["standard", "attnres_full", "attnres_block"]), "attnres_block_size": r.randint(1, 5),
              "rope": rope, "rope_theta": r.choice([500.0, 10000.0, 1e6]), "tie_embeddings": r.random() < 0.5,

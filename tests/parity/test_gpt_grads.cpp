@@ -73,6 +73,26 @@ TEST_CASE("parity: GPT with differential attention and attention residuals equal
     j["tie_embeddings"] = true;
     check_config(j);
   }
+  SECTION("diff2, GQA 3:2 (a head pair across two kv heads), tied, attnres_block S=3") {
+    json j = base;
+    j["attention"] = "diff2";
+    j["d_model"] = 48;
+    j["n_heads"] = 3;
+    j["n_kv_heads"] = 2;
+    j["tie_embeddings"] = true;
+    j["residual"] = "attnres_block";
+    j["attnres_block_size"] = 3;
+    check_config(j);
+  }
+  SECTION("diff2, MQA, no RoPE, attnres_full") {
+    json j = base;
+    j["attention"] = "diff2";
+    j["n_heads"] = 4;
+    j["n_kv_heads"] = 1;
+    j["rope"] = false;
+    j["residual"] = "attnres_full";
+    check_config(j);
+  }
   SECTION("mha + attnres_full") {
     json j = base;
     j["residual"] = "attnres_full";

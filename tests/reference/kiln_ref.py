@@ -220,6 +220,44 @@ class DifferentialAttention(nn.Module):
         return self.out_proj(o.transpose(1, 2).reshape(B, T, h * 2 * d))
 
 
+class DifferentialAttentionV2(nn.Module):
+    """Differential attention V2 (docs/specs.md section 1b; the official multihead_flashdiffv2.py).
+    n_heads = h output heads of width hd = d_model / h; 2h query heads, n_kv_heads key/value heads
+    (2h a multiple of them: query head i uses kv head i // (2h / n_kv_heads)). Output head j pairs
+    query heads 2j and 2j+1: o_j = a_2j - sigmoid(lambda_proj(x)_j) * a_2j+1."""
+
+    def __init__(self, c):
+        super().__init__()
+        D, h, hkv = c["d_model"], c["n_heads"], c["n_kv_heads"]
+        assert D % h == 0 and (2 * h) % hkv == 0
+        self.h, self.hkv, self.hd = h, hkv, D // h
+        hd = self.hd
+        self.q_proj = nn.Linear(D, 2 * h * hd, bias=False)
+        self.k_proj = nn.Linear(D, hkv * hd, bias=False)
+        self.v_proj = nn.Linear(D, hkv * hd, bias=False)
+        self.o_proj = nn.Linear(h * hd, D, bias=False)
+        self.lambda_proj = nn.Linear(D, h, bias=False)
+        self.rope, self.theta = c["rope"], c["rope_theta"]
+
+    def forward(self, x):
+        B, T, D = x.shape
+        h, hd = self.h, self.hd
+        q = self.q_proj(x).view(B, T, 2 * h, hd).transpose(1, 2)          # [B, 2h, T, hd]
+        k = self.k_proj(x).view(B, T, self.hkv, hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.hkv, hd).transpose(1, 2)
+        if self.rope:
+            pos = torch.arange(T)
+            q, k = rope(q, pos, self.theta), rope(k, pos, self.theta)
+        rep = 2 * h // self.hkv
+        k = k.repeat_interleave(rep, dim=1)  # query head i uses kv head i // rep
+        v = v.repeat_interleave(rep, dim=1)
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(hd) + causal_scores_mask(T, x.dtype)
+        a = F.softmax(s, dim=-1) @ v                                        # [B, 2h, T, hd]
+        lam = torch.sigmoid(self.lambda_proj(x)).transpose(1, 2).unsqueeze(-1)  # [B, h, T, 1]
+        o = a[:, 0::2] - lam * a[:, 1::2]                                   # [B, h, T, hd]
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, h * hd))
+
+
 class SwiGLU(nn.Module):
     def __init__(self, c):
         super().__init__()
@@ -252,7 +290,8 @@ class Layer(nn.Module):
     def __init__(self, c, depth):
         super().__init__()
         self.attn_norm = RMSNorm(c["d_model"], c["norm_eps"])
-        self.attn = DifferentialAttention(c, depth) if c["attention"] == "diff" else MultiHeadAttention(c)
+        attn = {"mha": MultiHeadAttention, "diff": lambda c: DifferentialAttention(c, depth), "diff2": DifferentialAttentionV2}
+        self.attn = attn[c["attention"]](c)
         self.mlp_norm = RMSNorm(c["d_model"], c["norm_eps"])
         self.mlp = SwiGLU(c)
         if c["residual"] != "standard":
@@ -268,7 +307,7 @@ class GPT(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.c = c
-        assert c["attention"] in ("mha", "diff") and c["residual"] in ("standard", "attnres_full", "attnres_block")
+        assert c["attention"] in ("mha", "diff", "diff2") and c["residual"] in ("standard", "attnres_full", "attnres_block")
         self.tok_emb = nn.Embedding(c["vocab_size"], c["d_model"])
         self.layers = nn.ModuleList([Layer(c, i) for i in range(c["n_layers"])])
         if c["residual"] != "standard":
