@@ -5,29 +5,19 @@
 #include <functional>
 #include <string>
 
+#include "kiln/autograd/rnn_ops.hpp"
 #include "kiln/nn/init.hpp"
 
 namespace kiln::nn {
 
 template <Backend B> LSTMState<B> functional::lstm_cell(const Var<B>& gates, const Var<B>& c) {
-  KILN_CHECK(gates.dim() == 2 && c.dim() == 2 && gates.size(1) == 4 * c.size(1) && gates.size(0) == c.size(0),
-             "lstm_cell: gates {} and c {} are not [N, 4H] and [N, H]", shape_str(gates.shape()), shape_str(c.shape()));
+  const Var<B> y = autograd::RnnOps<B>::lstm_cell(gates, c);  // [h' | c'], checked there
   const int64_t H = c.size(1);
-  const Var<B> i = gates.narrow(1, 0, H).sigmoid(), f = gates.narrow(1, H, H).sigmoid();
-  const Var<B> g = gates.narrow(1, 2 * H, H).tanh(), o = gates.narrow(1, 3 * H, H).sigmoid();
-  const Var<B> c2 = f * c + i * g;
-  return {o * c2.tanh(), c2};
+  return {y.narrow(1, 0, H), y.narrow(1, H, H)};
 }
 
 template <Backend B> Var<B> functional::gru_cell(const Var<B>& gi, const Var<B>& gh, const Var<B>& h) {
-  KILN_CHECK(gi.dim() == 2 && gh.shape() == gi.shape() && h.dim() == 2 && gi.size(1) == 3 * h.size(1) && gi.size(0) == h.size(0),
-             "gru_cell: gi {}, gh {} and h {} are not [N, 3H], [N, 3H] and [N, H]", shape_str(gi.shape()), shape_str(gh.shape()),
-             shape_str(h.shape()));
-  const int64_t H = h.size(1);
-  const Var<B> r = (gi.narrow(1, 0, H) + gh.narrow(1, 0, H)).sigmoid();
-  const Var<B> z = (gi.narrow(1, H, H) + gh.narrow(1, H, H)).sigmoid();
-  const Var<B> n = (gi.narrow(1, 2 * H, H) + r * gh.narrow(1, 2 * H, H)).tanh();
-  return n + z * (h - n);  // (1 − z)·n + z·h
+  return autograd::RnnOps<B>::gru_cell(gi, gh, h);
 }
 
 namespace {
@@ -91,42 +81,17 @@ template <Backend B> std::vector<Var<B>> register_layer(const Spec& s, int64_t l
 
 // One layer in one direction over x [T, N, I]: returns the outputs [T, N, P] and the final (h, c).
 template <Backend B>
-std::pair<Var<B>, LSTMState<B>> run_direction(const Spec& s, const std::vector<Var<B>>& w, const Var<B>& x, Var<B> h, Var<B> c,
-                                              bool reverse, const std::vector<int64_t>& lengths) {
-  const int64_t T = x.size(0), N = x.size(1), I = x.size(2), H = s.hidden_size, GH = s.gates() * H;
+std::pair<Var<B>, LSTMState<B>> run_direction(const Spec& s, const std::vector<Var<B>>& w, const Var<B>& x, const Var<B>& h0,
+                                              const Var<B>& c0, bool reverse, const Tensor<B>& lengths) {
+  const int64_t T = x.size(0), N = x.size(1), I = x.size(2), GH = s.gates() * s.hidden_size;
   // the input-to-hidden product for all steps in one GEMM; for the LSTM both biases go in here
   Var<B> gi = x.reshape({T * N, I}).matmul(w[0].t());
   if (s.bias) gi = s.kind == Kind::lstm ? gi + (w[2] + w[3]) : gi + w[2];
   gi = gi.reshape({T, N, GH});
-  const Var<B> w_hh_t = w[1].t();
-  const bool padded = !lengths.empty();
-  const Tensor<B> len = padded ? Tensor<B>::from_vector(lengths, {N, 1}) : Tensor<B>();  // [N, 1]
-  std::vector<Var<B>> out(static_cast<size_t>(T));
-  for (int64_t k = 0; k < T; ++k) {
-    const int64_t t = reverse ? T - 1 - k : k;
-    const Var<B> x_t = gi.select(0, t);
-    Var<B> h2, c2;
-    if (s.kind == Kind::lstm) {
-      auto st = functional::lstm_cell(x_t + h.matmul(w_hh_t), c);
-      h2 = s.proj_size > 0 ? st.h.matmul(w[4].t()) : st.h;
-      c2 = st.c;
-    } else {
-      Var<B> gh = h.matmul(w_hh_t);
-      if (s.bias) gh = gh + w[3];
-      h2 = functional::gru_cell(x_t, gh, h);
-    }
-    if (padded) {
-      const Tensor<B> m = len.gt(Scalar(t));  // [N, 1]: step t is inside sequence n
-      out[static_cast<size_t>(t)] = Var<B>::where(m.expand(h2.shape()), h2, Var<B>(Tensor<B>::zeros(h2.shape(), h2.dtype())));
-      h = Var<B>::where(m.expand(h2.shape()), h2, h);
-      if (s.kind == Kind::lstm) c = Var<B>::where(m.expand(c2.shape()), c2, c);
-    } else {
-      out[static_cast<size_t>(t)] = h2;
-      h = h2;
-      c = c2;
-    }
-  }
-  return {Var<B>::stack(out, 0), {h, c}};
+  // the recurrence: one record for all steps (autograd/ops/rnn.cpp)
+  const auto r = s.kind == Kind::lstm ? autograd::RnnOps<B>::lstm_scan(gi, w[1], w[4], h0, c0, lengths, reverse)
+                                      : autograd::RnnOps<B>::gru_scan(gi, w[1], w[3], h0, lengths, reverse);
+  return {r.out, {r.h_n, r.c_n}};
 }
 
 // The whole stack: x as given by the user, optional (h0, c0); returns (output, h_n, c_n).
@@ -158,13 +123,14 @@ LSTMOutput<B> run(bool training, const Spec& s, const std::vector<std::vector<Va
     for (int64_t len : lengths)
       KILN_CHECK(len >= 1 && len <= T, "{}: length {} outside [1, T = {}] (input {})", s.name, len, T, shape_str(x_in.shape()));
   }
+  const Tensor<B> len = lengths.empty() ? Tensor<B>() : Tensor<B>::from_vector(lengths, {N, 1});  // i64 [N, 1]
   std::vector<Var<B>> hn, cn;
   for (int64_t l = 0; l < s.num_layers; ++l) {
     std::vector<Var<B>> outs;
     for (int64_t d = 0; d < s.dirs(); ++d) {
       const int64_t k = l * s.dirs() + d;
       auto [y, st] = run_direction<B>(s, w[static_cast<size_t>(k)], x, h0.select(0, k), s.kind == Kind::lstm ? c0.select(0, k) : Var<B>(),
-                                      d == 1, lengths);
+                                      d == 1, len);
       outs.push_back(y);
       hn.push_back(st.h);
       cn.push_back(st.c);

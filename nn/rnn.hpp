@@ -11,9 +11,11 @@
 // # Cells (gates = x W_ihᵀ + b_ih + h W_hhᵀ + b_hh, split in G chunks of H)
 //   LSTM: c' = σ(f)·c + σ(i)·tanh(g),  h' = σ(o)·tanh(c')  (then h' W_hrᵀ with a projection)
 //   GRU:  r = σ(r), z = σ(z), n = tanh(x W_inᵀ + b_in + r·(h W_hnᵀ + b_hn)),  h' = (1 − z)·n + z·h
-// The input-to-hidden product of a layer is one GEMM over all T·N rows; the recurrence is one
-// [N, P] × [P, G·H] GEMM per step followed by the cell's pointwise part, which is one autograd record
-// (functional::lstm_cell / gru_cell, autograd/ops/rnn.cpp).
+// The input-to-hidden product of a layer is one GEMM over all T·N rows; the recurrence (one
+// [N, P] × [P, G·H] GEMM per step and the cell's pointwise part) is one autograd record per layer and
+// direction (autograd::RnnOps::lstm_scan / gru_scan, autograd/ops/rnn.cpp) whose backward walks the
+// steps once and computes each weight's gradient as one GEMM over all steps. The cells' pointwise part
+// is one record per step (functional::lstm_cell / gru_cell).
 //
 // Padded batches: forward(x, state, lengths) with lengths[n] in [1, T] runs sequence n over its first
 // lengths[n] steps only, as PyTorch's pack_padded_sequence → LSTM → pad_packed_sequence: outputs past a

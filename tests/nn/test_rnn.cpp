@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 
+#include <kiln/autograd/gradcheck.hpp>
 #include <kiln/nn/rnn.hpp>
 
 #include "common/kiln_test.hpp"
@@ -271,4 +272,25 @@ TEST_CASE("LSTM and GRU errors name the layer and the shapes", "[nn][rnn][errors
                     Contains("LSTMCell: c is [3, 4], expected [2, 4]"));
   nn::GRUCell<Cpu> gcell({.input_size = 3, .hidden_size = 4});
   CHECK_THROWS_WITH(gcell(Tensor<Cpu>::randn({2, 3}), Var<Cpu>(Tensor<Cpu>::zeros({2, 5}))), Contains("GRUCell: h is [2, 5]"));
+}
+
+TEMPLATE_TEST_CASE("gradcheck: functional lstm_cell and gru_cell (float64)", "[nn][rnn][gradcheck]", KILN_BACKEND_TYPES) {
+  using B = TestType;
+  using VV = std::vector<Var<B>>;
+  Generator g(7);
+  const auto rl = gradcheck<B>(
+      [](const VV& v) {
+        auto [h, c] = nn::functional::lstm_cell(v[0], v[1]);
+        return h * 2.0 + c.square();
+      },
+      {Tensor<B>::randn({3, 8}, DType::f64, &g), Tensor<B>::randn({3, 2}, DType::f64, &g)});
+  INFO(rl.message);
+  CHECK(rl.ok);
+  const auto rg = gradcheck<B>([](const VV& v) { return nn::functional::gru_cell(v[0], v[1], v[2]); },
+                               {Tensor<B>::randn({3, 6}, DType::f64, &g), Tensor<B>::randn({3, 6}, DType::f64, &g),
+                                Tensor<B>::randn({3, 2}, DType::f64, &g)});
+  INFO(rg.message);
+  CHECK(rg.ok);
+  CHECK_THROWS_WITH(nn::functional::lstm_cell(Var<B>(Tensor<B>::zeros({3, 7})), Var<B>(Tensor<B>::zeros({3, 2}))),
+                    Contains("lstm_cell: gates [3, 7] and c [3, 2] are not [N, 4H] and [N, H]"));
 }
