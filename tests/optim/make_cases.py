@@ -190,7 +190,33 @@ def ema_cases():
             case["aw"].append(ema.module.weight.detach().flatten().tolist())
             case["ab"].append(ema.module.bias.detach().tolist())
         out[name] = case
+    out["ema_buffers"] = ema_buffer_case()
     return out
+
+
+def ema_buffer_case():
+    """AveragedModel(use_buffers=True): BatchNorm's floating buffers averaged like the weights. The
+    model's whole state after each step (weights moved, running statistics moved by a training forward)
+    and the averages of the floating entries (num_batches_tracked: AveragedModel truncates a float
+    average into the integer; kiln keeps the model's count instead, so it is not compared)."""
+    g = torch.Generator().manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)).double()
+    decay = 0.8
+    ema = torch.optim.swa_utils.AveragedModel(model, avg_fn=lambda a, m, n: decay * a + (1 - decay) * m, use_buffers=True)
+    ema.update_parameters(model)
+    floating = [k for k, v in model.state_dict().items() if v.is_floating_point()]
+    case = {"decay": decay, "initial": {k: v.flatten().tolist() for k, v in model.state_dict().items()}, "states": [], "averages": []}
+    for s in range(8):
+        with torch.no_grad():
+            for t in model.parameters():
+                t.add_(torch.randn(t.shape, dtype=torch.float64, generator=g))
+            model.train()
+            model(torch.randn(5, 3, dtype=torch.float64, generator=g) * 3 + 1)
+        ema.update_parameters(model)
+        case["states"].append({k: v.flatten().tolist() for k, v in model.state_dict().items()})
+        avg = ema.module.state_dict()
+        case["averages"].append({k: avg[k].flatten().tolist() for k in floating})
+    return case
 
 
 def clip_cases():
