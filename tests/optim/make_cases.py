@@ -219,6 +219,36 @@ def ema_buffer_case():
     return case
 
 
+def onecycle_momentum_cases():
+    """OneCycleLR with cycle_momentum (torch's default): per step the lr and the groups' momentum (SGD,
+    two groups, two phases, cos) or beta1 (AdamW, three phases, linear), and the AdamW weights after
+    each step with fixed gradients, so the cycled beta1 (and its bias correction) is checked."""
+    g = torch.Generator().manual_seed(6)
+    out = {}
+    for name in ["sgd", "adamw"]:
+        p = torch.randn(4, dtype=torch.float64, generator=g).requires_grad_(True)
+        q = torch.randn(3, dtype=torch.float64, generator=g).requires_grad_(True)
+        case = {"p0": p.detach().tolist(), "q0": q.detach().tolist(), "lr": [], "momentum": [], "grads": [], "p": [], "q": []}
+        if name == "sgd":
+            o = torch.optim.SGD([{"params": [p]}, {"params": [q], "lr": 0.05}], lr=0.1, momentum=0.9)
+            s = S.OneCycleLR(o, max_lr=[0.5, 0.2], total_steps=40, base_momentum=[0.8, 0.7], max_momentum=0.9)
+        else:
+            o = torch.optim.AdamW([{"params": [p]}, {"params": [q]}], lr=0.01, betas=(0.9, 0.99), weight_decay=0.1)
+            s = S.OneCycleLR(o, max_lr=0.05, total_steps=40, pct_start=0.3, anneal_strategy="linear", three_phase=True)
+        for t in range(40):
+            case["lr"].append([gr["lr"] for gr in o.param_groups])
+            case["momentum"].append([gr["momentum"] if name == "sgd" else gr["betas"][0] for gr in o.param_groups])
+            gp, gq = torch.randn(4, dtype=torch.float64, generator=g), torch.randn(3, dtype=torch.float64, generator=g)
+            p.grad, q.grad = gp.clone(), gq.clone()
+            o.step()
+            s.step() if t < 39 else None
+            case["grads"].append([gp.tolist(), gq.tolist()])
+            case["p"].append(p.detach().tolist())
+            case["q"].append(q.detach().tolist())
+        out[name] = case
+    return out
+
+
 def clip_cases():
     g = torch.Generator().manual_seed(5)
     ps = [torch.zeros(3, 4, dtype=torch.float64, requires_grad=True), torch.zeros(7, dtype=torch.float64, requires_grad=True),
@@ -256,7 +286,7 @@ def embedding_cases():
 if __name__ == "__main__":
     warnings.filterwarnings("ignore")  # torch's deprecation notes for step(epoch), which SequentialLR calls itself
     torch.set_default_dtype(torch.float64)
-    res = {"schedulers": scheduler_cases(), "optimizers": optimizer_cases(), "ema": ema_cases(), "clip": clip_cases(),
+    res = {"schedulers": scheduler_cases(), "optimizers": optimizer_cases(), "ema": ema_cases(), "onecycle_momentum": onecycle_momentum_cases(), "clip": clip_cases(),
            "embedding": embedding_cases()}
     with open(sys.argv[1], "w") as f:
         json.dump(res, f)
