@@ -39,8 +39,8 @@ struct Spec {
 };
 
 Spec spec(const LSTMOptions& o) {
-  return {"LSTM", Kind::lstm, o.input_size, o.hidden_size, o.num_layers, o.bias, o.batch_first, o.dropout, o.bidirectional,
-          o.proj_size, o.dtype};
+  return {"LSTM",        Kind::lstm, o.input_size,    o.hidden_size, o.num_layers, o.bias,
+          o.batch_first, o.dropout,  o.bidirectional, o.proj_size,   o.dtype};
 }
 Spec spec(const GRUOptions& o) {
   return {"GRU", Kind::gru, o.input_size, o.hidden_size, o.num_layers, o.bias, o.batch_first, o.dropout, o.bidirectional, 0, o.dtype};
@@ -80,9 +80,9 @@ template <Backend B> std::vector<Var<B>> register_layer(const Spec& s, int64_t l
 }
 
 // One layer in one direction over x [T, N, I]: returns the outputs [T, N, P] and the final (h, c).
-template <Backend B>
-std::pair<Var<B>, LSTMState<B>> run_direction(const Spec& s, const std::vector<Var<B>>& w, const Var<B>& x, const Var<B>& h0,
-                                              const Var<B>& c0, bool reverse, const Tensor<B>& lengths) {
+template <Backend B> std::pair<Var<B>, LSTMState<B>> run_direction(const Spec& s, const std::vector<Var<B>>& w, const Var<B>& x,
+                                                                   const Var<B>& h0, const Var<B>& c0, bool reverse,
+                                                                   const Tensor<B>& lengths) {
   const int64_t T = x.size(0), N = x.size(1), I = x.size(2), GH = s.gates() * s.hidden_size;
   // the input-to-hidden product for all steps in one GEMM; for the LSTM both biases go in here
   Var<B> gi = x.reshape({T * N, I}).matmul(w[0].t());
@@ -95,9 +95,9 @@ std::pair<Var<B>, LSTMState<B>> run_direction(const Spec& s, const std::vector<V
 }
 
 // The whole stack: x as given by the user, optional (h0, c0); returns (output, h_n, c_n).
-template <Backend B>
-LSTMOutput<B> run(bool training, const Spec& s, const std::vector<std::vector<Var<B>>>& w, const Var<B>& x_in,
-                  const std::optional<Var<B>>& h0_in, const std::optional<Var<B>>& c0_in, const std::vector<int64_t>& lengths) {
+template <Backend B> LSTMOutput<B> run(bool training, const Spec& s, const std::vector<std::vector<Var<B>>>& w, const Var<B>& x_in,
+                                       const std::optional<Var<B>>& h0_in, const std::optional<Var<B>>& c0_in,
+                                       const std::vector<int64_t>& lengths) {
   const int64_t H = s.hidden_size, P = s.out_size(), LD = s.num_layers * s.dirs();
   KILN_CHECK(x_in.defined() && (x_in.dim() == 2 || x_in.dim() == 3) && x_in.size(-1) == s.input_size,
              "{}: input {} is not [T, N, input_size={}]{} or unbatched [T, {}]", s.name, shape_str(x_in.shape()), s.input_size,
@@ -162,13 +162,13 @@ template <Backend B> std::vector<std::vector<Var<B>>> register_all(const Spec& s
 
 // A cell's input [N, I] or [I] and state [N, width] or [width] (zeros if absent), checked; the batched forms.
 template <Backend B> Var<B> cell_input(const char* name, const RNNCellOptions& o, const Var<B>& x) {
-  KILN_CHECK(x.defined() && (x.dim() == 1 || x.dim() == 2) && x.size(-1) == o.input_size,
-             "{}: input {} is not [N, input_size={}] or [{}]", name, shape_str(x.shape()), o.input_size, o.input_size);
+  KILN_CHECK(x.defined() && (x.dim() == 1 || x.dim() == 2) && x.size(-1) == o.input_size, "{}: input {} is not [N, input_size={}] or [{}]",
+             name, shape_str(x.shape()), o.input_size, o.input_size);
   KILN_CHECK(x.dtype() == o.dtype, "{}: input dtype {} differs from the parameters' {}", name, x.dtype(), o.dtype);
   return x.dim() == 1 ? x.unsqueeze(0) : x;
 }
-template <Backend B> Var<B> cell_state(const char* name, const char* what, const RNNCellOptions& o, const Var<B>& x,
-                                       const std::optional<Var<B>>& v) {
+template <Backend B>
+Var<B> cell_state(const char* name, const char* what, const RNNCellOptions& o, const Var<B>& x, const std::optional<Var<B>>& v) {
   const int64_t N = x.dim() == 1 ? 1 : x.size(0);
   if (!v) return Var<B>(Tensor<B>::zeros({N, o.hidden_size}, o.dtype));
   const Shape want = x.dim() == 1 ? Shape{o.hidden_size} : Shape{N, o.hidden_size};
@@ -251,12 +251,12 @@ template <Backend B> Var<B> GRUCell<B>::forward(const Var<B>& x_in, const std::o
   return x_in.dim() == 1 ? r.squeeze(0) : r;
 }
 
-#define KILN_INST(B)                                                                   \
-  template class LSTM<B>;                                                              \
-  template class GRU<B>;                                                               \
-  template class LSTMCell<B>;                                                          \
-  template class GRUCell<B>;                                                           \
-  template LSTMState<B> functional::lstm_cell<B>(const Var<B>&, const Var<B>&);        \
+#define KILN_INST(B)                                                            \
+  template class LSTM<B>;                                                       \
+  template class GRU<B>;                                                        \
+  template class LSTMCell<B>;                                                   \
+  template class GRUCell<B>;                                                    \
+  template LSTMState<B> functional::lstm_cell<B>(const Var<B>&, const Var<B>&); \
   template Var<B> functional::gru_cell<B>(const Var<B>&, const Var<B>&, const Var<B>&);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

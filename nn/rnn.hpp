@@ -61,17 +61,11 @@ struct RNNCellOptions {
 };
 
 // (h, c): an LSTM's state, [L·D, N, P] and [L·D, N, H] for the layer, [N, H] for the cell.
-template <Backend B> struct LSTMState {
-  Var<B> h, c;
-};
+template <Backend B> struct LSTMState { Var<B> h, c; };
 
 // forward's result: auto [output, h_n, c_n] = lstm(x);
-template <Backend B> struct LSTMOutput {
-  Var<B> output, h_n, c_n;
-};
-template <Backend B> struct GRUOutput {
-  Var<B> output, h_n;
-};
+template <Backend B> struct LSTMOutput { Var<B> output, h_n, c_n; };
+template <Backend B> struct GRUOutput { Var<B> output, h_n; };
 
 namespace functional {
 // The pointwise part of one LSTM step as one autograd record: gates [N, 4H] (pre-activation, both
@@ -102,8 +96,7 @@ template <Backend B> class GRU : public Module<B> {
  public:
   explicit GRU(GRUOptions o);
   GRUOutput<B> forward(const Var<B>& x, const std::optional<Var<B>>& h0 = std::nullopt, const std::vector<int64_t>& lengths = {}) const;
-  GRUOutput<B> operator()(const Var<B>& x, const std::optional<Var<B>>& h0 = std::nullopt,
-                          const std::vector<int64_t>& lengths = {}) const {
+  GRUOutput<B> operator()(const Var<B>& x, const std::optional<Var<B>>& h0 = std::nullopt, const std::vector<int64_t>& lengths = {}) const {
     return forward(x, h0, lengths);
   }
   const GRUOptions& options() const { return o_; }
@@ -119,9 +112,7 @@ template <Backend B> class LSTMCell : public Module<B> {
  public:
   explicit LSTMCell(RNNCellOptions o);
   LSTMState<B> forward(const Var<B>& x, const std::optional<LSTMState<B>>& state = std::nullopt) const;
-  LSTMState<B> operator()(const Var<B>& x, const std::optional<LSTMState<B>>& state = std::nullopt) const {
-    return forward(x, state);
-  }
+  LSTMState<B> operator()(const Var<B>& x, const std::optional<LSTMState<B>>& state = std::nullopt) const { return forward(x, state); }
 
  private:
   RNNCellOptions o_;
@@ -139,12 +130,12 @@ template <Backend B> class GRUCell : public Module<B> {
   Var<B> w_ih_, w_hh_, b_ih_, b_hh_;
 };
 
-#define KILN_RNN_EXTERN(B)                                                                    \
-  extern template class LSTM<B>;                                                              \
-  extern template class GRU<B>;                                                               \
-  extern template class LSTMCell<B>;                                                          \
-  extern template class GRUCell<B>;                                                           \
-  extern template LSTMState<B> functional::lstm_cell<B>(const Var<B>&, const Var<B>&);        \
+#define KILN_RNN_EXTERN(B)                                                             \
+  extern template class LSTM<B>;                                                       \
+  extern template class GRU<B>;                                                        \
+  extern template class LSTMCell<B>;                                                   \
+  extern template class GRUCell<B>;                                                    \
+  extern template LSTMState<B> functional::lstm_cell<B>(const Var<B>&, const Var<B>&); \
   extern template Var<B> functional::gru_cell<B>(const Var<B>&, const Var<B>&, const Var<B>&);
 KILN_FOR_EACH_BACKEND(KILN_RNN_EXTERN)
 #undef KILN_RNN_EXTERN

@@ -8,8 +8,7 @@ namespace kiln::optim {
 
 template <Backend B> EMA<B>::EMA(const NamedParams<B>& params, EMAOptions o) : EMA(params, {}, o) {}
 
-template <Backend B>
-EMA<B>::EMA(const NamedParams<B>& params, const std::vector<std::pair<std::string, Tensor<B>>>& buffers, EMAOptions o)
+template <Backend B> EMA<B>::EMA(const NamedParams<B>& params, const std::vector<std::pair<std::string, Tensor<B>>>& buffers, EMAOptions o)
     : params_(params), o_(o) {
   KILN_CHECK(o.decay >= 0 && o.decay <= 1, "EMA: decay must be in [0, 1], got {}", o.decay);
   std::set<std::string> seen;
@@ -79,13 +78,12 @@ template <Backend B> void EMA<B>::load_state_dict(const std::map<std::string, Te
     const Tensor<B> p = live(i);
     const auto s = state.find("shadow." + name);
     KILN_CHECK(s != state.end(), "EMA state: no 'shadow.{}' entry", name);
-    KILN_CHECK(s->second.shape() == p.shape() && s->second.dtype() == p.dtype(), "EMA state: 'shadow.{}' is {} {}, the tensor {} {}",
-               name, s->second.dtype(), shape_str(s->second.shape()), p.dtype(), shape_str(p.shape()));
+    KILN_CHECK(s->second.shape() == p.shape() && s->second.dtype() == p.dtype(), "EMA state: 'shadow.{}' is {} {}, the tensor {} {}", name,
+               s->second.dtype(), shape_str(s->second.shape()), p.dtype(), shape_str(p.shape()));
     next.push_back(s->second.clone());
   }
-  KILN_CHECK(state.size() == size() + 1,
-             "EMA state: {} entries, expected {} (a shadow per parameter and averaged buffer, and num_updates)", state.size(),
-             size() + 1);
+  KILN_CHECK(state.size() == size() + 1, "EMA state: {} entries, expected {} (a shadow per parameter and averaged buffer, and num_updates)",
+             state.size(), size() + 1);
   shadow_ = std::move(next);
   n_ = item<int64_t>(it->second);
 }

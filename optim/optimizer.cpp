@@ -112,7 +112,8 @@ template <Backend B> void SGD<B>::step() {
       bool created = false;
       Tensor<B>& buf = this->buffer("momentum_buffer", name, w, created);
       if (created) buf.copy_(d);
-      else buf.mul_(mu).add_(d.mul(1.0 - o_.dampening));
+      else
+        buf.mul_(mu).add_(d.mul(1.0 - o_.dampening));
       d = o_.nesterov ? d.add(buf.mul(mu)) : buf;
     }
     w.sub_(d.mul(g.lr));

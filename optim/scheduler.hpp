@@ -49,7 +49,7 @@ class LrGroups {
   double& lr(size_t i) const { return lr_(i); }
   std::optional<double>& initial_lr(size_t i) const { return initial_(i); }
   std::optional<double>& momentum(size_t i) const { return momentum_(i); }  // ParamGroup::momentum
-  std::string momentum_kind() const { return momentum_kind_(); }           // Optimizer::momentum_kind
+  std::string momentum_kind() const { return momentum_kind_(); }            // Optimizer::momentum_kind
   const void* id() const { return id_; }  // the optimizer
 
  private:
@@ -235,7 +235,7 @@ class OneCycleLR final : public LRScheduler {
   std::vector<double> at(int64_t step_num);
   struct Phase {
     double end_step;
-    int start, end;    // 0 initial_lr, 1 max_lr, 2 min_lr
+    int start, end;      // 0 initial_lr, 1 max_lr, 2 min_lr
     int m_start, m_end;  // 0 max_momentum, 1 base_momentum
   };
   OneCycleLROptions o_;

@@ -50,9 +50,9 @@ template <Backend B> typename RnnOps<B>::Scan split_scan(const Var<B>& y, int64_
 }  // namespace
 
 template <Backend B> Var<B> RnnOps<B>::lstm_cell(const X& gates, const X& c) {
-  KILN_CHECK(gates.defined() && c.defined() && gates.dim() == 2 && c.dim() == 2 && gates.size(1) == 4 * c.size(1) &&
-                 gates.size(0) == c.size(0),
-             "lstm_cell: gates {} and c {} are not [N, 4H] and [N, H]", shape_str(gates.shape()), shape_str(c.shape()));
+  KILN_CHECK(
+      gates.defined() && c.defined() && gates.dim() == 2 && c.dim() == 2 && gates.size(1) == 4 * c.size(1) && gates.size(0) == c.size(0),
+      "lstm_cell: gates {} and c {} are not [N, 4H] and [N, H]", shape_str(gates.shape()), shape_str(c.shape()));
   KILN_CHECK(gates.dtype() == c.dtype(), "lstm_cell: gates {} and c {} differ in dtype", gates.dtype(), c.dtype());
   const int64_t H = c.size(1);
   const Tensor<B> gv = gates.value(), cv = c.value();
@@ -101,9 +101,8 @@ template <Backend B> Var<B> RnnOps<B>::gru_cell(const X& gi, const X& gh, const 
 // dh and dc pass to the previous state unchanged), the cell's backward gives dgates[t], and the previous
 // state's gradient is dgates W_hh (+ dc'·f). dW_hh = Σ_t dgatesᵀ h_prev and dW_hr = Σ_t dh'ᵀ (o·tanh c')
 // are one GEMM each over all steps.
-template <Backend B>
-typename RnnOps<B>::Scan RnnOps<B>::lstm_scan(const X& gi, const X& w_hh, const X& w_hr, const X& h0, const X& c0, const Tensor<B>& lengths,
-                                              bool reverse) {
+template <Backend B> typename RnnOps<B>::Scan RnnOps<B>::lstm_scan(const X& gi, const X& w_hh, const X& w_hr, const X& h0, const X& c0,
+                                                                   const Tensor<B>& lengths, bool reverse) {
   static constexpr const char* op = "lstm_scan";
   const bool proj = w_hr.defined();
   const int64_t P = h0.defined() && h0.dim() == 2 ? h0.size(1) : 0;
@@ -190,8 +189,8 @@ typename RnnOps<B>::Scan RnnOps<B>::lstm_scan(const X& gi, const X& w_hh, const 
 // GRU, per step t: gh = h W_hhᵀ + b_hh, h' = gru_cell(gi[t], gh, h) (above); lengths as the LSTM's.
 // Backward: the cell's backward gives dgi[t] and dgh[t]; the previous state's gradient is
 // dh'·z + dgh W_hh; dW_hh = Σ_t dghᵀ h_prev (one GEMM), db_hh = Σ_t,n dgh.
-template <Backend B>
-typename RnnOps<B>::Scan RnnOps<B>::gru_scan(const X& gi, const X& w_hh, const X& b_hh, const X& h0, const Tensor<B>& lengths, bool reverse) {
+template <Backend B> typename RnnOps<B>::Scan RnnOps<B>::gru_scan(const X& gi, const X& w_hh, const X& b_hh, const X& h0,
+                                                                  const Tensor<B>& lengths, bool reverse) {
   static constexpr const char* op = "gru_scan";
   const int64_t P = h0.defined() && h0.dim() == 2 ? h0.size(1) : 0;
   check_scan(op, gi, 3, w_hh, h0, P);

@@ -36,8 +36,8 @@ template <Backend B> class CharLSTM : public nn::Module<B> {
   CharLSTM(int64_t vocab, int64_t embed, int64_t hidden) : vocab_(vocab) {
     embed_ = this->register_module("embed", std::make_shared<nn::Embedding<B>>(nn::EmbeddingOptions{.num = vocab, .dim = embed}));
     lstm_ = this->register_module(
-        "lstm", std::make_shared<nn::LSTM<B>>(nn::LSTMOptions{.input_size = embed, .hidden_size = hidden, .num_layers = 2,
-                                                              .batch_first = true, .dropout = 0.1}));
+        "lstm", std::make_shared<nn::LSTM<B>>(
+                    nn::LSTMOptions{.input_size = embed, .hidden_size = hidden, .num_layers = 2, .batch_first = true, .dropout = 0.1}));
     head_ = this->register_module("head", std::make_shared<nn::Linear<B>>(nn::LinearOptions{.in = hidden, .out = vocab}));
   }
   // ids [N, T] -> logits [N, T, vocab] and the final state
@@ -55,9 +55,8 @@ template <Backend B> class CharLSTM : public nn::Module<B> {
 };
 
 // Reads the prompt in one pass, then samples one character per step from the carried state.
-template <Backend B>
-std::vector<int64_t> sample(CharLSTM<B>& model, const std::vector<int64_t>& prompt, int64_t n, double temperature, int64_t top_k,
-                            uint64_t seed) {
+template <Backend B> std::vector<int64_t> sample(CharLSTM<B>& model, const std::vector<int64_t>& prompt, int64_t n, double temperature,
+                                                 int64_t top_k, uint64_t seed) {
   NoGrad ng;
   model.eval();
   std::mt19937_64 rng(seed);

@@ -44,13 +44,23 @@ template <Backend B> std::map<std::string, Tensor<B>> torch_params(const json& c
 }
 
 nn::LSTMOptions lstm_options(const json& o, DType dtype) {
-  return {.input_size = o.at("input_size"), .hidden_size = o.at("hidden_size"), .num_layers = o.at("num_layers"), .bias = o.at("bias"),
-          .batch_first = o.at("batch_first"), .bidirectional = o.at("bidirectional"), .proj_size = o.value("proj_size", int64_t{0}),
+  return {.input_size = o.at("input_size"),
+          .hidden_size = o.at("hidden_size"),
+          .num_layers = o.at("num_layers"),
+          .bias = o.at("bias"),
+          .batch_first = o.at("batch_first"),
+          .bidirectional = o.at("bidirectional"),
+          .proj_size = o.value("proj_size", int64_t{0}),
           .dtype = dtype};
 }
 nn::GRUOptions gru_options(const json& o, DType dtype) {
-  return {.input_size = o.at("input_size"), .hidden_size = o.at("hidden_size"), .num_layers = o.at("num_layers"), .bias = o.at("bias"),
-          .batch_first = o.at("batch_first"), .bidirectional = o.at("bidirectional"), .dtype = dtype};
+  return {.input_size = o.at("input_size"),
+          .hidden_size = o.at("hidden_size"),
+          .num_layers = o.at("num_layers"),
+          .bias = o.at("bias"),
+          .batch_first = o.at("batch_first"),
+          .bidirectional = o.at("bidirectional"),
+          .dtype = dtype};
 }
 
 template <Backend B> Var<B> weighted(const Var<B>& v, const json& g) { return (v * Var<B>(array<B>(g))).sum(); }
@@ -81,8 +91,10 @@ template <Backend B> void check_case(const json& c) {
     out = r.output, h = r.h_n;
     m = g;
   } else {
-    const nn::RNNCellOptions o{.input_size = c.at("options").at("input_size"), .hidden_size = c.at("options").at("hidden_size"),
-                               .bias = c.at("options").at("bias"), .dtype = DType::f64};
+    const nn::RNNCellOptions o{.input_size = c.at("options").at("input_size"),
+                               .hidden_size = c.at("options").at("hidden_size"),
+                               .bias = c.at("options").at("bias"),
+                               .dtype = DType::f64};
     if (kind == "LSTMCell") {
       auto l = std::make_shared<nn::LSTMCell<B>>(o);
       l->load_state_dict(torch_params<B>(c));
@@ -131,7 +143,7 @@ TEST_CASE("LSTM and GRU parameter names and shapes are PyTorch's", "[nn][rnn]") 
   std::vector<std::string> names;
   std::vector<Shape> shapes;
   for (const auto& [n, p] : lstm.named_parameters()) names.push_back(n), shapes.push_back(p.shape());
-  const std::vector<std::string> want{"weight_ih_l0",         "weight_hh_l0",         "bias_ih_l0",         "bias_hh_l0",
+  const std::vector<std::string> want{"weight_ih_l0",         "weight_hh_l0",         "bias_ih_l0",           "bias_hh_l0",
                                       "weight_hr_l0",         "weight_ih_l0_reverse", "weight_hh_l0_reverse", "bias_ih_l0_reverse",
                                       "bias_hh_l0_reverse",   "weight_hr_l0_reverse", "weight_ih_l1",         "weight_hh_l1",
                                       "bias_ih_l1",           "bias_hh_l1",           "weight_hr_l1",         "weight_ih_l1_reverse",
@@ -263,7 +275,8 @@ TEST_CASE("LSTM and GRU errors name the layer and the shapes", "[nn][rnn][errors
   CHECK_THROWS_WITH(lstm(x, std::nullopt, {5, 6}), Contains("LSTM: length 6 outside [1, T = 5]"));
   CHECK_THROWS_WITH(lstm(x, std::nullopt, {5}), Contains("LSTM: 1 lengths for a batch of 2"));
   CHECK_THROWS_WITH(lstm(x.to(DType::f64)), Contains("LSTM: input dtype f64 differs from the parameters' f32"));
-  CHECK_THROWS_WITH(nn::LSTM<Cpu>({.input_size = 3, .hidden_size = 4, .proj_size = 4}), Contains("LSTM: proj_size must be in [0, hidden_size = 4)"));
+  CHECK_THROWS_WITH(nn::LSTM<Cpu>({.input_size = 3, .hidden_size = 4, .proj_size = 4}),
+                    Contains("LSTM: proj_size must be in [0, hidden_size = 4)"));
   CHECK_THROWS_WITH(nn::GRU<Cpu>({.input_size = 3, .hidden_size = 0}), Contains("GRU: input_size (3), hidden_size (0)"));
   CHECK_THROWS_WITH(nn::GRU<Cpu>({.input_size = 3, .hidden_size = 2, .dropout = 1.0}), Contains("GRU: dropout must be in [0, 1)"));
   nn::LSTMCell<Cpu> cell({.input_size = 3, .hidden_size = 4});
@@ -286,9 +299,9 @@ TEMPLATE_TEST_CASE("gradcheck: functional lstm_cell and gru_cell (float64)", "[n
       {Tensor<B>::randn({3, 8}, DType::f64, &g), Tensor<B>::randn({3, 2}, DType::f64, &g)});
   INFO(rl.message);
   CHECK(rl.ok);
-  const auto rg = gradcheck<B>([](const VV& v) { return nn::functional::gru_cell(v[0], v[1], v[2]); },
-                               {Tensor<B>::randn({3, 6}, DType::f64, &g), Tensor<B>::randn({3, 6}, DType::f64, &g),
-                                Tensor<B>::randn({3, 2}, DType::f64, &g)});
+  const auto rg = gradcheck<B>(
+      [](const VV& v) { return nn::functional::gru_cell(v[0], v[1], v[2]); },
+      {Tensor<B>::randn({3, 6}, DType::f64, &g), Tensor<B>::randn({3, 6}, DType::f64, &g), Tensor<B>::randn({3, 2}, DType::f64, &g)});
   INFO(rg.message);
   CHECK(rg.ok);
   CHECK_THROWS_WITH(nn::functional::lstm_cell(Var<B>(Tensor<B>::zeros({3, 7})), Var<B>(Tensor<B>::zeros({3, 2}))),

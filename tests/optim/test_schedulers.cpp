@@ -34,7 +34,8 @@ std::shared_ptr<optim::LRScheduler> make(const std::string& name, Opt& o) {
   if (name == "CosineAnnealingLR") return std::make_shared<CosineAnnealingLR>(o, 100, 0.001);
   if (name == "CosineAnnealingWarmRestarts") return std::make_shared<CosineAnnealingWarmRestarts>(o, 20, 2, 1e-4);
   if (name == "CosineAnnealingWarmRestarts_mult1") return std::make_shared<CosineAnnealingWarmRestarts>(o, 37);
-  if (name == "OneCycleLR") return std::make_shared<OneCycleLR>(o, OneCycleLROptions{.max_lr = {0.5, 0.1}, .total_steps = 300, .cycle_momentum = false});
+  if (name == "OneCycleLR")
+    return std::make_shared<OneCycleLR>(o, OneCycleLROptions{.max_lr = {0.5, 0.1}, .total_steps = 300, .cycle_momentum = false});
   if (name == "OneCycleLR_linear3")
     return std::make_shared<OneCycleLR>(o, OneCycleLROptions{.max_lr = {0.3},
                                                              .epochs = 3,
@@ -197,16 +198,18 @@ TEST_CASE("OneCycleLR cycle_momentum: lr, momentum or beta1 and the weights step
       std::unique_ptr<OneCycleLR> sched;
       auto make = [&] {
         if (sgd) {
-          opt = std::make_unique<SGD<Cpu>>(std::vector<ParamGroup<Cpu>>{{.params = {{"p", p}}, .lr = 0.1}, {.params = {{"q", q}}, .lr = 0.05}},
-                                           SGDOptions{.lr = 0.1, .momentum = 0.9});
+          opt = std::make_unique<SGD<Cpu>>(
+              std::vector<ParamGroup<Cpu>>{{.params = {{"p", p}}, .lr = 0.1}, {.params = {{"q", q}}, .lr = 0.05}},
+              SGDOptions{.lr = 0.1, .momentum = 0.9});
           sched = std::make_unique<OneCycleLR>(
               *opt, OneCycleLROptions{.max_lr = {0.5, 0.2}, .total_steps = 40, .base_momentum = {0.8, 0.7}, .max_momentum = {0.9}});
         } else {
-          opt = std::make_unique<Adam<Cpu>>(
-              std::vector<ParamGroup<Cpu>>{{.params = {{"p", p}}, .lr = 0.01, .weight_decay = 0.1}, {.params = {{"q", q}}, .lr = 0.01, .weight_decay = 0.1}},
-              AdamOptions{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = 0.1, .decoupled = true});
+          opt = std::make_unique<Adam<Cpu>>(std::vector<ParamGroup<Cpu>>{{.params = {{"p", p}}, .lr = 0.01, .weight_decay = 0.1},
+                                                                         {.params = {{"q", q}}, .lr = 0.01, .weight_decay = 0.1}},
+                                            AdamOptions{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = 0.1, .decoupled = true});
           sched = std::make_unique<OneCycleLR>(
-              *opt, OneCycleLROptions{.max_lr = {0.05}, .total_steps = 40, .pct_start = 0.3, .anneal_strategy = "linear", .three_phase = true});
+              *opt,
+              OneCycleLROptions{.max_lr = {0.05}, .total_steps = 40, .pct_start = 0.3, .anneal_strategy = "linear", .three_phase = true});
         }
       };
       make();
@@ -240,7 +243,8 @@ TEST_CASE("OneCycleLR cycle_momentum: lr, momentum or beta1 and the weights step
   }
   Var<Cpu> w(Tensor<Cpu>::zeros({2}), true);
   Adagrad<Cpu> ada(std::vector<ParamGroup<Cpu>>{{.params = {{"w", w}}, .lr = 0.1}}, AdagradOptions{});
-  CHECK_THROWS_WITH(OneCycleLR(ada, {.max_lr = {0.1}, .total_steps = 10}), Catch::Contains("OneCycleLR: cycle_momentum needs an optimizer"));
+  CHECK_THROWS_WITH(OneCycleLR(ada, {.max_lr = {0.1}, .total_steps = 10}),
+                    Catch::Contains("OneCycleLR: cycle_momentum needs an optimizer"));
   CHECK_NOTHROW(OneCycleLR(ada, {.max_lr = {0.1}, .total_steps = 10, .cycle_momentum = false}));
   SGD<Cpu> sgd(std::vector<ParamGroup<Cpu>>{{.params = {{"w", w}}, .lr = 0.1}}, SGDOptions{});
   CHECK_THROWS_WITH(OneCycleLR(sgd, {.max_lr = {0.1}, .total_steps = 10, .base_momentum = {1.5}}), Catch::Contains("base_momentum (1.5)"));
