@@ -1,6 +1,5 @@
 #include "kiln/nn/rnn.hpp"
 
-#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>

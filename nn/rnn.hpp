@@ -69,7 +69,7 @@ template <Backend B> struct GRUOutput { Var<B> output, h_n; };
 
 namespace functional {
 // The pointwise part of one LSTM step as one autograd record: gates [N, 4H] (pre-activation, both
-// products and biases added), c [N, H] -> (h' = σ(o)·tanh(c'), c'). Saves the activated gates and c'.
+// products and biases added), c [N, H] -> (h' = σ(o)·tanh(c'), c'). Saves the activated gates, c and tanh c'.
 template <Backend B> KILN_API LSTMState<B> lstm_cell(const Var<B>& gates, const Var<B>& c);
 // The pointwise part of one GRU step: gi = x W_ihᵀ + b_ih [N, 3H], gh = h W_hhᵀ + b_hh [N, 3H], h [N, H] -> h'.
 template <Backend B> KILN_API Var<B> gru_cell(const Var<B>& gi, const Var<B>& gh, const Var<B>& h);
