@@ -4,6 +4,7 @@
 // Nested objects (optimizer, schedule) replace the defaults wholesale, as in the reference; keys
 // missing inside them take the reference's defaults.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,8 @@ namespace kiln {
 
 
 struct OptimizerConfig {
-  std::string name = "adamw";  // adamw | adam | sgd
+  // adamw | adam | sgd | rmsprop | adagrad | lion | adafactor (train.json: "name", or "type")
+  std::string name = "adamw";
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.95;
   double eps = 1e-8;
@@ -25,6 +27,22 @@ struct OptimizerConfig {
   double momentum = 0.0;  // sgd
   double dampening = 0.0;  // sgd
   bool nesterov = false;  // sgd
+  // The optimizers of optim/rmsprop.hpp, lion.hpp, adafactor.hpp (kiln's own: the reference has none of them)
+  double alpha = 0.99;                     // rmsprop (momentum above, eps above)
+  bool centered = false;                   // rmsprop
+  double lr_decay = 0.0;                   // adagrad (eps above)
+  double initial_accumulator_value = 0.0;  // adagrad
+  double beta2_decay = -0.8;               // adafactor
+  std::optional<double> eps1{};            // adafactor (unset: the dtype's machine epsilon)
+  double eps2 = 1e-3;                      // adafactor
+  double d = 1.0;                          // adafactor: update clipping threshold
+};
+
+// "ema": {"decay": 0.999, "warmup": false}: an exponential moving average of the weights
+// (optim/ema.hpp), updated after every optimizer step, used for evaluation, saved in checkpoints.
+struct EmaConfig {
+  double decay = 0.999;
+  bool warmup = false;
 };
 
 using ScheduleConfig = LrSchedule;
@@ -36,6 +54,7 @@ struct TrainConfig {
   double grad_clip = 1.0;  // 0 = off
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
+  std::optional<EmaConfig> ema;  // none unless train.json has "ema"
   // kiln's own keys (the reference ignores none of these because it has none of them)
   int64_t eval_every = 0;        // 0 = never
   int64_t eval_batches = 8;

@@ -8,9 +8,13 @@
 #include "kiln/backends/dispatch.hpp"
 #include "kiln/dist/fit.hpp"
 #include "kiln/dist/zero.hpp"
-#include "kiln/nn/loss.hpp"
 #include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
+#include "kiln/nn/loss.hpp"
+#include "kiln/optim/adafactor.hpp"
+#include "kiln/optim/ema.hpp"
+#include "kiln/optim/lion.hpp"
+#include "kiln/optim/rmsprop.hpp"
 #include "kiln/train/data.hpp"
 #include "kiln/train/loop.hpp"
 
@@ -30,6 +34,24 @@ std::unique_ptr<optim::Optimizer<B>> make_optimizer(const nn::GPT<B>& model, con
     if (zero) return std::make_unique<dist::ZeroOptimizer<B>>(groups, so);
     return std::make_unique<optim::SGD<B>>(groups, so);
   }
+  if (o.name == "rmsprop")
+    return std::make_unique<optim::RMSprop<B>>(
+        groups,
+        optim::RMSpropOptions{
+            .lr = o.lr, .alpha = o.alpha, .eps = o.eps, .weight_decay = o.weight_decay, .momentum = o.momentum, .centered = o.centered});
+  if (o.name == "adagrad")
+    return std::make_unique<optim::Adagrad<B>>(groups, optim::AdagradOptions{.lr = o.lr,
+                                                                             .lr_decay = o.lr_decay,
+                                                                             .weight_decay = o.weight_decay,
+                                                                             .initial_accumulator_value = o.initial_accumulator_value,
+                                                                             .eps = o.eps});
+  if (o.name == "lion")
+    return std::make_unique<optim::Lion<B>>(
+        groups, optim::LionOptions{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay});
+  if (o.name == "adafactor")
+    return std::make_unique<optim::Adafactor<B>>(
+        groups, optim::AdafactorOptions{
+                    .lr = o.lr, .beta2_decay = o.beta2_decay, .eps1 = o.eps1, .eps2 = o.eps2, .d = o.d, .weight_decay = o.weight_decay});
   const optim::AdamOptions ao{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
                               .decoupled = o.name == "adamw"};
   if (zero) return std::make_unique<dist::ZeroOptimizer<B>>(groups, ao);
@@ -182,7 +204,10 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
                       .stop_after = o.stop_after,
                       .metadata = {{"model_config", cfg.to_json().dump()}, {"train_config", tc.to_json().dump()}, {"data", o.data_path}},
                       .hooks = ddp ? dist::fit_hooks(*ddp) : FitHooks{},
-                      .schedule = tc.schedule};  // peak: the optimizer's lr, tc.optimizer.lr
+                      .schedule = tc.schedule,  // peak: the optimizer's lr, tc.optimizer.lr
+                      .ema = tc.ema ? std::make_shared<optim::EMA<B>>(model.named_parameters(),
+                                                                      optim::EMAOptions{.decay = tc.ema->decay, .warmup = tc.ema->warmup})
+                                    : nullptr};
   if (!o.quiet && main)
     fmt::print("kiln train: {} parameters, {} {}{}·{} tokens/step, {:.1f} MFLOP/token, steps {}..{} of {}, device {}{}{}{}\n",
                model.num_parameters(), cfg.attention, tc.grad_accum > 1 ? fmt::format("{}·", tc.grad_accum) : "", bs, T,
