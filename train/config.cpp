@@ -87,6 +87,55 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
     g.get("weight_decay", oc.weight_decay);
     g.finish();
   }
+  if (const json* s = f.object("scheduler")) {
+    KILN_CHECK(!j.contains("schedule"), "{}: give 'schedule' or 'scheduler', not both", where);
+    SchedulerConfig sc;
+    Fields g(*s, where + ": scheduler");
+    g.get("type", sc.type);
+    one_of(g.where(), "type", sc.type, {"step", "multistep", "exponential", "cosine", "cosine_warm_restarts", "linear", "onecycle"});
+    const std::string& t = sc.type;
+    if (t == "step") {
+      g.get("step_size", sc.step_size);
+      KILN_CHECK(s->contains("step_size"), "{}: step needs 'step_size'", g.where());
+    }
+    if (t == "multistep") {
+      if (const json* m = g.object("milestones")) {
+        KILN_CHECK(m->is_array(), "{}: 'milestones' must be an array of integers, got {}", g.where(), m->dump());
+        for (const json& v : *m) {
+          KILN_CHECK(v.is_number_integer(), "{}: 'milestones' must be an array of integers, got {}", g.where(), m->dump());
+          sc.milestones.push_back(v.get<int64_t>());
+        }
+      }
+    }
+    if (t == "step" || t == "multistep" || t == "exponential") g.get("gamma", sc.gamma);
+    if (t == "exponential") KILN_CHECK(s->contains("gamma"), "{}: exponential needs 'gamma'", g.where());
+    if (t == "cosine") g.get("T_max", sc.T_max);
+    if (t == "cosine_warm_restarts") {
+      g.get("T_0", sc.T_0);
+      g.get("T_mult", sc.T_mult);
+      KILN_CHECK(s->contains("T_0"), "{}: cosine_warm_restarts needs 'T_0'", g.where());
+    }
+    if (t == "cosine" || t == "cosine_warm_restarts") g.get("eta_min", sc.eta_min);
+    if (t == "linear") {
+      g.get("start_factor", sc.start_factor);
+      g.get("end_factor", sc.end_factor);
+      g.get("total_iters", sc.total_iters);
+    }
+    if (t == "onecycle") {
+      g.get("max_lr", sc.max_lr);
+      g.get("total_steps", sc.total_steps);
+      g.get("pct_start", sc.pct_start);
+      g.get("anneal_strategy", sc.anneal_strategy);
+      g.get("div_factor", sc.div_factor);
+      g.get("final_div_factor", sc.final_div_factor);
+      g.get("three_phase", sc.three_phase);
+      g.get("cycle_momentum", sc.cycle_momentum);
+      g.get("base_momentum", sc.base_momentum);
+      g.get("max_momentum", sc.max_momentum);
+    }
+    g.finish();
+    c.scheduler = sc;
+  }
   if (const json* e = f.object("ema")) {
     EmaConfig ec;
     Fields g(*e, where + ": ema");
@@ -193,6 +242,27 @@ json TrainConfig::to_json() const {
               {"checkpoint_every", checkpoint_every}, {"grad_accum", grad_accum}, {"on_nonfinite", on_nonfinite},
               {"precision", precision}, {"zero_stage", zero_stage}, {"bucket_mb", bucket_mb}};
   if (ema) out["ema"] = {{"decay", ema->decay}, {"warmup", ema->warmup}};
+  if (scheduler) {
+    const SchedulerConfig& sc = *scheduler;
+    const std::string& t = sc.type;
+    json j = {{"type", t}};
+    if (t == "step") j["step_size"] = sc.step_size;
+    if (t == "multistep") j["milestones"] = sc.milestones;
+    if (t == "step" || t == "multistep" || t == "exponential") j["gamma"] = sc.gamma;
+    if (t == "cosine") j["T_max"] = sc.T_max;
+    if (t == "cosine_warm_restarts") {
+      j["T_0"] = sc.T_0;
+      j["T_mult"] = sc.T_mult;
+    }
+    if (t == "cosine" || t == "cosine_warm_restarts") j["eta_min"] = sc.eta_min;
+    if (t == "linear") j.update({{"start_factor", sc.start_factor}, {"end_factor", sc.end_factor}, {"total_iters", sc.total_iters}});
+    if (t == "onecycle")
+      j.update({{"max_lr", sc.max_lr}, {"total_steps", sc.total_steps}, {"pct_start", sc.pct_start}, {"anneal_strategy", sc.anneal_strategy},
+                {"div_factor", sc.div_factor}, {"final_div_factor", sc.final_div_factor}, {"three_phase", sc.three_phase},
+                {"cycle_momentum", sc.cycle_momentum}, {"base_momentum", sc.base_momentum}, {"max_momentum", sc.max_momentum}});
+    out["scheduler"] = j;
+    out.erase("schedule");  // one or the other
+  }
   return out;
 }
 

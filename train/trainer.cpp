@@ -15,6 +15,7 @@
 #include "kiln/optim/ema.hpp"
 #include "kiln/optim/lion.hpp"
 #include "kiln/optim/rmsprop.hpp"
+#include "kiln/optim/scheduler.hpp"
 #include "kiln/train/data.hpp"
 #include "kiln/train/loop.hpp"
 
@@ -56,6 +57,31 @@ std::unique_ptr<optim::Optimizer<B>> make_optimizer(const nn::GPT<B>& model, con
                               .decoupled = o.name == "adamw"};
   if (zero) return std::make_unique<dist::ZeroOptimizer<B>>(groups, ao);
   return std::make_unique<optim::Adam<B>>(groups, ao);
+}
+
+// The scheduler object of train.json's "scheduler" on `opt` (null without one); the options' zeros
+// mean the run's steps and the optimizer's lr. The scheduler constructors check the values.
+template <Backend B> std::shared_ptr<optim::LRScheduler> make_scheduler(optim::Optimizer<B>& opt, const TrainConfig& tc) {
+  if (!tc.scheduler) return nullptr;
+  using namespace optim;
+  const SchedulerConfig& s = *tc.scheduler;
+  if (s.type == "step") return std::make_shared<StepLR>(opt, s.step_size, s.gamma);
+  if (s.type == "multistep") return std::make_shared<MultiStepLR>(opt, s.milestones, s.gamma);
+  if (s.type == "exponential") return std::make_shared<ExponentialLR>(opt, s.gamma);
+  if (s.type == "cosine") return std::make_shared<CosineAnnealingLR>(opt, s.T_max > 0 ? s.T_max : tc.steps, s.eta_min);
+  if (s.type == "cosine_warm_restarts") return std::make_shared<CosineAnnealingWarmRestarts>(opt, s.T_0, s.T_mult, s.eta_min);
+  if (s.type == "linear") return std::make_shared<LinearLR>(opt, s.start_factor, s.end_factor, s.total_iters);
+  KILN_CHECK(s.type == "onecycle", "train: unknown scheduler type '{}'", s.type);
+  return std::make_shared<OneCycleLR>(opt, OneCycleLROptions{.max_lr = {s.max_lr > 0 ? s.max_lr : tc.optimizer.lr},
+                                                             .total_steps = s.total_steps > 0 ? s.total_steps : tc.steps,
+                                                             .pct_start = s.pct_start,
+                                                             .anneal_strategy = s.anneal_strategy,
+                                                             .div_factor = s.div_factor,
+                                                             .final_div_factor = s.final_div_factor,
+                                                             .three_phase = s.three_phase,
+                                                             .cycle_momentum = s.cycle_momentum,
+                                                             .base_momentum = {s.base_momentum},
+                                                             .max_momentum = {s.max_momentum}});
 }
 
 template <Backend B> Var<B> lm_loss(const nn::GPT<B>& model, const Tensor<B>& x, const Tensor<B>& y) {
@@ -205,6 +231,7 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
                       .metadata = {{"model_config", cfg.to_json().dump()}, {"train_config", tc.to_json().dump()}, {"data", o.data_path}},
                       .hooks = ddp ? dist::fit_hooks(*ddp) : FitHooks{},
                       .schedule = tc.schedule,  // peak: the optimizer's lr, tc.optimizer.lr
+                      .scheduler = make_scheduler(*opt, tc),
                       .ema = tc.ema ? std::make_shared<optim::EMA<B>>(model.named_parameters(),
                                                                       optim::EMAOptions{.decay = tc.ema->decay, .warmup = tc.ema->warmup})
                                     : nullptr};
