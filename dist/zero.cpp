@@ -119,6 +119,7 @@ template <Backend B> void ZeroOptimizer<B>::step() {
   for (size_t g = 0; g < ig.size(); ++g) {  // schedules set the outer groups' lr
     ig[g].lr = this->groups_[g].lr;
     ig[g].weight_decay = this->groups_[g].weight_decay;
+    ig[g].momentum = this->groups_[g].momentum;  // OneCycleLR's cycled momentum / beta1
   }
   NoGrad ng;
   for (auto& pc : m.pieces) {

@@ -6,15 +6,25 @@
 
 namespace kiln::optim {
 
-template <Backend B> EMA<B>::EMA(const NamedParams<B>& params, EMAOptions o) : params_(params), o_(o) {
+template <Backend B> EMA<B>::EMA(const NamedParams<B>& params, EMAOptions o) : EMA(params, {}, o) {}
+
+template <Backend B> EMA<B>::EMA(const NamedParams<B>& params, const std::vector<std::pair<std::string, Tensor<B>>>& buffers, EMAOptions o)
+    : params_(params), o_(o) {
   KILN_CHECK(o.decay >= 0 && o.decay <= 1, "EMA: decay must be in [0, 1], got {}", o.decay);
   std::set<std::string> seen;
   NoGrad ng;
   for (const auto& [name, p] : params_) {
     KILN_CHECK(seen.insert(name).second, "EMA: parameter '{}' appears twice", name);
     KILN_CHECK(p.defined() && is_floating(p.dtype()), "EMA: '{}' must be a floating-point parameter", name);
-    shadow_.push_back(p.value().clone());
   }
+  for (const auto& [name, b] : buffers) {
+    KILN_CHECK(b.defined(), "EMA: buffer '{}' is undefined", name);
+    if (!is_floating(b.dtype())) continue;  // num_batches_tracked: the model's own count stays
+    KILN_CHECK(seen.insert(name).second, "EMA: '{}' appears twice (among the parameters and buffers)", name);
+    KILN_CHECK(b.is_contiguous(), "EMA: buffer '{}' {} is not contiguous", name, shape_str(b.shape()));
+    buffers_.emplace_back(name, b);
+  }
+  for (size_t i = 0; i < size(); ++i) shadow_.push_back(live(i).clone());
 }
 
 template <Backend B> double EMA<B>::decay() const {
@@ -28,14 +38,14 @@ template <Backend B> void EMA<B>::update() {
   const profile::Scope prof("ema.update", "optim");
   NoGrad ng;
   const double d = decay();
-  for (size_t i = 0; i < params_.size(); ++i) shadow_[i].mul_(d).add_(params_[i].second.value().mul(1.0 - d));
+  for (size_t i = 0; i < size(); ++i) shadow_[i].mul_(d).add_(live(i).mul(1.0 - d));
   ++n_;
 }
 
 template <Backend B> void EMA<B>::swap() {
   NoGrad ng;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor<B> w = params_[i].second.value();
+  for (size_t i = 0; i < size(); ++i) {
+    Tensor<B> w = live(i);
     const Tensor<B> tmp = w.clone();
     w.copy_(shadow_[i]);
     shadow_[i].copy_(tmp);
@@ -45,15 +55,15 @@ template <Backend B> void EMA<B>::swap() {
 
 template <Backend B> const Tensor<B>& EMA<B>::average(const std::string& name) const {
   KILN_CHECK(!swapped_, "EMA: average('{}') while the averages are swapped into the parameters", name);
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].first == name) return shadow_[i];
-  fail("EMA: no parameter '{}'", name);
+  for (size_t i = 0; i < size(); ++i)
+    if (this->name(i) == name) return shadow_[i];
+  fail("EMA: no parameter or averaged buffer '{}'", name);
 }
 
 template <Backend B> std::vector<std::pair<std::string, Tensor<B>>> EMA<B>::state_dict() const {
   KILN_CHECK(!swapped_, "EMA: state_dict() while the averages are swapped into the parameters: swap() back first");
   std::vector<std::pair<std::string, Tensor<B>>> out;
-  for (size_t i = 0; i < params_.size(); ++i) out.emplace_back("shadow." + params_[i].first, shadow_[i]);
+  for (size_t i = 0; i < size(); ++i) out.emplace_back("shadow." + name(i), shadow_[i]);
   out.emplace_back("num_updates", Tensor<B>::full({}, n_, DType::i64));
   return out;
 }
@@ -63,15 +73,17 @@ template <Backend B> void EMA<B>::load_state_dict(const std::map<std::string, Te
   const auto it = state.find("num_updates");
   KILN_CHECK(it != state.end() && it->second.numel() == 1, "EMA state: no 'num_updates' entry");
   std::vector<Tensor<B>> next;
-  for (const auto& [name, p] : params_) {
+  for (size_t i = 0; i < size(); ++i) {
+    const std::string& name = this->name(i);
+    const Tensor<B> p = live(i);
     const auto s = state.find("shadow." + name);
     KILN_CHECK(s != state.end(), "EMA state: no 'shadow.{}' entry", name);
-    KILN_CHECK(s->second.shape() == p.shape() && s->second.dtype() == p.dtype(), "EMA state: 'shadow.{}' is {} {}, the parameter {} {}",
-               name, s->second.dtype(), shape_str(s->second.shape()), p.dtype(), shape_str(p.shape()));
+    KILN_CHECK(s->second.shape() == p.shape() && s->second.dtype() == p.dtype(), "EMA state: 'shadow.{}' is {} {}, the tensor {} {}", name,
+               s->second.dtype(), shape_str(s->second.shape()), p.dtype(), shape_str(p.shape()));
     next.push_back(s->second.clone());
   }
-  KILN_CHECK(state.size() == params_.size() + 1, "EMA state: {} entries, expected {} (a shadow per parameter and num_updates)",
-             state.size(), params_.size() + 1);
+  KILN_CHECK(state.size() == size() + 1, "EMA state: {} entries, expected {} (a shadow per parameter and averaged buffer, and num_updates)",
+             state.size(), size() + 1);
   shadow_ = std::move(next);
   n_ = item<int64_t>(it->second);
 }

@@ -9,11 +9,18 @@
 // The averages start as a copy of the parameters; update() does a ← d·a + (1 − d)·w for every
 // parameter (in its dtype), d = decay, or with warmup min(decay, (1 + n)/(10 + n)) after n earlier
 // updates (TensorFlow's num_updates). swap() exchanges the parameters' values with the averages in
-// place (twice: back); apply() swaps and swaps back when its guard goes. Parameters only: buffers
-// (BatchNorm's running statistics) are not averaged, as AveragedModel's default.
+// place (twice: back); apply() swaps and swaps back when its guard goes.
 //
-// state_dict(): "shadow.<param name>" tensors and "num_updates"; kiln::fit saves it in checkpoints
-// (FitOptions::ema).
+// Buffers (BatchNorm's running_mean/running_var): not averaged by default, as AveragedModel's default
+// (use_buffers=False; evaluation then reads the model's own running statistics). Given to the
+// constructor (EMA(model.named_parameters(), model.named_buffers(), o)), the floating-point ones are
+// averaged like the weights, with the same decay, and swapped in with them: PyTorch's
+// AveragedModel(use_buffers=True) with the same avg_fn, and timm's ModelEmaV3. Integer buffers
+// (num_batches_tracked) are not averaged: the model's own count stays in place, as ModelEmaV3 copies
+// them (AveragedModel would truncate a float average into the integer).
+//
+// state_dict(): "shadow.<name>" tensors (parameters, then averaged buffers) and "num_updates"; kiln::fit
+// saves it in checkpoints (FitOptions::ema).
 #include <map>
 #include <string>
 #include <utility>
@@ -42,12 +49,15 @@ class EmaBase {
 template <Backend B> class EMA final : public EmaBase {
  public:
   explicit EMA(const NamedParams<B>& params, EMAOptions o = {});
+  // The parameters and the module's buffers (their tensors, updated in place by the layers: pass
+  // model.named_buffers() after any Module::to()).
+  EMA(const NamedParams<B>& params, const std::vector<std::pair<std::string, Tensor<B>>>& buffers, EMAOptions o);
   void update() override;
   void swap() override;
   bool swapped() const override { return swapped_; }
   int64_t num_updates() const override { return n_; }
   double decay() const;                                     // the decay the next update() uses
-  const Tensor<B>& average(const std::string& name) const;  // an Error while swapped in
+  const Tensor<B>& average(const std::string& name) const;  // a parameter's or buffer's; an Error while swapped in
 
   struct Applied {
     explicit Applied(EMA* e) : ema(e) {}
@@ -64,11 +74,17 @@ template <Backend B> class EMA final : public EmaBase {
   }
 
   std::vector<std::pair<std::string, Tensor<B>>> state_dict() const;
-  // Strict: one "shadow.<name>" per parameter, of its shape and dtype, and "num_updates".
+  // Strict: one "shadow.<name>" per parameter and averaged buffer, of its shape and dtype, and "num_updates".
   void load_state_dict(const std::map<std::string, Tensor<B>>& state);
 
  private:
+  // What is averaged: the parameters (read through their Vars), then the floating buffers (shared
+  // storage with the module's); shadow_ holds one average for each, in that order.
+  size_t size() const { return params_.size() + buffers_.size(); }
+  const std::string& name(size_t i) const { return i < params_.size() ? params_[i].first : buffers_[i - params_.size()].first; }
+  Tensor<B> live(size_t i) const { return i < params_.size() ? params_[i].second.value() : buffers_[i - params_.size()].second; }
   NamedParams<B> params_;
+  std::vector<std::pair<std::string, Tensor<B>>> buffers_;
   std::vector<Tensor<B>> shadow_;
   EMAOptions o_;
   int64_t n_ = 0;

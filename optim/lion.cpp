@@ -14,7 +14,8 @@ template <Backend B> void Lion<B>::step() {
     bool created = false;
     Tensor<B>& m = this->buffer("exp_avg", name, w, created);
     if (g.weight_decay != 0) w.mul_(1.0 - g.lr * g.weight_decay);
-    w.sub_(m.mul(o_.beta1).add(grad.mul(1.0 - o_.beta1)).sign().mul(g.lr));
+    const double beta1 = g.momentum.value_or(o_.beta1);
+    w.sub_(m.mul(beta1).add(grad.mul(1.0 - beta1)).sign().mul(g.lr));
     m.mul_(o_.beta2).add_(grad.mul(1.0 - o_.beta2));
   });
 }

@@ -20,6 +20,7 @@ template <Backend B> class Lion : public Optimizer<B> {
   Lion(const NamedParams<B>& params, LionOptions o) : Lion(decay_groups(params, o.lr, o.weight_decay), o) {}
   void step() override;
   std::string kind() const override { return "lion"; }
+  std::string momentum_kind() const override { return "beta1"; }
 
  private:
   std::vector<std::string> buffer_names() const override { return {"exp_avg"}; }

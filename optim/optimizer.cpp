@@ -107,12 +107,14 @@ template <Backend B> void SGD<B>::step() {
   this->each_param([&](const ParamGroup<B>& g, const std::string& name, Tensor<B>& w, const Tensor<B>& grad) {
     Tensor<B> d = grad;
     if (g.weight_decay != 0) d = d.add(w.mul(g.weight_decay));
-    if (o_.momentum != 0) {
+    const double mu = g.momentum.value_or(o_.momentum);
+    if (mu != 0) {
       bool created = false;
       Tensor<B>& buf = this->buffer("momentum_buffer", name, w, created);
       if (created) buf.copy_(d);
-      else buf.mul_(o_.momentum).add_(d.mul(1.0 - o_.dampening));
-      d = o_.nesterov ? d.add(buf.mul(o_.momentum)) : buf;
+      else
+        buf.mul_(mu).add_(d.mul(1.0 - o_.dampening));
+      d = o_.nesterov ? d.add(buf.mul(mu)) : buf;
     }
     w.sub_(d.mul(g.lr));
   });
@@ -132,9 +134,11 @@ template <Backend B> void Adam<B>::step() {
   NoGrad ng;
   const int64_t t = ++this->steps_;
   fused::AdamHyper h{.beta1 = o_.beta1, .beta2 = o_.beta2, .eps = o_.eps, .decoupled = o_.decoupled};
-  h.bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));
   h.bc2_sqrt = std::sqrt(1.0 - std::pow(o_.beta2, static_cast<double>(t)));
   for (auto& g : this->groups_) {
+    // the group's beta1 when a scheduler cycles it, in the bias correction too (as PyTorch)
+    h.beta1 = g.momentum.value_or(o_.beta1);
+    h.bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(t));
     // one multi-tensor update per group (core/fused_optim.hpp)
     std::vector<Tensor<B>> ws, grads;
     std::vector<Tensor<B>*> ms, vs;

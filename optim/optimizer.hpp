@@ -25,6 +25,10 @@ template <Backend B> struct ParamGroup {
   // The lr a scheduler started from (PyTorch's group["initial_lr"]): set by the first scheduler built on
   // the optimizer (optim/scheduler.hpp), which later ones and SequentialLR start from.
   std::optional<double> initial_lr{};
+  // The group's momentum (SGD, RMSprop) or beta1 (Adam, AdamW, Lion), when a scheduler cycles it
+  // (OneCycleLR's cycle_momentum, as PyTorch's group["momentum"] / group["betas"][0]); unset: the
+  // optimizer's option.
+  std::optional<double> momentum{};
 };
 
 // The default grouping (docs/specs.md §4): weight decay on tensors of rank >= 2 only — never on norms, biases,
@@ -57,6 +61,9 @@ template <Backend B> class Optimizer {
   // must use the kind that wrote the state. An optimizer of your own may name itself; the default is
   // its C++ type's (implementation-defined) name.
   virtual std::string kind() const { return typeid(*this).name(); }
+  // What ParamGroup::momentum sets in this optimizer: "momentum", "beta1", or "" (it has neither:
+  // Adagrad, Adafactor).
+  virtual std::string momentum_kind() const { return ""; }
 
  protected:
   // Per-parameter state buffers, by buffer name then parameter name.
@@ -98,6 +105,7 @@ template <Backend B> class SGD : public Optimizer<B> {
   SGD(const NamedParams<B>& params, SGDOptions o) : SGD(decay_groups(params, o.lr, o.weight_decay), o) {}
   void step() override;
   std::string kind() const override { return "sgd"; }
+  std::string momentum_kind() const override { return "momentum"; }
 
  private:
   std::vector<std::string> buffer_names() const override;
@@ -119,6 +127,7 @@ template <Backend B> class Adam : public Optimizer<B> {
   Adam(const NamedParams<B>& params, AdamOptions o) : Adam(decay_groups(params, o.lr, o.weight_decay), o) {}
   void step() override;
   std::string kind() const override { return "adam"; }
+  std::string momentum_kind() const override { return "beta1"; }
 
  private:
   std::vector<std::string> buffer_names() const override;

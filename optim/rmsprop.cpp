@@ -14,7 +14,9 @@ template <Backend B> RMSprop<B>::RMSprop(std::vector<ParamGroup<B>> groups, RMSp
 template <Backend B> std::vector<std::string> RMSprop<B>::buffer_names() const {
   std::vector<std::string> names{"square_avg"};
   if (o_.centered) names.push_back("grad_avg");
-  if (o_.momentum > 0) names.push_back("momentum_buffer");
+  bool momentum = o_.momentum > 0;
+  for (const auto& g : this->groups_) momentum = momentum || g.momentum.value_or(0.0) > 0;
+  if (momentum) names.push_back("momentum_buffer");
   return names;
 }
 
@@ -36,9 +38,10 @@ template <Backend B> void RMSprop<B>::step() {
       avg = sq.sqrt();
     }
     avg.add_(o_.eps);
-    if (o_.momentum > 0) {
+    const double mu = g.momentum.value_or(o_.momentum);
+    if (mu > 0) {
       Tensor<B>& buf = this->buffer("momentum_buffer", name, w, created);
-      buf.mul_(o_.momentum).add_(grad.div(avg));
+      buf.mul_(mu).add_(grad.div(avg));
       w.sub_(buf.mul(g.lr));
     } else {
       w.sub_(grad.div(avg).mul(g.lr));

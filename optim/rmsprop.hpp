@@ -30,6 +30,7 @@ template <Backend B> class RMSprop : public Optimizer<B> {
   RMSprop(const NamedParams<B>& params, RMSpropOptions o) : RMSprop(decay_groups(params, o.lr, o.weight_decay), o) {}
   void step() override;
   std::string kind() const override { return "rmsprop"; }
+  std::string momentum_kind() const override { return "momentum"; }
 
  private:
   std::vector<std::string> buffer_names() const override;

@@ -345,9 +345,9 @@ OneCycleLR::OneCycleLR(LrGroups opt, OneCycleLROptions o) : LRScheduler(std::mov
              o_.div_factor, o_.final_div_factor);
   const double T = static_cast<double>(total_);
   if (o_.three_phase)
-    phases_ = {{o_.pct_start * T - 1, 0, 1}, {2 * o_.pct_start * T - 2, 1, 0}, {T - 1, 0, 2}};
+    phases_ = {{o_.pct_start * T - 1, 0, 1, 0, 1}, {2 * o_.pct_start * T - 2, 1, 0, 1, 0}, {T - 1, 0, 2, 0, 0}};
   else
-    phases_ = {{o_.pct_start * T - 1, 0, 1}, {T - 1, 1, 2}};
+    phases_ = {{o_.pct_start * T - 1, 0, 1, 0, 1}, {T - 1, 1, 2, 1, 0}};
   max_ = per_group(o_.max_lr, groups(), "OneCycleLR: max_lr");
   for (size_t i = 0; i < groups(); ++i) {
     KILN_CHECK(std::isfinite(max_[i]) && max_[i] >= 0, "OneCycleLR: max_lr must be finite and >= 0, got {} (group {})", max_[i], i);
@@ -355,12 +355,30 @@ OneCycleLR::OneCycleLR(LrGroups opt, OneCycleLROptions o) : LRScheduler(std::mov
     min_.push_back(initial_.back() / o_.final_div_factor);
     g_.initial_lr(i) = initial_.back();
   }
+  if (o_.cycle_momentum) {
+    KILN_CHECK(!g_.momentum_kind().empty(),
+               "OneCycleLR: cycle_momentum needs an optimizer with momentum or beta1 (SGD, RMSprop, Adam, AdamW, Lion); set "
+               "cycle_momentum = false");
+    max_m_ = per_group(o_.max_momentum, groups(), "OneCycleLR: max_momentum");
+    base_m_ = per_group(o_.base_momentum, groups(), "OneCycleLR: base_momentum");
+    for (size_t i = 0; i < groups(); ++i) {
+      KILN_CHECK(base_m_[i] >= 0 && max_m_[i] >= 0 && base_m_[i] <= 1 && max_m_[i] <= 1,
+                 "OneCycleLR: base_momentum ({}) and max_momentum ({}) must be in [0, 1] (group {})", base_m_[i], max_m_[i], i);
+      g_.momentum(i) = max_m_[i];
+    }
+  }
   init_base_lrs();
   initial_step();
 }
 
-std::vector<double> OneCycleLR::get_lr() {
-  const int64_t step_num = last_epoch_;
+// Called before the base class sets last_epoch_: the groups' momentum at the saved step.
+void OneCycleLR::load_extra(const SchedulerState& s, std::vector<std::string>&) {
+  if (o_.cycle_momentum) (void)at(std::stoll(s.at("last_epoch")));
+}
+
+std::vector<double> OneCycleLR::get_lr() { return at(last_epoch_); }
+
+std::vector<double> OneCycleLR::at(int64_t step_num) {
   KILN_CHECK(step_num <= total_, "OneCycleLR: stepped {} times; total_steps is {}", step_num + 1, total_);
   const bool cosine = o_.anneal_strategy == "cos";
   std::vector<double> out;
@@ -373,12 +391,13 @@ std::vector<double> OneCycleLR::get_lr() {
         KILN_CHECK(end_step != start_step, "OneCycleLR: phase {} has no steps (total_steps {}, pct_start {}): division by zero", i, total_,
                    o_.pct_start);
         const double pct = (static_cast<double>(step_num) - start_step) / (end_step - start_step);
-        const double start = v[phases_[i].start], end = v[phases_[i].end];
-        if (cosine) {
-          const double cos_out = std::cos(kPi * pct) + 1;
-          lr = end + (start - end) / 2.0 * cos_out;
-        } else {
-          lr = (end - start) * pct + start;
+        auto anneal = [&](double start, double end) {
+          return cosine ? end + (start - end) / 2.0 * (std::cos(kPi * pct) + 1) : (end - start) * pct + start;
+        };
+        lr = anneal(v[phases_[i].start], v[phases_[i].end]);
+        if (o_.cycle_momentum) {
+          const double m[2] = {max_m_[g], base_m_[g]};
+          g_.momentum(g) = anneal(m[phases_[i].m_start], m[phases_[i].m_end]);
         }
         break;
       }

@@ -19,9 +19,9 @@
 // (FitOptions::scheduler).
 //
 // Differences from PyTorch: no `last_epoch` constructor argument (resume with load_state_dict), no
-// `verbose`; OneCycleLR cycles the lr only (no `cycle_momentum`: kiln's momentum is not a group
-// value; torch's default is cycle_momentum=True, so pass cycle_momentum=False there for the same
-// run); CosineAnnealingWarmRestarts steps by whole epochs only (no fractional step(epoch)).
+// `verbose`; CosineAnnealingWarmRestarts steps by whole epochs only (no fractional step(epoch)).
+// OneCycleLR's cycled momentum is not in its state (PyTorch keeps it in the optimizer's param groups):
+// load_state_dict sets it again from the step, as it does the lr.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -42,10 +42,14 @@ class LrGroups {
       : id_(&opt),
         size_([&opt] { return opt.groups().size(); }),
         lr_([&opt](size_t i) -> double& { return opt.groups().at(i).lr; }),
-        initial_([&opt](size_t i) -> std::optional<double>& { return opt.groups().at(i).initial_lr; }) {}
+        initial_([&opt](size_t i) -> std::optional<double>& { return opt.groups().at(i).initial_lr; }),
+        momentum_([&opt](size_t i) -> std::optional<double>& { return opt.groups().at(i).momentum; }),
+        momentum_kind_([&opt] { return opt.momentum_kind(); }) {}
   size_t size() const { return size_(); }
   double& lr(size_t i) const { return lr_(i); }
   std::optional<double>& initial_lr(size_t i) const { return initial_(i); }
+  std::optional<double>& momentum(size_t i) const { return momentum_(i); }  // ParamGroup::momentum
+  std::string momentum_kind() const { return momentum_kind_(); }            // Optimizer::momentum_kind
   const void* id() const { return id_; }  // the optimizer
 
  private:
@@ -53,6 +57,8 @@ class LrGroups {
   std::function<size_t()> size_;
   std::function<double&(size_t)> lr_;
   std::function<std::optional<double>&(size_t)> initial_;
+  std::function<std::optional<double>&(size_t)> momentum_;
+  std::function<std::string()> momentum_kind_;
 };
 
 using SchedulerState = std::map<std::string, std::string>;
@@ -205,6 +211,13 @@ struct OneCycleLROptions {
   double div_factor = 25.0;             // initial_lr = max_lr / div_factor
   double final_div_factor = 1e4;        // min_lr = initial_lr / final_div_factor
   bool three_phase = false;
+  // PyTorch's cycle_momentum (default true, as torch): the group's momentum (SGD, RMSprop) or beta1
+  // (Adam, AdamW, Lion) goes inversely to the lr, from max_momentum down to base_momentum while the lr
+  // rises and back while it falls (three_phase: then stays at max_momentum); one value for every
+  // group or one per group. An optimizer without either (Adagrad, Adafactor) is an Error unless false.
+  bool cycle_momentum = true;
+  std::vector<double> base_momentum{0.85};
+  std::vector<double> max_momentum{0.95};
 };
 
 // The 1cycle policy: up from max_lr/div_factor to max_lr over pct_start of the steps, then down to
@@ -217,14 +230,18 @@ class OneCycleLR final : public LRScheduler {
 
  private:
   std::vector<double> get_lr() override;
+  void load_extra(const SchedulerState& state, std::vector<std::string>& keys) override;
+  // The lrs at step `step_num` and, with cycle_momentum, the groups' momentum set to its value there.
+  std::vector<double> at(int64_t step_num);
   struct Phase {
     double end_step;
-    int start, end;  // 0 initial_lr, 1 max_lr, 2 min_lr
+    int start, end;      // 0 initial_lr, 1 max_lr, 2 min_lr
+    int m_start, m_end;  // 0 max_momentum, 1 base_momentum
   };
   OneCycleLROptions o_;
   int64_t total_ = 0;
   std::vector<Phase> phases_;
-  std::vector<double> initial_, max_, min_;
+  std::vector<double> initial_, max_, min_, max_m_, base_m_;
 };
 
 // Runs schedulers[i] from milestones[i-1] on (warm-up, then decay): at a milestone the next scheduler

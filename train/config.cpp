@@ -40,14 +40,38 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
     OptimizerConfig& oc = c.optimizer;
     oc = OptimizerConfig{};
     Fields g(*o, where + ": optimizer");
+    // "type" is a synonym of "name" (one of the two)
+    std::string type;
+    g.get("type", type);
+    KILN_CHECK(type.empty() || !o->contains("name"), "{}: give 'name' or 'type', not both", g.where());
+    if (!type.empty()) oc.name = type;
     g.get("name", oc.name);
-    one_of(g.where(), "name", oc.name, {"adamw", "adam", "sgd"});
+    one_of(g.where(), o->contains("type") ? "type" : "name", oc.name, {"adamw", "adam", "sgd", "rmsprop", "adagrad", "lion", "adafactor"});
     // Defaults inside a given optimizer object are the reference's (torch's) defaults.
     oc.beta1 = 0.9;
-    oc.beta2 = 0.999;
+    oc.beta2 = oc.name == "lion" ? 0.99 : 0.999;
     oc.weight_decay = 0.0;
+    if (oc.name == "rmsprop" || oc.name == "adagrad" || oc.name == "adafactor") oc.lr = 1e-2;
+    if (oc.name == "lion") oc.lr = 1e-4;
+    if (oc.name == "adagrad") oc.eps = 1e-10;
     g.get("lr", oc.lr);
-    if (oc.name == "sgd") {
+    if (oc.name == "rmsprop") {
+      g.get("alpha", oc.alpha);
+      g.get("eps", oc.eps);
+      g.get("momentum", oc.momentum);
+      g.get("centered", oc.centered);
+    } else if (oc.name == "adagrad") {
+      g.get("lr_decay", oc.lr_decay);
+      g.get("initial_accumulator_value", oc.initial_accumulator_value);
+      g.get("eps", oc.eps);
+    } else if (oc.name == "adafactor") {
+      g.get("beta2_decay", oc.beta2_decay);
+      double eps1 = -1;
+      g.get("eps1", eps1);
+      if (o->contains("eps1")) oc.eps1 = eps1;
+      g.get("eps2", oc.eps2);
+      g.get("d", oc.d);
+    } else if (oc.name == "sgd") {
       g.get("momentum", oc.momentum);
       g.get("dampening", oc.dampening);
       g.get("nesterov", oc.nesterov);
@@ -59,10 +83,67 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
         oc.beta1 = (*b)[0].get<double>();
         oc.beta2 = (*b)[1].get<double>();
       }
-      g.get("eps", oc.eps);
+      if (oc.name != "lion") g.get("eps", oc.eps);
     }
     g.get("weight_decay", oc.weight_decay);
     g.finish();
+  }
+  if (const json* s = f.object("scheduler")) {
+    KILN_CHECK(!j.contains("schedule"), "{}: give 'schedule' or 'scheduler', not both", where);
+    SchedulerConfig sc;
+    Fields g(*s, where + ": scheduler");
+    g.get("type", sc.type);
+    one_of(g.where(), "type", sc.type, {"step", "multistep", "exponential", "cosine", "cosine_warm_restarts", "linear", "onecycle"});
+    const std::string& t = sc.type;
+    if (t == "step") {
+      g.get("step_size", sc.step_size);
+      KILN_CHECK(s->contains("step_size"), "{}: step needs 'step_size'", g.where());
+    }
+    if (t == "multistep") {
+      if (const json* m = g.object("milestones")) {
+        KILN_CHECK(m->is_array(), "{}: 'milestones' must be an array of integers, got {}", g.where(), m->dump());
+        for (const json& v : *m) {
+          KILN_CHECK(v.is_number_integer(), "{}: 'milestones' must be an array of integers, got {}", g.where(), m->dump());
+          sc.milestones.push_back(v.get<int64_t>());
+        }
+      }
+    }
+    if (t == "step" || t == "multistep" || t == "exponential") g.get("gamma", sc.gamma);
+    if (t == "exponential") KILN_CHECK(s->contains("gamma"), "{}: exponential needs 'gamma'", g.where());
+    if (t == "cosine") g.get("T_max", sc.T_max);
+    if (t == "cosine_warm_restarts") {
+      g.get("T_0", sc.T_0);
+      g.get("T_mult", sc.T_mult);
+      KILN_CHECK(s->contains("T_0"), "{}: cosine_warm_restarts needs 'T_0'", g.where());
+    }
+    if (t == "cosine" || t == "cosine_warm_restarts") g.get("eta_min", sc.eta_min);
+    if (t == "linear") {
+      g.get("start_factor", sc.start_factor);
+      g.get("end_factor", sc.end_factor);
+      g.get("total_iters", sc.total_iters);
+    }
+    if (t == "onecycle") {
+      g.get("max_lr", sc.max_lr);
+      g.get("total_steps", sc.total_steps);
+      g.get("pct_start", sc.pct_start);
+      g.get("anneal_strategy", sc.anneal_strategy);
+      g.get("div_factor", sc.div_factor);
+      g.get("final_div_factor", sc.final_div_factor);
+      g.get("three_phase", sc.three_phase);
+      g.get("cycle_momentum", sc.cycle_momentum);
+      g.get("base_momentum", sc.base_momentum);
+      g.get("max_momentum", sc.max_momentum);
+    }
+    g.finish();
+    c.scheduler = sc;
+  }
+  if (const json* e = f.object("ema")) {
+    EmaConfig ec;
+    Fields g(*e, where + ": ema");
+    g.get("decay", ec.decay);
+    g.get("warmup", ec.warmup);
+    g.finish();
+    c.ema = ec;
   }
   if (const json* s = f.object("schedule")) {
     ScheduleConfig& sc = c.schedule;
@@ -130,6 +211,9 @@ void TrainConfig::validate() const {
   KILN_CHECK(std::isfinite(schedule.gamma) && schedule.gamma >= 0, "schedule gamma must be >= 0 (a negative one gives negative learning rates), got {}",
              schedule.gamma);
   KILN_CHECK(zero_stage == 0 || zero_stage == 1, "zero_stage must be 0 or 1 (ZeRO-1: sharded optimizer state), got {}", zero_stage);
+  KILN_CHECK(zero_stage == 0 || optimizer.name == "adamw" || optimizer.name == "adam" || optimizer.name == "sgd",
+             "zero_stage 1 shards adamw, adam or sgd, not optimizer '{}'", optimizer.name);
+  if (ema) KILN_CHECK(ema->decay >= 0 && ema->decay <= 1, "ema decay must be in [0, 1], got {}", ema->decay);
   KILN_CHECK(bucket_mb > 0 && std::isfinite(bucket_mb), "bucket_mb must be > 0, got {}", bucket_mb);
   KILN_CHECK(eval_every >= 0 && eval_batches >= 1 && checkpoint_every >= 0,
              "eval_every/checkpoint_every must be >= 0 and eval_batches >= 1");
@@ -140,7 +224,23 @@ void TrainConfig::validate() const {
 
 json TrainConfig::to_json() const {
   json o = {{"name", optimizer.name}, {"lr", optimizer.lr}, {"weight_decay", optimizer.weight_decay}};
-  if (optimizer.name == "sgd") {
+  if (optimizer.name == "rmsprop") {
+    o["alpha"] = optimizer.alpha;
+    o["eps"] = optimizer.eps;
+    o["momentum"] = optimizer.momentum;
+    o["centered"] = optimizer.centered;
+  } else if (optimizer.name == "adagrad") {
+    o["lr_decay"] = optimizer.lr_decay;
+    o["initial_accumulator_value"] = optimizer.initial_accumulator_value;
+    o["eps"] = optimizer.eps;
+  } else if (optimizer.name == "adafactor") {
+    o["beta2_decay"] = optimizer.beta2_decay;
+    if (optimizer.eps1) o["eps1"] = *optimizer.eps1;
+    o["eps2"] = optimizer.eps2;
+    o["d"] = optimizer.d;
+  } else if (optimizer.name == "lion") {
+    o["betas"] = {optimizer.beta1, optimizer.beta2};
+  } else if (optimizer.name == "sgd") {
     o["momentum"] = optimizer.momentum;
     o["dampening"] = optimizer.dampening;
     o["nesterov"] = optimizer.nesterov;
@@ -163,6 +263,28 @@ json TrainConfig::to_json() const {
               {"activation_checkpointing", activation_checkpointing}};
   if (lora.r > 0)
     out["lora"] = {{"r", lora.r}, {"alpha", lora.alpha}, {"dropout", lora.dropout}, {"target_modules", lora.target_modules}};
+  if (ema) out["ema"] = {{"decay", ema->decay}, {"warmup", ema->warmup}};
+  if (scheduler) {
+    const SchedulerConfig& sc = *scheduler;
+    const std::string& t = sc.type;
+    json j = {{"type", t}};
+    if (t == "step") j["step_size"] = sc.step_size;
+    if (t == "multistep") j["milestones"] = sc.milestones;
+    if (t == "step" || t == "multistep" || t == "exponential") j["gamma"] = sc.gamma;
+    if (t == "cosine") j["T_max"] = sc.T_max;
+    if (t == "cosine_warm_restarts") {
+      j["T_0"] = sc.T_0;
+      j["T_mult"] = sc.T_mult;
+    }
+    if (t == "cosine" || t == "cosine_warm_restarts") j["eta_min"] = sc.eta_min;
+    if (t == "linear") j.update({{"start_factor", sc.start_factor}, {"end_factor", sc.end_factor}, {"total_iters", sc.total_iters}});
+    if (t == "onecycle")
+      j.update({{"max_lr", sc.max_lr}, {"total_steps", sc.total_steps}, {"pct_start", sc.pct_start}, {"anneal_strategy", sc.anneal_strategy},
+                {"div_factor", sc.div_factor}, {"final_div_factor", sc.final_div_factor}, {"three_phase", sc.three_phase},
+                {"cycle_momentum", sc.cycle_momentum}, {"base_momentum", sc.base_momentum}, {"max_momentum", sc.max_momentum}});
+    out["scheduler"] = j;
+    out.erase("schedule");  // one or the other
+  }
   return out;
 }
 

@@ -4,6 +4,7 @@
 // Nested objects (optimizer, schedule) replace the defaults wholesale, as in the reference; keys
 // missing inside them take the reference's defaults.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,8 @@ namespace kiln {
 
 
 struct OptimizerConfig {
-  std::string name = "adamw";  // adamw | adam | sgd
+  // adamw | adam | sgd | rmsprop | adagrad | lion | adafactor (train.json: "name", or "type")
+  std::string name = "adamw";
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.95;
   double eps = 1e-8;
@@ -25,6 +27,48 @@ struct OptimizerConfig {
   double momentum = 0.0;  // sgd
   double dampening = 0.0;  // sgd
   bool nesterov = false;  // sgd
+  // The optimizers of optim/rmsprop.hpp, lion.hpp, adafactor.hpp (kiln's own: the reference has none of them)
+  double alpha = 0.99;                     // rmsprop (momentum above, eps above)
+  bool centered = false;                   // rmsprop
+  double lr_decay = 0.0;                   // adagrad (eps above)
+  double initial_accumulator_value = 0.0;  // adagrad
+  double beta2_decay = -0.8;               // adafactor
+  std::optional<double> eps1{};            // adafactor (unset: the dtype's machine epsilon)
+  double eps2 = 1e-3;                      // adafactor
+  double d = 1.0;                          // adafactor: update clipping threshold
+};
+
+// "ema": {"decay": 0.999, "warmup": false}: an exponential moving average of the weights
+// (optim/ema.hpp), updated after every optimizer step, used for evaluation, saved in checkpoints.
+// "scheduler": {"type": ..., its options}: a scheduler object of optim/scheduler.hpp stepped after
+// every optimizer step (instead of "schedule"), with torch's option names and defaults:
+//   step (step_size, gamma 0.1) · multistep (milestones, gamma 0.1) · exponential (gamma) ·
+//   cosine (T_max = steps, eta_min 0) · cosine_warm_restarts (T_0, T_mult 1, eta_min 0) ·
+//   linear (start_factor 1/3, end_factor 1, total_iters 5) · onecycle (max_lr = the optimizer's lr,
+//   total_steps = steps, pct_start 0.3, anneal_strategy "cos", div_factor 25, final_div_factor 1e4,
+//   three_phase false, cycle_momentum true, base_momentum 0.85, max_momentum 0.95)
+struct SchedulerConfig {
+  std::string type;
+  int64_t step_size = 0;
+  double gamma = 0.1;
+  std::vector<int64_t> milestones{};
+  int64_t T_max = 0;  // 0: steps
+  double eta_min = 0.0;
+  int64_t T_0 = 0, T_mult = 1;
+  double start_factor = 1.0 / 3, end_factor = 1.0;
+  int64_t total_iters = 5;
+  double max_lr = 0.0;      // 0: the optimizer's lr
+  int64_t total_steps = 0;  // 0: steps
+  double pct_start = 0.3;
+  std::string anneal_strategy = "cos";
+  double div_factor = 25.0, final_div_factor = 1e4;
+  bool three_phase = false, cycle_momentum = true;
+  double base_momentum = 0.85, max_momentum = 0.95;
+};
+
+struct EmaConfig {
+  double decay = 0.999;
+  bool warmup = false;
 };
 
 using ScheduleConfig = LrSchedule;
@@ -44,6 +88,8 @@ struct TrainConfig {
   double grad_clip = 1.0;  // 0 = off
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
+  std::optional<EmaConfig> ema;              // none unless train.json has "ema"
+  std::optional<SchedulerConfig> scheduler;  // none unless train.json has "scheduler" (then no "schedule")
   // kiln's own keys (the reference ignores none of these because it has none of them)
   int64_t eval_every = 0;        // 0 = never
   int64_t eval_batches = 8;

@@ -77,21 +77,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
   model->set_activation_checkpointing(tc.activation_checkpointing);  // one segment per decoder layer (docs/memory.md)
   std::unique_ptr<dist::DistributedDataParallel<B>> ddp;
   if (parallel) ddp = std::make_unique<dist::DistributedDataParallel<B>>(*model, dist::DDPOptions{.bucket_mb = tc.bucket_mb});
-  const OptimizerConfig& oc = tc.optimizer;
-  const auto groups = optim::decay_groups<B>(model->named_parameters(), oc.lr, oc.weight_decay);
-  std::unique_ptr<optim::Optimizer<B>> opt;
-  if (oc.name == "sgd")
-    opt = std::make_unique<optim::SGD<B>>(
-        groups,
-        optim::SGDOptions{
-            .lr = oc.lr, .momentum = oc.momentum, .dampening = oc.dampening, .weight_decay = oc.weight_decay, .nesterov = oc.nesterov});
-  else
-    opt = std::make_unique<optim::Adam<B>>(groups, optim::AdamOptions{.lr = oc.lr,
-                                                                      .beta1 = oc.beta1,
-                                                                      .beta2 = oc.beta2,
-                                                                      .eps = oc.eps,
-                                                                      .weight_decay = oc.weight_decay,
-                                                                      .decoupled = oc.name == "adamw"});
+  const auto opt = make_optimizer(*model, tc.optimizer, false);  // zero_stage 1 is refused above
 
   const int64_t V = model->spec().vocab;
   auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& b) {
@@ -120,7 +106,9 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
                       .metadata = {{"train_config", tc.to_json().dump()}, {"data", o.data_path}, {"init_from", o.init_from}},
                       .callbacks = {lora_checkpoints(*model, tc, o.checkpoint_path, main)},
                       .hooks = ddp ? dist::fit_hooks(*ddp) : FitHooks{},
-                      .schedule = tc.schedule};
+                      .schedule = tc.schedule,
+                      .scheduler = make_scheduler(*opt, tc),
+                      .ema = make_ema(*model, tc)};
   if (!o.quiet && main) {
     int64_t trainable = 0;
     for (const auto& [n, p] : model->named_parameters()) trainable += p.requires_grad() ? p.numel() : 0;

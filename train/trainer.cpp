@@ -13,6 +13,11 @@
 #include "kiln/nn/lora.hpp"
 #include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
+#include "kiln/optim/adafactor.hpp"
+#include "kiln/optim/ema.hpp"
+#include "kiln/optim/lion.hpp"
+#include "kiln/optim/rmsprop.hpp"
+#include "kiln/optim/scheduler.hpp"
 #include "kiln/train/data.hpp"
 #include "kiln/train/finetune.hpp"
 #include "kiln/train/loop.hpp"
@@ -23,9 +28,15 @@ namespace {
 
 using json = nlohmann::json;
 
-// The optimizer of train.json; sharded over the ranks (ZeRO-1) when `zero` is set.
+template <Backend B> Var<B> lm_loss(const nn::GPT<B>& model, const Tensor<B>& x, const Tensor<B>& y) {
+  const Var<B> logits = model.forward(x);
+  return nn::cross_entropy(logits.reshape({-1, model.config().vocab_size}), y.reshape({-1}));
+}
+
+}  // namespace
+
 template <Backend B>
-std::unique_ptr<optim::Optimizer<B>> make_optimizer(const nn::GPT<B>& model, const OptimizerConfig& o, bool zero) {
+std::unique_ptr<optim::Optimizer<B>> make_optimizer(const nn::Module<B>& model, const OptimizerConfig& o, bool zero) {
   const auto groups = optim::decay_groups<B>(model.named_parameters(), o.lr, o.weight_decay);
   if (o.name == "sgd") {
     const optim::SGDOptions so{.lr = o.lr, .momentum = o.momentum, .dampening = o.dampening, .weight_decay = o.weight_decay,
@@ -33,18 +44,58 @@ std::unique_ptr<optim::Optimizer<B>> make_optimizer(const nn::GPT<B>& model, con
     if (zero) return std::make_unique<dist::ZeroOptimizer<B>>(groups, so);
     return std::make_unique<optim::SGD<B>>(groups, so);
   }
+  if (o.name == "rmsprop")
+    return std::make_unique<optim::RMSprop<B>>(
+        groups,
+        optim::RMSpropOptions{
+            .lr = o.lr, .alpha = o.alpha, .eps = o.eps, .weight_decay = o.weight_decay, .momentum = o.momentum, .centered = o.centered});
+  if (o.name == "adagrad")
+    return std::make_unique<optim::Adagrad<B>>(groups, optim::AdagradOptions{.lr = o.lr,
+                                                                             .lr_decay = o.lr_decay,
+                                                                             .weight_decay = o.weight_decay,
+                                                                             .initial_accumulator_value = o.initial_accumulator_value,
+                                                                             .eps = o.eps});
+  if (o.name == "lion")
+    return std::make_unique<optim::Lion<B>>(
+        groups, optim::LionOptions{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay});
+  if (o.name == "adafactor")
+    return std::make_unique<optim::Adafactor<B>>(
+        groups, optim::AdafactorOptions{
+                    .lr = o.lr, .beta2_decay = o.beta2_decay, .eps1 = o.eps1, .eps2 = o.eps2, .d = o.d, .weight_decay = o.weight_decay});
   const optim::AdamOptions ao{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
                               .decoupled = o.name == "adamw"};
   if (zero) return std::make_unique<dist::ZeroOptimizer<B>>(groups, ao);
   return std::make_unique<optim::Adam<B>>(groups, ao);
 }
 
-template <Backend B> Var<B> lm_loss(const nn::GPT<B>& model, const Tensor<B>& x, const Tensor<B>& y) {
-  const Var<B> logits = model.forward(x);
-  return nn::cross_entropy(logits.reshape({-1, model.config().vocab_size}), y.reshape({-1}));
+// The options' zeros mean the run's steps and the optimizer's lr; the scheduler constructors check the values.
+template <Backend B> std::shared_ptr<optim::LRScheduler> make_scheduler(optim::Optimizer<B>& opt, const TrainConfig& tc) {
+  if (!tc.scheduler) return nullptr;
+  using namespace optim;
+  const SchedulerConfig& s = *tc.scheduler;
+  if (s.type == "step") return std::make_shared<StepLR>(opt, s.step_size, s.gamma);
+  if (s.type == "multistep") return std::make_shared<MultiStepLR>(opt, s.milestones, s.gamma);
+  if (s.type == "exponential") return std::make_shared<ExponentialLR>(opt, s.gamma);
+  if (s.type == "cosine") return std::make_shared<CosineAnnealingLR>(opt, s.T_max > 0 ? s.T_max : tc.steps, s.eta_min);
+  if (s.type == "cosine_warm_restarts") return std::make_shared<CosineAnnealingWarmRestarts>(opt, s.T_0, s.T_mult, s.eta_min);
+  if (s.type == "linear") return std::make_shared<LinearLR>(opt, s.start_factor, s.end_factor, s.total_iters);
+  KILN_CHECK(s.type == "onecycle", "train: unknown scheduler type '{}'", s.type);
+  return std::make_shared<OneCycleLR>(opt, OneCycleLROptions{.max_lr = {s.max_lr > 0 ? s.max_lr : tc.optimizer.lr},
+                                                             .total_steps = s.total_steps > 0 ? s.total_steps : tc.steps,
+                                                             .pct_start = s.pct_start,
+                                                             .anneal_strategy = s.anneal_strategy,
+                                                             .div_factor = s.div_factor,
+                                                             .final_div_factor = s.final_div_factor,
+                                                             .three_phase = s.three_phase,
+                                                             .cycle_momentum = s.cycle_momentum,
+                                                             .base_momentum = {s.base_momentum},
+                                                             .max_momentum = {s.max_momentum}});
 }
 
-}  // namespace
+template <Backend B> std::shared_ptr<optim::EMA<B>> make_ema(const nn::Module<B>& model, const TrainConfig& tc) {
+  if (!tc.ema) return nullptr;
+  return std::make_shared<optim::EMA<B>>(model.named_parameters(), optim::EMAOptions{.decay = tc.ema->decay, .warmup = tc.ema->warmup});
+}
 
 template <Backend B>
 double evaluate(const nn::GPT<B>& model, const TokenData& data, int64_t batches, int64_t batch_size, int64_t seq_len, DType precision) {
@@ -203,7 +254,9 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
                       .metadata = {{"model_config", cfg.to_json().dump()}, {"train_config", tc.to_json().dump()}, {"data", o.data_path}},
                       .callbacks = {lora_checkpoints(model, tc, o.checkpoint_path, main)},
                       .hooks = ddp ? dist::fit_hooks(*ddp) : FitHooks{},
-                      .schedule = tc.schedule};  // peak: the optimizer's lr, tc.optimizer.lr
+                      .schedule = tc.schedule,  // peak: the optimizer's lr, tc.optimizer.lr
+                      .scheduler = make_scheduler(*opt, tc),
+                      .ema = make_ema(model, tc)};
   if (!o.quiet && main)
     fmt::print("kiln train: {} parameters, {} {}{}·{} tokens/step, {:.1f} MFLOP/token, steps {}..{} of {}, device {}{}{}{}\n",
                model.num_parameters(), cfg.attention, tc.grad_accum > 1 ? fmt::format("{}·", tc.grad_accum) : "", bs, T,
@@ -245,7 +298,10 @@ TrainResult train_gpt(const TrainOptions& o) {
   template void save_checkpoint<B>(const std::string&, const nn::GPT<B>&, const optim::Optimizer<B>*, int64_t,           \
                                    const TrainConfig&, const std::string&);                                              \
   template std::shared_ptr<nn::GPT<B>> load_gpt<B>(const std::string&, const std::string&);                             \
-  template double evaluate<B>(const nn::GPT<B>&, const TokenData&, int64_t, int64_t, int64_t, DType);
+  template double evaluate<B>(const nn::GPT<B>&, const TokenData&, int64_t, int64_t, int64_t, DType);                     \
+  template std::unique_ptr<optim::Optimizer<B>> make_optimizer<B>(const nn::Module<B>&, const OptimizerConfig&, bool);     \
+  template std::shared_ptr<optim::LRScheduler> make_scheduler<B>(optim::Optimizer<B>&, const TrainConfig&);                \
+  template std::shared_ptr<optim::EMA<B>> make_ema<B>(const nn::Module<B>&, const TrainConfig&);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST
 

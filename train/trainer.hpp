@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "kiln/nn/gpt.hpp"
+#include "kiln/optim/ema.hpp"
 #include "kiln/optim/optimizer.hpp"
+#include "kiln/optim/scheduler.hpp"
 #include "kiln/train/checkpoint.hpp"
 #include "kiln/train/config.hpp"
 
@@ -56,6 +58,15 @@ struct TrainResult {
 template <Backend B> KILN_API TrainResult train_gpt(const TrainOptions& o);
 // Dispatches on o.device.
 TrainResult train_gpt(const TrainOptions& o);
+
+// What train.json asks for, on any model's parameters (train_gpt and finetune_causal_lm build theirs
+// here): the optimizer of "optimizer" (parameter groups with and without weight decay; sharded over
+// the ranks, ZeRO-1, when `zero`), the scheduler object of "scheduler" (null without one) and the EMA
+// of "ema" (null without one).
+template <Backend B>
+KILN_API std::unique_ptr<optim::Optimizer<B>> make_optimizer(const nn::Module<B>& model, const OptimizerConfig& o, bool zero);
+template <Backend B> KILN_API std::shared_ptr<optim::LRScheduler> make_scheduler(optim::Optimizer<B>& opt, const TrainConfig& tc);
+template <Backend B> KILN_API std::shared_ptr<optim::EMA<B>> make_ema(const nn::Module<B>& model, const TrainConfig& tc);
 
 // Checkpoint I/O, for `kiln train --resume`, `kiln sample` and `kiln inspect`.
 template <Backend B>

@@ -8,10 +8,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <kiln/backends/backends.hpp>
@@ -98,6 +100,27 @@ TEST_CASE("lora cli: kiln train --init-from MODEL_DIR --lora-r fine-tunes a text
   REQUIRE(r.status == 0);
   CHECK_THAT(r.out, Catch::Contains("activation checkpointing on"));
   CHECK(losses(dir / "ac.jsonl") == std::vector<double>(full.begin(), full.begin() + 10));
+  // train.json's optimizer, scheduler object and EMA are what the fine-tune runs.
+  std::ofstream(dir / "lion.json") << R"({"batch_size": 4, "seq_len": 16, "steps": 4, "optimizer": {"type": "lion", "lr": 1e-3},
+            "scheduler": {"type": "step", "step_size": 2, "gamma": 0.5}, "ema": {"decay": 0.9}})";
+  r = run_kiln(fmt::format("train --init-from {0} --data {1}/small.txt --train {1}/lion.json --lora-r 4 --progress off "
+                           "--checkpoint {1}/lion.ckpt --log {1}/lion.jsonl",
+                           kModel, d));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  std::set<std::string> state;  // "optim.exp_avg." and the like: the optimizer's state kinds, and "ema."
+  for (const auto& [key, v] : safetensors::load<Cpu>(d + "/lion.ckpt")) {
+    const size_t dot = key.find('.');
+    if (key.rfind("optim.", 0) == 0 && key.find('.', dot + 1) != std::string::npos) state.insert(key.substr(0, key.find('.', dot + 1) + 1));
+    else if (key.rfind("ema.", 0) == 0) state.insert("ema.");
+  }
+  INFO(fmt::format("{}", fmt::join(state, " ")));
+  CHECK(state == std::set<std::string>{"optim.exp_avg.", "ema."});  // Lion's one moment; Adam would add exp_avg_sq
+  std::vector<double> lr;
+  std::ifstream lion_log(dir / "lion.jsonl");
+  for (std::string line; std::getline(lion_log, line);)
+    if (!line.empty()) lr.push_back(json::parse(line)["lr"].get<double>());
+  CHECK(lr == std::vector<double>{1e-3, 1e-3, 5e-4, 5e-4});
   // LoRA flags without a model directory are an error naming what is needed.
   r = run_kiln(fmt::format("train --data {} --lora-r 4", kText));
   CHECK(r.status != 0);

@@ -190,6 +190,62 @@ def ema_cases():
             case["aw"].append(ema.module.weight.detach().flatten().tolist())
             case["ab"].append(ema.module.bias.detach().tolist())
         out[name] = case
+    out["ema_buffers"] = ema_buffer_case()
+    return out
+
+
+def ema_buffer_case():
+    """AveragedModel(use_buffers=True): BatchNorm's floating buffers averaged like the weights. The
+    model's whole state after each step (weights moved, running statistics moved by a training forward)
+    and the averages of the floating entries (num_batches_tracked: AveragedModel truncates a float
+    average into the integer; kiln keeps the model's count instead, so it is not compared)."""
+    g = torch.Generator().manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)).double()
+    decay = 0.8
+    ema = torch.optim.swa_utils.AveragedModel(model, avg_fn=lambda a, m, n: decay * a + (1 - decay) * m, use_buffers=True)
+    ema.update_parameters(model)
+    floating = [k for k, v in model.state_dict().items() if v.is_floating_point()]
+    case = {"decay": decay, "initial": {k: v.flatten().tolist() for k, v in model.state_dict().items()}, "states": [], "averages": []}
+    for s in range(8):
+        with torch.no_grad():
+            for t in model.parameters():
+                t.add_(torch.randn(t.shape, dtype=torch.float64, generator=g))
+            model.train()
+            model(torch.randn(5, 3, dtype=torch.float64, generator=g) * 3 + 1)
+        ema.update_parameters(model)
+        case["states"].append({k: v.flatten().tolist() for k, v in model.state_dict().items()})
+        avg = ema.module.state_dict()
+        case["averages"].append({k: avg[k].flatten().tolist() for k in floating})
+    return case
+
+
+def onecycle_momentum_cases():
+    """OneCycleLR with cycle_momentum (torch's default): per step the lr and the groups' momentum (SGD,
+    two groups, two phases, cos) or beta1 (AdamW, three phases, linear), and the AdamW weights after
+    each step with fixed gradients, so the cycled beta1 (and its bias correction) is checked."""
+    g = torch.Generator().manual_seed(6)
+    out = {}
+    for name in ["sgd", "adamw"]:
+        p = torch.randn(4, dtype=torch.float64, generator=g).requires_grad_(True)
+        q = torch.randn(3, dtype=torch.float64, generator=g).requires_grad_(True)
+        case = {"p0": p.detach().tolist(), "q0": q.detach().tolist(), "lr": [], "momentum": [], "grads": [], "p": [], "q": []}
+        if name == "sgd":
+            o = torch.optim.SGD([{"params": [p]}, {"params": [q], "lr": 0.05}], lr=0.1, momentum=0.9)
+            s = S.OneCycleLR(o, max_lr=[0.5, 0.2], total_steps=40, base_momentum=[0.8, 0.7], max_momentum=0.9)
+        else:
+            o = torch.optim.AdamW([{"params": [p]}, {"params": [q]}], lr=0.01, betas=(0.9, 0.99), weight_decay=0.1)
+            s = S.OneCycleLR(o, max_lr=0.05, total_steps=40, pct_start=0.3, anneal_strategy="linear", three_phase=True)
+        for t in range(40):
+            case["lr"].append([gr["lr"] for gr in o.param_groups])
+            case["momentum"].append([gr["momentum"] if name == "sgd" else gr["betas"][0] for gr in o.param_groups])
+            gp, gq = torch.randn(4, dtype=torch.float64, generator=g), torch.randn(3, dtype=torch.float64, generator=g)
+            p.grad, q.grad = gp.clone(), gq.clone()
+            o.step()
+            s.step() if t < 39 else None
+            case["grads"].append([gp.tolist(), gq.tolist()])
+            case["p"].append(p.detach().tolist())
+            case["q"].append(q.detach().tolist())
+        out[name] = case
     return out
 
 
@@ -230,7 +286,7 @@ def embedding_cases():
 if __name__ == "__main__":
     warnings.filterwarnings("ignore")  # torch's deprecation notes for step(epoch), which SequentialLR calls itself
     torch.set_default_dtype(torch.float64)
-    res = {"schedulers": scheduler_cases(), "optimizers": optimizer_cases(), "ema": ema_cases(), "clip": clip_cases(),
+    res = {"schedulers": scheduler_cases(), "optimizers": optimizer_cases(), "ema": ema_cases(), "onecycle_momentum": onecycle_momentum_cases(), "clip": clip_cases(),
            "embedding": embedding_cases()}
     with open(sys.argv[1], "w") as f:
         json.dump(res, f)

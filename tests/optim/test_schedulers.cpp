@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 
+#include <kiln/optim/rmsprop.hpp>
 #include <kiln/optim/scheduler.hpp>
 
 #include "cases.hpp"
@@ -33,7 +34,8 @@ std::shared_ptr<optim::LRScheduler> make(const std::string& name, Opt& o) {
   if (name == "CosineAnnealingLR") return std::make_shared<CosineAnnealingLR>(o, 100, 0.001);
   if (name == "CosineAnnealingWarmRestarts") return std::make_shared<CosineAnnealingWarmRestarts>(o, 20, 2, 1e-4);
   if (name == "CosineAnnealingWarmRestarts_mult1") return std::make_shared<CosineAnnealingWarmRestarts>(o, 37);
-  if (name == "OneCycleLR") return std::make_shared<OneCycleLR>(o, OneCycleLROptions{.max_lr = {0.5, 0.1}, .total_steps = 300});
+  if (name == "OneCycleLR")
+    return std::make_shared<OneCycleLR>(o, OneCycleLROptions{.max_lr = {0.5, 0.1}, .total_steps = 300, .cycle_momentum = false});
   if (name == "OneCycleLR_linear3")
     return std::make_shared<OneCycleLR>(o, OneCycleLROptions{.max_lr = {0.3},
                                                              .epochs = 3,
@@ -42,7 +44,8 @@ std::shared_ptr<optim::LRScheduler> make(const std::string& name, Opt& o) {
                                                              .anneal_strategy = "linear",
                                                              .div_factor = 10.0,
                                                              .final_div_factor = 100.0,
-                                                             .three_phase = true});
+                                                             .three_phase = true,
+                                                             .cycle_momentum = false});
   if (name == "LinearLR") return std::make_shared<LinearLR>(o, 0.1, 1.0, 40);
   if (name == "LinearLR_down") return std::make_shared<LinearLR>(o, 1.0, 0.05, 300);
   if (name == "LambdaLR") return std::make_shared<LambdaLR>(o, [](int64_t e) { return std::pow(0.95, static_cast<double>(e)); });
@@ -181,4 +184,68 @@ TEST_CASE("schedulers: bad arguments and states are Errors naming the scheduler"
     e["base_lrs.0"] = "0.1x";
     CHECK_THROWS_WITH(st.load_state_dict(e), Catch::Contains("'base_lrs.0' = '0.1x' is not a number"));
   }
+}
+
+TEST_CASE("OneCycleLR cycle_momentum: lr, momentum or beta1 and the weights step for step as PyTorch", "[optim][scheduler]") {
+  using namespace optim;
+  for (const char* name : {"sgd", "adamw"}) {
+    SECTION(name) {
+      const auto& c = cases()["onecycle_momentum"][name];
+      const bool sgd = std::string(name) == "sgd";
+      Var<Cpu> p(Tensor<Cpu>::from_vector(c["p0"].get<std::vector<double>>(), {4}), true);
+      Var<Cpu> q(Tensor<Cpu>::from_vector(c["q0"].get<std::vector<double>>(), {3}), true);
+      std::unique_ptr<Optimizer<Cpu>> opt;
+      std::unique_ptr<OneCycleLR> sched;
+      auto make = [&] {
+        if (sgd) {
+          opt = std::make_unique<SGD<Cpu>>(
+              std::vector<ParamGroup<Cpu>>{{.params = {{"p", p}}, .lr = 0.1}, {.params = {{"q", q}}, .lr = 0.05}},
+              SGDOptions{.lr = 0.1, .momentum = 0.9});
+          sched = std::make_unique<OneCycleLR>(
+              *opt, OneCycleLROptions{.max_lr = {0.5, 0.2}, .total_steps = 40, .base_momentum = {0.8, 0.7}, .max_momentum = {0.9}});
+        } else {
+          opt = std::make_unique<Adam<Cpu>>(std::vector<ParamGroup<Cpu>>{{.params = {{"p", p}}, .lr = 0.01, .weight_decay = 0.1},
+                                                                         {.params = {{"q", q}}, .lr = 0.01, .weight_decay = 0.1}},
+                                            AdamOptions{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = 0.1, .decoupled = true});
+          sched = std::make_unique<OneCycleLR>(
+              *opt,
+              OneCycleLROptions{.max_lr = {0.05}, .total_steps = 40, .pct_start = 0.3, .anneal_strategy = "linear", .three_phase = true});
+        }
+      };
+      make();
+      for (size_t t = 0; t < 40; ++t) {
+        INFO("step " << t);
+        for (size_t i = 0; i < 2; ++i) {
+          CHECK(opt->groups()[i].lr == Approx(c["lr"][t][i].get<double>()).epsilon(1e-13));
+          REQUIRE(opt->groups()[i].momentum.has_value());
+          CHECK(*opt->groups()[i].momentum == Approx(c["momentum"][t][i].get<double>()).epsilon(1e-13));
+        }
+        p.set_grad(Tensor<Cpu>::from_vector(c["grads"][t][0].get<std::vector<double>>(), {4}));
+        q.set_grad(Tensor<Cpu>::from_vector(c["grads"][t][1].get<std::vector<double>>(), {3}));
+        opt->step();
+        if (t < 39) sched->step();
+        optim_test::check_close(to_vector<double>(p.value()), c["p"][t].get<std::vector<double>>(), 1e-12, 1e-14, "p");
+        optim_test::check_close(to_vector<double>(q.value()), c["q"][t].get<std::vector<double>>(), 1e-12, 1e-14, "q");
+        if (t == 15) {  // a scheduler restored from a state dict sets the same momentum as the one that ran
+          const SchedulerState st = sched->state_dict();
+          const std::vector<double> m{*opt->groups()[0].momentum, *opt->groups()[1].momentum};
+          auto keep_opt = std::move(opt);
+          auto keep_sched = std::move(sched);
+          make();
+          sched->load_state_dict(st);
+          CHECK(*opt->groups()[0].momentum == m[0]);
+          CHECK(*opt->groups()[1].momentum == m[1]);
+          opt = std::move(keep_opt);
+          sched = std::move(keep_sched);
+        }
+      }
+    }
+  }
+  Var<Cpu> w(Tensor<Cpu>::zeros({2}), true);
+  Adagrad<Cpu> ada(std::vector<ParamGroup<Cpu>>{{.params = {{"w", w}}, .lr = 0.1}}, AdagradOptions{});
+  CHECK_THROWS_WITH(OneCycleLR(ada, {.max_lr = {0.1}, .total_steps = 10}),
+                    Catch::Contains("OneCycleLR: cycle_momentum needs an optimizer"));
+  CHECK_NOTHROW(OneCycleLR(ada, {.max_lr = {0.1}, .total_steps = 10, .cycle_momentum = false}));
+  SGD<Cpu> sgd(std::vector<ParamGroup<Cpu>>{{.params = {{"w", w}}, .lr = 0.1}}, SGDOptions{});
+  CHECK_THROWS_WITH(OneCycleLR(sgd, {.max_lr = {0.1}, .total_steps = 10, .base_momentum = {1.5}}), Catch::Contains("base_momentum (1.5)"));
 }

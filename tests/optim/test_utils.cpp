@@ -9,6 +9,8 @@
 #include <fstream>
 
 #include <kiln/formats/safetensors.hpp>
+#include <kiln/nn/batch_norm.hpp>
+#include <kiln/nn/container.hpp>
 #include <kiln/nn/embedding.hpp>
 #include <kiln/nn/linear.hpp>
 #include <kiln/nn/loss.hpp>
@@ -46,6 +48,50 @@ TEST_CASE("EMA: the averages equal AveragedModel with an EMA avg_fn (decay, and 
   }
 }
 
+TEST_CASE("EMA of buffers: BatchNorm's running statistics averaged as AveragedModel(use_buffers=True)", "[optim][ema]") {
+  const auto& c = cases()["ema"]["ema_buffers"];
+  auto model = std::make_shared<nn::Sequential<Cpu>>(std::make_shared<nn::Linear<Cpu>>(nn::LinearOptions{.in = 3, .out = 2}),
+                                                     std::make_shared<nn::BatchNorm1d<Cpu>>(nn::BatchNormOptions{.num_features = 2}));
+  model->to(DType::f64);
+  auto load = [&](const nlohmann::json& state) {
+    std::map<std::string, Tensor<Cpu>> sd;
+    for (const auto& [n, t] : model->state_dict()) {
+      const auto v = state.at(n).get<std::vector<double>>();
+      sd.emplace(n, Tensor<Cpu>::from_vector(v, t.shape()).to(t.dtype()));
+    }
+    model->load_state_dict(sd);
+  };
+  load(c["initial"]);
+  optim::EMA<Cpu> ema(model->named_parameters(), model->named_buffers(), {.decay = c["decay"].get<double>()});
+  CHECK_THROWS_WITH(ema.average("1.num_batches_tracked"), Catch::Contains("no parameter or averaged buffer '1.num_batches_tracked'"));
+  for (size_t s = 0; s < c["states"].size(); ++s) {
+    load(c["states"][s]);
+    ema.update();
+    for (const auto& [n, want] : c["averages"][s].items())
+      check_close(to_vector<double>(ema.average(n)), want.get<std::vector<double>>(), 1e-14, 1e-15,
+                  fmt::format("{} average after update {}", n, s + 1));
+  }
+  // swapped in: the buffers read by BatchNorm are the averages; the count stays the model's
+  const auto rm = to_vector<double>(ema.average("1.running_mean"));
+  const auto last = c["states"].back();
+  {
+    auto applied = ema.apply();
+    const auto buffers = model->named_buffers();
+    CHECK(to_vector<double>(buffers[0].second) == rm);
+    CHECK(item<int64_t>(buffers[2].second) == last["1.num_batches_tracked"][0].get<int64_t>());
+  }
+  CHECK(to_vector<double>(model->named_buffers()[0].second) == last["1.running_mean"].get<std::vector<double>>());
+  std::map<std::string, Tensor<Cpu>> state;
+  for (auto& [k, v] : ema.state_dict()) state.emplace(k, v.clone());
+  CHECK(state.count("shadow.1.running_var") == 1);
+  CHECK(state.size() == 7);  // 4 parameters, 2 floating buffers, num_updates
+  optim::EMA<Cpu> fresh(model->named_parameters(), model->named_buffers(), {.decay = 0.5});
+  fresh.load_state_dict(state);
+  CHECK(to_vector<double>(fresh.average("1.running_mean")) == rm);
+  optim::EMA<Cpu> params_only(model->named_parameters(), {.decay = 0.5});
+  CHECK_THROWS_WITH(params_only.load_state_dict(state), Catch::Contains("7 entries, expected 5"));
+}
+
 TEST_CASE("EMA: swap and apply exchange weights and averages in place, state_dict round-trips, misuse is an Error", "[optim][ema]") {
   manual_seed(4);
   nn::Linear<Cpu> lin({.in = 3, .out = 2, .bias = true});
@@ -76,7 +122,7 @@ TEST_CASE("EMA: swap and apply exchange weights and averages in place, state_dic
   state.emplace("shadow.bias", Tensor<Cpu>::zeros({3}));
   CHECK_THROWS_WITH(other.load_state_dict(state), Catch::Contains("shadow.bias") && Catch::Contains("[3]"));
   CHECK_THROWS_WITH(optim::EMA<Cpu>(lin.named_parameters(), {.decay = 1.5}), Catch::Contains("EMA") && Catch::Contains("decay"));
-  CHECK_THROWS_WITH(ema.average("nope"), Catch::Contains("no parameter 'nope'"));
+  CHECK_THROWS_WITH(ema.average("nope"), Catch::Contains("no parameter or averaged buffer 'nope'"));
 }
 
 TEST_CASE("clip_grad_value and clip_grad_norm_per_group equal torch.nn.utils's clip_grad_value_ and clip_grad_norm_", "[optim][clip]") {
