@@ -80,7 +80,7 @@ void agree(const char* op, Kind kind, DType d, int64_t numel, int64_t arg, const
     fail("{}: the ranks disagree: {}", op, ranks);
   }
 #else
-  (void)kind, (void)d, (void)numel, (void)arg, (void)shape;
+  (void)op, (void)kind, (void)d, (void)numel, (void)arg, (void)shape;
 #endif
   if (!local_error.empty()) fail("{}", local_error);
 }
