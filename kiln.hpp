@@ -40,7 +40,7 @@
 #include "kiln/optim/scheduler.hpp"
 
 #include "kiln/dist/ddp.hpp"
-#include "kiln/dist/fit.hpp"
+#include "kiln/train/dist_fit.hpp"
 #include "kiln/dist/process_group.hpp"
 #include "kiln/dist/zero.hpp"
 

@@ -89,6 +89,26 @@ template <Backend B> Var<B> to_f32(const Var<B>& x) {
   return enabled() && is_half(x.dtype()) ? x.to(DType::f32) : x;
 }
 
+template <Backend B> Var<B> cast(Op op, const Var<B>& x) {
+  switch (policy(op)) {
+    case Policy::low: return to_low(x);
+    case Policy::f32: return to_f32(x);
+    case Policy::promote: break;
+  }
+  return x;
+}
+
+const char* name(Op op) {
+  switch (op) {
+#define KILN_AUTOCAST_NAME(o, p) \
+  case Op::o:                    \
+    return #o;
+    KILN_AUTOCAST_OPS(KILN_AUTOCAST_NAME)
+#undef KILN_AUTOCAST_NAME
+  }
+  return "?";
+}
+
 GradScaler::GradScaler(LossScaleOptions o) : o_(o), scale_(o.init) {
   KILN_CHECK(o.init > 0 && std::isfinite(o.init) && o.growth >= 1 && o.backoff > 0 && o.backoff < 1 && o.interval >= 1 &&
                  o.min_scale >= 0 && std::isfinite(o.min_scale),
@@ -114,6 +134,7 @@ void GradScaler::set_state(double scale, int64_t good_steps) {
 }
 
 #define KILN_INST(B)                               \
+  template Var<B> cast<B>(Op, const Var<B>&);     \
   template Var<B> to_low<B>(const Var<B>&);       \
   template Var<B> to_f32<B>(const Var<B>&);
 KILN_FOR_EACH_BACKEND(KILN_INST)

@@ -7,14 +7,13 @@
 //   }
 //   loss.backward();                            // outside the scope, as PyTorch recommends
 //
-// While a scope with a low dtype (bf16 or f16) is active on the calling thread, the differentiable ops
-// apply one of three policies to their floating inputs (f64 is never touched):
-//   * low:   matmul (and so Linear and the LM head) and fused attention cast their inputs to the low
-//            dtype and return it; the kernels accumulate in f32 (oneDNN / cuBLAS with f32 compute).
-//   * f32:   softmax, log_softmax, cross_entropy, rms_norm, layer_norm, depth attention, sum, mean,
-//            exp, log, log1p, expm1, rsqrt, reciprocal, pow cast bf16/f16 inputs up and return f32.
-//   * promote (always, scope or not): binary elementwise ops on two floating dtypes compute in the
-//            wider one (bf16 + f32 -> f32, bf16 + f16 -> f32), as PyTorch's type promotion.
+// While a scope with a low dtype (bf16 or f16) is active on the calling thread, each differentiable op
+// applies to its floating inputs (f64 is never touched) the policy the table KILN_AUTOCAST_OPS below
+// gives it, through one function, autocast::cast(Op::name, x):
+//   * low:     cast to the low dtype; the op returns it and its kernels accumulate in f32.
+//   * f32:     bf16/f16 cast up; the op returns f32.
+//   * promote: (always, scope or not) two floating dtypes compute in the wider one (promote() below).
+// Ops not in the table run in their input's dtype.
 // Every cast is the differentiable Var::to, whose backward casts the gradient back: gradients reach
 // f32 master parameters in f32. Scope(DType::f32) or Scope(..., false) turns autocast off inside
 // (results bit-identical to no scope). A parameter (a leaf that requires grad) is cast once per
@@ -59,10 +58,48 @@ class CastCacheScope {
 };
 }  // namespace detail
 
-// The casts the ops apply (identity when autocast is off or nothing needs casting).
+
+// The policy table, like PyTorch's autocast op lists (docs/mixed_precision.md): X(op, policy). An op
+// that applies a policy reads it from here through cast(Op::op, x); a new op adds one line.
+#define KILN_AUTOCAST_OPS(X)                                                                        \
+  /* low: the products (Linear and the LM head through linear, conv1d through conv2d) */            \
+  X(matmul, low) X(linear, low) X(conv2d, low) X(conv_transpose2d, low) X(attention, low)          \
+  /* f32: normalisations, losses, reductions, exponentials */                                       \
+  X(softmax, f32) X(log_softmax, f32) X(rms_norm, f32) X(layer_norm, f32) X(cross_entropy, f32)      \
+  X(nll_loss, f32) X(binary_cross_entropy, f32) X(binary_cross_entropy_with_logits, f32)            \
+  X(pointwise_loss, f32) X(cosine_similarity, f32) X(cosine_embedding_loss, f32) X(sum, f32)        \
+  X(mean, f32) X(exp, f32) X(log, f32) X(log1p, f32) X(expm1, f32) X(rsqrt, f32) X(reciprocal, f32) \
+  X(pow, f32) X(residual_stream, f32) /* the Attention-Residuals blocks (nn/attnres.cpp) */         \
+  /* promote: binary elementwise ops on two floating dtypes (autograd/ops/elementwise.cpp) */        \
+  X(binary, promote)
+
+enum class Policy { low, f32, promote };
+#define KILN_AUTOCAST_ENUM(op, policy) op,
+enum class Op { KILN_AUTOCAST_OPS(KILN_AUTOCAST_ENUM) };
+#undef KILN_AUTOCAST_ENUM
+
+// The table's entry for an op.
+constexpr Policy policy(Op op) {
+  switch (op) {
+#define KILN_AUTOCAST_CASE(o, p) \
+  case Op::o:                    \
+    return Policy::p;
+    KILN_AUTOCAST_OPS(KILN_AUTOCAST_CASE)
+#undef KILN_AUTOCAST_CASE
+  }
+  return Policy::promote;
+}
+// The op's name in the table ("matmul").
+const char* name(Op op);
+
+// The one function the ops call: x as op computes with it under the active scope (the table's low or
+// f32 policy; identity when autocast is off, for promote ops, and for f64 or integer inputs).
+template <Backend B> KILN_API Var<B> cast(Op op, const Var<B>& x);
+// The two casts the policies apply (identity when autocast is off or nothing needs casting).
 template <Backend B> KILN_API Var<B> to_low(const Var<B>& x);  // f32/bf16/f16 -> the low dtype
 template <Backend B> KILN_API Var<B> to_f32(const Var<B>& x);  // bf16/f16 -> f32
 #define KILN_AUTOCAST_EXTERN(B)                            \
+  extern template Var<B> cast<B>(Op, const Var<B>&);      \
   extern template Var<B> to_low<B>(const Var<B>&);        \
   extern template Var<B> to_f32<B>(const Var<B>&);
 KILN_FOR_EACH_BACKEND(KILN_AUTOCAST_EXTERN)

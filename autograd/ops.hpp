@@ -66,6 +66,7 @@ template <Backend B> struct Reduce {
 // autograd/ops/matmul.cpp
 template <Backend B> struct Linalg {
   static Var<B> matmul(const Var<B>& a, const Var<B>& b);
+  static Var<B> linear(const Var<B>& x, const Var<B>& w, const Var<B>& bias);  // x @ wᵀ + bias (nn::Linear)
 };
 
 // autograd/ops/softmax.cpp

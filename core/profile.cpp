@@ -21,7 +21,7 @@
 #include <fmt/format.h>
 
 #include "kiln/core/error.hpp"
-#include "kiln/formats/safetensors.hpp"
+#include "kiln/core/atomic_file.hpp"
 
 namespace kiln::profile {
 
@@ -612,7 +612,7 @@ void write_chrome_trace(const std::string& path) {
                    rank >= 0 ? fmt::format("kiln rank {}", rank) : std::string("kiln"));
   o += "\n]}\n";
   try {  // as every file kiln writes: never half-written (docs/formats.md)
-    safetensors::write_atomically(path, {{o.data(), o.size()}});
+    write_atomically(path, {{o.data(), o.size()}});
   } catch (const Error& e) {
     fail("profile: writing the Chrome trace to '{}': {}", path, e.what());
   }

@@ -11,15 +11,23 @@
 //
 //   auto train = IdxDataset::load_split("/usr/share/datasets/fashion-mnist", "train");
 //   TensorDataset<Cpu> data = train.tensors<Cpu>();   // inputs f32 [N, 784] in [0, 1], targets i64 [N]
+// (tensors() returns IdxTensors, which a TensorDataset (train/dataloader.hpp) takes as it is.)
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "kiln/core/tensor.hpp"
-#include "kiln/train/dataloader.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
+
+// A whole IDX dataset as tensors, (inputs, targets) along their first axis: what TensorDataset
+// (train/dataloader.hpp) is built from.
+template <Backend B> struct IdxTensors {
+  Tensor<B> x, y;
+  const Tensor<B>& inputs() const { return x; }
+  const Tensor<B>& targets() const { return y; }
+};
 
 enum class IdxType : uint8_t { u8 = 0x08, i8 = 0x09, i16 = 0x0B, i32 = 0x0C, f32 = 0x0D, f64 = 0x0E };
 
@@ -64,11 +72,11 @@ class IdxDataset {
   const std::vector<int64_t>& labels() const { return labels_; }
 
   // The whole set as tensors: inputs f32 [N, sample_numel] (flatten) or [N, d1, ..., dk], targets i64 [N].
-  template <Backend B> TensorDataset<B> tensors(bool flatten = true) const {
+  template <Backend B> IdxTensors<B> tensors(bool flatten = true) const {
     Shape shape{size()};
     if (flatten) shape.push_back(sample_numel());
     else shape.insert(shape.end(), sample_shape_.begin(), sample_shape_.end());
-    return TensorDataset<B>(Tensor<B>::from_vector(images_, shape), Tensor<B>::from_vector(labels_, {size()}));
+    return {Tensor<B>::from_vector(images_, shape), Tensor<B>::from_vector(labels_, {size()})};
   }
 
  private:

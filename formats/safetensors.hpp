@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/core/atomic_file.hpp"
 #include "kiln/core/tensor.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
@@ -73,8 +74,8 @@ KILN_API void save(const std::string& path, const std::vector<std::pair<std::str
 // Loads every tensor of a file.
 template <Backend B> KILN_API std::map<std::string, Tensor<B>> load(const std::string& path);
 
-// Writes bytes to path atomically (temp file, fsync, rename). Used by save and by checkpoints.
-void write_atomically(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces);
+// Writes bytes to path atomically (temp file, fsync, rename): kiln::write_atomically (core/atomic_file.hpp).
+using kiln::write_atomically;
 
 }  // namespace kiln::safetensors
 #pragma GCC visibility pop

@@ -6,6 +6,7 @@
 
 #include <kiln/backends/reference/reference.hpp>
 #include <kiln/formats/idx.hpp>
+#include <kiln/train/dataloader.hpp>
 
 #include "fuzz.hpp"
 

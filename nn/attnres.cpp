@@ -104,7 +104,7 @@ template <Backend B> Tensor<B> AttnResStack<B>::two_phase_read(const DepthAttent
 
 template <Backend B> void AttnResStack<B>::add(const Var<B>& out) {
   // Under autocast a sublayer's output may be low precision; the blocks (the residual stream) stay f32.
-  const Var<B> o = autocast::to_f32(out);
+  const Var<B> o = autocast::cast(autocast::Op::residual_stream, out);
   partial_ = partial_.defined() ? partial_ + o : o;
   ++j_;
 }

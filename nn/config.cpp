@@ -1,27 +1,13 @@
 #include "kiln/nn/config.hpp"
 
-#include <fstream>
-#include <sstream>
-
 #include "kiln/formats/json_fields.hpp"
+#include "kiln/formats/json_file.hpp"
 
 namespace kiln {
 
 using json = nlohmann::json;
 using detail::Fields;
 using detail::one_of;
-
-json read_json_file(const std::string& path) {
-  std::ifstream f(path);
-  KILN_CHECK(f.good(), "cannot read '{}': no such file or not readable", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {  // syntax errors, and numbers beyond a double (1e999)
-    fail("'{}' is not valid JSON: {}", path, printable(e.what(), 400));  // it quotes the bytes read
-  }
-}
 
 // ---------------------------------------------------------------------------------------- model
 ModelConfig ModelConfig::from_json(const json& j, const std::string& where) {

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json_fwd.hpp>  // users who call to_json/from_json include <nlohmann/json.hpp>
 
+#include "kiln/formats/json_file.hpp"  // read_json_file
+
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
@@ -33,9 +35,6 @@ struct ModelConfig {
   static ModelConfig from_json(const nlohmann::json& j, const std::string& where = "model config");
   static ModelConfig load(const std::string& path);  // empty path: defaults
 };
-
-// Reads a JSON file; throws naming the file on a missing file or a syntax error (with line/column).
-nlohmann::json read_json_file(const std::string& path);
 
 }  // namespace kiln
 #pragma GCC visibility pop

@@ -17,7 +17,7 @@ Var<B> conv1d(const Var<B>& x, const Var<B>& weight, const Var<B>& bias, int64_t
   const int64_t ax = x.dim() - 1;  // the length axis; H = 1 is inserted before it
   const Conv2dParams p{Size2{1, stride}, Size2{0, padding}, Size2{1, dilation}, groups};
   // The weight is cast before the unsqueeze, so that autocast's cast cache sees the parameter itself.
-  return autograd::ConvOps<B>::conv2d(x.unsqueeze(ax), autocast::to_low(weight).unsqueeze(2), bias, p).squeeze(ax);
+  return autograd::ConvOps<B>::conv2d(x.unsqueeze(ax), autocast::cast(autocast::Op::conv2d, weight).unsqueeze(2), bias, p).squeeze(ax);
 }
 }  // namespace functional
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "kiln/autograd/autocast.hpp"
+#include "kiln/autograd/ops.hpp"
 #include "kiln/nn/init.hpp"
 
 namespace kiln::nn {
@@ -24,12 +24,10 @@ template <Backend B> Var<B> Linear<B>::forward(const Var<B>& x) const {
   Shape out_shape = x.shape();
   out_shape.back() = o_.out;
   const Var<B> x2 = x.dim() == 2 ? x : x.reshape({-1, o_.in});
-  // Under autocast the weight is cast before the transpose, so the cast cache sees the parameter itself;
-  // the bias follows it into the low dtype, as torch.autocast's linear (the output stays low).
-  Var<B> y = x2.matmul(autocast::to_low(w_).t());
-  if (o_.bias) y = y + autocast::to_low(b_);
-  y = x.dim() == 2 ? y : y.reshape(out_shape);
-  return adapter_ ? y + adapter_->forward(x) : y;
+  // Under autocast, linear casts x, the weight and the bias once each (autograd/ops/matmul.cpp).
+  const Var<B> y = autograd::Linalg<B>::linear(x2, w_, o_.bias ? b_ : Var<B>());
+  const Var<B> out = x.dim() == 2 ? y : y.reshape(out_shape);
+  return adapter_ ? out + adapter_->forward(x) : out;
 }
 
 template <Backend B> void Linear<B>::set_adapter(std::shared_ptr<LinearAdapter<B>> a,

@@ -151,7 +151,7 @@ template <Backend B> Var<B> LoraAdapter<B>::forward(const Var<B>& x) const {
   const LoraAdapter& o = owner_ ? *owner_ : *this;
   const Var<B> h = o.a_->forward(drop.forward(x));  // [..., r]
   const int64_t n = o.b_->options().out / parts;
-  const Var<B> rows = autocast::to_low(o.b_->weight()).narrow(0, part * n, n);  // [n, r]
+  const Var<B> rows = autocast::cast(autocast::Op::linear, o.b_->weight()).narrow(0, part * n, n);  // [n, r], cast once
   Shape out_shape = h.shape();
   out_shape.back() = n;
   return h.reshape({-1, o_.r}).matmul(rows.t()).reshape(out_shape) * scaling_;

@@ -10,7 +10,7 @@
 namespace kiln::nn {
 
 template <Backend B> Var<B> cross_entropy(const Var<B>& logits_in, const Tensor<B>& targets, CrossEntropyOptions o) {
-  const Var<B> logits = autocast::to_f32(logits_in);  // autocast: the loss runs in f32
+  const Var<B> logits = autocast::cast(autocast::Op::cross_entropy, logits_in);
   KILN_CHECK(logits.dim() >= 1, "cross_entropy: logits must have rank >= 1, got {}", shape_str(logits.shape()));
   KILN_CHECK(is_integral(targets.dtype()), "cross_entropy: targets must be i32 or i64, got {} (shape {})", targets.dtype(),
              shape_str(targets.shape()));
@@ -95,7 +95,7 @@ template <Backend B> std::pair<Var<B>, Var<B>> pointwise(const Var<B>& input, co
              input.dtype(), target.dtype());
   KILN_CHECK(input.shape() == target.shape(), "{}: target {} must have the input's shape {}", op, shape_str(target.shape()),
              shape_str(input.shape()));
-  const Var<B> x = autocast::to_f32(input), y = autocast::to_f32(target);
+  const Var<B> x = autocast::cast(autocast::Op::pointwise_loss, input), y = autocast::cast(autocast::Op::pointwise_loss, target);
   KILN_CHECK(x.dtype() == y.dtype(), "{}: input {} and target {} must have one dtype", op, x.dtype(), y.dtype());
   return {x, y};
 }
@@ -118,7 +118,7 @@ template <Backend B> Var<B> nll_loss(const Var<B>& input, const Tensor<B>& targe
   KILN_CHECK(input.dim() >= 1, "{}: input must be [C], [N, C] or [N, C, d1, ...], got {}", op, shape_str(input.shape()));
   KILN_CHECK(is_integral(target.dtype()), "{}: target must be i32 or i64, got {} (shape {})", op, target.dtype(),
              shape_str(target.shape()));
-  const Var<B> x = autocast::to_f32(input);
+  const Var<B> x = autocast::cast(autocast::Op::nll_loss, input);
   const int64_t C = x.dim() == 1 ? x.size(0) : x.size(1);
   Shape tshape = x.shape();
   tshape.erase(tshape.begin() + (x.dim() == 1 ? 0 : 1));
@@ -205,7 +205,8 @@ template <Backend B> Var<B> cosine_similarity(const Var<B>& x1_in, const Var<B>&
   KILN_CHECK(is_floating(x1_in.dtype()) && is_floating(x2_in.dtype()), "{}: inputs must be floating, got {} and {}", op, x1_in.dtype(),
              x2_in.dtype());
   KILN_CHECK(eps > 0, "{}: eps must be > 0, got {}", op, eps);
-  const Var<B> a = autocast::to_f32(x1_in), b = autocast::to_f32(x2_in);
+  constexpr auto ac = autocast::Op::cosine_similarity;
+  const Var<B> a = autocast::cast(ac, x1_in), b = autocast::cast(ac, x2_in);
   const Shape s = broadcast_shapes(a.shape(), b.shape(), op);
   KILN_CHECK(!s.empty(), "{}: inputs {} and {} are 0-dim; dim {} does not exist", op, shape_str(a.shape()), shape_str(b.shape()), dim);
   const int64_t d = normalize_axis(dim, static_cast<int64_t>(s.size()), op, s);
@@ -226,7 +227,8 @@ Var<B> cosine_embedding_loss(const Var<B>& x1_in, const Var<B>& x2_in, const Ten
   KILN_CHECK((target.dim() == 1 && x1_in.dim() == 2 && target.size(0) == x1_in.size(0)) || (target.dim() == 0 && x1_in.dim() == 1),
              "{}: inputs [N, D] need target [N], inputs [D] a 0-dim target; got inputs {} and target {}", op, shape_str(x1_in.shape()),
              shape_str(target.shape()));
-  const Var<B> x1 = autocast::to_f32(x1_in), x2 = autocast::to_f32(x2_in);
+  constexpr auto ac = autocast::Op::cosine_embedding_loss;
+  const Var<B> x1 = autocast::cast(ac, x1_in), x2 = autocast::cast(ac, x2_in);
   const Tensor<B> pos = target.eq(1), neg = target.eq(-1);
   if (target.numel()) {
     const int64_t bad = item<int64_t>(pos.logical_or(neg).logical_not().sum().to(DType::i64));

@@ -10,7 +10,7 @@ namespace functional {
 
 // One recorded op on the fused kernel (core/fused_norm.hpp); backward saves x, w and rstd [rows].
 template <Backend B> Var<B> rms_norm(const Var<B>& x_in, const Var<B>& weight, double eps) {
-  const Var<B> x = autocast::to_f32(x_in);  // autocast: norms run in f32
+  const Var<B> x = autocast::cast(autocast::Op::rms_norm, x_in);
   KILN_CHECK(x.dim() >= 1, "rms_norm: input must have rank >= 1, got {}", shape_str(x.shape()));
   KILN_CHECK(!weight.defined() || weight.shape() == Shape{x.shape().back()}, "rms_norm: weight {} does not match input {}",
              shape_str(weight.defined() ? weight.shape() : Shape{}), shape_str(x.shape()));
@@ -28,7 +28,7 @@ template <Backend B> Var<B> rms_norm(const Var<B>& x_in, const Var<B>& weight, d
 }
 
 template <Backend B> Var<B> layer_norm(const Var<B>& x_in, const Var<B>& weight, const Var<B>& bias, double eps) {
-  const Var<B> x = autocast::to_f32(x_in);  // autocast: norms run in f32
+  const Var<B> x = autocast::cast(autocast::Op::layer_norm, x_in);
   KILN_CHECK(x.dim() >= 1, "layer_norm: input must have rank >= 1, got {}", shape_str(x.shape()));
   const Shape d{x.shape().back()};
   KILN_CHECK(!weight.defined() || weight.shape() == d, "layer_norm: weight {} does not match input {}", shape_str(weight.shape()),

@@ -78,7 +78,7 @@
 //
 // Data parallelism (docs/distributed.md): wrap the model in dist::DistributedDataParallel, give each
 // rank its share of every batch (a DataLoader with world_size/rank, or IndexedBatches returning
-// dist::local_rows of batch i), and pass .hooks = dist::fit_hooks(ddp) (<kiln/dist/fit.hpp>). Then
+// dist::local_rows of batch i), and pass .hooks = dist::fit_hooks(ddp) (<kiln/train/dist_fit.hpp>). Then
 // every micro-batch but the last runs inside no_sync(), the gradients are averaged after the last
 // one, the logged loss, metrics and sample/token counts are the global ones, a stop (callback,
 // signal, stop_after) on any rank stops every rank after the same step, and rank 0 alone writes the

@@ -6,7 +6,7 @@
 
 #include "kiln/autograd/autocast.hpp"
 #include "kiln/backends/dispatch.hpp"
-#include "kiln/dist/fit.hpp"
+#include "kiln/train/dist_fit.hpp"
 #include "kiln/dist/zero.hpp"
 #include "kiln/nn/init.hpp"
 #include "kiln/nn/loss.hpp"

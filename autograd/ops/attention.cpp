@@ -18,7 +18,8 @@ template <Backend B> Grads<B> AttentionBackward<B>::operator()(const Tensor<B>& 
 template <Backend B>
 Var<B> AttentionOps<B>::attention(const Var<B>& q_in, const Var<B>& k_in, const Var<B>& v_in, double scale, bool causal,
                                   int64_t pos0, const Tensor<B>& key_padding, const Tensor<B>& mask) {
-  const Var<B> q = autocast::to_low(q_in), k = autocast::to_low(k_in), v = autocast::to_low(v_in);
+  constexpr auto op = autocast::Op::attention;
+  const Var<B> q = autocast::cast(op, q_in), k = autocast::cast(op, k_in), v = autocast::cast(op, v_in);
   auto [o, lse] = fused::attention_forward(q.value(), k.value(), v.value(), scale, causal, pos0, key_padding, mask);
   if (!(needs_grad(q) || needs_grad(k) || needs_grad(v))) return Var<B>(o);
   return record<B>("attention", o, {&q, &k, &v},

@@ -31,8 +31,9 @@ template <Backend B> Tensor<B> bias_grad(const Tensor<B>& g) {
 
 template <Backend B> Var<B> ConvOps<B>::conv2d(const X& x_in, const X& w_in, const X& bias_in, const Conv2dParams& p) {
   KILN_CHECK(w_in.defined(), "conv2d: undefined weight");
-  const X x = x_in.defined() ? autocast::to_low(x_in) : x_in, w = autocast::to_low(w_in),
-          bias = bias_in.defined() ? autocast::to_low(bias_in) : bias_in;
+  constexpr auto op = autocast::Op::conv2d;
+  const X x = x_in.defined() ? autocast::cast(op, x_in) : x_in, w = autocast::cast(op, w_in),
+          bias = bias_in.defined() ? autocast::cast(op, bias_in) : bias_in;
   if (x.defined() && x.dim() == 3) return conv2d(x.unsqueeze(0), w, bias, p).squeeze(0);
   const X xb = batched(x, "conv2d");
   const Tensor<B> bv = bias.defined() ? bias.value() : Tensor<B>();
@@ -52,8 +53,9 @@ template <Backend B> Var<B> ConvOps<B>::conv2d(const X& x_in, const X& w_in, con
 template <Backend B>
 Var<B> ConvOps<B>::conv_transpose2d(const X& x_in, const X& w_in, const X& bias_in, const Conv2dParams& p, Size2 output_padding) {
   KILN_CHECK(w_in.defined(), "conv_transpose2d: undefined weight");
-  const X x = x_in.defined() ? autocast::to_low(x_in) : x_in, w = autocast::to_low(w_in),
-          bias = bias_in.defined() ? autocast::to_low(bias_in) : bias_in;
+  constexpr auto op = autocast::Op::conv_transpose2d;
+  const X x = x_in.defined() ? autocast::cast(op, x_in) : x_in, w = autocast::cast(op, w_in),
+          bias = bias_in.defined() ? autocast::cast(op, bias_in) : bias_in;
   if (x.defined() && x.dim() == 3) return conv_transpose2d(x.unsqueeze(0), w, bias, p, output_padding).squeeze(0);
   const X xb = batched(x, "conv_transpose2d");
   const Tensor<B> bv = bias.defined() ? bias.value() : Tensor<B>();

@@ -18,7 +18,7 @@ template <Backend B> T<B> as(const T<B>& mask, DType d) { return mask.to(d); }
 // false when a and b already agree (or are not both floating: the Tensor op reports the mismatch).
 template <Backend B> bool promoted(const Var<B>& a, const Var<B>& b, Var<B>& a2, Var<B>& b2) {
   if (a.dtype() == b.dtype() || !is_floating(a.dtype()) || !is_floating(b.dtype())) return false;
-  const DType d = autocast::promote(a.dtype(), b.dtype());
+  const DType d = autocast::promote(a.dtype(), b.dtype());  // autocast::Op::binary
   a2 = a.to(d);
   b2 = b.to(d);
   return true;
@@ -44,27 +44,27 @@ template <Backend B> Var<B> Elementwise<B>::square(const X& x) {
 
 // y = e^x                        dx = dy * y             (saves the output only)
 template <Backend B> Var<B> Elementwise<B>::exp(const X& x_in) {
-  const X x = autocast::to_f32(x_in);  // autocast: f32 list
+  const X x = autocast::cast(autocast::Op::exp, x_in);
   T<B> y = x.value().exp();
   return record<B>("exp", y, {&x}, [y](const T<B>& g) { return Grads<B>{g.mul(y)}; });
 }
 
 // y = ln x                       dx = dy / x
 template <Backend B> Var<B> Elementwise<B>::log(const X& x_in) {
-  const X x = autocast::to_f32(x_in);  // autocast: f32 list
+  const X x = autocast::cast(autocast::Op::log, x_in);
   return record<B>("log", x.value().log(), {&x}, [x = x.value()](const T<B>& g) { return Grads<B>{g.div(x)}; });
 }
 
 // y = ln(1 + x)                  dx = dy / (1 + x)
 template <Backend B> Var<B> Elementwise<B>::log1p(const X& x_in) {
-  const X x = autocast::to_f32(x_in);  // autocast: f32 list
+  const X x = autocast::cast(autocast::Op::log1p, x_in);
   return record<B>("log1p", x.value().log1p(), {&x},
                    [x = x.value()](const T<B>& g) { return Grads<B>{g.div(x.add(Scalar(1.0)))}; });
 }
 
 // y = e^x - 1                    dx = dy * (y + 1)
 template <Backend B> Var<B> Elementwise<B>::expm1(const X& x_in) {
-  const X x = autocast::to_f32(x_in);  // autocast: f32 list
+  const X x = autocast::cast(autocast::Op::expm1, x_in);
   T<B> y = x.value().expm1();
   return record<B>("expm1", y, {&x}, [y](const T<B>& g) { return Grads<B>{g.mul(y.add(Scalar(1.0)))}; });
 }
@@ -77,7 +77,7 @@ template <Backend B> Var<B> Elementwise<B>::sqrt(const X& x) {
 
 // y = x^(-1/2)                   dx = dy * -y^3 / 2
 template <Backend B> Var<B> Elementwise<B>::rsqrt(const X& x_in) {
-  const X x = autocast::to_f32(x_in);  // autocast: f32 list
+  const X x = autocast::cast(autocast::Op::rsqrt, x_in);
   T<B> y = x.value().rsqrt();
   return record<B>("rsqrt", y, {&x},
                    [y](const T<B>& g) { return Grads<B>{g.mul(y.square().mul(y)).mul(Scalar(-0.5))}; });
@@ -85,7 +85,7 @@ template <Backend B> Var<B> Elementwise<B>::rsqrt(const X& x_in) {
 
 // y = 1/x                        dx = -dy * y^2
 template <Backend B> Var<B> Elementwise<B>::reciprocal(const X& x_in) {
-  const X x = autocast::to_f32(x_in);  // autocast: f32 list
+  const X x = autocast::cast(autocast::Op::reciprocal, x_in);
   T<B> y = x.value().reciprocal();
   return record<B>("reciprocal", y, {&x}, [y](const T<B>& g) { return Grads<B>{g.mul(y.square()).neg()}; });
 }
@@ -259,7 +259,7 @@ template <Backend B> Var<B> Elementwise<B>::div_scalar(const X& x, Scalar s) {
 
 // y = x^s                        dx = dy * s x^(s-1)    (0 when s = 0)
 template <Backend B> Var<B> Elementwise<B>::pow_scalar(const X& x_in, Scalar s) {
-  const X x = autocast::to_f32(x_in);  // autocast: f32 list
+  const X x = autocast::cast(autocast::Op::pow, x_in);
   return record<B>("pow", x.value().pow(s), {&x}, [s, x = x.value()](const T<B>& g) {
     if (s.to_double() == 0.0) return Grads<B>{g.zeros_like()};
     return Grads<B>{g.mul(x.pow(Scalar(s.to_double() - 1.0)).mul(s))};

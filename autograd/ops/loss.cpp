@@ -38,7 +38,8 @@ template <Backend B> T<B> scaled(const T<B>& t, const T<B>& w) { return w.define
 template <Backend B> Var<B> LossOps<B>::binary_cross_entropy(const X& p_in, const X& y_in, const T<B>& weight) {
   static constexpr const char* op = "binary_cross_entropy";
   check_pair(p_in, y_in, op, "input");
-  const X p = autocast::to_f32(p_in), y = autocast::to_f32(y_in);  // autocast: the loss runs in f32
+  constexpr auto ac = autocast::Op::binary_cross_entropy;
+  const X p = autocast::cast(ac, p_in), y = autocast::cast(ac, y_in);
   KILN_CHECK(p.dtype() == y.dtype(), "{}: input {} and target {} must have one dtype", op, p.dtype(), y.dtype());
   const T<B> pv = p.value(), yv = y.value();
   if (pv.numel()) {  // NaN is out of range too, as in PyTorch
@@ -63,7 +64,8 @@ template <Backend B>
 Var<B> LossOps<B>::binary_cross_entropy_with_logits(const X& x_in, const X& y_in, const T<B>& weight, const T<B>& pos_weight) {
   static constexpr const char* op = "binary_cross_entropy_with_logits";
   check_pair(x_in, y_in, op, "input");
-  const X x = autocast::to_f32(x_in), y = autocast::to_f32(y_in);
+  constexpr auto ac = autocast::Op::binary_cross_entropy_with_logits;
+  const X x = autocast::cast(ac, x_in), y = autocast::cast(ac, y_in);
   KILN_CHECK(x.dtype() == y.dtype(), "{}: input {} and target {} must have one dtype", op, x.dtype(), y.dtype());
   const T<B> xv = x.value(), yv = y.value();
   const T<B> w = factor(weight, xv.shape(), xv.dtype(), op, "weight");

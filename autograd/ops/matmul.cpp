@@ -8,7 +8,7 @@
 // A 2-D operand b stored transposed (b = W.t() of a contiguous W, as Linear passes its weight) gets its
 // gradient in that layout too: db = (dyᵀ · a)ᵀ, a transposed view of a contiguous [N, K] product, so
 // the t() node hands W a contiguous gradient the leaf takes as it is (no transposing copy per step).
-// Under autocast (autograd/autocast.hpp) both operands are cast to the low dtype first; the product
+// Under autocast (autograd/autocast.hpp, policy low) both operands are cast to the low dtype first; the product
 // and its gradients then run in that dtype (f32 accumulation in the kernels) and the casts' backward
 // brings the gradients back to the operands' own dtypes.
 #include "kiln/autograd/autocast.hpp"
@@ -16,9 +16,10 @@
 
 namespace kiln::autograd {
 
-template <Backend B> Var<B> Linalg<B>::matmul(const Var<B>& a_in, const Var<B>& b_in) {
+namespace {
+// The product on operands autocast has already seen.
+template <Backend B> Var<B> product(const Var<B>& a, const Var<B>& b) {
   using T = Tensor<B>;
-  const Var<B> a = autocast::to_low(a_in), b = autocast::to_low(b_in);
   const bool na = needs_grad(a), nb = needs_grad(b);
   const T& bval = b.value();
   const bool b_cols = a.dim() == 2 && b.dim() == 2 && bval.shape()[0] > 1 && bval.shape()[1] > 1 && bval.strides()[0] == 1 &&
@@ -46,6 +47,20 @@ template <Backend B> Var<B> Linalg<B>::matmul(const Var<B>& a_in, const Var<B>& 
                      }
                      return Grads<B>{ga, gb};
                    });
+}
+}  // namespace
+
+template <Backend B> Var<B> Linalg<B>::matmul(const Var<B>& a, const Var<B>& b) {
+  return product(autocast::cast(autocast::Op::matmul, a), autocast::cast(autocast::Op::matmul, b));
+}
+
+// y = x @ wᵀ (+ bias)    x [N, in], w [out, in], bias [out] or undefined -> y [N, out]
+// autocast's linear: x, w and bias are cast once, w before its transpose so that the cast cache sees
+// the parameter itself; the product then runs on them as they are (no second autocast decision).
+template <Backend B> Var<B> Linalg<B>::linear(const Var<B>& x_in, const Var<B>& w_in, const Var<B>& bias) {
+  constexpr auto op = autocast::Op::linear;
+  const Var<B> y = product(autocast::cast(op, x_in), autocast::cast(op, w_in).t());
+  return bias.defined() ? y + autocast::cast(op, bias) : y;
 }
 
 #define KILN_INST(B) template struct Linalg<B>;

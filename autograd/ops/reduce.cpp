@@ -30,7 +30,7 @@ template <Backend B> Var<B> extreme(const Var<B>& x, const std::vector<int64_t>&
 
 // y = sum over axes              dx = broadcast(dy)
 template <Backend B> Var<B> Reduce<B>::sum(const X& x_in, const std::vector<int64_t>& axes, bool keepdim) {
-  const X x = autocast::to_f32(x_in);  // autocast: f32 list
+  const X x = autocast::cast(autocast::Op::sum, x_in);
   const std::vector<int64_t> ax = reduce_axes(axes, x.shape(), "sum");
   return record<B>("sum", x.value().sum(ax, keepdim), {&x}, [shape = x.shape(), ax](const T<B>& g) {
     return Grads<B>{unreduce<B>(g, keepdim_shape(shape, ax)).expand(shape)};
@@ -39,7 +39,7 @@ template <Backend B> Var<B> Reduce<B>::sum(const X& x_in, const std::vector<int6
 
 // y = mean over axes (n elements) dx = broadcast(dy) / n
 template <Backend B> Var<B> Reduce<B>::mean(const X& x_in, const std::vector<int64_t>& axes, bool keepdim) {
-  const X x = autocast::to_f32(x_in);  // autocast: f32 list
+  const X x = autocast::cast(autocast::Op::mean, x_in);
   const std::vector<int64_t> ax = reduce_axes(axes, x.shape(), "mean");
   int64_t n = 1;
   for (int64_t a : ax) n *= x.shape()[static_cast<size_t>(a)];

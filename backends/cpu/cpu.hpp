@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kiln/backends/host_storage.hpp"
+#include "kiln/backends/primitives.hpp"
 #include "kiln/core/backend.hpp"
 #include "kiln/core/conv_params.hpp"
 #include "kiln/core/fused_optim_params.hpp"
@@ -26,60 +27,22 @@ struct Cpu {
   static void write(Storage& s, size_t off, const void* src, size_t n) { s.write(off, src, n); }
   static void read(const Storage& s, size_t off, void* dst, size_t n) { s.read(off, dst, n); }
 
-  static void fill(M out, Scalar value);
-  static void copy(M out, V in);
-  template <class Op> static void unary(M out, V in);
-  template <class Op> static void binary(M out, V a, V b);
-  static void where(M out, V cond, V a, V b);
-  template <class Op> static void reduce(M out, V in, int axis);
-  static void matmul(M out, V a, V b);
-  static void gather(M out, V src, int axis, V index);
-  static void scatter_add(M out, int axis, V index, V src);
-  static void rand_uniform(M out, uint64_t seed, uint64_t offset, double lo, double hi);
-  static void rand_normal(M out, uint64_t seed, uint64_t offset, double mean, double std);
-  // fused RMSNorm (backends/cpu/norm.cpp; contract in core/fused_norm.hpp)
-  static void rms_norm_forward(M y, M rstd, V x, const V* w, double eps);
-  static void rms_norm_backward(M dx, M* dw, V x, const V* w, V rstd, V dy);
-
-  // fused SwiGLU gating silu(a)·b (backends/cpu/unary.cpp; contract in core/fused_swiglu.hpp)
-  static void swiglu_forward(M y, V a, V b);
-  static void swiglu_backward(M da, M db, V a, V b, V dy);
-  // fused RoPE turn of x's pairs by cos/sin, or back (backends/cpu/rope.cpp; contract in core/fused_rope.hpp)
-  static void rope(M y, V x, V cos, V sin, bool inverse);
-  // fused combine of Differential Transformer V2 (backends/cpu/diff2.cpp; contract in core/fused_diff2.hpp)
+  KILN_BACKEND_PRIMITIVES  // backends/primitives.hpp
+  KILN_FUSED_RMS_NORM         // norm.cpp
+  KILN_FUSED_SWIGLU           // unary.cpp
+  KILN_FUSED_ROPE             // rope.cpp
+  // fused combine of Differential Transformer V2 (diff2.cpp; contract in core/fused_diff2.hpp)
   static void diff2_combine_forward(M y, V a, V l);
   static void diff2_combine_backward(M da, M dl, V a, V l, V dy);
-
-  // fused depth attention of Attention Residuals (backends/cpu/depth.cpp; contract in core/fused_depth.hpp)
-  static void depth_attention_forward(M h, M alpha, M rstd, const std::vector<V>& v, V q, double eps);
-  static void depth_attention_backward(const std::vector<M>& dv, M dq, const std::vector<V>& v, V q, V alpha, V rstd, V dh);
-  static void depth_attention_phase1(M m, M l, M acc, const std::vector<V>& v, V Q, double eps);
-  static void depth_attention_merge(M h, V m, V l, V acc, const V* p, V q, double eps);
-
-  // fused overrides (core/fused.hpp)
-  static void softmax_lastdim(M out, V x, bool log);
-  static void softmax_lastdim_backward(M dx, V y, V dy, bool log);
-  // fused softmax cross-entropy (backends/cpu/softmax.cpp; contract in core/fused_loss.hpp)
-  static void cross_entropy_forward(M loss, M lse, V logits, V targets, int64_t ignore_index, double smoothing);
-  static void cross_entropy_backward(M dlogits, V logits, V lse, V targets, V g, int64_t ignore_index, double smoothing);
-  // multi-tensor Adam/AdamW (backends/cpu/optim.cpp; contract in core/fused_optim.hpp)
-  static void adam_step(const std::vector<M>& w, const std::vector<M>& m, const std::vector<M>& v, const std::vector<V>& g,
-                        const fused::AdamHyper& h);
-  static void sum_squares(M out, const std::vector<V>& xs);  // Σ x² in f64 (core/fused_optim.hpp)
-  // flash attention (backends/cpu/attention.cpp; contract in core/fused.hpp): outputs in the inputs'
-  // layouts, every element written
+  KILN_FUSED_DEPTH_ATTENTION  // depth.cpp
+  KILN_FUSED_SOFTMAX          // softmax.cpp
+  KILN_FUSED_CROSS_ENTROPY    // softmax.cpp
+  KILN_FUSED_ADAM             // optim.cpp
+  KILN_FUSED_SUM_SQUARES      // optim.cpp
+  // flash attention (attention.cpp): outputs in the inputs' layouts, every element written
   static constexpr bool attention_any_layout = true;
-  static void attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0);
-  static void attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, const V* mask, double scale,
-                                 bool causal, int64_t pos0);
-  // convolution (oneDNN, backends/cpu/conv.cpp) and pooling (backends/cpu/pool.cpp); contract in core/fused_conv.hpp
-  static bool conv2d_forward(M y, V x, V w, const V* bias, const Conv2dParams& p);
-  static bool conv2d_backward_input(M dx, V dy, V w, const Conv2dParams& p);
-  static bool conv2d_backward_weight(M dw, M* db, V dy, V x, const Conv2dParams& p);
-  static bool max_pool2d_forward(M y, M idx, V x, const Pool2dParams& p);
-  static bool max_pool2d_backward(M dx, V dy, V idx, const Pool2dParams& p);
-  static bool avg_pool2d_forward(M y, V x, const Pool2dParams& p);
-  static bool avg_pool2d_backward(M dx, V dy, const Pool2dParams& p);
+  KILN_FUSED_ATTENTION
+  KILN_FUSED_CONV_POOL  // convolution (oneDNN, conv.cpp) and pooling (pool.cpp)
 };
 static_assert(Backend<Cpu>);
 

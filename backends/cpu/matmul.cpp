@@ -1,11 +1,9 @@
 // matmul: [..., M, K] @ [..., K, N] -> [..., M, N] through OpenBLAS (sgemm/dgemm) or oneDNN.
 //
-// Operands go to the library as they lie: a matrix whose last dim has unit stride is passed NoTrans
-// with ld = its row stride, one whose second-to-last dim has unit stride is passed Trans (x @ W^T with
-// W [N, K] costs no copy); only a matrix with neither unit stride (or with a zero stride inside the
-// matrix) is first copied to a contiguous buffer. Batch dims are coalesced; when the right operand is
-// the same matrix for every batch item (stride 0, e.g. [B, T, K] @ [K, N]) and the left operand and
-// output rows are evenly spaced, the batch folds into M and one large GEMM runs.
+// The plan is backends/gemm_plan.hpp's, shared with the Cuda backend: operands go to the library as
+// they lie (NoTrans or Trans with their leading dimension; x @ W^T with W [N, K] costs no copy), only
+// a matrix with no unit stride is staged (an output stored transposed too), batch dims are coalesced,
+// and [B, T, K] @ [K, N] folds the batch into M (one large GEMM).
 //
 // Library choice (measured on this machine, 2 threads, see bench/RESULTS.md):
 //  * f32 with oneDNN available: oneDNN's matmul primitive (cached per thread and shape/stride
@@ -37,6 +35,7 @@
 #include <vector>
 
 #include "kiln/backends/cpu/common.hpp"
+#include "kiln/backends/gemm_plan.hpp"
 
 #ifdef KILN_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
@@ -49,17 +48,7 @@ namespace {
 
 constexpr double kSmallGemmFlops = 2.0 * 256 * 256 * 256;
 
-// How one matrix (rows x cols with strides rs, cs) can be handed to BLAS.
-struct Operand {
-  bool ok = false;     // false: needs a contiguous copy
-  bool trans = false;  // stored as the transpose (column-major)
-  int64_t ld = 0;
-};
-Operand blas_operand(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  if ((cols == 1 || cs == 1) && (rows == 1 || rs >= std::max<int64_t>(cols, 1))) return {true, false, rows == 1 ? std::max<int64_t>(cols, 1) : rs};
-  if ((rows == 1 || rs == 1) && (cols == 1 || cs >= std::max<int64_t>(rows, 1))) return {true, true, cols == 1 ? std::max<int64_t>(rows, 1) : cs};
-  return {};
-}
+using gemm::Operand;
 
 void sync_omp_threads() {
   const int n = num_threads();
@@ -208,33 +197,15 @@ template <class T> bool run_dnnl(const Problem& p, const T* a, const T* b, T* c)
 }
 #endif
 
-// A contiguous copy of a view in dtype `to`. Zero-stride batch dims stay zero-stride, so a broadcast
-// operand is not materialised; the matrix dims (the last two) are always dense.
+// A contiguous copy of a view in dtype `to` (gemm::staging: a broadcast batch dim is not materialised).
 struct Staged {
   std::shared_ptr<HostStorage> storage;
   Layout layout;
 };
 Staged stage(Cpu::V v, DType to) {
-  const Shape& s = v.layout.shape;
-  Strides st(s.size());
-  int64_t acc = 1;
-  const size_t nb = s.size() >= 2 ? s.size() - 2 : 0;
-  for (size_t i = s.size(); i-- > 0;) {
-    if (i < nb && s[i] > 1 && v.layout.strides[i] == 0) {
-      st[i] = 0;
-    } else {
-      st[i] = acc;
-      acc *= std::max<int64_t>(s[i], 1);
-    }
-  }
-  Staged r{HostStorage::make(static_cast<size_t>(acc) * dtype_size(to)), Layout(s, st, 0)};
-  // copy only the distinct elements: view both through the shape with broadcast dims cut to 1
-  Shape cut = s;
-  Strides src_st = v.layout.strides, dst_st = st;
-  for (size_t i = 0; i < nb; ++i)
-    if (s[i] > 1 && v.layout.strides[i] == 0) cut[i] = 1;
-  const Layout src(cut, src_st, v.layout.offset), dst(cut, dst_st, 0);
-  Cpu::copy(Cpu::M{*r.storage, dst, to}, Cpu::V{v.storage, src, v.dtype});
+  const gemm::Staging st = gemm::staging(v.layout);
+  Staged r{HostStorage::make(static_cast<size_t>(st.elements) * dtype_size(to)), st.layout};
+  Cpu::copy(Cpu::M{*r.storage, st.dst, to}, Cpu::V{v.storage, st.src, v.dtype});
   return r;
 }
 
@@ -243,7 +214,7 @@ template <class T> bool matmul_typed(Cpu::M out, Cpu::V a, Cpu::V b) {
   const Shape& os = out.layout.shape;
   const size_t r = os.size();
   const int64_t M = os[r - 2], N = os[r - 1], K = a.layout.shape[r - 1];
-  if (M == 0 || N == 0) return true;
+  if (out.layout.numel() == 0) return true;
   if (K == 0) {
     Cpu::fill(out, 0);
     return true;
@@ -257,7 +228,7 @@ template <class T> bool matmul_typed(Cpu::M out, Cpu::V a, Cpu::V b) {
   const T* pa = a.storage.as<T>();
   const T* pb = b.storage.as<T>();
   T* pc = out.storage.as<T>();
-  auto mat = [&](const Layout& l, int64_t rows, int64_t cols) { return blas_operand(rows, cols, l.strides[r - 2], l.strides[r - 1]); };
+  auto mat = [](const Layout& l, int64_t rows, int64_t cols) { return gemm::classify(l, rows, cols); };
   Operand A = mat(*la, M, K), B = mat(*lb, K, N), C = mat(*lc, M, N);
   if (!A.ok) {
     sa = stage(a, dtype_of<T>);
@@ -286,34 +257,23 @@ template <class T> bool matmul_typed(Cpu::M out, Cpu::V a, Cpu::V b) {
   p.a = A;
   p.b = B;
   p.ldc = C.ld;
-  const Shape batch(os.begin(), os.end() - 2);
-  const Strides ba(la->strides.begin(), la->strides.end() - 2), bb(lb->strides.begin(), lb->strides.end() - 2),
-      bc(lc->strides.begin(), lc->strides.end() - 2);
-  const Plan<3> bp = make_plan<3>(batch, {&ba, &bb, &bc}, {la->offset, lb->offset, lc->offset});
-  const int64_t bt = bp.numel;
-  bool all_b_zero = true;
-  for (int d = 0; d < bp.nd; ++d) all_b_zero = all_b_zero && (bp.size[d] == 1 || bp.stride[1][d] == 0);
-  if (bt > 1 && all_b_zero && bp.nd == 1 && !A.trans && bp.stride[0][0] == M * A.ld && bp.stride[2][0] == M * C.ld) {
-    p.M = M * bt;  // fold the batch into M
+  const std::vector<gemm::BatchDim> dims = gemm::coalesce(*la, *lb, *lc);  // innermost first
+  if (gemm::folds(dims, M, A, C)) {
+    p.M = M * dims[0].size;  // fold the batch into M
     p.oa = {la->offset};
     p.ob = {lb->offset};
     p.oc = {lc->offset};
   } else {
-    p.oa.reserve(static_cast<size_t>(bt));
-    for_range(bp, 0, bt, [&](const std::array<int64_t, 3>& off, int64_t n) {
-      for (int64_t i = 0; i < n; ++i) {
-        p.oa.push_back(off[0] + i * bp.stride[0][0]);
-        p.ob.push_back(off[1] + i * bp.stride[1][0]);
-        p.oc.push_back(off[2] + i * bp.stride[2][0]);
-      }
+    gemm::for_each_item(dims, la->offset, lb->offset, lc->offset, [&](int64_t oa, int64_t ob, int64_t oc) {
+      p.oa.push_back(oa);
+      p.ob.push_back(ob);
+      p.oc.push_back(oc);
     });
-    if (bt > 1) {
-      for (int d = bp.nd; d-- > 0;) {
-        p.bdims.push_back(bp.size[d]);
-        p.bsa.push_back(bp.stride[0][d]);
-        p.bsb.push_back(bp.stride[1][d]);
-        p.bsc.push_back(bp.stride[2][d]);
-      }
+    for (size_t d = dims.size(); d-- > 0;) {  // oneDNN's batch dims, outermost first
+      p.bdims.push_back(dims[d].size);
+      p.bsa.push_back(dims[d].sa);
+      p.bsb.push_back(dims[d].sb);
+      p.bsc.push_back(dims[d].sc);
     }
   }
 

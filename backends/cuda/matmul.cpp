@@ -1,21 +1,17 @@
 // matmul on the Cuda backend: [..., M, K] @ [..., K, N] -> [..., M, N] through cuBLAS
 // (cublasGemmStridedBatchedEx_64, the 64-bit-integer API, so no int32 limit on sizes or strides).
 //
+// The plan is backends/gemm_plan.hpp's, shared with the Cpu backend: each operand goes to cuBLAS as
+// it lies (a transpose flag with the other stride as leading dimension: x @ Wᵀ costs no copy), only a
+// matrix with no unit stride is staged to a contiguous temporary (Cuda::copy; broadcast batch dims not
+// materialised), batch dims are coalesced, and [B, T, K] @ [K, N] folds the batch into M.
+//
 // cuBLAS is column-major. A row-major C [M, N] is the column-major Cᵀ [N, M], so C = A·B is computed
 // as Cᵀ = Bᵀ·Aᵀ (cuBLAS m = N, n = M, first operand B). An output stored transposed (unit stride on
-// its rows axis) is already column-major, and C = A·B is computed directly. Each operand goes to
-// cuBLAS as it lies: a matrix with a unit-stride last dim is one layout, a matrix with a unit-stride
-// second-to-last dim the other, expressed as a transpose flag with the other stride as leading
-// dimension (x @ Wᵀ costs no copy). Only a matrix with neither (or with a zero stride inside the
-// matrix) is copied to a contiguous temporary (Cuda::copy); zero-stride (broadcast) batch dims stay
-// zero-stride in that copy, so a broadcast operand is not materialised. An output cuBLAS cannot write
-// is computed into a contiguous temporary and copied out.
-//
-// Batch dims are coalesced (size-1 dims dropped, adjacent dims merged where every operand's strides
-// allow, zero strides included); the largest remaining dim becomes cuBLAS's strided batch and the
-// others (rare: e.g. permuted [B, T, H, d] views) are looped on the host. When the right operand is
-// the same matrix for every batch item (stride 0: [B, T, K] @ [K, N]) and the left operand's and the
-// output's rows are evenly spaced across the batch, the batch folds into M and one large GEMM runs.
+// its rows axis) is already column-major, and C = A·B is computed directly; an output cuBLAS cannot
+// write is computed into a contiguous temporary and copied out. Of the coalesced batch dims the
+// largest becomes cuBLAS's strided batch and the others (rare: e.g. permuted [B, T, H, d] views) are
+// looped on the host.
 //
 // Precision: f32 uses CUBLAS_COMPUTE_32F (no TF32) unless cuda::allow_tf32() (then
 // CUBLAS_COMPUTE_32F_FAST_TF32); f64 CUBLAS_COMPUTE_64F; bf16/f16 are read and written in half with
@@ -26,6 +22,7 @@
 #include <vector>
 
 #include "kiln/backends/cuda/cuda.hpp"
+#include "kiln/backends/gemm_plan.hpp"
 #include "kiln/backends/cuda/runtime.hpp"
 #include "kiln/core/error.hpp"
 
@@ -33,69 +30,20 @@ namespace kiln {
 
 namespace {
 
-// How one matrix (rows x cols with strides rs, cs) can be handed to cuBLAS.
-//   row-major: unit stride along cols, ld = rs (>= cols);  col-major: unit stride along rows, ld = cs.
-struct Operand {
-  bool ok = false;       // false: needs a contiguous copy
-  bool colmajor = false;  // stored as the transpose (unit stride along rows)
-  int64_t ld = 0;
-};
-Operand operand(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  if ((cols == 1 || cs == 1) && (rows == 1 || rs >= std::max<int64_t>(cols, 1)))
-    return {true, false, rows == 1 ? std::max<int64_t>(cols, 1) : rs};
-  if ((rows == 1 || rs == 1) && (cols == 1 || cs >= std::max<int64_t>(rows, 1)))
-    return {true, true, cols == 1 ? std::max<int64_t>(rows, 1) : cs};
-  return {};
-}
+// A matrix as cuBLAS takes it; trans: stored column-major (unit stride along rows).
+using gemm::Operand;
+using gemm::BatchDim;
 
-// A contiguous copy of a view in dtype `to` on the device. Zero-stride batch dims stay zero-stride
-// (only the distinct elements are copied); the matrix dims (the last two) are always dense row-major.
+// A contiguous copy of a view in dtype `to` on the device (gemm::staging).
 struct Staged {
   std::shared_ptr<CudaStorage> storage;
   Layout layout;
 };
 Staged stage(Cuda::V v, DType to) {
-  const Shape& s = v.layout.shape;
-  Strides st(s.size());
-  int64_t acc = 1;
-  const size_t nb = s.size() >= 2 ? s.size() - 2 : 0;
-  for (size_t i = s.size(); i-- > 0;) {
-    if (i < nb && s[i] > 1 && v.layout.strides[i] == 0) {
-      st[i] = 0;
-    } else {
-      st[i] = acc;
-      acc *= std::max<int64_t>(s[i], 1);
-    }
-  }
-  Staged r{Cuda::allocate(static_cast<size_t>(acc) * dtype_size(to)), Layout(s, st, 0)};
-  Shape cut = s;
-  for (size_t i = 0; i < nb; ++i)
-    if (s[i] > 1 && v.layout.strides[i] == 0) cut[i] = 1;
-  const Layout src(cut, v.layout.strides, v.layout.offset), dst(cut, st, 0);
-  Cuda::copy(Cuda::M{*r.storage, dst, to}, Cuda::V{v.storage, src, v.dtype});
+  const gemm::Staging st = gemm::staging(v.layout);
+  Staged r{Cuda::allocate(static_cast<size_t>(st.elements) * dtype_size(to)), st.layout};
+  Cuda::copy(Cuda::M{*r.storage, st.dst, to}, Cuda::V{v.storage, st.src, v.dtype});
   return r;
-}
-
-// One coalesced batch dim: its size and the element stride of a, b, c along it.
-struct BatchDim {
-  int64_t size, sa, sb, sc;
-};
-
-std::vector<BatchDim> coalesce(const Shape& batch, const Strides& sa, const Strides& sb, const Strides& sc) {
-  std::vector<BatchDim> dims;  // innermost first while building
-  for (size_t i = batch.size(); i-- > 0;) {
-    if (batch[i] == 1) continue;
-    const BatchDim d{batch[i], sa[i], sb[i], sc[i]};
-    if (!dims.empty()) {
-      BatchDim& in = dims.back();  // the dim just inside this one
-      if (d.sa == in.sa * in.size && d.sb == in.sb * in.size && d.sc == in.sc * in.size) {
-        in.size *= d.size;
-        continue;
-      }
-    }
-    dims.push_back(d);
-  }
-  return dims;
 }
 
 cudaDataType cuda_type(DType d) {
@@ -138,14 +86,14 @@ void run(const Gemm& g, int64_t oa, int64_t ob, int64_t oc, int64_t batch, int64
   if (!g.c_colmajor) {
     // Cᵀ [N, M] (column-major, ld ldc) = op(B) [N, K] · op(A) [K, M]: a row-major operand is its own
     // transpose in column-major terms (no flag), a column-major one needs the flag.
-    KILN_CUBLAS_CHECK_OP("matmul", cublasGemmStridedBatchedEx_64(h, g.B.colmajor ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                                                 g.A.colmajor ? CUBLAS_OP_T : CUBLAS_OP_N, g.N, g.M, g.K, alpha, b, ty,
+    KILN_CUBLAS_CHECK_OP("matmul", cublasGemmStridedBatchedEx_64(h, g.B.trans ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                                                 g.A.trans ? CUBLAS_OP_T : CUBLAS_OP_N, g.N, g.M, g.K, alpha, b, ty,
                                                                  g.B.ld, sb, a, ty, g.A.ld, sa, beta, c, ty, g.ldc, sc, batch, compute,
                                                                  CUBLAS_GEMM_DEFAULT));
   } else {
     // C [M, N] (column-major, ld ldc) = op(A) [M, K] · op(B) [K, N].
-    KILN_CUBLAS_CHECK_OP("matmul", cublasGemmStridedBatchedEx_64(h, g.A.colmajor ? CUBLAS_OP_N : CUBLAS_OP_T,
-                                                                 g.B.colmajor ? CUBLAS_OP_N : CUBLAS_OP_T, g.M, g.N, g.K, alpha, a, ty,
+    KILN_CUBLAS_CHECK_OP("matmul", cublasGemmStridedBatchedEx_64(h, g.A.trans ? CUBLAS_OP_N : CUBLAS_OP_T,
+                                                                 g.B.trans ? CUBLAS_OP_N : CUBLAS_OP_T, g.M, g.N, g.K, alpha, a, ty,
                                                                  g.A.ld, sa, b, ty, g.B.ld, sb, beta, c, ty, g.ldc, sc, batch, compute,
                                                                  CUBLAS_GEMM_DEFAULT));
   }
@@ -165,7 +113,7 @@ void matmul_float(Cuda::M out, Cuda::V a, Cuda::V b) {
   const CudaStorage* stA = &a.storage;
   const CudaStorage* stB = &b.storage;
   CudaStorage* stC = &out.storage;
-  auto mat = [&](const Layout& l, int64_t rows, int64_t cols) { return operand(rows, cols, l.strides[r - 2], l.strides[r - 1]); };
+  auto mat = [](const Layout& l, int64_t rows, int64_t cols) { return gemm::classify(l, rows, cols); };
   Operand A = mat(*la, M, K), B = mat(*lb, K, N), C = mat(*lc, M, N);
   if (!A.ok) {
     sa = stage(a, a.dtype);
@@ -189,16 +137,13 @@ void matmul_float(Cuda::M out, Cuda::V a, Cuda::V b) {
   KILN_CHECK(A.ok && B.ok && C.ok, "matmul: internal error: no cuBLAS layout for {} @ {} -> {}", shape_str(a.layout.shape),
              shape_str(b.layout.shape), shape_str(os));
 
-  Gemm g{out.dtype, C.colmajor, M, N, K, A, B, C.ld, static_cast<const char*>(stA->data()), static_cast<const char*>(stB->data()),
+  Gemm g{out.dtype, C.trans, M, N, K, A, B, C.ld, static_cast<const char*>(stA->data()), static_cast<const char*>(stB->data()),
          static_cast<char*>(stC->data())};
-  const Shape batch(os.begin(), os.end() - 2);
-  const Strides ba(la->strides.begin(), la->strides.end() - 2), bb(lb->strides.begin(), lb->strides.end() - 2),
-      bc(lc->strides.begin(), lc->strides.end() - 2);
-  const std::vector<BatchDim> dims = coalesce(batch, ba, bb, bc);  // innermost first
+  const std::vector<BatchDim> dims = gemm::coalesce(*la, *lb, *lc);  // innermost first
 
   if (dims.empty()) {
     run(g, la->offset, lb->offset, lc->offset, 1, 0, 0, 0);
-  } else if (dims.size() == 1 && dims[0].sb == 0 && !C.colmajor && !A.colmajor && dims[0].sa == M * A.ld && dims[0].sc == M * C.ld) {
+  } else if (gemm::folds(dims, M, A, C)) {
     g.M = M * dims[0].size;  // fold the batch into M: rows of A and C are evenly spaced across it
     run(g, la->offset, lb->offset, lc->offset, 1, 0, 0, 0);
   } else {
@@ -209,23 +154,9 @@ void matmul_float(Cuda::M out, Cuda::V a, Cuda::V b) {
     std::vector<BatchDim> loop;
     for (size_t i = 0; i < dims.size(); ++i)
       if (i != big) loop.push_back(dims[i]);
-    std::vector<int64_t> idx(loop.size(), 0);
     const BatchDim& bd = dims[big];
-    while (true) {
-      int64_t oa = la->offset, ob = lb->offset, oc = lc->offset;
-      for (size_t i = 0; i < loop.size(); ++i) {
-        oa += idx[i] * loop[i].sa;
-        ob += idx[i] * loop[i].sb;
-        oc += idx[i] * loop[i].sc;
-      }
-      run(g, oa, ob, oc, bd.size, bd.sa, bd.sb, bd.sc);
-      size_t i = 0;
-      for (; i < loop.size(); ++i) {
-        if (++idx[i] < loop[i].size) break;
-        idx[i] = 0;
-      }
-      if (i == loop.size()) break;
-    }
+    gemm::for_each_item(loop, la->offset, lb->offset, lc->offset,
+                        [&](int64_t oa, int64_t ob, int64_t oc) { run(g, oa, ob, oc, bd.size, bd.sa, bd.sb, bd.sc); });
   }
   if (stage_c) Cuda::copy(out, Cuda::V{*sc.storage, sc.layout, out.dtype});
 }

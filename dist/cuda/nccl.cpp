@@ -126,7 +126,7 @@ struct NcclWork final : Work::Impl {
 
 }  // namespace
 
-std::shared_ptr<Work::Impl> nccl_start(const NcclCall& c, std::function<void()> finish, std::vector<std::shared_ptr<const void>> keep) {
+std::shared_ptr<Work::Impl> nccl_start(const WireCall& c, std::function<void()> finish, std::vector<std::shared_ptr<const void>> keep) {
   Comm& cm = get_comm(c.device, c.what);
   cudaStream_t compute = cuda::stream();
   cudaEvent_t ready = nullptr;
@@ -137,16 +137,16 @@ std::shared_ptr<Work::Impl> nccl_start(const NcclCall& c, std::function<void()> 
   const auto n = static_cast<size_t>(c.count);
   const size_t bytes = n * dtype_size(c.dtype);
   switch (c.coll) {
-    case NcclColl::all_reduce:
+    case Coll::all_reduce:
       check_nccl(ncclAllReduce(c.send, c.recv, n, nccl_type(c.dtype), nccl_op(c.op, c.dtype), cm.comm, cm.stream), c.what, "ncclAllReduce");
       break;
-    case NcclColl::broadcast:  // bit for bit, as bytes
+    case Coll::broadcast:  // bit for bit, as bytes
       check_nccl(ncclBroadcast(c.send, c.recv, bytes, ncclUint8, c.root, cm.comm, cm.stream), c.what, "ncclBroadcast");
       break;
-    case NcclColl::all_gather:
+    case Coll::all_gather:
       check_nccl(ncclAllGather(c.send, c.recv, bytes, ncclUint8, cm.comm, cm.stream), c.what, "ncclAllGather");
       break;
-    case NcclColl::reduce_scatter:
+    case Coll::reduce_scatter:
       check_nccl(ncclReduceScatter(c.send, c.recv, n, nccl_type(c.dtype), nccl_op(c.op, c.dtype), cm.comm, cm.stream), c.what,
                  "ncclReduceScatter");
       break;
@@ -163,7 +163,7 @@ std::shared_ptr<Work::Impl> nccl_start(const NcclCall& c, std::function<void()> 
 
 #else
 
-std::shared_ptr<Work::Impl> nccl_start(const NcclCall& c, std::function<void()>, std::vector<std::shared_ptr<const void>>) {
+std::shared_ptr<Work::Impl> nccl_start(const WireCall& c, std::function<void()>, std::vector<std::shared_ptr<const void>>) {
   fail("{}: this kiln was built without NCCL (KILN_WITH_MPI=OFF, or nccl.h / libnccl not found in the CUDA toolkit): Tensor<Cuda> "
        "collectives across processes need it",
        c.what);

@@ -203,7 +203,7 @@ template <Backend B> Var<B> CausalLM<B>::run(const Tensor<B>& ids, std::vector<n
   x = rms_ ? rms_->forward(x) : ln_->forward(x);
   const Var<B> logits = lm_head_
                             ? lm_head_->forward(x)
-                            : x.reshape({-1, s_.hidden}).matmul(autocast::to_low(embed_->weight()).t()).reshape({ids.size(0), T, s_.vocab});
+                            : autograd::Linalg<B>::linear(x.reshape({-1, s_.hidden}), embed_->weight(), {}).reshape({ids.size(0), T, s_.vocab});
   return logits.dtype() == DType::f32 ? logits : logits.to(DType::f32);
 }
 

@@ -10,12 +10,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <kiln/autograd/autocast.hpp>
 #include <kiln/backends/backends.hpp>
+#include <kiln/core/profile.hpp>
 #include <kiln/formats/safetensors.hpp>
 #include <kiln/nn/conv.hpp>
 #include <kiln/nn/gpt.hpp>
@@ -460,6 +462,52 @@ TEST_CASE("amp: autocast f32 or disabled is bit-identical to no autocast, and th
   CHECK(a.grad().dtype() == DType::bf16);
   kt::check_bits(a.grad(), gz.mul(b.value()).to(DType::bf16), "promoted mul: grad of the bf16 operand");
   kt::check_bits(b.grad(), gz.mul(a.value().to(DType::f32)).sum({0}), "promoted mul: grad of the f32 operand");
+}
+
+TEST_CASE("amp: the policy table gives each op one policy and a name", "[amp]") {
+  using autocast::Op, autocast::Policy;
+  STATIC_REQUIRE(autocast::policy(Op::matmul) == Policy::low);
+  STATIC_REQUIRE(autocast::policy(Op::linear) == Policy::low);
+  STATIC_REQUIRE(autocast::policy(Op::attention) == Policy::low);
+  STATIC_REQUIRE(autocast::policy(Op::softmax) == Policy::f32);
+  STATIC_REQUIRE(autocast::policy(Op::rms_norm) == Policy::f32);
+  STATIC_REQUIRE(autocast::policy(Op::binary) == Policy::promote);
+  CHECK(std::string(autocast::name(Op::cross_entropy)) == "cross_entropy");
+  Generator g(5);
+  const V h(T::randn({3, 4}, DType::bf16, &g)), f(T::randn({3, 4}, DType::f32, &g));
+  autocast::Scope ac(DType::bf16);
+  CHECK(autocast::cast(Op::matmul, f).dtype() == DType::bf16);
+  CHECK(autocast::cast(Op::softmax, h).dtype() == DType::f32);
+  CHECK(autocast::cast(Op::binary, h).node() == h.node());  // promote: decided per pair, never a cast
+  const V d(T::randn({3, 4}, DType::f64, &g));
+  CHECK(autocast::cast(Op::linear, d).node() == d.node());  // f64 is never touched
+}
+
+TEST_CASE("amp: a Linear forward under bf16 autocast casts its weight once, x once and the bias once", "[amp]") {
+  nn::Linear<Cpu> l(nn::LinearOptions{.in = 3, .out = 7, .bias = true});
+  Generator g(4);
+  const T x = T::randn({4, 3}, DType::f32, &g), x2 = T::randn({5, 3}, DType::f32, &g);
+  V y, y2;
+  {
+    const profile::Session rec;
+    autocast::Scope ac(DType::bf16);
+    y = l.forward(V(x));
+    y2 = l.forward(V(x2));  // the module called twice in one scope
+  }
+  // Each cast is one backend "to"; its operands are (output, input), so a weight cast reads
+  // "[7, 3], [7, 3] bf16" (a cast of the transposed view would read [3, 7]).
+  std::map<std::string, int> casts;
+  for (const profile::Event& e : profile::events())
+    if (e.name == "to") ++casts[e.shapes];
+  CHECK(casts["[7, 3], [7, 3] bf16"] == 1);  // the weight: once per scope, however many forwards
+  CHECK(casts["[7], [7] bf16"] == 1);        // the bias
+  CHECK(casts["[4, 3], [4, 3] bf16"] == 1);  // each input once
+  CHECK(casts["[5, 3], [5, 3] bf16"] == 1);
+  int total = 0;
+  for (const auto& [shapes, n] : casts) total += n;
+  CHECK(total == 4);  // nothing else is cast in the forward (the output stays bf16)
+  CHECK(y.dtype() == DType::bf16);
+  CHECK(y2.dtype() == DType::bf16);
 }
 
 TEST_CASE("amp: a parameter is cast once per scope and its gradient sums every use", "[amp]") {

@@ -13,7 +13,7 @@
 
 #include <kiln/config.hpp>
 #include <kiln/dist/ddp.hpp>
-#include <kiln/dist/fit.hpp>
+#include <kiln/train/dist_fit.hpp>
 #include <kiln/dist/zero.hpp>
 #include <kiln/formats/safetensors.hpp>
 #include <kiln/nn/batch_norm.hpp>

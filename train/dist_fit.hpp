@@ -1,5 +1,6 @@
 #pragma once
 // kiln::fit across processes: the FitHooks that make the generic loop (train/loop.hpp) data-parallel.
+// (In train/, above dist/: the loop's hooks are train's, filled from what dist/ offers.)
 //
 //   dist::init();
 //   dist::DistributedDataParallel<Cpu> ddp(model);                 // rank 0's weights everywhere
