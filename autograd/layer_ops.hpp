@@ -1,0 +1,36 @@
+#pragma once
+// Differentiable ops that nn's layers are built on, each one recorded op with its closed-form backward;
+// bodies (forward and backward side by side) in autograd/ops/<family>.cpp, explicitly instantiated for
+// the built-in backends. nn/ holds the parameters and composes these (nn/norm.cpp, batch_norm.cpp,
+// group_norm.cpp, layers.cpp, attention.cpp, attnres.cpp, hf/causal_lm.cpp); the loss ops are in
+// autograd/loss_ops.hpp.
+#include <vector>
+
+#include "kiln/autograd/var.hpp"
+
+#pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
+namespace kiln::autograd {
+
+// autograd/ops/norm.cpp
+template <Backend B> struct NormOps {
+  using X = Var<B>;
+  // x [..., D], weight [D] or undefined: y = x / sqrt(mean(x², -1) + eps) · w on the fused kernel
+  // (core/fused_norm.hpp); the node saves x, w and rstd [rows].
+  static X rms_norm(const X& x, const X& weight, double eps);
+  // x [N, C, *]; weight, bias [C] or undefined; running_mean, running_var [C] (both or neither) are
+  // updated in place with `momentum` when training. bf16/f16 are normalised in f32. The node saves x,
+  // the per-channel mean, 1/std and scale; dx = scale·(g − Σg/n − x̂·Σ(g·x̂)/n) when training (the
+  // batch statistics depend on x), scale·g in eval.
+  static X batch_norm(const X& x, const Tensor<B>& running_mean, const Tensor<B>& running_var, const X& weight, const X& bias,
+                      bool training, double momentum, double eps);
+  // x [N, C, *] normalised over each of num_groups groups of C/num_groups channels (and all positions);
+  // weight, bias [C] or undefined. bf16/f16 are normalised in f32.
+  static X group_norm(const X& x, int64_t num_groups, const X& weight, const X& bias, double eps);
+};
+
+#define KILN_LAYER_OPS_EXTERN(B) extern template struct NormOps<B>;
+KILN_FOR_EACH_BACKEND(KILN_LAYER_OPS_EXTERN)
+#undef KILN_LAYER_OPS_EXTERN
+
+}  // namespace kiln::autograd
+#pragma GCC visibility pop
