@@ -28,7 +28,16 @@ template <Backend B> struct NormOps {
   static X group_norm(const X& x, int64_t num_groups, const X& weight, const X& bias, double eps);
 };
 
-#define KILN_LAYER_OPS_EXTERN(B) extern template struct NormOps<B>;
+// autograd/ops/rope.cpp
+template <Backend B> struct RopeOps {
+  // x [..., T, d] rotated by the tables cos, sin [T, d/2] (interleaved pairs, core/fused_rope.hpp); the
+  // backward is the inverse rotation and saves only the tables.
+  static Var<B> rope(const Var<B>& x, const Tensor<B>& cos, const Tensor<B>& sin);
+};
+
+#define KILN_LAYER_OPS_EXTERN(B)     \
+  extern template struct NormOps<B>; \
+  extern template struct RopeOps<B>;
 KILN_FOR_EACH_BACKEND(KILN_LAYER_OPS_EXTERN)
 #undef KILN_LAYER_OPS_EXTERN
 
