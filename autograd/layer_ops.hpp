@@ -35,9 +35,16 @@ template <Backend B> struct RopeOps {
   static Var<B> rope(const Var<B>& x, const Tensor<B>& cos, const Tensor<B>& sin);
 };
 
+// autograd/ops/swiglu.cpp
+template <Backend B> struct SwiGLUOps {
+  // silu(gate) · up on the fused kernel (core/fused_swiglu.hpp); the node saves gate and up.
+  static Var<B> swiglu(const Var<B>& gate, const Var<B>& up);
+};
+
 #define KILN_LAYER_OPS_EXTERN(B)     \
   extern template struct NormOps<B>; \
-  extern template struct RopeOps<B>;
+  extern template struct RopeOps<B>; \
+  extern template struct SwiGLUOps<B>;
 KILN_FOR_EACH_BACKEND(KILN_LAYER_OPS_EXTERN)
 #undef KILN_LAYER_OPS_EXTERN
 
