@@ -41,10 +41,20 @@ template <Backend B> struct SwiGLUOps {
   static Var<B> swiglu(const Var<B>& gate, const Var<B>& up);
 };
 
-#define KILN_LAYER_OPS_EXTERN(B)     \
-  extern template struct NormOps<B>; \
-  extern template struct RopeOps<B>; \
-  extern template struct SwiGLUOps<B>;
+// autograd/ops/depth_attention.cpp
+template <Backend B> struct DepthAttentionOps {
+  // h = Σ_i α_i·v_i with α = softmax_i(rms_norm(v_i) · (w ⊙ g)) per token (core/fused_depth.hpp):
+  // sources v_i [..., D] (all one shape), w [D] the query, g [D] the key norm's weight or undefined.
+  // The node keeps α and the per-token rstd [n, B, T] and the sources themselves, never a stacked or
+  // normalised copy.
+  static Var<B> depth_attention(const std::vector<Var<B>>& sources, const Var<B>& w, const Var<B>& g, double eps);
+};
+
+#define KILN_LAYER_OPS_EXTERN(B)       \
+  extern template struct NormOps<B>;   \
+  extern template struct RopeOps<B>;   \
+  extern template struct SwiGLUOps<B>; \
+  extern template struct DepthAttentionOps<B>;
 KILN_FOR_EACH_BACKEND(KILN_LAYER_OPS_EXTERN)
 #undef KILN_LAYER_OPS_EXTERN
 
