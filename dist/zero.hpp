@@ -56,6 +56,7 @@ template <Backend B> class ZeroOptimizer : public optim::Optimizer<B> {
   void load_state_dict(const std::map<std::string, Tensor<B>>& state) override;
   // A sharded optimizer checkpoints the full state of the one it shards: the same kind.
   std::string kind() const override { return shard_optimizer().kind(); }
+  bool reads_kind(const std::string& recorded) const override { return shard_optimizer().reads_kind(recorded); }
 
   const optim::Optimizer<B>& shard_optimizer() const;  // this rank's inner optimizer
   int64_t shard_numel() const;  // parameter elements this rank updates

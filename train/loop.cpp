@@ -197,9 +197,9 @@ template <Backend B> void Engine<B>::resume() {
   const int64_t accum = m.count("grad_accum") ? parse<int64_t>(m, "grad_accum", path) : 1;
   KILN_CHECK(accum == k_, "fit: resume checkpoint '{}' was written with grad_accum {}, this run has grad_accum {}", path, accum, k_);
   if (m.count("optimizer")) {
-    const std::string kind = opt_.kind();
-    KILN_CHECK(m.at("optimizer") == kind, "fit: resume checkpoint '{}' holds the state of optimizer '{}', this run uses '{}'", path,
-               printable(m.at("optimizer")), kind);
+    const std::string kind = opt_.kind();  // an older kiln may have recorded a typeid name (Optimizer::reads_kind)
+    KILN_CHECK(opt_.reads_kind(m.at("optimizer")), "fit: resume checkpoint '{}' holds the state of optimizer '{}', this run uses '{}'",
+               path, printable(optim::legacy_optimizer_kind(m.at("optimizer"))), kind);
   }
   const std::string data_kind = m.count("data.kind") ? m.at("data.kind") : "indexed";
   const std::string mine = train_.indexed() ? "indexed" : "loader";
