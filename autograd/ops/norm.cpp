@@ -11,6 +11,26 @@ namespace kiln::autograd {
 namespace {
 // bf16/f16 inputs are normalised in f32 (DESIGN §2: f32 accumulation), the rest in their own dtype.
 DType compute_dtype(DType d) { return d == DType::bf16 || d == DType::f16 ? DType::f32 : d; }
+
+// What batch_norm's and group_norm's backward needs of their inputs x, weight, bias (either may be
+// undefined): which need a gradient, and the dtypes their gradients go back in (cd, the compute
+// dtype, for an absent parameter).
+struct Affine {
+  bool gx, gw, gb, has_w, has_b;
+  DType xd, wd, bd;
+};
+template <Backend B> Affine affine(const Var<B>& x, const Var<B>& weight, const Var<B>& bias, DType cd) {
+  const bool has_w = weight.defined(), has_b = bias.defined();
+  return {needs_grad(x), has_w && needs_grad(weight), has_b && needs_grad(bias), has_w, has_b,
+          x.dtype(),     has_w ? weight.dtype() : cd, has_b ? bias.dtype() : cd};
+}
+// The node's inputs: x, then weight and bias where defined.
+template <Backend B> std::vector<const Var<B>*> affine_inputs(const Var<B>& x, const Var<B>& weight, const Var<B>& bias) {
+  std::vector<const Var<B>*> ins{&x};
+  if (weight.defined()) ins.push_back(&weight);
+  if (bias.defined()) ins.push_back(&bias);
+  return ins;
+}
 }  // namespace
 
 // One recorded op on the fused kernel (core/fused_norm.hpp); backward saves x, w and rstd [rows].
@@ -86,15 +106,12 @@ template <Backend B> Var<B> NormOps<B>::batch_norm(const X& x, const Tensor<B>& 
   if (bias.defined()) shift = shift.add(bias.value().to(cd).reshape(stat));
   const Tensor<B> y = xv.mul(scale).add(shift).to(x.dtype());
 
-  std::vector<const Var<B>*> ins{&x};
-  if (weight.defined()) ins.push_back(&weight);
-  if (bias.defined()) ins.push_back(&bias);
-  const bool gx = needs_grad(x), gw = weight.defined() && needs_grad(weight), gb = bias.defined() && needs_grad(bias);
-  const DType xd = x.dtype(), wd = weight.defined() ? weight.dtype() : cd, bd = bias.defined() ? bias.dtype() : cd;
-  const bool has_w = weight.defined(), has_b = bias.defined();
+  const std::vector<const Var<B>*> ins = affine_inputs(x, weight, bias);
+  const Affine a = affine(x, weight, bias, cd);
   // dŵ = Σ g·x̂, db = Σ g (per channel); dx = scale · (g − db/n − x̂ · dŵ/n) in training (the batch
   // statistics depend on x), dx = scale · g in eval.
-  auto backward = [xv, mean, invstd, scale, axes, C, n, training, gx, gw, gb, xd, wd, bd, has_w, has_b](const Tensor<B>& gout) {
+  auto backward = [xv, mean, invstd, scale, axes, C, n, training, a](const Tensor<B>& gout) {
+    const auto [gx, gw, gb, has_w, has_b, xd, wd, bd] = a;
     const Tensor<B> g = gout.to(xv.dtype());
     const Tensor<B> xhat = (gw || (gx && training)) ? xv.sub(mean).mul(invstd) : Tensor<B>();
     const Tensor<B> dw = xhat.defined() ? g.mul(xhat).sum(axes, true) : Tensor<B>();
@@ -147,15 +164,12 @@ template <Backend B> Var<B> NormOps<B>::group_norm(const X& x, int64_t num_group
   if (bias.defined()) y = y.add(bias.value().to(cd).reshape(cstat));
   y = y.reshape(xs).to(x.dtype());
 
-  std::vector<const Var<B>*> ins{&x};
-  if (weight.defined()) ins.push_back(&weight);
-  if (bias.defined()) ins.push_back(&bias);
-  const bool gx = needs_grad(x), gw = weight.defined() && needs_grad(weight), gb = bias.defined() && needs_grad(bias);
-  const DType xd = x.dtype(), wd = weight.defined() ? weight.dtype() : cd, bd = bias.defined() ? bias.dtype() : cd;
-  const bool has_w = weight.defined(), has_b = bias.defined();
+  const std::vector<const Var<B>*> ins = affine_inputs(x, weight, bias);
+  const Affine a = affine(x, weight, bias, cd);
   // x̂ = (x − μ)·r per group; with ĝ = g·w: dx = r · (ĝ − mean(ĝ) − x̂ · mean(ĝ·x̂)) over each group,
   // dw = Σ_{n, s} g·x̂, db = Σ_{n, s} g.
-  auto backward = [xv, mean, invstd, w, xs, grouped, chan, C, gx, gw, gb, xd, wd, bd, has_w, has_b](const Tensor<B>& gout) {
+  auto backward = [xv, mean, invstd, w, xs, grouped, chan, C, a](const Tensor<B>& gout) {
+    const auto [gx, gw, gb, has_w, has_b, xd, wd, bd] = a;
     const Tensor<B> g = gout.to(xv.dtype()).reshape(chan);
     const Tensor<B> xhat = xv.sub(mean).mul(invstd);  // [N, G, M]
     Grads<B> out;
