@@ -168,7 +168,7 @@ template <Backend B> Var<B> NormOps<B>::group_norm(const X& x, int64_t num_group
   const Affine a = affine(x, weight, bias, cd);
   // x̂ = (x − μ)·r per group; with ĝ = g·w: dx = r · (ĝ − mean(ĝ) − x̂ · mean(ĝ·x̂)) over each group,
   // dw = Σ_{n, s} g·x̂, db = Σ_{n, s} g.
-  auto backward = [xv, mean, invstd, w, xs, grouped, chan, C, a](const Tensor<B>& gout) {
+  auto backward = [xv, mean, invstd, w, xs, grouped, chan, a](const Tensor<B>& gout) {
     const auto [gx, gw, gb, has_w, has_b, xd, wd, bd] = a;
     const Tensor<B> g = gout.to(xv.dtype()).reshape(chan);
     const Tensor<B> xhat = xv.sub(mean).mul(invstd);  // [N, G, M]
