@@ -44,6 +44,11 @@
 // RoPE turn of x's pairs by cos/sin, or back (core/fused_rope.hpp)
 #define KILN_FUSED_ROPE static void rope(M y, V x, V cos, V sin, bool inverse);
 
+// Differential attention V2's head pairing (core/fused_diff2.hpp)
+#define KILN_FUSED_DIFF2_COMBINE                  \
+  static void diff2_combine_forward(M y, V a, V l); \
+  static void diff2_combine_backward(M da, M dl, V a, V l, V dy);
+
 // depth attention of Attention Residuals (core/fused_depth.hpp)
 #define KILN_FUSED_DEPTH_ATTENTION                                                                                            \
   static void depth_attention_forward(M h, M alpha, M rstd, const std::vector<V>& v, V q, double eps);                        \

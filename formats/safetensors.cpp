@@ -73,9 +73,11 @@ File::~File() {
   if (map_) munmap(map_, size_);
 }
 
-File File::open(const std::string& path) {
-  File f;
-  f.path_ = path;
+namespace {
+
+// The file mapped read-only (its size in `size`); a missing, unreadable, irregular or too short file
+// is an Error naming it.
+void* map_file(const std::string& path, size_t& size) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   KILN_CHECK(fd >= 0, "safetensors: cannot open '{}': {}", path, errno_str());
   struct stat st {};
@@ -88,26 +90,20 @@ File File::open(const std::string& path) {
     ::close(fd);
     fail("safetensors: '{}' is not a regular file", path);
   }
-  f.size_ = static_cast<size_t>(st.st_size);
-  if (f.size_ < 8) {
+  size = static_cast<size_t>(st.st_size);
+  if (size < 8) {
     ::close(fd);
-    fail("safetensors: '{}' is truncated: {} bytes, the 8-byte header length alone needs 8", path, f.size_);
+    fail("safetensors: '{}' is truncated: {} bytes, the 8-byte header length alone needs 8", path, size);
   }
-  void* m = mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  void* m = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   KILN_CHECK(m != MAP_FAILED, "safetensors: cannot map '{}': {}", path, errno_str());
-  f.map_ = m;
-  const auto* bytes = static_cast<const unsigned char*>(m);
+  return m;
+}
 
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];
-  KILN_CHECK(n <= kMaxHeader, "safetensors: '{}': header length {} exceeds the 100 MiB limit (corrupt file?)", path, n);
-  KILN_CHECK(n <= f.size_ - 8, "safetensors: '{}' is truncated: header says {} bytes of JSON, file has {} after the length",
-             path, n, f.size_ - 8);
-  f.data_start_ = 8 + n;
-  const size_t data_size = f.size_ - f.data_start_;
-
-  // Parse, rejecting duplicate top-level keys (nlohmann would silently keep the last one).
+// The n-byte JSON header, a JSON object; duplicate top-level keys are rejected (nlohmann would
+// silently keep the last one).
+nlohmann::json parse_header(const std::string& path, const unsigned char* text, size_t n) {
   std::set<std::string> keys;
   std::string dup;
   nlohmann::json::parser_callback_t cb = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
@@ -119,62 +115,66 @@ File File::open(const std::string& path) {
   };
   nlohmann::json h;
   try {
-    h = nlohmann::json::parse(bytes + 8, bytes + 8 + n, cb);
+    h = nlohmann::json::parse(text, text + n, cb);
   } catch (const nlohmann::json::exception& e) {
     fail("safetensors: '{}': header is not valid JSON: {}", path, printable(e.what(), 400));  // it quotes the bytes read
   }
   KILN_CHECK(dup.empty(), "safetensors: '{}': tensor '{}' appears twice in the header", path, printable(dup));
   KILN_CHECK(h.is_object(), "safetensors: '{}': header must be a JSON object", path);
+  return h;
+}
 
-  std::vector<std::pair<size_t, size_t>> spans;
-  for (auto it = h.begin(); it != h.end(); ++it) {
-    const std::string& name = it.key();
-    const std::string shown = printable(name);  // the name as error messages quote it
-    const nlohmann::json& v = it.value();
-    if (name == "__metadata__") {
-      KILN_CHECK(v.is_object(), "safetensors: '{}': __metadata__ must be an object of strings", path);
-      for (auto m2 = v.begin(); m2 != v.end(); ++m2) {
-        KILN_CHECK(m2.value().is_string(), "safetensors: '{}': __metadata__ value of '{}' is not a string", path, printable(m2.key()));
-        f.metadata_[m2.key()] = m2.value().get<std::string>();
-      }
-      continue;
-    }
-    KILN_CHECK(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
-               "safetensors: '{}': entry '{}' needs dtype, shape and data_offsets", path, shown);
-    KILN_CHECK(v["dtype"].is_string(), "safetensors: '{}': dtype of '{}' is not a string", path, shown);
-    const std::string dt = v["dtype"].get<std::string>();
-    const StType* t = find_type(dt);
-    KILN_CHECK(t != nullptr,
-               "safetensors: '{}': tensor '{}' has unsupported dtype '{}' (supported: F32 F64 BF16 F16 I64 I32 I16 "
-               "U16 I8 U8 U32 BOOL)",
-               path, shown, printable(dt));
-    KILN_CHECK(v["shape"].is_array(), "safetensors: '{}': shape of '{}' is not an array", path, shown);
-    TensorInfo info;
-    info.st_dtype = dt;
-    info.dtype = t->kiln;
-    uint64_t count = 1;
-    for (const auto& d : v["shape"]) {
-      KILN_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
-                 "safetensors: '{}': shape of '{}' has an invalid dimension {}", path, shown, d.dump());
-      const auto dim = d.get<uint64_t>();
-      KILN_CHECK(dim < (uint64_t{1} << 40) && (dim == 0 || count <= (uint64_t{1} << 48) / dim),
-                 "safetensors: '{}': shape of '{}' is absurdly large", path, shown);
-      count *= dim;
-      info.shape.push_back(static_cast<int64_t>(dim));
-    }
-    const nlohmann::json& off = v["data_offsets"];
-    KILN_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
-               "safetensors: '{}': data_offsets of '{}' must be two non-negative integers", path, shown);
-    const auto b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-    KILN_CHECK(b <= e && e <= data_size, "safetensors: '{}': data_offsets [{}, {}] of '{}' fall outside the {} data bytes", path, b, e,
-               shown, data_size);
-    KILN_CHECK(e - b == count * t->size, "safetensors: '{}': '{}' is {} {} ({} bytes) but data_offsets span {} bytes", path, shown, dt,
-               shape_str(info.shape), count * t->size, e - b);
-    info.begin = static_cast<size_t>(b);
-    info.end = static_cast<size_t>(e);
-    spans.emplace_back(info.begin, info.end);
-    f.infos_.emplace(name, std::move(info));
+// __metadata__: an object of strings.
+void read_metadata(const std::string& path, const nlohmann::json& v, std::map<std::string, std::string>& metadata) {
+  KILN_CHECK(v.is_object(), "safetensors: '{}': __metadata__ must be an object of strings", path);
+  for (auto m = v.begin(); m != v.end(); ++m) {
+    KILN_CHECK(m.value().is_string(), "safetensors: '{}': __metadata__ value of '{}' is not a string", path, printable(m.key()));
+    metadata[m.key()] = m.value().get<std::string>();
   }
+}
+
+// One tensor's entry: a supported dtype, a sane shape, and data_offsets inside the data_size bytes
+// that span exactly the shape's bytes.
+TensorInfo read_entry(const std::string& path, const std::string& name, const nlohmann::json& v, size_t data_size) {
+  const std::string shown = printable(name);  // the name as error messages quote it
+  KILN_CHECK(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
+             "safetensors: '{}': entry '{}' needs dtype, shape and data_offsets", path, shown);
+  KILN_CHECK(v["dtype"].is_string(), "safetensors: '{}': dtype of '{}' is not a string", path, shown);
+  const std::string dt = v["dtype"].get<std::string>();
+  const StType* t = find_type(dt);
+  KILN_CHECK(t != nullptr,
+             "safetensors: '{}': tensor '{}' has unsupported dtype '{}' (supported: F32 F64 BF16 F16 I64 I32 I16 "
+             "U16 I8 U8 U32 BOOL)",
+             path, shown, printable(dt));
+  KILN_CHECK(v["shape"].is_array(), "safetensors: '{}': shape of '{}' is not an array", path, shown);
+  TensorInfo info;
+  info.st_dtype = dt;
+  info.dtype = t->kiln;
+  uint64_t count = 1;
+  for (const auto& d : v["shape"]) {
+    KILN_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
+               "safetensors: '{}': shape of '{}' has an invalid dimension {}", path, shown, d.dump());
+    const auto dim = d.get<uint64_t>();
+    KILN_CHECK(dim < (uint64_t{1} << 40) && (dim == 0 || count <= (uint64_t{1} << 48) / dim),
+               "safetensors: '{}': shape of '{}' is absurdly large", path, shown);
+    count *= dim;
+    info.shape.push_back(static_cast<int64_t>(dim));
+  }
+  const nlohmann::json& off = v["data_offsets"];
+  KILN_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+             "safetensors: '{}': data_offsets of '{}' must be two non-negative integers", path, shown);
+  const auto b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
+  KILN_CHECK(b <= e && e <= data_size, "safetensors: '{}': data_offsets [{}, {}] of '{}' fall outside the {} data bytes", path, b, e, shown,
+             data_size);
+  KILN_CHECK(e - b == count * t->size, "safetensors: '{}': '{}' is {} {} ({} bytes) but data_offsets span {} bytes", path, shown, dt,
+             shape_str(info.shape), count * t->size, e - b);
+  info.begin = static_cast<size_t>(b);
+  info.end = static_cast<size_t>(e);
+  return info;
+}
+
+// The tensors' byte spans tile the data section: no overlap, no hole, nothing after the last.
+void check_spans(const std::string& path, std::vector<std::pair<size_t, size_t>> spans, size_t data_size) {
   std::sort(spans.begin(), spans.end());
   size_t at = 0;
   for (const auto& [b, e] : spans) {
@@ -184,6 +184,36 @@ File File::open(const std::string& path) {
     at = e;
   }
   KILN_CHECK(at == data_size, "safetensors: '{}': {} trailing bytes after the last tensor", path, data_size - at);
+}
+
+}  // namespace
+
+File File::open(const std::string& path) {
+  File f;
+  f.path_ = path;
+  f.map_ = map_file(path, f.size_);  // unmapped by ~File if a check below fails
+  const auto* bytes = static_cast<const unsigned char*>(f.map_);
+
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];
+  KILN_CHECK(n <= kMaxHeader, "safetensors: '{}': header length {} exceeds the 100 MiB limit (corrupt file?)", path, n);
+  KILN_CHECK(n <= f.size_ - 8, "safetensors: '{}' is truncated: header says {} bytes of JSON, file has {} after the length", path, n,
+             f.size_ - 8);
+  f.data_start_ = 8 + n;
+  const size_t data_size = f.size_ - f.data_start_;
+
+  const nlohmann::json h = parse_header(path, bytes + 8, n);
+  std::vector<std::pair<size_t, size_t>> spans;
+  for (auto it = h.begin(); it != h.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      read_metadata(path, it.value(), f.metadata_);
+      continue;
+    }
+    TensorInfo info = read_entry(path, it.key(), it.value(), data_size);
+    spans.emplace_back(info.begin, info.end);
+    f.infos_.emplace(it.key(), std::move(info));
+  }
+  check_spans(path, std::move(spans), data_size);
   return f;
 }
 

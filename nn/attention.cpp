@@ -1,7 +1,6 @@
 #include "kiln/nn/attention.hpp"
 
-#include "kiln/autograd/record.hpp"
-#include "kiln/core/fused_rope.hpp"
+#include "kiln/autograd/layer_ops.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -41,11 +40,8 @@ template <Backend B> Var<B> rope(const Var<B>& x, int64_t pos0, double theta, co
   KILN_CHECK(d % 2 == 0, "rope: width {} must be even (input {})", d, shape_str(x.shape()));
   const RopeTable<B> own;
   const auto cs = (table ? table : &own)->at(pos0, T, d, theta, x.dtype());
-  const Tensor<B> c = cs.first, s = cs.second;
-  // One recorded op on the fused kernel (core/fused_rope.hpp); the backward needs only the tables.
-  return autograd::record<B>("rope", fused::rope_forward(x.value(), c, s), {&x}, [c, s](const Tensor<B>& g) {
-    return autograd::Grads<B>{fused::rope_backward(g, c, s)};
-  });
+  // One recorded op on the fused kernel (autograd/ops/rope.cpp); the backward needs only the tables.
+  return autograd::RopeOps<B>::rope(x, cs.first, cs.second);
 }
 
 template <Backend B>

@@ -1,7 +1,7 @@
 #include "kiln/nn/attnres.hpp"
 
 #include "kiln/autograd/autocast.hpp"
-#include "kiln/autograd/record.hpp"
+#include "kiln/autograd/layer_ops.hpp"
 #include "kiln/core/fused_depth.hpp"
 
 namespace kiln::nn {
@@ -26,27 +26,10 @@ template <Backend B> void DepthAttention<B>::check_sources(const std::vector<Var
                shape_str(sources[0].shape()), o_.d_model);
 }
 
-// One recorded op on the fused kernel (core/fused_depth.hpp): the backward keeps α and the per-token
-// rstd [n, B, T] and the sources themselves, never a stacked or normalised copy.
+// One recorded op on the fused kernel (autograd/ops/depth_attention.cpp).
 template <Backend B> Var<B> DepthAttention<B>::forward(const std::vector<Var<B>>& sources) const {
   check_sources(sources);
-  std::vector<Tensor<B>> vs;
-  vs.reserve(sources.size());
-  for (const Var<B>& s : sources) vs.push_back(s.value());
-  const Var<B> g = key_norm_weight();
-  const Tensor<B> wv = w_.value(), gv = g.defined() ? g.value() : Tensor<B>();
-  const Tensor<B> q = gv.defined() ? wv.mul(gv) : wv;
-  auto [h, alpha, rstd] = fused::depth_attention_forward(vs, q, o_.eps);
-  std::vector<const Var<B>*> ins;
-  for (const Var<B>& s : sources) ins.push_back(&s);
-  ins.push_back(&w_);
-  if (g.defined()) ins.push_back(&g);
-  return autograd::record<B>("depth_attention", h, ins, [vs, wv, gv, q, alpha = alpha, rstd = rstd](const Tensor<B>& dh) {
-    auto [grads, dq] = fused::depth_attention_backward(vs, q, alpha, rstd, dh);
-    grads.push_back(gv.defined() ? dq.mul(gv) : dq);  // q = w ⊙ g
-    if (gv.defined()) grads.push_back(dq.mul(wv));
-    return grads;
-  });
+  return autograd::DepthAttentionOps<B>::depth_attention(sources, w_, key_norm_weight(), o_.eps);
 }
 
 template <Backend B> Var<B> DepthAttention<B>::forward_decomposed(const std::vector<Var<B>>& sources) const {

@@ -1,100 +1,15 @@
 #include "kiln/nn/batch_norm.hpp"
 
-#include "kiln/autograd/record.hpp"
+#include "kiln/autograd/layer_ops.hpp"
 
 namespace kiln::nn {
-
-namespace {
-// bf16/f16 inputs are normalised in f32 (DESIGN §2: f32 accumulation), the rest in their own dtype.
-DType compute_dtype(DType d) { return d == DType::bf16 || d == DType::f16 ? DType::f32 : d; }
-}  // namespace
 
 namespace functional {
 
 template <Backend B>
 Var<B> batch_norm(const Var<B>& x, const Tensor<B>& running_mean, const Tensor<B>& running_var, const Var<B>& weight,
                   const Var<B>& bias, bool training, double momentum, double eps) {
-  KILN_CHECK(x.defined() && x.dim() >= 2, "batch_norm: input must have shape [N, C, *], got {}",
-             x.defined() ? shape_str(x.shape()) : std::string("undefined"));
-  KILN_CHECK(is_floating(x.dtype()), "batch_norm: input must be floating point, got {}", x.dtype());
-  KILN_CHECK(eps >= 0, "batch_norm: eps must be >= 0, got {}", eps);
-  const Shape& xs = x.shape();
-  const int64_t C = xs[1];
-  auto check_c = [&](const Shape& s, const char* what) {
-    KILN_CHECK(s == Shape{C}, "batch_norm: {} should have shape [{}] (the channels of input {}), got {}", what, C, shape_str(xs),
-               shape_str(s));
-  };
-  KILN_CHECK(running_mean.defined() == running_var.defined(),
-             "batch_norm: running_mean and running_var must both be given or both be undefined");
-  if (running_mean.defined()) {
-    check_c(running_mean.shape(), "running_mean");
-    check_c(running_var.shape(), "running_var");
-    KILN_CHECK(is_floating(running_mean.dtype()) && is_floating(running_var.dtype()),
-               "batch_norm: running_mean and running_var must be floating point, got {} and {}", running_mean.dtype(),
-               running_var.dtype());
-  }
-  if (weight.defined()) check_c(weight.shape(), "weight");
-  if (bias.defined()) check_c(bias.shape(), "bias");
-  KILN_CHECK(training || running_mean.defined(), "batch_norm: running_mean and running_var must be given when not training");
-  const int64_t n = xs[1] ? x.numel() / C : 0;  // values per channel
-  KILN_CHECK(!training || n != 1, "batch_norm: Expected more than 1 value per channel when training, got input size {}",
-             shape_str(xs));
-
-  // Per-channel statistics have shape [1, C, 1, ...]; the reduced axes are all but 1.
-  const DType cd = compute_dtype(x.dtype());
-  Shape stat(xs.size(), 1);
-  stat[1] = C;
-  std::vector<int64_t> axes{0};
-  for (int64_t a = 2; a < x.dim(); ++a) axes.push_back(a);
-  const Tensor<B> xv = x.value().to(cd);
-  Tensor<B> mean, invstd;
-  if (training) {
-    mean = xv.mean(axes, true);
-    const Tensor<B> var = xv.sub(mean).square().mean(axes, true);  // biased: the normalisation's
-    invstd = var.add(eps).rsqrt();
-    if (running_mean.defined() && n > 0) {
-      NoGrad ng;
-      Tensor<B> rm = running_mean, rv = running_var;  // handles: the caller's storage is updated
-      const double m = momentum;
-      rm.copy_(rm.to(cd).mul(1 - m).add(mean.reshape({C}).mul(m)));
-      rv.copy_(rv.to(cd).mul(1 - m).add(var.reshape({C}).mul(m * static_cast<double>(n) / static_cast<double>(n - 1))));
-    }
-  } else {
-    mean = running_mean.to(cd).reshape(stat);
-    invstd = running_var.to(cd).reshape(stat).add(eps).rsqrt();
-  }
-  const Tensor<B> w = weight.defined() ? weight.value().to(cd).reshape(stat) : Tensor<B>();
-  const Tensor<B> scale = w.defined() ? invstd.mul(w) : invstd;                 // y = x · scale + shift
-  Tensor<B> shift = mean.mul(scale).neg();
-  if (bias.defined()) shift = shift.add(bias.value().to(cd).reshape(stat));
-  const Tensor<B> y = xv.mul(scale).add(shift).to(x.dtype());
-
-  std::vector<const Var<B>*> ins{&x};
-  if (weight.defined()) ins.push_back(&weight);
-  if (bias.defined()) ins.push_back(&bias);
-  const bool gx = autograd::needs_grad(x), gw = weight.defined() && autograd::needs_grad(weight),
-             gb = bias.defined() && autograd::needs_grad(bias);
-  const DType xd = x.dtype(), wd = weight.defined() ? weight.dtype() : cd, bd = bias.defined() ? bias.dtype() : cd;
-  const bool has_w = weight.defined(), has_b = bias.defined();
-  // dŵ = Σ g·x̂, db = Σ g (per channel); dx = scale · (g − db/n − x̂ · dŵ/n) in training (the batch
-  // statistics depend on x), dx = scale · g in eval.
-  auto backward = [xv, mean, invstd, scale, axes, C, n, training, gx, gw, gb, xd, wd, bd, has_w, has_b](const Tensor<B>& gout) {
-    const Tensor<B> g = gout.to(xv.dtype());
-    const Tensor<B> xhat = (gw || (gx && training)) ? xv.sub(mean).mul(invstd) : Tensor<B>();
-    const Tensor<B> dw = xhat.defined() ? g.mul(xhat).sum(axes, true) : Tensor<B>();
-    const Tensor<B> db = (gb || (gx && training)) ? g.sum(axes, true) : Tensor<B>();
-    autograd::Grads<B> out;
-    if (!gx) out.emplace_back();
-    else if (!training) out.push_back(g.mul(scale).to(xd));
-    else {
-      const double inv_n = 1.0 / static_cast<double>(n);
-      out.push_back(g.sub(db.mul(inv_n)).sub(xhat.mul(dw.mul(inv_n))).mul(scale).to(xd));
-    }
-    if (has_w) out.push_back(gw ? dw.reshape({C}).to(wd) : Tensor<B>());
-    if (has_b) out.push_back(gb ? db.reshape({C}).to(bd) : Tensor<B>());
-    return out;
-  };
-  return autograd::record<B>("batch_norm", y, ins, std::move(backward));
+  return autograd::NormOps<B>::batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps);
 }
 
 }  // namespace functional

@@ -1,16 +1,11 @@
 #include "kiln/nn/diff2_attention.hpp"
 
-#include "kiln/autograd/record.hpp"
-#include "kiln/core/fused_diff2.hpp"
+#include "kiln/autograd/layer_ops.hpp"
 
 namespace kiln::nn {
 
 template <Backend B> Var<B> diff2_combine(const Var<B>& a, const Var<B>& lambda_logits) {
-  const Tensor<B> av = a.value(), lv = lambda_logits.value();
-  return autograd::record<B>("diff2_combine", fused::diff2_combine_forward(av, lv), {&a, &lambda_logits}, [av, lv](const Tensor<B>& g) {
-    auto [da, dl] = fused::diff2_combine_backward(av, lv, g);
-    return autograd::Grads<B>{da, dl};
-  });
+  return autograd::Diff2Ops<B>::combine(a, lambda_logits);  // one recorded op (autograd/ops/diff2.cpp)
 }
 
 template <Backend B> DifferentialAttentionV2<B>::DifferentialAttentionV2(Diff2AttentionOptions o) : o_(o) {

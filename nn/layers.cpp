@@ -1,17 +1,10 @@
 #include "kiln/nn/layers.hpp"
 
-#include "kiln/autograd/record.hpp"
-#include "kiln/core/fused_swiglu.hpp"
+#include "kiln/autograd/layer_ops.hpp"
 
 namespace kiln::nn {
 
-template <Backend B> Var<B> functional::swiglu(const Var<B>& gate, const Var<B>& up) {
-  const Tensor<B> a = gate.value(), b = up.value();
-  return autograd::record<B>("swiglu", fused::swiglu_forward(a, b), {&gate, &up}, [a, b](const Tensor<B>& g) {
-    auto [da, db] = fused::swiglu_backward(a, b, g);
-    return autograd::Grads<B>{da, db};
-  });
-}
+template <Backend B> Var<B> functional::swiglu(const Var<B>& gate, const Var<B>& up) { return autograd::SwiGLUOps<B>::swiglu(gate, up); }
 
 template <Backend B> Dropout<B>::Dropout(double p) : p_(p) {
   KILN_CHECK(p >= 0 && p < 1, "Dropout: p must be in [0, 1), got {}", p);

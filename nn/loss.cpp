@@ -4,8 +4,6 @@
 
 #include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/loss_ops.hpp"
-#include "kiln/autograd/record.hpp"
-#include "kiln/core/fused_loss.hpp"
 
 namespace kiln::nn {
 
@@ -31,18 +29,8 @@ template <Backend B> Var<B> cross_entropy(const Var<B>& logits_in, const Tensor<
                o.ignore_index, item<int64_t>(t.min()), item<int64_t>(t.max()));
     kept = counts[1];
   }
-  // One recorded op on the fused kernel (core/fused_loss.hpp): backward keeps the logits and lse [N],
-  // never the [N, C] log-probabilities.
-  const Var<B> x = logits.reshape({-1, C});
-  const Tensor<B> xv = x.value();
-  auto [rows_loss, lse] = fused::cross_entropy_forward(xv, t, o.ignore_index, o.label_smoothing);
-  const int64_t ignore = o.ignore_index;
-  const double smoothing = o.label_smoothing;
-  // lse = lse: clang 14 (fuzz/) captures no structured binding by name.
-  const Var<B> loss =
-      autograd::record<B>("cross_entropy", rows_loss.to(logits.dtype()), {&x}, [xv, lse = lse, t, ignore, smoothing](const Tensor<B>& g) {
-        return autograd::Grads<B>{fused::cross_entropy_backward(xv, lse, t, g, ignore, smoothing)};
-      });
+  // One recorded op on the fused kernel (autograd/ops/loss.cpp).
+  const Var<B> loss = autograd::LossOps<B>::cross_entropy(logits.reshape({-1, C}), t, o.ignore_index, o.label_smoothing);
   return loss.sum().div(static_cast<double>(kept));
 }
 

@@ -1,30 +1,15 @@
 #include "kiln/nn/norm.hpp"
 
 #include "kiln/autograd/autocast.hpp"
-#include "kiln/autograd/record.hpp"
-#include "kiln/core/fused_norm.hpp"
+#include "kiln/autograd/layer_ops.hpp"
 
 namespace kiln::nn {
 
 namespace functional {
 
-// One recorded op on the fused kernel (core/fused_norm.hpp); backward saves x, w and rstd [rows].
-template <Backend B> Var<B> rms_norm(const Var<B>& x_in, const Var<B>& weight, double eps) {
-  const Var<B> x = autocast::cast(autocast::Op::rms_norm, x_in);
-  KILN_CHECK(x.dim() >= 1, "rms_norm: input must have rank >= 1, got {}", shape_str(x.shape()));
-  KILN_CHECK(!weight.defined() || weight.shape() == Shape{x.shape().back()}, "rms_norm: weight {} does not match input {}",
-             shape_str(weight.defined() ? weight.shape() : Shape{}), shape_str(x.shape()));
-  const Tensor<B> w = weight.defined() ? weight.value() : Tensor<B>();
-  auto [y, rstd] = fused::rms_norm_forward(x.value(), w, eps);
-  const Tensor<B> xv = x.value();
-  auto backward = [xv, w, rstd = rstd](const Tensor<B>& g) {  // clang 14 (fuzz/) captures no structured binding
-    auto [dx, dw] = fused::rms_norm_backward(xv, w, rstd, g);
-    return autograd::Grads<B>{dx, dw};
-  };
-  if (weight.defined()) return autograd::record<B>("rms_norm", y, {&x, &weight}, backward);
-  return autograd::record<B>("rms_norm", y, {&x}, [xv, rstd = rstd](const Tensor<B>& g) {
-    return autograd::Grads<B>{fused::rms_norm_backward(xv, Tensor<B>(), rstd, g).first};
-  });
+// One recorded op on the fused kernel (autograd/ops/norm.cpp).
+template <Backend B> Var<B> rms_norm(const Var<B>& x, const Var<B>& weight, double eps) {
+  return autograd::NormOps<B>::rms_norm(x, weight, eps);
 }
 
 template <Backend B> Var<B> layer_norm(const Var<B>& x_in, const Var<B>& weight, const Var<B>& bias, double eps) {

@@ -2,8 +2,10 @@
 
 #include "kiln/core/fused_optim.hpp"
 
+#include <cctype>
 #include <cmath>
 #include <set>
+#include <typeinfo>
 
 namespace kiln::optim {
 
@@ -16,6 +18,25 @@ std::vector<ParamGroup<B>> decay_groups(const NamedParams<B>& params, double lr,
     (yes ? d : n).params.emplace_back(name, p);
   }
   return {d, n};
+}
+
+std::string legacy_optimizer_kind(const std::string& recorded) {
+  // kiln::optim::<Class><backend...>: "N4kiln5optim" <length><Class> "I" <template arguments> "EE"
+  static const std::map<std::string, std::string> kinds{{"SGD", "sgd"},         {"Adam", "adam"}, {"RMSprop", "rmsprop"},
+                                                        {"Adagrad", "adagrad"}, {"Lion", "lion"}, {"Adafactor", "adafactor"}};
+  const std::string prefix = "N4kiln5optim";
+  if (!recorded.starts_with(prefix)) return recorded;
+  size_t i = prefix.size(), len = 0;
+  while (i < recorded.size() && i < prefix.size() + 3 && std::isdigit(static_cast<unsigned char>(recorded[i])))
+    len = len * 10 + static_cast<size_t>(recorded[i++] - '0');
+  if (len == 0 || i + len >= recorded.size() || recorded[i + len] != 'I' || !recorded.ends_with("EE")) return recorded;
+  const auto it = kinds.find(recorded.substr(i, len));
+  return it == kinds.end() ? recorded : it->second;
+}
+
+template <Backend B> bool Optimizer<B>::reads_kind(const std::string& recorded) const {
+  const std::string mine = kind();
+  return recorded == mine || legacy_optimizer_kind(recorded) == mine || recorded == typeid(*this).name();
 }
 
 template <Backend B> Optimizer<B>::Optimizer(std::vector<ParamGroup<B>> groups) : groups_(std::move(groups)) {

@@ -7,7 +7,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -57,10 +56,15 @@ template <Backend B> class Optimizer {
   virtual std::vector<std::pair<std::string, Tensor<B>>> state_dict() const;
   // Strict: every buffer the optimizer would need must be there with the right shape, and nothing else.
   virtual void load_state_dict(const std::map<std::string, Tensor<B>>& state);
-  // The kind of update, as checkpoints record it ("adam" for Adam and AdamW, "sgd"): a resumed run
-  // must use the kind that wrote the state. An optimizer of your own may name itself; the default is
-  // its C++ type's (implementation-defined) name.
-  virtual std::string kind() const { return typeid(*this).name(); }
+  // The kind of update, as checkpoints record it ("adam" for Adam and AdamW, "sgd", "rmsprop",
+  // "adagrad", "lion", "adafactor"): a resumed run must use the kind that wrote the state. A stable
+  // name, the same from every compiler: an optimizer of your own names itself.
+  virtual std::string kind() const = 0;
+  // Whether a checkpoint that recorded the optimizer kind `recorded` holds state of this optimizer's
+  // kind: kind() itself, or the name an older kiln wrote for it, its C++ type's typeid().name() (the
+  // default kind() had until 2026-11-26; kiln's own optimizers read through legacy_optimizer_kind, so
+  // on any backend and from any compiler).
+  virtual bool reads_kind(const std::string& recorded) const;
   // What ParamGroup::momentum sets in this optimizer: "momentum", "beta1", or "" (it has neither:
   // Adagrad, Adafactor).
   virtual std::string momentum_kind() const { return ""; }
@@ -133,6 +137,10 @@ template <Backend B> class Adam : public Optimizer<B> {
   std::vector<std::string> buffer_names() const override;
   AdamOptions o_;
 };
+
+// The stable kind (Optimizer::kind) of a kiln optimizer recorded by its Itanium-mangled typeid name
+// (GCC's and Clang's), as "N4kiln5optim4LionINS_3CpuEEE" -> "lion"; any other name is returned as is.
+KILN_API std::string legacy_optimizer_kind(const std::string& recorded);
 
 // The global L2 norm of the gradients (computed in double), and the clip of PyTorch's clip_grad_norm_:
 // gradients are scaled by min(1, max_norm / (norm + 1e-6)). Returns the norm before clipping.

@@ -34,6 +34,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   f.get("zero_stage", c.zero_stage);
   f.get("bucket_mb", c.bucket_mb);
   f.get("activation_checkpointing", c.activation_checkpointing);
+  f.get("shuffle", c.shuffle);
   one_of(where, "on_nonfinite", c.on_nonfinite, {"error", "skip"});
   one_of(where, "precision", c.precision, {"f32", "bf16", "f16"});
   if (const json* o = f.object("optimizer")) {
@@ -260,7 +261,7 @@ json TrainConfig::to_json() const {
               {"optimizer", o}, {"schedule", s}, {"eval_every", eval_every}, {"eval_batches", eval_batches},
               {"checkpoint_every", checkpoint_every}, {"grad_accum", grad_accum}, {"on_nonfinite", on_nonfinite},
               {"precision", precision}, {"zero_stage", zero_stage}, {"bucket_mb", bucket_mb},
-              {"activation_checkpointing", activation_checkpointing}};
+              {"activation_checkpointing", activation_checkpointing}, {"shuffle", shuffle}};
   if (lora.r > 0)
     out["lora"] = {{"r", lora.r}, {"alpha", lora.alpha}, {"dropout", lora.dropout}, {"target_modules", lora.target_modules}};
   if (ema) out["ema"] = {{"decay", ema->decay}, {"warmup", ema->warmup}};

@@ -107,6 +107,9 @@ struct TrainConfig {
   // Activation checkpointing (docs/memory.md): each decoder layer's activations are recomputed in
   // backward instead of kept (GPT and Hugging Face models). Same gradients; less memory, more time.
   bool activation_checkpointing = false;
+  // Rows read the token data's windows in a seeded order, every window once per epoch (train/data.hpp);
+  // false: the reference's consecutive rows (docs/specs.md §4).
+  bool shuffle = false;
   LoraTrainConfig lora;  // "lora": {"r", "alpha", "dropout", "target_modules"}
 
   void validate() const;

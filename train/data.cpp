@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kiln/core/rng.hpp"
 #include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
 
@@ -45,6 +46,38 @@ TokenData TokenData::load(const std::string& path, const std::string& name) {
   for (size_t i = 0; i < d.tokens_.size(); ++i)
     KILN_CHECK(d.tokens_[i] >= 0, "token data: '{}': negative token {} at position {}", path, d.tokens_[i], i);
   return d;
+}
+
+namespace {
+// A seeded bijection of [0, n) for each epoch: a 4-round Feistel network on the smallest even number of
+// bits covering n, Philox as its round function, walked until it lands inside [0, n) (cycle walking keeps
+// it a bijection of [0, n); each walk step is a bijection of the power of two).
+uint64_t permute(uint64_t x, uint64_t n, uint64_t key, uint64_t epoch) {
+  int bits = 2;
+  while ((uint64_t{1} << bits) < n) bits += 2;
+  const int h = bits / 2;
+  const uint64_t mask = (uint64_t{1} << h) - 1;
+  do {
+    uint64_t l = x >> h, r = x & mask;
+    for (uint64_t round = 0; round < 4; ++round) {
+      const uint64_t f = philox4x32_10(((epoch << 2 | round) << 32) | r, key).v[0] & mask;
+      const uint64_t next = l ^ f;
+      l = r;
+      r = next;
+    }
+    x = (l << h) | r;
+  } while (x >= n);
+  return x;
+}
+}  // namespace
+
+int64_t TokenData::row_start(int64_t j, int64_t T) const {
+  const int64_t N = size();
+  const int64_t W = (N - T) / T;  // windows per epoch: o_e + (W − 1)·T + T < N for any o_e < T
+  if (!shuffled_ || W < 1) return (j * T) % (N - T);
+  const auto epoch = static_cast<uint64_t>(j / W), k = static_cast<uint64_t>(j % W);
+  const auto offset = static_cast<int64_t>(philox4x32_10(epoch, seed_ ^ 0x9E3779B97F4A7C15ull).v[1] % static_cast<uint64_t>(T));
+  return offset + static_cast<int64_t>(permute(k, static_cast<uint64_t>(W), seed_, epoch)) * T;
 }
 
 int64_t TokenData::max_token() const { return tokens_.empty() ? -1 : *std::max_element(tokens_.begin(), tokens_.end()); }

@@ -2,6 +2,11 @@
 // The token dataset of docs/specs.md §4: one integer tensor `tokens` [N] from a safetensors file. Batch
 // `step` row r starts at ((step·B + r)·T) mod (N − T); inputs are T tokens from there, targets the
 // same shifted by one. Deterministic in the step, so a resumed run reads exactly what it would have.
+//
+// shuffle(seed) (train.json "shuffle", kiln's own): row j = step·B + r instead reads window
+// perm_e(j mod W) of epoch e = j div W, where the W = ⌊(N − T)/T⌋ windows of epoch e start at o_e +
+// k·T (o_e in [0, T) drawn per epoch) and perm_e is a seeded bijection of [0, W): every epoch reads
+// every window once, in an order and at an offset of its own. Still a pure function of the step.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -26,6 +31,15 @@ class TokenData {
   // Checks every token is in [0, vocab); throws naming the file, the token and its position.
   void check_vocab(int64_t vocab) const;
 
+  // Rows read shuffled windows from now on (see above); the same seed gives the same order.
+  void shuffle(uint64_t seed) {
+    shuffled_ = true;
+    seed_ = seed;
+  }
+  bool shuffled() const { return shuffled_; }
+  // Where row j (= step·batch_size + r) of a run with rows of seq_len tokens starts.
+  int64_t row_start(int64_t j, int64_t seq_len) const;
+
   // (inputs, targets), both i64 [B, T].
   template <Backend B> std::pair<Tensor<B>, Tensor<B>> batch(int64_t step, int64_t batch_size, int64_t seq_len) const {
     return rows<B>(step, batch_size, seq_len, 0, batch_size);
@@ -40,7 +54,7 @@ class TokenData {
     std::vector<int64_t> x(static_cast<size_t>(count * seq_len)), y(x.size());
     for (int64_t i = 0; i < count; ++i) {
       const int64_t r = first + i;
-      const int64_t start = ((step * batch_size + r) * seq_len) % (N - seq_len);
+      const int64_t start = row_start(step * batch_size + r, seq_len);
       for (int64_t t = 0; t < seq_len; ++t) {
         x[static_cast<size_t>(i * seq_len + t)] = tokens_[static_cast<size_t>(start + t)];
         y[static_cast<size_t>(i * seq_len + t)] = tokens_[static_cast<size_t>(start + t + 1)];
@@ -52,6 +66,8 @@ class TokenData {
  private:
   std::vector<int64_t> tokens_;
   std::string source_;
+  bool shuffled_ = false;
+  uint64_t seed_ = 0;
 };
 
 }  // namespace kiln

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/backends/dispatch.hpp"
-#include "kiln/dist/fit.hpp"
+#include "kiln/train/dist_fit.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/nn/hf/causal_lm.hpp"
 #include "kiln/nn/lora.hpp"
@@ -62,7 +62,8 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
 
   manual_seed(o.seed);
   auto model = hf::load_causal_lm<B>(o.init_from, {.dtype = o.dtype});
-  const TokenData data = finetune_data(o.data_path, o.init_from);
+  TokenData data = finetune_data(o.data_path, o.init_from);
+  if (tc.shuffle) data.shuffle(o.seed);  // train.json "shuffle": windows in a seeded order per epoch
   data.check_vocab(model->spec().vocab);
   KILN_CHECK(data.size() > T, "train: '{}' has {} tokens; need more than seq_len={}", o.data_path, data.size(), T);
   if (model->max_positions() > 0)

@@ -104,9 +104,32 @@ template <Backend B> class Engine {
   FitResult run();
 
  private:
+  void prepare();
+  std::FILE* open_log();
+  void report(int64_t step, json& rec, const FitState& st, std::FILE* log, ProgressBar* bar);
+  bool should_stop(bool asked, int64_t step, FitResult& res);
   void validate();
   void resume();
+  // One optimizer step, in the named steps below.
   void one_step(int64_t step, json& rec, FitState& st);
+  struct StepSums {
+    int64_t m = 0;                          // micro-batches in the window
+    std::vector<Tensor<B>> losses;          // each micro-batch's
+    double loss = 0;                        // their mean (over the processes too), from reduce_losses
+    std::map<std::string, double> metrics;  // summed over the window
+    int64_t samples = 0, tokens = 0;
+    double flops = 0;
+  };
+  struct Update {
+    bool finite = true, overflow = false;
+  };
+  double schedule_lr(int64_t step);
+  StepSums run_window(int64_t step);
+  double finish_gradients(double loss_scale);
+  void reduce_losses(StepSums& sums);
+  Update update(int64_t step, double loss, double norm, double loss_scale);
+  json step_record(int64_t step, const StepSums& sums, double lr, double norm, double ms, double loss_scale, Update u) const;
+  void after_update(int64_t step, int64_t epoch, json& rec, FitState& st);
   double evaluate(std::map<std::string, double>& metrics);
   void save_checkpoint(int64_t step_count);
   [[noreturn]] void fail_nonfinite(int64_t step, double loss, double norm, double loss_scale);
@@ -197,9 +220,9 @@ template <Backend B> void Engine<B>::resume() {
   const int64_t accum = m.count("grad_accum") ? parse<int64_t>(m, "grad_accum", path) : 1;
   KILN_CHECK(accum == k_, "fit: resume checkpoint '{}' was written with grad_accum {}, this run has grad_accum {}", path, accum, k_);
   if (m.count("optimizer")) {
-    const std::string kind = opt_.kind();
-    KILN_CHECK(m.at("optimizer") == kind, "fit: resume checkpoint '{}' holds the state of optimizer '{}', this run uses '{}'", path,
-               printable(m.at("optimizer")), kind);
+    const std::string kind = opt_.kind();  // an older kiln may have recorded a typeid name (Optimizer::reads_kind)
+    KILN_CHECK(opt_.reads_kind(m.at("optimizer")), "fit: resume checkpoint '{}' holds the state of optimizer '{}', this run uses '{}'",
+               path, printable(optim::legacy_optimizer_kind(m.at("optimizer"))), kind);
   }
   const std::string data_kind = m.count("data.kind") ? m.at("data.kind") : "indexed";
   const std::string mine = train_.indexed() ? "indexed" : "loader";
@@ -356,33 +379,10 @@ template <Backend B> void Engine<B>::save_checkpoint(int64_t step_count) {
 }
 
 template <Backend B> FitResult Engine<B>::run() {
-  validate();
-  KILN_CHECK(o_.precision == DType::f32 || o_.precision == DType::bf16 || o_.precision == DType::f16,
-             "fit: precision must be f32, bf16 or f16, got {}", o_.precision);
-  if (o_.precision == DType::f16) scaler_.emplace(o_.loss_scale);
-  named_ = model_.named_parameters();
-  for (const auto& [n, p] : named_) params_.push_back(p);
-  for (const auto& g : opt_.groups()) peaks_.push_back(o_.lr > 0 ? o_.lr : g.lr);
-
-  if (!o_.resume_path.empty()) {
-    resume();
-  } else if (!train_.indexed()) {
-    // Training starts at the loader's position (0 for a fresh loader); windows start at epoch starts.
-    if (train_.position() == train_.batches_per_epoch()) train_.set_epoch(train_.epoch() + 1);
-    KILN_CHECK(train_.position() % k_ == 0, "fit: the DataLoader is at batch {} of its epoch, not a multiple of grad_accum {}",
-               train_.position(), k_);
-    start_ = o_.epochs > 0 ? std::min(total_, train_.epoch() * spe_ + train_.position() / k_) : 0;
-  }
-  end_ = o_.stop_after >= 0 ? std::min(total_, std::max(start_, o_.stop_after)) : total_;
-
+  prepare();
   // Everything is checked: from here on files are written.
   const bool main = o_.hooks.main_process;
-  std::FILE* log = nullptr;
-  if (main && !o_.log_path.empty()) {
-    if (start_ > 0) fit_detail::truncate_log(o_.log_path, start_);
-    log = std::fopen(o_.log_path.c_str(), start_ > 0 ? "a" : "w");
-    KILN_CHECK(log != nullptr, "fit: cannot open log file '{}'", o_.log_path);
-  }
+  std::FILE* log = main ? open_log() : nullptr;
   struct Closer {
     std::FILE* f;
     ~Closer() {
@@ -412,46 +412,13 @@ template <Backend B> FitResult Engine<B>::run() {
     one_step(step, rec, st);
     res.losses.push_back(st.loss);
     if (st.evaluated) res.eval_losses.push_back(st.eval_loss);
-    for (const auto& [k, v] : st.metrics) {
-      KILN_CHECK(!rec.contains(k), "fit: metric '{}' at step {} has the name of a built-in log key", k, step);
-      rec[k] = v;
-    }
-    if (log) {
-      fmt::print(log, "{}\n", rec.dump());
-      std::fflush(log);
-    }
-    for (const std::string& line : st.messages) {
-      if (show) bar.message(line);
-      else if (main) fmt::print("{}\n", line);
-    }
-    if (show) {
-      std::string extra;
-      if (o_.epochs > 0) extra = fmt::format("epoch {}/{}", st.epoch + 1, o_.epochs);
-      if (st.evaluated) extra += fmt::format("{}eval {:.4f}", extra.empty() ? "" : " ", st.eval_loss);
-      if (skipped_ > 0) extra += fmt::format("{}skipped {}", extra.empty() ? "" : " ", skipped_);
-      if (step == start_) bar.set_unit(last_tokens_ > 0 ? "tok" : "samples");
-      bar.update(step, st.loss, st.lr, last_tokens_ > 0 ? last_tokens_ : last_samples_, extra, last_flops_);
-    }
+    report(step, rec, st, log, show ? &bar : nullptr);
     ++step;
     if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
       save_checkpoint(step);
       last_checkpoint = step;
     }
-    bool asked = st.stop, signalled = g_signal.load() != 0;
-    if (o_.hooks.sum_over_processes) {  // every process stops after the same step
-      std::vector<double> flags{asked ? 1.0 : 0.0, signalled ? 1.0 : 0.0};
-      o_.hooks.sum_over_processes(flags);
-      asked = flags[0] > 0;
-      signalled = flags[1] > 0;
-    }
-    if (asked) {
-      stop = true;
-      res.stopped = step < total_;
-    }
-    if (signalled) {
-      stop = true;
-      res.interrupted = true;
-    }
+    stop = should_stop(st.stop, step, res);
   }
   if (step < total_ && !res.interrupted) res.stopped = true;
   res.steps_done = step;
@@ -460,26 +427,133 @@ template <Backend B> FitResult Engine<B>::run() {
   return res;
 }
 
+// The options checked, the parameters gathered, and the steps to run [start_, end_): from the resume
+// checkpoint, or from the DataLoader's position.
+template <Backend B> void Engine<B>::prepare() {
+  validate();
+  KILN_CHECK(o_.precision == DType::f32 || o_.precision == DType::bf16 || o_.precision == DType::f16,
+             "fit: precision must be f32, bf16 or f16, got {}", o_.precision);
+  if (o_.precision == DType::f16) scaler_.emplace(o_.loss_scale);
+  named_ = model_.named_parameters();
+  for (const auto& [n, p] : named_) params_.push_back(p);
+  for (const auto& g : opt_.groups()) peaks_.push_back(o_.lr > 0 ? o_.lr : g.lr);
+
+  if (!o_.resume_path.empty()) {
+    resume();
+  } else if (!train_.indexed()) {
+    // Training starts at the loader's position (0 for a fresh loader); windows start at epoch starts.
+    if (train_.position() == train_.batches_per_epoch()) train_.set_epoch(train_.epoch() + 1);
+    KILN_CHECK(train_.position() % k_ == 0, "fit: the DataLoader is at batch {} of its epoch, not a multiple of grad_accum {}",
+               train_.position(), k_);
+    start_ = o_.epochs > 0 ? std::min(total_, train_.epoch() * spe_ + train_.position() / k_) : 0;
+  }
+  end_ = o_.stop_after >= 0 ? std::min(total_, std::max(start_, o_.stop_after)) : total_;
+}
+
+// The JSONL log (none without log_path): a resumed run keeps the records before its first step.
+template <Backend B> std::FILE* Engine<B>::open_log() {
+  if (o_.log_path.empty()) return nullptr;
+  if (start_ > 0) fit_detail::truncate_log(o_.log_path, start_);
+  std::FILE* log = std::fopen(o_.log_path.c_str(), start_ > 0 ? "a" : "w");
+  KILN_CHECK(log != nullptr, "fit: cannot open log file '{}'", o_.log_path);
+  return log;
+}
+
+// A step's record in the log (with the step function's and callbacks' metrics), its messages, and
+// the progress bar (when shown).
+template <Backend B> void Engine<B>::report(int64_t step, json& rec, const FitState& st, std::FILE* log, ProgressBar* bar) {
+  const bool main = o_.hooks.main_process;
+  for (const auto& [k, v] : st.metrics) {
+    KILN_CHECK(!rec.contains(k), "fit: metric '{}' at step {} has the name of a built-in log key", k, step);
+    rec[k] = v;
+  }
+  if (log) {
+    fmt::print(log, "{}\n", rec.dump());
+    std::fflush(log);
+  }
+  for (const std::string& line : st.messages) {
+    if (bar)
+      bar->message(line);
+    else if (main)
+      fmt::print("{}\n", line);
+  }
+  if (bar) {
+    std::string extra;
+    if (o_.epochs > 0) extra = fmt::format("epoch {}/{}", st.epoch + 1, o_.epochs);
+    if (st.evaluated) extra += fmt::format("{}eval {:.4f}", extra.empty() ? "" : " ", st.eval_loss);
+    if (skipped_ > 0) extra += fmt::format("{}skipped {}", extra.empty() ? "" : " ", skipped_);
+    if (step == start_) bar->set_unit(last_tokens_ > 0 ? "tok" : "samples");
+    bar->update(step, st.loss, st.lr, last_tokens_ > 0 ? last_tokens_ : last_samples_, extra, last_flops_);
+  }
+}
+
+// Whether the run ends after `step` steps: a callback asked (res.stopped when steps were left) or a
+// signal came; with several processes, when any of them says so, so that all stop after the same step.
+template <Backend B> bool Engine<B>::should_stop(bool asked, int64_t step, FitResult& res) {
+  bool signalled = g_signal.load() != 0, stop = false;
+  if (o_.hooks.sum_over_processes) {
+    std::vector<double> flags{asked ? 1.0 : 0.0, signalled ? 1.0 : 0.0};
+    o_.hooks.sum_over_processes(flags);
+    asked = flags[0] > 0;
+    signalled = flags[1] > 0;
+  }
+  if (asked) {
+    stop = true;
+    res.stopped = step < total_;
+  }
+  if (signalled) {
+    stop = true;
+    res.interrupted = true;
+  }
+  return stop;
+}
+
 template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState& st) {
   const profile::Scope prof("fit.step", "step");
   const auto t0 = std::chrono::steady_clock::now();
+  const double lr = schedule_lr(step);
+  const int64_t epoch = train_.epoch();
+  StepSums sums = run_window(step);
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  const double norm = finish_gradients(loss_scale);
+  reduce_losses(sums);
+  const Update u = update(step, sums.loss, norm, loss_scale);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+
+  rec = step_record(step, sums, lr, norm, ms, loss_scale, u);
+  st.step = step;
+  st.total_steps = total_;
+  st.epoch = epoch;
+  st.loss = sums.loss;
+  st.lr = lr;
+  st.grad_norm = norm;
+  st.skipped = !u.finite;
+  for (const auto& [k, v] : sums.metrics) st.metrics[k] = v / static_cast<double>(sums.m);
+  after_update(step, epoch, rec, st);
+  last_samples_ = sums.samples;
+  last_tokens_ = sums.tokens;
+  last_flops_ = sums.flops;
+}
+
+// Each group's lr from the schedule (unless a scheduler object sets them); group 0's, as logged.
+template <Backend B> double Engine<B>::schedule_lr(int64_t step) {
   auto& groups = opt_.groups();
   for (size_t i = 0; i < groups.size() && !o_.scheduler; ++i) {
     const double lr = o_.schedule.at(peaks_[i], step, total_);
     KILN_CHECK(lr >= 0 && std::isfinite(lr), "fit: the schedule gives lr {} at step {}", lr, step);
     groups[i].lr = lr;
   }
-  const double lr = groups.empty() ? 0.0 : groups[0].lr;
+  return groups.empty() ? 0.0 : groups[0].lr;
+}
+
+// The micro-batch window: grad_accum batches, or what is left of a DataLoader epoch; each fetched,
+// run forward under autocast and backward, its gradient scaled by 1/m (and the f16 loss scale).
+template <Backend B> typename Engine<B>::StepSums Engine<B>::run_window(int64_t step) {
   opt_.zero_grad();
   for (auto& p : params_) p.zero_grad();
-
-  // The micro-batch window: grad_accum batches, or what is left of a DataLoader epoch.
-  const int64_t epoch = train_.epoch();
+  StepSums sums;
   const int64_t m = train_.indexed() ? k_ : std::min(k_, train_.batches_per_epoch() - train_.position());
-  std::vector<Tensor<B>> losses;
-  std::map<std::string, double> metric_sums;
-  int64_t samples = 0, tokens = 0;
-  double flops = 0;
+  sums.m = m;
   for (int64_t j = 0; j < m; ++j) {
     const std::function<void()> micro = [&] {
       {
@@ -500,39 +574,53 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
         if (factor == 1.0) out.loss.backward();
         else out.loss.mul(factor).backward();
       }
-      losses.push_back(out.loss.value());
-      for (const auto& [k, v] : out.metrics) metric_sums[k] += v;
-      samples += out.samples;
-      tokens += out.tokens;
-      flops += out.flops;
+      sums.losses.push_back(out.loss.value());
+      for (const auto& [k, v] : out.metrics) sums.metrics[k] += v;
+      sums.samples += out.samples;
+      sums.tokens += out.tokens;
+      sums.flops += out.flops;
     };
     if (o_.hooks.around_micro_batch) o_.hooks.around_micro_batch(j, m, micro);
     else micro();
   }
+  return sums;
+}
+
+// After the window: the after_backward hook (all-reduce), the f16 loss scale taken out of the
+// gradients; returns their global norm.
+template <Backend B> double Engine<B>::finish_gradients(double loss_scale) {
   if (o_.hooks.after_backward) o_.hooks.after_backward();
-  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   if (scaler_)  // unscale: the gradients of the loss itself
     for (const auto& p : params_) {
       Tensor<B> g = p.grad();
       if (g.defined()) g.mul_(1.0 / loss_scale);
     }
-  const double norm = optim::grad_norm(params_);
+  return optim::grad_norm(params_);
+}
+
+// The window's mean loss; with several processes the global loss, metrics and counts, the same on
+// every process.
+template <Backend B> void Engine<B>::reduce_losses(StepSums& sums) {
   double loss = 0;
-  for (const auto& l : losses) loss += item<double>(l);
-  if (m > 1) loss /= static_cast<double>(m);
-  if (o_.hooks.sum_over_processes) {  // the global loss, metrics and counts, the same on every process
-    std::vector<double> xs{loss, static_cast<double>(samples), static_cast<double>(tokens), flops};
-    for (const auto& [k, v] : metric_sums) xs.push_back(v);
+  for (const auto& l : sums.losses) loss += item<double>(l);
+  if (sums.m > 1) loss /= static_cast<double>(sums.m);
+  if (o_.hooks.sum_over_processes) {
+    std::vector<double> xs{loss, static_cast<double>(sums.samples), static_cast<double>(sums.tokens), sums.flops};
+    for (const auto& [k, v] : sums.metrics) xs.push_back(v);
     o_.hooks.sum_over_processes(xs);
     const double p = static_cast<double>(o_.hooks.processes);
     loss = xs[0] / p;
-    samples = static_cast<int64_t>(xs[1]);
-    tokens = static_cast<int64_t>(xs[2]);
-    flops = xs[3];
+    sums.samples = static_cast<int64_t>(xs[1]);
+    sums.tokens = static_cast<int64_t>(xs[2]);
+    sums.flops = xs[3];
     size_t i = 4;
-    for (auto& [k, v] : metric_sums) v = xs[i++] / p;
+    for (auto& [k, v] : sums.metrics) v = xs[i++] / p;
   }
+  sums.loss = loss;
+}
 
+// The optimizer step (clipped), or none: a non-finite step fails, is skipped, or is an f16 overflow.
+template <Backend B> typename Engine<B>::Update Engine<B>::update(int64_t step, double loss, double norm, double loss_scale) {
   const bool finite = std::isfinite(loss) && std::isfinite(norm);
   // f16: gradients that overflow under a finite loss are the loss scale's business (skip, back off),
   // not a diverged run, until the scale reaches its floor. A non-finite loss comes from the forward,
@@ -560,31 +648,32 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
     for (auto& p : params_) p.zero_grad();
     ++skipped_;
   }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return {finite, overflow};
+}
 
-  rec = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"ms", ms}};
-  if (tokens > 0) rec["tokens_per_s"] = static_cast<double>(tokens) / (ms / 1e3);
-  if (samples > 0) rec["samples_per_s"] = static_cast<double>(samples) / (ms / 1e3);
-  if (flops > 0) {
-    rec["flops"] = flops;
-    rec["gflops"] = flops / (ms / 1e3) / 1e9;
+// The step's log record (before evaluation adds eval_loss).
+template <Backend B>
+json Engine<B>::step_record(int64_t step, const StepSums& sums, double lr, double norm, double ms, double loss_scale, Update u) const {
+  json rec = {{"step", step}, {"loss", sums.loss}, {"lr", lr}, {"grad_norm", norm}, {"ms", ms}};
+  if (sums.tokens > 0) rec["tokens_per_s"] = static_cast<double>(sums.tokens) / (ms / 1e3);
+  if (sums.samples > 0) rec["samples_per_s"] = static_cast<double>(sums.samples) / (ms / 1e3);
+  if (sums.flops > 0) {
+    rec["flops"] = sums.flops;
+    rec["gflops"] = sums.flops / (ms / 1e3) / 1e9;
   }
   if (scaler_) rec["loss_scale"] = loss_scale;
-  if (overflow) {
+  if (u.overflow) {
     rec["overflow"] = true;
-  } else if (!finite) {
+  } else if (!u.finite) {
     rec["skipped"] = true;
     rec["skipped_steps"] = skipped_;
   }
-  st.step = step;
-  st.total_steps = total_;
-  st.epoch = epoch;
-  st.loss = loss;
-  st.lr = lr;
-  st.grad_norm = norm;
-  st.skipped = !finite;
-  for (const auto& [k, v] : metric_sums) st.metrics[k] = v / static_cast<double>(m);
+  return rec;
+}
 
+// After the update: the scheduler, evaluation (of the EMA weights when there are), the callbacks,
+// and the DataLoader's next epoch.
+template <Backend B> void Engine<B>::after_update(int64_t step, int64_t epoch, json& rec, FitState& st) {
   if (o_.scheduler && !o_.scheduler->needs_metric()) o_.scheduler->step();
   const bool eval_now = eval_ && ((o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == total_);
   if (eval_now && o_.hooks.main_process) {
@@ -616,9 +705,6 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
     for (const auto& cb : o_.callbacks)
       if (cb.on_epoch) cb.on_epoch(st);
   }
-  last_samples_ = samples;
-  last_tokens_ = tokens;
-  last_flops_ = flops;
 }
 
 }  // namespace

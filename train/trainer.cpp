@@ -154,8 +154,16 @@ template <Backend B> std::shared_ptr<nn::GPT<B>> load_gpt(const std::string& pat
   return model;
 }
 
-template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
-  KILN_CHECK(!o.data_path.empty(), "train: --data is required (a safetensors file with a 1-D integer tensor 'tokens')");
+namespace {
+
+// The run's model and train configurations: the files given, else those a --resume checkpoint holds
+// (whose model must match the one given).
+struct RunConfigs {
+  ModelConfig model;  // resolved
+  TrainConfig train;
+  CheckpointInfo resume;
+};
+RunConfigs run_configs(const TrainOptions& o) {
   ModelConfig mc = ModelConfig::load(o.model_path);
   TrainConfig tc = TrainConfig::load(o.train_path);
   CheckpointInfo resume;
@@ -168,37 +176,36 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
                "train: --model {} differs from the model of checkpoint '{}': {} vs {}", o.model_path, o.resume_path,
                mc.resolved().to_json().dump(), resume.model.resolved().to_json().dump());
   }
+  // The flags that override train.json's keys.
   if (o.activation_checkpointing) tc.activation_checkpointing = true;
   if (o.lora) {
     tc.lora = *o.lora;
     tc.validate();
   }
-  const bool lora = tc.lora.r > 0;
-  KILN_CHECK(!lora || !o.init_from.empty() || !o.resume_path.empty(),
+  KILN_CHECK(tc.lora.r == 0 || !o.init_from.empty() || !o.resume_path.empty(),
              "train: LoRA (r {}) adapts trained weights: give --init-from (kiln weights or a Hugging Face model directory)", tc.lora.r);
-  KILN_CHECK(!lora || tc.zero_stage == 0, "train: LoRA with zero_stage {} is not implemented (use 0)", tc.zero_stage);
-  const ModelConfig cfg = mc.resolved();
-  const TokenData data = TokenData::load(o.data_path);
-  data.check_vocab(cfg.vocab_size);
-  KILN_CHECK(tc.seq_len <= cfg.max_seq_len, "train: seq_len {} exceeds the model's max_seq_len {}", tc.seq_len, cfg.max_seq_len);
-  KILN_CHECK(data.size() > tc.seq_len, "train: '{}' has {} tokens; need more than seq_len={}", o.data_path, data.size(), tc.seq_len);
-  std::optional<TokenData> eval_data;
-  if (!o.eval_data_path.empty()) {
-    eval_data = TokenData::load(o.eval_data_path);
-    eval_data->check_vocab(cfg.vocab_size);
-  }
+  KILN_CHECK(tc.lora.r == 0 || tc.zero_stage == 0, "train: LoRA with zero_stage {} is not implemented (use 0)", tc.zero_stage);
+  return {mc.resolved(), tc, resume};
+}
 
-  // Data parallelism (docs/distributed.md): under mpirun/srun every rank takes its contiguous share of
-  // each batch's rows, DistributedDataParallel averages the gradients, rank 0 logs, evaluates and writes.
-  const bool parallel = dist::is_initialized() && dist::world_size() > 1;
-  const int ranks = parallel ? dist::world_size() : 1;
-  const bool main = !parallel || dist::is_main_process();
-  const int64_t bs = tc.batch_size, T = tc.seq_len;
-  dist::RowSlice rows{0, bs};
-  if (parallel) {
-    KILN_CHECK(bs % ranks == 0, "train: batch_size {} does not divide among {} ranks (each rank takes batch_size / ranks rows of "
-               "every batch): use a multiple of {}", bs, ranks, ranks);
-    rows = dist::batch_slice(bs);
+// Data parallelism (docs/distributed.md): under mpirun/srun every rank takes its contiguous share of
+// each batch's rows, DistributedDataParallel averages the gradients, rank 0 logs, evaluates and writes.
+struct Ranks {
+  bool parallel = false;
+  int count = 1;
+  bool main = true;
+  dist::RowSlice rows;
+};
+template <Backend B> Ranks ranks_of(int64_t bs) {
+  Ranks r{.parallel = dist::is_initialized() && dist::world_size() > 1, .count = 1, .main = true, .rows = {0, bs}};
+  r.count = r.parallel ? dist::world_size() : 1;
+  r.main = !r.parallel || dist::is_main_process();
+  if (r.parallel) {
+    KILN_CHECK(bs % r.count == 0,
+               "train: batch_size {} does not divide among {} ranks (each rank takes batch_size / ranks rows of "
+               "every batch): use a multiple of {}",
+               bs, r.count, r.count);
+    r.rows = dist::batch_slice(bs);
 #if defined(KILN_HAVE_CUDA_BACKEND)
     // One GPU per rank: the rank's place on its machine picks it (round robin when ranks outnumber GPUs).
     if constexpr (std::is_same_v<B, Cuda>) {
@@ -208,6 +215,88 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
     }
 #endif
   }
+  return r;
+}
+
+// docs/specs.md §4 on the generic loop: the schedule over tc.steps from the optimizer's lr, clipping,
+// one record per step, checkpoints that carry the configurations.
+FitOptions fit_options(const TrainOptions& o, const ModelConfig& cfg, const TrainConfig& tc, bool main, FitHooks hooks) {
+  return FitOptions{.steps = tc.steps,
+                    .grad_accum = tc.grad_accum,
+                    .grad_clip = tc.grad_clip,
+                    .on_nonfinite = tc.on_nonfinite == "skip" ? NonFinite::skip : NonFinite::error,
+                    .precision = parse_dtype(tc.precision),
+                    .eval_every = tc.eval_every,
+                    .checkpoint_path = o.checkpoint_path,
+                    .checkpoint_every = tc.checkpoint_every,
+                    .resume_path = o.resume_path,
+                    .log_path = o.log_path,
+                    .progress = o.quiet || !main ? 0 : o.progress,
+                    .stop_after = o.stop_after,
+                    .metadata = {{"model_config", cfg.to_json().dump()}, {"train_config", tc.to_json().dump()}, {"data", o.data_path}},
+                    .hooks = std::move(hooks),
+                    .schedule = tc.schedule};  // peak: the optimizer's lr, tc.optimizer.lr
+}
+
+// The line `kiln train` prints before the first step.
+template <Backend B> void print_banner(const TrainOptions& o, const ModelConfig& cfg, const TrainConfig& tc, const Ranks& ranks,
+                                       int64_t num_parameters, double seq_flops, int64_t first_step) {
+  const int64_t bs = tc.batch_size, T = tc.seq_len;
+  fmt::print("kiln train: {} parameters, {} {}{}·{} tokens/step, {:.1f} MFLOP/token, steps {}..{} of {}, device {}{}{}{}\n", num_parameters,
+             cfg.attention, tc.grad_accum > 1 ? fmt::format("{}·", tc.grad_accum) : "", bs, T, seq_flops / static_cast<double>(T) / 1e6,
+             first_step, o.stop_after >= 0 ? std::min(tc.steps, o.stop_after) : tc.steps, tc.steps, B::name,
+             std::is_same_v<B, Cpu> ? fmt::format(" ({})", cpu_isa()) : std::string(),  // the kernels' instruction set
+             ranks.parallel ? fmt::format(", {} ranks × {} rows{}", ranks.count, ranks.rows.count, tc.zero_stage == 1 ? ", ZeRO-1" : "")
+                            : std::string(),
+             tc.precision == "f32" ? std::string() : fmt::format(", precision {} (autocast)", tc.precision));
+  if (tc.activation_checkpointing) fmt::print("kiln train: activation checkpointing on (layer activations recomputed in backward)\n");
+}
+
+// After the loop: the model or its LoRA adapter saved (rank 0), every rank waiting for rank 0's files, the closing lines.
+template <Backend B>
+TrainResult finish(const TrainOptions& o, const FitResult& r, const nn::GPT<B>& model, const Ranks& ranks, bool lora) {
+  TrainResult res;
+  res.steps_done = r.steps_done;
+  res.losses = r.losses;
+  res.final_eval_loss = r.eval_losses.empty() ? -1 : r.eval_losses.back();
+  res.interrupted = r.interrupted;
+  // With LoRA only the adapter is written (PEFT's layout), beside the final checkpoint and to --save.
+  if (lora && ranks.main && !o.checkpoint_path.empty()) nn::save_lora(model, o.checkpoint_path + ".adapter");
+  if (!o.save_path.empty() && ranks.main) {
+    if (lora) nn::save_lora(model, o.save_path);
+    else model.save(o.save_path);
+  }
+  // Every rank waits for rank 0's files: a rank leaving early with a non-zero status (an interrupted
+  // run) would end the job (dist: MPI_Abort) while rank 0 still writes.
+  if (ranks.parallel) dist::barrier();
+  if (!ranks.main) return res;
+  if (!o.quiet && r.skipped > 0) fmt::print("kiln train: {} non-finite steps skipped\n", r.skipped);
+  if (res.interrupted && !o.quiet)
+    fmt::print("kiln train: interrupted after step {}{}\n", r.steps_done,
+               o.checkpoint_path.empty() ? "" : fmt::format("; resume with --resume {}", o.checkpoint_path));
+  return res;
+}
+
+}  // namespace
+
+template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
+  KILN_CHECK(!o.data_path.empty(), "train: --data is required (a safetensors file with a 1-D integer tensor 'tokens')");
+  const RunConfigs rc = run_configs(o);
+  const ModelConfig& cfg = rc.model;
+  const TrainConfig& tc = rc.train;
+  const bool lora = tc.lora.r > 0;
+  TokenData data = TokenData::load(o.data_path);
+  if (tc.shuffle) data.shuffle(o.seed);  // train.json "shuffle": windows in a seeded order per epoch
+  data.check_vocab(cfg.vocab_size);
+  KILN_CHECK(tc.seq_len <= cfg.max_seq_len, "train: seq_len {} exceeds the model's max_seq_len {}", tc.seq_len, cfg.max_seq_len);
+  KILN_CHECK(data.size() > tc.seq_len, "train: '{}' has {} tokens; need more than seq_len={}", o.data_path, data.size(), tc.seq_len);
+  std::optional<TokenData> eval_data;
+  if (!o.eval_data_path.empty()) {
+    eval_data = TokenData::load(o.eval_data_path);
+    eval_data->check_vocab(cfg.vocab_size);
+  }
+  const int64_t bs = tc.batch_size, T = tc.seq_len;
+  const Ranks ranks = ranks_of<B>(bs);
 
   manual_seed(o.seed);
   KILN_CHECK(tc.precision == "f32" || o.dtype == DType::f32,
@@ -221,11 +310,10 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
     nn::apply_lora(model, {.r = tc.lora.r, .alpha = tc.lora.alpha, .dropout = tc.lora.dropout, .target_modules = tc.lora.target_modules,
                            .base_model_name_or_path = o.init_from});
   std::unique_ptr<dist::DistributedDataParallel<B>> ddp;
-  if (parallel) ddp = std::make_unique<dist::DistributedDataParallel<B>>(model, dist::DDPOptions{.bucket_mb = tc.bucket_mb});
-  auto opt = make_optimizer(model, tc.optimizer, parallel && tc.zero_stage == 1);
+  if (ranks.parallel) ddp = std::make_unique<dist::DistributedDataParallel<B>>(model, dist::DDPOptions{.bucket_mb = tc.bucket_mb});
+  auto opt = make_optimizer(model, tc.optimizer, ranks.parallel && tc.zero_stage == 1);
 
-  // docs/specs.md §4 on the generic loop: batch i of the token data, mean cross-entropy, the schedule over
-  // tc.steps from the optimizer's lr, clipping, one record per step; the step is the data position.
+  // Batch i of the token data, mean cross-entropy; the step is the data position.
   const double seq_flops = nn::gpt_flops(cfg, T).total();  // the model FLOPs of one row's forward + backward
   auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& b) {
     const int64_t n = b.first.size(0);
@@ -233,60 +321,19 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
                          .flops = static_cast<double>(n) * seq_flops};
   };
   // The batch functions' types spelled out: clang 14 (fuzz/) deduces no aggregate from designated initializers.
-  auto train_batch = [&](int64_t i) { return data.rows<B>(i, bs, T, rows.start, rows.count); };
+  auto train_batch = [&](int64_t i) { return data.rows<B>(i, bs, T, ranks.rows.start, ranks.rows.count); };
   auto eval_batch = [&](int64_t i) { return eval_data->batch<B>(i, bs, T); };
   const IndexedBatches<decltype(train_batch)> train{
       .batch = train_batch, .count = 0, .fingerprint = fmt::format("{} tokens, batches of {}x{}", data.size(), bs, T)};
   const bool with_eval = eval_data && tc.eval_every > 0;
   const IndexedBatches<decltype(eval_batch)> eval{.batch = eval_batch, .count = tc.eval_batches, .fingerprint = ""};
-  const FitOptions fo{.steps = tc.steps,
-                      .grad_accum = tc.grad_accum,
-                      .grad_clip = tc.grad_clip,
-                      .on_nonfinite = tc.on_nonfinite == "skip" ? NonFinite::skip : NonFinite::error,
-                      .precision = parse_dtype(tc.precision),
-                      .eval_every = tc.eval_every,
-                      .checkpoint_path = o.checkpoint_path,
-                      .checkpoint_every = tc.checkpoint_every,
-                      .resume_path = o.resume_path,
-                      .log_path = o.log_path,
-                      .progress = o.quiet || !main ? 0 : o.progress,
-                      .stop_after = o.stop_after,
-                      .metadata = {{"model_config", cfg.to_json().dump()}, {"train_config", tc.to_json().dump()}, {"data", o.data_path}},
-                      .callbacks = {lora_checkpoints(model, tc, o.checkpoint_path, main)},
-                      .hooks = ddp ? dist::fit_hooks(*ddp) : FitHooks{},
-                      .schedule = tc.schedule,  // peak: the optimizer's lr, tc.optimizer.lr
-                      .scheduler = make_scheduler(*opt, tc),
-                      .ema = make_ema(model, tc)};
-  if (!o.quiet && main)
-    fmt::print("kiln train: {} parameters, {} {}{}·{} tokens/step, {:.1f} MFLOP/token, steps {}..{} of {}, device {}{}{}{}\n",
-               model.num_parameters(), cfg.attention, tc.grad_accum > 1 ? fmt::format("{}·", tc.grad_accum) : "", bs, T,
-               seq_flops / static_cast<double>(T) / 1e6, resume.step,
-               o.stop_after >= 0 ? std::min(tc.steps, o.stop_after) : tc.steps, tc.steps, B::name,
-               std::is_same_v<B, Cpu> ? fmt::format(" ({})", cpu_isa()) : std::string(),  // the kernels' instruction set
-               parallel ? fmt::format(", {} ranks × {} rows{}", ranks, rows.count, tc.zero_stage == 1 ? ", ZeRO-1" : "") : std::string(),
-               tc.precision == "f32" ? std::string() : fmt::format(", precision {} (autocast)", tc.precision));
-  if (!o.quiet && main && tc.activation_checkpointing) fmt::print("kiln train: activation checkpointing on (layer activations recomputed in backward)\n");
+  FitOptions fo = fit_options(o, cfg, tc, ranks.main, ddp ? dist::fit_hooks(*ddp) : FitHooks{});
+  fo.callbacks = {lora_checkpoints(model, tc, o.checkpoint_path, ranks.main)};
+  fo.scheduler = make_scheduler(*opt, tc);
+  fo.ema = make_ema(model, tc);
+  if (!o.quiet && ranks.main) print_banner<B>(o, cfg, tc, ranks, model.num_parameters(), seq_flops, rc.resume.step);
   const FitResult r = with_eval ? fit(model, *opt, train, eval, step, fo) : fit(model, *opt, train, step, fo);
-
-  TrainResult res;
-  res.steps_done = r.steps_done;
-  res.losses = r.losses;
-  res.final_eval_loss = r.eval_losses.empty() ? -1 : r.eval_losses.back();
-  res.interrupted = r.interrupted;
-  if (lora && main && !o.checkpoint_path.empty()) nn::save_lora(model, o.checkpoint_path + ".adapter");  // beside the final checkpoint
-  if (!o.save_path.empty() && main) {
-    if (lora) nn::save_lora(model, o.save_path);
-    else model.save(o.save_path);
-  }
-  // Every rank waits for rank 0's files: a rank leaving early with a non-zero status (an interrupted
-  // run) would end the job (dist: MPI_Abort) while rank 0 still writes.
-  if (parallel) dist::barrier();
-  if (!main) return res;
-  if (!o.quiet && r.skipped > 0) fmt::print("kiln train: {} non-finite steps skipped\n", r.skipped);
-  if (res.interrupted && !o.quiet)
-    fmt::print("kiln train: interrupted after step {}{}\n", r.steps_done,
-               o.checkpoint_path.empty() ? "" : fmt::format("; resume with --resume {}", o.checkpoint_path));
-  return res;
+  return finish(o, r, model, ranks, lora);
 }
 
 TrainResult train_gpt(const TrainOptions& o) {

@@ -31,9 +31,7 @@ struct Cpu {
   KILN_FUSED_RMS_NORM         // norm.cpp
   KILN_FUSED_SWIGLU           // unary.cpp
   KILN_FUSED_ROPE             // rope.cpp
-  // fused combine of Differential Transformer V2 (diff2.cpp; contract in core/fused_diff2.hpp)
-  static void diff2_combine_forward(M y, V a, V l);
-  static void diff2_combine_backward(M da, M dl, V a, V l, V dy);
+  KILN_FUSED_DIFF2_COMBINE    // diff2.cpp
   KILN_FUSED_DEPTH_ATTENTION  // depth.cpp
   KILN_FUSED_SOFTMAX          // softmax.cpp
   KILN_FUSED_CROSS_ENTROPY    // softmax.cpp

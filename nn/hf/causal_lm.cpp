@@ -11,9 +11,8 @@
 
 #include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/checkpoint.hpp"
-#include "kiln/autograd/record.hpp"
+#include "kiln/autograd/layer_ops.hpp"
 #include "kiln/nn/init.hpp"
-#include "kiln/core/fused_rope.hpp"
 #include "kiln/nn/hf/architecture.hpp"
 #include "kiln/nn/layers.hpp"
 
@@ -26,13 +25,6 @@ template <Backend B> class Group : public nn::Module<B> {
  public:
   template <class M> std::shared_ptr<M> add(const std::string& name, std::shared_ptr<M> m) { return this->register_module(name, m); }
 };
-
-// RoPE on the fused interleaved kernel with the model's own tables (any frequencies), recorded so
-// that a loaded model can be fine-tuned.
-template <Backend B> Var<B> rope(const Var<B>& x, const Tensor<B>& c, const Tensor<B>& s) {
-  return autograd::record<B>("rope", fused::rope_forward(x.value(), c, s), {&x},
-                             [c, s](const Tensor<B>& g) { return autograd::Grads<B>{fused::rope_backward(g, c, s)}; });
-}
 
 }  // namespace
 
@@ -76,9 +68,9 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
     Var<B> q = q_->forward(h).reshape({Bn, T, H, hd}).transpose(1, 2);  // [B, H, T, hd]
     Var<B> k = k_->forward(h).reshape({Bn, T, Hkv, hd}).transpose(1, 2);
     Var<B> v = v_->forward(h).reshape({Bn, T, Hkv, hd}).transpose(1, 2);
-    if (cos.defined()) {
-      q = rope(q, cos, sin);
-      k = rope(k, cos, sin);
+    if (cos.defined()) {  // the model's own tables (any frequencies), recorded: a loaded model can be fine-tuned
+      q = autograd::RopeOps<B>::rope(q, cos, sin);
+      k = autograd::RopeOps<B>::rope(k, cos, sin);
     }
     if (cache) {
       auto [kc, vc] = nn::kv_cache_append(*cache, k.value(), v.value(), capacity);

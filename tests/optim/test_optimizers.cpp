@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <memory>
+#include <typeinfo>
 
 #include <kiln/optim/adafactor.hpp>
 #include <kiln/optim/lion.hpp>
@@ -173,4 +174,37 @@ TEST_CASE("optimizers: Adafactor keeps factored second moments (m + n numbers fo
   opt.load_state_dict(state);
   state["row_var.emb"] = Tensor<Cpu>::zeros({50, 8});
   CHECK_THROWS_WITH(opt.load_state_dict(state), Catch::Contains("'row_var.emb' has shape [50, 8], expected [50, 1]"));
+}
+
+TEST_CASE("optimizers: stable kinds, the same from every compiler, and the typeid names an older kiln recorded read as them",
+          "[optim][checkpoint]") {
+  using namespace optim;
+  const Params<Cpu> ps{Var<Cpu>(Tensor<Cpu>::ones({4, 3}, DType::f32), true), Var<Cpu>(Tensor<Cpu>::ones({5}, DType::f32), true)};
+  const std::vector<std::pair<std::unique_ptr<Optimizer<Cpu>>, std::string>> all = [&] {
+    std::vector<std::pair<std::unique_ptr<Optimizer<Cpu>>, std::string>> v;
+    v.emplace_back(std::make_unique<SGD<Cpu>>(ps.groups(0.1), SGDOptions{}), "sgd");
+    v.emplace_back(std::make_unique<Adam<Cpu>>(ps.groups(0.1), AdamOptions{.decoupled = false}), "adam");
+    v.emplace_back(std::make_unique<Adam<Cpu>>(ps.groups(0.1), AdamOptions{.decoupled = true}), "adam");
+    v.emplace_back(make<Cpu>("rmsprop", ps), "rmsprop");
+    v.emplace_back(make<Cpu>("adagrad_decay", ps), "adagrad");
+    v.emplace_back(make<Cpu>("lion", ps), "lion");
+    v.emplace_back(make<Cpu>("adafactor", ps), "adafactor");
+    return v;
+  }();
+  for (const auto& [opt, kind] : all) {
+    INFO(kind);
+    CHECK(opt->kind() == kind);
+    CHECK(opt->reads_kind(kind));
+    CHECK(opt->reads_kind(typeid(*opt).name()));  // what kind() returned by default before 2026-11-26
+    CHECK(legacy_optimizer_kind(typeid(*opt).name()) == kind);
+    CHECK(!opt->reads_kind(kind == "sgd" ? "adam" : "sgd"));
+  }
+  // GCC's manglings, written out: any backend, any optimizer of kiln's; the rest is left as it is.
+  CHECK(legacy_optimizer_kind("N4kiln5optim4LionINS_3CpuEEE") == "lion");
+  CHECK(legacy_optimizer_kind("N4kiln5optim7RMSpropINS_4CudaEEE") == "rmsprop");
+  CHECK(legacy_optimizer_kind("N4kiln5optim9AdafactorINS_9ReferenceEEE") == "adafactor");
+  CHECK(legacy_optimizer_kind("N4kiln5optim3SGDINS_3CpuEEE") == "sgd");
+  for (const std::string same :
+       {"adam", "N4kiln5optim6MyAdamINS_3CpuEEE", "N4kiln5optim4Adam", "N4kiln5optim99999", "N4kiln5optim", "N2me6MyOptimE", ""})
+    CHECK(legacy_optimizer_kind(same) == same);
 }

@@ -6,13 +6,14 @@
 #include <nlohmann/json.hpp>
 #include <catch2/catch.hpp>
 
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <numbers>
 #include <sstream>
+#include <typeinfo>
 
 #include <kiln/backends/backends.hpp>
 #include <kiln/formats/safetensors.hpp>
@@ -597,6 +598,46 @@ TEST_CASE("fit: bad options and mismatched resume checkpoints are kiln::Errors n
     CHECK(slurp(ck) == ck_bytes);
     CHECK(!fs::exists(dir / "no"));
   }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fit: a checkpoint whose optimizer an older kiln recorded by GCC's typeid name resumes exactly, another kind's is refused",
+          "[fit][checkpoint]") {
+  const fs::path dir = temp_dir();
+  const std::string ck = (dir / "ck.safetensors").string(), old = (dir / "old.safetensors").string();
+  const TensorDataset<C> data = points(40, 10);
+  auto run = [&](int64_t steps, const std::string& save, const std::string& resume) {
+    manual_seed(0);
+    Net<C> model;
+    optim::Adam<C> opt(model.named_parameters(), {.lr = 1e-2});
+    DataLoader loader(data, {.batch_size = 8, .shuffle = true, .seed = 1});
+    const FitResult r =
+        fit(model, opt, loader, ce_step(model), {.steps = steps, .checkpoint_path = save, .resume_path = resume, .progress = 0});
+    return std::make_pair(r.losses, snapshot(model));
+  };
+  run(2, ck, "");
+  // The same checkpoint as a kiln of before 2026-11-26 wrote it for a user's optimizer (Optimizer::kind()
+  // defaulted to typeid(*this).name(), the Itanium mangling of GCC and Clang).
+  auto rewrite = [&](const std::string& kind) {
+    auto meta = safetensors::File::open(ck).metadata();
+    REQUIRE(meta.at("optimizer") == "adam");
+    meta["optimizer"] = kind;
+    const auto tensors = safetensors::load<C>(ck);
+    safetensors::save<C>(old, std::vector<std::pair<std::string, Tensor<C>>>(tensors.begin(), tensors.end()), meta);
+  };
+  const std::string adam_old = "N4kiln5optim4AdamINS_3CpuEEE";
+#if defined(__GNUC__)
+  CHECK(std::string(typeid(optim::Adam<C>).name()) == adam_old);
+#endif
+  const auto fresh = run(4, "", ck);
+  rewrite(adam_old);
+  CHECK(run(4, "", old) == fresh);                // losses and weights, bit for bit
+  rewrite("N4kiln5optim4AdamINS_9ReferenceEEE");  // written by another backend's run
+  CHECK(run(4, "", old) == fresh);
+  rewrite("N4kiln5optim3SGDINS_3CpuEEE");
+  CHECK_THROWS_WITH(run(4, "", old), Catch::Contains("holds the state of optimizer 'sgd', this run uses 'adam'"));
+  rewrite("N2me9MyAdamLikeE");
+  CHECK_THROWS_WITH(run(4, "", old), Catch::Contains("'N2me9MyAdamLikeE'") && Catch::Contains("this run uses 'adam'"));
   fs::remove_all(dir);
 }
 
