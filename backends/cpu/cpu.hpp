@@ -69,6 +69,13 @@ struct Cpu {
   static void attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0);
   static void attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, const V* mask, double scale,
                                  bool causal, int64_t pos0);
+  // differential attention, both branches in one op (backends/cpu/attention.cpp; contract in
+  // core/fused_diff_attention.hpp)
+  static void diff_attention_forward(M o, M o2, M lse1, M lse2, V q1, V q2, V k1, V k2, V v, V lam, const V* key_padding,
+                                     const V* mask, double scale, bool causal, int64_t pos0);
+  static void diff_attention_backward(M dq1, M dq2, M dk1, M dk2, M dv, M dlam, V q1, V q2, V k1, V k2, V v, V lam, V o, V o2,
+                                      V lse1, V lse2, V dout, const V* key_padding, const V* mask, double scale, bool causal,
+                                      int64_t pos0);
   // convolution (oneDNN, backends/cpu/conv.cpp) and pooling (backends/cpu/pool.cpp); contract in core/fused_conv.hpp
   static bool conv2d_forward(M y, V x, V w, const V* bias, const Conv2dParams& p);
   static bool conv2d_backward_input(M dx, V dy, V w, const Conv2dParams& p);
