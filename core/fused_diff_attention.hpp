@@ -154,7 +154,9 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>, Tensor<B>> diff_attention_backward(c
       const Tensor<B> mv = mask.defined() ? detail::mask_view(a, mask, dt) : Tensor<B>();
       const View<typename B::Storage> mvv = mv.defined() ? mv.cview() : q1.cview();
       Tensor<B> dq1 = dq.select(2, 0), dq2 = dq.select(2, 1), dk1 = dk.select(2, 0), dk2 = dk.select(2, 1);
-      KILN_PROFILED_FLOPS("diff_attention_backward", 2 * detail::attention_flops(a, causal, true), dq, dk, dv, q1, q2, k1, k2, vc, oc, o2c, gc)
+      // the products the shared form runs per score: S1, S2, dV, dP, dQ1, dK1, dQ2, dK2 (4d + 2dv MACs)
+      const double flops = 2.0 * static_cast<double>(a.B * a.H * a.T * a.S) * static_cast<double>(4 * a.d + 2 * a.dv) * (causal ? 0.5 : 1.0);
+      KILN_PROFILED_FLOPS("diff_attention_backward", flops, dq, dk, dv, q1, q2, k1, k2, vc, oc, o2c, gc)
       B::diff_attention_backward(dq1.mview(), dq2.mview(), dk1.mview(), dk2.mview(), dv.mview(), dlam.mview(), q1.cview(), q2.cview(),
                                  k1.cview(), k2.cview(), vc.cview(), lc.cview(), oc.cview(), o2c.cview(), l1.cview(), l2.cview(),
                                  gc.cview(), kp.defined() ? &kpv : nullptr, mv.defined() ? &mvv : nullptr, scale, causal, pos0);
