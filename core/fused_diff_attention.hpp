@@ -45,9 +45,9 @@ concept HasDiffAttention = requires(MutView<typename B::Storage> out, View<typen
 namespace detail {
 
 // The checks of the 5-D operands; returns the dims of one branch (as attention_check).
-template <Backend B>
-AttnDims diff_attention_check(const char* op, const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v, const Tensor<B>& lam,
-                              const Tensor<B>& key_padding, int64_t pos0, const Tensor<B>& mask) {
+template <Backend B> AttnDims diff_attention_check(const char* op, const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
+                                                   const Tensor<B>& lam, const Tensor<B>& key_padding, int64_t pos0,
+                                                   const Tensor<B>& mask) {
   KILN_CHECK(q.defined() && k.defined() && v.defined() && lam.defined(), "{}: undefined q, k, v or lambda", op);
   KILN_CHECK(q.dim() == 5 && k.dim() == 5 && q.size(2) == 2 && k.size(2) == 2,
              "{}: q {} and k {} must be [B, H, 2, T, d] and [B, Hkv, 2, S, d] (axis 2: the two branches)", op, shape_str(q.shape()),
@@ -60,12 +60,9 @@ AttnDims diff_attention_check(const char* op, const Tensor<B>& q, const Tensor<B
 }  // namespace detail
 
 // Composite forward (the oracle of the fused kernels): {O, O2, LSE1, LSE2}.
-template <Backend B>
-std::tuple<Tensor<B>, Tensor<B>, Tensor<B>, Tensor<B>> diff_attention_forward_composite(const Tensor<B>& q, const Tensor<B>& k,
-                                                                                        const Tensor<B>& v, const Tensor<B>& lam,
-                                                                                        double scale, bool causal, int64_t pos0,
-                                                                                        const Tensor<B>& key_padding = {},
-                                                                                        const Tensor<B>& mask = {}) {
+template <Backend B> std::tuple<Tensor<B>, Tensor<B>, Tensor<B>, Tensor<B>> diff_attention_forward_composite(
+    const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v, const Tensor<B>& lam, double scale, bool causal, int64_t pos0,
+    const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}) {
   detail::diff_attention_check("diff_attention_forward", q, k, v, lam, key_padding, pos0, mask);
   auto [o1, lse1] = attention_forward(q.select(2, 0), k.select(2, 0), v, scale, causal, pos0, key_padding, mask);
   auto [o2, lse2] = attention_forward(q.select(2, 1), k.select(2, 1), v, scale, causal, pos0, key_padding, mask);
@@ -73,28 +70,27 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>, Tensor<B>> diff_attention_forward_co
 }
 
 // Composite backward: {dq, dk, dv, dλ}.
-template <Backend B>
-std::tuple<Tensor<B>, Tensor<B>, Tensor<B>, Tensor<B>> diff_attention_backward_composite(
+template <Backend B> std::tuple<Tensor<B>, Tensor<B>, Tensor<B>, Tensor<B>> diff_attention_backward_composite(
     const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v, const Tensor<B>& lam, const Tensor<B>& o, const Tensor<B>& o2,
     const Tensor<B>& lse1, const Tensor<B>& lse2, const Tensor<B>& dout, double scale, bool causal, int64_t pos0,
     const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}) {
   detail::diff_attention_check("diff_attention_backward", q, k, v, lam, key_padding, pos0, mask);
   const Tensor<B> l = lam.reshape({});
-  auto [dq1, dk1, dv1] = attention_backward(q.select(2, 0), k.select(2, 0), v, o.add(o2.mul(l)), lse1, dout, scale, causal, pos0,
-                                            key_padding, mask);
-  auto [dq2, dk2, dv2] = attention_backward(q.select(2, 1), k.select(2, 1), v, o2, lse2, dout.mul(l).neg(), scale, causal, pos0,
-                                            key_padding, mask);
+  auto [dq1, dk1, dv1] =
+      attention_backward(q.select(2, 0), k.select(2, 0), v, o.add(o2.mul(l)), lse1, dout, scale, causal, pos0, key_padding, mask);
+  auto [dq2, dk2, dv2] =
+      attention_backward(q.select(2, 1), k.select(2, 1), v, o2, lse2, dout.mul(l).neg(), scale, causal, pos0, key_padding, mask);
   const Tensor<B> live = lse2.ne(-INFINITY).unsqueeze(-1);  // rows with a visible key (the others add nothing)
   const Tensor<B> dlam = Tensor<B>::where(live, dout.mul(o2), Tensor<B>::zeros({}, q.dtype())).sum().neg().reshape(lam.shape());
   return {Tensor<B>::stack({dq1, dq2}, 2), Tensor<B>::stack({dk1, dk2}, 2), dv1.add(dv2), dlam};
 }
 
 // Fused forward: {O [B, H, T, dv], O2 [B, H, T, dv], LSE1 [B, H, T], LSE2 [B, H, T]}.
-template <Backend B>
-std::tuple<Tensor<B>, Tensor<B>, Tensor<B>, Tensor<B>> diff_attention_forward(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
-                                                                              const Tensor<B>& lam, double scale, bool causal,
-                                                                              int64_t pos0, const Tensor<B>& key_padding = {},
-                                                                              const Tensor<B>& mask = {}) {
+template <Backend B> std::tuple<Tensor<B>, Tensor<B>, Tensor<B>, Tensor<B>> diff_attention_forward(const Tensor<B>& q, const Tensor<B>& k,
+                                                                                                   const Tensor<B>& v, const Tensor<B>& lam,
+                                                                                                   double scale, bool causal, int64_t pos0,
+                                                                                                   const Tensor<B>& key_padding = {},
+                                                                                                   const Tensor<B>& mask = {}) {
   const detail::AttnDims a = detail::diff_attention_check("diff_attention_forward", q, k, v, lam, key_padding, pos0, mask);
   if constexpr (HasDiffAttention<B>) {
     const DType dt = q.dtype();
@@ -122,21 +118,18 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>, Tensor<B>> diff_attention_forward(co
 }
 
 // Fused backward: {dq, dk, dv, dλ} from the saved q, k, v, λ, O, O2, LSE1, LSE2 and dO.
-template <Backend B>
-std::tuple<Tensor<B>, Tensor<B>, Tensor<B>, Tensor<B>> diff_attention_backward(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
-                                                                               const Tensor<B>& lam, const Tensor<B>& o,
-                                                                               const Tensor<B>& o2, const Tensor<B>& lse1,
-                                                                               const Tensor<B>& lse2, const Tensor<B>& dout, double scale,
-                                                                               bool causal, int64_t pos0, const Tensor<B>& key_padding = {},
-                                                                               const Tensor<B>& mask = {}) {
+template <Backend B> std::tuple<Tensor<B>, Tensor<B>, Tensor<B>, Tensor<B>> diff_attention_backward(
+    const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v, const Tensor<B>& lam, const Tensor<B>& o, const Tensor<B>& o2,
+    const Tensor<B>& lse1, const Tensor<B>& lse2, const Tensor<B>& dout, double scale, bool causal, int64_t pos0,
+    const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}) {
   const detail::AttnDims a = detail::diff_attention_check("diff_attention_backward", q, k, v, lam, key_padding, pos0, mask);
   const Shape os{a.B, a.H, a.T, a.dv}, ls{a.B, a.H, a.T};
   KILN_CHECK(o.defined() && o2.defined() && dout.defined() && lse1.defined() && lse2.defined() && o.shape() == os && o2.shape() == os &&
                  dout.shape() == os && lse1.shape() == ls && lse2.shape() == ls && o.dtype() == q.dtype() && o2.dtype() == q.dtype() &&
                  dout.dtype() == q.dtype() && lse1.dtype() == detail::lse_dtype(q.dtype()) && lse2.dtype() == lse1.dtype(),
-             "diff_attention_backward: o {} {}, o2 {}, dout {} {}, lse {} / {} {} do not fit q {} {}, v {}", shape_str(o.shape()), o.dtype(),
-             shape_str(o2.shape()), shape_str(dout.shape()), dout.dtype(), shape_str(lse1.shape()), shape_str(lse2.shape()), lse1.dtype(),
-             shape_str(q.shape()), q.dtype(), shape_str(v.shape()));
+             "diff_attention_backward: o {} {}, o2 {}, dout {} {}, lse {} / {} {} do not fit q {} {}, v {}", shape_str(o.shape()),
+             o.dtype(), shape_str(o2.shape()), shape_str(dout.shape()), dout.dtype(), shape_str(lse1.shape()), shape_str(lse2.shape()),
+             lse1.dtype(), shape_str(q.shape()), q.dtype(), shape_str(v.shape()));
   if constexpr (HasDiffAttention<B>) {
     const DType dt = q.dtype();
     if ((dt == DType::f32 || dt == DType::f64) && !a.empty()) {
@@ -155,7 +148,8 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>, Tensor<B>> diff_attention_backward(c
       const View<typename B::Storage> mvv = mv.defined() ? mv.cview() : q1.cview();
       Tensor<B> dq1 = dq.select(2, 0), dq2 = dq.select(2, 1), dk1 = dk.select(2, 0), dk2 = dk.select(2, 1);
       // the products the shared form runs per score: S1, S2, dV, dP, dQ1, dK1, dQ2, dK2 (4d + 2dv MACs)
-      const double flops = 2.0 * static_cast<double>(a.B * a.H * a.T * a.S) * static_cast<double>(4 * a.d + 2 * a.dv) * (causal ? 0.5 : 1.0);
+      const double flops =
+          2.0 * static_cast<double>(a.B * a.H * a.T * a.S) * static_cast<double>(4 * a.d + 2 * a.dv) * (causal ? 0.5 : 1.0);
       KILN_PROFILED_FLOPS("diff_attention_backward", flops, dq, dk, dv, q1, q2, k1, k2, vc, oc, o2c, gc)
       B::diff_attention_backward(dq1.mview(), dq2.mview(), dk1.mview(), dk2.mview(), dv.mview(), dlam.mview(), q1.cview(), q2.cview(),
                                  k1.cview(), k2.cview(), vc.cview(), lc.cview(), oc.cview(), o2c.cview(), l1.cview(), l2.cview(),

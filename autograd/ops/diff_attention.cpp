@@ -17,17 +17,18 @@ template <Backend B> Grads<B> DiffAttentionBackward<B>::operator()(const Tensor<
   return Grads<B>{dq, dk, dv, dlam};
 }
 
-template <Backend B>
-Var<B> DiffAttentionOps<B>::diff_attention(const Var<B>& q_in, const Var<B>& k_in, const Var<B>& v_in, const Var<B>& lambda,
-                                           double scale, bool causal, int64_t pos0, const Tensor<B>& key_padding, const Tensor<B>& mask) {
+template <Backend B> Var<B> DiffAttentionOps<B>::diff_attention(const Var<B>& q_in, const Var<B>& k_in, const Var<B>& v_in,
+                                                                const Var<B>& lambda, double scale, bool causal, int64_t pos0,
+                                                                const Tensor<B>& key_padding, const Tensor<B>& mask) {
   const Var<B> q = autocast::to_low(q_in), k = autocast::to_low(k_in), v = autocast::to_low(v_in);
   KILN_CHECK(lambda.defined(), "diff_attention: undefined lambda (q {})", shape_str(q.shape()));
   const Var<B> lam = lambda.dtype() == q.dtype() ? lambda : lambda.to(q.dtype());
-  auto [o, o2, lse1, lse2] = fused::diff_attention_forward(q.value(), k.value(), v.value(), lam.value(), scale, causal, pos0, key_padding, mask);
+  auto [o, o2, lse1, lse2] =
+      fused::diff_attention_forward(q.value(), k.value(), v.value(), lam.value(), scale, causal, pos0, key_padding, mask);
   if (!(needs_grad(q) || needs_grad(k) || needs_grad(v) || needs_grad(lam))) return Var<B>(o);
-  return record<B>("diff_attention", o, {&q, &k, &v, &lam},
-                   DiffAttentionBackward<B>{q.value(), k.value(), v.value(), lam.value(), o, o2, lse1, lse2, key_padding, mask, scale,
-                                            causal, pos0});
+  return record<B>(
+      "diff_attention", o, {&q, &k, &v, &lam},
+      DiffAttentionBackward<B>{q.value(), k.value(), v.value(), lam.value(), o, o2, lse1, lse2, key_padding, mask, scale, causal, pos0});
 }
 
 #define KILN_INST(B)                        \
