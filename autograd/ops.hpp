@@ -128,6 +128,24 @@ template <Backend B> struct AttentionOps {
                           const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
 };
 
+// autograd/ops/diff_attention.cpp
+// Fused differential attention (core/fused_diff_attention.hpp): q [B, H, 2, T, d], k [B, Hkv, 2, S, d]
+// (axis 2: the two branches), v [B, Hkv, S, dv], lambda one element -> O = FA(q1, k1, v) − λ·FA(q2, k2, v)
+// [B, H, T, dv]. The node saves q, k, v, λ, O, O2 = FA(q2, k2, v) and both row log-sum-exps (plus the key
+// padding and mask as given); its backward gives q, k, v and λ their gradients in one pass.
+template <Backend B> struct DiffAttentionBackward {
+  Tensor<B> q, k, v, lam, o, o2, lse1, lse2, key_padding, mask;
+  double scale = 1;
+  bool causal = false;
+  int64_t pos0 = 0;
+  Grads<B> operator()(const Tensor<B>& grad_out) const;
+  std::vector<Tensor<B>> saved() const { return {q, k, v, lam, o, o2, lse1, lse2, key_padding, mask}; }
+};
+template <Backend B> struct DiffAttentionOps {
+  static Var<B> diff_attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, const Var<B>& lambda, double scale, bool causal,
+                               int64_t pos0, const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
+};
+
 // autograd/ops/conv.cpp
 // Convolutions through core/fused_conv.hpp (x [N, C, H, W] or unbatched [C, H, W]); bias may be an
 // undefined Var. The node saves x only when w needs a gradient and w only when x does.

@@ -12,6 +12,7 @@
 #include "kiln/core/fused.hpp"
 #include "kiln/core/fused_conv.hpp"
 #include "kiln/core/fused_depth.hpp"
+#include "kiln/core/fused_diff_attention.hpp"
 #include "kiln/core/fused_diff2.hpp"
 #include "kiln/core/fused_loss.hpp"
 #include "kiln/core/fused_norm.hpp"
@@ -58,6 +59,8 @@ KILN_DECLARES(rope)
 KILN_DECLARES(rms_norm_forward)
 KILN_DECLARES(rms_norm_backward)
 KILN_DECLARES(diff2_combine_forward)
+KILN_DECLARES(diff_attention_forward)
+KILN_DECLARES(diff_attention_backward)
 KILN_DECLARES(diff2_combine_backward)
 #undef KILN_DECLARES
 }  // namespace declares
@@ -76,6 +79,8 @@ template <class B> consteval bool overrides_checked() {
                 "cross_entropy_forward/backward do not match HasCrossEntropy (core/fused_loss.hpp)");
   static_assert(!d::adam_step<B> || HasAdam<B>, "adam_step does not match HasAdam (core/fused_optim.hpp)");
   static_assert(!d::sum_squares<B> || HasSumSquares<B>, "sum_squares does not match HasSumSquares (core/fused_optim.hpp)");
+  static_assert(!(d::diff_attention_forward<B> || d::diff_attention_backward<B>) || HasDiffAttention<B>,
+                "diff_attention_forward/backward do not match HasDiffAttention (core/fused_diff_attention.hpp)");
   static_assert(!(d::diff2_combine_forward<B> || d::diff2_combine_backward<B>) || HasDiff2Combine<B>,
                 "diff2_combine_forward/backward do not match HasDiff2Combine (core/fused_diff2.hpp)");
   static_assert(!(d::swiglu_forward<B> || d::swiglu_backward<B>) || HasSwiGLU<B>,

@@ -2,11 +2,20 @@
 
 #include <cmath>
 
+#include "kiln/autograd/ops.hpp"
 #include "kiln/nn/init.hpp"
 
 namespace kiln::nn {
 
 double diff_lambda_init(int64_t depth) { return 0.8 - 0.6 * std::exp(-0.3 * static_cast<double>(depth)); }
+
+template <Backend B>
+Var<B> diff_attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, const Var<B>& lambda, bool causal, int64_t pos0,
+                      const Tensor<B>& key_padding, const Tensor<B>& mask) {
+  KILN_CHECK(q.dim() == 5, "diff_attention: q {} must be [B, H, 2, T, d]", shape_str(q.shape()));
+  return autograd::DiffAttentionOps<B>::diff_attention(q, k, v, lambda, 1.0 / std::sqrt(static_cast<double>(q.size(4))), causal, pos0,
+                                                       key_padding, mask);
+}
 
 template <Backend B> DifferentialAttention<B>::DifferentialAttention(DiffAttentionOptions o) : o_(o) {
   if (o_.n_kv_heads == 0) o_.n_kv_heads = o_.n_heads;
@@ -72,17 +81,17 @@ template <Backend B> Var<B> DifferentialAttention<B>::forward(const Var<B>& x, c
       v = Var<B>(vc);
     }
   }
-  const Var<B> q1 = q.select(2, 0), q2 = q.select(2, 1);  // [B, h, T, d]
-  const Var<B> k1 = k.select(2, 0), k2 = k.select(2, 1);  // [B, hkv, S, d]
-  const Var<B> o1 = attention(q1, k1, v, o_.causal, pos0, in.key_padding, in.mask);  // [B, h, T, 2d]
-  const Var<B> o2 = attention(q2, k2, v, o_.causal, pos0, in.key_padding, in.mask);
-  Var<B> o = o1 - o2 * lambda();
+  // FA(Q1, K1, V) − λ·FA(Q2, K2, V) [B, h, T, 2d]: both branches in one fused op
+  Var<B> o = diff_attention(q, k, v, lambda(), o_.causal, pos0, in.key_padding, in.mask);
   if (o_.subln) o = subln_->forward(o);
   o = o.mul(1.0 - lambda_init_);
   return out_->forward(o.transpose(1, 2).reshape({Bn, T, h * 2 * d}));
 }
 
-#define KILN_INST(B) template class DifferentialAttention<B>;
+#define KILN_INST(B)                                                                                                            \
+  template class DifferentialAttention<B>;                                                                                     \
+  template Var<B> diff_attention(const Var<B>&, const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&, \
+                                 const Tensor<B>&);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST
 

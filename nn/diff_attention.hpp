@@ -23,6 +23,16 @@ namespace kiln::nn {
 
 double diff_lambda_init(int64_t depth);
 
+// The two softmax maps of differential heads over one V, as one fused op (core/fused_diff_attention.hpp;
+// on Cpu one kernel for both branches, forward and backward):
+//   q [B, H, 2, T, d], k [B, Hkv, 2, S, d] (axis 2: branch 1, branch 2), v [B, Hkv, S, dv], lambda one
+//   element  ->  softmax(q1 k1ᵀ/√d + mask) v − λ·softmax(q2 k2ᵀ/√d + mask) v   [B, H, T, dv]
+// causal, pos0, key_padding and mask as nn::attention (nn/attention.hpp), applied to both maps alike.
+// Differentiable in q, k, v and lambda.
+template <Backend B>
+KILN_API Var<B> diff_attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, const Var<B>& lambda, bool causal, int64_t pos0,
+                               const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
+
 struct DiffAttentionOptions {
   int64_t d_model = 0;
   int64_t n_heads = 0;     // differential heads

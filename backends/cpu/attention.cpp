@@ -120,6 +120,7 @@ template <class I, class T> void transpose_tile(const T* src, int64_t lds, T* ds
 template <class E> struct RowsOf {
   E* p = nullptr;
   int64_t sb = 0, sh = 0, st = 0, ld = 0;
+  RowsOf() = default;
   RowsOf(E* p_, int64_t sb_, int64_t sh_, int64_t st_, int64_t ld_) : p(p_), sb(sb_), sh(sh_), st(st_), ld(ld_) {}
   template <class View> RowsOf(const View& v) {  // NOLINT
     const Layout& l = v.layout;
@@ -263,13 +264,22 @@ void tile_probs(T* s, int64_t ld, int64_t br, int64_t bc, const T* lse, int64_t 
   }
 }
 
-// Backward: dS = scale · P ⊙ (dP − D) into dp (D: one value per row).
-template <class I, class T> void tile_ds(const T* p, T* dp, int64_t ld, int64_t br, int64_t bc, const T* D, T scale) {
+// Backward: dS = scale · P ⊙ (dP − D) in place of P (D: one value per row).
+template <class I, class T> void tile_ds(T* p, const T* dp, int64_t ld, int64_t br, int64_t bc, const T* D, T scale) {
   for (int64_t r = 0; r < br; ++r) {
     const T Dr = D[r];
-    const T* pr = p + r * ld;
-    T* dr = dp + r * ld;
-    for (int64_t c = 0; c < bc; ++c) dr[c] = scale * pr[c] * (dr[c] - Dr);
+    T* pr = p + r * ld;
+    const T* dr = dp + r * ld;
+    for (int64_t c = 0; c < bc; ++c) pr[c] = scale * pr[c] * (dr[c] - Dr);
+  }
+}
+
+// Backward of differential attention: out = P1 − λ·P2 (the map that multiplies V).
+template <class I, class T> void tile_combine(const T* p1, const T* p2, T* out, int64_t ld, int64_t br, int64_t bc, T lam) {
+  for (int64_t r = 0; r < br; ++r) {
+    const T *a = p1 + r * ld, *b = p2 + r * ld;
+    T* o = out + r * ld;
+    for (int64_t c = 0; c < bc; ++c) o[c] = a[c] - lam * b[c];
   }
 }
 
@@ -289,6 +299,7 @@ template <class T> struct TileKernels {
   decltype(&tile_finish<Baseline, T>) finish = pick<tile_finish<Baseline, T>, tile_finish<Avx2, T>, tile_finish<Avx512, T>>();
   decltype(&tile_probs<Baseline, T>) probs = pick<tile_probs<Baseline, T>, tile_probs<Avx2, T>, tile_probs<Avx512, T>>();
   decltype(&tile_ds<Baseline, T>) ds = pick<tile_ds<Baseline, T>, tile_ds<Avx2, T>, tile_ds<Avx512, T>>();
+  decltype(&tile_combine<Baseline, T>) combine = pick<tile_combine<Baseline, T>, tile_combine<Avx2, T>, tile_combine<Avx512, T>>();
   decltype(&rows_dot<Baseline, T>) dot = pick<rows_dot<Baseline, T>, rows_dot<Avx2, T>, rows_dot<Avx512, T>>();
   decltype(&transpose_tile<Baseline, T>) transpose = pick<transpose_tile<Baseline, T>, transpose_tile<Avx2, T>>();
 };
@@ -380,23 +391,52 @@ template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse
   }
 }
 
-// One key tile [j0, j0 + bc) of (b, hk): writes dk, dv (rows of that tile, which arrive uninitialised:
-// the first block's products write them, beta 0, after zeroing the rows it does not reach) and
-// accumulates into dq (the output's rows or a thread's private [B, H, T, d] buffer; dq_first: dq's
-// rows arrive uninitialised, and this tile, key tile 0, writes every one of them).
+// The softmax maps of one backward pass over one V: one (attention) or two (differential attention,
+// core/fused_diff_attention.hpp: dO1 = dO, dO2 = −λ·dO, so dV = (P1 − λ P2)ᵀ dO and one dP = dO Vᵀ
+// serves both). Branch x has its own q, k (P[x]; P[0] carries the shared sizes, v and masks), LSE,
+// row values D[x] and dS factor: dS_x = dsf[x] · scale · P_x ⊙ (dP − D_x).
+template <class T> struct Branches {
+  int n = 1;
+  const Problem<T>* P[2] = {};
+  const T* lse[2] = {};
+  const T* D[2] = {};
+  T dsf[2] = {1, 1};
+  T lam = 0;
+  OutRows<T> dq[2], dk[2];
+};
+
+// Per-thread scratch of the backward: the score tiles s[x], dp, and the key tile's Kᵀ per branch and Vᵀ.
+template <class T> struct BwdScratch {
+  T* s[2] = {};
+  T* dp = nullptr;
+  T* kt[2] = {};
+  T* vt = nullptr;
+  static size_t size(int n, int64_t d, int64_t dv) { return static_cast<size_t>(((n + 1) * kBrB + n * d + dv) * kBcB); }
+  BwdScratch(T* p, int n, int64_t d) {
+    for (int x = 0; x < n; ++x, p += kBrB * kBcB) s[x] = p;
+    dp = p;
+    p += kBrB * kBcB;
+    for (int x = 0; x < n; ++x, p += d * kBcB) kt[x] = p;
+    vt = p;
+  }
+};
+
+// One key tile [j0, j0 + bc) of (b, hk): writes dk (each branch's), dv (rows of that tile, which arrive
+// uninitialised: the first block's products write them, beta 0, after zeroing the rows it does not
+// reach) and accumulates into dq[x] (the output's rows or a thread's private [B, H, T, d] buffers;
+// dq_first: dq's rows arrive uninitialised, and this tile, key tile 0, writes every one of them).
 template <class T>
-void backward_key_tile(const Problem<T>& P, const TileKernels<T>& K, const Rows<T>& g, const T* lse, const T* D, int64_t b, int64_t hk,
-                       int64_t j0, const OutRows<T>& dk, const OutRows<T>& dv, const OutRows<T>& dq, bool dq_first, T* s, T* dp, T* kt,
-                       T* vt) {
+void backward_key_tile(const Branches<T>& X, const TileKernels<T>& K, const Rows<T>& g, int64_t b, int64_t hk, int64_t j0,
+                       const OutRows<T>& dv, const OutRows<T>* dq, bool dq_first, const BwdScratch<T>& w) {
+  const Problem<T>& P = *X.P[0];
   const int64_t bc = std::min(kBcB, P.S - j0);
   const bool* kp = P.kp_row(b);
-  T* dk_t = dk.row(b, hk, j0);
   T* dv_t = dv.row(b, hk, j0);
   const int64_t i_first = P.causal ? std::max<int64_t>(0, j0 - P.pos0) : 0;  // queries that see key j0 or later
   const bool nn = P.rep * (P.T_ - i_first) >= kMinRowsT;  // enough query rows: Kᵀ and Vᵀ of the tile, NN products
   if (nn) {
-    K.transpose(P.k.row(b, hk, j0), P.k.ld, kt, kBcB, bc, P.d);
-    K.transpose(P.v.row(b, hk, j0), P.v.ld, vt, kBcB, bc, P.dv);
+    for (int x = 0; x < X.n; ++x) K.transpose(X.P[x]->k.row(b, hk, j0), X.P[x]->k.ld, w.kt[x], kBcB, bc, P.d);
+    K.transpose(P.v.row(b, hk, j0), P.v.ld, w.vt, kBcB, bc, P.dv);
   }
   bool kv_written = false;
   for (int64_t hr = 0; hr < P.rep; ++hr) {
@@ -406,84 +446,111 @@ void backward_key_tile(const Problem<T>& P, const TileKernels<T>& K, const Rows<
         const int64_t i0 = it + r0;
         const T kv_beta = kv_written ? T(1) : T(0);
         if (!kv_written) {  // the first block: its products write rows [0, n) of the tile; the rest start at zero
-          dk.zero(b, hk, j0 + n, bc - n, P.d);
+          for (int x = 0; x < X.n; ++x) X.dk[x].zero(b, hk, j0 + n, bc - n, P.d);
           dv.zero(b, hk, j0 + n, bc - n, P.dv);
           kv_written = true;
         }
-        if (nn) gemm<T>(false, false, br, n, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, kt, kBcB, T(0), s, kBcB);
-        else gemm<T>(false, true, br, n, P.d, P.scale, P.q.row(b, h, i0), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBcB);
         const bool diag = P.causal && j0 + n - 1 > P.pos0 + i0;
-        K.probs(s, kBcB, br, n, lse + bh * P.T_ + i0, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0));
+        for (int x = 0; x < X.n; ++x) {  // P_x = exp(S_x − LSE_x)
+          const Problem<T>& Px = *X.P[x];
+          if (nn) gemm<T>(false, false, br, n, P.d, P.scale, Px.q.row(b, h, i0), Px.q.ld, w.kt[x], kBcB, T(0), w.s[x], kBcB);
+          else gemm<T>(false, true, br, n, P.d, P.scale, Px.q.row(b, h, i0), Px.q.ld, Px.k.row(b, hk, j0), Px.k.ld, T(0), w.s[x], kBcB);
+          K.probs(w.s[x], kBcB, br, n, X.lse[x] + bh * P.T_ + i0, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0));
+        }
         const T* grow = g.row(b, h, i0);
-        gemm<T>(true, false, n, P.dv, br, T(1), s, kBcB, grow, g.ld, kv_beta, dv_t, dv.ld);              // dV += Pᵀ dO
-        if (nn) gemm<T>(false, false, br, n, P.dv, T(1), grow, g.ld, vt, kBcB, T(0), dp, kBcB);  // dP = dO Vᵀ
-        else gemm<T>(false, true, br, n, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), dp, kBcB);
-        K.ds(s, dp, kBcB, br, n, D + bh * P.T_ + i0, P.scale);                                            // dS (scaled)
-        gemm<T>(true, false, n, P.d, br, T(1), dp, kBcB, P.q.row(b, h, i0), P.q.ld, kv_beta, dk_t, dk.ld);  // dK += dSᵀ Q
-        gemm<T>(false, false, br, P.d, n, T(1), dp, kBcB, P.k.row(b, hk, j0), P.k.ld, T(dq_first ? 0 : 1), dq.row(b, h, i0),
-                dq.ld);  // dQ += dS K
+        const T* pv = w.s[0];
+        if (X.n == 2) {  // the map that multiplies V: P1 − λ P2 (in dp until dP overwrites it)
+          K.combine(w.s[0], w.s[1], w.dp, kBcB, br, n, X.lam);
+          pv = w.dp;
+        }
+        gemm<T>(true, false, n, P.dv, br, T(1), pv, kBcB, grow, g.ld, kv_beta, dv_t, dv.ld);  // dV += Pᵀ dO
+        if (nn) gemm<T>(false, false, br, n, P.dv, T(1), grow, g.ld, w.vt, kBcB, T(0), w.dp, kBcB);  // dP = dO Vᵀ
+        else gemm<T>(false, true, br, n, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), w.dp, kBcB);
+        for (int x = 0; x < X.n; ++x) {
+          const Problem<T>& Px = *X.P[x];
+          K.ds(w.s[x], w.dp, kBcB, br, n, X.D[x] + bh * P.T_ + i0, X.dsf[x] * P.scale);  // dS (scaled)
+          gemm<T>(true, false, n, P.d, br, T(1), w.s[x], kBcB, Px.q.row(b, h, i0), Px.q.ld, kv_beta, X.dk[x].row(b, hk, j0),
+                  X.dk[x].ld);  // dK += dSᵀ Q
+          gemm<T>(false, false, br, P.d, n, T(1), w.s[x], kBcB, Px.k.row(b, hk, j0), Px.k.ld, T(dq_first ? 0 : 1), dq[x].row(b, h, i0),
+                  dq[x].ld);  // dQ += dS K
+        }
       });
     }
   }
   if (!kv_written) {  // no query sees this tile
-    dk.zero(b, hk, j0, bc, P.d);
+    for (int x = 0; x < X.n; ++x) X.dk[x].zero(b, hk, j0, bc, P.d);
     dv.zero(b, hk, j0, bc, P.dv);
   }
 }
 
+// The backward pass of X's branches. X.D is filled here: D_x = rowsum(dO ⊙ O_x) (0 for rows with no
+// visible key: their O is NaN); with two branches o is the combined O = O1 − λ O2 and o2 is O2, so
+// D_1 = rowsum(dO ⊙ O) + λ E, D_2 = E = rowsum(dO ⊙ O2) (dO2 = −λ dO is folded into dsf[1] = −λ), and
+// *dlam = −Σ E.
 template <class T>
-void backward(const Problem<T>& P, const Rows<T>& o, const Rows<T>& g, const T* lse, const OutRows<T>& dq, const OutRows<T>& dk,
-              const OutRows<T>& dv) {
-  // D = rowsum(dO ⊙ O), 0 for rows with no visible key (their O is NaN)
+void backward(Branches<T> X, const Rows<T>& o, const Rows<T>* o2, const Rows<T>& g, const OutRows<T>& dv, T* dlam) {
+  const Problem<T>& P = *X.P[0];
   const int64_t rows = P.B * P.H * P.T_;
-  std::vector<T> D(static_cast<size_t>(rows));
+  std::vector<T> D(static_cast<size_t>(X.n * rows));
   const TileKernels<T> K;
   parallel_for(rows, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(P.dv, 1)), [&](int64_t rb, int64_t re) {
-    K.dot(D.data(), lse, rb, re - rb, o, g, P.H, P.T_, P.dv);
+    K.dot(D.data(), X.lse[0], rb, re - rb, o, g, P.H, P.T_, P.dv);
+    if (X.n == 2) K.dot(D.data() + rows, X.lse[1], rb, re - rb, *o2, g, P.H, P.T_, P.dv);
   }, 1);
+  for (int x = 0; x < X.n; ++x) X.D[x] = D.data() + x * rows;
+  if (X.n == 2) {
+    T e = 0;
+    for (int64_t x = 0; x < rows; ++x) {
+      D[static_cast<size_t>(x)] += X.lam * D[static_cast<size_t>(rows + x)];
+      e += D[static_cast<size_t>(rows + x)];
+    }
+    *dlam = -e;
+    X.dsf[1] = -X.lam;
+  }
 
   const int64_t nkt = (P.S + kBcB - 1) / kBcB;
   const int64_t units = P.B * P.Hkv;
   const int nt_max = threads_for(units * nkt);
   const bool per_unit = units >= nt_max;  // enough (batch, kv head) units: no shared dQ rows
   const int nt = per_unit ? threads_for(units) : nt_max;
-  const size_t tile = static_cast<size_t>((2 * kBrB + P.d + P.dv) * kBcB);
+  const size_t tile = BwdScratch<T>::size(X.n, P.d, P.dv);
   std::vector<T> scratch(static_cast<size_t>(nt) * tile);
   const size_t nq = static_cast<size_t>(rows * P.d);
-  std::vector<T> priv(per_unit ? 0 : static_cast<size_t>(nt) * nq, T(0));
+  std::vector<T> priv(per_unit ? 0 : static_cast<size_t>(nt * X.n) * nq, T(0));
 #pragma omp parallel num_threads(nt)
   {
     const int tid = omp_get_thread_num();
-    T* s = scratch.data() + static_cast<size_t>(tid) * tile;
-    T* dp = s + kBrB * kBcB;
-    T* kt = dp + kBrB * kBcB;  // the key tile's Kᵀ [d, kBcB] and Vᵀ [dv, kBcB]
-    T* vt = kt + P.d * kBcB;
+    const BwdScratch<T> w(scratch.data() + static_cast<size_t>(tid) * tile, X.n, P.d);
     if (per_unit) {  // a unit owns dk, dv of (b, hk) and dq of its group's query heads, written by its first products
 #pragma omp for schedule(dynamic, 1)
       for (int64_t u = 0; u < units; ++u) {
         const int64_t b = u / P.Hkv, hk = u % P.Hkv;
         if (nkt == 0)  // no keys: dq is zero; else key tile 0 writes all of dq's rows (every query sees key 0)
-          for (int64_t hr = 0; hr < P.rep; ++hr) dq.zero(b, hk * P.rep + hr, 0, P.T_, P.d);
-        for (int64_t jt = 0; jt < nkt; ++jt)
-          backward_key_tile(P, K, g, lse, D.data(), b, hk, jt * kBcB, dk, dv, dq, jt == 0, s, dp, kt, vt);
+          for (int x = 0; x < X.n; ++x)
+            for (int64_t hr = 0; hr < P.rep; ++hr) X.dq[x].zero(b, hk * P.rep + hr, 0, P.T_, P.d);
+        for (int64_t jt = 0; jt < nkt; ++jt) backward_key_tile(X, K, g, b, hk, jt * kBcB, dv, X.dq, jt == 0, w);
       }
-    } else {  // a work item owns dk, dv of its key tile; dq goes to the thread's private buffer
-      const OutRows<T> mine(priv.data() + static_cast<size_t>(tid) * nq, P.H * P.T_ * P.d, P.T_ * P.d, P.d, P.d);
+    } else {  // a work item owns dk, dv of its key tile; dq goes to the thread's private buffers
+      OutRows<T> mine[2];
+      for (int x = 0; x < X.n; ++x)
+        mine[x] = OutRows<T>(priv.data() + static_cast<size_t>(tid * X.n + x) * nq, P.H * P.T_ * P.d, P.T_ * P.d, P.d, P.d);
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t w = 0; w < units * nkt; ++w) {
-        const int64_t u = w / nkt, jt = w % nkt, b = u / P.Hkv, hk = u % P.Hkv, j0 = jt * kBcB;
-        backward_key_tile(P, K, g, lse, D.data(), b, hk, j0, dk, dv, mine, false, s, dp, kt, vt);
+      for (int64_t wi = 0; wi < units * nkt; ++wi) {
+        const int64_t u = wi / nkt, jt = wi % nkt, b = u / P.Hkv, hk = u % P.Hkv;
+        backward_key_tile(X, K, g, b, hk, jt * kBcB, dv, mine, false, w);
       }
       // (implicit barrier) sum the private dQ buffers into dq's rows
       const int team = omp_get_num_threads();
 #pragma omp for schedule(static)
-      for (int64_t x = 0; x < rows; ++x) {
-        const int64_t t = x % P.T_, bh = x / P.T_;
-        T* out = dq.row(bh / P.H, bh % P.H, t);
-        for (int64_t c = 0; c < P.d; ++c) {
-          T acc = 0;
-          for (int th = 0; th < team; ++th) acc += priv[static_cast<size_t>(th) * nq + static_cast<size_t>(x * P.d + c)];
-          out[c] = acc;
+      for (int64_t xr = 0; xr < rows; ++xr) {
+        const int64_t t = xr % P.T_, bh = xr / P.T_;
+        for (int x = 0; x < X.n; ++x) {
+          T* out = X.dq[x].row(bh / P.H, bh % P.H, t);
+          for (int64_t c = 0; c < P.d; ++c) {
+            T acc = 0;
+            for (int th = 0; th < team; ++th) acc += priv[static_cast<size_t>(th * X.n + x) * nq + static_cast<size_t>(xr * P.d + c)];
+            out[c] = acc;
+          }
         }
       }
     }
@@ -543,17 +610,45 @@ Problem<T> make_problem(Cpu::V q, Cpu::V k, Cpu::V v, const Cpu::V* key_padding,
   return P;
 }
 
-}  // namespace
-
-void Cpu::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0) {
-  KILN_CHECK(q.dtype == DType::f32 || q.dtype == DType::f64, "attention_forward: cpu kernel takes f32 or f64, got {}", q.dtype);
-  check_views("attention_forward", {q, k, v}, q.dtype);
+// The outputs of a forward: o [B, H, T, dv] with unit-stride rows, lse a contiguous [B, H, T].
+void check_forward_outputs(const char* op, const Cpu::M& o, const Cpu::M& lse, const Cpu::V& q, const Cpu::V& v) {
+  KILN_CHECK(q.dtype == DType::f32 || q.dtype == DType::f64, "{}: cpu kernel takes f32 or f64, got {}", op, q.dtype);
   KILN_CHECK(out_rows(o) && lse.layout.is_contiguous() && o.dtype == q.dtype && lse.dtype == q.dtype &&
                  o.layout.shape == Shape({q.layout.shape[0], q.layout.shape[1], q.layout.shape[2], v.layout.shape[3]}) &&
                  lse.layout.shape == Shape({q.layout.shape[0], q.layout.shape[1], q.layout.shape[2]}),
-             "attention_forward: outputs o {} and lse {} must be [B, H, T, dv] with unit-stride rows and a contiguous [B, H, T] "
-             "(q {}, v {})",
+             "{}: outputs o {} and lse {} must be [B, H, T, dv] with unit-stride rows and a contiguous [B, H, T] (q {}, v {})", op,
              shape_str(o.layout.shape), shape_str(lse.layout.shape), shape_str(q.layout.shape), shape_str(v.layout.shape));
+}
+
+// The outputs of a backward: dq, dk, dv with unit-stride rows and the shapes of q, k, v.
+void check_backward_outputs(const char* op, const Cpu::M& dq, const Cpu::M& dk, const Cpu::M& dv, const Cpu::V& q, const Cpu::V& k,
+                            const Cpu::V& v, const Cpu::V& o, const Cpu::V& dout, const Cpu::V& lse) {
+  KILN_CHECK(q.dtype == DType::f32 || q.dtype == DType::f64, "{}: cpu kernel takes f32 or f64, got {}", op, q.dtype);
+  KILN_CHECK(out_rows(dq) && out_rows(dk) && out_rows(dv) && lse.layout.is_contiguous() && dq.layout.shape == q.layout.shape &&
+                 dk.layout.shape == k.layout.shape && dv.layout.shape == v.layout.shape && o.layout.shape == dout.layout.shape &&
+                 lse.dtype == q.dtype,
+             "{}: dq {}, dk {}, dv {} must have unit-stride rows and the shapes of q {}, k {}, v {}", op, shape_str(dq.layout.shape),
+             shape_str(dk.layout.shape), shape_str(dv.layout.shape), shape_str(q.layout.shape), shape_str(k.layout.shape),
+             shape_str(v.layout.shape));
+}
+
+// The second branch of differential attention has the first's shapes and dtype.
+void check_branches(const char* op, const Cpu::V& a, const Cpu::V& b) {
+  KILN_CHECK(a.layout.shape == b.layout.shape && a.dtype == b.dtype, "{}: the branches' operands differ: {} {} and {} {}", op,
+             shape_str(a.layout.shape), a.dtype, shape_str(b.layout.shape), b.dtype);
+}
+
+template <class T> T scalar_of(const Cpu::V& x) {
+  KILN_CHECK(x.layout.numel() == 1 && x.dtype == dtype_of<T>, "diff_attention: lambda must be one {} element, got {} {}", dtype_of<T>,
+             x.dtype, shape_str(x.layout.shape));
+  return x.storage.as<T>()[x.layout.offset];
+}
+
+}  // namespace
+
+void Cpu::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0) {
+  check_forward_outputs("attention_forward", o, lse, q, v);
+  check_views("attention_forward", {q, k, v}, q.dtype);
   auto run = [&]<class T>(type_tag<T>) {
     const Problem<T> P = make_problem<T>(q, k, v, key_padding, mask, scale, causal, pos0);
     forward(P, OutRows<T>(o), lse.storage.as<T>() + lse.layout.offset);
@@ -564,25 +659,88 @@ void Cpu::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, con
 
 void Cpu::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, const V* mask, double scale,
                              bool causal, int64_t pos0) {
-  KILN_CHECK(q.dtype == DType::f32 || q.dtype == DType::f64, "attention_backward: cpu kernel takes f32 or f64, got {}", q.dtype);
+  check_backward_outputs("attention_backward", dq, dk, dv, q, k, v, o, dout, lse);
   check_views("attention_backward", {q, k, v, o, dout}, q.dtype);
-  KILN_CHECK(out_rows(dq) && out_rows(dk) && out_rows(dv) && lse.layout.is_contiguous() &&
-                 dq.layout.shape == q.layout.shape && dk.layout.shape == k.layout.shape && dv.layout.shape == v.layout.shape &&
-                 o.layout.shape == dout.layout.shape && lse.dtype == q.dtype,
-             "attention_backward: dq {}, dk {}, dv {} must have unit-stride rows and the shapes of q {}, k {}, v {}",
-             shape_str(dq.layout.shape),
-             shape_str(dk.layout.shape), shape_str(dv.layout.shape), shape_str(q.layout.shape), shape_str(k.layout.shape),
-             shape_str(v.layout.shape));
   auto run = [&]<class T>(type_tag<T>) {
     const Problem<T> P = make_problem<T>(q, k, v, key_padding, mask, scale, causal, pos0);
-    backward(P, Rows<T>(o), Rows<T>(dout), lse.storage.as<T>() + lse.layout.offset, OutRows<T>(dq), OutRows<T>(dk), OutRows<T>(dv));
+    Branches<T> X;
+    X.P[0] = &P;
+    X.lse[0] = lse.storage.as<T>() + lse.layout.offset;
+    X.dq[0] = OutRows<T>(dq);
+    X.dk[0] = OutRows<T>(dk);
+    backward<T>(X, Rows<T>(o), nullptr, Rows<T>(dout), OutRows<T>(dv), nullptr);
   };
   if (q.dtype == DType::f32) run(type_tag<float>{});
+  else run(type_tag<double>{});
+}
+
+// Differential attention (core/fused_diff_attention.hpp): the two branches' flash forwards, then
+// O = O1 − λ O2 row by row; the backward runs both branches in one pass over the key tiles (one
+// dV and one dP product for both).
+void Cpu::diff_attention_forward(M o, M o2, M lse1, M lse2, V q1, V q2, V k1, V k2, V v, V lam, const V* key_padding, const V* mask,
+                                 double scale, bool causal, int64_t pos0) {
+  const char* op = "diff_attention_forward";
+  check_forward_outputs(op, o, lse1, q1, v);
+  check_forward_outputs(op, o2, lse2, q1, v);
+  check_views(op, {q1, q2, k1, k2, v}, q1.dtype);
+  check_branches(op, q1, q2);
+  check_branches(op, k1, k2);
+  auto run = [&]<class T>(type_tag<T>) {
+    const Problem<T> P1 = make_problem<T>(q1, k1, v, key_padding, mask, scale, causal, pos0);
+    const Problem<T> P2 = make_problem<T>(q2, k2, v, key_padding, mask, scale, causal, pos0);
+    const OutRows<T> out(o), out2(o2);
+    forward(P1, out, lse1.storage.as<T>() + lse1.layout.offset);
+    forward(P2, out2, lse2.storage.as<T>() + lse2.layout.offset);
+    const T l = scalar_of<T>(lam);
+    parallel_for(P1.B * P1.H * P1.T_, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(P1.dv, 1)), [&](int64_t rb, int64_t re) {
+      for (int64_t x = rb; x < re; ++x) {
+        const int64_t t = x % P1.T_, bh = x / P1.T_, b = bh / P1.H, h = bh % P1.H;
+        T* a = out.row(b, h, t);
+        const T* c = out2.row(b, h, t);
+        for (int64_t i = 0; i < P1.dv; ++i) a[i] -= l * c[i];
+      }
+    }, 1);
+  };
+  if (q1.dtype == DType::f32) run(type_tag<float>{});
+  else run(type_tag<double>{});
+}
+
+void Cpu::diff_attention_backward(M dq1, M dq2, M dk1, M dk2, M dv, M dlam, V q1, V q2, V k1, V k2, V v, V lam, V o, V o2, V lse1,
+                                  V lse2, V dout, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0) {
+  const char* op = "diff_attention_backward";
+  check_backward_outputs(op, dq1, dk1, dv, q1, k1, v, o, dout, lse1);
+  check_backward_outputs(op, dq2, dk2, dv, q2, k2, v, o2, dout, lse2);
+  check_views(op, {q1, q2, k1, k2, v, o, o2, dout}, q1.dtype);
+  check_branches(op, q1, q2);
+  check_branches(op, k1, k2);
+  KILN_CHECK(dlam.layout.numel() == 1 && dlam.dtype == q1.dtype, "{}: dlam must be one {} element, got {} {}", op, q1.dtype, dlam.dtype,
+             shape_str(dlam.layout.shape));
+  auto run = [&]<class T>(type_tag<T>) {
+    const Problem<T> P1 = make_problem<T>(q1, k1, v, key_padding, mask, scale, causal, pos0);
+    const Problem<T> P2 = make_problem<T>(q2, k2, v, key_padding, mask, scale, causal, pos0);
+    Branches<T> X;
+    X.n = 2;
+    X.P[0] = &P1;
+    X.P[1] = &P2;
+    X.lse[0] = lse1.storage.as<T>() + lse1.layout.offset;
+    X.lse[1] = lse2.storage.as<T>() + lse2.layout.offset;
+    X.lam = scalar_of<T>(lam);
+    X.dq[0] = OutRows<T>(dq1);
+    X.dq[1] = OutRows<T>(dq2);
+    X.dk[0] = OutRows<T>(dk1);
+    X.dk[1] = OutRows<T>(dk2);
+    const Rows<T> r2(o2);
+    backward(X, Rows<T>(o), &r2, Rows<T>(dout), OutRows<T>(dv), dlam.storage.as<T>() + dlam.layout.offset);
+  };
+  if (q1.dtype == DType::f32) run(type_tag<float>{});
   else run(type_tag<double>{});
 }
 
 }  // namespace kiln
 
 #include "kiln/core/fused.hpp"
+#include "kiln/core/fused_diff_attention.hpp"
 static_assert(kiln::fused::HasAttention<kiln::Cpu> && kiln::fused::HasAttentionBackward<kiln::Cpu>,
               "Cpu's flash attention must match the override signatures of core/fused.hpp");
+static_assert(kiln::fused::HasDiffAttention<kiln::Cpu>,
+              "Cpu's differential attention must match the override signatures of core/fused_diff_attention.hpp");

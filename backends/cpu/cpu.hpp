@@ -40,6 +40,7 @@ struct Cpu {
   // flash attention (attention.cpp): outputs in the inputs' layouts, every element written
   static constexpr bool attention_any_layout = true;
   KILN_FUSED_ATTENTION
+  KILN_FUSED_DIFF_ATTENTION  // both branches of differential attention in one op (attention.cpp)
   KILN_FUSED_CONV_POOL  // convolution (oneDNN, conv.cpp) and pooling (pool.cpp)
 };
 static_assert(Backend<Cpu>);

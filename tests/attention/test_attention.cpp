@@ -22,6 +22,7 @@
 #include <kiln/backends/backends.hpp>
 #include "common/kiln_test.hpp"
 #include <kiln/core/fused.hpp>
+#include <kiln/core/fused_diff_attention.hpp>
 #include <kiln/nn/attention.hpp>
 #include <kiln/nn/diff_attention.hpp>
 
@@ -542,4 +543,160 @@ TEMPLATE_TEST_CASE("attention: bad masks throw kiln::Error naming the op and sha
   CHECK_THROWS_WITH(fwd(T::ones({5, 6}, DType::i64)), Catch::Contains("mask") && Catch::Contains("i64"));
   CHECK_THROWS_WITH(nn::attention(Var<TestType>(q), Var<TestType>(k), Var<TestType>(v), true, 0, {}, T::ones({6, 5}, DType::boolean)),
                     Catch::Contains("mask [6, 5]"));
+}
+
+// ------------------------------------------------------------------- fused differential attention
+// nn::diff_attention (core/fused_diff_attention.hpp: the composite default on Reference and Cuda, one
+// kernel for both branches on Cpu) against two decomposed attentions over the branch views,
+// O = A(q1, k1, v) − λ·A(q2, k2, v), forward and every gradient (q, k, v, λ), in the bound of the
+// file's header (dλ: a sum over every output element, Σ |dO| |A2| <= numel · max|dO| · max|v|).
+namespace {
+
+struct DiffResult {
+  std::vector<double> o, dq, dk, dv, dlam;
+};
+
+// Differential operands from a case: q [B, H, 2, T, d], k [B, Hkv, 2, S, d] (layout 1: permuted views
+// of [B, T, H, 2, d] projections, as DifferentialAttention passes them), v and the rest as make_inputs.
+template <Backend B> std::pair<Inputs<B>, Inputs<B>> make_diff_inputs(const Case& c, DType dt, uint64_t seed) {
+  Inputs<B> in = make_inputs<B>(c, dt, seed);
+  Generator gen(seed + 7);
+  auto rnd = [&](Shape s) { return Tensor<B>::randn(s, DType::f32, &gen).to(dt); };
+  Inputs<B> b = in;
+  if (c.layout == 1) {
+    b.q = rnd({c.B, c.T, c.H, 2, c.d}).permute({0, 2, 3, 1, 4});
+    b.k = rnd({c.B, c.S, c.Hkv, 2, c.d}).permute({0, 2, 3, 1, 4});
+  } else {
+    b.q = rnd({c.B, c.H, 2, c.T, c.d});
+    b.k = rnd({c.B, c.Hkv, 2, c.S, c.d});
+  }
+  return {in, b};
+}
+
+template <Backend B> DiffResult run_diff(const Inputs<B>& in, const Case& c, double lam, DType dt, bool fused) {
+  Var<B> q(in.q.to(dt), true), k(in.k.to(dt), true), v(in.v.to(dt), true), l(Tensor<B>::scalar(lam, dt), true);
+  const Tensor<B> mask = in.mask.defined() && in.mask.dtype() != DType::boolean ? in.mask.to(dt) : in.mask;
+  Var<B> o;
+  if (fused) {
+    o = nn::diff_attention(q, k, v, l, c.causal, c.pos0, in.kp, mask);
+    CHECK(std::string(o.grad_fn()) == "diff_attention");
+  } else {
+    auto att = [&](int x) { return nn::attention_decomposed(q.select(2, x), k.select(2, x), v, c.causal, c.pos0, in.kp, mask); };
+    o = att(0) - att(1) * l;
+  }
+  o.backward(in.dout.to(dt));
+  return {kt::host(o.value()), kt::host(q.grad()), kt::host(k.grad()), kt::host(v.grad()), kt::host(l.grad())};
+}
+
+template <Backend B> void check_diff_case(const Case& c, DType dt, uint64_t seed, double lam) {
+  INFO(c.str() << " dtype " << dtype_name(dt) << " lambda " << lam);
+  const Inputs<B> in = make_diff_inputs<B>(c, dt, seed).second;
+  const DiffResult got = run_diff(in, c, lam, dt, true);
+  const DiffResult want = run_diff(in, c, lam, DType::f64, false);
+  const double ms = max_score(in, c);
+  const double f = 1 + std::abs(lam);  // two maps, the second times λ
+  auto tol = [&](const std::vector<double>& w) { return kt::Tol{0.0, f * bound(c, dt, ms, max_abs(w)).atol}; };
+  compare(got.o, want.o, tol(want.o), "O");
+  compare(got.dq, want.dq, tol(want.dq), "dq (both branches)");
+  compare(got.dk, want.dk, tol(want.dk), "dk (both branches)");
+  compare(got.dv, want.dv, tol(want.dv), "dv");
+  const double mlam = static_cast<double>(in.dout.numel()) * max_abs(kt::host(in.dout)) * max_abs(kt::host(in.v));
+  compare(got.dlam, want.dlam, {0.0, f * bound(c, dt, ms, mlam).atol}, "dλ");
+}
+
+// kCases with q and k of two branches: causal, KV-cache offsets, GQA, d != dv, ragged tiles, one
+// (batch, kv head) unit (private dQ buffers), key padding, permuted projections; plus masks.
+std::vector<Case> diff_cases() {
+  std::vector<Case> out;
+  for (Case c : kCases) {
+    if (c.layout == 2) c.layout = 0;  // (strided last dims have no 5-D analogue here)
+    out.push_back(c);
+  }
+  const std::vector<Case> m = mask_cases();
+  out.push_back(m[0]);  // bool [T, S] with causal, padding, GQA
+  out.push_back(m[3]);  // additive [S] ... (the shapes cycle through the three mask base cases)
+  out.push_back(m[8]);  // bool [1, H, T, S]
+  return out;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("diff_attention: fused forward and backward match two decomposed attentions (f64)", "[attention][diff]",
+                   KILN_BACKEND_TYPES) {
+  uint64_t seed = 300;
+  double lam = 0.8;
+  for (const Case& c : diff_cases()) {
+    check_diff_case<TestType>(c, DType::f64, seed++, lam);
+    lam = -0.6 * lam + 0.1;  // positive, negative and near zero
+  }
+}
+
+TEMPLATE_TEST_CASE("diff_attention: fused forward and backward match two decomposed attentions (f32 vs f64 oracle)",
+                   "[attention][diff]", Reference, Cpu) {
+  uint64_t seed = 400;
+  for (const Case& c : diff_cases()) check_diff_case<TestType>(c, DType::f32, seed++, 0.45);
+}
+
+TEMPLATE_TEST_CASE("diff_attention: gradcheck in q, k, v and lambda (f64 finite differences)", "[attention][diff]", KILN_BACKEND_TYPES) {
+  Generator gen(31);
+  using T = Tensor<TestType>;
+  T kp = T::ones({2, 7}, DType::boolean);
+  kp.narrow(1, 3, 1).fill_(0);
+  for (bool causal : {true, false}) {
+    INFO("causal " << causal);
+    const auto r = gradcheck<TestType>(
+        [&](const std::vector<Var<TestType>>& x) { return nn::diff_attention(x[0], x[1], x[2], x[3], causal, 2, kp); },
+        {T::randn({2, 5, 4, 2, 3}, DType::f64, &gen).permute({0, 2, 3, 1, 4}), T::randn({2, 2, 2, 7, 3}, DType::f64, &gen),
+         T::randn({2, 2, 7, 6}, DType::f64, &gen), T::scalar(0.3, DType::f64)});
+    INFO(r.message);
+    CHECK(r.ok);
+  }
+}
+
+TEMPLATE_TEST_CASE("diff_attention: dq and dk come back as one tensor in q's and k's memory order", "[attention][diff]",
+                   KILN_BACKEND_TYPES) {
+  using T = Tensor<TestType>;
+  Generator gen(41);
+  // q, k as DifferentialAttention passes them: [B, T, H, 2, d] projections seen as [B, H, 2, T, d]
+  Var<TestType> q(T::randn({2, 9, 3, 2, 4}, DType::f32, &gen).permute({0, 2, 3, 1, 4}), true);
+  Var<TestType> k(T::randn({2, 9, 3, 2, 4}, DType::f32, &gen).permute({0, 2, 3, 1, 4}), true);
+  Var<TestType> v(T::randn({2, 3, 9, 8}, DType::f32, &gen), true), l(T::scalar(0.5), true);
+  const Var<TestType> o = nn::diff_attention(q, k, v, l, true, 0);
+  const auto* saved = o.node()->backward.template target<autograd::DiffAttentionBackward<TestType>>();
+  REQUIRE(saved != nullptr);
+  for (const T& t : saved->saved())
+    if (t.defined()) CHECK(t.numel() < 9 * 9 * 3 * 2);  // nothing of size T·S per head
+  CHECK(saved->o.storage() == o.value().storage());  // O is the output itself, not a copy
+  // (backward frees the node's closure: keep what the check below needs)
+  const T dout = T::randn(o.shape(), DType::f32, &gen), saved_o = saved->o, o2 = saved->o2, lse1 = saved->lse1, lse2 = saved->lse2;
+  o.backward(dout);
+  if constexpr (std::is_same_v<TestType, Cpu>) {  // the Cpu kernel writes them in place: no copy per branch
+    auto [dq, dk, dv, dlam] = fused::diff_attention_backward(q.value(), k.value(), v.value(), l.value(), saved_o, o2, lse1, lse2, dout,
+                                                             0.5, true, 0);  // scale 1/√d, d = 4
+    CHECK(dq.permute({0, 3, 1, 2, 4}).is_contiguous());  // [B, T, H, 2, d], as the projection
+    CHECK(dk.permute({0, 3, 1, 2, 4}).is_contiguous());
+    compare(kt::host(dq), kt::host(q.grad()), {0.0, 0.0}, "dq as the node's");
+  }
+  CHECK(l.grad().numel() == 1);
+  CHECK(std::isfinite(l.grad().template item<double>()));
+}
+
+TEMPLATE_TEST_CASE("diff_attention: bad shapes and dtypes throw kiln::Error naming the op and shapes", "[attention][diff][errors]",
+                   KILN_BACKEND_TYPES) {
+  using T = Tensor<TestType>;
+  const T q = T::randn({1, 2, 2, 5, 8}), k = T::randn({1, 1, 2, 6, 8}), v = T::randn({1, 1, 6, 16}), l = T::scalar(0.5);
+  CHECK_THROWS_WITH(fused::diff_attention_forward(T::randn({1, 2, 5, 8}), k, v, l, 1.0, true, 0),
+                    Catch::Contains("diff_attention_forward") && Catch::Contains("[1, 2, 5, 8]"));
+  CHECK_THROWS_WITH(fused::diff_attention_forward(T::randn({1, 2, 3, 5, 8}), k, v, l, 1.0, true, 0),
+                    Catch::Contains("[B, H, 2, T, d]") && Catch::Contains("[1, 2, 3, 5, 8]"));
+  CHECK_THROWS_WITH(fused::diff_attention_forward(q, k, v, T::ones({2}), 1.0, true, 0), Catch::Contains("lambda") && Catch::Contains("[2]"));
+  CHECK_THROWS_WITH(fused::diff_attention_forward(q, k, v, T::scalar(0.5, DType::f64), 1.0, true, 0), Catch::Contains("lambda"));
+  CHECK_THROWS_WITH(fused::diff_attention_forward(q, T::randn({1, 1, 2, 6, 7}), v, l, 1.0, true, 0), Catch::Contains("do not fit"));
+  CHECK_THROWS_WITH(fused::diff_attention_forward(q, k, T::randn({1, 1, 5, 16}), l, 1.0, true, 0),
+                    Catch::Contains("diff_attention_forward") && Catch::Contains("[1, 1, 5, 16]"));
+  auto [o, o2, l1, l2] = fused::diff_attention_forward(q, k, v, l, 1.0, true, 0);
+  CHECK_THROWS_WITH(fused::diff_attention_backward(q, k, v, l, o, o2, l1, l2, T::randn({1, 2, 5, 8}), 1.0, true, 0),
+                    Catch::Contains("diff_attention_backward") && Catch::Contains("[1, 2, 5, 8]"));
+  CHECK_THROWS_AS(nn::diff_attention(Var<TestType>(T::randn({2, 2, 5, 8})), Var<TestType>(k), Var<TestType>(v), Var<TestType>(l), true, 0),
+                  kiln::Error);
 }
