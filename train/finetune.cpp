@@ -68,6 +68,12 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
   KILN_CHECK(data.size() > T, "train: '{}' has {} tokens; need more than seq_len={}", o.data_path, data.size(), T);
   if (model->max_positions() > 0)
     KILN_CHECK(T <= model->max_positions(), "train: seq_len {} exceeds the model's {} positions", T, model->max_positions());
+  std::optional<TokenData> eval_data;  // --eval-data: a token file or a text file, as --data
+  if (!o.eval_data_path.empty()) {
+    eval_data = finetune_data(o.eval_data_path, o.init_from);
+    eval_data->check_vocab(model->spec().vocab);
+    KILN_CHECK(eval_data->size() > T, "train: '{}' has {} tokens; need more than seq_len={}", o.eval_data_path, eval_data->size(), T);
+  }
   const bool lora = tc.lora.r > 0;
   if (lora)
     nn::apply_lora(*model, {.r = tc.lora.r,
@@ -93,11 +99,14 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
   auto train_batch = [&](int64_t i) { return data.rows<B>(i, bs, T, rows.start, rows.count); };
   const IndexedBatches<decltype(train_batch)> train{
       .batch = train_batch, .count = 0, .fingerprint = fmt::format("{} tokens, batches of {}x{}", data.size(), bs, T)};
-  const std::string adapter_dir = o.checkpoint_path.empty() ? std::string() : o.checkpoint_path + ".adapter";
+  auto eval_batch = [&](int64_t i) { return eval_data->batch<B>(i, bs, T); };
+  const IndexedBatches<decltype(eval_batch)> eval{.batch = eval_batch, .count = tc.eval_batches, .fingerprint = ""};
+  const bool with_eval = eval_data && tc.eval_every > 0;
   const FitOptions fo{.steps = tc.steps,
                       .grad_accum = tc.grad_accum,
                       .grad_clip = tc.grad_clip,
                       .on_nonfinite = tc.on_nonfinite == "skip" ? NonFinite::skip : NonFinite::error,
+                      .eval_every = tc.eval_every,
                       .checkpoint_path = o.checkpoint_path,
                       .checkpoint_every = tc.checkpoint_every,
                       .resume_path = o.resume_path,
@@ -120,13 +129,14 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
   }
   if (!o.quiet && main && tc.activation_checkpointing)
     fmt::print("kiln train: activation checkpointing on (layer activations recomputed in backward)\n");
-  const FitResult r = fit(*model, *opt, train, step, fo);
+  const FitResult r = with_eval ? fit(*model, *opt, train, eval, step, fo) : fit(*model, *opt, train, step, fo);
   TrainResult res;
   res.steps_done = r.steps_done;
   res.losses = r.losses;
+  res.final_eval_loss = r.eval_losses.empty() ? -1 : r.eval_losses.back();
   res.interrupted = r.interrupted;
   if (main) {
-    if (lora && !adapter_dir.empty()) nn::save_lora(*model, adapter_dir);  // beside the final checkpoint
+    if (lora && !o.checkpoint_path.empty()) nn::save_lora(*model, o.checkpoint_path + ".adapter");  // beside the final checkpoint
     if (!o.save_path.empty()) {
       if (lora)
         nn::save_lora(*model, o.save_path);

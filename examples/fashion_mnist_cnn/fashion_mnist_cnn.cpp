@@ -65,8 +65,8 @@ template <Backend B> TensorDataset<B> images(const TensorDataset<B>& d) {
 
 template <Backend B> int train(const std::string& dir, int64_t epochs, double min_accuracy, int64_t max_steps, const std::string& save) {
   const IdxImageOptions norm{.mean = 0.2860, .std = 0.3530};  // the training split's pixel mean and std
-  const TensorDataset<B> train_set = images(IdxDataset::load_split(dir, "train", norm).tensors<B>());
-  const TensorDataset<B> test_set = images(IdxDataset::load_split(dir, "t10k", norm).tensors<B>());
+  const TensorDataset<B> train_set = images<B>(IdxDataset::load_split(dir, "train", norm).tensors<B>());
+  const TensorDataset<B> test_set = images<B>(IdxDataset::load_split(dir, "t10k", norm).tensors<B>());
   fmt::print("Fashion-MNIST: {} training and {} test images from {}\n", train_set.size(), test_set.size(), dir);
 
   manual_seed(0);

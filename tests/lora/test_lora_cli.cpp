@@ -101,10 +101,11 @@ TEST_CASE("lora cli: kiln train --init-from MODEL_DIR --lora-r fine-tunes a text
   CHECK_THAT(r.out, Catch::Contains("activation checkpointing on"));
   CHECK(losses(dir / "ac.jsonl") == std::vector<double>(full.begin(), full.begin() + 10));
   // train.json's optimizer, scheduler object and EMA are what the fine-tune runs.
+  // So is its held-out evaluation (--eval-data, a text file as --data).
   std::ofstream(dir / "lion.json") << R"({"batch_size": 4, "seq_len": 16, "steps": 4, "optimizer": {"type": "lion", "lr": 1e-3},
-            "scheduler": {"type": "step", "step_size": 2, "gamma": 0.5}, "ema": {"decay": 0.9}})";
-  r = run_kiln(fmt::format("train --init-from {0} --data {1}/small.txt --train {1}/lion.json --lora-r 4 --progress off "
-                           "--checkpoint {1}/lion.ckpt --log {1}/lion.jsonl",
+            "scheduler": {"type": "step", "step_size": 2, "gamma": 0.5}, "ema": {"decay": 0.9}, "eval_every": 2, "eval_batches": 1})";
+  r = run_kiln(fmt::format("train --init-from {0} --data {1}/small.txt --eval-data {1}/small.txt --train {1}/lion.json --lora-r 4 "
+                           "--progress off --checkpoint {1}/lion.ckpt --log {1}/lion.jsonl",
                            kModel, d));
   INFO(r.out);
   REQUIRE(r.status == 0);
@@ -117,10 +118,16 @@ TEST_CASE("lora cli: kiln train --init-from MODEL_DIR --lora-r fine-tunes a text
   INFO(fmt::format("{}", fmt::join(state, " ")));
   CHECK(state == std::set<std::string>{"optim.exp_avg.", "ema."});  // Lion's one moment; Adam would add exp_avg_sq
   std::vector<double> lr;
+  int evals = 0;
   std::ifstream lion_log(dir / "lion.jsonl");
-  for (std::string line; std::getline(lion_log, line);)
-    if (!line.empty()) lr.push_back(json::parse(line)["lr"].get<double>());
+  for (std::string line; std::getline(lion_log, line);) {
+    if (line.empty()) continue;
+    const json rec = json::parse(line);
+    lr.push_back(rec["lr"].get<double>());
+    evals += rec.contains("eval_loss") && rec["eval_loss"].get<double>() > 0;
+  }
   CHECK(lr == std::vector<double>{1e-3, 1e-3, 5e-4, 5e-4});
+  CHECK(evals == 2);  // after steps 1 and 3
   // LoRA flags without a model directory are an error naming what is needed.
   r = run_kiln(fmt::format("train --data {} --lora-r 4", kText));
   CHECK(r.status != 0);
