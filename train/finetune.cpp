@@ -102,23 +102,11 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
   auto eval_batch = [&](int64_t i) { return eval_data->batch<B>(i, bs, T); };
   const IndexedBatches<decltype(eval_batch)> eval{.batch = eval_batch, .count = tc.eval_batches, .fingerprint = ""};
   const bool with_eval = eval_data && tc.eval_every > 0;
-  const FitOptions fo{.steps = tc.steps,
-                      .grad_accum = tc.grad_accum,
-                      .grad_clip = tc.grad_clip,
-                      .on_nonfinite = tc.on_nonfinite == "skip" ? NonFinite::skip : NonFinite::error,
-                      .eval_every = tc.eval_every,
-                      .checkpoint_path = o.checkpoint_path,
-                      .checkpoint_every = tc.checkpoint_every,
-                      .resume_path = o.resume_path,
-                      .log_path = o.log_path,
-                      .progress = o.quiet || !main ? 0 : o.progress,
-                      .stop_after = o.stop_after,
-                      .metadata = {{"train_config", tc.to_json().dump()}, {"data", o.data_path}, {"init_from", o.init_from}},
-                      .callbacks = {lora_checkpoints(*model, tc, o.checkpoint_path, main)},
-                      .hooks = ddp ? dist::fit_hooks(*ddp) : FitHooks{},
-                      .schedule = tc.schedule,
-                      .scheduler = make_scheduler(*opt, tc),
-                      .ema = make_ema(*model, tc)};
+  FitOptions fo = fit_options(o, tc, main, ddp ? dist::fit_hooks(*ddp) : FitHooks{},
+                              {{"train_config", tc.to_json().dump()}, {"data", o.data_path}, {"init_from", o.init_from}});
+  fo.callbacks = {lora_checkpoints(*model, tc, o.checkpoint_path, main)};
+  fo.scheduler = make_scheduler(*opt, tc);
+  fo.ema = make_ema(*model, tc);
   if (!o.quiet && main) {
     int64_t trainable = 0;
     for (const auto& [n, p] : model->named_parameters()) trainable += p.requires_grad() ? p.numel() : 0;

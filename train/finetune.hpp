@@ -17,6 +17,13 @@ template <Backend B> KILN_API TrainResult finetune_causal_lm(const TrainOptions&
 // Dispatches on o.device.
 KILN_API TrainResult finetune_causal_lm(const TrainOptions& o);
 
+// The kiln::fit options of a `kiln train` run, for both engines (train_gpt and finetune_causal_lm):
+// train.json's steps, accumulation, clipping, non-finite policy, precision, evaluation cadence,
+// checkpoints and schedule, the command line's paths, progress and stop, and `metadata` in the
+// checkpoints. Callbacks, the scheduler object and the EMA are the caller's to add.
+KILN_API FitOptions fit_options(const TrainOptions& o, const TrainConfig& tc, bool main, FitHooks hooks,
+                                std::map<std::string, std::string> metadata);
+
 // A kiln::fit callback writing the LoRA adapter to CHECKPOINT.adapter/ (PEFT's layout) at every
 // checkpoint step; a no-op without LoRA, a checkpoint path or checkpoint_every, or off the main process.
 template <Backend B>

@@ -218,26 +218,6 @@ template <Backend B> Ranks ranks_of(int64_t bs) {
   return r;
 }
 
-// docs/specs.md §4 on the generic loop: the schedule over tc.steps from the optimizer's lr, clipping,
-// one record per step, checkpoints that carry the configurations.
-FitOptions fit_options(const TrainOptions& o, const ModelConfig& cfg, const TrainConfig& tc, bool main, FitHooks hooks) {
-  return FitOptions{.steps = tc.steps,
-                    .grad_accum = tc.grad_accum,
-                    .grad_clip = tc.grad_clip,
-                    .on_nonfinite = tc.on_nonfinite == "skip" ? NonFinite::skip : NonFinite::error,
-                    .precision = parse_dtype(tc.precision),
-                    .eval_every = tc.eval_every,
-                    .checkpoint_path = o.checkpoint_path,
-                    .checkpoint_every = tc.checkpoint_every,
-                    .resume_path = o.resume_path,
-                    .log_path = o.log_path,
-                    .progress = o.quiet || !main ? 0 : o.progress,
-                    .stop_after = o.stop_after,
-                    .metadata = {{"model_config", cfg.to_json().dump()}, {"train_config", tc.to_json().dump()}, {"data", o.data_path}},
-                    .hooks = std::move(hooks),
-                    .schedule = tc.schedule};  // peak: the optimizer's lr, tc.optimizer.lr
-}
-
 // The line `kiln train` prints before the first step.
 template <Backend B> void print_banner(const TrainOptions& o, const ModelConfig& cfg, const TrainConfig& tc, const Ranks& ranks,
                                        int64_t num_parameters, double seq_flops, int64_t first_step) {
@@ -278,6 +258,26 @@ TrainResult finish(const TrainOptions& o, const FitResult& r, const nn::GPT<B>& 
 }
 
 }  // namespace
+
+// docs/specs.md §4 on the generic loop: the schedule over tc.steps from the optimizer's lr, clipping,
+// one record per step, checkpoints that carry the configurations.
+FitOptions fit_options(const TrainOptions& o, const TrainConfig& tc, bool main, FitHooks hooks, std::map<std::string, std::string> metadata) {
+  return FitOptions{.steps = tc.steps,
+                    .grad_accum = tc.grad_accum,
+                    .grad_clip = tc.grad_clip,
+                    .on_nonfinite = tc.on_nonfinite == "skip" ? NonFinite::skip : NonFinite::error,
+                    .precision = parse_dtype(tc.precision),
+                    .eval_every = tc.eval_every,
+                    .checkpoint_path = o.checkpoint_path,
+                    .checkpoint_every = tc.checkpoint_every,
+                    .resume_path = o.resume_path,
+                    .log_path = o.log_path,
+                    .progress = o.quiet || !main ? 0 : o.progress,
+                    .stop_after = o.stop_after,
+                    .metadata = std::move(metadata),
+                    .hooks = std::move(hooks),
+                    .schedule = tc.schedule};  // peak: the optimizer's lr, tc.optimizer.lr
+}
 
 template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
   KILN_CHECK(!o.data_path.empty(), "train: --data is required (a safetensors file with a 1-D integer tensor 'tokens')");
@@ -327,7 +327,8 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
       .batch = train_batch, .count = 0, .fingerprint = fmt::format("{} tokens, batches of {}x{}", data.size(), bs, T)};
   const bool with_eval = eval_data && tc.eval_every > 0;
   const IndexedBatches<decltype(eval_batch)> eval{.batch = eval_batch, .count = tc.eval_batches, .fingerprint = ""};
-  FitOptions fo = fit_options(o, cfg, tc, ranks.main, ddp ? dist::fit_hooks(*ddp) : FitHooks{});
+  FitOptions fo = fit_options(o, tc, ranks.main, ddp ? dist::fit_hooks(*ddp) : FitHooks{},
+                              {{"model_config", cfg.to_json().dump()}, {"train_config", tc.to_json().dump()}, {"data", o.data_path}});
   fo.callbacks = {lora_checkpoints(model, tc, o.checkpoint_path, ranks.main)};
   fo.scheduler = make_scheduler(*opt, tc);
   fo.ema = make_ema(model, tc);
