@@ -12,11 +12,14 @@
 
 #include "kiln/nn/attention.hpp"
 #include "kiln/nn/attnres.hpp"
-#include "kiln/nn/diff_attention.hpp"
+#include "kiln/nn/batch_norm.hpp"
+#include "kiln/nn/container.hpp"
 #include "kiln/nn/diff2_attention.hpp"
+#include "kiln/nn/diff_attention.hpp"
 #include "kiln/nn/embedding.hpp"
 #include "kiln/nn/generate.hpp"  // nn::generate: greedy, sampling, KV cache (GPT and Hugging Face models)
 #include "kiln/nn/gpt.hpp"
+#include "kiln/nn/group_norm.hpp"
 #include "kiln/nn/hf/causal_lm.hpp"  // hf::load_causal_lm: GPT-2, Llama, Mistral, Qwen2 directories
 #include "kiln/nn/hf/export.hpp"     // hf::save_pretrained: back to a Hugging Face directory
 #include "kiln/nn/init.hpp"
@@ -26,9 +29,6 @@
 #include "kiln/nn/loss.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/norm.hpp"
-#include "kiln/nn/batch_norm.hpp"
-#include "kiln/nn/container.hpp"
-#include "kiln/nn/group_norm.hpp"
 #include "kiln/nn/transformer.hpp"
 
 #include "kiln/optim/adafactor.hpp"
@@ -40,9 +40,9 @@
 #include "kiln/optim/scheduler.hpp"
 
 #include "kiln/dist/ddp.hpp"
-#include "kiln/train/dist_fit.hpp"
 #include "kiln/dist/process_group.hpp"
 #include "kiln/dist/zero.hpp"
+#include "kiln/train/dist_fit.hpp"
 
 #include "kiln/formats/hf_dir.hpp"
 #include "kiln/formats/idx.hpp"

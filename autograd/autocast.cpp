@@ -85,15 +85,16 @@ template <Backend B> Var<B> to_low(const Var<B>& x) {
   return x.to(g_dtype);
 }
 
-template <Backend B> Var<B> to_f32(const Var<B>& x) {
-  return enabled() && is_half(x.dtype()) ? x.to(DType::f32) : x;
-}
+template <Backend B> Var<B> to_f32(const Var<B>& x) { return enabled() && is_half(x.dtype()) ? x.to(DType::f32) : x; }
 
 template <Backend B> Var<B> cast(Op op, const Var<B>& x) {
   switch (policy(op)) {
-    case Policy::low: return to_low(x);
-    case Policy::f32: return to_f32(x);
-    case Policy::promote: break;
+    case Policy::low:
+      return to_low(x);
+    case Policy::f32:
+      return to_f32(x);
+    case Policy::promote:
+      break;
   }
   return x;
 }
@@ -133,9 +134,9 @@ void GradScaler::set_state(double scale, int64_t good_steps) {
   good_ = good_steps;
 }
 
-#define KILN_INST(B)                               \
-  template Var<B> cast<B>(Op, const Var<B>&);     \
-  template Var<B> to_low<B>(const Var<B>&);       \
+#define KILN_INST(B)                          \
+  template Var<B> cast<B>(Op, const Var<B>&); \
+  template Var<B> to_low<B>(const Var<B>&);   \
   template Var<B> to_f32<B>(const Var<B>&);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

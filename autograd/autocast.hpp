@@ -58,9 +58,10 @@ class CastCacheScope {
 };
 }  // namespace detail
 
-
 // The policy table, like PyTorch's autocast op lists (docs/mixed_precision.md): X(op, policy). An op
 // that applies a policy reads it from here through cast(Op::op, x); a new op adds one line.
+// The op tables below keep one row per op (clang-format would reflow them).
+// clang-format off
 #define KILN_AUTOCAST_OPS(X)                                                                        \
   /* low: the products (Linear and the LM head through linear, conv1d through conv2d) */            \
   X(matmul, low) X(linear, low) X(conv2d, low) X(conv_transpose2d, low) X(attention, low)          \
@@ -72,6 +73,7 @@ class CastCacheScope {
   X(pow, f32) X(residual_stream, f32) /* the Attention-Residuals blocks (nn/attnres.cpp) */         \
   /* promote: binary elementwise ops on two floating dtypes (autograd/ops/elementwise.cpp) */        \
   X(binary, promote)
+// clang-format on
 
 enum class Policy { low, f32, promote };
 #define KILN_AUTOCAST_ENUM(op, policy) op,
@@ -98,9 +100,9 @@ template <Backend B> KILN_API Var<B> cast(Op op, const Var<B>& x);
 // The two casts the policies apply (identity when autocast is off or nothing needs casting).
 template <Backend B> KILN_API Var<B> to_low(const Var<B>& x);  // f32/bf16/f16 -> the low dtype
 template <Backend B> KILN_API Var<B> to_f32(const Var<B>& x);  // bf16/f16 -> f32
-#define KILN_AUTOCAST_EXTERN(B)                            \
-  extern template Var<B> cast<B>(Op, const Var<B>&);      \
-  extern template Var<B> to_low<B>(const Var<B>&);        \
+#define KILN_AUTOCAST_EXTERN(B)                      \
+  extern template Var<B> cast<B>(Op, const Var<B>&); \
+  extern template Var<B> to_low<B>(const Var<B>&);   \
   extern template Var<B> to_f32<B>(const Var<B>&);
 KILN_FOR_EACH_BACKEND(KILN_AUTOCAST_EXTERN)
 #undef KILN_AUTOCAST_EXTERN

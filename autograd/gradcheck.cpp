@@ -16,15 +16,13 @@ std::string index_str(int64_t linear, const Shape& shape) {
 }
 }  // namespace
 
-template <Backend B>
-GradcheckResult<B> gradcheck(const std::function<Var<B>(const std::vector<Var<B>>&)>& f, const std::vector<Tensor<B>>& inputs,
-                             double eps, double atol, double rtol) {
+template <Backend B> GradcheckResult<B> gradcheck(const std::function<Var<B>(const std::vector<Var<B>>&)>& f,
+                                                  const std::vector<Tensor<B>>& inputs, double eps, double atol, double rtol) {
   using T = Tensor<B>;
   for (size_t i = 0; i < inputs.size(); ++i) {
     KILN_CHECK(inputs[i].defined(), "gradcheck: input {} is undefined", i);
     KILN_CHECK(!is_floating(inputs[i].dtype()) || inputs[i].dtype() == DType::f64,
-               "gradcheck: input {} (shape {}) is {}; floating inputs must be f64", i, shape_str(inputs[i].shape()),
-               inputs[i].dtype());
+               "gradcheck: input {} (shape {}) is {}; floating inputs must be f64", i, shape_str(inputs[i].shape()), inputs[i].dtype());
   }
   auto is_diff = [&](size_t i) { return is_floating(inputs[i].dtype()); };
 
@@ -47,8 +45,7 @@ GradcheckResult<B> gradcheck(const std::function<Var<B>(const std::vector<Var<B>
   auto loss = [&](std::vector<Var<B>>& xs) {
     NoGrad ng;
     const Var<B> o = f(xs);
-    KILN_CHECK(o.shape() == out.shape(), "gradcheck: f's output shape changed from {} to {}", shape_str(out.shape()),
-               shape_str(o.shape()));
+    KILN_CHECK(o.shape() == out.shape(), "gradcheck: f's output shape changed from {} to {}", shape_str(out.shape()), shape_str(o.shape()));
     return o.value().mul(r).sum().template item<double>();
   };
 
@@ -61,12 +58,12 @@ GradcheckResult<B> gradcheck(const std::function<Var<B>(const std::vector<Var<B>
     const Shape& shape = inputs[i].shape();
     const T g = leaves[i].grad();
     if (g.defined() && (g.shape() != shape || g.dtype() != DType::f64)) {
-      fail_with(fmt::format("gradcheck: input {} of shape {} got a gradient of shape {} {}", i, shape_str(shape),
-                            shape_str(g.shape()), g.dtype()));
+      fail_with(fmt::format("gradcheck: input {} of shape {} got a gradient of shape {} {}", i, shape_str(shape), shape_str(g.shape()),
+                            g.dtype()));
       continue;
     }
-    const std::vector<double> analytic = g.defined() ? g.template to_vector<double>() : std::vector<double>(
-                                                                                             static_cast<size_t>(inputs[i].numel()), 0.0);
+    const std::vector<double> analytic =
+        g.defined() ? g.template to_vector<double>() : std::vector<double>(static_cast<size_t>(inputs[i].numel()), 0.0);
     std::vector<double> x = inputs[i].template to_vector<double>();
     std::vector<Var<B>> xs = leaves;
     for (size_t e = 0; e < x.size(); ++e) {
@@ -85,8 +82,8 @@ GradcheckResult<B> gradcheck(const std::function<Var<B>(const std::vector<Var<B>
       res.max_abs_err = std::max(res.max_abs_err, err);
       if (err > atol) res.max_rel_err = std::max(res.max_rel_err, rel);
       if (!(err <= atol + rtol * std::abs(numeric)))  // also catches NaN
-        fail_with(fmt::format("gradcheck: input {} (shape {}) element {}: analytic {:.10g} vs numeric {:.10g} (abs err {:.3g}){}",
-                              i, shape_str(shape), index_str(static_cast<int64_t>(e), shape), a, numeric, err,
+        fail_with(fmt::format("gradcheck: input {} (shape {}) element {}: analytic {:.10g} vs numeric {:.10g} (abs err {:.3g}){}", i,
+                              shape_str(shape), index_str(static_cast<int64_t>(e), shape), a, numeric, err,
                               g.defined() ? "" : " [backward gave no gradient]"));
     }
   }
@@ -94,9 +91,9 @@ GradcheckResult<B> gradcheck(const std::function<Var<B>(const std::vector<Var<B>
   return res;
 }
 
-#define KILN_GRADCHECK_INST(B)                                                                                  \
-  template GradcheckResult<B> gradcheck<B>(const std::function<Var<B>(const std::vector<Var<B>>&)>&, \
-                                           const std::vector<Tensor<B>>&, double, double, double);
+#define KILN_GRADCHECK_INST(B)                                                                                                      \
+  template GradcheckResult<B> gradcheck<B>(const std::function<Var<B>(const std::vector<Var<B>>&)>&, const std::vector<Tensor<B>>&, \
+                                           double, double, double);
 KILN_FOR_EACH_BACKEND(KILN_GRADCHECK_INST)
 #undef KILN_GRADCHECK_INST
 

@@ -29,13 +29,13 @@ template <Backend B> struct GradcheckResult {
   double max_rel_err = 0;
 };
 
-template <Backend B>
-KILN_API GradcheckResult<B> gradcheck(const std::function<Var<B>(const std::vector<Var<B>>&)>& f, const std::vector<Tensor<B>>& inputs,
-                             double eps = 1e-6, double atol = 1e-5, double rtol = 1e-3);
+template <Backend B> KILN_API GradcheckResult<B> gradcheck(const std::function<Var<B>(const std::vector<Var<B>>&)>& f,
+                                                           const std::vector<Tensor<B>>& inputs, double eps = 1e-6, double atol = 1e-5,
+                                                           double rtol = 1e-3);
 
-#define KILN_GRADCHECK_EXTERN(B)                                                                                    \
-  extern template GradcheckResult<B> gradcheck<B>(const std::function<Var<B>(const std::vector<Var<B>>&)>&, \
-                                                  const std::vector<Tensor<B>>&, double, double, double);
+#define KILN_GRADCHECK_EXTERN(B)                                                                                                           \
+  extern template GradcheckResult<B> gradcheck<B>(const std::function<Var<B>(const std::vector<Var<B>>&)>&, const std::vector<Tensor<B>>&, \
+                                                  double, double, double);
 KILN_FOR_EACH_BACKEND(KILN_GRADCHECK_EXTERN)
 #undef KILN_GRADCHECK_EXTERN
 

@@ -57,10 +57,10 @@ template <Backend B> struct Diff2Ops {
   static Var<B> combine(const Var<B>& a, const Var<B>& lambda_logits);
 };
 
-#define KILN_LAYER_OPS_EXTERN(B)       \
-  extern template struct NormOps<B>;   \
-  extern template struct RopeOps<B>;   \
-  extern template struct SwiGLUOps<B>; \
+#define KILN_LAYER_OPS_EXTERN(B)               \
+  extern template struct NormOps<B>;           \
+  extern template struct RopeOps<B>;           \
+  extern template struct SwiGLUOps<B>;         \
   extern template struct DepthAttentionOps<B>; \
   extern template struct Diff2Ops<B>;
 KILN_FOR_EACH_BACKEND(KILN_LAYER_OPS_EXTERN)

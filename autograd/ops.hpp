@@ -70,9 +70,7 @@ template <Backend B> struct Linalg {
 };
 
 // autograd/ops/softmax.cpp
-template <Backend B> struct SoftmaxOps {
-  static Var<B> softmax(const Var<B>& x, int64_t axis, bool log);
-};
+template <Backend B> struct SoftmaxOps { static Var<B> softmax(const Var<B>& x, int64_t axis, bool log); };
 
 // autograd/ops/views.cpp
 template <Backend B> struct Views {
@@ -213,18 +211,18 @@ template <Backend B> Var<B> cat(const std::vector<Var<B>>& xs, int64_t axis = 0)
 template <Backend B> Var<B> stack(const std::vector<Var<B>>& xs, int64_t axis = 0) { return Var<B>::stack(xs, axis); }
 
 // ---------------------------------------------------------------------------------- instantiation
-#define KILN_AUTOGRAD_EXTERN(B)                       \
-  extern template class Var<B>;                       \
-  extern template struct autograd::Node<B>;           \
-  extern template struct autograd::Elementwise<B>;    \
-  extern template struct autograd::Reduce<B>;         \
-  extern template struct autograd::Linalg<B>;         \
-  extern template struct autograd::SoftmaxOps<B>;     \
-  extern template struct autograd::Views<B>;          \
+#define KILN_AUTOGRAD_EXTERN(B)                    \
+  extern template class Var<B>;                    \
+  extern template struct autograd::Node<B>;        \
+  extern template struct autograd::Elementwise<B>; \
+  extern template struct autograd::Reduce<B>;      \
+  extern template struct autograd::Linalg<B>;      \
+  extern template struct autograd::SoftmaxOps<B>;  \
+  extern template struct autograd::Views<B>;       \
   extern template struct autograd::Indexing<B>;
 KILN_FOR_EACH_BACKEND(KILN_AUTOGRAD_EXTERN)
 #undef KILN_AUTOGRAD_EXTERN
-#define KILN_AUTOGRAD_ATTN_EXTERN(B) \
+#define KILN_AUTOGRAD_ATTN_EXTERN(B)                     \
   extern template struct autograd::AttentionBackward<B>; \
   extern template struct autograd::AttentionOps<B>;
 KILN_FOR_EACH_BACKEND(KILN_AUTOGRAD_ATTN_EXTERN)

@@ -19,8 +19,7 @@ namespace kiln::autograd {
 // Does a gradient need to flow into v from an op recorded now?
 template <Backend B> inline bool needs_grad(const Var<B>& v) { return grad_enabled() && v.requires_grad(); }
 
-template <Backend B, class F>
-Var<B> record_impl(const char* op, Tensor<B> out, const Var<B>* const* ins, size_t n, F&& backward) {
+template <Backend B, class F> Var<B> record_impl(const char* op, Tensor<B> out, const Var<B>* const* ins, size_t n, F&& backward) {
   bool any = false;
   if (grad_enabled() && is_floating(out.dtype()))
     for (size_t i = 0; i < n; ++i) any = any || ins[i]->requires_grad();
@@ -41,13 +40,11 @@ Var<B> record_impl(const char* op, Tensor<B> out, const Var<B>* const* ins, size
   return v;
 }
 
-template <Backend B, class F>
-Var<B> record(const char* op, Tensor<B> out, std::initializer_list<const Var<B>*> ins, F&& backward) {
+template <Backend B, class F> Var<B> record(const char* op, Tensor<B> out, std::initializer_list<const Var<B>*> ins, F&& backward) {
   return record_impl<B>(op, std::move(out), ins.begin(), ins.size(), std::forward<F>(backward));
 }
 
-template <Backend B, class F>
-Var<B> record(const char* op, Tensor<B> out, const std::vector<const Var<B>*>& ins, F&& backward) {
+template <Backend B, class F> Var<B> record(const char* op, Tensor<B> out, const std::vector<const Var<B>*>& ins, F&& backward) {
   return record_impl<B>(op, std::move(out), ins.data(), ins.size(), std::forward<F>(backward));
 }
 

@@ -98,8 +98,8 @@ template <Backend B> void accumulate_leaf(Node<B>& n, Tensor<B> g) {
 
 template <Backend B> void check_grad(const Node<B>& to, const Tensor<B>& g, const char* from) {
   KILN_CHECK(g.shape() == to.value.shape() && g.dtype() == to.value.dtype(),
-             "backward: '{}' produced a gradient of shape {} {} for an input of shape {} {}", from, shape_str(g.shape()),
-             g.dtype(), shape_str(to.value.shape()), to.value.dtype());
+             "backward: '{}' produced a gradient of shape {} {} for an input of shape {} {}", from, shape_str(g.shape()), g.dtype(),
+             shape_str(to.value.shape()), to.value.dtype());
 }
 
 // Runs a leaf's post-accumulate hooks (on a copy: a hook may remove itself).
@@ -229,8 +229,10 @@ template <Backend B> class Pass {
     auto [slot, fresh] = pending_.try_emplace(&in, std::move(g));
     if (!fresh) {  // in place when nothing else holds the running sum (no new buffer per residual fork)
       Tensor<B>& sum = slot->second;
-      if (sum.is_contiguous() && sum.storage().use_count() == 1) sum.add_(g);  // try_emplace left g alone
-      else sum = sum.add(g);
+      if (sum.is_contiguous() && sum.storage().use_count() == 1)
+        sum.add_(g);  // try_emplace left g alone
+      else
+        sum = sum.add(g);
     }
   }
 
@@ -349,8 +351,7 @@ template <Backend B> void Var<B>::zero_grad() {
 
 template <Backend B> Var<B>& Var<B>::requires_grad_(bool on) {
   KILN_CHECK(n_, "requires_grad_: undefined Var");
-  KILN_CHECK(n_->is_leaf(), "requires_grad_: only leaves can change requires_grad; this Var was computed by '{}' (use detach())",
-             n_->op);
+  KILN_CHECK(n_->is_leaf(), "requires_grad_: only leaves can change requires_grad; this Var was computed by '{}' (use detach())", n_->op);
   KILN_CHECK(!on || is_floating(dtype()), "requires_grad_: only float tensors can require grad, got {} (shape {})", dtype(),
              shape_str(shape()));
   n_->requires_grad = on;

@@ -91,11 +91,11 @@ template <Backend B> SegmentCollector<B>*& active_collector();  // this thread's
 
 template <Backend B> struct Node {
   Tensor<B> value;
-  Tensor<B> grad;              // leaves only: the accumulated gradient
+  Tensor<B> grad;  // leaves only: the accumulated gradient
   bool requires_grad = false;
-  bool released = false;       // an interior node whose closure an earlier backward freed
-  uint64_t seq = 0;            // tape position (creation order); 0 for leaves
-  const char* op = nullptr;    // the recording op ("mul", "matmul", ...); nullptr for leaves
+  bool released = false;                      // an interior node whose closure an earlier backward freed
+  uint64_t seq = 0;                           // tape position (creation order); 0 for leaves
+  const char* op = nullptr;                   // the recording op ("mul", "matmul", ...); nullptr for leaves
   std::vector<std::shared_ptr<Node>> inputs;  // nullptr where that input needs no gradient
   BackwardFn<B> backward;
   std::shared_ptr<Segment<B>> segment;  // set on the outputs of kiln::checkpoint (their backward is the replay)
@@ -150,13 +150,13 @@ template <Backend B> class Var {
   const Tensor<B>& value() const;
   Tensor<B> grad() const;  // undefined until a backward reaches this leaf (always undefined for non-leaves)
   void set_grad(Tensor<B> g);
-  void zero_grad();        // drops the gradient (PyTorch's set_to_none)
+  void zero_grad();  // drops the gradient (PyTorch's set_to_none)
   bool requires_grad() const { return n_ && n_->requires_grad; }
   Var& requires_grad_(bool on = true);  // leaves only
   bool is_leaf() const { return !n_ || n_->is_leaf(); }
   const char* grad_fn() const { return n_ ? n_->op : nullptr; }  // recording op, nullptr if none
   const std::shared_ptr<Node>& node() const { return n_; }       // the graph, for autograd internals
-  Var detach() const;  // same value (shared storage), no history, requires_grad false
+  Var detach() const;                                            // same value (shared storage), no history, requires_grad false
 
   // Leaves only. `hook(grad)` runs once in every backward pass that accumulates a gradient into this
   // leaf, right after that pass's last accumulation into it: .grad then holds its value at the end of

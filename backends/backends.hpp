@@ -3,9 +3,9 @@
 //   #define X(B) template class Linear<B>;
 //   KILN_FOR_EACH_BACKEND(X)
 // and as a type list (e.g. Catch's TEMPLATE_TEST_CASE(..., KILN_BACKEND_TYPES)).
-#include "kiln/config.hpp"
 #include "kiln/backends/cpu/cpu.hpp"
 #include "kiln/backends/reference/reference.hpp"
+#include "kiln/config.hpp"
 #if defined(KILN_REFERENCE_ONLY)  // a reduced build of the readers alone (fuzz/): Reference only
 #define KILN_FOR_EACH_BACKEND(X) X(::kiln::Reference)
 #define KILN_BACKEND_TYPES ::kiln::Reference

@@ -16,8 +16,8 @@
 namespace kiln::checks {
 
 template <class Op, class T> inline constexpr bool unary_supported_v = !std::is_same_v<T, bool> && (!Op::float_only || is_float_v<T>);
-template <class Op, class T> inline constexpr bool binary_supported_v =
-    (!Op::float_only || is_float_v<T>) && (Op::compare || !std::is_same_v<T, bool>);
+template <class Op, class T>
+inline constexpr bool binary_supported_v = (!Op::float_only || is_float_v<T>)&&(Op::compare || !std::is_same_v<T, bool>);
 template <class T> inline constexpr bool reduce_supported_v = !std::is_same_v<T, bool>;
 
 // Throws unless d has a T with unary_supported_v<Op, T> (and likewise below).
@@ -36,8 +36,8 @@ template <class Op, class S> void unary(const MutView<S>& out, const View<S>& in
 template <class Op, class S> void binary(const MutView<S>& out, const View<S>& a, const View<S>& b) {
   KILN_CHECK(a.dtype == b.dtype, "{}: dtype mismatch {} vs {} (shapes {} and {})", Op::name, a.dtype, b.dtype, shape_str(a.layout.shape),
              shape_str(b.layout.shape));
-  KILN_CHECK(out.dtype == (Op::compare ? DType::boolean : a.dtype), "{}: output dtype {} does not fit input dtype {}", Op::name,
-             out.dtype, a.dtype);
+  KILN_CHECK(out.dtype == (Op::compare ? DType::boolean : a.dtype), "{}: output dtype {} does not fit input dtype {}", Op::name, out.dtype,
+             a.dtype);
   KILN_CHECK(binary_ok<Op>(a.dtype), "{}: not supported for dtype {} (shapes {} and {})", Op::name, a.dtype, shape_str(a.layout.shape),
              shape_str(b.layout.shape));
 }

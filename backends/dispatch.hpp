@@ -21,7 +21,8 @@ template <class F> decltype(auto) dispatch(std::string_view device, F&& f) {
     if (device.size() > 5) {
       int idx = -1;
       const auto r = std::from_chars(device.data() + 5, device.data() + device.size(), idx);
-      KILN_CHECK(r.ec == std::errc() && r.ptr == device.data() + device.size(), "unknown device '{}' (valid: cpu, reference, cuda, cuda:N)", device);
+      KILN_CHECK(r.ec == std::errc() && r.ptr == device.data() + device.size(), "unknown device '{}' (valid: cpu, reference, cuda, cuda:N)",
+                 device);
       cuda::set_device(idx);
     }
     return f.template operator()<Cuda>();

@@ -109,7 +109,7 @@ void matmul_args(benchmark::internal::Benchmark* b) {
   for (int64_t n : {256, 512, 1024, 2048}) b->Args({1, n, n, n, 0});
   for (int64_t k : {256, 1024, 4096})
     for (int64_t n : {256, 1024, 4096}) b->Args({1, 1024, k, n, 0});
-  b->Args({64, 128, 64, 128, 0});  // per-head attention scores, [B*H] x [T, d] @ [d, T]
+  b->Args({64, 128, 64, 128, 0});     // per-head attention scores, [B*H] x [T, d] @ [d, T]
   b->Args({1, 1024, 1024, 1024, 1});  // x @ W^T, W [N, K]
   b->Args({1, 1024, 1024, 4096, 1});
   b->ArgNames({"B", "M", "K", "N", "tB"});
@@ -133,9 +133,12 @@ void BM_elementwise(benchmark::State& state) {
   C out = C::empty({n});
   std::vector<float> ta(static_cast<size_t>(n)), tb(static_cast<size_t>(n), 1.f), tc(static_cast<size_t>(n), 2.f);
   auto kiln_fn = [&] {
-    if (op == 0) Cpu::binary<op::Add>(out.mview(), x.cview(), y.cview());
-    else if (op == 1) Cpu::binary<op::Mul>(out.mview(), x.cview(), y.cview());
-    else Cpu::unary<op::Exp>(out.mview(), x.cview());
+    if (op == 0)
+      Cpu::binary<op::Add>(out.mview(), x.cview(), y.cview());
+    else if (op == 1)
+      Cpu::binary<op::Mul>(out.mview(), x.cview(), y.cview());
+    else
+      Cpu::unary<op::Exp>(out.mview(), x.cview());
   };
   auto triad_fn = [&] { triad(ta.data(), tb.data(), tc.data(), 3.f, n); };
   Interleaved r;
@@ -183,7 +186,13 @@ void BM_softmax(benchmark::State& state) {
   state.counters["ratio_vs_dnnl"] = r.mean(1) / r.mean(0);
 #endif
 }
-BENCHMARK(BM_softmax)->Args({4096, 1024})->Args({8192, 256})->ArgNames({"rows", "cols"})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(1.0);
+BENCHMARK(BM_softmax)
+    ->Args({4096, 1024})
+    ->Args({8192, 256})
+    ->ArgNames({"rows", "cols"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(1.0);
 
 // ------------------------------------------------------------------------------------------ transpose copy
 // x.t().contiguous() for a square matrix vs a plain contiguous copy of the same bytes (memcpy).
@@ -195,8 +204,7 @@ void BM_transpose_copy(benchmark::State& state) {
   C out = C::empty({n, n});
   std::vector<float> dst(static_cast<size_t>(n * n));
   Interleaved r;
-  r.run(state, [&] { Cpu::copy(out.mview(), xt.cview()); },
-        {[&] { std::memcpy(dst.data(), x.storage()->as<float>(), dst.size() * 4); }});
+  r.run(state, [&] { Cpu::copy(out.mview(), xt.cview()); }, {[&] { std::memcpy(dst.data(), x.storage()->as<float>(), dst.size() * 4); }});
   const double bytes = 2.0 * 4.0 * static_cast<double>(n * n);
   state.counters["kiln_GBs"] = bytes / r.mean(0) / 1e9;
   state.counters["memcpy_GBs"] = bytes / r.mean(1) / 1e9;

@@ -36,9 +36,9 @@ template <class S> struct MutView {
 };
 
 template <class B>
-concept Backend = requires(typename B::Storage& s, const typename B::Storage& cs,
-                           MutView<typename B::Storage> out, View<typename B::Storage> in, Scalar sc, size_t n,
-                           void* host, const void* chost, int axis, uint64_t u, double d) {
+concept Backend = requires(typename B::Storage& s, const typename B::Storage& cs, MutView<typename B::Storage> out,
+                           View<typename B::Storage> in, Scalar sc, size_t n, void* host, const void* chost, int axis, uint64_t u,
+                           double d) {
   { B::name } -> std::convertible_to<std::string_view>;
   // memory: bytes, owned by shared handles; write/read copy host memory in and out at a byte offset
   { B::allocate(n) } -> std::same_as<std::shared_ptr<typename B::Storage>>;

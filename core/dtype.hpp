@@ -59,13 +59,13 @@ struct f16 {
       bits = static_cast<uint16_t>(sign | 0x7c00u);
       return;
     }
-    if (ax < 0x38800000u) {  // below the smallest normal half (2^-14): subnormal or zero
+    if (ax < 0x38800000u) {    // below the smallest normal half (2^-14): subnormal or zero
       if (ax < 0x33000000u) {  // < 2^-25 rounds to zero
         bits = static_cast<uint16_t>(sign);
         return;
       }
       uint32_t mant = (ax & 0x7fffffu) | 0x800000u;  // value = mant * 2^(e-150); unit 2^-24
-      uint32_t drop = 126u - (ax >> 23);                // in [14, 24]
+      uint32_t drop = 126u - (ax >> 23);             // in [14, 24]
       uint32_t h = mant >> drop;
       uint32_t rem = mant & ((1u << drop) - 1u);
       uint32_t half = 1u << (drop - 1);
@@ -87,7 +87,10 @@ struct f16 {
         u = sign;
       } else {  // subnormal: normalise
         int s = 0;
-        while (!(m & 0x400u)) { m <<= 1; ++s; }
+        while (!(m & 0x400u)) {
+          m <<= 1;
+          ++s;
+        }
         m &= 0x3ffu;
         u = sign | (static_cast<uint32_t>(113 - s) << 23) | (m << 13);
       }
@@ -118,21 +121,25 @@ template <> struct compute_type<bf16> { using type = float; };
 template <> struct compute_type<f16> { using type = float; };
 template <class T> using compute_t = typename compute_type<T>::type;
 
-template <class T> inline constexpr bool is_float_v =
-    std::is_floating_point_v<T> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+template <class T> inline constexpr bool is_float_v = std::is_floating_point_v<T> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
 
 constexpr size_t dtype_size(DType d) {
   switch (d) {
-    case DType::f32: case DType::i32: return 4;
-    case DType::f64: case DType::i64: return 8;
-    case DType::bf16: case DType::f16: return 2;
-    case DType::boolean: return 1;
+    case DType::f32:
+    case DType::i32:
+      return 4;
+    case DType::f64:
+    case DType::i64:
+      return 8;
+    case DType::bf16:
+    case DType::f16:
+      return 2;
+    case DType::boolean:
+      return 1;
   }
   return 0;
 }
-constexpr bool is_floating(DType d) {
-  return d == DType::f32 || d == DType::f64 || d == DType::bf16 || d == DType::f16;
-}
+constexpr bool is_floating(DType d) { return d == DType::f32 || d == DType::f64 || d == DType::bf16 || d == DType::f16; }
 constexpr bool is_integral(DType d) { return d == DType::i32 || d == DType::i64; }
 std::string_view dtype_name(DType d);
 // Parses "f32", "float32", "bf16", ... ; throws kiln::Error naming the valid names.
@@ -143,13 +150,20 @@ template <class T> struct type_tag { using type = T; };
 // Calls f(type_tag<T>{}) with the C++ type of d.
 template <class F> decltype(auto) visit_dtype(DType d, F&& f) {
   switch (d) {
-    case DType::f32: return f(type_tag<float>{});
-    case DType::f64: return f(type_tag<double>{});
-    case DType::bf16: return f(type_tag<bf16>{});
-    case DType::f16: return f(type_tag<f16>{});
-    case DType::i32: return f(type_tag<int32_t>{});
-    case DType::i64: return f(type_tag<int64_t>{});
-    case DType::boolean: return f(type_tag<bool>{});
+    case DType::f32:
+      return f(type_tag<float>{});
+    case DType::f64:
+      return f(type_tag<double>{});
+    case DType::bf16:
+      return f(type_tag<bf16>{});
+    case DType::f16:
+      return f(type_tag<f16>{});
+    case DType::i32:
+      return f(type_tag<int32_t>{});
+    case DType::i64:
+      return f(type_tag<int64_t>{});
+    case DType::boolean:
+      return f(type_tag<bool>{});
   }
   return f(type_tag<float>{});
 }

@@ -17,16 +17,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
-template <class... A>
-[[noreturn]] void fail(fmt::format_string<A...> f, A&&... a) {
-  throw Error(fmt::format(f, std::forward<A>(a)...));
-}
+template <class... A> [[noreturn]] void fail(fmt::format_string<A...> f, A&&... a) { throw Error(fmt::format(f, std::forward<A>(a)...)); }
 
 }  // namespace kiln
 
 // KILN_CHECK(cond, "op: fmt {}", args...) throws kiln::Error when cond is false.
-#define KILN_CHECK(cond, ...)              \
-  do {                                     \
+#define KILN_CHECK(cond, ...)               \
+  do {                                      \
     if (!(cond)) ::kiln::fail(__VA_ARGS__); \
   } while (0)
 #pragma GCC visibility pop

@@ -59,8 +59,8 @@ template <Backend B> Tensor<B> softmax(const Tensor<B>& x, int64_t axis, bool lo
 // Gradient of softmax/log_softmax along `axis` given its output y and the output's gradient dy.
 template <Backend B> Tensor<B> softmax_backward(const Tensor<B>& y, const Tensor<B>& dy, int64_t axis, bool log) {
   const char* name = log ? "log_softmax_backward" : "softmax_backward";
-  KILN_CHECK(y.shape() == dy.shape() && y.dtype() == dy.dtype(), "{}: y {} {} and dy {} {} differ", name, shape_str(y.shape()),
-             y.dtype(), shape_str(dy.shape()), dy.dtype());
+  KILN_CHECK(y.shape() == dy.shape() && y.dtype() == dy.dtype(), "{}: y {} {} and dy {} {} differ", name, shape_str(y.shape()), y.dtype(),
+             shape_str(dy.shape()), dy.dtype());
   const int a = normalize_axis(axis, y.dim(), name, y.shape());
   if constexpr (HasSoftmaxBackward<B>) {
     if (y.dim() > 0 && y.numel() > 0) {
@@ -118,8 +118,8 @@ concept HasAttention = requires(MutView<typename B::Storage> out, View<typename 
   B::attention_forward(out, out, in, in, in, kp, kp, scale, causal, pos0);
 };
 template <class B>
-concept HasAttentionBackward = requires(MutView<typename B::Storage> out, View<typename B::Storage> in,
-                                        const View<typename B::Storage>* kp, double scale, bool causal, int64_t pos0) {
+concept HasAttentionBackward = requires(MutView<typename B::Storage> out, View<typename B::Storage> in, const View<typename B::Storage>* kp,
+                                        double scale, bool causal, int64_t pos0) {
   B::attention_backward(out, out, out, in, in, in, in, in, in, kp, kp, scale, causal, pos0);
 };
 
@@ -130,19 +130,18 @@ struct AttnDims {
   bool empty() const { return B * H * T * S * d * dv == 0; }
 };
 
-template <Backend B>
-AttnDims attention_check(const char* op, const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v, const Tensor<B>& key_padding,
-                         int64_t pos0, const Tensor<B>& mask = {}) {
+template <Backend B> AttnDims attention_check(const char* op, const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
+                                              const Tensor<B>& key_padding, int64_t pos0, const Tensor<B>& mask = {}) {
   KILN_CHECK(q.defined() && k.defined() && v.defined(), "{}: undefined q, k or v", op);
   KILN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "{}: q {}, k {}, v {} must be [B, H, T, d]", op, shape_str(q.shape()),
              shape_str(k.shape()), shape_str(v.shape()));
   KILN_CHECK(is_floating(q.dtype()) && q.dtype() == k.dtype() && q.dtype() == v.dtype(),
              "{}: q, k, v need one float dtype, got {}, {}, {} (q {})", op, q.dtype(), k.dtype(), v.dtype(), shape_str(q.shape()));
   const AttnDims a{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
-  KILN_CHECK(k.size(0) == a.B && v.size(0) == a.B && k.size(3) == a.d && v.size(1) == a.Hkv && v.size(2) == a.S && a.Hkv >= 1 &&
-                 a.H % a.Hkv == 0,
-             "{}: q {}, k {}, v {} do not fit (H must be a multiple of Hkv, widths and lengths must agree)", op, shape_str(q.shape()),
-             shape_str(k.shape()), shape_str(v.shape()));
+  KILN_CHECK(
+      k.size(0) == a.B && v.size(0) == a.B && k.size(3) == a.d && v.size(1) == a.Hkv && v.size(2) == a.S && a.Hkv >= 1 && a.H % a.Hkv == 0,
+      "{}: q {}, k {}, v {} do not fit (H must be a multiple of Hkv, widths and lengths must agree)", op, shape_str(q.shape()),
+      shape_str(k.shape()), shape_str(v.shape()));
   KILN_CHECK(pos0 >= 0, "{}: pos0 must be >= 0, got {} (q {})", op, pos0, shape_str(q.shape()));
   if (key_padding.defined())
     KILN_CHECK(key_padding.dtype() == DType::boolean && key_padding.shape() == Shape({a.B, a.S}),
@@ -181,8 +180,8 @@ template <Backend B> Tensor<B> mask_additive(const Tensor<B>& mask, DType dt) {
 // FLOPs of the two (forward) or five (backward: S recomputed, dV, dP, dQ, dK) matrix products over
 // the T x S scores, halved when causal (about half the scores are computed): what the profiler reports.
 inline double attention_flops(const AttnDims& a, bool causal, bool backward) {
-  const double per_score = backward ? 3.0 * static_cast<double>(a.d) + 2.0 * static_cast<double>(a.dv)
-                                    : static_cast<double>(a.d) + static_cast<double>(a.dv);
+  const double per_score =
+      backward ? 3.0 * static_cast<double>(a.d) + 2.0 * static_cast<double>(a.dv) : static_cast<double>(a.d) + static_cast<double>(a.dv);
   return 2.0 * static_cast<double>(a.B * a.H * a.T * a.S) * per_score * (causal ? 0.5 : 1.0);
 }
 
@@ -208,8 +207,8 @@ Tensor<B> attention_mask(const AttnDims& a, bool causal, int64_t pos0, const Ten
     m = Tensor<B>::from_vector(c, {1, 1, 1, a.T, a.S}).to(dt);
   }
   if (key_padding.defined()) {
-    const Tensor<B> p = Tensor<B>::where(key_padding, Tensor<B>::zeros({}, dt), Tensor<B>::full({}, -INFINITY, dt))
-                            .reshape({a.B, 1, 1, 1, a.S});
+    const Tensor<B> p =
+        Tensor<B>::where(key_padding, Tensor<B>::zeros({}, dt), Tensor<B>::full({}, -INFINITY, dt)).reshape({a.B, 1, 1, 1, a.S});
     m = m.defined() ? m.add(p) : p;
   }
   if (mask.defined()) {
@@ -226,10 +225,10 @@ Tensor<B> attention_mask(const AttnDims& a, bool causal, int64_t pos0, const Ten
 
 // Composite attention forward (also the oracle of the fused kernels): the [B, Hkv, rep, T, S] scores
 // are materialised. Returns {O, LSE}.
-template <Backend B>
-std::pair<Tensor<B>, Tensor<B>> attention_forward_composite(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v, double scale,
-                                                            bool causal, int64_t pos0, const Tensor<B>& key_padding = {},
-                                                            const Tensor<B>& mask = {}) {
+template <Backend B> std::pair<Tensor<B>, Tensor<B>> attention_forward_composite(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
+                                                                                 double scale, bool causal, int64_t pos0,
+                                                                                 const Tensor<B>& key_padding = {},
+                                                                                 const Tensor<B>& mask = {}) {
   const detail::AttnDims a = detail::attention_check("attention_forward", q, k, v, key_padding, pos0, mask);
   if (q.dtype() == DType::bf16 || q.dtype() == DType::f16) {
     const Tensor<B> m32 = mask.defined() && mask.dtype() != DType::boolean ? mask.to(DType::f32) : mask;
@@ -247,7 +246,7 @@ std::pair<Tensor<B>, Tensor<B>> attention_forward_composite(const Tensor<B>& q, 
   m = Tensor<B>::where(m.eq(-INFINITY), Tensor<B>::zeros({}, q.dtype()), m);  // rows with no key: shift by 0
   const Tensor<B> e = s.sub(m).exp();
   const Tensor<B> l = e.sum({-1}, true);
-  const Tensor<B> lse = m.add(l.log());  // −inf for a row with no key
+  const Tensor<B> lse = m.add(l.log());     // −inf for a row with no key
   const Tensor<B> o = e.matmul(v5).div(l);  // 0/0 = NaN for a row with no key
   return {o.reshape({a.B, a.H, a.T, a.dv}), lse.reshape({a.B, a.H, a.T})};
 }
@@ -257,15 +256,15 @@ std::pair<Tensor<B>, Tensor<B>> attention_forward_composite(const Tensor<B>& q, 
 //   dQ = scale dS K, dK = scale dSᵀ Q (dK, dV summed over the query heads of each kv head).
 template <Backend B>
 std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward_composite(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
-                                                                         const Tensor<B>& o, const Tensor<B>& lse,
-                                                                         const Tensor<B>& dout, double scale, bool causal, int64_t pos0,
+                                                                         const Tensor<B>& o, const Tensor<B>& lse, const Tensor<B>& dout,
+                                                                         double scale, bool causal, int64_t pos0,
                                                                          const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}) {
   const detail::AttnDims a = detail::attention_check("attention_backward", q, k, v, key_padding, pos0, mask);
   if (q.dtype() == DType::bf16 || q.dtype() == DType::f16) {
     const DType f = DType::f32;
     const Tensor<B> m32 = mask.defined() && mask.dtype() != DType::boolean ? mask.to(f) : mask;
-    auto [dq, dk, dv] = attention_backward_composite(q.to(f), k.to(f), v.to(f), o.to(f), lse.to(f), dout.to(f), scale, causal, pos0,
-                                                     key_padding, m32);
+    auto [dq, dk, dv] =
+        attention_backward_composite(q.to(f), k.to(f), v.to(f), o.to(f), lse.to(f), dout.to(f), scale, causal, pos0, key_padding, m32);
     return {dq.to(q.dtype()), dk.to(q.dtype()), dv.to(q.dtype())};
   }
   const int64_t rep = a.H / a.Hkv;
@@ -279,9 +278,9 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward_composite(const T
   Tensor<B> s = q5.matmul(k5.transpose(-1, -2)).mul(scale);
   const Tensor<B> madd = detail::attention_mask(a, causal, pos0, key_padding, dt, mask);
   if (madd.defined()) s = s.add(madd);
-  const Tensor<B> p = Tensor<B>::where(dead, zero, s.sub(l5).exp());         // [B, Hkv, rep, T, S]
-  const Tensor<B> dvv = p.transpose(-1, -2).matmul(g5).sum({2});             // [B, Hkv, S, dv]
-  const Tensor<B> dp = g5.matmul(v5.transpose(-1, -2));                      // [B, Hkv, rep, T, S]
+  const Tensor<B> p = Tensor<B>::where(dead, zero, s.sub(l5).exp());  // [B, Hkv, rep, T, S]
+  const Tensor<B> dvv = p.transpose(-1, -2).matmul(g5).sum({2});      // [B, Hkv, S, dv]
+  const Tensor<B> dp = g5.matmul(v5.transpose(-1, -2));               // [B, Hkv, rep, T, S]
   const Tensor<B> D = Tensor<B>::where(dead, zero, g5.mul(o5).sum({-1}, true));
   const Tensor<B> ds = p.mul(dp.sub(D)).mul(scale);
   const Tensor<B> dq = ds.matmul(k5).reshape({a.B, a.H, a.T, a.d});
@@ -290,9 +289,9 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward_composite(const T
 }
 
 // Fused attention forward: {O [B, H, T, dv], LSE [B, H, T]} (see the contract above).
-template <Backend B>
-std::pair<Tensor<B>, Tensor<B>> attention_forward(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v, double scale, bool causal,
-                                                  int64_t pos0, const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}) {
+template <Backend B> std::pair<Tensor<B>, Tensor<B>> attention_forward(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
+                                                                       double scale, bool causal, int64_t pos0,
+                                                                       const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}) {
   const detail::AttnDims a = detail::attention_check("attention_forward", q, k, v, key_padding, pos0, mask);
   if constexpr (HasAttention<B>) {
     const DType dt = q.dtype();
@@ -324,8 +323,8 @@ std::pair<Tensor<B>, Tensor<B>> attention_forward(const Tensor<B>& q, const Tens
 template <Backend B>
 std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
                                                                const Tensor<B>& o, const Tensor<B>& lse, const Tensor<B>& dout,
-                                                               double scale, bool causal, int64_t pos0,
-                                                               const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}) {
+                                                               double scale, bool causal, int64_t pos0, const Tensor<B>& key_padding = {},
+                                                               const Tensor<B>& mask = {}) {
   const detail::AttnDims a = detail::attention_check("attention_backward", q, k, v, key_padding, pos0, mask);
   KILN_CHECK(o.defined() && dout.defined() && lse.defined() && o.shape() == Shape({a.B, a.H, a.T, a.dv}) && dout.shape() == o.shape() &&
                  lse.shape() == Shape({a.B, a.H, a.T}) && o.dtype() == q.dtype() && dout.dtype() == q.dtype() &&

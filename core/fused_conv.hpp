@@ -70,8 +70,8 @@ inline void check_params(const char* op, const Shape& x, const Conv2dParams& p) 
              shape_str(x));
   KILN_CHECK(p.padding.h >= 0 && p.padding.w >= 0, "{}: padding must be >= 0, got ({}, {}) (input {})", op, p.padding.h, p.padding.w,
              shape_str(x));
-  KILN_CHECK(p.dilation.h >= 1 && p.dilation.w >= 1, "{}: dilation must be >= 1, got ({}, {}) (input {})", op, p.dilation.h,
-             p.dilation.w, shape_str(x));
+  KILN_CHECK(p.dilation.h >= 1 && p.dilation.w >= 1, "{}: dilation must be >= 1, got ({}, {}) (input {})", op, p.dilation.h, p.dilation.w,
+             shape_str(x));
   KILN_CHECK(p.groups >= 1, "{}: groups must be >= 1, got {} (input {})", op, p.groups, shape_str(x));
 }
 
@@ -88,9 +88,8 @@ inline Shape conv2d_shape(const char* op, const Shape& x, const Shape& w, const 
   if (bias) KILN_CHECK(*bias == Shape{w[0]}, "{}: bias {} must be [{}] (weight {})", op, shape_str(*bias), w[0], shape_str(w));
   const int64_t eh = p.dilation.h * (w[2] - 1) + 1, ew = p.dilation.w * (w[3] - 1) + 1;
   const int64_t hp = x[2] + 2 * p.padding.h, wp = x[3] + 2 * p.padding.w;
-  KILN_CHECK(eh <= hp && ew <= wp,
-             "{}: kernel {}x{} (dilated {}x{}) is larger than the padded input {}x{} (input {}, padding ({}, {}))", op, w[2], w[3], eh, ew,
-             hp, wp, shape_str(x), p.padding.h, p.padding.w);
+  KILN_CHECK(eh <= hp && ew <= wp, "{}: kernel {}x{} (dilated {}x{}) is larger than the padded input {}x{} (input {}, padding ({}, {}))",
+             op, w[2], w[3], eh, ew, hp, wp, shape_str(x), p.padding.h, p.padding.w);
   return {x[0], w[0], conv_out(x[2], w[2], p.stride.h, p.padding.h, p.dilation.h),
           conv_out(x[3], w[3], p.stride.w, p.padding.w, p.dilation.w)};
 }
@@ -107,16 +106,16 @@ inline Shape conv_transpose2d_shape(const char* op, const Shape& x, const Shape&
              p.groups);
   KILN_CHECK(w[1] >= 1 && w[2] >= 1 && w[3] >= 1, "{}: empty weight {}", op, shape_str(w));
   const int64_t O = w[1] * p.groups;
-  if (bias) KILN_CHECK(*bias == Shape{O}, "{}: bias {} must be [{}] (weight {}, groups {})", op, shape_str(*bias), O, shape_str(w), p.groups);
-  KILN_CHECK(output_padding.h >= 0 && output_padding.w >= 0 &&
-                 (output_padding.h < p.stride.h || output_padding.h < p.dilation.h) &&
+  if (bias)
+    KILN_CHECK(*bias == Shape{O}, "{}: bias {} must be [{}] (weight {}, groups {})", op, shape_str(*bias), O, shape_str(w), p.groups);
+  KILN_CHECK(output_padding.h >= 0 && output_padding.w >= 0 && (output_padding.h < p.stride.h || output_padding.h < p.dilation.h) &&
                  (output_padding.w < p.stride.w || output_padding.w < p.dilation.w),
-             "{}: output_padding ({}, {}) must be >= 0 and smaller than either stride ({}, {}) or dilation ({}, {})", op,
-             output_padding.h, output_padding.w, p.stride.h, p.stride.w, p.dilation.h, p.dilation.w);
+             "{}: output_padding ({}, {}) must be >= 0 and smaller than either stride ({}, {}) or dilation ({}, {})", op, output_padding.h,
+             output_padding.w, p.stride.h, p.stride.w, p.dilation.h, p.dilation.w);
   const int64_t ho = (x[2] - 1) * p.stride.h - 2 * p.padding.h + p.dilation.h * (w[2] - 1) + output_padding.h + 1;
   const int64_t wo = (x[3] - 1) * p.stride.w - 2 * p.padding.w + p.dilation.w * (w[3] - 1) + output_padding.w + 1;
-  KILN_CHECK(ho >= 1 && wo >= 1, "{}: output size {}x{} is too small (input {}, weight {}, stride ({}, {}), padding ({}, {}))", op, ho,
-             wo, shape_str(x), shape_str(w), p.stride.h, p.stride.w, p.padding.h, p.padding.w);
+  KILN_CHECK(ho >= 1 && wo >= 1, "{}: output size {}x{} is too small (input {}, weight {}, stride ({}, {}), padding ({}, {}))", op, ho, wo,
+             shape_str(x), shape_str(w), p.stride.h, p.stride.w, p.padding.h, p.padding.w);
   return {x[0], O, ho, wo};
 }
 
@@ -153,8 +152,7 @@ template <Backend B> Tensor<B> padded(const Tensor<B>& x, int64_t ph, int64_t pw
 }
 
 // The [N, C, Ho, Wo] view of the padded xp that window element (i, j) sees.
-template <Backend B>
-Tensor<B> window(const Tensor<B>& xp, int64_t i, int64_t j, int64_t ho, int64_t wo, Size2 s, Size2 d) {
+template <Backend B> Tensor<B> window(const Tensor<B>& xp, int64_t i, int64_t j, int64_t ho, int64_t wo, Size2 s, Size2 d) {
   return xp.slice(2, i * d.h, i * d.h + (ho - 1) * s.h + 1, s.h).slice(3, j * d.w, j * d.w + (wo - 1) * s.w + 1, s.w);
 }
 
@@ -213,13 +211,12 @@ template <Backend B> Tensor<B> conv2d_composite(const Tensor<B>& x, const Tensor
 // Composite gradient of conv2d with respect to its input (of shape xs): col2im of wᵀ dy.
 template <Backend B>
 Tensor<B> conv2d_backward_input_composite(const Tensor<B>& dy, const Tensor<B>& w, const Shape& xs, const Conv2dParams& p) {
-  if (detail::is_half(dy.dtype()))
-    return conv2d_backward_input_composite(dy.to(DType::f32), w.to(DType::f32), xs, p).to(dy.dtype());
+  if (detail::is_half(dy.dtype())) return conv2d_backward_input_composite(dy.to(DType::f32), w.to(DType::f32), xs, p).to(dy.dtype());
   const int64_t N = xs[0], C = xs[1], O = w.size(0), g = p.groups, kh = w.size(2), kw = w.size(3), K = w.size(1) * kh * kw;
   const int64_t ho = dy.size(2), wo = dy.size(3);
   if (kiln::numel(xs) == 0 || dy.numel() == 0) return Tensor<B>::zeros(xs, dy.dtype());
-  const Tensor<B> dcol = w.reshape({1, g, O / g, K}).transpose(-1, -2).matmul(dy.reshape({N, g, O / g, ho * wo})).reshape(
-      {N, C, kh, kw, ho, wo});
+  const Tensor<B> dcol =
+      w.reshape({1, g, O / g, K}).transpose(-1, -2).matmul(dy.reshape({N, g, O / g, ho * wo})).reshape({N, C, kh, kw, ho, wo});
   Tensor<B> dxp = Tensor<B>::zeros({N, C, xs[2] + 2 * p.padding.h, xs[3] + 2 * p.padding.w}, dy.dtype());
   for (int64_t i = 0; i < kh; ++i)
     for (int64_t j = 0; j < kw; ++j) {
@@ -230,9 +227,8 @@ Tensor<B> conv2d_backward_input_composite(const Tensor<B>& dy, const Tensor<B>& 
 }
 
 // Composite gradients of conv2d with respect to its weight (of shape ws) and bias: {dw, db}.
-template <Backend B>
-std::pair<Tensor<B>, Tensor<B>> conv2d_backward_weight_composite(const Tensor<B>& dy, const Tensor<B>& x, const Shape& ws,
-                                                                 const Conv2dParams& p, bool bias) {
+template <Backend B> std::pair<Tensor<B>, Tensor<B>> conv2d_backward_weight_composite(const Tensor<B>& dy, const Tensor<B>& x,
+                                                                                      const Shape& ws, const Conv2dParams& p, bool bias) {
   if (detail::is_half(dy.dtype())) {
     auto [dw, db] = conv2d_backward_weight_composite(dy.to(DType::f32), x.to(DType::f32), ws, p, bias);
     return {dw.to(dy.dtype()), bias ? db.to(dy.dtype()) : db};
@@ -265,7 +261,9 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> max_pool2d_composite(const 
           // in the input (its start moved past the padding by whole dilations)
           const bool in = h >= 0 && h < H && w >= 0 && w < W;
           pos[static_cast<size_t>((oh * wo + ow) * kk + i * p.kernel.w + j)] =
-              in ? h * W + w : detail::first_tap(oh, p.stride.h, p.padding.h, p.dilation.h) * W + detail::first_tap(ow, p.stride.w, p.padding.w, p.dilation.w);
+              in ? h * W + w
+                 : detail::first_tap(oh, p.stride.h, p.padding.h, p.dilation.h) * W +
+                       detail::first_tap(ow, p.stride.w, p.padding.w, p.dilation.w);
         }
     }
   const Tensor<B> vals = Tensor<B>::stack(wins, 4);  // [N, C, Ho, Wo, kh·kw]
@@ -329,7 +327,9 @@ template <Backend B> Tensor<B> conv2d(const Tensor<B>& x, const Tensor<B>& w, co
       const Tensor<B> xc = x.contiguous(), wc = w.contiguous(), bc = bias.defined() ? bias.contiguous() : Tensor<B>();
       Tensor<B> y = Tensor<B>::empty(ys, x.dtype());
       const View<typename B::Storage> bv = bc.defined() ? bc.cview() : wc.cview();
-      KILN_PROFILED_FLOPS("conv2d_forward", 2.0 * static_cast<double>(y.numel()) * static_cast<double>(wc.shape()[1] * wc.shape()[2] * wc.shape()[3]), y, xc, wc, bc)
+      KILN_PROFILED_FLOPS("conv2d_forward",
+                          2.0 * static_cast<double>(y.numel()) * static_cast<double>(wc.shape()[1] * wc.shape()[2] * wc.shape()[3]), y, xc,
+                          wc, bc)
       if (B::conv2d_forward(y.mview(), xc.cview(), wc.cview(), bc.defined() ? &bv : nullptr, p)) return y;
     }
   }
@@ -339,14 +339,16 @@ template <Backend B> Tensor<B> conv2d(const Tensor<B>& x, const Tensor<B>& w, co
 // Gradient of conv2d with respect to its input of shape xs.
 template <Backend B> Tensor<B> conv2d_backward_input(const Tensor<B>& dy, const Tensor<B>& w, const Shape& xs, const Conv2dParams& p) {
   const Shape ys = detail::conv2d_shape("conv2d_backward_input", xs, w.shape(), nullptr, p);
-  KILN_CHECK(dy.shape() == ys && dy.dtype() == w.dtype(), "conv2d_backward_input: dy {} {} does not fit output {} {}", shape_str(dy.shape()),
-             dy.dtype(), shape_str(ys), w.dtype());
+  KILN_CHECK(dy.shape() == ys && dy.dtype() == w.dtype(), "conv2d_backward_input: dy {} {} does not fit output {} {}",
+             shape_str(dy.shape()), dy.dtype(), shape_str(ys), w.dtype());
   if constexpr (HasConv2d<B>) {
     if (detail::is_half(dy.dtype())) return conv2d_backward_input(dy.to(DType::f32), w.to(DType::f32), xs, p).to(dy.dtype());
     if (dy.numel() > 0 && kiln::numel(xs) > 0) {
       const Tensor<B> dyc = dy.contiguous(), wc = w.contiguous();
       Tensor<B> dx = Tensor<B>::empty(xs, dy.dtype());
-      KILN_PROFILED_FLOPS("conv2d_backward_input", 2.0 * static_cast<double>(dyc.numel()) * static_cast<double>(wc.shape()[1] * wc.shape()[2] * wc.shape()[3]), dx, dyc, wc)
+      KILN_PROFILED_FLOPS("conv2d_backward_input",
+                          2.0 * static_cast<double>(dyc.numel()) * static_cast<double>(wc.shape()[1] * wc.shape()[2] * wc.shape()[3]), dx,
+                          dyc, wc)
       if (B::conv2d_backward_input(dx.mview(), dyc.cview(), wc.cview(), p)) return dx;
     }
   }
@@ -354,9 +356,8 @@ template <Backend B> Tensor<B> conv2d_backward_input(const Tensor<B>& dy, const 
 }
 
 // Gradients of conv2d with respect to its weight (shape ws) and, when `bias`, its bias: {dw, db}.
-template <Backend B>
-std::pair<Tensor<B>, Tensor<B>> conv2d_backward_weight(const Tensor<B>& dy, const Tensor<B>& x, const Shape& ws, const Conv2dParams& p,
-                                                       bool bias) {
+template <Backend B> std::pair<Tensor<B>, Tensor<B>> conv2d_backward_weight(const Tensor<B>& dy, const Tensor<B>& x, const Shape& ws,
+                                                                            const Conv2dParams& p, bool bias) {
   const Shape ys = detail::conv2d_shape("conv2d_backward_weight", x.shape(), ws, nullptr, p);
   KILN_CHECK(dy.shape() == ys && dy.dtype() == x.dtype(), "conv2d_backward_weight: dy {} {} does not fit output {} {}",
              shape_str(dy.shape()), dy.dtype(), shape_str(ys), x.dtype());
@@ -369,7 +370,8 @@ std::pair<Tensor<B>, Tensor<B>> conv2d_backward_weight(const Tensor<B>& dy, cons
       const Tensor<B> dyc = dy.contiguous(), xc = x.contiguous();
       Tensor<B> dw = Tensor<B>::empty(ws, dy.dtype()), db = bias ? Tensor<B>::empty({ws[0]}, dy.dtype()) : Tensor<B>();
       MutView<typename B::Storage> dbv = bias ? db.mview() : dw.mview();
-      KILN_PROFILED_FLOPS("conv2d_backward_weight", 2.0 * static_cast<double>(dyc.numel()) * static_cast<double>(ws[1] * ws[2] * ws[3]), dw, db, dyc, xc)
+      KILN_PROFILED_FLOPS("conv2d_backward_weight", 2.0 * static_cast<double>(dyc.numel()) * static_cast<double>(ws[1] * ws[2] * ws[3]), dw,
+                          db, dyc, xc)
       if (B::conv2d_backward_weight(dw.mview(), bias ? &dbv : nullptr, dyc.cview(), xc.cview(), p)) return {dw, db};
     }
   }
@@ -422,8 +424,7 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> max_pool2d(const Tensor<B>&
 }
 
 // Gradient of max_pool2d from the saved indices; xs is the input's shape.
-template <Backend B>
-Tensor<B> max_pool2d_backward(const Tensor<B>& dy, const Tensor<B>& idx, const Shape& xs, const Pool2dParams& p) {
+template <Backend B> Tensor<B> max_pool2d_backward(const Tensor<B>& dy, const Tensor<B>& idx, const Shape& xs, const Pool2dParams& p) {
   const Shape ys = detail::pool2d_shape("max_pool2d_backward", xs, p, true);
   KILN_CHECK(dy.shape() == ys && idx.shape() == ys && idx.dtype() == DType::i64 && is_floating(dy.dtype()),
              "max_pool2d_backward: dy {} {} and indices {} {} must be float and i64 {}", shape_str(dy.shape()), dy.dtype(),
@@ -508,7 +509,8 @@ template <Backend B> Tensor<B> adaptive_mean_backward(const Tensor<B>& dy, int a
 }  // namespace detail
 
 template <Backend B> Tensor<B> adaptive_avg_pool2d(const Tensor<B>& x, Size2 out) {
-  KILN_CHECK(x.defined() && is_floating(x.dtype()), "adaptive_avg_pool2d: needs a float tensor, got {} {}", shape_str(x.shape()), x.dtype());
+  KILN_CHECK(x.defined() && is_floating(x.dtype()), "adaptive_avg_pool2d: needs a float tensor, got {} {}", shape_str(x.shape()),
+             x.dtype());
   detail::adaptive_check("adaptive_avg_pool2d", x.shape(), out);
   if (x.size(2) % out.h == 0 && x.size(3) % out.w == 0) {
     const Size2 k{x.size(2) / out.h, x.size(3) / out.w};
@@ -522,8 +524,8 @@ template <Backend B> Tensor<B> adaptive_avg_pool2d(const Tensor<B>& x, Size2 out
 template <Backend B> Tensor<B> adaptive_avg_pool2d_backward(const Tensor<B>& dy, const Shape& xs) {
   KILN_CHECK(dy.defined() && dy.dim() == 4, "adaptive_avg_pool2d_backward: dy must be [N, C, Ho, Wo]");
   detail::adaptive_check("adaptive_avg_pool2d_backward", xs, Size2{dy.size(2), dy.size(3)});
-  KILN_CHECK(dy.size(0) == xs[0] && dy.size(1) == xs[1] && is_floating(dy.dtype()), "adaptive_avg_pool2d_backward: dy {} {} does not fit input {}",
-             shape_str(dy.shape()), dy.dtype(), shape_str(xs));
+  KILN_CHECK(dy.size(0) == xs[0] && dy.size(1) == xs[1] && is_floating(dy.dtype()),
+             "adaptive_avg_pool2d_backward: dy {} {} does not fit input {}", shape_str(dy.shape()), dy.dtype(), shape_str(xs));
   const Size2 out{dy.size(2), dy.size(3)};
   if (xs[2] % out.h == 0 && xs[3] % out.w == 0) {
     const Size2 k{xs[2] / out.h, xs[3] / out.w};

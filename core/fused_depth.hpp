@@ -83,23 +83,24 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> depth_attention_forward(const std::v
     for (const Tensor<B>& t : v) vc.push_back(t.to(cd).contiguous().reshape({N, D}));
     for (const Tensor<B>& t : vc) vv.push_back(t.cview());
     Tensor<B> h = Tensor<B>::empty({N, D}, cd), alpha = Tensor<B>::empty({n, N}, cd), r = Tensor<B>::empty({n, N}, cd);
-    if (N) KILN_PROFILED("depth_attention_forward", h, alpha, r, vv, qc) B::depth_attention_forward(h.mview(), alpha.mview(), r.mview(), vv, qc.cview(), eps);
+    if (N) KILN_PROFILED("depth_attention_forward", h, alpha, r, vv, qc)
+    B::depth_attention_forward(h.mview(), alpha.mview(), r.mview(), vv, qc.cview(), eps);
     return {h.reshape(shape).to(v[0].dtype()), alpha.reshape(stat), r.reshape(stat)};
   } else {
     std::vector<Tensor<B>> vc;
     for (const Tensor<B>& t : v) vc.push_back(t.to(cd).reshape({N, D}));
-    const Tensor<B> V = Tensor<B>::stack(vc, 0);                                         // [n, N, D]
-    const Tensor<B> r = V.square().mean({-1}).add(eps).rsqrt();                         // [n, N]
-    const Tensor<B> alpha = V.matmul(qc).mul(r).softmax(0);                             // [n, N]
-    const Tensor<B> h = alpha.unsqueeze(-1).mul(V).sum({0});                            // [N, D]
+    const Tensor<B> V = Tensor<B>::stack(vc, 0);                 // [n, N, D]
+    const Tensor<B> r = V.square().mean({-1}).add(eps).rsqrt();  // [n, N]
+    const Tensor<B> alpha = V.matmul(qc).mul(r).softmax(0);      // [n, N]
+    const Tensor<B> h = alpha.unsqueeze(-1).mul(V).sum({0});     // [N, D]
     return {h.reshape(shape).to(v[0].dtype()), alpha.reshape(stat), r.reshape(stat)};
   }
 }
 
 // (dv_0..dv_{n-1} like the sources, dq like q).
-template <Backend B>
-std::pair<std::vector<Tensor<B>>, Tensor<B>> depth_attention_backward(const std::vector<Tensor<B>>& v, const Tensor<B>& q, const Tensor<B>& alpha,
-                                                                      const Tensor<B>& rstd, const Tensor<B>& dh) {
+template <Backend B> std::pair<std::vector<Tensor<B>>, Tensor<B>> depth_attention_backward(const std::vector<Tensor<B>>& v,
+                                                                                           const Tensor<B>& q, const Tensor<B>& alpha,
+                                                                                           const Tensor<B>& rstd, const Tensor<B>& dh) {
   const DType cd = detail::depth_sources("depth_attention_backward", v);
   KILN_CHECK(dh.shape() == v[0].shape(), "depth_attention_backward: dh {} differs from the sources' {}", shape_str(dh.shape()),
              shape_str(v[0].shape()));
@@ -119,14 +120,15 @@ std::pair<std::vector<Tensor<B>>, Tensor<B>> depth_attention_backward(const std:
     for (int64_t i = 0; i < n; ++i) dv.push_back(Tensor<B>::empty({N, D}, cd));
     for (Tensor<B>& t : dv) dvv.push_back(t.mview());
     dq = Tensor<B>::empty({D}, cd);
-    if (N) KILN_PROFILED("depth_attention_backward", dvv, dq, vv, qc) B::depth_attention_backward(dvv, dq.mview(), vv, qc.cview(), ac.cview(), rc.cview(), dhc.cview());
+    if (N) KILN_PROFILED("depth_attention_backward", dvv, dq, vv, qc)
+    B::depth_attention_backward(dvv, dq.mview(), vv, qc.cview(), ac.cview(), rc.cview(), dhc.cview());
     else dq.zero_();
   } else {
     std::vector<Tensor<B>> vc;
     for (const Tensor<B>& t : v) vc.push_back(t.to(cd).reshape({N, D}));
-    const Tensor<B> V = Tensor<B>::stack(vc, 0);                                        // [n, N, D]
-    const Tensor<B> a = V.mul(dhc).sum({-1});                                           // [n, N]
-    const Tensor<B> s = V.matmul(qc);                                                   // [n, N]
+    const Tensor<B> V = Tensor<B>::stack(vc, 0);  // [n, N, D]
+    const Tensor<B> a = V.mul(dhc).sum({-1});     // [n, N]
+    const Tensor<B> s = V.matmul(qc);             // [n, N]
     const Tensor<B> dlogit = ac.mul(a.sub(ac.mul(a).sum({0}, true)));
     const Tensor<B> c = dlogit.mul(rc);
     const Tensor<B> e = c.mul(s).mul(rc).mul(rc).div(static_cast<double>(D));
@@ -145,8 +147,8 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> depth_attention_phase1(const std::ve
   const DType cd = detail::depth_sources("depth_attention_phase1", v);
   const Shape& shape = v[0].shape();
   const int64_t D = shape.back(), N = v[0].numel() / D;
-  KILN_CHECK(Q.dim() == 2 && Q.shape()[1] == D, "depth_attention_phase1: queries {} do not match the sources' width {}", shape_str(Q.shape()),
-             D);
+  KILN_CHECK(Q.dim() == 2 && Q.shape()[1] == D, "depth_attention_phase1: queries {} do not match the sources' width {}",
+             shape_str(Q.shape()), D);
   const int64_t S = Q.shape()[0];
   Shape stat{S};
   stat.insert(stat.end(), shape.begin(), shape.end() - 1);
@@ -159,27 +161,27 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> depth_attention_phase1(const std::ve
     for (const Tensor<B>& t : v) vc.push_back(t.to(cd).contiguous().reshape({N, D}));
     for (const Tensor<B>& t : vc) vv.push_back(t.cview());
     Tensor<B> m = Tensor<B>::empty({S, N}, cd), l = Tensor<B>::empty({S, N}, cd), acc = Tensor<B>::empty({S, N, D}, cd);
-    if (N && S) KILN_PROFILED("depth_attention_phase1", m, l, acc, vv) B::depth_attention_phase1(m.mview(), l.mview(), acc.mview(), vv, Qc.cview(), eps);
+    if (N && S) KILN_PROFILED("depth_attention_phase1", m, l, acc, vv)
+    B::depth_attention_phase1(m.mview(), l.mview(), acc.mview(), vv, Qc.cview(), eps);
     return {m.reshape(stat), l.reshape(stat), acc.reshape(full)};
   } else {
     std::vector<Tensor<B>> vc;
     for (const Tensor<B>& t : v) vc.push_back(t.to(cd).reshape({N, D}));
-    const Tensor<B> V = Tensor<B>::stack(vc, 1);                                      // [N, n, D]
-    const Tensor<B> U = V.mul(V.square().mean({-1}, true).add(eps).rsqrt());          // v / rms(v)
-    const Tensor<B> L = U.matmul(Qc.t());                                             // [N, n, S]
-    const Tensor<B> m = L.max({1}, true);                                             // [N, 1, S]
-    const Tensor<B> E = L.sub(m).exp();                                               // [N, n, S]
-    const Tensor<B> l = E.sum({1});                                                   // [N, S]
-    const Tensor<B> acc = E.transpose(1, 2).matmul(V);                                // [N, S, D]
+    const Tensor<B> V = Tensor<B>::stack(vc, 1);                              // [N, n, D]
+    const Tensor<B> U = V.mul(V.square().mean({-1}, true).add(eps).rsqrt());  // v / rms(v)
+    const Tensor<B> L = U.matmul(Qc.t());                                     // [N, n, S]
+    const Tensor<B> m = L.max({1}, true);                                     // [N, 1, S]
+    const Tensor<B> E = L.sub(m).exp();                                       // [N, n, S]
+    const Tensor<B> l = E.sum({1});                                           // [N, S]
+    const Tensor<B> acc = E.transpose(1, 2).matmul(V);                        // [N, S, D]
     return {m.squeeze(1).t().contiguous().reshape(stat), l.t().contiguous().reshape(stat), acc.transpose(0, 1).contiguous().reshape(full)};
   }
 }
 
 // Phase 2: h (like p, or in the compute dtype without a partial) from one query's Phase-1 statistics
 // (m, l [rows...], acc [rows..., D]) and the running partial p (undefined: none).
-template <Backend B>
-Tensor<B> depth_attention_merge(const Tensor<B>& m, const Tensor<B>& l, const Tensor<B>& acc, const Tensor<B>& p, const Tensor<B>& q,
-                                double eps) {
+template <Backend B> Tensor<B> depth_attention_merge(const Tensor<B>& m, const Tensor<B>& l, const Tensor<B>& acc, const Tensor<B>& p,
+                                                     const Tensor<B>& q, double eps) {
   const Shape& shape = acc.shape();
   KILN_CHECK(!shape.empty() && shape.back() > 0, "depth_attention_merge: acc must have rank >= 1, got {}", shape_str(shape));
   const int64_t D = shape.back(), N = acc.numel() / D;
@@ -195,10 +197,11 @@ Tensor<B> depth_attention_merge(const Tensor<B>& m, const Tensor<B>& l, const Te
     const Tensor<B> pc = p.defined() ? p.to(cd).contiguous() : Tensor<B>();
     Tensor<B> h = Tensor<B>::empty({N, D}, cd);
     const View<typename B::Storage> pv = pc.defined() ? pc.cview() : ac.cview();
-    if (N) KILN_PROFILED("depth_attention_merge", h, mc, lc, ac) B::depth_attention_merge(h.mview(), mc.cview(), lc.cview(), ac.cview(), pc.defined() ? &pv : nullptr, qc.cview(), eps);
+    if (N) KILN_PROFILED("depth_attention_merge", h, mc, lc, ac)
+    B::depth_attention_merge(h.mview(), mc.cview(), lc.cview(), ac.cview(), pc.defined() ? &pv : nullptr, qc.cview(), eps);
     return h.reshape(shape).to(out);
   } else {
-    const Tensor<B> mu = m.to(cd).unsqueeze(-1), lu = l.to(cd).unsqueeze(-1);       // [rows..., 1]
+    const Tensor<B> mu = m.to(cd).unsqueeze(-1), lu = l.to(cd).unsqueeze(-1);  // [rows..., 1]
     if (!p.defined()) return acc.div(lu);
     const Tensor<B> pf = p.to(cd);
     const Tensor<B> lp = pf.mul(pf.square().mean({-1}, true).add(eps).rsqrt()).matmul(q.to(cd)).unsqueeze(-1);

@@ -34,24 +34,24 @@ inline DType ce_compute(DType d) { return d == DType::f64 ? DType::f64 : DType::
 }  // namespace detail
 
 // (loss [N], lse [N]) in f64 for f64 logits, f32 otherwise.
-template <Backend B>
-std::pair<Tensor<B>, Tensor<B>> cross_entropy_forward(const Tensor<B>& logits, const Tensor<B>& targets, int64_t ignore_index,
-                                                      double smoothing) {
+template <Backend B> std::pair<Tensor<B>, Tensor<B>> cross_entropy_forward(const Tensor<B>& logits, const Tensor<B>& targets,
+                                                                           int64_t ignore_index, double smoothing) {
   detail::ce_check("cross_entropy", logits.shape(), targets.shape(), logits.dtype(), targets.dtype());
   const DType cd = detail::ce_compute(logits.dtype());
   const int64_t N = logits.size(0);
   if constexpr (HasCrossEntropy<B>) {
     const Tensor<B> x = logits.to(cd).contiguous(), t = targets.contiguous();
     Tensor<B> loss = Tensor<B>::empty({N}, cd), lse = Tensor<B>::empty({N}, cd);
-    if (N) KILN_PROFILED("cross_entropy_forward", loss, lse, x, t) B::cross_entropy_forward(loss.mview(), lse.mview(), x.cview(), t.cview(), ignore_index, smoothing);
+    if (N) KILN_PROFILED("cross_entropy_forward", loss, lse, x, t)
+    B::cross_entropy_forward(loss.mview(), lse.mview(), x.cview(), t.cview(), ignore_index, smoothing);
     return {loss, lse};
   } else {
     const Tensor<B> x = logits.to(cd);
     const Tensor<B> keep = targets.ne(ignore_index);
     const Tensor<B> safe = Tensor<B>::where(keep, targets, Tensor<B>::zeros({}, DType::i64));
     const Tensor<B> m = x.max({1}, true);
-    const Tensor<B> lse = x.sub(m).exp().sum({1}, true).log().add(m);                         // [N, 1]
-    Tensor<B> loss = lse.sub(x.gather(1, safe.unsqueeze(1)).mul(1.0 - smoothing));              // [N, 1]
+    const Tensor<B> lse = x.sub(m).exp().sum({1}, true).log().add(m);               // [N, 1]
+    Tensor<B> loss = lse.sub(x.gather(1, safe.unsqueeze(1)).mul(1.0 - smoothing));  // [N, 1]
     if (smoothing > 0) loss = loss.sub(x.mean({1}, true).mul(smoothing));
     loss = Tensor<B>::where(keep.unsqueeze(1), loss, Tensor<B>::zeros({}, cd));
     return {loss.squeeze(1), lse.squeeze(1)};
@@ -59,9 +59,8 @@ std::pair<Tensor<B>, Tensor<B>> cross_entropy_forward(const Tensor<B>& logits, c
 }
 
 // dlogits [N, C] in the logits' dtype; g [N] is the gradient of each row's loss.
-template <Backend B>
-Tensor<B> cross_entropy_backward(const Tensor<B>& logits, const Tensor<B>& lse, const Tensor<B>& targets, const Tensor<B>& g,
-                                 int64_t ignore_index, double smoothing) {
+template <Backend B> Tensor<B> cross_entropy_backward(const Tensor<B>& logits, const Tensor<B>& lse, const Tensor<B>& targets,
+                                                      const Tensor<B>& g, int64_t ignore_index, double smoothing) {
   detail::ce_check("cross_entropy_backward", logits.shape(), targets.shape(), logits.dtype(), targets.dtype());
   const int64_t N = logits.size(0), C = logits.size(1);
   KILN_CHECK(lse.shape() == Shape{N} && g.shape() == Shape{N}, "cross_entropy_backward: lse {} and g {} must be [{}]",
@@ -71,13 +70,14 @@ Tensor<B> cross_entropy_backward(const Tensor<B>& logits, const Tensor<B>& lse, 
     const Tensor<B> x = logits.to(cd).contiguous(), t = targets.contiguous();
     const Tensor<B> l = lse.to(cd).contiguous(), gc = g.to(cd).contiguous();
     Tensor<B> dx = Tensor<B>::empty({N, C}, cd);
-    if (N) KILN_PROFILED("cross_entropy_backward", dx, x, l, t) B::cross_entropy_backward(dx.mview(), x.cview(), l.cview(), t.cview(), gc.cview(), ignore_index, smoothing);
+    if (N) KILN_PROFILED("cross_entropy_backward", dx, x, l, t)
+    B::cross_entropy_backward(dx.mview(), x.cview(), l.cview(), t.cview(), gc.cview(), ignore_index, smoothing);
     return dx.to(logits.dtype());
   } else {
     const Tensor<B> x = logits.to(cd);
     const Tensor<B> keep = targets.ne(ignore_index);
     const Tensor<B> gk = Tensor<B>::where(keep, g.to(cd), Tensor<B>::zeros({}, cd)).unsqueeze(1);  // [N, 1]
-    const Tensor<B> onehot = Tensor<B>::arange(C).unsqueeze(0).eq(targets.unsqueeze(1)).to(cd);      // [N, C]
+    const Tensor<B> onehot = Tensor<B>::arange(C).unsqueeze(0).eq(targets.unsqueeze(1)).to(cd);    // [N, C]
     Tensor<B> d = x.sub(lse.to(cd).unsqueeze(1)).exp().sub(onehot.mul(1.0 - smoothing));
     if (smoothing > 0) d = d.sub(smoothing / static_cast<double>(C));
     return d.mul(gk).to(logits.dtype());

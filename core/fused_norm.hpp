@@ -42,7 +42,8 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> rms_norm_forward(const Tens
     const Tensor<B> wc = w.defined() ? w.to(cd).contiguous() : Tensor<B>();
     Tensor<B> y = Tensor<B>::empty({N, D}, cd), r = Tensor<B>::empty({N}, cd);
     const View<typename B::Storage> wv = wc.defined() ? wc.cview() : xc.cview();
-    if (N) KILN_PROFILED("rms_norm_forward", y, r, xc, wc) B::rms_norm_forward(y.mview(), r.mview(), xc.cview(), wc.defined() ? &wv : nullptr, eps);
+    if (N) KILN_PROFILED("rms_norm_forward", y, r, xc, wc)
+    B::rms_norm_forward(y.mview(), r.mview(), xc.cview(), wc.defined() ? &wv : nullptr, eps);
     return {y.reshape(x.shape()).to(dt), r.reshape(rows)};
   } else {
     const Tensor<B> xf = x.to(cd);
@@ -68,7 +69,7 @@ std::pair<Tensor<B>, Tensor<B>> rms_norm_backward(const Tensor<B>& x, const Tens
     const View<typename B::Storage> wv = wc.defined() ? wc.cview() : xc.cview();
     MutView<typename B::Storage> dwv = dw.defined() ? dw.mview() : dx.mview();
     if (N) KILN_PROFILED("rms_norm_backward", dx, dw, xc, wc, rc, dyc)
-      B::rms_norm_backward(dx.mview(), dw.defined() ? &dwv : nullptr, xc.cview(), wc.defined() ? &wv : nullptr, rc.cview(), dyc.cview());
+    B::rms_norm_backward(dx.mview(), dw.defined() ? &dwv : nullptr, xc.cview(), wc.defined() ? &wv : nullptr, rc.cview(), dyc.cview());
     else if (dw.defined()) dw.zero_();
     return {dx.reshape(x.shape()).to(dt), dw.defined() ? dw.to(w.dtype()) : dw};
   } else {

@@ -28,7 +28,9 @@ namespace kiln::fused {
 
 template <class B>
 concept HasAdam = requires(const std::vector<MutView<typename B::Storage>>& w, const std::vector<View<typename B::Storage>>& g,
-                           const AdamHyper& h) { B::adam_step(w, w, w, g, h); };
+                           const AdamHyper& h) {
+  B::adam_step(w, w, w, g, h);
+};
 
 template <class B>
 concept HasSumSquares = requires(MutView<typename B::Storage> out, const std::vector<View<typename B::Storage>>& xs) {
@@ -38,8 +40,10 @@ concept HasSumSquares = requires(MutView<typename B::Storage> out, const std::ve
 // The composite update of one parameter (also the oracle of the fused kernels).
 template <Backend B> void adam_step_composite(Tensor<B>& w, Tensor<B>& m, Tensor<B>& v, Tensor<B> grad, const AdamHyper& h) {
   if (h.weight_decay != 0) {
-    if (h.decoupled) w.mul_(1.0 - h.lr * h.weight_decay);
-    else grad = grad.add(w.mul(h.weight_decay));
+    if (h.decoupled)
+      w.mul_(1.0 - h.lr * h.weight_decay);
+    else
+      grad = grad.add(w.mul(h.weight_decay));
   }
   m.mul_(h.beta1).add_(grad.mul(1.0 - h.beta1));
   v.mul_(h.beta2).add_(grad.mul(grad).mul(1.0 - h.beta2));
@@ -48,9 +52,8 @@ template <Backend B> void adam_step_composite(Tensor<B>& w, Tensor<B>& m, Tensor
 }
 
 // Updates w[i], m[i], v[i] in place from g[i], for every i.
-template <Backend B>
-void adam_step(const std::vector<Tensor<B>*>& w, const std::vector<Tensor<B>*>& m, const std::vector<Tensor<B>*>& v,
-               const std::vector<Tensor<B>>& g, const AdamHyper& h) {
+template <Backend B> void adam_step(const std::vector<Tensor<B>*>& w, const std::vector<Tensor<B>*>& m, const std::vector<Tensor<B>*>& v,
+                                    const std::vector<Tensor<B>>& g, const AdamHyper& h) {
   KILN_CHECK(w.size() == m.size() && w.size() == v.size() && w.size() == g.size(), "adam_step: {} weights, {} m, {} v, {} gradients",
              w.size(), m.size(), v.size(), g.size());
   std::vector<size_t> fused_idx;
@@ -65,8 +68,10 @@ void adam_step(const std::vector<Tensor<B>*>& w, const std::vector<Tensor<B>*>& 
       fusable = (d == DType::f32 || d == DType::f64) && m[i]->dtype() == d && v[i]->dtype() == d && g[i].dtype() == d &&
                 p.is_contiguous() && m[i]->is_contiguous() && v[i]->is_contiguous() && g[i].is_contiguous();
     }
-    if (fusable) fused_idx.push_back(i);
-    else adam_step_composite(*w[i], *m[i], *v[i], g[i], h);
+    if (fusable)
+      fused_idx.push_back(i);
+    else
+      adam_step_composite(*w[i], *m[i], *v[i], g[i], h);
   }
   if constexpr (HasAdam<B>) {
     if (fused_idx.empty()) return;
@@ -93,8 +98,10 @@ template <Backend B> Tensor<B> sum_squares(const std::vector<Tensor<B>>& xs) {
     KILN_CHECK(is_floating(x.dtype()), "sum_squares: tensors must be floating, got {} {}", x.dtype(), shape_str(x.shape()));
     bool fusable = false;
     if constexpr (HasSumSquares<B>) fusable = (x.dtype() == DType::f32 || x.dtype() == DType::f64) && x.is_contiguous();
-    if (fusable) fv.push_back(x.cview());
-    else add(x.to(DType::f64).square().sum());
+    if (fusable)
+      fv.push_back(x.cview());
+    else
+      add(x.to(DType::f64).square().sum());
   }
   if constexpr (HasSumSquares<B>) {
     if (!fv.empty()) {

@@ -32,8 +32,8 @@ template <Backend B> Tensor<B> rope_apply(const char* op, const Tensor<B>& x, co
   const int64_t T = x.size(-2), d = x.shape().back();
   KILN_CHECK(d % 2 == 0, "{}: width {} must be even (input {})", op, d, shape_str(x.shape()));
   KILN_CHECK(cos.shape() == Shape({T, d / 2}) && sin.shape() == Shape({T, d / 2}),
-             "{}: cos {} and sin {} must be [T, d/2] = [{}, {}] for input {}", op, shape_str(cos.shape()), shape_str(sin.shape()), T,
-             d / 2, shape_str(x.shape()));
+             "{}: cos {} and sin {} must be [T, d/2] = [{}, {}] for input {}", op, shape_str(cos.shape()), shape_str(sin.shape()), T, d / 2,
+             shape_str(x.shape()));
   KILN_CHECK(is_floating(x.dtype()) && is_floating(cos.dtype()) && is_floating(sin.dtype()),
              "{}: needs float dtypes, got input {}, cos {}, sin {}", op, x.dtype(), cos.dtype(), sin.dtype());
   const DType dt = x.dtype(), cd = dt == DType::f64 ? DType::f64 : DType::f32;

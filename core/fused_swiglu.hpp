@@ -53,7 +53,7 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> swiglu_backward(const Tenso
     const Tensor<B> ac = a.to(cd).contiguous(), bc = b.to(cd).contiguous(), gc = dy.to(cd).contiguous();
     Tensor<B> da = Tensor<B>::empty(a.shape(), cd), db = Tensor<B>::empty(a.shape(), cd);
     if (da.numel()) KILN_PROFILED("swiglu_backward", da, db, ac, bc, gc)
-      B::swiglu_backward(da.mview(), db.mview(), ac.cview(), bc.cview(), gc.cview());
+    B::swiglu_backward(da.mview(), db.mview(), ac.cview(), bc.cview(), gc.cview());
     return {da.to(dt), db.to(dt)};
   } else {
     const Tensor<B> af = a.to(cd), bf = b.to(cd), g = dy.to(cd);

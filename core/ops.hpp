@@ -13,6 +13,8 @@
 namespace kiln::op {
 
 // ------------------------------------------------------------------------------------------ unary
+// The op tables below keep one row per op (clang-format would reflow them).
+// clang-format off
 #define KILN_UNARY(NAME, STR, FLOAT_ONLY, EXPR)                  \
   struct NAME {                                                  \
     static constexpr const char* name = STR;                     \
@@ -81,15 +83,20 @@ KILN_BINARY(LogicalOr, "logical_or", false, true, (a != T(0)) || (b != T(0)))
 #define KILN_BINARY_OPS(X) \
   X(Add) X(Sub) X(Mul) X(Div) X(Maximum) X(Minimum) X(Pow) X(Eq) X(Ne) X(Lt) X(Le) X(Gt) X(Ge) \
   X(LogicalAnd) X(LogicalOr)
+// clang-format on
 
 // ------------------------------------------------------------------------------------------ reduce
 template <class A> KILN_HD constexpr A lowest() {
-  if constexpr (std::numeric_limits<A>::has_infinity) return -std::numeric_limits<A>::infinity();
-  else return std::numeric_limits<A>::lowest();
+  if constexpr (std::numeric_limits<A>::has_infinity)
+    return -std::numeric_limits<A>::infinity();
+  else
+    return std::numeric_limits<A>::lowest();
 }
 template <class A> KILN_HD constexpr A highest() {
-  if constexpr (std::numeric_limits<A>::has_infinity) return std::numeric_limits<A>::infinity();
-  else return std::numeric_limits<A>::max();
+  if constexpr (std::numeric_limits<A>::has_infinity)
+    return std::numeric_limits<A>::infinity();
+  else
+    return std::numeric_limits<A>::max();
 }
 // A reduction folds values of type A (the accumulator) with init() and step(); index ops also track
 // the position. Backends choose A (float64 in Reference, compute_t<T> elsewhere).

@@ -20,8 +20,8 @@
 
 #include <fmt/format.h>
 
-#include "kiln/core/error.hpp"
 #include "kiln/core/atomic_file.hpp"
+#include "kiln/core/error.hpp"
 
 namespace kiln::profile {
 
@@ -70,7 +70,7 @@ struct ThreadLog {
   std::array<std::atomic<Raw*>, kMaxChunks> chunks{};
   std::atomic<size_t> size{0};
   std::array<Open, kMaxDepth> open{};
-  int depth = 0;      // open ranges (those beyond kMaxDepth are counted, not kept)
+  int depth = 0;  // open ranges (those beyond kMaxDepth are counted, not kept)
   std::atomic<int64_t> dropped{0};
   ~ThreadLog() {
     for (auto& c : chunks) delete[] c.load();
@@ -278,9 +278,12 @@ int64_t charged_ns(const Stat& s) { return s.device_ns >= 0 ? s.device_ns : s.to
 std::string json_escape(std::string_view s) {
   std::string o;
   for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
-    else if (static_cast<unsigned char>(c) < 0x20) o += fmt::format("\\u{:04x}", c);
-    else o += c;
+    if (c == '"' || c == '\\')
+      o += '\\', o += c;
+    else if (static_cast<unsigned char>(c) < 0x20)
+      o += fmt::format("\\u{:04x}", c);
+    else
+      o += c;
   }
   return o;
 }
@@ -526,16 +529,16 @@ std::string report(size_t rows) {
     const double secs = static_cast<double>(charged_ns(x)) * 1e-9;
     std::string rate;
     auto num = [](double v) { return v < 1e-3 ? std::string("<0.001") : fmt::format("{:.3g}", v); };
-    if (x.flops > 0 && secs > 0) rate = num(x.flops / secs * 1e-9) + " GFLOP/s";
-    else if (x.bytes > 0 && secs > 0) rate = num(static_cast<double>(x.bytes) / secs * 1e-9) + " GB/s";
+    if (x.flops > 0 && secs > 0)
+      rate = num(x.flops / secs * 1e-9) + " GFLOP/s";
+    else if (x.bytes > 0 && secs > 0)
+      rate = num(static_cast<double>(x.bytes) / secs * 1e-9) + " GB/s";
     std::string name = x.name.size() > 34 ? x.name.substr(0, 31) + "..." : x.name;
-    o += fmt::format("{:<34} {:>8} {:>11.3f} {:>11.3f} {:>5.1f}%{} {:>13}\n", name, x.calls, static_cast<double>(x.total_ns) * 1e-6,
-                     static_cast<double>(x.self_ns) * 1e-6,
-                     self_sum ? 100.0 * static_cast<double>(x.self_ns) / static_cast<double>(self_sum) : 0.0,
-                     device ? (x.device_ns >= 0 ? fmt::format(" {:>11.3f}", static_cast<double>(x.device_ns) * 1e-6)
-                                                : fmt::format(" {:>11}", "-"))
-                            : "",
-                     rate);
+    o += fmt::format(
+        "{:<34} {:>8} {:>11.3f} {:>11.3f} {:>5.1f}%{} {:>13}\n", name, x.calls, static_cast<double>(x.total_ns) * 1e-6,
+        static_cast<double>(x.self_ns) * 1e-6, self_sum ? 100.0 * static_cast<double>(x.self_ns) / static_cast<double>(self_sum) : 0.0,
+        device ? (x.device_ns >= 0 ? fmt::format(" {:>11.3f}", static_cast<double>(x.device_ns) * 1e-6) : fmt::format(" {:>11}", "-")) : "",
+        rate);
   }
   if (st.size() > shown) o += fmt::format("... {} more rows\n", st.size() - shown);
 
@@ -569,7 +572,7 @@ void write_chrome_trace(const std::string& path) {
   std::string o = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   const int rank = launcher_rank();
   const int pid = rank >= 0 ? rank : 1;  // one process of a job: its rank (the ranks' traces side by side)
-  constexpr int kDeviceTid = 1000000;  // the device stream's track
+  constexpr int kDeviceTid = 1000000;    // the device stream's track
   bool first = true;
   auto sep = [&] {
     if (!first) o += ",\n";
@@ -582,7 +585,9 @@ void write_chrome_trace(const std::string& path) {
     if (tids.empty() || tids.back() != tid) tids.push_back(tid);
     auto args = [&e = te.second] {  // clang < 16 cannot capture a structured binding
       std::string a = "{";
-      if (e.n_ops) a += fmt::format("\"shapes\": \"{}\", \"dtype\": \"{}\", \"bytes\": {}", json_escape(shapes_str(e)), dtype_name(e.dtype[0]), e.bytes);
+      if (e.n_ops)
+        a += fmt::format("\"shapes\": \"{}\", \"dtype\": \"{}\", \"bytes\": {}", json_escape(shapes_str(e)), dtype_name(e.dtype[0]),
+                         e.bytes);
       if (e.flops > 0) a += fmt::format(", \"flops\": {:.0f}", e.flops);
       return a + "}";
     };
@@ -604,8 +609,8 @@ void write_chrome_trace(const std::string& path) {
   }
   if (device) {
     sep();
-    o += fmt::format(R"j({{"name": "thread_name", "ph": "M", "pid": {}, "tid": {}, "args": {{"name": "device stream (event timing)"}}}})j", pid,
-                     kDeviceTid);
+    o += fmt::format(R"j({{"name": "thread_name", "ph": "M", "pid": {}, "tid": {}, "args": {{"name": "device stream (event timing)"}}}})j",
+                     pid, kDeviceTid);
   }
   sep();
   o += fmt::format(R"({{"name": "process_name", "ph": "M", "pid": {}, "args": {{"name": "{}"}}}})", pid,

@@ -67,11 +67,11 @@ struct Event {
   std::string name, cat;  // cat: "op", "backward", "optim", "data", "step" or "user"
   int tid = 0;            // the recording thread, numbered from 0 in the order threads first recorded
   int64_t ts_ns = 0, dur_ns = 0;
-  int64_t self_ns = 0;    // dur_ns minus the time of the events nested directly inside it
-  int depth = 0;          // 0 = outermost on its thread
-  double flops = 0;       // the op's floating-point operations (0 where not defined)
-  int64_t bytes = 0;      // bytes of its operands (read + written), 0 for scopes
-  std::string shapes;     // e.g. "[8, 128, 256] x [256, 768] -> [8, 128, 768] f32"
+  int64_t self_ns = 0;                            // dur_ns minus the time of the events nested directly inside it
+  int depth = 0;                                  // 0 = outermost on its thread
+  double flops = 0;                               // the op's floating-point operations (0 where not defined)
+  int64_t bytes = 0;                              // bytes of its operands (read + written), 0 for scopes
+  std::string shapes;                             // e.g. "[8, 128, 256] x [256, 768] -> [8, 128, 768] f32"
   int64_t device_ts_ns = -1, device_dur_ns = -1;  // on the device's stream (Cuda), -1 when not timed there
 };
 
@@ -107,11 +107,13 @@ int launcher_rank();
 class Scope {
  public:
   explicit Scope(const char* name, const char* cat = "user") noexcept {
-    if (enabled()) [[unlikely]] open(name, cat);
+    if (enabled()) [[unlikely]]
+      open(name, cat);
   }
   explicit Scope(const std::string& name, const char* cat = "user");
   ~Scope() {
-    if (open_) [[unlikely]] close();
+    if (open_) [[unlikely]]
+      close();
   }
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;
@@ -148,7 +150,11 @@ int64_t footprint_bytes(const Layout& l, DType d);
 template <class S> Operand operand(const View<S>& v) { return {&v.layout, v.dtype, 1, footprint_bytes(v.layout, v.dtype)}; }
 template <class S> Operand operand(const MutView<S>& v) { return {&v.layout, v.dtype, 1, footprint_bytes(v.layout, v.dtype)}; }
 template <class T>
-  requires requires(const T& t) { t.layout(); t.dtype(); t.defined(); }
+requires requires(const T& t) {
+  t.layout();
+  t.dtype();
+  t.defined();
+}
 Operand operand(const T& t) {
   if (!t.defined()) return {};
   return {&t.layout(), t.dtype(), 1, footprint_bytes(t.layout(), t.dtype())};
@@ -157,8 +163,10 @@ template <class T> Operand operand(const std::vector<T>& xs) {
   Operand o;
   for (const T& x : xs) {
     const Operand e = operand(x);
-    if (!o.layout) o = e;
-    else o.bytes += e.bytes;
+    if (!o.layout)
+      o = e;
+    else
+      o.bytes += e.bytes;
   }
   o.count = static_cast<int64_t>(xs.size());
   return o;
@@ -182,7 +190,8 @@ class OpRange {
     }
   }
   ~OpRange() {
-    if (open_) [[unlikely]] end_op();
+    if (open_) [[unlikely]]
+      end_op();
   }
   OpRange(const OpRange&) = delete;
   OpRange& operator=(const OpRange&) = delete;
@@ -201,11 +210,10 @@ class OpRange {
 // Times the statement that follows as op `name` with the given operands (see the top of this file).
 // The switch with an init-statement scopes the guard to exactly that statement, and cannot capture an
 // `else` of the caller the way an `if` would.
-#define KILN_PROFILED_FLOPS(name, flops, ...)                                                          \
-  switch (::kiln::profile::detail::OpRange kiln_profiled_{[&](::kiln::profile::detail::OpRange& r_) { \
-            r_.template begin<B>(name, static_cast<double>(flops), __VA_ARGS__);                      \
-          }};                                                                                          \
-          0)                                                                                           \
+#define KILN_PROFILED_FLOPS(name, flops, ...)                                                                              \
+  switch (::kiln::profile::detail::OpRange kiln_profiled_{                                                                 \
+      [&](::kiln::profile::detail::OpRange& r_) { r_.template begin<B>(name, static_cast<double>(flops), __VA_ARGS__); }}; \
+          0)                                                                                                               \
   default:
 #define KILN_PROFILED(name, ...) KILN_PROFILED_FLOPS(name, 0, __VA_ARGS__)
 #pragma GCC visibility pop

@@ -83,11 +83,23 @@ KILN_HD inline void sincos_turn(double u, double& sn, double& cs) {
   const int o = static_cast<int>(y);
   const double r = y - static_cast<double>(o);
   const double t = ((o & 1) ? 1.0 - r : r) * 0.78539816339744830962, t2 = t * t;
-  constexpr double kSin[] = {-1.0 / 121645100408832000.0, 1.0 / 355687428096000.0, -1.0 / 1307674368000.0, 1.0 / 6227020800.0,
-                             -1.0 / 39916800.0,          1.0 / 362880.0,          -1.0 / 5040.0,         1.0 / 120.0,
+  constexpr double kSin[] = {-1.0 / 121645100408832000.0,
+                             1.0 / 355687428096000.0,
+                             -1.0 / 1307674368000.0,
+                             1.0 / 6227020800.0,
+                             -1.0 / 39916800.0,
+                             1.0 / 362880.0,
+                             -1.0 / 5040.0,
+                             1.0 / 120.0,
                              -1.0 / 6.0};  // 1/19!, ..., 1/3! with signs
-  constexpr double kCos[] = {-1.0 / 6402373705728000.0, 1.0 / 20922789888000.0, -1.0 / 87178291200.0, 1.0 / 479001600.0,
-                             -1.0 / 3628800.0,          1.0 / 40320.0,          -1.0 / 720.0,         1.0 / 24.0,
+  constexpr double kCos[] = {-1.0 / 6402373705728000.0,
+                             1.0 / 20922789888000.0,
+                             -1.0 / 87178291200.0,
+                             1.0 / 479001600.0,
+                             -1.0 / 3628800.0,
+                             1.0 / 40320.0,
+                             -1.0 / 720.0,
+                             1.0 / 24.0,
                              -0.5};  // 1/18!, ..., 1/2! with signs
   double ps = kSin[0], pc = kCos[0];
   for (int k = 1; k < 9; ++k) {
@@ -97,10 +109,22 @@ KILN_HD inline void sincos_turn(double u, double& sn, double& cs) {
   const double st = t * std::fma(ps, t2, 1.0), ct = std::fma(pc, t2, 1.0);
   const double a = (o & 1) ? ct : st, c = (o & 1) ? st : ct;  // sin, cos of the angle within its quadrant
   switch (o >> 1) {
-    case 0: sn = a; cs = c; break;
-    case 1: sn = c; cs = -a; break;
-    case 2: sn = -a; cs = -c; break;
-    default: sn = -c; cs = a; break;
+    case 0:
+      sn = a;
+      cs = c;
+      break;
+    case 1:
+      sn = c;
+      cs = -a;
+      break;
+    case 2:
+      sn = -a;
+      cs = -c;
+      break;
+    default:
+      sn = -c;
+      cs = a;
+      break;
   }
 }
 
@@ -111,7 +135,7 @@ KILN_HD inline void sincos_turn(double u, double& sn, double& cs) {
 KILN_HD inline double philox_normal_from(const Philox4x32& r, unsigned lane) {
   const unsigned pair = lane / 2;
   const double u1 = (static_cast<double>(r.v[2 * pair]) + 1.0) * (1.0 / 4294967296.0);  // (0, 1]
-  const double u2 = static_cast<double>(r.v[2 * pair + 1]) * (1.0 / 4294967296.0);       // [0, 1)
+  const double u2 = static_cast<double>(r.v[2 * pair + 1]) * (1.0 / 4294967296.0);      // [0, 1)
   const double rad = std::sqrt(-2.0 * rng_math::log_unit(u1));
   double sn, cs;
   rng_math::sincos_turn(u2, sn, cs);
@@ -139,9 +163,12 @@ template <class T> KILN_HD inline T round_uniform(double x, double hi) {
     T h = T(static_cast<float>(hi));
     while (static_cast<double>(static_cast<float>(h)) >= hi) {
       // one step toward -inf on the 16-bit sign-magnitude encoding
-      if (h.bits == 0x0000u) h.bits = 0x8001u;
-      else if (h.bits & 0x8000u) ++h.bits;
-      else --h.bits;
+      if (h.bits == 0x0000u)
+        h.bits = 0x8001u;
+      else if (h.bits & 0x8000u)
+        ++h.bits;
+      else
+        --h.bits;
     }
     return h;
   }
@@ -154,8 +181,14 @@ class Generator {
   explicit Generator(uint64_t seed = 0) : seed_(seed) {}
   uint64_t seed() const { return seed_; }
   uint64_t offset() const { return offset_; }
-  void set_state(uint64_t seed, uint64_t offset) { seed_ = seed; offset_ = offset; }
-  void manual_seed(uint64_t seed) { seed_ = seed; offset_ = 0; }
+  void set_state(uint64_t seed, uint64_t offset) {
+    seed_ = seed;
+    offset_ = offset;
+  }
+  void manual_seed(uint64_t seed) {
+    seed_ = seed;
+    offset_ = 0;
+  }
   // Reserves counter blocks for n elements and returns the first block.
   uint64_t advance(uint64_t n) {
     const uint64_t first = offset_;

@@ -15,8 +15,7 @@ class Scalar {
 
   Scalar() = default;
   template <class T>
-    requires std::is_arithmetic_v<T>
-  Scalar(T v) {  // NOLINT(google-explicit-constructor): numbers convert implicitly, like PyTorch
+  requires std::is_arithmetic_v<T> Scalar(T v) {  // NOLINT(google-explicit-constructor): numbers convert implicitly, like PyTorch
     if constexpr (std::is_same_v<T, bool>) {
       kind_ = Kind::boolean;
       i_ = v ? 1 : 0;
@@ -48,10 +47,14 @@ class Scalar {
   int64_t to_int() const { return i_; }
 
   template <class T> T to() const {
-    if constexpr (std::is_same_v<T, bool>) return kind_ == Kind::floating ? d_ != 0.0 : i_ != 0;
-    else if constexpr (std::is_integral_v<T>) return static_cast<T>(i_);
-    else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) return T(static_cast<float>(d_));
-    else return kind_ == Kind::floating ? static_cast<T>(d_) : static_cast<T>(i_);
+    if constexpr (std::is_same_v<T, bool>)
+      return kind_ == Kind::floating ? d_ != 0.0 : i_ != 0;
+    else if constexpr (std::is_integral_v<T>)
+      return static_cast<T>(i_);
+    else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
+      return T(static_cast<float>(d_));
+    else
+      return kind_ == Kind::floating ? static_cast<T>(d_) : static_cast<T>(i_);
   }
 
  private:

@@ -24,8 +24,7 @@ std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, 
 
 int normalize_axis(int64_t axis, int64_t rank, std::string_view op, const Shape& shape) {
   const int64_t lo = rank == 0 ? -1 : -rank, hi = rank == 0 ? 0 : rank - 1;
-  KILN_CHECK(axis >= lo && axis <= hi, "{}: axis {} out of range [{}, {}] for shape {}", op, axis, lo, hi,
-             shape_str(shape));
+  KILN_CHECK(axis >= lo && axis <= hi, "{}: axis {} out of range [{}, {}] for shape {}", op, axis, lo, hi, shape_str(shape));
   return static_cast<int>(axis < 0 ? axis + std::max<int64_t>(rank, 1) : axis);
 }
 

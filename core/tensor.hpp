@@ -85,8 +85,8 @@ template <Backend B> class Tensor {
   Tensor t() const;  // 2-D transpose (and identity on rank < 2)
   Tensor narrow(int64_t axis, int64_t start, int64_t length) const;
   Tensor slice(int64_t axis, int64_t start, int64_t end, int64_t step = 1) const;  // python-style clamping
-  Tensor select(int64_t axis, int64_t index) const;  // drops the axis
-  Tensor expand(const Shape& shape) const;          // size-1 dims to any size (stride 0); -1 keeps
+  Tensor select(int64_t axis, int64_t index) const;                                // drops the axis
+  Tensor expand(const Shape& shape) const;                                         // size-1 dims to any size (stride 0); -1 keeps
   Tensor broadcast_to(const Shape& shape) const { return expand(shape); }
   Tensor squeeze() const;
   Tensor squeeze(int64_t axis) const;
@@ -96,7 +96,7 @@ template <Backend B> class Tensor {
   Tensor clone() const;       // always a fresh contiguous copy
 
   // ------------------------------------------------------------------------------ elementwise
-  template <class Op> Tensor map() const;                   // unary op tag
+  template <class Op> Tensor map() const;                     // unary op tag
   template <class Op> Tensor zip(const Tensor& other) const;  // binary op tag, broadcasting
   Tensor neg() const;
   Tensor abs() const;
@@ -169,17 +169,17 @@ template <Backend B> class Tensor {
 
   // ------------------------------------------------------------------------------ indexing
   Tensor gather(int64_t axis, const Tensor& index) const;
-  Tensor index_select(int64_t axis, const Tensor& index) const;  // index: 1-D integer
+  Tensor index_select(int64_t axis, const Tensor& index) const;                    // index: 1-D integer
   Tensor scatter_add(int64_t axis, const Tensor& index, const Tensor& src) const;  // out-of-place
   Tensor index_add(int64_t axis, const Tensor& index, const Tensor& src) const;    // index: 1-D
 
   // ------------------------------------------------------------------------------ conversion
   Tensor to(DType dtype) const;  // this when already that dtype
   template <Backend B2> Tensor<B2> to() const;
-  template <class T> T item() const;                           // 1-element tensors
+  template <class T> T item() const;  // 1-element tensors
   template <class T> T at(const std::vector<int64_t>& index) const;
-  template <class T> std::vector<T> to_vector() const;          // row-major, converted to T
-  void copy_to_host(void* dst, size_t bytes) const;           // contiguous bytes of this dtype
+  template <class T> std::vector<T> to_vector() const;  // row-major, converted to T
+  void copy_to_host(void* dst, size_t bytes) const;     // contiguous bytes of this dtype
 
   // ------------------------------------------------------------------------------ in place
   Tensor& fill_(Scalar value);
@@ -233,18 +233,14 @@ template <Backend B> Tensor<B> operator/(Scalar s, const Tensor<B>& a) { return 
 template <Backend B> Tensor<B> operator-(const Tensor<B>& a) { return a.neg(); }
 
 template <Backend B> Tensor<B> matmul(const Tensor<B>& a, const Tensor<B>& b) { return a.matmul(b); }
-template <Backend B> Tensor<B> where(const Tensor<B>& c, const Tensor<B>& a, const Tensor<B>& b) {
-  return Tensor<B>::where(c, a, b);
-}
+template <Backend B> Tensor<B> where(const Tensor<B>& c, const Tensor<B>& a, const Tensor<B>& b) { return Tensor<B>::where(c, a, b); }
 template <Backend B> Tensor<B> cat(const std::vector<Tensor<B>>& xs, int64_t axis = 0) { return Tensor<B>::cat(xs, axis); }
 template <Backend B> Tensor<B> stack(const std::vector<Tensor<B>>& xs, int64_t axis = 0) { return Tensor<B>::stack(xs, axis); }
 
 // Free forms of the member templates, so generic code (templated on B) needs no `.template`:
 //   auto x = tensor<B>({{1.f, 2.f}, {3.f, 4.f}});  auto v = to_vector<float>(x);  float s = item<float>(x.sum());
 template <Backend B, class T> Tensor<B> tensor(std::initializer_list<T> v) { return Tensor<B>::template from<T>(v); }
-template <Backend B, class T> Tensor<B> tensor(std::initializer_list<std::initializer_list<T>> v) {
-  return Tensor<B>::template from<T>(v);
-}
+template <Backend B, class T> Tensor<B> tensor(std::initializer_list<std::initializer_list<T>> v) { return Tensor<B>::template from<T>(v); }
 template <Backend B, class T> Tensor<B> tensor(const std::vector<T>& v, const Shape& shape) {
   return Tensor<B>::template from_vector<T>(v, shape);
 }
@@ -252,24 +248,20 @@ template <class T, Backend B> std::vector<T> to_vector(const Tensor<B>& t) { ret
 template <class T, Backend B> T item(const Tensor<B>& t) { return t.template item<T>(); }
 
 // ---------------------------------------------------------------------------------- templates
-template <Backend B>
-template <class T>
-Tensor<B> Tensor<B>::from_vector(const std::vector<T>& data, const Shape& shape) {
+template <Backend B> template <class T> Tensor<B> Tensor<B>::from_vector(const std::vector<T>& data, const Shape& shape) {
   static_assert(!std::is_same_v<T, bool>, "from_vector<bool>: std::vector<bool> is packed; use uint8_t data and .to(DType::boolean)");
   if constexpr (std::is_same_v<T, uint8_t>) {
-    KILN_CHECK(static_cast<int64_t>(data.size()) == kiln::numel(shape), "from_vector: {} values for shape {} ({} elements)",
-               data.size(), shape_str(shape), kiln::numel(shape));
+    KILN_CHECK(static_cast<int64_t>(data.size()) == kiln::numel(shape), "from_vector: {} values for shape {} ({} elements)", data.size(),
+               shape_str(shape), kiln::numel(shape));
     return from_blob(data.data(), shape, DType::boolean);
   } else {
-    KILN_CHECK(static_cast<int64_t>(data.size()) == kiln::numel(shape), "from_vector: {} values for shape {} ({} elements)",
-               data.size(), shape_str(shape), kiln::numel(shape));
+    KILN_CHECK(static_cast<int64_t>(data.size()) == kiln::numel(shape), "from_vector: {} values for shape {} ({} elements)", data.size(),
+               shape_str(shape), kiln::numel(shape));
     return from_blob(data.data(), shape, dtype_of<T>);
   }
 }
 
-template <Backend B>
-template <class T>
-Tensor<B> Tensor<B>::from(std::initializer_list<std::initializer_list<T>> rows) {
+template <Backend B> template <class T> Tensor<B> Tensor<B>::from(std::initializer_list<std::initializer_list<T>> rows) {
   std::vector<T> flat;
   const int64_t r = static_cast<int64_t>(rows.size());
   const int64_t c = r ? static_cast<int64_t>(rows.begin()->size()) : 0;
@@ -280,9 +272,7 @@ Tensor<B> Tensor<B>::from(std::initializer_list<std::initializer_list<T>> rows) 
   return from_vector(flat, Shape{r, c});
 }
 
-template <Backend B>
-template <class T>
-std::vector<T> Tensor<B>::to_vector() const {
+template <Backend B> template <class T> std::vector<T> Tensor<B>::to_vector() const {
   KILN_CHECK(defined(), "to_vector: undefined tensor");
   const Tensor c = to(dtype_of<T>).contiguous();
   std::vector<T> out(static_cast<size_t>(c.numel()));
@@ -290,16 +280,12 @@ std::vector<T> Tensor<B>::to_vector() const {
   return out;
 }
 
-template <Backend B>
-template <class T>
-T Tensor<B>::item() const {
+template <Backend B> template <class T> T Tensor<B>::item() const {
   KILN_CHECK(numel() == 1, "item: tensor of shape {} has {} elements, not 1", shape_str(shape()), numel());
   return to_vector<T>()[0];
 }
 
-template <Backend B>
-template <class T>
-T Tensor<B>::at(const std::vector<int64_t>& index) const {
+template <Backend B> template <class T> T Tensor<B>::at(const std::vector<int64_t>& index) const {
   KILN_CHECK(static_cast<int64_t>(index.size()) == dim(), "at: {} indices for shape {}", index.size(), shape_str(shape()));
   Tensor v = *this;
   for (size_t i = index.size(); i-- > 0;) v = v.select(static_cast<int64_t>(i), index[i]);
@@ -320,14 +306,14 @@ template <Backend B> template <class Op> Tensor<B> Tensor<B>::map() const {
 
 template <Backend B> template <class Op> Tensor<B> Tensor<B>::binary_op(const Tensor& o) const {
   KILN_CHECK(defined() && o.defined(), "{}: undefined tensor", Op::name);
-  KILN_CHECK(dtype_ == o.dtype_, "{}: dtype mismatch {} vs {} (shapes {} and {})", Op::name, dtype_, o.dtype_,
-             shape_str(shape()), shape_str(o.shape()));
+  KILN_CHECK(dtype_ == o.dtype_, "{}: dtype mismatch {} vs {} (shapes {} and {})", Op::name, dtype_, o.dtype_, shape_str(shape()),
+             shape_str(o.shape()));
   if constexpr (Op::float_only)
-    KILN_CHECK(is_floating(dtype_), "{}: needs a float dtype, got {} (shapes {} and {})", Op::name, dtype_,
-               shape_str(shape()), shape_str(o.shape()));
+    KILN_CHECK(is_floating(dtype_), "{}: needs a float dtype, got {} (shapes {} and {})", Op::name, dtype_, shape_str(shape()),
+               shape_str(o.shape()));
   if constexpr (!Op::compare)
-    KILN_CHECK(dtype_ != DType::boolean, "{}: not defined for bool tensors (shapes {} and {})", Op::name,
-               shape_str(shape()), shape_str(o.shape()));
+    KILN_CHECK(dtype_ != DType::boolean, "{}: not defined for bool tensors (shapes {} and {})", Op::name, shape_str(shape()),
+               shape_str(o.shape()));
   const Shape s = broadcast_shapes(shape(), o.shape(), Op::name);
   const Tensor a = shape() == s ? *this : expand(s);
   const Tensor b = o.shape() == s ? o : o.expand(s);
@@ -337,9 +323,7 @@ template <Backend B> template <class Op> Tensor<B> Tensor<B>::binary_op(const Te
 }
 template <Backend B> template <class Op> Tensor<B> Tensor<B>::zip(const Tensor& o) const { return binary_op<Op>(o); }
 
-template <Backend B>
-template <Backend B2>
-Tensor<B2> Tensor<B>::to() const {
+template <Backend B> template <Backend B2> Tensor<B2> Tensor<B>::to() const {
   KILN_CHECK(defined(), "to<{}>: undefined tensor", B2::name);
   const Tensor c = contiguous();
   const size_t bytes = static_cast<size_t>(c.numel()) * dtype_size(dtype_);
@@ -351,8 +335,6 @@ Tensor<B2> Tensor<B>::to() const {
 }  // namespace kiln
 
 template <kiln::Backend B> struct fmt::formatter<kiln::Tensor<B>> : fmt::formatter<std::string_view> {
-  template <class Ctx> auto format(const kiln::Tensor<B>& t, Ctx& ctx) const {
-    return fmt::format_to(ctx.out(), "{}", t.str());
-  }
+  template <class Ctx> auto format(const kiln::Tensor<B>& t, Ctx& ctx) const { return fmt::format_to(ctx.out(), "{}", t.str()); }
 };
 #pragma GCC visibility pop

@@ -30,9 +30,8 @@ template <Backend B> Tensor<B> Tensor<B>::empty_like_layout(const Shape& shape, 
              shape_str(this->shape()));
   std::vector<int64_t> order(shape.size());  // the axes from the outermost in memory to the innermost
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return layout_.strides[static_cast<size_t>(a)] > layout_.strides[static_cast<size_t>(b)];
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return layout_.strides[static_cast<size_t>(a)] > layout_.strides[static_cast<size_t>(b)]; });
   Shape ps(shape.size());
   std::vector<int64_t> inverse(shape.size());
   for (size_t i = 0; i < order.size(); ++i) {
@@ -117,8 +116,8 @@ template <Backend B> void Tensor<B>::check_writable(const char* op) const {
   for (int64_t i = 0; i < dim(); ++i) {
     const auto u = static_cast<size_t>(i);
     KILN_CHECK(!(layout_.strides[u] == 0 && layout_.shape[u] > 1),
-               "{}: cannot write in place into an expanded (broadcast) tensor of shape {} (strides {})", op,
-               shape_str(shape()), detail::dims_str(strides()));
+               "{}: cannot write in place into an expanded (broadcast) tensor of shape {} (strides {})", op, shape_str(shape()),
+               detail::dims_str(strides()));
   }
 }
 
@@ -139,8 +138,8 @@ inline Shape infer_shape(Shape s, int64_t n, const Shape& from, const char* op) 
     KILN_CHECK(known != 0 && n % known == 0, "{}: cannot reshape {} ({} elements) into {}", op, shape_str(from), n, shape_str(s));
     s[static_cast<size_t>(infer)] = n / known;
   }
-  KILN_CHECK(kiln::numel(s) == n, "{}: cannot reshape {} ({} elements) into {} ({} elements)", op, shape_str(from), n,
-             shape_str(s), kiln::numel(s));
+  KILN_CHECK(kiln::numel(s) == n, "{}: cannot reshape {} ({} elements) into {} ({} elements)", op, shape_str(from), n, shape_str(s),
+             kiln::numel(s));
   return s;
 }
 
@@ -194,8 +193,8 @@ template <Backend B> Tensor<B> Tensor<B>::reshape(Shape s) const {
 }
 
 template <Backend B> Tensor<B> Tensor<B>::permute(std::vector<int64_t> axes) const {
-  KILN_CHECK(static_cast<int64_t>(axes.size()) == dim(), "permute: {} axes {} for shape {}", axes.size(),
-             detail::dims_str(axes), shape_str(shape()));
+  KILN_CHECK(static_cast<int64_t>(axes.size()) == dim(), "permute: {} axes {} for shape {}", axes.size(), detail::dims_str(axes),
+             shape_str(shape()));
   std::vector<bool> seen(axes.size(), false);
   Shape s(axes.size());
   Strides st(axes.size());
@@ -229,8 +228,8 @@ template <Backend B> Tensor<B> Tensor<B>::narrow(int64_t axis, int64_t start, in
   KILN_CHECK(dim() > 0, "narrow: cannot narrow a 0-dim tensor");
   const int64_t n = layout_.shape[a];
   if (start < 0) start += n;
-  KILN_CHECK(start >= 0 && length >= 0 && start + length <= n, "narrow: start {} length {} out of range for axis {} of shape {}",
-             start, length, axis, shape_str(shape()));
+  KILN_CHECK(start >= 0 && length >= 0 && start + length <= n, "narrow: start {} length {} out of range for axis {} of shape {}", start,
+             length, axis, shape_str(shape()));
   Layout l = layout_;
   l.shape[a] = length;
   l.offset += start * l.strides[a];
@@ -283,8 +282,8 @@ template <Backend B> Tensor<B> Tensor<B>::expand(const Shape& target) const {
     const int64_t have = layout_.shape[i - lead];
     const int64_t want = target[i] == -1 ? have : target[i];
     KILN_CHECK(want >= 0, "expand: invalid size {} in {} (sizes are >= 0, or -1 to keep)", target[i], shape_str(target));
-    KILN_CHECK(have == want || have == 1, "expand: cannot expand {} to {} (dim {}: {} -> {})", shape_str(shape()),
-               shape_str(target), i, have, want);
+    KILN_CHECK(have == want || have == 1, "expand: cannot expand {} to {} (dim {}: {} -> {})", shape_str(shape()), shape_str(target), i,
+               have, want);
     l.shape[i] = want;
     l.strides[i] = have == want ? layout_.strides[i - lead] : 0;
   }
@@ -378,10 +377,7 @@ template <Backend B> Tensor<B> Tensor<B>::tanh() const { return map<op::Tanh>();
 template <Backend B> Tensor<B> Tensor<B>::sigmoid() const { return map<op::Sigmoid>(); }
 template <Backend B> Tensor<B> Tensor<B>::relu() const { return map<op::Relu>(); }
 template <Backend B> Tensor<B> Tensor<B>::silu() const { return map<op::Silu>(); }
-template <Backend B> Tensor<B> Tensor<B>::gelu(bool tanh_approx) const {
-  return tanh_approx ? map<op::GeluTanh>() : map<op::Gelu>();
-}
-
+template <Backend B> Tensor<B> Tensor<B>::gelu(bool tanh_approx) const { return tanh_approx ? map<op::GeluTanh>() : map<op::Gelu>(); }
 
 template <Backend B> template <class Op> Tensor<B> Tensor<B>::scalar_op(Scalar s) const {
   KILN_CHECK(defined(), "{}: undefined tensor", Op::name);
@@ -421,10 +417,9 @@ template <Backend B> Tensor<B> Tensor<B>::logical_not() const { return scalar_op
 
 template <Backend B> Tensor<B> Tensor<B>::where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   KILN_CHECK(cond.defined() && a.defined() && b.defined(), "where: undefined tensor");
-  KILN_CHECK(cond.dtype() == DType::boolean, "where: condition must be bool, got {} (shape {})", cond.dtype(),
-             shape_str(cond.shape()));
-  KILN_CHECK(a.dtype() == b.dtype(), "where: dtype mismatch {} vs {} (shapes {} and {})", a.dtype(), b.dtype(),
-             shape_str(a.shape()), shape_str(b.shape()));
+  KILN_CHECK(cond.dtype() == DType::boolean, "where: condition must be bool, got {} (shape {})", cond.dtype(), shape_str(cond.shape()));
+  KILN_CHECK(a.dtype() == b.dtype(), "where: dtype mismatch {} vs {} (shapes {} and {})", a.dtype(), b.dtype(), shape_str(a.shape()),
+             shape_str(b.shape()));
   const Shape s = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
   const Tensor c2 = cond.expand(s), a2 = a.expand(s), b2 = b.expand(s);
   Tensor out = empty(s, a.dtype());
@@ -450,12 +445,12 @@ template <Backend B> Tensor<B>& Tensor<B>::copy_(const Tensor& src) {
 template <Backend B> template <class Op> Tensor<B>& Tensor<B>::inplace_op(const Tensor& o) {
   check_writable(Op::name);
   KILN_CHECK(o.defined(), "{}_: undefined tensor", Op::name);
-  KILN_CHECK(dtype_ == o.dtype_, "{}_: dtype mismatch {} vs {} (shapes {} and {})", Op::name, dtype_, o.dtype_,
-             shape_str(shape()), shape_str(o.shape()));
+  KILN_CHECK(dtype_ == o.dtype_, "{}_: dtype mismatch {} vs {} (shapes {} and {})", Op::name, dtype_, o.dtype_, shape_str(shape()),
+             shape_str(o.shape()));
   KILN_CHECK(dtype_ != DType::boolean, "{}_: not defined for bool tensors", Op::name);
   const Shape s = broadcast_shapes(shape(), o.shape(), Op::name);
-  KILN_CHECK(s == shape(), "{}_: result shape {} of broadcasting {} with {} differs from the in-place target", Op::name,
-             shape_str(s), shape_str(shape()), shape_str(o.shape()));
+  KILN_CHECK(s == shape(), "{}_: result shape {} of broadcasting {} with {} differs from the in-place target", Op::name, shape_str(s),
+             shape_str(shape()), shape_str(o.shape()));
   const Tensor b = o.shape() == s ? o : o.expand(s);
   if (numel()) KILN_PROFILED(Op::name, *this, *this, b) B::template binary<Op>(mview(), cview(), b.cview());
   return *this;
@@ -505,8 +500,10 @@ template <Backend B> template <class Op> Tensor<B> Tensor<B>::reduce_op(const st
     s[static_cast<size_t>(a)] = 1;
     Tensor out = empty(s, x.dtype());
     if (out.numel()) {
-      if (x.numel()) KILN_PROFILED(Op::name, out, x) B::template reduce<Op>(out.mview(), x.cview(), a);
-      else KILN_PROFILED("fill", out) B::fill(out.mview(), std::is_same_v<Op, op::Prod> ? 1 : 0);
+      if (x.numel())
+        KILN_PROFILED(Op::name, out, x) B::template reduce<Op>(out.mview(), x.cview(), a);
+      else
+        KILN_PROFILED("fill", out) B::fill(out.mview(), std::is_same_v<Op, op::Prod> ? 1 : 0);
     }
     x = out;
   }
@@ -541,8 +538,7 @@ template <Backend B> template <class Op> Tensor<B> Tensor<B>::index_reduce_op(in
   KILN_CHECK(dtype_ != DType::boolean, "{}: not defined for bool tensors", Op::name);
   if (dim() == 0) return zeros({}, DType::i64);
   const int a = normalize_axis(axis, dim(), Op::name, shape());
-  KILN_CHECK(shape()[static_cast<size_t>(a)] > 0, "{}: cannot reduce over the empty axis {} of shape {}", Op::name, a,
-             shape_str(shape()));
+  KILN_CHECK(shape()[static_cast<size_t>(a)] > 0, "{}: cannot reduce over the empty axis {} of shape {}", Op::name, a, shape_str(shape()));
   Shape s = shape();
   s[static_cast<size_t>(a)] = 1;
   Tensor out = empty(s, DType::i64);
@@ -574,10 +570,8 @@ template <Backend B> Tensor<B> Tensor<B>::sum_to(const Shape& target) const {
 // ====================================================================================== matmul
 template <Backend B> Tensor<B> Tensor<B>::matmul(const Tensor& o) const {
   KILN_CHECK(defined() && o.defined(), "matmul: undefined tensor");
-  KILN_CHECK(dim() >= 1 && o.dim() >= 1, "matmul: both operands need rank >= 1, got {} @ {}", shape_str(shape()),
-             shape_str(o.shape()));
-  KILN_CHECK(dtype_ == o.dtype_, "matmul: dtype mismatch {} vs {} ({} @ {})", dtype_, o.dtype_, shape_str(shape()),
-             shape_str(o.shape()));
+  KILN_CHECK(dim() >= 1 && o.dim() >= 1, "matmul: both operands need rank >= 1, got {} @ {}", shape_str(shape()), shape_str(o.shape()));
+  KILN_CHECK(dtype_ == o.dtype_, "matmul: dtype mismatch {} vs {} ({} @ {})", dtype_, o.dtype_, shape_str(shape()), shape_str(o.shape()));
   KILN_CHECK(is_floating(dtype_), "matmul: needs a float dtype, got {} ({} @ {})", dtype_, shape_str(shape()), shape_str(o.shape()));
   Tensor a = dim() == 1 ? unsqueeze(0) : *this;
   Tensor b = o.dim() == 1 ? o.unsqueeze(1) : o;
@@ -593,9 +587,11 @@ template <Backend B> Tensor<B> Tensor<B>::matmul(const Tensor& o) const {
   b = b.expand(sb);
   Tensor out = empty(so, dtype_);
   if (out.numel()) {
-    if (K == 0) KILN_PROFILED("fill", out) B::fill(out.mview(), 0);
-    else KILN_PROFILED_FLOPS("matmul", 2.0 * static_cast<double>(out.numel()) * static_cast<double>(K), out, a, b)
-      B::matmul(out.mview(), a.cview(), b.cview());
+    if (K == 0)
+      KILN_PROFILED("fill", out) B::fill(out.mview(), 0);
+    else
+      KILN_PROFILED_FLOPS("matmul", 2.0 * static_cast<double>(out.numel()) * static_cast<double>(K), out, a, b)
+    B::matmul(out.mview(), a.cview(), b.cview());
   }
   if (o.dim() == 1) out = out.squeeze(-1);
   if (dim() == 1) out = out.squeeze(o.dim() == 1 ? -1 : -2);
@@ -614,8 +610,8 @@ template <Backend B> void Tensor<B>::check_index(const char* op, const Tensor& i
   // min and max read back together: one wait for a device
   const std::vector<int64_t> mm = stack({index.min().to(DType::i64), index.max().to(DType::i64)}).template to_vector<int64_t>();
   const int64_t lo = mm[0], hi = mm[1];
-  KILN_CHECK(lo >= 0 && hi < limit, "{}: index out of range: values in [{}, {}] for a dimension of size {} (input shape {})", op,
-             lo, hi, limit, shape_str(shape()));
+  KILN_CHECK(lo >= 0 && hi < limit, "{}: index out of range: values in [{}, {}] for a dimension of size {} (input shape {})", op, lo, hi,
+             limit, shape_str(shape()));
 }
 
 template <Backend B> Tensor<B> Tensor<B>::gather(int64_t axis, const Tensor& index) const {
@@ -658,8 +654,8 @@ template <Backend B> Tensor<B> Tensor<B>::scatter_add(int64_t axis, const Tensor
   for (int64_t d = 0; d < dim(); ++d) {
     const auto u = static_cast<size_t>(d);
     KILN_CHECK(index.shape()[u] <= src.shape()[u] && (d == a || index.shape()[u] <= shape()[u]),
-               "scatter_add: index shape {} does not fit src {} / input {} at dim {}", shape_str(index.shape()),
-               shape_str(src.shape()), shape_str(shape()), d);
+               "scatter_add: index shape {} does not fit src {} / input {} at dim {}", shape_str(index.shape()), shape_str(src.shape()),
+               shape_str(shape()), d);
   }
   check_index("scatter_add", index, dim() == 0 ? 1 : shape()[static_cast<size_t>(a)]);
   return scatter_add_checked(a, index, src);
@@ -815,14 +811,18 @@ template <Backend B> std::string format_tensor(const Tensor<B>& t) {
       }
       self(self, d + 1, base + i * st[d]);
       if (i + 1 < m) {
-        if (d + 1 == s.size()) out += ", ";
-        else out += "," + std::string(s.size() - d - 1, '\n') + std::string(indent + d + 1, ' ');
+        if (d + 1 == s.size())
+          out += ", ";
+        else
+          out += "," + std::string(s.size() - d - 1, '\n') + std::string(indent + d + 1, ' ');
       }
     }
     out += ']';
   };
-  if (s.empty()) out += fmt1(v[0]);
-  else rec(rec, 0, 0);
+  if (s.empty())
+    out += fmt1(v[0]);
+  else
+    rec(rec, 0, 0);
   out += fmt::format(", shape={}, dtype={}, backend={})", shape_str(s), t.dtype(), B::name);
   return out;
 }

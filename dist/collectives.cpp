@@ -48,8 +48,10 @@ template <Backend B> void* raw(const Tensor<B>& t) {
   return static_cast<char*>(t.storage()->data()) + t.layout().offset * static_cast<int64_t>(dtype_size(t.dtype()));
 }
 template <Backend B> int device_of([[maybe_unused]] const Tensor<B>& t) {
-  if constexpr (is_cuda<B>) return t.storage()->device();
-  else return -1;
+  if constexpr (is_cuda<B>)
+    return t.storage()->device();
+  else
+    return -1;
 }
 
 // A contiguous tensor of dtype d with t's values: t itself when it already is one.
@@ -79,12 +81,18 @@ template <Backend B> std::vector<std::shared_ptr<const void>> keep_of(std::initi
 // One collective of backend B's tensors through its transport (detail::Transport<B>: MPI for host
 // memory, NCCL for Cuda), on buffers staged contiguous in the wire dtype; `finish` (avg's division,
 // the copy back) runs when it completes. blocking: complete before returning.
-template <Backend B>
-std::shared_ptr<Work::Impl> on_wire(detail::Coll coll, const Tensor<B>& send, const Tensor<B>& recv, int64_t count, DType dtype, ReduceOp op,
-                                    int root, const char* what, std::function<void()> finish,
-                                    std::vector<std::shared_ptr<const void>> keep, bool blocking = true) {
-  const detail::WireCall c{.coll = coll, .send = raw(send), .recv = raw(recv), .count = count, .dtype = dtype, .op = op, .root = root,
-                           .device = device_of(send), .what = what};
+template <Backend B> std::shared_ptr<Work::Impl> on_wire(detail::Coll coll, const Tensor<B>& send, const Tensor<B>& recv, int64_t count,
+                                                         DType dtype, ReduceOp op, int root, const char* what, std::function<void()> finish,
+                                                         std::vector<std::shared_ptr<const void>> keep, bool blocking = true) {
+  const detail::WireCall c{.coll = coll,
+                           .send = raw(send),
+                           .recv = raw(recv),
+                           .count = count,
+                           .dtype = dtype,
+                           .op = op,
+                           .root = root,
+                           .device = device_of(send),
+                           .what = what};
   return detail::Transport<B>::start(c, std::move(finish), std::move(keep), blocking);
 }
 
@@ -113,13 +121,12 @@ template <Backend B> void run_reduce_scatter(const Tensor<B>& out, const Tensor<
   const DType wire = wire_dtype(t.dtype());
   const Tensor<B> send = staged(t, wire);
   const Tensor<B> recv = out.dtype() == wire && out.is_contiguous() ? out : Tensor<B>::empty({out.numel()}, wire);
-  on_wire<B>(detail::Coll::reduce_scatter, send, recv, out.numel(), wire, op, 0, "reduce_scatter", finisher(out, recv, op, detail::group_size()),
-             keep_of<B>({t, out, send, recv}));
+  on_wire<B>(detail::Coll::reduce_scatter, send, recv, out.numel(), wire, op, 0, "reduce_scatter",
+             finisher(out, recv, op, detail::group_size()), keep_of<B>({t, out, send, recv}));
 }
 
 std::string count_error(const char* op, int64_t n) {
-  if (n > INT_MAX)
-    return fmt::format("{}: {} elements per rank exceed one MPI call's count (2^31 - 1); split the tensor", op, n);
+  if (n > INT_MAX) return fmt::format("{}: {} elements per rank exceed one MPI call's count (2^31 - 1); split the tensor", op, n);
   return "";
 }
 
@@ -132,7 +139,7 @@ template <Backend B> void agree_all_reduce(const char* what, detail::Kind kind, 
   std::string err = tensor_error(what, "the tensor", t, true);
   if (err.empty()) err = op_error(what, op, t.dtype());
   detail::agree(what, kind, t.defined() ? t.dtype() : DType::f32, t.defined() ? t.numel() : -1, static_cast<int64_t>(op),
-        t.defined() ? t.shape() : Shape{}, err);
+                t.defined() ? t.shape() : Shape{}, err);
 }
 
 template <Backend B> void all_reduce(const Tensor<B>& t, ReduceOp op) {
@@ -151,9 +158,10 @@ template <Backend B> void broadcast(const Tensor<B>& t, int root) {
   detail::require_init("broadcast");
   const int n = detail::group_size();
   std::string err = tensor_error("broadcast", "the tensor", t, true);
-  if (err.empty() && (root < 0 || root >= n)) err = fmt::format("broadcast: root {} is not a rank of this group of {} (0..{})", root, n, n - 1);
+  if (err.empty() && (root < 0 || root >= n))
+    err = fmt::format("broadcast: root {} is not a rank of this group of {} (0..{})", root, n, n - 1);
   detail::agree("broadcast", detail::Kind::broadcast, t.defined() ? t.dtype() : DType::f32, t.defined() ? t.numel() : -1, root,
-        t.defined() ? t.shape() : Shape{}, err);
+                t.defined() ? t.shape() : Shape{}, err);
   if (n == 1) return;
   run_broadcast(t, root);
 }
@@ -168,7 +176,7 @@ template <Backend B> void all_gather_into(const Tensor<B>& out, const Tensor<B>&
                       shape_str(out.shape()), out.numel(), n, t.dtype(), shape_str(t.shape()), n * t.numel(), t.dtype());
   if (err.empty()) err = count_error("all_gather", t.numel());
   detail::agree("all_gather", detail::Kind::all_gather, t.defined() ? t.dtype() : DType::f32, t.defined() ? t.numel() : -1, 0,
-        t.defined() ? t.shape() : Shape{}, err);
+                t.defined() ? t.shape() : Shape{}, err);
   if (n == 1) {
     Tensor<B> o = out;  // a handle on the same elements
     o.copy_(t.reshape(out.shape()));
@@ -193,12 +201,12 @@ template <Backend B> void reduce_scatter_into(const Tensor<B>& out, const Tensor
   if (err.empty()) err = tensor_error("reduce_scatter", "the output", out, true);
   if (err.empty()) err = op_error("reduce_scatter", op, t.dtype());
   if (err.empty() && (out.dtype() != t.dtype() || t.numel() != n * out.numel()))
-    err = fmt::format("reduce_scatter: the input is {} {} ({} elements); {} ranks with an output of {} {} ({} elements) need {} {} elements",
-                      t.dtype(), shape_str(t.shape()), t.numel(), n, out.dtype(), shape_str(out.shape()), out.numel(),
-                      n * out.numel(), out.dtype());
+    err = fmt::format(
+        "reduce_scatter: the input is {} {} ({} elements); {} ranks with an output of {} {} ({} elements) need {} {} elements", t.dtype(),
+        shape_str(t.shape()), t.numel(), n, out.dtype(), shape_str(out.shape()), out.numel(), n * out.numel(), out.dtype());
   if (err.empty()) err = count_error("reduce_scatter", out.numel());
   detail::agree("reduce_scatter", detail::Kind::reduce_scatter, t.defined() ? t.dtype() : DType::f32, t.defined() ? t.numel() : -1,
-        static_cast<int64_t>(op), t.defined() ? t.shape() : Shape{}, err);
+                static_cast<int64_t>(op), t.defined() ? t.shape() : Shape{}, err);
   if (n == 1) {
     Tensor<B> o = out;
     o.copy_(t.reshape(out.shape()));
@@ -212,12 +220,13 @@ template <Backend B> Tensor<B> reduce_scatter(const Tensor<B>& t, ReduceOp op) {
   const int n = detail::group_size();
   std::string err = tensor_error("reduce_scatter", "the input", t, false);
   if (err.empty() && (t.dim() < 1 || t.size(0) != n))
-    err = fmt::format("reduce_scatter: the input's first axis must have one row per rank: shape {} for {} ranks (or use "
-                      "reduce_scatter_into)",
-                      shape_str(t.shape()), n);
+    err = fmt::format(
+        "reduce_scatter: the input's first axis must have one row per rank: shape {} for {} ranks (or use "
+        "reduce_scatter_into)",
+        shape_str(t.shape()), n);
   if (!err.empty()) {  // every rank learns of it
     detail::agree("reduce_scatter", detail::Kind::reduce_scatter, t.defined() ? t.dtype() : DType::f32, t.defined() ? t.numel() : -1,
-          static_cast<int64_t>(op), t.defined() ? t.shape() : Shape{}, err);
+                  static_cast<int64_t>(op), t.defined() ? t.shape() : Shape{}, err);
   }
   const Shape s(t.shape().begin() + 1, t.shape().end());
   const Tensor<B> out = Tensor<B>::empty(s, t.dtype());
@@ -255,14 +264,14 @@ template <Backend B> Tensor<B> local_rows(const Tensor<B>& batch) {
   return batch.narrow(0, s.start, s.count);
 }
 
-#define KILN_INST(B)                                                                        \
-  template void all_reduce<B>(const Tensor<B>&, ReduceOp);                                  \
-  template Work all_reduce_async<B>(const Tensor<B>&, ReduceOp);                            \
-  template void broadcast<B>(const Tensor<B>&, int);                                        \
-  template Tensor<B> all_gather<B>(const Tensor<B>&);                                       \
-  template void all_gather_into<B>(const Tensor<B>&, const Tensor<B>&);                     \
-  template Tensor<B> reduce_scatter<B>(const Tensor<B>&, ReduceOp);                         \
-  template void reduce_scatter_into<B>(const Tensor<B>&, const Tensor<B>&, ReduceOp);       \
+#define KILN_INST(B)                                                                  \
+  template void all_reduce<B>(const Tensor<B>&, ReduceOp);                            \
+  template Work all_reduce_async<B>(const Tensor<B>&, ReduceOp);                      \
+  template void broadcast<B>(const Tensor<B>&, int);                                  \
+  template Tensor<B> all_gather<B>(const Tensor<B>&);                                 \
+  template void all_gather_into<B>(const Tensor<B>&, const Tensor<B>&);               \
+  template Tensor<B> reduce_scatter<B>(const Tensor<B>&, ReduceOp);                   \
+  template void reduce_scatter_into<B>(const Tensor<B>&, const Tensor<B>&, ReduceOp); \
   template Tensor<B> local_rows<B>(const Tensor<B>&);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

@@ -27,7 +27,8 @@ std::string describe(const int64_t* v) {
   for (int64_t i = 0; i < std::min<int64_t>(nd, kShapeSlots); ++i) s += fmt::format("{}{}", i ? ", " : "", v[6 + i]);
   if (nd > kShapeSlots) s += ", ...";
   s += fmt::format("] ({} elements)", v[2]);
-  if (kind == static_cast<int64_t>(Kind::broadcast)) s += fmt::format(" root {}", v[3]);
+  if (kind == static_cast<int64_t>(Kind::broadcast))
+    s += fmt::format(" root {}", v[3]);
   else if (kind == static_cast<int64_t>(Kind::all_reduce) || kind == static_cast<int64_t>(Kind::all_reduce_async) ||
            kind == static_cast<int64_t>(Kind::reduce_scatter))
     s += fmt::format(" {}", reduce_op_name(static_cast<ReduceOp>(v[3])));

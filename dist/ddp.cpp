@@ -157,8 +157,10 @@ template <Backend B> struct DistributedDataParallel<B>::Impl {
       if (!all_used) flags = to_vector<float>(b.buf.narrow(0, b.numel, static_cast<int64_t>(b.params.size())));
       for (size_t j = 0; j < b.params.size(); ++j) {
         Param& p = params[b.params[j]];
-        if (all_used || flags[j] > 0) p.var.set_grad(b.buf.narrow(0, p.offset, p.numel).view(p.var.shape()));
-        else p.var.set_grad(Tensor<B>());  // no rank gave it a gradient
+        if (all_used || flags[j] > 0)
+          p.var.set_grad(b.buf.narrow(0, p.offset, p.numel).view(p.var.shape()));
+        else
+          p.var.set_grad(Tensor<B>());  // no rank gave it a gradient
       }
     }
     round_active = false;
@@ -203,8 +205,8 @@ template <Backend B> struct DistributedDataParallel<B>::Impl {
 
 template <Backend B> DistributedDataParallel<B>::DistributedDataParallel(nn::Module<B>& module, DDPOptions o) {
   detail::require_init("DistributedDataParallel");
-  KILN_CHECK(o.bucket_mb > 0 && o.first_bucket_mb > 0, "DistributedDataParallel: bucket sizes must be > 0 MiB, got {} and {}",
-             o.bucket_mb, o.first_bucket_mb);
+  KILN_CHECK(o.bucket_mb > 0 && o.first_bucket_mb > 0, "DistributedDataParallel: bucket sizes must be > 0 MiB, got {} and {}", o.bucket_mb,
+             o.first_bucket_mb);
   impl_ = std::make_unique<Impl>(module, o);
   Impl& m = *impl_;
   std::vector<std::string> lines;

@@ -65,8 +65,8 @@
 namespace kiln::dist {
 
 struct DDPOptions {
-  double bucket_mb = 25;       // MiB per bucket (PyTorch's bucket_cap_mb)
-  double first_bucket_mb = 1;  // MiB of the first bucket (the last layers, ready first)
+  double bucket_mb = 25;          // MiB per bucket (PyTorch's bucket_cap_mb)
+  double first_bucket_mb = 1;     // MiB of the first bucket (the last layers, ready first)
   bool broadcast_buffers = true;  // rank 0's buffers to every rank at construction and after each round
 };
 
@@ -101,8 +101,8 @@ template <Backend B> class DistributedDataParallel {
 
   struct Bucket {
     DType dtype = DType::f32;
-    int64_t numel = 0;                 // gradient elements (plus one flag per parameter in the buffer)
-    std::vector<std::string> params;   // in the order they lie in the bucket
+    int64_t numel = 0;                // gradient elements (plus one flag per parameter in the buffer)
+    std::vector<std::string> params;  // in the order they lie in the bucket
   };
   std::vector<Bucket> buckets() const;
 
@@ -110,8 +110,8 @@ template <Backend B> class DistributedDataParallel {
   // backward spent waiting for all-reduces still in flight (the part not hidden behind backward).
   struct Stats {
     int64_t rounds = 0;
-    double wait_s = 0;         // waiting at the end of the passes, in total
-    double last_wait_s = 0;    // in the last round
+    double wait_s = 0;           // waiting at the end of the passes, in total
+    double last_wait_s = 0;      // in the last round
     int64_t launched_early = 0;  // buckets launched before the end of their pass
     int64_t launched = 0;
   };

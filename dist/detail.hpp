@@ -87,12 +87,11 @@ std::shared_ptr<Work::Impl> nccl_start(const WireCall& c, std::function<void()> 
 // group of more than one on its tensors is a kiln::Error naming the backend.
 template <Backend B> struct Transport {
   static std::shared_ptr<Work::Impl> start(const WireCall& c, std::function<void()>, std::vector<std::shared_ptr<const void>>, bool) {
-    fail("{}: the {} backend has no kiln::dist transport (specialise kiln::dist::detail::Transport<B>, dist/detail.hpp)", c.what,
-         B::name);
+    fail("{}: the {} backend has no kiln::dist transport (specialise kiln::dist::detail::Transport<B>, dist/detail.hpp)", c.what, B::name);
   }
 };
 template <Backend B>
-  requires std::same_as<typename B::Storage, HostStorage>
+requires std::same_as<typename B::Storage, HostStorage>
 struct Transport<B> {
   static std::shared_ptr<Work::Impl> start(const WireCall& c, std::function<void()> finish, std::vector<std::shared_ptr<const void>> keep,
                                            bool blocking) {

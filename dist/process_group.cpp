@@ -26,10 +26,14 @@ namespace kiln::dist {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::avg: return "avg";
-    case ReduceOp::max: return "max";
-    case ReduceOp::min: return "min";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
   }
   return "?";
 }
@@ -137,8 +141,6 @@ Watchdog*& watchdog_slot() {
   return w;
 }
 
-
-
 // The exit path: a rank that exits with a non-zero status (an error, a caught exception turned into
 // `return 1`) must not leave the others blocked in a collective, nor block itself in MPI_Finalize's
 // fence: it aborts the job, which mpirun reports naming this rank. A zero status finalises.
@@ -183,21 +185,31 @@ Watched::~Watched() {
 
 MPI_Datatype mpi_reduce_type(DType d) {
   switch (d) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    case DType::boolean: return MPI_C_BOOL;
-    default: fail("dist: no MPI reduction type for {}", d);
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::boolean:
+      return MPI_C_BOOL;
+    default:
+      fail("dist: no MPI reduction type for {}", d);
   }
 }
 
 MPI_Datatype mpi_bits_type(DType d) {  // bit-for-bit transfers (broadcast, all_gather)
   switch (dtype_size(d)) {
-    case 1: return MPI_UINT8_T;
-    case 2: return MPI_UINT16_T;
-    case 4: return MPI_UINT32_T;
-    default: return MPI_UINT64_T;
+    case 1:
+      return MPI_UINT8_T;
+    case 2:
+      return MPI_UINT16_T;
+    case 4:
+      return MPI_UINT32_T;
+    default:
+      return MPI_UINT64_T;
   }
 }
 
@@ -205,13 +217,15 @@ MPI_Op mpi_op(ReduceOp op, DType d) {
   const bool b = d == DType::boolean;
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: return b ? MPI_LOR : MPI_SUM;
-    case ReduceOp::max: return b ? MPI_LOR : MPI_MAX;
-    case ReduceOp::min: return b ? MPI_LAND : MPI_MIN;
+    case ReduceOp::avg:
+      return b ? MPI_LOR : MPI_SUM;
+    case ReduceOp::max:
+      return b ? MPI_LOR : MPI_MAX;
+    case ReduceOp::min:
+      return b ? MPI_LAND : MPI_MIN;
   }
   return MPI_SUM;
 }
-
 
 #endif
 

@@ -101,9 +101,9 @@ bool built_with_mpi();
 // The calling process's place in the group (init() first).
 int rank();
 int world_size();
-int local_rank();        // among the ranks on this machine (shared-memory node), from 0
-int local_world_size();  // ranks on this machine
-bool is_main_process();  // rank 0: the one that logs, evaluates and writes checkpoints
+int local_rank();              // among the ranks on this machine (shared-memory node), from 0
+int local_world_size();        // ranks on this machine
+bool is_main_process();        // rank 0: the one that logs, evaluates and writes checkpoints
 std::string processor_name();  // MPI's name of this machine ("" without MPI)
 
 void set_consistency_check(bool on);
@@ -161,14 +161,14 @@ RowSlice batch_slice(int64_t batch_size);  // this process's
 // This process's rows of a global batch (a view along the first axis, no copy).
 template <Backend B> KILN_API Tensor<B> local_rows(const Tensor<B>& batch);
 
-#define KILN_EXTERN_DIST(B)                                                                       \
-  extern template void all_reduce<B>(const Tensor<B>&, ReduceOp);                                 \
-  extern template Work all_reduce_async<B>(const Tensor<B>&, ReduceOp);                           \
-  extern template void broadcast<B>(const Tensor<B>&, int);                                       \
-  extern template Tensor<B> all_gather<B>(const Tensor<B>&);                                      \
-  extern template void all_gather_into<B>(const Tensor<B>&, const Tensor<B>&);                    \
-  extern template Tensor<B> reduce_scatter<B>(const Tensor<B>&, ReduceOp);                        \
-  extern template void reduce_scatter_into<B>(const Tensor<B>&, const Tensor<B>&, ReduceOp);      \
+#define KILN_EXTERN_DIST(B)                                                                  \
+  extern template void all_reduce<B>(const Tensor<B>&, ReduceOp);                            \
+  extern template Work all_reduce_async<B>(const Tensor<B>&, ReduceOp);                      \
+  extern template void broadcast<B>(const Tensor<B>&, int);                                  \
+  extern template Tensor<B> all_gather<B>(const Tensor<B>&);                                 \
+  extern template void all_gather_into<B>(const Tensor<B>&, const Tensor<B>&);               \
+  extern template Tensor<B> reduce_scatter<B>(const Tensor<B>&, ReduceOp);                   \
+  extern template void reduce_scatter_into<B>(const Tensor<B>&, const Tensor<B>&, ReduceOp); \
   extern template Tensor<B> local_rows<B>(const Tensor<B>&);
 KILN_FOR_EACH_BACKEND(KILN_EXTERN_DIST)
 #undef KILN_EXTERN_DIST

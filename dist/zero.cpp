@@ -25,7 +25,7 @@ template <Backend B> struct ZeroOptimizer<B>::Impl {
     size_t param = 0;
     int64_t start = 0, len = 0;  // within the parameter (flattened)
     std::string name;
-    Var<B> var;                  // a 1-D view of the parameter's elements
+    Var<B> var;  // a 1-D view of the parameter's elements
   };
   std::vector<Param> params;
   std::vector<Space> spaces;
@@ -39,9 +39,7 @@ template <Backend B> struct ZeroOptimizer<B>::Impl {
   template <class Make> void build(const std::vector<optim::ParamGroup<B>>& groups, Make make);
 };
 
-template <Backend B>
-template <class Make>
-void ZeroOptimizer<B>::Impl::build(const std::vector<optim::ParamGroup<B>>& groups, Make make) {
+template <Backend B> template <class Make> void ZeroOptimizer<B>::Impl::build(const std::vector<optim::ParamGroup<B>>& groups, Make make) {
   Impl& m = *this;
   detail::require_init("ZeroOptimizer");
   m.rank = dist::rank();
@@ -84,15 +82,13 @@ void ZeroOptimizer<B>::Impl::build(const std::vector<optim::ParamGroup<B>>& grou
   m.inner = make(std::move(inner_groups));
 }
 
-template <Backend B>
-ZeroOptimizer<B>::ZeroOptimizer(std::vector<optim::ParamGroup<B>> groups, optim::AdamOptions o)
+template <Backend B> ZeroOptimizer<B>::ZeroOptimizer(std::vector<optim::ParamGroup<B>> groups, optim::AdamOptions o)
     : optim::Optimizer<B>(groups), impl_(std::make_unique<Impl>()) {
   impl_->build(groups, [&](std::vector<optim::ParamGroup<B>> g) { return std::make_unique<optim::Adam<B>>(std::move(g), o); });
   impl_->buffers = {"exp_avg", "exp_avg_sq"};
 }
 
-template <Backend B>
-ZeroOptimizer<B>::ZeroOptimizer(std::vector<optim::ParamGroup<B>> groups, optim::SGDOptions o)
+template <Backend B> ZeroOptimizer<B>::ZeroOptimizer(std::vector<optim::ParamGroup<B>> groups, optim::SGDOptions o)
     : optim::Optimizer<B>(groups), impl_(std::make_unique<Impl>()) {
   impl_->build(groups, [&](std::vector<optim::ParamGroup<B>> g) { return std::make_unique<optim::SGD<B>>(std::move(g), o); });
   impl_->buffers = {"momentum_buffer"};
@@ -209,8 +205,8 @@ template <Backend B> void ZeroOptimizer<B>::load_state_dict(const std::map<std::
                "optimizer state: unexpected entry '{}' (this optimizer keeps: {})", key, fmt::join(m.buffers, ", "));
     const auto p = by_name.find(key.substr(dot + 1));
     KILN_CHECK(p != by_name.end(), "optimizer state: '{}' names no parameter of this optimizer", key);
-    KILN_CHECK(p->second->var.shape() == t.shape(), "optimizer state: '{}' has shape {}, the parameter has {}", key,
-               shape_str(t.shape()), shape_str(p->second->var.shape()));
+    KILN_CHECK(p->second->var.shape() == t.shape(), "optimizer state: '{}' has shape {}, the parameter has {}", key, shape_str(t.shape()),
+               shape_str(p->second->var.shape()));
   }
   std::map<std::string, Tensor<B>> mine;
   for (const auto& pc : m.pieces) {

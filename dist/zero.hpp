@@ -60,8 +60,8 @@ template <Backend B> class ZeroOptimizer : public optim::Optimizer<B> {
   bool reads_kind(const std::string& recorded) const override { return shard_optimizer().reads_kind(recorded); }
 
   const optim::Optimizer<B>& shard_optimizer() const;  // this rank's inner optimizer
-  int64_t shard_numel() const;  // parameter elements this rank updates
-  int64_t total_numel() const;  // of all ranks
+  int64_t shard_numel() const;                         // parameter elements this rank updates
+  int64_t total_numel() const;                         // of all ranks
 
  protected:
   std::vector<std::string> buffer_names() const override;

@@ -20,18 +20,20 @@ constexpr uint64_t kMaxBytes = uint64_t{1} << 34;
 size_t type_size(IdxType t) {
   switch (t) {
     case IdxType::u8:
-    case IdxType::i8: return 1;
-    case IdxType::i16: return 2;
+    case IdxType::i8:
+      return 1;
+    case IdxType::i16:
+      return 2;
     case IdxType::i32:
-    case IdxType::f32: return 4;
-    case IdxType::f64: return 8;
+    case IdxType::f32:
+      return 4;
+    case IdxType::f64:
+      return 8;
   }
   return 0;
 }
 
-bool valid_type(uint8_t t) {
-  return t == 0x08 || t == 0x09 || t == 0x0B || t == 0x0C || t == 0x0D || t == 0x0E;
-}
+bool valid_type(uint8_t t) { return t == 0x08 || t == 0x09 || t == 0x0B || t == 0x0C || t == 0x0D || t == 0x0E; }
 
 std::vector<uint8_t> read_file_bytes(const std::string& path) {
   std::error_code ec;
@@ -85,7 +87,8 @@ std::vector<uint8_t> gunzip(const std::string& path, const std::vector<uint8_t>&
 }
 
 template <class T> T load_be(const uint8_t* p) {
-  using U = std::conditional_t<sizeof(T) == 1, uint8_t, std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
+  using U = std::conditional_t<sizeof(T) == 1, uint8_t,
+                               std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
   U u = 0;
   for (size_t i = 0; i < sizeof(T); ++i) u = static_cast<U>((u << 8) | p[i]);
   T v;
@@ -94,7 +97,8 @@ template <class T> T load_be(const uint8_t* p) {
 }
 
 template <class T> void store_be(T v, uint8_t* p) {
-  using U = std::conditional_t<sizeof(T) == 1, uint8_t, std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
+  using U = std::conditional_t<sizeof(T) == 1, uint8_t,
+                               std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
   U u;
   std::memcpy(&u, &v, sizeof(T));
   for (size_t i = sizeof(T); i-- > 0;) {
@@ -143,17 +147,29 @@ int64_t IdxArray::numel() const {
 }
 
 template <class T> std::vector<T> IdxArray::values() const {
-  KILN_CHECK(bytes.size() == static_cast<size_t>(numel()) * type_size(type),
-             "IdxArray::values: {} bytes for {} values of {} bytes", bytes.size(), numel(), type_size(type));
+  KILN_CHECK(bytes.size() == static_cast<size_t>(numel()) * type_size(type), "IdxArray::values: {} bytes for {} values of {} bytes",
+             bytes.size(), numel(), type_size(type));
   std::vector<T> out(static_cast<size_t>(numel()));
   auto put = [&](int64_t i, auto v) { out[static_cast<size_t>(i)] = static_cast<T>(v); };
   switch (type) {
-    case IdxType::u8: for_each_value<uint8_t>(*this, put); break;
-    case IdxType::i8: for_each_value<int8_t>(*this, put); break;
-    case IdxType::i16: for_each_value<int16_t>(*this, put); break;
-    case IdxType::i32: for_each_value<int32_t>(*this, put); break;
-    case IdxType::f32: for_each_value<float>(*this, put); break;
-    case IdxType::f64: for_each_value<double>(*this, put); break;
+    case IdxType::u8:
+      for_each_value<uint8_t>(*this, put);
+      break;
+    case IdxType::i8:
+      for_each_value<int8_t>(*this, put);
+      break;
+    case IdxType::i16:
+      for_each_value<int16_t>(*this, put);
+      break;
+    case IdxType::i32:
+      for_each_value<int32_t>(*this, put);
+      break;
+    case IdxType::f32:
+      for_each_value<float>(*this, put);
+      break;
+    case IdxType::f64:
+      for_each_value<double>(*this, put);
+      break;
   }
   return out;
 }
@@ -171,8 +187,8 @@ IdxArray read_idx(const std::string& path) {
   const char* kind = gz ? "decompressed " : "";
 
   KILN_CHECK(buf.size() >= 4, "read_idx: '{}': {}file has {} bytes, too short for the 4-byte IDX magic", path, kind, buf.size());
-  KILN_CHECK(buf[0] == 0 && buf[1] == 0, "read_idx: '{}': bad magic {:02x} {:02x} {:02x} {:02x} (an IDX file starts with 00 00)",
-             path, buf[0], buf[1], buf[2], buf[3]);
+  KILN_CHECK(buf[0] == 0 && buf[1] == 0, "read_idx: '{}': bad magic {:02x} {:02x} {:02x} {:02x} (an IDX file starts with 00 00)", path,
+             buf[0], buf[1], buf[2], buf[3]);
   KILN_CHECK(valid_type(buf[2]), "read_idx: '{}': unknown element type 0x{:02x} (valid: 08 ubyte, 09 i8, 0B i16, 0C i32, 0D f32, 0E f64)",
              path, buf[2]);
   const int rank = buf[3];
@@ -194,10 +210,10 @@ IdxArray read_idx(const std::string& path) {
   }
   const uint64_t want = count * type_size(a.type);
   const uint64_t have = buf.size() - header;
-  KILN_CHECK(have >= want, "read_idx: '{}': truncated: sizes [{}] need {} bytes of data, the {}file has {}", path,
-             fmt::join(a.dims, ", "), want, kind, have);
-  KILN_CHECK(have == want, "read_idx: '{}': {} unexpected trailing bytes after the {} bytes of data for sizes [{}]", path,
-             have - want, want, fmt::join(a.dims, ", "));
+  KILN_CHECK(have >= want, "read_idx: '{}': truncated: sizes [{}] need {} bytes of data, the {}file has {}", path, fmt::join(a.dims, ", "),
+             want, kind, have);
+  KILN_CHECK(have == want, "read_idx: '{}': {} unexpected trailing bytes after the {} bytes of data for sizes [{}]", path, have - want,
+             want, fmt::join(a.dims, ", "));
   a.bytes.resize(static_cast<size_t>(want));
   swap_bytes(a.type, buf.data() + header, a.bytes.data(), static_cast<int64_t>(count));
   return a;
@@ -237,10 +253,10 @@ IdxDataset IdxDataset::load(const std::string& images_path, const std::string& l
              fmt::join(im.dims, ", "));
   KILN_CHECK(lb.dims.size() == 1, "IdxDataset::load: '{}': labels must have rank 1 ([N]), got sizes [{}]", labels_path,
              fmt::join(lb.dims, ", "));
-  KILN_CHECK(lb.type == IdxType::u8 || lb.type == IdxType::i32,
-             "IdxDataset::load: '{}': labels must be ubyte or i32, got type 0x{:02x}", labels_path, static_cast<int>(lb.type));
-  KILN_CHECK(im.dims[0] == lb.dims[0], "IdxDataset::load: {} images in '{}' but {} labels in '{}'", im.dims[0], images_path,
-             lb.dims[0], labels_path);
+  KILN_CHECK(lb.type == IdxType::u8 || lb.type == IdxType::i32, "IdxDataset::load: '{}': labels must be ubyte or i32, got type 0x{:02x}",
+             labels_path, static_cast<int>(lb.type));
+  KILN_CHECK(im.dims[0] == lb.dims[0], "IdxDataset::load: {} images in '{}' but {} labels in '{}'", im.dims[0], images_path, lb.dims[0],
+             labels_path);
   IdxDataset d;
   d.sample_shape_.assign(im.dims.begin() + 1, im.dims.end());
   d.labels_ = lb.values<int64_t>();

@@ -67,15 +67,17 @@ class IdxDataset {
   // The shape of one image ([rows, cols] for MNIST).
   const Shape& sample_shape() const { return sample_shape_; }
   int64_t sample_numel() const { return numel(sample_shape_); }
-  int64_t num_classes() const { return num_classes_; }  // largest label + 1
+  int64_t num_classes() const { return num_classes_; }          // largest label + 1
   const std::vector<float>& images() const { return images_; }  // [N · sample_numel], normalised
   const std::vector<int64_t>& labels() const { return labels_; }
 
   // The whole set as tensors: inputs f32 [N, sample_numel] (flatten) or [N, d1, ..., dk], targets i64 [N].
   template <Backend B> IdxTensors<B> tensors(bool flatten = true) const {
     Shape shape{size()};
-    if (flatten) shape.push_back(sample_numel());
-    else shape.insert(shape.end(), sample_shape_.begin(), sample_shape_.end());
+    if (flatten)
+      shape.push_back(sample_numel());
+    else
+      shape.insert(shape.end(), sample_shape_.begin(), sample_shape_.end());
     return {Tensor<B>::from_vector(images_, shape), Tensor<B>::from_vector(labels_, {size()})};
   }
 

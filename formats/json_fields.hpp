@@ -67,8 +67,8 @@ class Fields {
     // T holds exactly the integers in [-2^digits, 2^digits) (signed) or [0, 2^digits): powers of two,
     // exact in a double, so the comparison is exact too.
     const double top = std::ldexp(1.0, L::digits), bottom = L::is_signed ? -top : 0.0;
-    KILN_CHECK(std::isfinite(d) && d == std::floor(d) && d >= bottom && d < top, "{}: '{}' must be an integer in [{}, {}], got {}",
-               where_, key, L::min(), L::max(), v.dump());
+    KILN_CHECK(std::isfinite(d) && d == std::floor(d) && d >= bottom && d < top, "{}: '{}' must be an integer in [{}, {}], got {}", where_,
+               key, L::min(), L::max(), v.dump());
     return static_cast<T>(d);
   }
 
@@ -82,8 +82,8 @@ class Fields {
     std::vector<std::string> unknown;
     for (auto it = j_.begin(); it != j_.end(); ++it)
       if (std::find(keys_.begin(), keys_.end(), it.key()) == keys_.end()) unknown.push_back("'" + printable(it.key()) + "'");
-    KILN_CHECK(unknown.empty(), "{}: unknown key{} {} (valid keys: {})", where_, unknown.size() > 1 ? "s" : "",
-               fmt::join(unknown, ", "), fmt::join(keys_, ", "));
+    KILN_CHECK(unknown.empty(), "{}: unknown key{} {} (valid keys: {})", where_, unknown.size() > 1 ? "s" : "", fmt::join(unknown, ", "),
+               fmt::join(keys_, ", "));
   }
   const std::string& where() const { return where_; }
 

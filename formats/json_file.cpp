@@ -19,7 +19,7 @@ json read_json_file(const std::string& path) {
   ss << f.rdbuf();
   try {
     return json::parse(ss.str());
-  } catch (const json::exception& e) {  // syntax errors, and numbers beyond a double (1e999)
+  } catch (const json::exception& e) {                                   // syntax errors, and numbers beyond a double (1e999)
     fail("'{}' is not valid JSON: {}", path, printable(e.what(), 400));  // it quotes the bytes read
   }
 }

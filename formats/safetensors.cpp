@@ -27,9 +27,9 @@ struct StType {
   DType kiln;  // what it loads as
 };
 constexpr StType kTypes[] = {
-    {"F32", 4, DType::f32},  {"F64", 8, DType::f64}, {"BF16", 2, DType::bf16}, {"F16", 2, DType::f16},
-    {"I32", 4, DType::i32},  {"I64", 8, DType::i64}, {"BOOL", 1, DType::boolean}, {"I8", 1, DType::i32},
-    {"U8", 1, DType::i32},   {"I16", 2, DType::i32}, {"U16", 2, DType::i32},   {"U32", 4, DType::i64},
+    {"F32", 4, DType::f32}, {"F64", 8, DType::f64}, {"BF16", 2, DType::bf16},    {"F16", 2, DType::f16},
+    {"I32", 4, DType::i32}, {"I64", 8, DType::i64}, {"BOOL", 1, DType::boolean}, {"I8", 1, DType::i32},
+    {"U8", 1, DType::i32},  {"I16", 2, DType::i32}, {"U16", 2, DType::i32},      {"U32", 4, DType::i64},
 };
 
 const StType* find_type(const std::string& n) {
@@ -40,13 +40,20 @@ const StType* find_type(const std::string& n) {
 
 const char* st_name(DType d) {
   switch (d) {
-    case DType::f32: return "F32";
-    case DType::f64: return "F64";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
-    case DType::boolean: return "BOOL";
+    case DType::f32:
+      return "F32";
+    case DType::f64:
+      return "F64";
+    case DType::bf16:
+      return "BF16";
+    case DType::f16:
+      return "F16";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
+    case DType::boolean:
+      return "BOOL";
   }
   return "?";
 }
@@ -264,8 +271,7 @@ template <Backend B> Tensor<B> File::load(const std::string& name) const {
   if (d == "U16") return Tensor<B>::from_vector(widen<uint16_t, int32_t>(p, n), i.shape);
   if (d == "U32") return Tensor<B>::from_vector(widen<uint32_t, int64_t>(p, n), i.shape);
   if (d == "BOOL") {
-    for (size_t k = 0; k < n; ++k)
-      KILN_CHECK(p[k] <= 1, "safetensors: '{}': BOOL tensor '{}' holds byte {} at {}", path_, name, p[k], k);
+    for (size_t k = 0; k < n; ++k) KILN_CHECK(p[k] <= 1, "safetensors: '{}': BOOL tensor '{}' holds byte {} at {}", path_, name, p[k], k);
   }
   return Tensor<B>::from_blob(p, i.shape, i.dtype);
 }
@@ -274,9 +280,8 @@ template <Backend B> Tensor<B> File::load(const std::string& name) const {
 // The header is JSON, whose strings are UTF-8: a name or metadata string that is not (strictly:
 // no overlong forms or surrogates, formats/printable.hpp) is refused here; the JSON writer would
 // otherwise fail with an internal error.
-template <Backend B>
-void save(const std::string& path, const std::vector<std::pair<std::string, Tensor<B>>>& tensors,
-          const std::map<std::string, std::string>& metadata) {
+template <Backend B> void save(const std::string& path, const std::vector<std::pair<std::string, Tensor<B>>>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
   for (const auto& [k, v] : metadata)
     KILN_CHECK(valid_utf8(k) && valid_utf8(v), "save: '{}': metadata '{}' is not valid UTF-8 (a safetensors header is JSON)", path,
                printable(k));
@@ -320,10 +325,10 @@ template <Backend B> std::map<std::string, Tensor<B>> load(const std::string& pa
   return out;
 }
 
-#define KILN_INST(B)                                                                                          \
-  template Tensor<B> File::load<B>(const std::string&) const;                                                 \
-  template void save<B>(const std::string&, const std::vector<std::pair<std::string, Tensor<B>>>&,            \
-                        const std::map<std::string, std::string>&);                                           \
+#define KILN_INST(B)                                                                               \
+  template Tensor<B> File::load<B>(const std::string&) const;                                      \
+  template void save<B>(const std::string&, const std::vector<std::pair<std::string, Tensor<B>>>&, \
+                        const std::map<std::string, std::string>&);                                \
   template std::map<std::string, Tensor<B>> load<B>(const std::string&);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

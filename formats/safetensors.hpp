@@ -67,9 +67,8 @@ class File {
 using Named = std::vector<std::pair<std::string, std::string>>;
 
 // Writes tensors (any backend, any layout) atomically; names must be unique and non-empty.
-template <Backend B>
-KILN_API void save(const std::string& path, const std::vector<std::pair<std::string, Tensor<B>>>& tensors,
-          const std::map<std::string, std::string>& metadata = {});
+template <Backend B> KILN_API void save(const std::string& path, const std::vector<std::pair<std::string, Tensor<B>>>& tensors,
+                                        const std::map<std::string, std::string>& metadata = {});
 
 // Loads every tensor of a file.
 template <Backend B> KILN_API std::map<std::string, Tensor<B>> load(const std::string& path);

@@ -40,12 +40,12 @@ inline std::string file(const uint8_t* data, size_t n, const char* tag = "in") {
 }
 
 // A property that must hold for every input the reader accepted: a failure is a bug.
-#define KILN_FUZZ_ASSERT(cond, ...)                                              \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
+#define KILN_FUZZ_ASSERT(cond, ...)                                                          \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
       fmt::print(stderr, "fuzz property failed: {}: {}\n", #cond, fmt::format(__VA_ARGS__)); \
-      std::abort();                                                              \
-    }                                                                            \
+      std::abort();                                                                          \
+    }                                                                                        \
   } while (0)
 
 }  // namespace kiln::fuzz

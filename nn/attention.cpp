@@ -9,8 +9,7 @@
 
 namespace kiln::nn {
 
-template <Backend B>
-std::pair<Tensor<B>, Tensor<B>> RopeTable<B>::at(int64_t pos0, int64_t T, int64_t d, double theta, DType dtype) const {
+template <Backend B> std::pair<Tensor<B>, Tensor<B>> RopeTable<B>::at(int64_t pos0, int64_t T, int64_t d, double theta, DType dtype) const {
   KILN_CHECK(pos0 >= 0 && T >= 0 && d > 0 && d % 2 == 0, "rope: bad table request (positions {}..{}, width {})", pos0, pos0 + T, d);
   std::lock_guard<std::mutex> lk(mu_);
   const int64_t have = cos_.defined() ? cos_.size(0) : 0;
@@ -52,8 +51,8 @@ std::pair<Tensor<B>, Tensor<B>> kv_cache_append(KVCache<B>& cache, const Tensor<
     cache.v = Tensor<B>::zeros({v.size(0), v.size(1), capacity, v.size(3)}, v.dtype());
     cache.len = 0;
   }
-  KILN_CHECK(cache.len + T <= cache.k.size(2), "kv cache: {} cached + {} new positions exceed its capacity {} (max_seq_len)",
-             cache.len, T, cache.k.size(2));
+  KILN_CHECK(cache.len + T <= cache.k.size(2), "kv cache: {} cached + {} new positions exceed its capacity {} (max_seq_len)", cache.len, T,
+             cache.k.size(2));
   KILN_CHECK(cache.k.size(0) == k.size(0), "kv cache: batch {} differs from the cached batch {}", k.size(0), cache.k.size(0));
   cache.k.narrow(2, cache.len, T).copy_(k);
   cache.v.narrow(2, cache.len, T).copy_(v);
@@ -61,23 +60,21 @@ std::pair<Tensor<B>, Tensor<B>> kv_cache_append(KVCache<B>& cache, const Tensor<
   return {cache.k.narrow(2, 0, cache.len), cache.v.narrow(2, 0, cache.len)};
 }
 
-template <Backend B>
-Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding,
-                 const Tensor<B>& mask) {
+template <Backend B> Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
+                                      const Tensor<B>& key_padding, const Tensor<B>& mask) {
   KILN_CHECK(q.dim() == 4, "attention: q {} must be [B, H, T, d]", shape_str(q.shape()));
   return autograd::AttentionOps<B>::attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(q.size(3))), causal, pos0, key_padding, mask);
 }
 
-template <Backend B>
-Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding,
-                            const Tensor<B>& mask) {
+template <Backend B> Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
+                                                 const Tensor<B>& key_padding, const Tensor<B>& mask) {
   KILN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q {}, k {}, v {} must be [B, H, T, d]", shape_str(q.shape()),
              shape_str(k.shape()), shape_str(v.shape()));
   const int64_t Bn = q.size(0), H = q.size(1), T = q.size(2), d = q.size(3);
   const int64_t Hkv = k.size(1), S = k.size(2), dv = v.size(3);
   KILN_CHECK(k.size(0) == Bn && v.size(0) == Bn && k.size(3) == d && v.size(1) == Hkv && v.size(2) == S && Hkv >= 1 && H % Hkv == 0,
-             "attention: q {}, k {}, v {} do not fit (H must be a multiple of Hkv, widths and lengths must agree)",
-             shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
+             "attention: q {}, k {}, v {} do not fit (H must be a multiple of Hkv, widths and lengths must agree)", shape_str(q.shape()),
+             shape_str(k.shape()), shape_str(v.shape()));
   Var<B> kk = k, vv = v;
   if (Hkv != H) {  // each kv head serves H/Hkv consecutive query heads
     const int64_t rep = H / Hkv;
@@ -108,10 +105,10 @@ Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, b
 
 template <Backend B> MultiHeadAttention<B>::MultiHeadAttention(AttentionOptions o) : o_(o) {
   if (o_.n_kv_heads == 0) o_.n_kv_heads = o_.n_heads;
-  KILN_CHECK(o_.n_heads >= 1 && o_.d_model % o_.n_heads == 0, "MultiHeadAttention: d_model {} must be divisible by n_heads {}",
-             o_.d_model, o_.n_heads);
-  KILN_CHECK(o_.n_kv_heads >= 1 && o_.n_heads % o_.n_kv_heads == 0,
-             "MultiHeadAttention: n_heads {} must be a multiple of n_kv_heads {}", o_.n_heads, o_.n_kv_heads);
+  KILN_CHECK(o_.n_heads >= 1 && o_.d_model % o_.n_heads == 0, "MultiHeadAttention: d_model {} must be divisible by n_heads {}", o_.d_model,
+             o_.n_heads);
+  KILN_CHECK(o_.n_kv_heads >= 1 && o_.n_heads % o_.n_kv_heads == 0, "MultiHeadAttention: n_heads {} must be a multiple of n_kv_heads {}",
+             o_.n_heads, o_.n_kv_heads);
   hd_ = o_.d_model / o_.n_heads;
   KILN_CHECK(!o_.rope || hd_ % 2 == 0, "MultiHeadAttention: RoPE needs an even head width, got d_model/n_heads = {}", hd_);
   const int64_t D = o_.d_model;
@@ -128,9 +125,8 @@ namespace detail {
 // The checks shared by the attention modules: x [B, T, D], the memory [B, S, D] (cross-attention: no
 // RoPE, no causal mask with a cache) and a cross-attention cache that already holds the memory's
 // keys. Returns pos0 (the cached length for self-attention with a cache, else 0).
-template <Backend B>
-int64_t attention_inputs_check(const char* op, const Var<B>& x, const AttentionInputs<B>& in, int64_t D, bool rope, bool causal,
-                               int64_t max_seq_len) {
+template <Backend B> int64_t attention_inputs_check(const char* op, const Var<B>& x, const AttentionInputs<B>& in, int64_t D, bool rope,
+                                                    bool causal, int64_t max_seq_len) {
   KILN_CHECK(x.dim() == 3 && x.size(2) == D, "{}: input {} must be [B, T, {}]", op, shape_str(x.shape()), D);
   const int64_t T = x.size(1);
   if (in.memory.defined()) {
@@ -185,15 +181,13 @@ template <Backend B> Var<B> MultiHeadAttention<B>::forward(const Var<B>& x, cons
   return out_->forward(y.transpose(1, 2).reshape({Bn, T, H * hd_}));
 }
 
-#define KILN_INST(B)                                                                                                 \
-  template class RopeTable<B>;                                                                                       \
-  template Var<B> rope<B>(const Var<B>&, int64_t, double, const RopeTable<B>*);                                     \
-  template std::pair<Tensor<B>, Tensor<B>> kv_cache_append<B>(KVCache<B>&, const Tensor<B>&, const Tensor<B>&, int64_t); \
-  template Var<B> attention<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&, const Tensor<B>&);      \
-  template Var<B> attention_decomposed<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&,               \
-                                          const Tensor<B>&);                                                                          \
-  template int64_t detail::attention_inputs_check<B>(const char*, const Var<B>&, const AttentionInputs<B>&, int64_t, bool, bool,     \
-                                                     int64_t);                                                                        \
+#define KILN_INST(B)                                                                                                                       \
+  template class RopeTable<B>;                                                                                                             \
+  template Var<B> rope<B>(const Var<B>&, int64_t, double, const RopeTable<B>*);                                                            \
+  template std::pair<Tensor<B>, Tensor<B>> kv_cache_append<B>(KVCache<B>&, const Tensor<B>&, const Tensor<B>&, int64_t);                   \
+  template Var<B> attention<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&, const Tensor<B>&);            \
+  template Var<B> attention_decomposed<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&, const Tensor<B>&); \
+  template int64_t detail::attention_inputs_check<B>(const char*, const Var<B>&, const AttentionInputs<B>&, int64_t, bool, bool, int64_t); \
   template class MultiHeadAttention<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

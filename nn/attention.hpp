@@ -63,9 +63,8 @@ KILN_API std::pair<Tensor<B>, Tensor<B>> kv_cache_append(KVCache<B>& cache, cons
 // mask: optional, broadcastable to [B, H, T, S]: bool (true = may attend, as torch's
 // scaled_dot_product_attention) or additive of q's dtype (added to the scaled scores; −inf hides a
 // key). Not differentiable: no gradient flows into an additive mask.
-template <Backend B>
-KILN_API Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0, const Tensor<B>& key_padding = {},
-                          const Tensor<B>& mask = {});
+template <Backend B> KILN_API Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
+                                               const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
 // Runs the fused kernel (fused::attention_forward/backward through autograd::AttentionOps): memory O(T)
 // beyond q, k, v, O — the autograd node saves q, k, v, O and the row log-sum-exp only (plus the key
 // padding and the mask as given; a [T, S] mask is the user's own tensor, never expanded or copied).
@@ -73,18 +72,17 @@ KILN_API Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, boo
 
 // The same attention built from autograd ops (scores [B, H, T, S], softmax, matmul): the test oracle
 // of the fused path.
-template <Backend B>
-KILN_API Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
-                                     const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
+template <Backend B> KILN_API Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
+                                                          const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
 
 // What an attention module attends to, beyond its input x [B, T, D] (MultiHeadAttention,
 // DifferentialAttention). Every field is optional; {} is causal (per the module's options)
 // self-attention over x.
 template <Backend B> struct AttentionInputs {
-  Var<B> memory{};        // [B, S, D]: cross-attention (k, v from the memory); undefined: self-attention
+  Var<B> memory{};          // [B, S, D]: cross-attention (k, v from the memory); undefined: self-attention
   Tensor<B> key_padding{};  // bool [B, S]: true = a real key, false = padding (the inverse of
-                          // nn.MultiheadAttention's key_padding_mask, where true means "ignore")
-  Tensor<B> mask{};       // bool (true = may attend) or additive, broadcastable to [B, H, T, S]
+                            // nn.MultiheadAttention's key_padding_mask, where true means "ignore")
+  Tensor<B> mask{};         // bool (true = may attend) or additive, broadcastable to [B, H, T, S]
   // Self-attention: x holds the positions after the cached ones (generation; use under NoGrad).
   // Cross-attention: the memory's k, v are projected on the first call (cache empty) and reused from
   // the cache by later calls (the memory must still be given; reset the cache for a new sequence).
@@ -93,9 +91,8 @@ template <Backend B> struct AttentionInputs {
 
 namespace detail {
 // The attention modules' shared checks of x, the memory and the cache; returns the queries' pos0.
-template <Backend B>
-KILN_API int64_t attention_inputs_check(const char* op, const Var<B>& x, const AttentionInputs<B>& in, int64_t D, bool rope, bool causal,
-                                        int64_t max_seq_len);
+template <Backend B> KILN_API int64_t attention_inputs_check(const char* op, const Var<B>& x, const AttentionInputs<B>& in, int64_t D,
+                                                             bool rope, bool causal, int64_t max_seq_len);
 }  // namespace detail
 
 // The defaults make a decoder's (GPT, Llama) self-attention: causal, with RoPE, no biases. This module
@@ -131,7 +128,9 @@ template <Backend B> class MultiHeadAttention : public Module<B> {
   std::shared_ptr<RopeTable<B>> rope_ = std::make_shared<RopeTable<B>>();
 };
 
-#define KILN_EXTERN(B) extern template class RopeTable<B>; extern template class MultiHeadAttention<B>;
+#define KILN_EXTERN(B)                \
+  extern template class RopeTable<B>; \
+  extern template class MultiHeadAttention<B>;
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 

@@ -34,8 +34,8 @@ template <Backend B> Var<B> DepthAttention<B>::forward(const std::vector<Var<B>>
 
 template <Backend B> Var<B> DepthAttention<B>::forward_decomposed(const std::vector<Var<B>>& sources) const {
   check_sources(sources);
-  const Var<B> V = Var<B>::stack(sources, 0);                                 // [n, B, T, D]
-  const Var<B> alpha = key_norm_->forward(V).matmul(w_).softmax(0);         // [n, B, T]
+  const Var<B> V = Var<B>::stack(sources, 0);                        // [n, B, T, D]
+  const Var<B> alpha = key_norm_->forward(V).matmul(w_).softmax(0);  // [n, B, T]
   return (alpha.unsqueeze(-1) * V).sum({0});
 }
 
@@ -48,8 +48,7 @@ template <Backend B> Tensor<B> DepthAttention<B>::effective_query() const {
   return g.defined() ? w_.value().mul(g.value()) : w_.value();
 }
 
-template <Backend B>
-AttnResStack<B>::AttnResStack(Var<B> embedding, int64_t block_size, std::vector<const DepthAttention<B>*> schedule)
+template <Backend B> AttnResStack<B>::AttnResStack(Var<B> embedding, int64_t block_size, std::vector<const DepthAttention<B>*> schedule)
     : S_(block_size), blocks_{std::move(embedding)}, schedule_(std::move(schedule)) {
   KILN_CHECK(block_size >= 1, "AttnRes: block size must be >= 1 sublayer, got {}", block_size);
   KILN_CHECK(schedule_.empty() || !grad_enabled(), "AttnRes: two-phase inference runs under NoGrad (it is not differentiable)");
@@ -98,7 +97,9 @@ template <Backend B> std::vector<Var<B>> AttnResStack<B>::sources() const {
   return src;
 }
 
-#define KILN_INST(B) template class DepthAttention<B>; template class AttnResStack<B>;
+#define KILN_INST(B)                \
+  template class DepthAttention<B>; \
+  template class AttnResStack<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST
 

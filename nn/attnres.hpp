@@ -86,7 +86,9 @@ template <Backend B> class AttnResStack {
   int64_t block_start_ = 0;
 };
 
-#define KILN_EXTERN(B) extern template class DepthAttention<B>; extern template class AttnResStack<B>;
+#define KILN_EXTERN(B)                     \
+  extern template class DepthAttention<B>; \
+  extern template class AttnResStack<B>;
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 

@@ -6,16 +6,14 @@ namespace kiln::nn {
 
 namespace functional {
 
-template <Backend B>
-Var<B> batch_norm(const Var<B>& x, const Tensor<B>& running_mean, const Tensor<B>& running_var, const Var<B>& weight,
-                  const Var<B>& bias, bool training, double momentum, double eps) {
+template <Backend B> Var<B> batch_norm(const Var<B>& x, const Tensor<B>& running_mean, const Tensor<B>& running_var, const Var<B>& weight,
+                                       const Var<B>& bias, bool training, double momentum, double eps) {
   return autograd::NormOps<B>::batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps);
 }
 
 }  // namespace functional
 
-template <Backend B>
-BatchNorm<B>::BatchNorm(BatchNormOptions o, const char* name, int64_t min_rank, int64_t max_rank)
+template <Backend B> BatchNorm<B>::BatchNorm(BatchNormOptions o, const char* name, int64_t min_rank, int64_t max_rank)
     : o_(o), name_(name), min_rank_(min_rank), max_rank_(max_rank) {
   KILN_CHECK(o.num_features >= 1, "{}: num_features must be >= 1, got {}", name, o.num_features);
   KILN_CHECK(o.eps >= 0, "{}: eps must be >= 0, got {}", name, o.eps);
@@ -58,8 +56,8 @@ template <Backend B> Var<B> BatchNorm<B>::forward(const Var<B>& x) const {
   KILN_CHECK(x.dim() >= min_rank_ && x.dim() <= max_rank_, "{}: expected {} input (got {}D input {})", name_,
              min_rank_ == max_rank_ ? fmt::format("{}D", min_rank_) : fmt::format("{}D or {}D", min_rank_, max_rank_), x.dim(),
              shape_str(x.shape()));
-  KILN_CHECK(x.size(1) == o_.num_features, "{}: input {} has {} channels, the layer has num_features={}", name_,
-             shape_str(x.shape()), x.size(1), o_.num_features);
+  KILN_CHECK(x.size(1) == o_.num_features, "{}: input {} has {} channels, the layer has num_features={}", name_, shape_str(x.shape()),
+             x.size(1), o_.num_features);
   const bool training = this->is_training();
   double factor = o_.momentum.value_or(0.0);
   if (training && o_.track_running_stats) {
@@ -75,9 +73,9 @@ template <Backend B> Var<B> BatchNorm<B>::forward(const Var<B>& x) const {
                                    use_batch, factor, o_.eps);
 }
 
-#define KILN_INST(B)                                                                                                   \
-  template Var<B> functional::batch_norm<B>(const Var<B>&, const Tensor<B>&, const Tensor<B>&, const Var<B>&, const Var<B>&, \
-                                            bool, double, double);                                                     \
+#define KILN_INST(B)                                                                                                                       \
+  template Var<B> functional::batch_norm<B>(const Var<B>&, const Tensor<B>&, const Tensor<B>&, const Var<B>&, const Var<B>&, bool, double, \
+                                            double);                                                                                       \
   template class BatchNorm<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

@@ -22,9 +22,9 @@ namespace functional {
 // undefined. training: normalise with the batch statistics and, when the running tensors are given,
 // update them in place (running_var with the unbiased variance). Not training: normalise with the
 // running statistics (which must then be given). Differentiable in x, weight and bias.
-template <Backend B>
-KILN_API Var<B> batch_norm(const Var<B>& x, const Tensor<B>& running_mean, const Tensor<B>& running_var, const Var<B>& weight,
-                           const Var<B>& bias, bool training, double momentum = 0.1, double eps = 1e-5);
+template <Backend B> KILN_API Var<B> batch_norm(const Var<B>& x, const Tensor<B>& running_mean, const Tensor<B>& running_var,
+                                                const Var<B>& weight, const Var<B>& bias, bool training, double momentum = 0.1,
+                                                double eps = 1e-5);
 }  // namespace functional
 
 struct BatchNormOptions {

@@ -54,19 +54,19 @@ ModelConfig ModelConfig::resolved() const {
     KILN_CHECK(c.n_kv_heads >= 1 && (2 * c.n_heads) % c.n_kv_heads == 0,
                "{}: attention \"diff2\" needs 2·n_heads ({}) to be a multiple of n_kv_heads ({})", w, 2 * c.n_heads, c.n_kv_heads);
   else
-    KILN_CHECK(c.n_kv_heads >= 1 && c.n_heads % c.n_kv_heads == 0,
-               "{}: n_heads ({}) must be a multiple of n_kv_heads ({})", w, c.n_heads, c.n_kv_heads);
+    KILN_CHECK(c.n_kv_heads >= 1 && c.n_heads % c.n_kv_heads == 0, "{}: n_heads ({}) must be a multiple of n_kv_heads ({})", w, c.n_heads,
+               c.n_kv_heads);
   KILN_CHECK(c.ffn_hidden >= 1, "{}: ffn_hidden must be >= 1, got {}", w, c.ffn_hidden);
   KILN_CHECK(c.max_seq_len >= 1, "{}: max_seq_len must be >= 1, got {}", w, c.max_seq_len);
   KILN_CHECK(c.norm_eps > 0, "{}: norm_eps must be > 0, got {}", w, c.norm_eps);
   KILN_CHECK(c.rope_theta > 0, "{}: rope_theta must be > 0, got {}", w, c.rope_theta);
   KILN_CHECK(c.attnres_block_size >= 1, "{}: attnres_block_size must be >= 1, got {}", w, c.attnres_block_size);
   if (c.attention == "diff") {
-    KILN_CHECK(c.d_model % (2 * c.n_heads) == 0, "{}: attention \"diff\" needs d_model ({}) divisible by 2·n_heads ({})", w,
-               c.d_model, 2 * c.n_heads);
+    KILN_CHECK(c.d_model % (2 * c.n_heads) == 0, "{}: attention \"diff\" needs d_model ({}) divisible by 2·n_heads ({})", w, c.d_model,
+               2 * c.n_heads);
     if (c.rope)
-      KILN_CHECK((c.d_model / c.n_heads / 2) % 2 == 0,
-                 "{}: RoPE needs an even sub-head width; d_model / n_heads / 2 = {} is odd", w, c.d_model / c.n_heads / 2);
+      KILN_CHECK((c.d_model / c.n_heads / 2) % 2 == 0, "{}: RoPE needs an even sub-head width; d_model / n_heads / 2 = {} is odd", w,
+                 c.d_model / c.n_heads / 2);
   } else {
     KILN_CHECK(c.d_model % c.n_heads == 0, "{}: d_model ({}) must be divisible by n_heads ({})", w, c.d_model, c.n_heads);
     if (c.rope)
@@ -78,11 +78,22 @@ ModelConfig ModelConfig::resolved() const {
 
 json ModelConfig::to_json() const {
   const ModelConfig c = resolved();
-  return {{"vocab_size", c.vocab_size}, {"d_model", c.d_model}, {"n_layers", c.n_layers}, {"n_heads", c.n_heads},
-          {"n_kv_heads", c.n_kv_heads}, {"ffn_hidden", c.ffn_hidden}, {"max_seq_len", c.max_seq_len},
-          {"attention", c.attention}, {"residual", c.residual}, {"attnres_block_size", c.attnres_block_size},
-          {"rope", c.rope}, {"rope_theta", c.rope_theta}, {"tie_embeddings", c.tie_embeddings}, {"norm_eps", c.norm_eps},
-          {"diff_subln_affine", c.diff_subln_affine}, {"attnres_key_norm_affine", c.attnres_key_norm_affine}};
+  return {{"vocab_size", c.vocab_size},
+          {"d_model", c.d_model},
+          {"n_layers", c.n_layers},
+          {"n_heads", c.n_heads},
+          {"n_kv_heads", c.n_kv_heads},
+          {"ffn_hidden", c.ffn_hidden},
+          {"max_seq_len", c.max_seq_len},
+          {"attention", c.attention},
+          {"residual", c.residual},
+          {"attnres_block_size", c.attnres_block_size},
+          {"rope", c.rope},
+          {"rope_theta", c.rope_theta},
+          {"tie_embeddings", c.tie_embeddings},
+          {"norm_eps", c.norm_eps},
+          {"diff_subln_affine", c.diff_subln_affine},
+          {"attnres_key_norm_affine", c.attnres_key_norm_affine}};
 }
 
 }  // namespace kiln

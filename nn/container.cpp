@@ -30,7 +30,9 @@ template <Backend B> Var<B> Sequential<B>::forward(const Var<B>& x) const {
   return y;
 }
 
-#define KILN_INST(B) template class Sequential<B>; template class ModuleList<B>;
+#define KILN_INST(B)            \
+  template class Sequential<B>; \
+  template class ModuleList<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST
 

@@ -48,20 +48,17 @@ template <Backend B> class Sequential : public Module<B> {
 
   Sequential() = default;
   template <class... Ms>
-    requires(sizeof...(Ms) > 0 && (SequentialModule<Ms, B> && ...))
-  explicit Sequential(std::shared_ptr<Ms>... ms) {
+  requires(sizeof...(Ms) > 0 && (SequentialModule<Ms, B> && ...)) explicit Sequential(std::shared_ptr<Ms>... ms) {
     (push_back(std::move(ms)), ...);
   }
 
   // Appends m under the name "<size()>" (or `name`); returns m.
   template <class M>
-    requires SequentialModule<M, B>
-  std::shared_ptr<M> push_back(std::shared_ptr<M> m) {
+  requires SequentialModule<M, B> std::shared_ptr<M> push_back(std::shared_ptr<M> m) {
     return push_back(std::to_string(modules_.size()), std::move(m));
   }
   template <class M>
-    requires SequentialModule<M, B>
-  std::shared_ptr<M> push_back(const std::string& name, std::shared_ptr<M> m) {
+  requires SequentialModule<M, B> std::shared_ptr<M> push_back(const std::string& name, std::shared_ptr<M> m) {
     KILN_CHECK(m != nullptr, "Sequential::push_back: module '{}' is null", name);
     this->register_module(name, m);
     const M* raw = m.get();
@@ -106,8 +103,7 @@ template <Backend B> class ModuleList : public Module<B> {
 
   ModuleList() = default;
   template <class... Ms>
-    requires(sizeof...(Ms) > 0 && (std::is_base_of_v<Module<B>, Ms> && ...))
-  explicit ModuleList(std::shared_ptr<Ms>... ms) {
+  requires(sizeof...(Ms) > 0 && (std::is_base_of_v<Module<B>, Ms> && ...)) explicit ModuleList(std::shared_ptr<Ms>... ms) {
     (push_back(std::move(ms)), ...);
   }
 
@@ -138,7 +134,9 @@ template <Backend B> class ModuleList : public Module<B> {
   std::vector<std::shared_ptr<Module<B>>> modules_;
 };
 
-#define KILN_EXTERN(B) extern template class Sequential<B>; extern template class ModuleList<B>;
+#define KILN_EXTERN(B)                 \
+  extern template class Sequential<B>; \
+  extern template class ModuleList<B>;
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 

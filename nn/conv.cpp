@@ -8,8 +8,8 @@
 namespace kiln::nn {
 
 namespace functional {
-template <Backend B>
-Var<B> conv1d(const Var<B>& x, const Var<B>& weight, const Var<B>& bias, int64_t stride, int64_t padding, int64_t dilation, int64_t groups) {
+template <Backend B> Var<B> conv1d(const Var<B>& x, const Var<B>& weight, const Var<B>& bias, int64_t stride, int64_t padding,
+                                   int64_t dilation, int64_t groups) {
   KILN_CHECK(x.defined() && (x.dim() == 2 || x.dim() == 3), "conv1d: input must be [N, C, L] or [C, L], got {}",
              x.defined() ? shape_str(x.shape()) : std::string("undefined"));
   KILN_CHECK(weight.defined() && weight.dim() == 3, "conv1d: weight must be [O, C/groups, k], got {}",
@@ -60,8 +60,8 @@ template <Backend B> Var<B> Conv1d<B>::forward(const Var<B>& x) const {
 template <Backend B> Conv2d<B>::Conv2d(Conv2dOptions o) : o_(o) {
   check_channels("Conv2d", o.in_channels, o.out_channels, o.groups);
   check_geometry("Conv2d", o.kernel_size, o.stride, o.padding, o.dilation);
-  w_ = this->register_parameter(
-      "weight", Tensor<B>::empty({o.out_channels, o.in_channels / o.groups, o.kernel_size.h, o.kernel_size.w}, o.dtype));
+  w_ = this->register_parameter("weight",
+                                Tensor<B>::empty({o.out_channels, o.in_channels / o.groups, o.kernel_size.h, o.kernel_size.w}, o.dtype));
   if (o.bias) b_ = this->register_parameter("bias", Tensor<B>::empty({o.out_channels}, o.dtype));
   reset(w_, b_);
 }
@@ -77,21 +77,20 @@ template <Backend B> ConvTranspose2d<B>::ConvTranspose2d(ConvTranspose2dOptions 
   KILN_CHECK(op.h >= 0 && op.w >= 0 && (op.h < o.stride.h || op.h < o.dilation.h) && (op.w < o.stride.w || op.w < o.dilation.w),
              "ConvTranspose2d: output_padding ({}, {}) must be >= 0 and smaller than either stride ({}, {}) or dilation ({}, {})", op.h,
              op.w, o.stride.h, o.stride.w, o.dilation.h, o.dilation.w);
-  w_ = this->register_parameter(
-      "weight", Tensor<B>::empty({o.in_channels, o.out_channels / o.groups, o.kernel_size.h, o.kernel_size.w}, o.dtype));
+  w_ = this->register_parameter("weight",
+                                Tensor<B>::empty({o.in_channels, o.out_channels / o.groups, o.kernel_size.h, o.kernel_size.w}, o.dtype));
   if (o.bias) b_ = this->register_parameter("bias", Tensor<B>::empty({o.out_channels}, o.dtype));
   reset(w_, b_);
 }
 
 template <Backend B> Var<B> ConvTranspose2d<B>::forward(const Var<B>& x) const {
-  return autograd::ConvOps<B>::conv_transpose2d(x, w_, b_, Conv2dParams{o_.stride, o_.padding, o_.dilation, o_.groups},
-                                                o_.output_padding);
+  return autograd::ConvOps<B>::conv_transpose2d(x, w_, b_, Conv2dParams{o_.stride, o_.padding, o_.dilation, o_.groups}, o_.output_padding);
 }
 
-#define KILN_INST(B)                                                                                                        \
+#define KILN_INST(B)                                                                                                      \
   template Var<B> functional::conv1d<B>(const Var<B>&, const Var<B>&, const Var<B>&, int64_t, int64_t, int64_t, int64_t); \
-  template class Conv1d<B>;                                                                                                 \
-  template class Conv2d<B>;                                                                                                 \
+  template class Conv1d<B>;                                                                                               \
+  template class Conv2d<B>;                                                                                               \
   template class ConvTranspose2d<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

@@ -17,18 +17,16 @@ namespace kiln::nn {
 
 namespace functional {
 // bias may be an undefined Var. Differentiable in x, weight and bias.
-template <Backend B>
-Var<B> conv2d(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = {}, Size2 stride = 1, Size2 padding = 0, Size2 dilation = 1,
-              int64_t groups = 1) {
+template <Backend B> Var<B> conv2d(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = {}, Size2 stride = 1, Size2 padding = 0,
+                                   Size2 dilation = 1, int64_t groups = 1) {
   return autograd::ConvOps<B>::conv2d(x, weight, bias, Conv2dParams{stride, padding, dilation, groups});
 }
 // x [N, C, L] or [C, L], weight [O, C/groups, k]: conv2d over [N, C, 1, L].
 template <Backend B> KILN_API Var<B> conv1d(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = {}, int64_t stride = 1,
                                             int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
 // PyTorch's argument order (output_padding before groups, dilation last).
-template <Backend B>
-Var<B> conv_transpose2d(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = {}, Size2 stride = 1, Size2 padding = 0,
-                        Size2 output_padding = 0, int64_t groups = 1, Size2 dilation = 1) {
+template <Backend B> Var<B> conv_transpose2d(const Var<B>& x, const Var<B>& weight, const Var<B>& bias = {}, Size2 stride = 1,
+                                             Size2 padding = 0, Size2 output_padding = 0, int64_t groups = 1, Size2 dilation = 1) {
   return autograd::ConvOps<B>::conv_transpose2d(x, weight, bias, Conv2dParams{stride, padding, dilation, groups}, output_padding);
 }
 }  // namespace functional
@@ -103,9 +101,9 @@ template <Backend B> class ConvTranspose2d : public Module<B> {
   Var<B> w_, b_;
 };
 
-#define KILN_EXTERN(B)                       \
-  extern template class Conv1d<B>;           \
-  extern template class Conv2d<B>;           \
+#define KILN_EXTERN(B)             \
+  extern template class Conv1d<B>; \
+  extern template class Conv2d<B>; \
   extern template class ConvTranspose2d<B>;
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN

@@ -9,9 +9,8 @@ namespace kiln::nn {
 
 double diff_lambda_init(int64_t depth) { return 0.8 - 0.6 * std::exp(-0.3 * static_cast<double>(depth)); }
 
-template <Backend B>
-Var<B> diff_attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, const Var<B>& lambda, bool causal, int64_t pos0,
-                      const Tensor<B>& key_padding, const Tensor<B>& mask) {
+template <Backend B> Var<B> diff_attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, const Var<B>& lambda, bool causal,
+                                           int64_t pos0, const Tensor<B>& key_padding, const Tensor<B>& mask) {
   KILN_CHECK(q.dim() == 5, "diff_attention: q {} must be [B, H, 2, T, d]", shape_str(q.shape()));
   return autograd::DiffAttentionOps<B>::diff_attention(q, k, v, lambda, 1.0 / std::sqrt(static_cast<double>(q.size(4))), causal, pos0,
                                                        key_padding, mask);
@@ -19,10 +18,10 @@ Var<B> diff_attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, const V
 
 template <Backend B> DifferentialAttention<B>::DifferentialAttention(DiffAttentionOptions o) : o_(o) {
   if (o_.n_kv_heads == 0) o_.n_kv_heads = o_.n_heads;
-  KILN_CHECK(o_.n_heads >= 1 && o_.d_model % (2 * o_.n_heads) == 0,
-             "DifferentialAttention: d_model {} must be divisible by 2·n_heads = {}", o_.d_model, 2 * o_.n_heads);
-  KILN_CHECK(o_.n_kv_heads >= 1 && o_.n_heads % o_.n_kv_heads == 0,
-             "DifferentialAttention: n_heads {} must be a multiple of n_kv_heads {}", o_.n_heads, o_.n_kv_heads);
+  KILN_CHECK(o_.n_heads >= 1 && o_.d_model % (2 * o_.n_heads) == 0, "DifferentialAttention: d_model {} must be divisible by 2·n_heads = {}",
+             o_.d_model, 2 * o_.n_heads);
+  KILN_CHECK(o_.n_kv_heads >= 1 && o_.n_heads % o_.n_kv_heads == 0, "DifferentialAttention: n_heads {} must be a multiple of n_kv_heads {}",
+             o_.n_heads, o_.n_kv_heads);
   KILN_CHECK(o_.depth >= 0, "DifferentialAttention: depth must be >= 0, got {}", o_.depth);
   d_ = o_.d_model / o_.n_heads / 2;
   KILN_CHECK(!o_.rope || d_ % 2 == 0, "DifferentialAttention: RoPE needs an even sub-head width, got d = D/h/2 = {}", d_);
@@ -43,15 +42,14 @@ template <Backend B> DifferentialAttention<B>::DifferentialAttention(DiffAttenti
   out_ = this->register_module("out_proj", lin(h * 2 * d_, D));
   if (o_.subln)
     subln_ = this->register_module("subln", std::make_shared<RMSNorm<B>>(RMSNormOptions{
-                                              .dim = 2 * d_, .eps = o_.norm_eps, .affine = o_.subln_affine, .dtype = o_.dtype}));
+                                                .dim = 2 * d_, .eps = o_.norm_eps, .affine = o_.subln_affine, .dtype = o_.dtype}));
 }
 
 template <Backend B> Var<B> DifferentialAttention<B>::lambda() const {
   return (lq1_ * lk1_).sum().exp() - (lq2_ * lk2_).sum().exp() + lambda_init_;
 }
 
-template <Backend B>
-Var<B> DifferentialAttention<B>::forward(const Var<B>& x, KVCache<B>* cache, const Tensor<B>& key_padding) const {
+template <Backend B> Var<B> DifferentialAttention<B>::forward(const Var<B>& x, KVCache<B>* cache, const Tensor<B>& key_padding) const {
   return forward(x, AttentionInputs<B>{.key_padding = key_padding, .cache = cache});
 }
 
@@ -71,9 +69,9 @@ template <Backend B> Var<B> DifferentialAttention<B>::forward(const Var<B>& x, c
     const Var<B>& src = cross ? in.memory : x;
     const int64_t S = src.size(1);
     k = k_->forward(src).view({Bn, S, hkv, 2, d}).permute({0, 2, 3, 1, 4});  // [B, hkv, 2, S, d]
-    v = v_->forward(src).view({Bn, S, hkv, 2 * d}).transpose(1, 2);        // [B, hkv, S, 2d]
+    v = v_->forward(src).view({Bn, S, hkv, 2 * d}).transpose(1, 2);          // [B, hkv, S, 2d]
     if (o_.rope) k = rope(k, pos0, o_.rope_theta, rope_.get());
-    if (in.cache) {  // the cache holds K as [B, 2·hkv, S, d] (branches interleaved per group) and V
+    if (in.cache) {                         // the cache holds K as [B, 2·hkv, S, d] (branches interleaved per group) and V
       if (cross) *in.cache = KVCache<B>{};  // sized for this memory
       auto [kc, vc] = kv_cache_append(*in.cache, k.value().reshape({Bn, 2 * hkv, S, d}), v.value(), cross ? S : o_.max_seq_len);
       const int64_t Sc = kc.size(2);
@@ -88,8 +86,8 @@ template <Backend B> Var<B> DifferentialAttention<B>::forward(const Var<B>& x, c
   return out_->forward(o.transpose(1, 2).reshape({Bn, T, h * 2 * d}));
 }
 
-#define KILN_INST(B)                                                                                                            \
-  template class DifferentialAttention<B>;                                                                                     \
+#define KILN_INST(B)                                                                                                          \
+  template class DifferentialAttention<B>;                                                                                    \
   template Var<B> diff_attention(const Var<B>&, const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&, \
                                  const Tensor<B>&);
 KILN_FOR_EACH_BACKEND(KILN_INST)

@@ -29,9 +29,8 @@ double diff_lambda_init(int64_t depth);
 //   element  ->  softmax(q1 k1ᵀ/√d + mask) v − λ·softmax(q2 k2ᵀ/√d + mask) v   [B, H, T, dv]
 // causal, pos0, key_padding and mask as nn::attention (nn/attention.hpp), applied to both maps alike.
 // Differentiable in q, k, v and lambda.
-template <Backend B>
-KILN_API Var<B> diff_attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, const Var<B>& lambda, bool causal, int64_t pos0,
-                               const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
+template <Backend B> KILN_API Var<B> diff_attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, const Var<B>& lambda, bool causal,
+                                                    int64_t pos0, const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
 
 struct DiffAttentionOptions {
   int64_t d_model = 0;
@@ -43,8 +42,8 @@ struct DiffAttentionOptions {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   bool subln_affine = false;
-  bool subln = true;                 // false only for tests of the paper's identities
-  double lambda_init = -1.0;         // < 0: from depth (the paper); >= 0: this value (tests)
+  bool subln = true;          // false only for tests of the paper's identities
+  double lambda_init = -1.0;  // < 0: from depth (the paper); >= 0: this value (tests)
   int64_t max_seq_len = 256;
   DType dtype = DType::f32;
 };

@@ -12,9 +12,7 @@ namespace {
 // A module holding a list of submodules named 0, 1, ... (PyTorch's ModuleList), for the "layers.{i}" names.
 template <Backend B> class ModuleList : public Module<B> {
  public:
-  template <class M> std::shared_ptr<M> push(std::shared_ptr<M> m) {
-    return this->register_module(std::to_string(n_++), std::move(m));
-  }
+  template <class M> std::shared_ptr<M> push(std::shared_ptr<M> m) { return this->register_module(std::to_string(n_++), std::move(m)); }
 
  private:
   int64_t n_ = 0;
@@ -26,22 +24,33 @@ template <Backend B> GPTLayer<B>::GPTLayer(const ModelConfig& c, int64_t depth) 
   auto norm = [&] { return std::make_shared<RMSNorm<B>>(RMSNormOptions{.dim = c.d_model, .eps = c.norm_eps, .dtype = dt}); };
   attn_norm_ = this->register_module("attn_norm", norm());
   if (c.attention == "diff") {
-    diff_ = this->register_module(
-        "attn", std::make_shared<DifferentialAttention<B>>(DiffAttentionOptions{
-                    .d_model = c.d_model, .n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .depth = depth, .rope = c.rope,
-                    .rope_theta = c.rope_theta, .norm_eps = c.norm_eps, .subln_affine = c.diff_subln_affine,
-                    .max_seq_len = c.max_seq_len, .dtype = dt}));
+    diff_ =
+        this->register_module("attn", std::make_shared<DifferentialAttention<B>>(DiffAttentionOptions{.d_model = c.d_model,
+                                                                                                      .n_heads = c.n_heads,
+                                                                                                      .n_kv_heads = c.n_kv_heads,
+                                                                                                      .depth = depth,
+                                                                                                      .rope = c.rope,
+                                                                                                      .rope_theta = c.rope_theta,
+                                                                                                      .norm_eps = c.norm_eps,
+                                                                                                      .subln_affine = c.diff_subln_affine,
+                                                                                                      .max_seq_len = c.max_seq_len,
+                                                                                                      .dtype = dt}));
   } else if (c.attention == "diff2") {
-    diff2_ = this->register_module(
-        "attn", std::make_shared<DifferentialAttentionV2<B>>(Diff2AttentionOptions{
-                    .d_model = c.d_model, .n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .rope = c.rope,
-                    .rope_theta = c.rope_theta, .max_seq_len = c.max_seq_len, .dtype = dt}));
+    diff2_ = this->register_module("attn", std::make_shared<DifferentialAttentionV2<B>>(Diff2AttentionOptions{.d_model = c.d_model,
+                                                                                                              .n_heads = c.n_heads,
+                                                                                                              .n_kv_heads = c.n_kv_heads,
+                                                                                                              .rope = c.rope,
+                                                                                                              .rope_theta = c.rope_theta,
+                                                                                                              .max_seq_len = c.max_seq_len,
+                                                                                                              .dtype = dt}));
   } else {
-    mha_ = this->register_module(
-        "attn", std::make_shared<MultiHeadAttention<B>>(AttentionOptions{.d_model = c.d_model, .n_heads = c.n_heads,
-                                                                         .n_kv_heads = c.n_kv_heads, .rope = c.rope,
-                                                                         .rope_theta = c.rope_theta, .max_seq_len = c.max_seq_len,
-                                                                         .dtype = dt}));
+    mha_ = this->register_module("attn", std::make_shared<MultiHeadAttention<B>>(AttentionOptions{.d_model = c.d_model,
+                                                                                                  .n_heads = c.n_heads,
+                                                                                                  .n_kv_heads = c.n_kv_heads,
+                                                                                                  .rope = c.rope,
+                                                                                                  .rope_theta = c.rope_theta,
+                                                                                                  .max_seq_len = c.max_seq_len,
+                                                                                                  .dtype = dt}));
   }
   mlp_norm_ = this->register_module("mlp_norm", norm());
   mlp_ = this->register_module("mlp", std::make_shared<SwiGLU<B>>(SwiGLUOptions{.dim = c.d_model, .hidden = c.ffn_hidden, .dtype = dt}));
@@ -64,9 +73,9 @@ template <Backend B> GPT<B>::GPT(const ModelConfig& config, DType dtype) : c_(co
   auto list = this->register_module("layers", std::make_shared<ModuleList<B>>());
   for (int64_t i = 0; i < c_.n_layers; ++i) layers_.push_back(list->push(std::make_shared<GPTLayer<B>>(c_, i)));
   if (c_.residual != "standard")
-    final_res_ = this->register_module(
-        "final_res", std::make_shared<DepthAttention<B>>(DepthAttentionOptions{
-                         .d_model = c_.d_model, .eps = c_.norm_eps, .key_norm_affine = c_.attnres_key_norm_affine}));
+    final_res_ =
+        this->register_module("final_res", std::make_shared<DepthAttention<B>>(DepthAttentionOptions{
+                                               .d_model = c_.d_model, .eps = c_.norm_eps, .key_norm_affine = c_.attnres_key_norm_affine}));
   norm_ = this->register_module("norm", std::make_shared<RMSNorm<B>>(RMSNormOptions{.dim = c_.d_model, .eps = c_.norm_eps}));
   if (!c_.tie_embeddings)
     lm_head_ =
@@ -79,18 +88,21 @@ template <Backend B> void GPT<B>::init_weights(uint64_t seed) {
   Generator g(seed);
   for (auto& [name, p] : this->named_parameters()) {
     const bool query = name.size() >= 5 && name.compare(name.size() - 5, 5, "query") == 0;
-    if (query) init::zeros_(p);
-    else if (name.find(".lambda_") != std::string::npos) init::normal_(p, 0.0, 0.1, &g);
-    else if (p.dim() >= 2) init::normal_(p, 0.0, 0.02, &g);
-    else init::ones_(p);
+    if (query)
+      init::zeros_(p);
+    else if (name.find(".lambda_") != std::string::npos)
+      init::normal_(p, 0.0, 0.1, &g);
+    else if (p.dim() >= 2)
+      init::normal_(p, 0.0, 0.02, &g);
+    else
+      init::ones_(p);
   }
 }
 
 template <Backend B> Var<B> GPT<B>::run(const Tensor<B>& ids, std::vector<KVCache<B>>* caches) const {
   KILN_CHECK(ids.dim() == 2, "GPT: ids must be [B, T], got {}", shape_str(ids.shape()));
   const int64_t pos0 = caches && !caches->empty() ? (*caches)[0].len : 0;
-  KILN_CHECK(pos0 + ids.size(1) <= c_.max_seq_len, "GPT: sequence length {} exceeds max_seq_len {}", pos0 + ids.size(1),
-             c_.max_seq_len);
+  KILN_CHECK(pos0 + ids.size(1) <= c_.max_seq_len, "GPT: sequence length {} exceeds max_seq_len {}", pos0 + ids.size(1), c_.max_seq_len);
   if (caches && caches->size() != layers_.size()) caches->assign(layers_.size(), KVCache<B>{});
   Var<B> x = tok_emb_->forward(ids);
   auto cache_of = [&](size_t i) { return caches ? &(*caches)[i] : nullptr; };
@@ -189,8 +201,10 @@ template <Backend B> std::vector<int64_t> GPT<B>::generate(const std::vector<int
     all.push_back(next);
     out.push_back(next);
     if (n + 1 == o.max_new_tokens) break;
-    if (caches[0].len + 1 > c_.max_seq_len) logits = prefill(std::max<int64_t>(1, c_.max_seq_len / 2));
-    else logits = run(Tensor<B>::from_vector(std::vector<int64_t>{next}, {1, 1}), &caches);
+    if (caches[0].len + 1 > c_.max_seq_len)
+      logits = prefill(std::max<int64_t>(1, c_.max_seq_len / 2));
+    else
+      logits = run(Tensor<B>::from_vector(std::vector<int64_t>{next}, {1, 1}), &caches);
   }
   return out;
 }
@@ -217,7 +231,9 @@ GPTFlops gpt_flops(const ModelConfig& config, int64_t T) {
   return f;
 }
 
-#define KILN_INST(B) template class GPTLayer<B>; template class GPT<B>;
+#define KILN_INST(B)          \
+  template class GPTLayer<B>; \
+  template class GPT<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST
 

@@ -12,9 +12,9 @@
 
 #include "kiln/nn/attention.hpp"
 #include "kiln/nn/attnres.hpp"
-#include "kiln/nn/diff_attention.hpp"
-#include "kiln/nn/diff2_attention.hpp"
 #include "kiln/nn/config.hpp"
+#include "kiln/nn/diff2_attention.hpp"
+#include "kiln/nn/diff_attention.hpp"
 #include "kiln/nn/embedding.hpp"
 #include "kiln/nn/layers.hpp"
 #include "kiln/nn/norm.hpp"
@@ -112,7 +112,9 @@ struct GPTFlops {
 };
 GPTFlops gpt_flops(const ModelConfig& config, int64_t T);
 
-#define KILN_EXTERN(B) extern template class GPTLayer<B>; extern template class GPT<B>;
+#define KILN_EXTERN(B)               \
+  extern template class GPTLayer<B>; \
+  extern template class GPT<B>;
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 

@@ -6,18 +6,17 @@ namespace kiln::nn {
 
 namespace functional {
 
-template <Backend B>
-Var<B> group_norm(const Var<B>& x, int64_t num_groups, const Var<B>& weight, const Var<B>& bias, double eps) {
+template <Backend B> Var<B> group_norm(const Var<B>& x, int64_t num_groups, const Var<B>& weight, const Var<B>& bias, double eps) {
   return autograd::NormOps<B>::group_norm(x, num_groups, weight, bias, eps);
 }
 
 }  // namespace functional
 
 template <Backend B> GroupNorm<B>::GroupNorm(GroupNormOptions o) : o_(o) {
-  KILN_CHECK(o.num_groups >= 1 && o.num_channels >= 1, "GroupNorm: num_groups and num_channels must be >= 1, got {} and {}",
-             o.num_groups, o.num_channels);
-  KILN_CHECK(o.num_channels % o.num_groups == 0, "GroupNorm: num_channels must be divisible by num_groups, got {} and {}",
-             o.num_channels, o.num_groups);
+  KILN_CHECK(o.num_groups >= 1 && o.num_channels >= 1, "GroupNorm: num_groups and num_channels must be >= 1, got {} and {}", o.num_groups,
+             o.num_channels);
+  KILN_CHECK(o.num_channels % o.num_groups == 0, "GroupNorm: num_channels must be divisible by num_groups, got {} and {}", o.num_channels,
+             o.num_groups);
   KILN_CHECK(o.eps >= 0, "GroupNorm: eps must be >= 0, got {}", o.eps);
   KILN_CHECK(is_floating(o.dtype), "GroupNorm: dtype must be floating point, got {}", o.dtype);
   if (o.affine) {
@@ -32,7 +31,7 @@ template <Backend B> Var<B> GroupNorm<B>::forward(const Var<B>& x) const {
   return functional::group_norm<B>(x, o_.num_groups, w_, b_, o_.eps);
 }
 
-#define KILN_INST(B)                                                                                          \
+#define KILN_INST(B)                                                                                       \
   template Var<B> functional::group_norm<B>(const Var<B>&, int64_t, const Var<B>&, const Var<B>&, double); \
   template class GroupNorm<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)

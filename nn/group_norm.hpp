@@ -14,8 +14,7 @@ namespace kiln::nn {
 namespace functional {
 // weight and bias [C] may be undefined. Differentiable in x, weight and bias.
 template <Backend B>
-KILN_API Var<B> group_norm(const Var<B>& x, int64_t num_groups, const Var<B>& weight = {}, const Var<B>& bias = {},
-                           double eps = 1e-5);
+KILN_API Var<B> group_norm(const Var<B>& x, int64_t num_groups, const Var<B>& weight = {}, const Var<B>& bias = {}, double eps = 1e-5);
 }  // namespace functional
 
 struct GroupNormOptions {

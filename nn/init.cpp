@@ -60,13 +60,13 @@ template <Backend B> void xavier_normal_(Var<B>& p, double gain, Generator* gen)
   normal_(p, 0.0, gain * std::sqrt(2.0 / static_cast<double>(fin + fout)), gen);
 }
 
-#define KILN_INST(B)                                                  \
-  template void normal_<B>(Var<B>&, double, double, Generator*);      \
-  template void uniform_<B>(Var<B>&, double, double, Generator*);     \
-  template void constant_<B>(Var<B>&, double);                        \
-  template void kaiming_uniform_<B>(Var<B>&, double, Generator*);     \
-  template void kaiming_normal_<B>(Var<B>&, double, Generator*);      \
-  template void xavier_uniform_<B>(Var<B>&, double, Generator*);      \
+#define KILN_INST(B)                                              \
+  template void normal_<B>(Var<B>&, double, double, Generator*);  \
+  template void uniform_<B>(Var<B>&, double, double, Generator*); \
+  template void constant_<B>(Var<B>&, double);                    \
+  template void kaiming_uniform_<B>(Var<B>&, double, Generator*); \
+  template void kaiming_normal_<B>(Var<B>&, double, Generator*);  \
+  template void xavier_uniform_<B>(Var<B>&, double, Generator*);  \
   template void xavier_normal_<B>(Var<B>&, double, Generator*);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

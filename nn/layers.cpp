@@ -6,9 +6,7 @@ namespace kiln::nn {
 
 template <Backend B> Var<B> functional::swiglu(const Var<B>& gate, const Var<B>& up) { return autograd::SwiGLUOps<B>::swiglu(gate, up); }
 
-template <Backend B> Dropout<B>::Dropout(double p) : p_(p) {
-  KILN_CHECK(p >= 0 && p < 1, "Dropout: p must be in [0, 1), got {}", p);
-}
+template <Backend B> Dropout<B>::Dropout(double p) : p_(p) { KILN_CHECK(p >= 0 && p < 1, "Dropout: p must be in [0, 1), got {}", p); }
 
 template <Backend B> Var<B> Dropout<B>::forward(const Var<B>& x) const {
   if (!this->is_training() || p_ == 0) return x;
@@ -18,10 +16,14 @@ template <Backend B> Var<B> Dropout<B>::forward(const Var<B>& x) const {
 
 template <Backend B> Var<B> Act<B>::forward(const Var<B>& x) const {
   switch (a_) {
-    case Activation::relu: return x.relu();
-    case Activation::silu: return x.silu();
-    case Activation::gelu: return x.gelu(false);
-    case Activation::gelu_tanh: return x.gelu(true);
+    case Activation::relu:
+      return x.relu();
+    case Activation::silu:
+      return x.silu();
+    case Activation::gelu:
+      return x.gelu(false);
+    case Activation::gelu_tanh:
+      return x.gelu(true);
   }
   return x;
 }
@@ -39,8 +41,10 @@ template <Backend B> Var<B> SwiGLU<B>::forward(const Var<B>& x) const {
   return down_->forward(functional::swiglu(gate_->forward(x), up_->forward(x)));
 }
 
-#define KILN_INST(B)                                                                 \
-  template class Dropout<B>; template class Act<B>; template class SwiGLU<B>;        \
+#define KILN_INST(B)         \
+  template class Dropout<B>; \
+  template class Act<B>;     \
+  template class SwiGLU<B>;  \
   template Var<B> functional::swiglu<B>(const Var<B>&, const Var<B>&);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

@@ -69,8 +69,10 @@ template <Backend B> class SwiGLU : public Module<B> {
   std::shared_ptr<Linear<B>> gate_, up_, down_;
 };
 
-#define KILN_EXTERN(B)                                                                                     \
-  extern template class Dropout<B>; extern template class Act<B>; extern template class SwiGLU<B>;        \
+#define KILN_EXTERN(B)              \
+  extern template class Dropout<B>; \
+  extern template class Act<B>;     \
+  extern template class SwiGLU<B>;  \
   extern template Var<B> functional::swiglu<B>(const Var<B>&, const Var<B>&);
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN

@@ -24,9 +24,10 @@ template <Backend B> Var<B> cross_entropy(const Var<B>& logits_in, const Tensor<
   int64_t kept = 0;
   if (t.numel()) {
     const Tensor<B> bad = keep.logical_and(t.lt(0).logical_or(t.ge(C)));
-    const std::vector<int64_t> counts = Tensor<B>::stack({bad.sum().to(DType::i64), keep.sum().to(DType::i64)}).template to_vector<int64_t>();
-    KILN_CHECK(counts[0] == 0, "cross_entropy: target values must be in [0, {}) or ignore_index {}; got min {} max {}", C,
-               o.ignore_index, item<int64_t>(t.min()), item<int64_t>(t.max()));
+    const std::vector<int64_t> counts =
+        Tensor<B>::stack({bad.sum().to(DType::i64), keep.sum().to(DType::i64)}).template to_vector<int64_t>();
+    KILN_CHECK(counts[0] == 0, "cross_entropy: target values must be in [0, {}) or ignore_index {}; got min {} max {}", C, o.ignore_index,
+               item<int64_t>(t.min()), item<int64_t>(t.max()));
     kept = counts[1];
   }
   // One recorded op on the fused kernel (autograd/ops/loss.cpp).

@@ -37,15 +37,13 @@ template <Backend B> const Tensor<B>& Module<B>::buffer(const std::string& name)
   fail("buffer: this module has no buffer '{}'", name);
 }
 
-template <Backend B>
-void Module<B>::collect_params(const std::string& prefix, std::vector<std::pair<std::string, Var<B>>>& out) const {
+template <Backend B> void Module<B>::collect_params(const std::string& prefix, std::vector<std::pair<std::string, Var<B>>>& out) const {
   for (const auto& [n, p] : params_) out.emplace_back(prefix + n, p);
   for (const auto& [n, c] : children_) c->collect_params(prefix + n + ".", out);
 }
 
-template <Backend B>
-void Module<B>::collect_buffers(const std::string& prefix, bool persistent_only,
-                                std::vector<std::pair<std::string, Tensor<B>>>& out) const {
+template <Backend B> void Module<B>::collect_buffers(const std::string& prefix, bool persistent_only,
+                                                     std::vector<std::pair<std::string, Tensor<B>>>& out) const {
   for (const Buffer& b : buffers_)
     if (!persistent_only || b.persistent) out.emplace_back(prefix + b.name, b.value);
   for (const auto& [n, c] : children_) c->collect_buffers(prefix + n + ".", persistent_only, out);

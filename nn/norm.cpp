@@ -44,10 +44,10 @@ template <Backend B> LayerNorm<B>::LayerNorm(LayerNormOptions o) : o_(o) {
 }
 template <Backend B> Var<B> LayerNorm<B>::forward(const Var<B>& x) const { return functional::layer_norm(x, w_, b_, o_.eps); }
 
-#define KILN_INST(B)                                                                               \
+#define KILN_INST(B)                                                                              \
   template Var<B> functional::rms_norm<B>(const Var<B>&, const Var<B>&, double);                  \
   template Var<B> functional::layer_norm<B>(const Var<B>&, const Var<B>&, const Var<B>&, double); \
-  template class RMSNorm<B>;                                                                       \
+  template class RMSNorm<B>;                                                                      \
   template class LayerNorm<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

@@ -53,7 +53,9 @@ template <Backend B> class LayerNorm : public Module<B> {
   Var<B> w_, b_;
 };
 
-#define KILN_EXTERN(B) extern template class RMSNorm<B>; extern template class LayerNorm<B>;
+#define KILN_EXTERN(B)              \
+  extern template class RMSNorm<B>; \
+  extern template class LayerNorm<B>;
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 

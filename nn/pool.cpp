@@ -38,9 +38,9 @@ template <Backend B> Flatten<B>::Flatten(FlattenOptions o) : o_(o) {}
 
 template <Backend B> Var<B> Flatten<B>::forward(const Var<B>& x) const { return x.flatten(o_.start_dim, o_.end_dim); }
 
-#define KILN_INST(B)                  \
-  template class MaxPool2d<B>;        \
-  template class AvgPool2d<B>;        \
+#define KILN_INST(B)                   \
+  template class MaxPool2d<B>;         \
+  template class AvgPool2d<B>;         \
   template class AdaptiveAvgPool2d<B>; \
   template class Flatten<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)

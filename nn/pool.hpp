@@ -20,21 +20,19 @@ namespace kiln::nn {
 
 namespace functional {
 // stride: kernel_size when not given (PyTorch's stride=None).
-template <Backend B>
-Var<B> max_pool2d(const Var<B>& x, Size2 kernel_size, std::optional<Size2> stride = std::nullopt, Size2 padding = 0, Size2 dilation = 1,
-                  bool ceil_mode = false) {
+template <Backend B> Var<B> max_pool2d(const Var<B>& x, Size2 kernel_size, std::optional<Size2> stride = std::nullopt, Size2 padding = 0,
+                                       Size2 dilation = 1, bool ceil_mode = false) {
   return autograd::PoolOps<B>::max_pool2d(x, Pool2dParams{kernel_size, stride.value_or(kernel_size), padding, dilation, ceil_mode});
 }
 // {y, indices}: PyTorch's return_indices=True (i64 indices into each H·W plane).
-template <Backend B>
-std::pair<Var<B>, Tensor<B>> max_pool2d_with_indices(const Var<B>& x, Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
-                                                     Size2 padding = 0, Size2 dilation = 1, bool ceil_mode = false) {
-  return autograd::PoolOps<B>::max_pool2d_with_indices(x,
-                                                       Pool2dParams{kernel_size, stride.value_or(kernel_size), padding, dilation, ceil_mode});
+template <Backend B> std::pair<Var<B>, Tensor<B>> max_pool2d_with_indices(const Var<B>& x, Size2 kernel_size,
+                                                                          std::optional<Size2> stride = std::nullopt, Size2 padding = 0,
+                                                                          Size2 dilation = 1, bool ceil_mode = false) {
+  return autograd::PoolOps<B>::max_pool2d_with_indices(
+      x, Pool2dParams{kernel_size, stride.value_or(kernel_size), padding, dilation, ceil_mode});
 }
-template <Backend B>
-Var<B> avg_pool2d(const Var<B>& x, Size2 kernel_size, std::optional<Size2> stride = std::nullopt, Size2 padding = 0,
-                  bool ceil_mode = false, bool count_include_pad = true) {
+template <Backend B> Var<B> avg_pool2d(const Var<B>& x, Size2 kernel_size, std::optional<Size2> stride = std::nullopt, Size2 padding = 0,
+                                       bool ceil_mode = false, bool count_include_pad = true) {
   return autograd::PoolOps<B>::avg_pool2d(
       x, Pool2dParams{kernel_size, stride.value_or(kernel_size), padding, 1, ceil_mode, count_include_pad});
 }
@@ -106,10 +104,10 @@ template <Backend B> class Flatten : public Module<B> {
   FlattenOptions o_;
 };
 
-#define KILN_EXTERN(B)                          \
-  extern template class MaxPool2d<B>;           \
-  extern template class AvgPool2d<B>;           \
-  extern template class AdaptiveAvgPool2d<B>;   \
+#define KILN_EXTERN(B)                        \
+  extern template class MaxPool2d<B>;         \
+  extern template class AvgPool2d<B>;         \
+  extern template class AdaptiveAvgPool2d<B>; \
   extern template class Flatten<B>;
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN

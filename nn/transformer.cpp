@@ -18,13 +18,24 @@ template <Backend B> AnyAttention<B> make_attention(const TransformerLayerOption
   AnyAttention<B> a;
   const bool rope = o.rope && !cross;  // cross-attention: never RoPE
   if (o.attention == AttentionKind::mha)
-    a.mha = std::make_shared<MultiHeadAttention<B>>(AttentionOptions{.d_model = o.d_model, .n_heads = o.n_heads, .n_kv_heads = o.n_kv_heads,
-                                                                     .causal = causal, .rope = rope, .rope_theta = o.rope_theta,
-                                                                     .max_seq_len = o.max_seq_len, .dtype = o.dtype});
+    a.mha = std::make_shared<MultiHeadAttention<B>>(AttentionOptions{.d_model = o.d_model,
+                                                                     .n_heads = o.n_heads,
+                                                                     .n_kv_heads = o.n_kv_heads,
+                                                                     .causal = causal,
+                                                                     .rope = rope,
+                                                                     .rope_theta = o.rope_theta,
+                                                                     .max_seq_len = o.max_seq_len,
+                                                                     .dtype = o.dtype});
   else
-    a.diff = std::make_shared<DifferentialAttention<B>>(DiffAttentionOptions{
-        .d_model = o.d_model, .n_heads = o.n_heads, .n_kv_heads = o.n_kv_heads, .depth = o.depth, .causal = causal, .rope = rope,
-        .rope_theta = o.rope_theta, .max_seq_len = o.max_seq_len, .dtype = o.dtype});
+    a.diff = std::make_shared<DifferentialAttention<B>>(DiffAttentionOptions{.d_model = o.d_model,
+                                                                             .n_heads = o.n_heads,
+                                                                             .n_kv_heads = o.n_kv_heads,
+                                                                             .depth = o.depth,
+                                                                             .causal = causal,
+                                                                             .rope = rope,
+                                                                             .rope_theta = o.rope_theta,
+                                                                             .max_seq_len = o.max_seq_len,
+                                                                             .dtype = o.dtype});
   return a;
 }
 
@@ -60,8 +71,7 @@ std::vector<std::shared_ptr<Layer>> stack_layers(const char* who, ModuleList<B>&
 }  // namespace
 
 // ------------------------------------------------------------------------------------------ encoder layer
-template <Backend B>
-TransformerEncoderLayer<B>::TransformerEncoderLayer(TransformerLayerOptions o) : o_(o), act_(o.activation) {
+template <Backend B> TransformerEncoderLayer<B>::TransformerEncoderLayer(TransformerLayerOptions o) : o_(o), act_(o.activation) {
   check_options("TransformerEncoderLayer", o_);
   self_attn_ = make_attention<B>(o_, false, false);
   KILN_REG_ANY("self_attn", self_attn_, mha, diff);
@@ -91,8 +101,7 @@ Var<B> TransformerEncoderLayer<B>::forward(const Var<B>& src, const Tensor<B>& s
 }
 
 // ------------------------------------------------------------------------------------------ decoder layer
-template <Backend B>
-TransformerDecoderLayer<B>::TransformerDecoderLayer(TransformerLayerOptions o) : o_(o), act_(o.activation) {
+template <Backend B> TransformerDecoderLayer<B>::TransformerDecoderLayer(TransformerLayerOptions o) : o_(o), act_(o.activation) {
   check_options("TransformerDecoderLayer", o_);
   self_attn_ = make_attention<B>(o_, true, false);
   KILN_REG_ANY("self_attn", self_attn_, mha, diff);
@@ -112,18 +121,17 @@ TransformerDecoderLayer<B>::TransformerDecoderLayer(TransformerLayerOptions o) :
   dropout3_ = this->register_module("dropout3", std::make_shared<Dropout<B>>(o_.dropout));
 }
 
-template <Backend B>
-Var<B> TransformerDecoderLayer<B>::forward(const Var<B>& tgt, const Var<B>& memory, const DecoderInputs<B>& in) const {
+template <Backend B> Var<B> TransformerDecoderLayer<B>::forward(const Var<B>& tgt, const Var<B>& memory, const DecoderInputs<B>& in) const {
   if (!in.cache) return forward(tgt, memory, in, nullptr, nullptr);
   if (in.cache->self.empty()) in.cache->self.resize(1);
   if (in.cache->cross.empty()) in.cache->cross.resize(1);
   return forward(tgt, memory, in, &in.cache->self[0], &in.cache->cross[0]);
 }
 
-template <Backend B>
-Var<B> TransformerDecoderLayer<B>::forward(const Var<B>& tgt, const Var<B>& memory, const DecoderInputs<B>& in, KVCache<B>* self_cache,
-                                           KVCache<B>* cross_cache) const {
-  KILN_CHECK(memory.defined(), "TransformerDecoderLayer: needs the encoder's memory [B, S, {}] (tgt {})", o_.d_model, shape_str(tgt.shape()));
+template <Backend B> Var<B> TransformerDecoderLayer<B>::forward(const Var<B>& tgt, const Var<B>& memory, const DecoderInputs<B>& in,
+                                                                KVCache<B>* self_cache, KVCache<B>* cross_cache) const {
+  KILN_CHECK(memory.defined(), "TransformerDecoderLayer: needs the encoder's memory [B, S, {}] (tgt {})", o_.d_model,
+             shape_str(tgt.shape()));
   const AttentionInputs<B> self_in{.key_padding = in.tgt_key_padding, .mask = in.tgt_mask, .cache = self_cache};
   const AttentionInputs<B> cross_in{.memory = memory, .key_padding = in.memory_key_padding, .mask = in.memory_mask, .cache = cross_cache};
   auto sa = [&](const Var<B>& x) { return dropout1_->forward(self_attn_(x, self_in)); };
@@ -166,8 +174,7 @@ template <Backend B> TransformerDecoder<B>::TransformerDecoder(TransformerStackO
   }
 }
 
-template <Backend B>
-Var<B> TransformerDecoder<B>::forward(const Var<B>& tgt, const Var<B>& memory, const DecoderInputs<B>& in) const {
+template <Backend B> Var<B> TransformerDecoder<B>::forward(const Var<B>& tgt, const Var<B>& memory, const DecoderInputs<B>& in) const {
   const size_t n = layers_.size();
   if (in.cache) {
     KILN_CHECK((in.cache->self.empty() || in.cache->self.size() == n) && (in.cache->cross.empty() || in.cache->cross.size() == n),
@@ -184,7 +191,7 @@ Var<B> TransformerDecoder<B>::forward(const Var<B>& tgt, const Var<B>& memory, c
 
 #undef KILN_REG_ANY
 
-#define KILN_INST(B)                        \
+#define KILN_INST(B)                         \
   template class TransformerEncoderLayer<B>; \
   template class TransformerDecoderLayer<B>; \
   template class TransformerEncoder<B>;      \

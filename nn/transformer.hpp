@@ -54,8 +54,8 @@ struct TransformerLayerOptions {
   double norm_eps = 1e-5;  // layer_norm_eps
   bool bias = true;        // biases of linear1, linear2 and the LayerNorms (the attention has none)
   AttentionKind attention = AttentionKind::mha;
-  int64_t depth = 0;     // the layer's index (diff: sets λ_init = 0.8 − 0.6·exp(−0.3·depth))
-  bool rope = false;     // RoPE in the self-attention (never in cross-attention)
+  int64_t depth = 0;  // the layer's index (diff: sets λ_init = 0.8 − 0.6·exp(−0.3·depth))
+  bool rope = false;  // RoPE in the self-attention (never in cross-attention)
   double rope_theta = 10000.0;
   int64_t max_seq_len = 256;  // with rope or a DecoderCache: positions of the self-attention
   DType dtype = DType::f32;
@@ -162,7 +162,7 @@ template <Backend B> class TransformerDecoder : public Module<B> {
   AnyNorm<B> norm_;
 };
 
-#define KILN_EXTERN(B)                               \
+#define KILN_EXTERN(B)                              \
   extern template class TransformerEncoderLayer<B>; \
   extern template class TransformerDecoderLayer<B>; \
   extern template class TransformerEncoder<B>;      \

@@ -9,9 +9,8 @@
 
 namespace kiln::optim {
 
-template <Backend B>
-std::vector<ParamGroup<B>> decay_groups(const NamedParams<B>& params, double lr, double weight_decay,
-                                        const std::function<bool(const std::string&, const Var<B>&)>& decays) {
+template <Backend B> std::vector<ParamGroup<B>> decay_groups(const NamedParams<B>& params, double lr, double weight_decay,
+                                                             const std::function<bool(const std::string&, const Var<B>&)>& decays) {
   ParamGroup<B> d{.params = {}, .lr = lr, .weight_decay = weight_decay}, n{.params = {}, .lr = lr, .weight_decay = 0.0};
   for (const auto& [name, p] : params) {
     const bool yes = decays ? decays(name, p) : p.dim() >= 2;
@@ -132,7 +131,8 @@ template <Backend B> void SGD<B>::step() {
     if (mu != 0) {
       bool created = false;
       Tensor<B>& buf = this->buffer("momentum_buffer", name, w, created);
-      if (created) buf.copy_(d);
+      if (created)
+        buf.copy_(d);
       else
         buf.mul_(mu).add_(d.mul(1.0 - o_.dampening));
       d = o_.nesterov ? d.add(buf.mul(mu)) : buf;
@@ -143,8 +143,7 @@ template <Backend B> void SGD<B>::step() {
 
 // ------------------------------------------------------------------------------------------ Adam(W)
 template <Backend B> Adam<B>::Adam(std::vector<ParamGroup<B>> groups, AdamOptions o) : Optimizer<B>(std::move(groups)), o_(o) {
-  KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "Adam: betas must be in [0, 1), got [{}, {}]", o.beta1,
-             o.beta2);
+  KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "Adam: betas must be in [0, 1), got [{}, {}]", o.beta1, o.beta2);
   KILN_CHECK(o.eps >= 0, "Adam: eps must be >= 0, got {}", o.eps);
 }
 

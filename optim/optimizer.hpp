@@ -34,7 +34,7 @@ template <Backend B> struct ParamGroup {
 // λ vectors or AttnRes queries. `decays(name, var)` overrides the rule.
 template <Backend B>
 KILN_API std::vector<ParamGroup<B>> decay_groups(const NamedParams<B>& params, double lr, double weight_decay,
-                                        const std::function<bool(const std::string&, const Var<B>&)>& decays = nullptr);
+                                                 const std::function<bool(const std::string&, const Var<B>&)>& decays = nullptr);
 
 template <Backend B> class Optimizer {
  public:
@@ -153,7 +153,10 @@ template <Backend B> KILN_API std::vector<double> clip_grad_norm_per_group(Optim
 // PyTorch's clip_grad_value_: every gradient element clamped to [-clip_value, clip_value].
 template <Backend B> KILN_API void clip_grad_value(const std::vector<Var<B>>& params, double clip_value);
 
-#define KILN_EXTERN(B) extern template class Optimizer<B>; extern template class SGD<B>; extern template class Adam<B>;
+#define KILN_EXTERN(B)                \
+  extern template class Optimizer<B>; \
+  extern template class SGD<B>;       \
+  extern template class Adam<B>;
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 

@@ -50,7 +50,7 @@ class LrGroups {
   std::optional<double>& initial_lr(size_t i) const { return initial_(i); }
   std::optional<double>& momentum(size_t i) const { return momentum_(i); }  // ParamGroup::momentum
   std::string momentum_kind() const { return momentum_kind_(); }            // Optimizer::momentum_kind
-  const void* id() const { return id_; }  // the optimizer
+  const void* id() const { return id_; }                                    // the optimizer
 
  private:
   const void* id_;

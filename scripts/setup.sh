@@ -17,6 +17,7 @@ main=(build-essential cmake pkg-config libopenblas-dev libopenblas0-openmp libdn
       ocl-icd-opencl-dev)  # Debian's oneDNN CMake package requires OpenCL (a Recommends of libdnnl-dev)
 rest=(catch2 libbenchmark-dev
       clang libclang-rt-dev  # the readers' libFuzzer targets (fuzz/, tests/fuzz)
+      clang-format  # the house test that the tree follows .clang-format (clang-format 14)
       libopenmpi-dev openmpi-bin)  # kiln::dist over MPI (mpirun, the dist tests)
 pkgs=("${main[@]}")
 extra=("${rest[@]}")

@@ -88,15 +88,16 @@ int main(int argc, char* argv[]) {
   const bool gpu_ok = false;
   const std::string why = "kiln built without the CUDA backend";
 #endif
-  if (!gpu_ok && !session.configData().listTests && !session.configData().listTestNamesOnly &&
-      !session.configData().listTags) {
+  if (!gpu_ok && !session.configData().listTests && !session.configData().listTestNamesOnly && !session.configData().listTags) {
     const Catch::Config& cfg = session.config();
     const std::vector<Catch::TestCase> matched = Catch::filterTests(Catch::getAllTestCasesSorted(cfg), cfg.testSpec(), cfg);
     std::vector<std::string> keep;
     size_t gpu = 0;
     for (const Catch::TestCase& t : matched) {
-      if (needs_gpu(t)) ++gpu;
-      else keep.push_back(t.name);
+      if (needs_gpu(t))
+        ++gpu;
+      else
+        keep.push_back(t.name);
     }
     if (gpu > 0) {
       if (const char* req = std::getenv("KILN_REQUIRE_GPU"); req != nullptr && std::string(req) == "1") {

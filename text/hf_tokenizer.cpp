@@ -107,7 +107,8 @@ class Regex {
     if (rc < 0) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(rc, msg, sizeof msg);
-      throw Error(fmt::format("tokenizer: the regex '{}' failed on a text of {} bytes: {}", pattern_, s.size(), reinterpret_cast<char*>(msg)));
+      throw Error(
+          fmt::format("tokenizer: the regex '{}' failed on a text of {} bytes: {}", pattern_, s.size(), reinterpret_cast<char*>(msg)));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data.md);
     begin = ov[0];
@@ -137,9 +138,17 @@ bool is_word_char(uint32_t c) {
   if (c == 0x200C || c == 0x200D) return true;
   const utf8proc_category_t cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
   switch (cat) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT: case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_MC:
-    case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_PC:
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_PC:
       return true;
     default:
       return false;
@@ -159,8 +168,8 @@ class UnicodeNormalizer : public Normalizer {
   void apply(std::string& s) const override {
     if (std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) return;
     utf8proc_uint8_t* out = nullptr;
-    const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()), &out,
-                                            static_cast<utf8proc_option_t>(options_));
+    const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+                                            &out, static_cast<utf8proc_option_t>(options_));
     if (n < 0) throw Error(fmt::format("tokenizer: Unicode normalization failed: {}", utf8proc_errmsg(n)));
     s.assign(reinterpret_cast<char*>(out), static_cast<size_t>(n));
     std::free(out);
@@ -280,7 +289,8 @@ std::unique_ptr<Normalizer> parse_normalizer(const json& j, const Ctx& ctx, cons
     auto [pattern, re] = parse_pattern(j, ctx, field);
     return std::make_unique<Replace>(pattern, std::move(re), ctx.str(j, field, "content"));
   }
-  if (type == "Strip") return std::make_unique<Strip>(ctx.boolean(j, field, "strip_left", false), ctx.boolean(j, field, "strip_right", false));
+  if (type == "Strip")
+    return std::make_unique<Strip>(ctx.boolean(j, field, "strip_left", false), ctx.boolean(j, field, "strip_right", false));
   if (type == "Sequence") {
     const json& list = ctx.get(j, field, "normalizers");
     if (!list.is_array()) ctx.fail(field + ".normalizers", "must be a list");
@@ -289,7 +299,8 @@ std::unique_ptr<Normalizer> parse_normalizer(const json& j, const Ctx& ctx, cons
       if (auto n = parse_normalizer(list[i], ctx, fmt::format("{}.normalizers[{}]", field, i))) v.push_back(std::move(n));
     return std::make_unique<NormalizerSequence>(std::move(v));
   }
-  ctx.fail(field + ".type", fmt::format("the normalizer '{}' is not supported (kiln: NFC, NFD, NFKC, NFKD, Prepend, Replace, Strip, Sequence)", type));
+  ctx.fail(field + ".type",
+           fmt::format("the normalizer '{}' is not supported (kiln: NFC, NFD, NFKC, NFKD, Prepend, Replace, Strip, Sequence)", type));
 }
 
 // ---------------------------------------------------------------------------------------- pre-tokenizers
@@ -352,8 +363,10 @@ void split_pieces(const std::string& buf, std::vector<Piece>& pieces, const Rege
       case Behavior::MergedWithPrevious: {
         bool prev_gap = false;
         for (auto& [sb, se, m] : spans) {
-          if (m && prev_gap) parts.back().second = se;
-          else parts.emplace_back(sb, se);
+          if (m && prev_gap)
+            parts.back().second = se;
+          else
+            parts.emplace_back(sb, se);
           prev_gap = !m;
         }
         break;
@@ -361,8 +374,10 @@ void split_pieces(const std::string& buf, std::vector<Piece>& pieces, const Rege
       case Behavior::MergedWithNext: {
         bool prev_match = false;
         for (auto& [sb, se, m] : spans) {
-          if (!m && prev_match) parts.back().second = se;
-          else parts.emplace_back(sb, se);
+          if (!m && prev_match)
+            parts.back().second = se;
+          else
+            parts.emplace_back(sb, se);
           prev_match = m;
         }
         break;
@@ -370,8 +385,10 @@ void split_pieces(const std::string& buf, std::vector<Piece>& pieces, const Rege
       case Behavior::Contiguous: {
         bool prev_match = false;
         for (auto& [sb, se, m] : spans) {
-          if (m && prev_match) parts.back().second = se;
-          else parts.emplace_back(sb, se);
+          if (m && prev_match)
+            parts.back().second = se;
+          else
+            parts.emplace_back(sb, se);
           prev_match = m;
         }
         break;
@@ -430,8 +447,10 @@ class MetaspacePre : public PreTokenizer {
       std::string s;
       const bool prepend = (scheme_ == PrependScheme::Always || (scheme_ == PrependScheme::First && p.first));
       for (uint32_t i = p.begin; i < p.end; ++i) {
-        if (buf[i] == ' ') s += rep_;
-        else s += buf[i];
+        if (buf[i] == ' ')
+          s += rep_;
+        else
+          s += buf[i];
       }
       if (prepend && s.rfind(rep_, 0) != 0) s.insert(0, rep_);
       p.begin = static_cast<uint32_t>(buf.size());
@@ -464,18 +483,20 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& j, const Ctx& ctx,
   if (j.is_null()) return nullptr;
   const std::string type = ctx.str(j, field, "type");
   if (type == "ByteLevel")
-    return std::make_unique<ByteLevelPre>(ctx.boolean(j, field, "add_prefix_space", true), ctx.boolean(j, field, "use_regex", true), ctx, field);
+    return std::make_unique<ByteLevelPre>(ctx.boolean(j, field, "add_prefix_space", true), ctx.boolean(j, field, "use_regex", true), ctx,
+                                          field);
   if (type == "Split") {
     auto [pattern, re] = parse_pattern(j, ctx, field);
     const std::string b = ctx.str(j, field, "behavior");
     static const std::map<std::string, Behavior> kBehaviors{{"Isolated", Behavior::Isolated},
-                                                           {"Removed", Behavior::Removed},
-                                                           {"MergedWithPrevious", Behavior::MergedWithPrevious},
-                                                           {"MergedWithNext", Behavior::MergedWithNext},
-                                                           {"Contiguous", Behavior::Contiguous}};
+                                                            {"Removed", Behavior::Removed},
+                                                            {"MergedWithPrevious", Behavior::MergedWithPrevious},
+                                                            {"MergedWithNext", Behavior::MergedWithNext},
+                                                            {"Contiguous", Behavior::Contiguous}};
     const auto it = kBehaviors.find(b);
     if (it == kBehaviors.end())
-      ctx.fail(field + ".behavior", fmt::format("'{}' is not a split behavior (Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous)", b));
+      ctx.fail(field + ".behavior",
+               fmt::format("'{}' is not a split behavior (Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous)", b));
     if (ctx.boolean(j, field, "invert", false)) ctx.fail(field + ".invert", "an inverted split is not supported by kiln");
     return std::make_unique<SplitPre>(pattern, std::move(re), it->second);
   }
@@ -484,10 +505,14 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& j, const Ctx& ctx,
     PrependScheme scheme = PrependScheme::Always;
     if (j.contains("prepend_scheme")) {
       const std::string s = ctx.str(j, field, "prepend_scheme");
-      if (s == "always") scheme = PrependScheme::Always;
-      else if (s == "first") scheme = PrependScheme::First;
-      else if (s == "never") scheme = PrependScheme::Never;
-      else ctx.fail(field + ".prepend_scheme", fmt::format("'{}' is not always, first or never", s));
+      if (s == "always")
+        scheme = PrependScheme::Always;
+      else if (s == "first")
+        scheme = PrependScheme::First;
+      else if (s == "never")
+        scheme = PrependScheme::Never;
+      else
+        ctx.fail(field + ".prepend_scheme", fmt::format("'{}' is not always, first or never", s));
     } else if (!ctx.boolean(j, field, "add_prefix_space", true)) {
       scheme = PrependScheme::Never;
     }
@@ -508,7 +533,8 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& j, const Ctx& ctx,
     }
     return std::make_unique<PreSequence>(std::move(v));
   }
-  ctx.fail(field + ".type", fmt::format("the pre-tokenizer '{}' is not supported (kiln: ByteLevel, Split, Metaspace, Digits, Sequence)", type));
+  ctx.fail(field + ".type",
+           fmt::format("the pre-tokenizer '{}' is not supported (kiln: ByteLevel, Split, Metaspace, Digits, Sequence)", type));
 }
 
 // ---------------------------------------------------------------------------------------- decoders
@@ -569,7 +595,9 @@ class ReplaceDecoder : public Decoder {
 // "<0x0A>" -> 0x0A
 bool byte_token(const std::string& t, uint8_t& b) {
   if (t.size() != 6 || t[0] != '<' || t[1] != '0' || t[2] != 'x' || t[5] != '>') return false;
-  auto hex = [](char c) -> int { return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+  auto hex = [](char c) -> int {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+  };
   const int h = hex(t[3]), l = hex(t[4]);
   if (h < 0 || l < 0) return false;
   b = static_cast<uint8_t>(h * 16 + l);
@@ -583,7 +611,8 @@ class ByteFallbackDecoder : public Decoder {
     std::string pending;
     auto flush = [&] {
       if (pending.empty()) return;
-      if (utf8_valid_prefix(pending) == pending.size()) out.push_back(pending);
+      if (utf8_valid_prefix(pending) == pending.size())
+        out.push_back(pending);
       else
         for (size_t i = 0; i < pending.size(); ++i) out.emplace_back("\xEF\xBF\xBD");
       pending.clear();
@@ -710,7 +739,9 @@ std::unique_ptr<Decoder> parse_decoder(const json& j, const Ctx& ctx, const std:
       if (auto d = parse_decoder(list[i], ctx, fmt::format("{}.decoders[{}]", field, i))) v.push_back(std::move(d));
     return std::make_unique<DecoderSequence>(std::move(v));
   }
-  ctx.fail(field + ".type", fmt::format("the decoder '{}' is not supported (kiln: ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence)", type));
+  ctx.fail(
+      field + ".type",
+      fmt::format("the decoder '{}' is not supported (kiln: ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence)", type));
 }
 
 // ---------------------------------------------------------------------------------------- the tokenizer
@@ -798,7 +829,8 @@ class HfTokenizer : public Tokenizer::Impl {
   void parse_post_processor(const json& j, const Ctx& ctx, const std::string& field);
   void read_config(const std::string& config_path);
   // Splits `s` on the added tokens of `m`; calls on_text(text, begin offset) and on_token(id) in order.
-  template <class OnText, class OnToken> void split_added(std::string_view s, const TokenMatcher& m, OnText on_text, OnToken on_token) const;
+  template <class OnText, class OnToken>
+  void split_added(std::string_view s, const TokenMatcher& m, OnText on_text, OnToken on_token) const;
   void encode_piece(std::string_view text, bool first, std::vector<int32_t>& ids) const;
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
   void bpe_uncached(std::string_view word, std::vector<int32_t>& out) const;
@@ -806,13 +838,13 @@ class HfTokenizer : public Tokenizer::Impl {
   void initial_symbols(std::string_view word, std::vector<int32_t>& syms) const;
 
   // model
-  StringMap<int32_t> vocab_;        // piece -> id, as in the file
-  StringMap<int32_t> byte_vocab_;   // byte-level: the bytes a piece stands for -> id
+  StringMap<int32_t> vocab_;       // piece -> id, as in the file
+  StringMap<int32_t> byte_vocab_;  // byte-level: the bytes a piece stands for -> id
   std::vector<std::string> id_to_token_;
   std::vector<char> has_token_;
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (left id, right id) -> (rank, merged id)
-  std::array<int32_t, 256> byte_ids_{};   // byte-level: the id of each byte's character (-1: none)
-  std::vector<int32_t> char_ids_;         // chars mode: id of code points below 0x10000 (-1: none)
+  std::array<int32_t, 256> byte_ids_{};                               // byte-level: the id of each byte's character (-1: none)
+  std::vector<int32_t> char_ids_;                                     // chars mode: id of code points below 0x10000 (-1: none)
   std::optional<int32_t> unk_id_;
   bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
   bool byte_level_ = false;
@@ -844,8 +876,8 @@ HfTokenizer::HfTokenizer(const std::string& json_path, const std::string& config
   }
   if (!j.is_object()) ctx.fail("(top level)", "must be a JSON object");
   for (const auto& [k, v] : j.items()) {
-    static const std::vector<std::string> kKnown{"version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer",
-                                                 "post_processor", "decoder", "model"};
+    static const std::vector<std::string> kKnown{"version",       "truncation",     "padding", "added_tokens", "normalizer",
+                                                 "pre_tokenizer", "post_processor", "decoder", "model"};
     if (std::find(kKnown.begin(), kKnown.end(), k) == kKnown.end()) ctx.fail(k, "unknown top-level key");
   }
   parse_model(ctx.get(j, "(top level)", "model"), ctx);
@@ -876,8 +908,10 @@ HfTokenizer::HfTokenizer(const std::string& json_path, const std::string& config
       bool ok = true;
       for (size_t i = 0; i < piece.size() && ok;) {
         const auto it = bm.to_byte.find(next_code_point(piece, i));
-        if (it == bm.to_byte.end()) ok = false;
-        else raw += static_cast<char>(it->second);
+        if (it == bm.to_byte.end())
+          ok = false;
+        else
+          raw += static_cast<char>(it->second);
       }
       if (ok) byte_vocab_.emplace(raw, id);
     }
@@ -885,20 +919,22 @@ HfTokenizer::HfTokenizer(const std::string& json_path, const std::string& config
   vocab_size = static_cast<int32_t>(id_to_token_.size());
   for (const AddedToken& t : added_) vocab_size = std::max(vocab_size, t.id + 1);
   read_config(config_path);
-  description = fmt::format("tokenizer.json (BPE{}{}, {} tokens)", byte_level_ ? ", byte-level" : "", byte_fallback_ ? ", byte fallback" : "",
-                            vocab_size);
+  description = fmt::format("tokenizer.json (BPE{}{}, {} tokens)", byte_level_ ? ", byte-level" : "",
+                            byte_fallback_ ? ", byte fallback" : "", vocab_size);
 }
 
 void HfTokenizer::parse_model(const json& m, const Ctx& ctx) {
   if (!m.is_object()) ctx.fail("model", "must be an object");
   const std::string type = m.contains("type") ? ctx.str(m, "model", "type") : (m.contains("merges") ? "BPE" : "(none)");
   if (type != "BPE")
-    ctx.fail("model.type", fmt::format("the model type '{}' is not supported (kiln reads BPE tokenizer.json files; a SentencePiece tokenizer.model "
-                                       "through libsentencepiece)",
-                                       type));
+    ctx.fail("model.type",
+             fmt::format("the model type '{}' is not supported (kiln reads BPE tokenizer.json files; a SentencePiece tokenizer.model "
+                         "through libsentencepiece)",
+                         type));
   for (const auto& [k, v] : m.items()) {
-    static const std::vector<std::string> kKnown{"type", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk",
-                                                 "byte_fallback", "ignore_merges", "vocab", "merges"};
+    static const std::vector<std::string> kKnown{
+        "type",          "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", "byte_fallback",
+        "ignore_merges", "vocab",   "merges"};
     if (std::find(kKnown.begin(), kKnown.end(), k) == kKnown.end()) ctx.fail("model." + k, "unknown key of a BPE model");
   }
   if (m.contains("dropout") && !m.at("dropout").is_null() && !(m.at("dropout").is_number() && m.at("dropout").get<double>() == 0.0))
@@ -954,7 +990,8 @@ void HfTokenizer::parse_model(const json& m, const Ctx& ctx) {
     }
     const auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(a + b);
     for (const auto& [it, name] : {std::pair{ia, a}, std::pair{ib, b}, std::pair{iab, a + b}})
-      if (it == vocab_.end()) ctx.fail(fmt::format("model.merges[{}]", r), fmt::format("'{}' ('{}' + '{}') is not in the vocabulary", name, a, b));
+      if (it == vocab_.end())
+        ctx.fail(fmt::format("model.merges[{}]", r), fmt::format("'{}' ('{}' + '{}') is not in the vocabulary", name, a, b));
     const uint64_t key = (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
     merges_[key] = {static_cast<int32_t>(r), iab->second};  // a pair listed twice: the last one counts, as in tokenizers
   }
@@ -966,7 +1003,8 @@ void HfTokenizer::parse_added(const json& list, const Ctx& ctx) {
     const json& t = list[i];
     const std::string f = fmt::format("added_tokens[{}]", i);
     const json& idj = ctx.get(t, f, "id");
-    if (!idj.is_number_integer() || idj.get<int64_t>() < 0 || idj.get<int64_t>() >= int64_t{1} << 26) ctx.fail(f + ".id", "must be an id >= 0");
+    if (!idj.is_number_integer() || idj.get<int64_t>() < 0 || idj.get<int64_t>() >= int64_t{1} << 26)
+      ctx.fail(f + ".id", "must be an id >= 0");
     AddedToken a{idj.get<int32_t>(),
                  ctx.str(t, f, "content"),
                  ctx.boolean(t, f, "single_word", false),
@@ -1055,9 +1093,12 @@ void HfTokenizer::read_config(const std::string& config_path) {
     if (!c.contains(key) || c.at(key).is_null()) return std::nullopt;
     const json& v = c.at(key);
     std::string name;
-    if (v.is_string()) name = v.get<std::string>();
-    else if (v.is_object() && v.contains("content") && v.at("content").is_string()) name = v.at("content").get<std::string>();
-    else ctx.fail(key, "must be a token (a string or {\"content\": ...})");
+    if (v.is_string())
+      name = v.get<std::string>();
+    else if (v.is_object() && v.contains("content") && v.at("content").is_string())
+      name = v.at("content").get<std::string>();
+    else
+      ctx.fail(key, "must be a token (a string or {\"content\": ...})");
     const auto id = this->id(name);
     if (!id) ctx.fail(key, fmt::format("'{}' is not a token of {}", name, path));
     return id;
@@ -1066,7 +1107,8 @@ void HfTokenizer::read_config(const std::string& config_path) {
   eos = special("eos_token");
   if (const auto u = special("unk_token")) unk = u;
   clean_up_spaces_ = ctx.boolean(c, "(top level)", "clean_up_tokenization_spaces", false);
-  const std::string cls = c.contains("tokenizer_class") && c.at("tokenizer_class").is_string() ? c.at("tokenizer_class").get<std::string>() : "";
+  const std::string cls =
+      c.contains("tokenizer_class") && c.at("tokenizer_class").is_string() ? c.at("tokenizer_class").get<std::string>() : "";
   // transformers' LlamaTokenizerFast (and CodeLlama's) rebuilds the post-processor from add_bos_token
   // (default true) and add_eos_token (default false): update_post_processor().
   static const std::vector<std::string> kLlama{"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast"};
@@ -1133,8 +1175,8 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
         std::string normalized(segment);
         if (normalizer_) normalizer_->apply(normalized);
         split_added(
-            normalized, normalized_matcher_,
-            [&](std::string_view piece, size_t sub) { encode_piece(piece, offset == 0 && sub == 0, ids); }, add_id);
+            normalized, normalized_matcher_, [&](std::string_view piece, size_t sub) { encode_piece(piece, offset == 0 && sub == 0, ids); },
+            add_id);
       },
       add_id);
   if (add_special_tokens) ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
@@ -1193,8 +1235,10 @@ void HfTokenizer::initial_symbols(std::string_view word, std::vector<int32_t>& s
     const size_t b = i;
     const uint32_t cp = next_code_point(word, i);
     int32_t id = -1;
-    if (cp < 0x10000) id = char_ids_[cp];
-    else if (const auto it = vocab_.find(word.substr(b, i - b)); it != vocab_.end()) id = it->second;
+    if (cp < 0x10000)
+      id = char_ids_[cp];
+    else if (const auto it = vocab_.find(word.substr(b, i - b)); it != vocab_.end())
+      id = it->second;
     if (id >= 0) {
       syms.push_back(id);
       prev_unk = false;
@@ -1265,8 +1309,9 @@ void HfTokenizer::bpe(std::string_view word, std::vector<int32_t>& out) const {
 
 // transformers' clean_up_tokenization (tokenization_utils_base.py).
 std::string clean_up_tokenization(std::string s) {
-  static const std::pair<const char*, const char*> kRules[] = {{" .", "."},     {" ?", "?"},     {" !", "!"},     {" ,", ","},     {" ' ", "'"},
-                                                               {" n't", "n't"}, {" 'm", "'m"},   {" 's", "'s"},   {" 've", "'ve"}, {" 're", "'re"}};
+  static const std::pair<const char*, const char*> kRules[] = {{" .", "."},     {" ?", "?"},     {" !", "!"},   {" ,", ","},
+                                                               {" ' ", "'"},    {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"},
+                                                               {" 've", "'ve"}, {" 're", "'re"}};
   for (const auto& [from, to] : kRules) {
     std::string out;
     const size_t fl = std::strlen(from);

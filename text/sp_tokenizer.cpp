@@ -110,17 +110,20 @@ class SpTokenizer : public Tokenizer::Impl {
     add_eos_ = flag("add_eos_token", false);
     legacy_ = flag("legacy", true);
     add_prefix_space_ = flag("add_prefix_space", true);
-    KILN_CHECK(!flag("clean_up_tokenization_spaces", false), "tokenizer: {}: clean_up_tokenization_spaces = true is not supported for a SentencePiece model",
-               config_path);
+    KILN_CHECK(!flag("clean_up_tokenization_spaces", false),
+               "tokenizer: {}: clean_up_tokenization_spaces = true is not supported for a SentencePiece model", config_path);
     // The special tokens' names (LlamaTokenizer's bos/eos/unk/pad) must be pieces of the model.
     special_pieces_.clear();
     for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
       if (!c.contains(key) || c.at(key).is_null()) continue;
       const json& v = c.at(key);
       std::string name;
-      if (v.is_string()) name = v.get<std::string>();
-      else if (v.is_object() && v.contains("content") && v.at("content").is_string()) name = v.at("content").get<std::string>();
-      else fail("tokenizer: {}: {} must be a token (a string or {{\"content\": ...}})", config_path, key);
+      if (v.is_string())
+        name = v.get<std::string>();
+      else if (v.is_object() && v.contains("content") && v.at("content").is_string())
+        name = v.at("content").get<std::string>();
+      else
+        fail("tokenizer: {}: {} must be a token (a string or {{\"content\": ...}})", config_path, key);
       const auto i = id(name);
       KILN_CHECK(i.has_value(), "tokenizer: {}: {} '{}' is not a piece of {}", config_path, key, name, path);
       special_pieces_.insert(name);

@@ -162,15 +162,24 @@ size_t utf8_sequence(std::string_view s, size_t i, size_t& bad) {
   if (b0 < 0x80) return 1;
   int n = 0;
   unsigned char lo = 0x80, hi = 0xBF;
-  if (b0 >= 0xC2 && b0 <= 0xDF) n = 2;
-  else if (b0 == 0xE0) n = 3, lo = 0xA0;
-  else if (b0 >= 0xE1 && b0 <= 0xEC) n = 3;
-  else if (b0 == 0xED) n = 3, hi = 0x9F;
-  else if (b0 >= 0xEE && b0 <= 0xEF) n = 3;
-  else if (b0 == 0xF0) n = 4, lo = 0x90;
-  else if (b0 >= 0xF1 && b0 <= 0xF3) n = 4;
-  else if (b0 == 0xF4) n = 4, hi = 0x8F;
-  else return 0;
+  if (b0 >= 0xC2 && b0 <= 0xDF)
+    n = 2;
+  else if (b0 == 0xE0)
+    n = 3, lo = 0xA0;
+  else if (b0 >= 0xE1 && b0 <= 0xEC)
+    n = 3;
+  else if (b0 == 0xED)
+    n = 3, hi = 0x9F;
+  else if (b0 >= 0xEE && b0 <= 0xEF)
+    n = 3;
+  else if (b0 == 0xF0)
+    n = 4, lo = 0x90;
+  else if (b0 >= 0xF1 && b0 <= 0xF3)
+    n = 4;
+  else if (b0 == 0xF4)
+    n = 4, hi = 0x8F;
+  else
+    return 0;
   for (int k = 1; k < n; ++k) {
     if (i + k >= s.size()) return 0;
     const auto b = static_cast<unsigned char>(s[i + k]);

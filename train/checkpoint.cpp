@@ -37,8 +37,7 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   c.is_checkpoint = m.count("kiln_checkpoint") != 0;
   if (!c.is_checkpoint) return c;
   KILN_CHECK(m.count("model_config"), "checkpoint '{}' holds no GPT model_config (a kiln::fit checkpoint of another model?)", path);
-  for (const char* key : {"step", "rng_seed", "rng_offset"})
-    KILN_CHECK(m.count(key), "checkpoint '{}': no '{}' metadata", path, key);
+  for (const char* key : {"step", "rng_seed", "rng_offset"}) KILN_CHECK(m.count(key), "checkpoint '{}': no '{}' metadata", path, key);
   c.model = ModelConfig::from_json(json_value(m.at("model_config"), path, "model_config"), path + ": model_config");
   if (m.count("train_config"))
     c.train = TrainConfig::from_json(json_value(m.at("train_config"), path, "train_config"), path + ": train_config");

@@ -16,7 +16,6 @@ using json = nlohmann::json;
 using detail::Fields;
 using detail::one_of;
 
-
 // ---------------------------------------------------------------------------------------- train
 TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   TrainConfig c;
@@ -79,8 +78,8 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
     } else {
       std::vector<double> betas;
       if (const json* b = g.object("betas")) {
-        KILN_CHECK(b->is_array() && b->size() == 2 && (*b)[0].is_number() && (*b)[1].is_number(),
-                   "{}: 'betas' must be two numbers, got {}", g.where(), b->dump());
+        KILN_CHECK(b->is_array() && b->size() == 2 && (*b)[0].is_number() && (*b)[1].is_number(), "{}: 'betas' must be two numbers, got {}",
+                   g.where(), b->dump());
         oc.beta1 = (*b)[0].get<double>();
         oc.beta2 = (*b)[1].get<double>();
       }
@@ -209,8 +208,8 @@ void TrainConfig::validate() const {
   KILN_CHECK(schedule.warmup_steps >= 0, "schedule warmup_steps must be >= 0, got {}", schedule.warmup_steps);
   KILN_CHECK(schedule.min_lr_ratio >= 0, "schedule min_lr_ratio must be >= 0, got {}", schedule.min_lr_ratio);
   KILN_CHECK(schedule.step_size >= 1, "schedule step_size must be >= 1, got {}", schedule.step_size);
-  KILN_CHECK(std::isfinite(schedule.gamma) && schedule.gamma >= 0, "schedule gamma must be >= 0 (a negative one gives negative learning rates), got {}",
-             schedule.gamma);
+  KILN_CHECK(std::isfinite(schedule.gamma) && schedule.gamma >= 0,
+             "schedule gamma must be >= 0 (a negative one gives negative learning rates), got {}", schedule.gamma);
   KILN_CHECK(zero_stage == 0 || zero_stage == 1, "zero_stage must be 0 or 1 (ZeRO-1: sharded optimizer state), got {}", zero_stage);
   KILN_CHECK(zero_stage == 0 || optimizer.name == "adamw" || optimizer.name == "adam" || optimizer.name == "sgd",
              "zero_stage 1 shards adamw, adam or sgd, not optimizer '{}'", optimizer.name);
@@ -257,13 +256,23 @@ json TrainConfig::to_json() const {
   } else if (schedule.name != "constant") {
     s["min_lr_ratio"] = schedule.min_lr_ratio;
   }
-  json out = {{"batch_size", batch_size}, {"seq_len", seq_len}, {"steps", steps}, {"grad_clip", grad_clip},
-              {"optimizer", o}, {"schedule", s}, {"eval_every", eval_every}, {"eval_batches", eval_batches},
-              {"checkpoint_every", checkpoint_every}, {"grad_accum", grad_accum}, {"on_nonfinite", on_nonfinite},
-              {"precision", precision}, {"zero_stage", zero_stage}, {"bucket_mb", bucket_mb},
-              {"activation_checkpointing", activation_checkpointing}, {"shuffle", shuffle}};
-  if (lora.r > 0)
-    out["lora"] = {{"r", lora.r}, {"alpha", lora.alpha}, {"dropout", lora.dropout}, {"target_modules", lora.target_modules}};
+  json out = {{"batch_size", batch_size},
+              {"seq_len", seq_len},
+              {"steps", steps},
+              {"grad_clip", grad_clip},
+              {"optimizer", o},
+              {"schedule", s},
+              {"eval_every", eval_every},
+              {"eval_batches", eval_batches},
+              {"checkpoint_every", checkpoint_every},
+              {"grad_accum", grad_accum},
+              {"on_nonfinite", on_nonfinite},
+              {"precision", precision},
+              {"zero_stage", zero_stage},
+              {"bucket_mb", bucket_mb},
+              {"activation_checkpointing", activation_checkpointing},
+              {"shuffle", shuffle}};
+  if (lora.r > 0) out["lora"] = {{"r", lora.r}, {"alpha", lora.alpha}, {"dropout", lora.dropout}, {"target_modules", lora.target_modules}};
   if (ema) out["ema"] = {{"decay", ema->decay}, {"warmup", ema->warmup}};
   if (scheduler) {
     const SchedulerConfig& sc = *scheduler;
@@ -280,9 +289,16 @@ json TrainConfig::to_json() const {
     if (t == "cosine" || t == "cosine_warm_restarts") j["eta_min"] = sc.eta_min;
     if (t == "linear") j.update({{"start_factor", sc.start_factor}, {"end_factor", sc.end_factor}, {"total_iters", sc.total_iters}});
     if (t == "onecycle")
-      j.update({{"max_lr", sc.max_lr}, {"total_steps", sc.total_steps}, {"pct_start", sc.pct_start}, {"anneal_strategy", sc.anneal_strategy},
-                {"div_factor", sc.div_factor}, {"final_div_factor", sc.final_div_factor}, {"three_phase", sc.three_phase},
-                {"cycle_momentum", sc.cycle_momentum}, {"base_momentum", sc.base_momentum}, {"max_momentum", sc.max_momentum}});
+      j.update({{"max_lr", sc.max_lr},
+                {"total_steps", sc.total_steps},
+                {"pct_start", sc.pct_start},
+                {"anneal_strategy", sc.anneal_strategy},
+                {"div_factor", sc.div_factor},
+                {"final_div_factor", sc.final_div_factor},
+                {"three_phase", sc.three_phase},
+                {"cycle_momentum", sc.cycle_momentum},
+                {"base_momentum", sc.base_momentum},
+                {"max_momentum", sc.max_momentum}});
     out["scheduler"] = j;
     out.erase("schedule");  // one or the other
   }

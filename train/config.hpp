@@ -16,7 +16,6 @@
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
-
 struct OptimizerConfig {
   // adamw | adam | sgd | rmsprop | adagrad | lion | adafactor (train.json: "name", or "type")
   std::string name = "adamw";
@@ -24,9 +23,9 @@ struct OptimizerConfig {
   double beta1 = 0.9, beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
-  double momentum = 0.0;  // sgd
+  double momentum = 0.0;   // sgd
   double dampening = 0.0;  // sgd
-  bool nesterov = false;  // sgd
+  bool nesterov = false;   // sgd
   // The optimizers of optim/rmsprop.hpp, lion.hpp, adafactor.hpp (kiln's own: the reference has none of them)
   double alpha = 0.99;                     // rmsprop (momentum above, eps above)
   bool centered = false;                   // rmsprop
@@ -91,10 +90,10 @@ struct TrainConfig {
   std::optional<EmaConfig> ema;              // none unless train.json has "ema"
   std::optional<SchedulerConfig> scheduler;  // none unless train.json has "scheduler" (then no "schedule")
   // kiln's own keys (the reference ignores none of these because it has none of them)
-  int64_t eval_every = 0;        // 0 = never
+  int64_t eval_every = 0;  // 0 = never
   int64_t eval_batches = 8;
-  int64_t checkpoint_every = 0;  // 0 = only at the end (when --checkpoint is given)
-  int64_t grad_accum = 1;        // micro-batches of batch_size per step (batch s·grad_accum + j of the data)
+  int64_t checkpoint_every = 0;        // 0 = only at the end (when --checkpoint is given)
+  int64_t grad_accum = 1;              // micro-batches of batch_size per step (batch s·grad_accum + j of the data)
   std::string on_nonfinite = "error";  // a non-finite loss or gradient: "error" stops, "skip" skips the step
   // Mixed precision (docs/mixed_precision.md): "f32" (off), "bf16" (autocast), "f16" (autocast with
   // dynamic loss scaling; meant for Cuda: the Cpu has no f16 matmul kernel).

@@ -34,14 +34,22 @@ TokenData TokenData::load(const std::string& path, const std::string& name) {
   const unsigned char* p = f.data(name);
   const std::string& t = info.st_dtype;
   std::vector<int64_t> v;
-  if (t == "I64") widen<int64_t>(p, n, v);
-  else if (t == "I32") widen<int32_t>(p, n, v);
-  else if (t == "U32") widen<uint32_t>(p, n, v);
-  else if (t == "I16") widen<int16_t>(p, n, v);
-  else if (t == "U16") widen<uint16_t>(p, n, v);
-  else if (t == "I8") widen<int8_t>(p, n, v);
-  else if (t == "U8") widen<uint8_t>(p, n, v);
-  else fail("token data: '{}': '{}' must hold integers, got {}", path, name, t);
+  if (t == "I64")
+    widen<int64_t>(p, n, v);
+  else if (t == "I32")
+    widen<int32_t>(p, n, v);
+  else if (t == "U32")
+    widen<uint32_t>(p, n, v);
+  else if (t == "I16")
+    widen<int16_t>(p, n, v);
+  else if (t == "U16")
+    widen<uint16_t>(p, n, v);
+  else if (t == "I8")
+    widen<int8_t>(p, n, v);
+  else if (t == "U8")
+    widen<uint8_t>(p, n, v);
+  else
+    fail("token data: '{}': '{}' must hold integers, got {}", path, name, t);
   TokenData d(std::move(v), path);
   for (size_t i = 0; i < d.tokens_.size(); ++i)
     KILN_CHECK(d.tokens_[i] >= 0, "token data: '{}': negative token {} at position {}", path, d.tokens_[i], i);

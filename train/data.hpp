@@ -20,8 +20,7 @@ namespace kiln {
 class TokenData {
  public:
   TokenData() = default;
-  explicit TokenData(std::vector<int64_t> tokens, std::string source = "tokens")
-      : tokens_(std::move(tokens)), source_(std::move(source)) {}
+  explicit TokenData(std::vector<int64_t> tokens, std::string source = "tokens") : tokens_(std::move(tokens)), source_(std::move(source)) {}
   // Reads tensor `name` (any integer dtype, rank 1) from a safetensors file.
   static TokenData load(const std::string& path, const std::string& name = "tokens");
 

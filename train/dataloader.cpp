@@ -90,9 +90,7 @@ BatchSampler::BatchSampler(int64_t dataset_size, DataLoaderOptions o) : n_(datas
              tail, n_, o_.batch_size, N);
 }
 
-int64_t BatchSampler::batches_per_epoch() const {
-  return o_.drop_last ? n_ / o_.batch_size : (n_ + o_.batch_size - 1) / o_.batch_size;
-}
+int64_t BatchSampler::batches_per_epoch() const { return o_.drop_last ? n_ / o_.batch_size : (n_ + o_.batch_size - 1) / o_.batch_size; }
 
 std::vector<int64_t> BatchSampler::order(int64_t epoch) const {
   if (o_.shuffle) return shuffled_indices(n_, o_.seed, epoch);
@@ -127,22 +125,18 @@ void BatchSampler::set_epoch(int64_t e) {
   position_ = 0;
 }
 
-DataLoaderState BatchSampler::state() const {
-  return {epoch_, position_, o_.seed, n_, o_.batch_size, o_.shuffle, o_.drop_last};
-}
+DataLoaderState BatchSampler::state() const { return {epoch_, position_, o_.seed, n_, o_.batch_size, o_.shuffle, o_.drop_last}; }
 
 void BatchSampler::load_state(const DataLoaderState& s) {
-  KILN_CHECK(s.dataset_size == n_, "DataLoader::load_state: the state is for a dataset of {} samples, this one has {}",
-             s.dataset_size, n_);
-  KILN_CHECK(s.batch_size == o_.batch_size, "DataLoader::load_state: the state has batch_size {}, this loader {}",
-             s.batch_size, o_.batch_size);
+  KILN_CHECK(s.dataset_size == n_, "DataLoader::load_state: the state is for a dataset of {} samples, this one has {}", s.dataset_size, n_);
+  KILN_CHECK(s.batch_size == o_.batch_size, "DataLoader::load_state: the state has batch_size {}, this loader {}", s.batch_size,
+             o_.batch_size);
   KILN_CHECK(s.shuffle == o_.shuffle && s.drop_last == o_.drop_last,
-             "DataLoader::load_state: the state has shuffle={} drop_last={}, this loader shuffle={} drop_last={}", s.shuffle,
-             s.drop_last, o_.shuffle, o_.drop_last);
+             "DataLoader::load_state: the state has shuffle={} drop_last={}, this loader shuffle={} drop_last={}", s.shuffle, s.drop_last,
+             o_.shuffle, o_.drop_last);
   KILN_CHECK(s.seed == o_.seed, "DataLoader::load_state: the state has seed {}, this loader seed {}", s.seed, o_.seed);
   KILN_CHECK(s.epoch >= 0 && s.position >= 0 && s.position <= batches_per_epoch(),
-             "DataLoader::load_state: epoch {} position {} out of range ({} batches per epoch)", s.epoch, s.position,
-             batches_per_epoch());
+             "DataLoader::load_state: epoch {} position {} out of range ({} batches per epoch)", s.epoch, s.position, batches_per_epoch());
   epoch_ = s.epoch;
   position_ = s.position;
 }

@@ -4,13 +4,13 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/backends/dispatch.hpp"
-#include "kiln/train/dist_fit.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/nn/hf/causal_lm.hpp"
 #include "kiln/nn/lora.hpp"
 #include "kiln/nn/loss.hpp"
 #include "kiln/text/tokenizer.hpp"
 #include "kiln/train/data.hpp"
+#include "kiln/train/dist_fit.hpp"
 #include "kiln/train/loop.hpp"
 #include "kiln/train/text.hpp"
 

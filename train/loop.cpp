@@ -51,8 +51,8 @@ struct SignalGuard {
 
 // The metadata keys the loop owns; options.metadata may not use them.
 bool loop_key(const std::string& k) {
-  static const char* keys[] = {"kiln_checkpoint", "step",      "rng_seed",      "rng_offset", "grad_accum",
-                               "optimizer",       "skipped_steps", "kiln_fit",  "loss_scale", "loss_scale_good_steps"};
+  static const char* keys[] = {"kiln_checkpoint", "step",          "rng_seed", "rng_offset", "grad_accum",
+                               "optimizer",       "skipped_steps", "kiln_fit", "loss_scale", "loss_scale_good_steps"};
   for (const char* x : keys)
     if (k == x) return true;
   return k.rfind("data.", 0) == 0 || k == "scheduler" || k.rfind("scheduler.", 0) == 0;
@@ -196,8 +196,9 @@ template <Backend B> void Engine<B>::validate() {
   if (train_.indexed()) {
     KILN_CHECK(o_.epochs == 0, "fit: epochs = {} needs a DataLoader; IndexedBatches have no epochs: set steps", o_.epochs);
   } else {
-    KILN_CHECK(train_.batches_per_epoch() > 0, "fit: the training DataLoader has no batches (empty dataset, or drop_last with fewer "
-                                               "samples than batch_size)");
+    KILN_CHECK(train_.batches_per_epoch() > 0,
+               "fit: the training DataLoader has no batches (empty dataset, or drop_last with fewer "
+               "samples than batch_size)");
     spe_ = (train_.batches_per_epoch() + k_ - 1) / k_;
   }
   if (eval_) {
@@ -246,8 +247,10 @@ template <Backend B> void Engine<B>::resume() {
              o_.scheduler ? "scheduler " + o_.scheduler->kind() : std::string("none"));
   std::map<std::string, Tensor<B>> msd, osd, esd;
   for (const std::string& n : f.names()) {
-    if (n.rfind("model.", 0) == 0) msd.emplace(n.substr(6), f.load<B>(n));
-    else if (n.rfind("optim.", 0) == 0) osd.emplace(n.substr(6), f.load<B>(n));
+    if (n.rfind("model.", 0) == 0)
+      msd.emplace(n.substr(6), f.load<B>(n));
+    else if (n.rfind("optim.", 0) == 0)
+      osd.emplace(n.substr(6), f.load<B>(n));
     else if (n.rfind("ema.", 0) == 0)
       esd.emplace(n.substr(4), f.load<B>(n));
   }
@@ -571,8 +574,10 @@ template <Backend B> typename Engine<B>::StepSums Engine<B>::run_window(int64_t 
       {
         const profile::Scope prof_bwd("fit.backward", "step");
         const double factor = (m == 1 ? 1.0 : 1.0 / static_cast<double>(m)) * (scaler_ ? scaler_->scale() : 1.0);
-        if (factor == 1.0) out.loss.backward();
-        else out.loss.mul(factor).backward();
+        if (factor == 1.0)
+          out.loss.backward();
+        else
+          out.loss.mul(factor).backward();
       }
       sums.losses.push_back(out.loss.value());
       for (const auto& [k, v] : out.metrics) sums.metrics[k] += v;
@@ -580,8 +585,10 @@ template <Backend B> typename Engine<B>::StepSums Engine<B>::run_window(int64_t 
       sums.tokens += out.tokens;
       sums.flops += out.flops;
     };
-    if (o_.hooks.around_micro_batch) o_.hooks.around_micro_batch(j, m, micro);
-    else micro();
+    if (o_.hooks.around_micro_batch)
+      o_.hooks.around_micro_batch(j, m, micro);
+    else
+      micro();
   }
   return sums;
 }
@@ -713,22 +720,20 @@ namespace fit_detail {
 
 std::map<std::string, std::string> loader_state(const DataLoaderState& s) { return s.to_map("data."); }
 DataLoaderState loader_state(const std::map<std::string, std::string>& m) { return DataLoaderState::from_map(m, "data."); }
-std::map<std::string, std::string> indexed_state(const std::string& fingerprint) {
-  return {{"data.fingerprint", fingerprint}};
-}
+std::map<std::string, std::string> indexed_state(const std::string& fingerprint) { return {{"data.fingerprint", fingerprint}}; }
 void check_indexed_state(const std::map<std::string, std::string>& m, const std::string& fingerprint) {
   const auto it = m.find("data.fingerprint");
   if (it == m.end() || it->second.empty() || fingerprint.empty()) return;  // nothing to compare
   KILN_CHECK(it->second == fingerprint, "fit: the checkpoint's data is '{}', this run's is '{}'", printable(it->second), fingerprint);
 }
 
-template <Backend B>
-FitResult fit(nn::Module<B>& model, optim::Optimizer<B>& opt, Source& train, const std::function<StepOutput<B>()>& step, Source* eval,
-              const std::function<StepOutput<B>()>* eval_step, const FitOptions& o) {
+template <Backend B> FitResult fit(nn::Module<B>& model, optim::Optimizer<B>& opt, Source& train,
+                                   const std::function<StepOutput<B>()>& step, Source* eval,
+                                   const std::function<StepOutput<B>()>* eval_step, const FitOptions& o) {
   return Engine<B>(model, opt, train, step, eval, eval_step, o).run();
 }
 
-#define KILN_INST(B)                                                                                                   \
+#define KILN_INST(B)                                                                                                       \
   template FitResult fit<B>(nn::Module<B>&, optim::Optimizer<B>&, Source&, const std::function<StepOutput<B>()>&, Source*, \
                             const std::function<StepOutput<B>()>*, const FitOptions&);
 KILN_FOR_EACH_BACKEND(KILN_INST)

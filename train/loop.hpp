@@ -124,9 +124,9 @@ namespace kiln {
 template <Backend B> struct StepOutput {
   Var<B> loss{};                            // scalar: the batch's mean loss
   std::map<std::string, double> metrics{};  // logged under these names (eval: "eval_<name>")
-  int64_t samples = 0;  // samples in the batch (0: the first axis of a Tensor, or of a pair's first Tensor)
-  int64_t tokens = 0;   // tokens in the batch (0: unknown); gives tokens_per_s
-  double flops = 0;     // model FLOPs of the batch's forward + backward (0: unknown); gives flops and gflops
+  int64_t samples = 0;                      // samples in the batch (0: the first axis of a Tensor, or of a pair's first Tensor)
+  int64_t tokens = 0;                       // tokens in the batch (0: unknown); gives tokens_per_s
+  double flops = 0;                         // model FLOPs of the batch's forward + backward (0: unknown); gives flops and gflops
 };
 
 // A data source whose batch i is batch(i): deterministic in i, so the step is the data position.
@@ -147,20 +147,20 @@ struct FitState {
   int64_t total_steps = 0;  // of the whole run
   int64_t epoch = 0;        // DataLoader: the epoch this step belongs to (0 for IndexedBatches)
   double loss = 0, lr = 0, grad_norm = 0;
-  double eval_loss = 0;     // valid when evaluated
-  bool evaluated = false;   // this step ran an evaluation
-  bool skipped = false;     // no update this step: non-finite and skipped (on_nonfinite = skip), or an f16 overflow
+  double eval_loss = 0;                     // valid when evaluated
+  bool evaluated = false;                   // this step ran an evaluation
+  bool skipped = false;                     // no update this step: non-finite and skipped (on_nonfinite = skip), or an f16 overflow
   std::map<std::string, double> metrics{};  // logged with this step: step-function metrics, eval_*, and what callbacks add
-  bool stop = false;        // set it to end the run after this step (with a checkpoint)
-  std::vector<std::string> messages{};  // lines to print (above the progress bar) after this step
+  bool stop = false;                        // set it to end the run after this step (with a checkpoint)
+  std::vector<std::string> messages{};      // lines to print (above the progress bar) after this step
   void record(const std::string& name, double value) { metrics[name] = value; }
   void print(std::string line) { messages.push_back(std::move(line)); }
 };
 
 struct Callback {
-  std::function<void(FitState&)> on_step{};    // after every optimizer step (and its evaluation)
-  std::function<void(FitState&)> on_eval{};    // after each evaluation
-  std::function<void(FitState&)> on_epoch{};   // after the last step of a DataLoader epoch
+  std::function<void(FitState&)> on_step{};   // after every optimizer step (and its evaluation)
+  std::function<void(FitState&)> on_eval{};   // after each evaluation
+  std::function<void(FitState&)> on_epoch{};  // after the last step of a DataLoader epoch
 };
 
 // Extension points for data parallelism and mixed precision; the defaults are a single process.
@@ -168,7 +168,7 @@ struct FitHooks {
   // Runs micro-batch j of m (`run` does fetch, forward and backward): e.g. inside no_sync() for j < m-1.
   std::function<void(int64_t j, int64_t m, const std::function<void()>& run)> around_micro_batch{};
   std::function<void()> after_backward{};  // after the last micro-batch, before the norm (all-reduce)
-  bool main_process = true;  // false: no log, progress bar, evaluation or checkpoint file from this process
+  bool main_process = true;                // false: no log, progress bar, evaluation or checkpoint file from this process
   // Sums host numbers over the processes, in place; unset: one process. Called by every process at
   // the same points: once per step with the loss, metrics and sample/token counts (their global
   // values are logged; the loss and metrics are divided by `processes`), and once per step with
@@ -183,23 +183,23 @@ struct FitOptions {
   int64_t grad_accum = 1;  // micro-batches per optimizer step
   double grad_clip = 0;    // max global L2 norm of the gradients (PyTorch clip_grad_norm_); 0 = off
   NonFinite on_nonfinite = NonFinite::error;
-  DType precision = DType::f32;            // f32 (off), bf16 or f16: the autocast dtype of the step function
-  autocast::LossScaleOptions loss_scale{};  // precision f16 only
-  int64_t eval_every = 0;         // evaluate every this many steps and after the last (0: the last only)
-  std::string checkpoint_path{};  // "" = no checkpoints
-  int64_t checkpoint_every = 0;   // 0 = only when the run ends
-  std::string resume_path{};      // a checkpoint of this loop to continue from
-  std::string log_path{};         // JSONL, one record per optimizer step
-  int progress = -1;              // progress on stdout: -1 (auto) or 1 on, 0 off; a bar redrawn in place on a
-                                  // terminal, plain lines (ProgressBar) when stdout is a file or a pipe
-  int64_t stop_after = -1;        // end (with a checkpoint) once this many steps are done in total; -1 = never
-  bool handle_signals = true;     // SIGINT/SIGTERM finish the step, checkpoint and stop
+  DType precision = DType::f32;                   // f32 (off), bf16 or f16: the autocast dtype of the step function
+  autocast::LossScaleOptions loss_scale{};        // precision f16 only
+  int64_t eval_every = 0;                         // evaluate every this many steps and after the last (0: the last only)
+  std::string checkpoint_path{};                  // "" = no checkpoints
+  int64_t checkpoint_every = 0;                   // 0 = only when the run ends
+  std::string resume_path{};                      // a checkpoint of this loop to continue from
+  std::string log_path{};                         // JSONL, one record per optimizer step
+  int progress = -1;                              // progress on stdout: -1 (auto) or 1 on, 0 off; a bar redrawn in place on a
+                                                  // terminal, plain lines (ProgressBar) when stdout is a file or a pipe
+  int64_t stop_after = -1;                        // end (with a checkpoint) once this many steps are done in total; -1 = never
+  bool handle_signals = true;                     // SIGINT/SIGTERM finish the step, checkpoint and stop
   std::map<std::string, std::string> metadata{};  // extra checkpoint metadata (e.g. configs)
   std::vector<Callback> callbacks{};
   FitHooks hooks{};
   // The learning rate (last: GCC 12 warns falsely about a defaulted schedule followed by set members).
-  double lr = 0;           // the schedule's peak; 0 = each parameter group's lr when fit starts
-  LrSchedule schedule{};   // over total_steps (optim/schedule.hpp); default constant
+  double lr = 0;          // the schedule's peak; 0 = each parameter group's lr when fit starts
+  LrSchedule schedule{};  // over total_steps (optim/schedule.hpp); default constant
   // A scheduler object built on the optimizer (optim/scheduler.hpp), instead of `schedule` and `lr`
   // (which then stay at their defaults): step() after every optimizer step, skipped ones included, so
   // the lr is a function of the step count; ReduceLROnPlateau: step(eval_loss) after every evaluation
@@ -232,10 +232,10 @@ class Source {
   virtual int64_t epoch() const = 0;
   virtual int64_t position() const = 0;
   virtual void set_epoch(int64_t e) = 0;
-  virtual void fetch(int64_t index) = 0;  // IndexedBatches: batch `index`; DataLoader: its next batch
-  virtual std::map<std::string, std::string> state() const = 0;                  // "data.*" metadata
+  virtual void fetch(int64_t index) = 0;                         // IndexedBatches: batch `index`; DataLoader: its next batch
+  virtual std::map<std::string, std::string> state() const = 0;  // "data.*" metadata
   virtual void load_state(const std::map<std::string, std::string>& metadata) = 0;  // checks, then restores
-  virtual const void* loader() const = 0;  // the DataLoader behind it (nullptr for IndexedBatches)
+  virtual const void* loader() const = 0;                                           // the DataLoader behind it (nullptr for IndexedBatches)
 };
 
 // DataLoaderState <-> checkpoint metadata (in the library).
@@ -326,9 +326,9 @@ template <Backend B, class Fn, class Batch> StepOutput<B> run_step(Fn& fn, const
 }
 
 // The engine, compiled once per backend in the library (train/loop.cpp).
-template <Backend B>
-KILN_API FitResult fit(nn::Module<B>& model, optim::Optimizer<B>& opt, Source& train, const std::function<StepOutput<B>()>& step,
-                       Source* eval, const std::function<StepOutput<B>()>* eval_step, const FitOptions& o);
+template <Backend B> KILN_API FitResult fit(nn::Module<B>& model, optim::Optimizer<B>& opt, Source& train,
+                                            const std::function<StepOutput<B>()>& step, Source* eval,
+                                            const std::function<StepOutput<B>()>* eval_step, const FitOptions& o);
 
 }  // namespace fit_detail
 
@@ -353,9 +353,9 @@ FitResult fit(nn::Module<B>& model, optim::Optimizer<B>& opt, Train&& train, Eva
   return fit_detail::fit<B>(model, opt, *src, run, ev.get(), &run_eval, o);
 }
 
-#define KILN_EXTERN_FIT(B)                                                                                                   \
-  extern template FitResult fit_detail::fit<B>(nn::Module<B>&, optim::Optimizer<B>&, fit_detail::Source&,                    \
-                                               const std::function<StepOutput<B>()>&, fit_detail::Source*,                    \
+#define KILN_EXTERN_FIT(B)                                                                                 \
+  extern template FitResult fit_detail::fit<B>(nn::Module<B>&, optim::Optimizer<B>&, fit_detail::Source&,  \
+                                               const std::function<StepOutput<B>()>&, fit_detail::Source*, \
                                                const std::function<StepOutput<B>()>*, const FitOptions&);
 KILN_FOR_EACH_BACKEND(KILN_EXTERN_FIT)
 #undef KILN_EXTERN_FIT

@@ -127,8 +127,8 @@ LogSeries read_log(const std::string& path, const std::string& label) {
     KILN_CHECK(!j.is_discarded(), "plot: {}: not a JSON object: {}", where, printable(line, 80));
     KILN_CHECK(j.is_object(), "plot: {}: not a JSON object: {}", where, printable(line, 80));
     const auto st = j.find("step");
-    KILN_CHECK(st != j.end() && st->is_number_integer() && st->get<int64_t>() >= 0,
-               "plot: {}: needs an integer \"step\" >= 0, got {}", where, st == j.end() ? "none" : st->dump());
+    KILN_CHECK(st != j.end() && st->is_number_integer() && st->get<int64_t>() >= 0, "plot: {}: needs an integer \"step\" >= 0, got {}",
+               where, st == j.end() ? "none" : st->dump());
     Record r{.loss = number(j, "loss", where), .lr = number(j, "lr", where), .grad_norm = number(j, "grad_norm", where)};
     for (const char* key : {"tokens_per_s", "samples_per_s"}) {
       if (!j.contains(key)) continue;
@@ -159,8 +159,8 @@ void plot_logs(const PlotOptions& o) {
   KILN_CHECK(o.labels.empty() || o.labels.size() == o.logs.size(), "plot: {} labels for {} logs (give one per log, or none)",
              o.labels.size(), o.logs.size());
   KILN_CHECK(!o.out.empty(), "plot: no output file given");
-  KILN_CHECK(o.width >= 200 && o.width <= 20000 && o.height >= 200 && o.height <= 20000,
-             "plot: size {}x{} out of range [200, 20000]", o.width, o.height);
+  KILN_CHECK(o.width >= 200 && o.width <= 20000 && o.height >= 200 && o.height <= 20000, "plot: size {}x{} out of range [200, 20000]",
+             o.width, o.height);
   std::vector<LogSeries> runs;
   for (size_t i = 0; i < o.logs.size(); ++i) runs.push_back(read_log(o.logs[i], o.labels.empty() ? "" : o.labels[i]));
 
@@ -196,8 +196,9 @@ void plot_logs(const PlotOptions& o) {
       const std::string color = fmt::format("lc {}", i + 1);
       if (any_finite(v)) {
         range.add(v);
-        items.push_back(fmt::format("{} using 1:{} with lines lw 1.5 {} title {}", quoted((tmp.path / fmt::format("run{}.dat", i)).string()),
-                                    col, color, quoted(runs[i].label + (with_eval ? " train" : ""))));
+        items.push_back(fmt::format("{} using 1:{} with lines lw 1.5 {} title {}",
+                                    quoted((tmp.path / fmt::format("run{}.dat", i)).string()), col, color,
+                                    quoted(runs[i].label + (with_eval ? " train" : ""))));
       }
       if (with_eval && !runs[i].eval_loss.empty()) {
         range.add(runs[i].eval_loss);
@@ -216,13 +217,17 @@ void plot_logs(const PlotOptions& o) {
     for (size_t k = 0; k < items.size(); ++k) g << (k ? ", \\\n     " : "") << items[k];
     g << "\n";
   };
-  panel("loss", 2, [](const LogSeries& s) -> const std::vector<double>& { return s.loss; }, true, true);
-  panel("learning rate", 3, [](const LogSeries& s) -> const std::vector<double>& { return s.lr; }, false, false);
-  panel("gradient norm (before clipping)", 4, [](const LogSeries& s) -> const std::vector<double>& { return s.grad_norm; }, false, true);
+  panel(
+      "loss", 2, [](const LogSeries& s) -> const std::vector<double>& { return s.loss; }, true, true);
+  panel(
+      "learning rate", 3, [](const LogSeries& s) -> const std::vector<double>& { return s.lr; }, false, false);
+  panel(
+      "gradient norm (before clipping)", 4, [](const LogSeries& s) -> const std::vector<double>& { return s.grad_norm; }, false, true);
   std::string tput = "tokens/s";
   for (const LogSeries& s : runs)
     if (s.throughput_key == "samples_per_s") tput = "samples/s";
-  panel(tput, 5, [](const LogSeries& s) -> const std::vector<double>& { return s.throughput; }, false, false);
+  panel(
+      tput, 5, [](const LogSeries& s) -> const std::vector<double>& { return s.throughput; }, false, false);
   g << "unset multiplot\nset output\n";
 
   const std::string script = (tmp.path / "curves.gp").string();

@@ -22,18 +22,18 @@ struct PlotOptions {
   std::vector<std::string> labels = {};  // one per log, or empty: the log's parent folder name, else its file name
   std::string out = {};                  // the PNG to write
   std::string title = {};                // above the panels ("" = none)
-  int width = 1400, height = 1000;  // pixels
-  std::string gnuplot = "gnuplot";  // the program to run (a name on PATH or a path)
+  int width = 1400, height = 1000;       // pixels
+  std::string gnuplot = "gnuplot";       // the program to run (a name on PATH or a path)
 };
 
 // One run's records, as plot_logs reads them (exposed for tests and for users' own reports).
 struct LogSeries {
   std::string label;
-  std::vector<int64_t> step;            // every record, ascending, unique
+  std::vector<int64_t> step;                            // every record, ascending, unique
   std::vector<double> loss, lr, grad_norm, throughput;  // NaN where a record lacks the key
-  std::vector<int64_t> eval_step;       // records with "eval_loss"
+  std::vector<int64_t> eval_step;                       // records with "eval_loss"
   std::vector<double> eval_loss;
-  std::string throughput_key;           // "tokens_per_s", "samples_per_s" or "" (none in the log)
+  std::string throughput_key;  // "tokens_per_s", "samples_per_s" or "" (none in the log)
 };
 LogSeries read_log(const std::string& path, const std::string& label = "");
 

@@ -30,12 +30,12 @@ ProgressBar::ProgressBar(int64_t total, std::FILE* out, int tty, int64_t every)
       every_(every > 0 ? every : std::max<int64_t>(1, total / 20)),
       start_(std::chrono::steady_clock::now()) {}
 
-std::string ProgressBar::line(int64_t step, double loss, double lr, double tps, double eta, const std::string& extra,
-                              double gflops) const {
+std::string ProgressBar::line(int64_t step, double loss, double lr, double tps, double eta, const std::string& extra, double gflops) const {
   const int64_t done = step + 1;
   const int width = 24;
   const int fill = static_cast<int>(width * std::min<int64_t>(done, total_) / total_);
-  std::string bar = tty_ ? "[" + std::string(static_cast<size_t>(fill), '#') + std::string(static_cast<size_t>(width - fill), '.') + "] " : "";
+  std::string bar =
+      tty_ ? "[" + std::string(static_cast<size_t>(fill), '#') + std::string(static_cast<size_t>(width - fill), '.') + "] " : "";
   std::string s = fmt::format("{}{}/{} loss {:.4f} lr {:.2e} {} {}/s", bar, done, total_, loss, lr, si(tps), unit_);
   if (gflops > 0) s += fmt::format(" {:.1f} GFLOP/s", gflops);
   s += " ETA " + hms(eta);

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <string_view>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include "kiln/core/error.hpp"
 

@@ -6,19 +6,19 @@
 
 #include "kiln/autograd/autocast.hpp"
 #include "kiln/backends/dispatch.hpp"
-#include "kiln/train/dist_fit.hpp"
 #include "kiln/dist/zero.hpp"
-#include "kiln/nn/init.hpp"
-#include "kiln/nn/loss.hpp"
-#include "kiln/nn/lora.hpp"
 #include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
+#include "kiln/nn/init.hpp"
+#include "kiln/nn/lora.hpp"
+#include "kiln/nn/loss.hpp"
 #include "kiln/optim/adafactor.hpp"
 #include "kiln/optim/ema.hpp"
 #include "kiln/optim/lion.hpp"
 #include "kiln/optim/rmsprop.hpp"
 #include "kiln/optim/scheduler.hpp"
 #include "kiln/train/data.hpp"
+#include "kiln/train/dist_fit.hpp"
 #include "kiln/train/finetune.hpp"
 #include "kiln/train/loop.hpp"
 
@@ -35,12 +35,11 @@ template <Backend B> Var<B> lm_loss(const nn::GPT<B>& model, const Tensor<B>& x,
 
 }  // namespace
 
-template <Backend B>
-std::unique_ptr<optim::Optimizer<B>> make_optimizer(const nn::Module<B>& model, const OptimizerConfig& o, bool zero) {
+template <Backend B> std::unique_ptr<optim::Optimizer<B>> make_optimizer(const nn::Module<B>& model, const OptimizerConfig& o, bool zero) {
   const auto groups = optim::decay_groups<B>(model.named_parameters(), o.lr, o.weight_decay);
   if (o.name == "sgd") {
-    const optim::SGDOptions so{.lr = o.lr, .momentum = o.momentum, .dampening = o.dampening, .weight_decay = o.weight_decay,
-                               .nesterov = o.nesterov};
+    const optim::SGDOptions so{
+        .lr = o.lr, .momentum = o.momentum, .dampening = o.dampening, .weight_decay = o.weight_decay, .nesterov = o.nesterov};
     if (zero) return std::make_unique<dist::ZeroOptimizer<B>>(groups, so);
     return std::make_unique<optim::SGD<B>>(groups, so);
   }
@@ -62,8 +61,8 @@ std::unique_ptr<optim::Optimizer<B>> make_optimizer(const nn::Module<B>& model, 
     return std::make_unique<optim::Adafactor<B>>(
         groups, optim::AdafactorOptions{
                     .lr = o.lr, .beta2_decay = o.beta2_decay, .eps1 = o.eps1, .eps2 = o.eps2, .d = o.d, .weight_decay = o.weight_decay});
-  const optim::AdamOptions ao{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
-                              .decoupled = o.name == "adamw"};
+  const optim::AdamOptions ao{
+      .lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay, .decoupled = o.name == "adamw"};
   if (zero) return std::make_unique<dist::ZeroOptimizer<B>>(groups, ao);
   return std::make_unique<optim::Adam<B>>(groups, ao);
 }
@@ -109,9 +108,8 @@ double evaluate(const nn::GPT<B>& model, const TokenData& data, int64_t batches,
   return total / static_cast<double>(batches);
 }
 
-template <Backend B>
-void save_checkpoint(const std::string& path, const nn::GPT<B>& model, const optim::Optimizer<B>* opt, int64_t step,
-                     const TrainConfig& t, const std::string& data_path) {
+template <Backend B> void save_checkpoint(const std::string& path, const nn::GPT<B>& model, const optim::Optimizer<B>* opt, int64_t step,
+                                          const TrainConfig& t, const std::string& data_path) {
   std::vector<std::pair<std::string, Tensor<B>>> ts;
   for (auto& [n, v] : model.state_dict()) ts.emplace_back("model." + n, v);
   if (opt)
@@ -130,9 +128,12 @@ void save_checkpoint(const std::string& path, const nn::GPT<B>& model, const opt
 template <Backend B> std::shared_ptr<nn::GPT<B>> load_gpt(const std::string& path, const std::string& model_json) {
   const CheckpointInfo info = read_checkpoint_info(path);
   ModelConfig cfg;
-  if (!model_json.empty()) cfg = ModelConfig::load(model_json);
-  else if (info.is_checkpoint) cfg = info.model;
-  else fail("'{}' is a plain weights file without a model config: pass --model model.json", path);
+  if (!model_json.empty())
+    cfg = ModelConfig::load(model_json);
+  else if (info.is_checkpoint)
+    cfg = info.model;
+  else
+    fail("'{}' is a plain weights file without a model config: pass --model model.json", path);
   const auto model = [&] {
     nn::init::SkipInit every_parameter_is_loaded_below;  // load_state_dict is strict
     return std::make_shared<nn::GPT<B>>(cfg);
@@ -233,8 +234,7 @@ template <Backend B> void print_banner(const TrainOptions& o, const ModelConfig&
 }
 
 // After the loop: the model or its LoRA adapter saved (rank 0), every rank waiting for rank 0's files, the closing lines.
-template <Backend B>
-TrainResult finish(const TrainOptions& o, const FitResult& r, const nn::GPT<B>& model, const Ranks& ranks, bool lora) {
+template <Backend B> TrainResult finish(const TrainOptions& o, const FitResult& r, const nn::GPT<B>& model, const Ranks& ranks, bool lora) {
   TrainResult res;
   res.steps_done = r.steps_done;
   res.losses = r.losses;
@@ -243,8 +243,10 @@ TrainResult finish(const TrainOptions& o, const FitResult& r, const nn::GPT<B>& 
   // With LoRA only the adapter is written (PEFT's layout), beside the final checkpoint and to --save.
   if (lora && ranks.main && !o.checkpoint_path.empty()) nn::save_lora(model, o.checkpoint_path + ".adapter");
   if (!o.save_path.empty() && ranks.main) {
-    if (lora) nn::save_lora(model, o.save_path);
-    else model.save(o.save_path);
+    if (lora)
+      nn::save_lora(model, o.save_path);
+    else
+      model.save(o.save_path);
   }
   // Every rank waits for rank 0's files: a rank leaving early with a non-zero status (an interrupted
   // run) would end the job (dist: MPI_Abort) while rank 0 still writes.
@@ -261,7 +263,8 @@ TrainResult finish(const TrainOptions& o, const FitResult& r, const nn::GPT<B>& 
 
 // docs/specs.md §4 on the generic loop: the schedule over tc.steps from the optimizer's lr, clipping,
 // one record per step, checkpoints that carry the configurations.
-FitOptions fit_options(const TrainOptions& o, const TrainConfig& tc, bool main, FitHooks hooks, std::map<std::string, std::string> metadata) {
+FitOptions fit_options(const TrainOptions& o, const TrainConfig& tc, bool main, FitHooks hooks,
+                       std::map<std::string, std::string> metadata) {
   return FitOptions{.steps = tc.steps,
                     .grad_accum = tc.grad_accum,
                     .grad_clip = tc.grad_clip,
@@ -307,7 +310,10 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
   model.set_activation_checkpointing(tc.activation_checkpointing);
   // LoRA on the loaded GPT (docs/lora.md): only the adapters train; --save writes them in PEFT's layout.
   if (lora)
-    nn::apply_lora(model, {.r = tc.lora.r, .alpha = tc.lora.alpha, .dropout = tc.lora.dropout, .target_modules = tc.lora.target_modules,
+    nn::apply_lora(model, {.r = tc.lora.r,
+                           .alpha = tc.lora.alpha,
+                           .dropout = tc.lora.dropout,
+                           .target_modules = tc.lora.target_modules,
                            .base_model_name_or_path = o.init_from});
   std::unique_ptr<dist::DistributedDataParallel<B>> ddp;
   if (ranks.parallel) ddp = std::make_unique<dist::DistributedDataParallel<B>>(model, dist::DDPOptions{.bucket_mb = tc.bucket_mb});
@@ -317,7 +323,10 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
   const double seq_flops = nn::gpt_flops(cfg, T).total();  // the model FLOPs of one row's forward + backward
   auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& b) {
     const int64_t n = b.first.size(0);
-    return StepOutput<B>{.loss = lm_loss(model, b.first, b.second), .metrics = {}, .samples = n, .tokens = n * T,
+    return StepOutput<B>{.loss = lm_loss(model, b.first, b.second),
+                         .metrics = {},
+                         .samples = n,
+                         .tokens = n * T,
                          .flops = static_cast<double>(n) * seq_flops};
   };
   // The batch functions' types spelled out: clang 14 (fuzz/) deduces no aggregate from designated initializers.
@@ -341,14 +350,14 @@ TrainResult train_gpt(const TrainOptions& o) {
   return dispatch(o.device, [&]<Backend B>() { return train_gpt<B>(o); });
 }
 
-#define KILN_INST(B)                                                                                                      \
-  template TrainResult train_gpt<B>(const TrainOptions&);                                                                \
-  template void save_checkpoint<B>(const std::string&, const nn::GPT<B>&, const optim::Optimizer<B>*, int64_t,           \
-                                   const TrainConfig&, const std::string&);                                              \
-  template std::shared_ptr<nn::GPT<B>> load_gpt<B>(const std::string&, const std::string&);                             \
-  template double evaluate<B>(const nn::GPT<B>&, const TokenData&, int64_t, int64_t, int64_t, DType);                     \
-  template std::unique_ptr<optim::Optimizer<B>> make_optimizer<B>(const nn::Module<B>&, const OptimizerConfig&, bool);     \
-  template std::shared_ptr<optim::LRScheduler> make_scheduler<B>(optim::Optimizer<B>&, const TrainConfig&);                \
+#define KILN_INST(B)                                                                                                               \
+  template TrainResult train_gpt<B>(const TrainOptions&);                                                                          \
+  template void save_checkpoint<B>(const std::string&, const nn::GPT<B>&, const optim::Optimizer<B>*, int64_t, const TrainConfig&, \
+                                   const std::string&);                                                                            \
+  template std::shared_ptr<nn::GPT<B>> load_gpt<B>(const std::string&, const std::string&);                                        \
+  template double evaluate<B>(const nn::GPT<B>&, const TokenData&, int64_t, int64_t, int64_t, DType);                              \
+  template std::unique_ptr<optim::Optimizer<B>> make_optimizer<B>(const nn::Module<B>&, const OptimizerConfig&, bool);             \
+  template std::shared_ptr<optim::LRScheduler> make_scheduler<B>(optim::Optimizer<B>&, const TrainConfig&);                        \
   template std::shared_ptr<optim::EMA<B>> make_ema<B>(const nn::Module<B>&, const TrainConfig&);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

@@ -28,19 +28,19 @@
 namespace kiln {
 
 struct TrainOptions {
-  std::string model_path;      // model.json ("" = defaults)
-  std::string train_path;      // train.json ("" = defaults)
-  std::string data_path;       // tokens.safetensors (required)
-  std::string eval_data_path;  // held-out tokens for periodic evaluation ("" = none)
-  std::string init_from;       // initial weights (safetensors, the reference's names)
-  std::string save_path;       // final weights
-  std::string log_path;        // JSONL metrics
-  std::string checkpoint_path; // checkpoint written every checkpoint_every steps and at the end
-  std::string resume_path;     // checkpoint to resume from
+  std::string model_path;       // model.json ("" = defaults)
+  std::string train_path;       // train.json ("" = defaults)
+  std::string data_path;        // tokens.safetensors (required)
+  std::string eval_data_path;   // held-out tokens for periodic evaluation ("" = none)
+  std::string init_from;        // initial weights (safetensors, the reference's names)
+  std::string save_path;        // final weights
+  std::string log_path;         // JSONL metrics
+  std::string checkpoint_path;  // checkpoint written every checkpoint_every steps and at the end
+  std::string resume_path;      // checkpoint to resume from
   std::string device = "cpu";
   uint64_t seed = 0;
-  int64_t stop_after = -1;     // stop (with a checkpoint) after this many steps in total; -1 = run to the end
-  int progress = -1;           // progress bar: -1 auto (terminal), 0 off, 1 on
+  int64_t stop_after = -1;  // stop (with a checkpoint) after this many steps in total; -1 = run to the end
+  int progress = -1;        // progress bar: -1 auto (terminal), 0 off, 1 on
   bool quiet = false;
   DType dtype = DType::f32;
   bool activation_checkpointing = false;  // --activation-checkpointing: turns train.json's key on
@@ -69,18 +69,16 @@ template <Backend B> KILN_API std::shared_ptr<optim::LRScheduler> make_scheduler
 template <Backend B> KILN_API std::shared_ptr<optim::EMA<B>> make_ema(const nn::Module<B>& model, const TrainConfig& tc);
 
 // Checkpoint I/O, for `kiln train --resume`, `kiln sample` and `kiln inspect`.
-template <Backend B>
-KILN_API void save_checkpoint(const std::string& path, const nn::GPT<B>& model, const optim::Optimizer<B>* opt, int64_t step,
-                     const TrainConfig& t, const std::string& data_path);
+template <Backend B> KILN_API void save_checkpoint(const std::string& path, const nn::GPT<B>& model, const optim::Optimizer<B>* opt,
+                                                   int64_t step, const TrainConfig& t, const std::string& data_path);
 
 // Loads a model from a checkpoint or a weights file (then model_json gives the config).
 template <Backend B> KILN_API std::shared_ptr<nn::GPT<B>> load_gpt(const std::string& path, const std::string& model_json = "");
 
 // Mean cross-entropy of `batches` batches of held-out data (under NoGrad), the forward under autocast
 // to `precision` (f32: none), as kiln::fit evaluates a model trained with "precision".
-template <Backend B>
-KILN_API double evaluate(const nn::GPT<B>& model, const class TokenData& data, int64_t batches, int64_t batch_size, int64_t seq_len,
-                         DType precision = DType::f32);
+template <Backend B> KILN_API double evaluate(const nn::GPT<B>& model, const class TokenData& data, int64_t batches, int64_t batch_size,
+                                              int64_t seq_len, DType precision = DType::f32);
 
 }  // namespace kiln
 #pragma GCC visibility pop

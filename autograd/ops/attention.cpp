@@ -15,9 +15,8 @@ template <Backend B> Grads<B> AttentionBackward<B>::operator()(const Tensor<B>& 
   return Grads<B>{dq, dk, dv};
 }
 
-template <Backend B>
-Var<B> AttentionOps<B>::attention(const Var<B>& q_in, const Var<B>& k_in, const Var<B>& v_in, double scale, bool causal,
-                                  int64_t pos0, const Tensor<B>& key_padding, const Tensor<B>& mask) {
+template <Backend B> Var<B> AttentionOps<B>::attention(const Var<B>& q_in, const Var<B>& k_in, const Var<B>& v_in, double scale,
+                                                       bool causal, int64_t pos0, const Tensor<B>& key_padding, const Tensor<B>& mask) {
   constexpr auto op = autocast::Op::attention;
   const Var<B> q = autocast::cast(op, q_in), k = autocast::cast(op, k_in), v = autocast::cast(op, v_in);
   auto [o, lse] = fused::attention_forward(q.value(), k.value(), v.value(), scale, causal, pos0, key_padding, mask);
@@ -26,7 +25,7 @@ Var<B> AttentionOps<B>::attention(const Var<B>& q_in, const Var<B>& k_in, const 
                    AttentionBackward<B>{q.value(), k.value(), v.value(), o, lse, key_padding, mask, scale, causal, pos0});
 }
 
-#define KILN_INST(B)                        \
+#define KILN_INST(B)                    \
   template struct AttentionBackward<B>; \
   template struct AttentionOps<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)

@@ -39,15 +39,17 @@ template <Backend B> Var<B> ConvOps<B>::conv2d(const X& x_in, const X& w_in, con
   const Tensor<B> bv = bias.defined() ? bias.value() : Tensor<B>();
   Tensor<B> y = fused::conv2d(xb.value(), w.value(), bv, p);
   const bool nx = needs_grad(xb), nw = needs_grad(w), nb = bias.defined() && needs_grad(bias);
-  return record<B>("conv2d", std::move(y), {&xb, &w, &bias},
-                   [nx, nw, nb, p, xs = xb.shape(), ws = w.shape(), xv = keep_if(nw, xb.value()), wv = keep_if(nx, w.value())](
-                       const Tensor<B>& g) {
-                     Tensor<B> dx, dw, db;
-                     if (nx) dx = fused::conv2d_backward_input(g, wv, xs, p);
-                     if (nw) std::tie(dw, db) = fused::conv2d_backward_weight(g, xv, ws, p, nb);
-                     else if (nb) db = bias_grad(g);
-                     return Grads<B>{dx, dw, db};
-                   });
+  return record<B>(
+      "conv2d", std::move(y), {&xb, &w, &bias},
+      [nx, nw, nb, p, xs = xb.shape(), ws = w.shape(), xv = keep_if(nw, xb.value()), wv = keep_if(nx, w.value())](const Tensor<B>& g) {
+        Tensor<B> dx, dw, db;
+        if (nx) dx = fused::conv2d_backward_input(g, wv, xs, p);
+        if (nw)
+          std::tie(dw, db) = fused::conv2d_backward_weight(g, xv, ws, p, nb);
+        else if (nb)
+          db = bias_grad(g);
+        return Grads<B>{dx, dw, db};
+      });
 }
 
 template <Backend B>
@@ -61,27 +63,28 @@ Var<B> ConvOps<B>::conv_transpose2d(const X& x_in, const X& w_in, const X& bias_
   const Tensor<B> bv = bias.defined() ? bias.value() : Tensor<B>();
   Tensor<B> y = fused::conv_transpose2d(xb.value(), w.value(), bv, p, output_padding);
   const bool nx = needs_grad(xb), nw = needs_grad(w), nb = bias.defined() && needs_grad(bias);
-  return record<B>("conv_transpose2d", std::move(y), {&xb, &w, &bias},
-                   [nx, nw, nb, p, xs = xb.shape(), ws = w.shape(), xv = keep_if(nw, xb.value()), wv = keep_if(nx, w.value())](const Tensor<B>& g) {
-                     Tensor<B> dx, dw, db;
-                     // conv2d(dy, w) has the input's size, or more where output_padding >= stride (allowed when it
-                     // is < dilation): the extra rows/columns of y receive nothing from x.
-                     const Shape cs = fused::detail::conv2d_shape("conv_transpose2d_backward", g.shape(), ws, nullptr, p);
-                     if (nx) {
-                       dx = fused::conv2d(g, wv, Tensor<B>(), p);
-                       if (dx.shape() != xs) dx = dx.narrow(2, 0, xs[2]).narrow(3, 0, xs[3]).contiguous();
-                     }
-                     if (nw) {
-                       Tensor<B> xg = xv;
-                       if (cs != xs) {
-                         xg = Tensor<B>::zeros(cs, xv.dtype());
-                         xg.narrow(2, 0, xs[2]).narrow(3, 0, xs[3]).copy_(xv);
-                       }
-                       dw = fused::conv2d_backward_weight(xg, g, ws, p, false).first;
-                     }
-                     if (nb) db = bias_grad(g);
-                     return Grads<B>{dx, dw, db};
-                   });
+  return record<B>(
+      "conv_transpose2d", std::move(y), {&xb, &w, &bias},
+      [nx, nw, nb, p, xs = xb.shape(), ws = w.shape(), xv = keep_if(nw, xb.value()), wv = keep_if(nx, w.value())](const Tensor<B>& g) {
+        Tensor<B> dx, dw, db;
+        // conv2d(dy, w) has the input's size, or more where output_padding >= stride (allowed when it
+        // is < dilation): the extra rows/columns of y receive nothing from x.
+        const Shape cs = fused::detail::conv2d_shape("conv_transpose2d_backward", g.shape(), ws, nullptr, p);
+        if (nx) {
+          dx = fused::conv2d(g, wv, Tensor<B>(), p);
+          if (dx.shape() != xs) dx = dx.narrow(2, 0, xs[2]).narrow(3, 0, xs[3]).contiguous();
+        }
+        if (nw) {
+          Tensor<B> xg = xv;
+          if (cs != xs) {
+            xg = Tensor<B>::zeros(cs, xv.dtype());
+            xg.narrow(2, 0, xs[2]).narrow(3, 0, xs[3]).copy_(xv);
+          }
+          dw = fused::conv2d_backward_weight(xg, g, ws, p, false).first;
+        }
+        if (nb) db = bias_grad(g);
+        return Grads<B>{dx, dw, db};
+      });
 }
 
 #define KILN_INST(B) template struct ConvOps<B>;

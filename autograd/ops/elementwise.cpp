@@ -38,8 +38,7 @@ template <Backend B> Var<B> Elementwise<B>::abs(const X& x) {
 
 // y = x^2                        dx = dy * 2x
 template <Backend B> Var<B> Elementwise<B>::square(const X& x) {
-  return record<B>("square", x.value().square(), {&x},
-                   [x = x.value()](const T<B>& g) { return Grads<B>{g.mul(x.mul(Scalar(2.0)))}; });
+  return record<B>("square", x.value().square(), {&x}, [x = x.value()](const T<B>& g) { return Grads<B>{g.mul(x.mul(Scalar(2.0)))}; });
 }
 
 // y = e^x                        dx = dy * y             (saves the output only)
@@ -58,8 +57,7 @@ template <Backend B> Var<B> Elementwise<B>::log(const X& x_in) {
 // y = ln(1 + x)                  dx = dy / (1 + x)
 template <Backend B> Var<B> Elementwise<B>::log1p(const X& x_in) {
   const X x = autocast::cast(autocast::Op::log1p, x_in);
-  return record<B>("log1p", x.value().log1p(), {&x},
-                   [x = x.value()](const T<B>& g) { return Grads<B>{g.div(x.add(Scalar(1.0)))}; });
+  return record<B>("log1p", x.value().log1p(), {&x}, [x = x.value()](const T<B>& g) { return Grads<B>{g.div(x.add(Scalar(1.0)))}; });
 }
 
 // y = e^x - 1                    dx = dy * (y + 1)
@@ -79,8 +77,7 @@ template <Backend B> Var<B> Elementwise<B>::sqrt(const X& x) {
 template <Backend B> Var<B> Elementwise<B>::rsqrt(const X& x_in) {
   const X x = autocast::cast(autocast::Op::rsqrt, x_in);
   T<B> y = x.value().rsqrt();
-  return record<B>("rsqrt", y, {&x},
-                   [y](const T<B>& g) { return Grads<B>{g.mul(y.square().mul(y)).mul(Scalar(-0.5))}; });
+  return record<B>("rsqrt", y, {&x}, [y](const T<B>& g) { return Grads<B>{g.mul(y.square().mul(y)).mul(Scalar(-0.5))}; });
 }
 
 // y = 1/x                        dx = -dy * y^2
@@ -227,12 +224,10 @@ template <Backend B> Var<B> extremum(const Var<B>& a, const Var<B>& b, bool is_m
   if (Var<B> a2, b2; promoted<B>(a, b, a2, b2)) return extremum<B>(a2, b2, is_max);
   const bool na = needs_grad(a), nb = needs_grad(b);
   T<B> y = is_max ? a.value().maximum(b.value()) : a.value().minimum(b.value());
-  return record<B>(is_max ? "maximum" : "minimum", y, {&a, &b},
-                   [na, nb, is_max, av = a.value(), bv = b.value()](const T<B>& g) {
-                     const T<B> share = win_share<B>(av, bv, is_max);
-                     return Grads<B>{na ? g.mul(share).sum_to(av.shape()) : T<B>(),
-                                     nb ? g.mul(share.neg().add(Scalar(1.0))).sum_to(bv.shape()) : T<B>()};
-                   });
+  return record<B>(is_max ? "maximum" : "minimum", y, {&a, &b}, [na, nb, is_max, av = a.value(), bv = b.value()](const T<B>& g) {
+    const T<B> share = win_share<B>(av, bv, is_max);
+    return Grads<B>{na ? g.mul(share).sum_to(av.shape()) : T<B>(), nb ? g.mul(share.neg().add(Scalar(1.0))).sum_to(bv.shape()) : T<B>()};
+  });
 }
 }  // namespace
 
@@ -279,35 +274,31 @@ template <Backend B> Var<B> Elementwise<B>::rdiv_scalar(Scalar s, const X& x) {
 
 // y = max(x, s)                  dx = dy * ([x > s] + [x = s] / 2)
 template <Backend B> Var<B> Elementwise<B>::maximum_scalar(const X& x, Scalar s) {
-  return record<B>("maximum", x.value().maximum(s), {&x}, [s, x = x.value()](const T<B>& g) {
-    return Grads<B>{g.mul(win_share<B>(x, scalar_like<B>(s, x), true))};
-  });
+  return record<B>("maximum", x.value().maximum(s), {&x},
+                   [s, x = x.value()](const T<B>& g) { return Grads<B>{g.mul(win_share<B>(x, scalar_like<B>(s, x), true))}; });
 }
 
 // y = min(x, s)                  dx = dy * ([x < s] + [x = s] / 2)
 template <Backend B> Var<B> Elementwise<B>::minimum_scalar(const X& x, Scalar s) {
-  return record<B>("minimum", x.value().minimum(s), {&x}, [s, x = x.value()](const T<B>& g) {
-    return Grads<B>{g.mul(win_share<B>(x, scalar_like<B>(s, x), false))};
-  });
+  return record<B>("minimum", x.value().minimum(s), {&x},
+                   [s, x = x.value()](const T<B>& g) { return Grads<B>{g.mul(win_share<B>(x, scalar_like<B>(s, x), false))}; });
 }
 
 // y = min(max(x, lo), hi)        dx = dy * [lo <= x <= hi]   (inclusive, as PyTorch)
 template <Backend B> Var<B> Elementwise<B>::clamp(const X& x, Scalar lo, Scalar hi) {
-  return record<B>("clamp", x.value().clamp(lo, hi), {&x}, [lo, hi, x = x.value()](const T<B>& g) {
-    return Grads<B>{g.mul(as<B>(x.ge(lo).logical_and(x.le(hi)), g.dtype()))};
-  });
+  return record<B>("clamp", x.value().clamp(lo, hi), {&x},
+                   [lo, hi, x = x.value()](const T<B>& g) { return Grads<B>{g.mul(as<B>(x.ge(lo).logical_and(x.le(hi)), g.dtype()))}; });
 }
 
 // y = cond ? a : b               da = cond ? dy : 0, db = cond ? 0 : dy   (cond: bool, broadcasts)
 template <Backend B> Var<B> Elementwise<B>::where(const Tensor<B>& cond, const X& a, const X& b) {
   if (X a2, b2; promoted<B>(a, b, a2, b2)) return where(cond, a2, b2);
   const bool na = needs_grad(a), nb = needs_grad(b);
-  return record<B>("where", T<B>::where(cond, a.value(), b.value()), {&a, &b},
-                   [na, nb, cond, sa = a.shape(), sb = b.shape()](const T<B>& g) {
-                     const T<B> zero = scalar_like<B>(0.0, g);
-                     return Grads<B>{na ? T<B>::where(cond, g, zero).sum_to(sa) : T<B>(),
-                                     nb ? T<B>::where(cond, zero, g).sum_to(sb) : T<B>()};
-                   });
+  return record<B>(
+      "where", T<B>::where(cond, a.value(), b.value()), {&a, &b}, [na, nb, cond, sa = a.shape(), sb = b.shape()](const T<B>& g) {
+        const T<B> zero = scalar_like<B>(0.0, g);
+        return Grads<B>{na ? T<B>::where(cond, g, zero).sum_to(sa) : T<B>(), nb ? T<B>::where(cond, zero, g).sum_to(sb) : T<B>()};
+      });
 }
 
 // y = x.to(dtype)                dx = dy.to(x.dtype)     (no gradient to or from integer dtypes)

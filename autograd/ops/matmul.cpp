@@ -28,9 +28,12 @@ template <Backend B> Var<B> product(const Var<B>& a, const Var<B>& b) {
                    [na, nb, b_cols, sa = a.shape(), sb = b.shape(), av = keep_if(nb, a.value()), bv = keep_if(na, bval)](const T& g) {
                      const bool a1 = sa.size() == 1, b1 = sb.size() == 1;
                      T g2 = g;
-                     if (a1 && b1) g2 = g.reshape({1, 1});
-                     else if (b1) g2 = g.unsqueeze(-1);
-                     else if (a1) g2 = g.unsqueeze(-2);
+                     if (a1 && b1)
+                       g2 = g.reshape({1, 1});
+                     else if (b1)
+                       g2 = g.unsqueeze(-1);
+                     else if (a1)
+                       g2 = g.unsqueeze(-2);
                      Shape sa2 = sa, sb2 = sb;
                      if (a1) sa2.insert(sa2.begin(), 1);
                      if (b1) sb2.push_back(1);

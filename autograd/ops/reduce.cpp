@@ -32,9 +32,8 @@ template <Backend B> Var<B> extreme(const Var<B>& x, const std::vector<int64_t>&
 template <Backend B> Var<B> Reduce<B>::sum(const X& x_in, const std::vector<int64_t>& axes, bool keepdim) {
   const X x = autocast::cast(autocast::Op::sum, x_in);
   const std::vector<int64_t> ax = reduce_axes(axes, x.shape(), "sum");
-  return record<B>("sum", x.value().sum(ax, keepdim), {&x}, [shape = x.shape(), ax](const T<B>& g) {
-    return Grads<B>{unreduce<B>(g, keepdim_shape(shape, ax)).expand(shape)};
-  });
+  return record<B>("sum", x.value().sum(ax, keepdim), {&x},
+                   [shape = x.shape(), ax](const T<B>& g) { return Grads<B>{unreduce<B>(g, keepdim_shape(shape, ax)).expand(shape)}; });
 }
 
 // y = mean over axes (n elements) dx = broadcast(dy) / n

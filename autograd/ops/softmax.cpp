@@ -11,9 +11,8 @@ namespace kiln::autograd {
 template <Backend B> Var<B> SoftmaxOps<B>::softmax(const Var<B>& x_in, int64_t axis, bool log) {
   const Var<B> x = autocast::cast(log ? autocast::Op::log_softmax : autocast::Op::softmax, x_in);
   Tensor<B> y = fused::softmax(x.value(), axis, log);
-  return record<B>(log ? "log_softmax" : "softmax", y, {&x}, [y, axis, log](const Tensor<B>& g) {
-    return Grads<B>{fused::softmax_backward(y, g, axis, log)};
-  });
+  return record<B>(log ? "log_softmax" : "softmax", y, {&x},
+                   [y, axis, log](const Tensor<B>& g) { return Grads<B>{fused::softmax_backward(y, g, axis, log)}; });
 }
 
 #define KILN_INST(B) template struct SoftmaxOps<B>;

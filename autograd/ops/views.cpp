@@ -32,12 +32,8 @@ template <Backend B> Var<B> Views<B>::reshape(const X& x, Shape shape) {
   return reshaped<B>("reshape", x, x.value().reshape(std::move(shape)));
 }
 template <Backend B> Var<B> Views<B>::squeeze(const X& x) { return reshaped<B>("squeeze", x, x.value().squeeze()); }
-template <Backend B> Var<B> Views<B>::squeeze_axis(const X& x, int64_t axis) {
-  return reshaped<B>("squeeze", x, x.value().squeeze(axis));
-}
-template <Backend B> Var<B> Views<B>::unsqueeze(const X& x, int64_t axis) {
-  return reshaped<B>("unsqueeze", x, x.value().unsqueeze(axis));
-}
+template <Backend B> Var<B> Views<B>::squeeze_axis(const X& x, int64_t axis) { return reshaped<B>("squeeze", x, x.value().squeeze(axis)); }
+template <Backend B> Var<B> Views<B>::unsqueeze(const X& x, int64_t axis) { return reshaped<B>("unsqueeze", x, x.value().unsqueeze(axis)); }
 template <Backend B> Var<B> Views<B>::flatten(const X& x, int64_t start, int64_t end) {
   return reshaped<B>("flatten", x, x.value().flatten(start, end));
 }

@@ -53,10 +53,10 @@ namespace {
 
 // Tiles (measured at B=8, H=4, d=64, T=128/512, one thread: 32..128 rows × 32..128 keys are within
 // ~10% of each other, 64 × 64 among the best for both passes; see bench/attention/RESULTS.md).
-constexpr int64_t kBr = 64;   // forward: query rows per tile
-constexpr int64_t kBc = 64;   // forward: keys per tile
-constexpr int64_t kBrB = 64;  // backward: query rows per tile
-constexpr int64_t kBcB = 64;  // backward: keys per tile
+constexpr int64_t kBr = 64;        // forward: query rows per tile
+constexpr int64_t kBc = 64;        // forward: keys per tile
+constexpr int64_t kBrB = 64;       // backward: query rows per tile
+constexpr int64_t kBcB = 64;       // backward: keys per tile
 constexpr int64_t kMinRowsT = 16;  // query rows per key tile from which the key tile is transposed
 // A causal tile on the diagonal runs as blocks of query rows, each against only the keys its last row
 // can see, so the products skip most of the hidden upper triangle (a 64 × 64 tile in 32-row blocks
@@ -65,9 +65,8 @@ constexpr int64_t kMinRowsT = 16;  // query rows per key tile from which the key
 constexpr int64_t kDiagRows = 16;
 constexpr int64_t kDiagRowsB = 32;
 
-template <class T>
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
-          int64_t ldc) {
+template <class T> void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
+                             T beta, T* c, int64_t ldc) {
   const auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
   const auto m = static_cast<blasint>(M), n = static_cast<blasint>(N), k = static_cast<blasint>(K);
   if constexpr (std::is_same_v<T, float>)
@@ -207,9 +206,8 @@ inline int64_t visible(bool diag, int64_t last, int64_t bc) { return diag ? std:
 // m', P = exp(S − m') in place, l = l·e^(m−m') + ΣP, and the output rows orow (dv wide, row stride
 // ldo) rescaled by e^(m−m'); orow null: the first key tile, whose P·V product overwrites the rows.
 // Rows with nothing visible yet become zeros.
-template <class I, class T>
-void tile_softmax(T* s, int64_t ld, int64_t br, int64_t bc, int64_t i0, int64_t j0, bool diag, int64_t pos0, const bool* kp,
-                  const TileMask<T>& um, T* m, T* l, T* orow, int64_t ldo, int64_t dv) {
+template <class I, class T> void tile_softmax(T* s, int64_t ld, int64_t br, int64_t bc, int64_t i0, int64_t j0, bool diag, int64_t pos0,
+                                              const bool* kp, const TileMask<T>& um, T* m, T* l, T* orow, int64_t ldo, int64_t dv) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
   const bool masked = kp || um.any();
   for (int64_t r = 0; r < br; ++r) {
@@ -245,9 +243,8 @@ template <class I, class T> void tile_finish(T* orow, int64_t ldo, T* lse, const
 
 // Backward: P = exp(S − LSE) in place after the mask (the visible prefix, as the forward); rows whose
 // LSE is −inf (no visible key) become zeros.
-template <class I, class T>
-void tile_probs(T* s, int64_t ld, int64_t br, int64_t bc, const T* lse, int64_t i0, int64_t j0, bool diag, int64_t pos0, const bool* kp,
-                const TileMask<T>& um) {
+template <class I, class T> void tile_probs(T* s, int64_t ld, int64_t br, int64_t bc, const T* lse, int64_t i0, int64_t j0, bool diag,
+                                            int64_t pos0, const bool* kp, const TileMask<T>& um) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
   const bool masked = kp || um.any();
   for (int64_t r = 0; r < br; ++r) {
@@ -311,8 +308,8 @@ template <class T> struct Problem {
   T scale = 1;
   bool causal = false;
   int64_t pos0 = 0;
-  const bool* kp = nullptr;  // [B, S] contiguous or nullptr
-  const T* madd = nullptr;    // the user's mask, [B, H, T, S] strides msb, msh, mst, mss: additive
+  const bool* kp = nullptr;     // [B, S] contiguous or nullptr
+  const T* madd = nullptr;      // the user's mask, [B, H, T, S] strides msb, msh, mst, mss: additive
   const bool* mkeep = nullptr;  // or bool
   int64_t msb = 0, msh = 0, mst = 0, mss = 0;
   Problem(Cpu::V q_, Cpu::V k_, Cpu::V v_) : q(q_), k(k_), v(v_) {}
@@ -377,8 +374,10 @@ template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse
         if (nn) K.transpose(P.k.row(b, hk, j0), P.k.ld, kt, kBc, bc, P.d);
         for_diag_blocks(P, kDiagRows, i0, br, j0, bc, [&](int64_t r0, int64_t rb, int64_t bcs) {
           const int64_t ii = i0 + r0;
-          if (nn) gemm<T>(false, false, rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, kt, kBc, T(0), s, kBc);
-          else gemm<T>(false, true, rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBc);
+          if (nn)
+            gemm<T>(false, false, rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, kt, kBc, T(0), s, kBc);
+          else
+            gemm<T>(false, true, rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBc);
           const bool diag = P.causal && j0 + bcs - 1 > P.pos0 + ii;  // some key of the block is hidden from its row 0
           T* ob = orow + r0 * o.ld;
           const bool first = j0 == 0;  // every block of key tile 0 sees a key: its product writes the rows
@@ -425,15 +424,14 @@ template <class T> struct BwdScratch {
 // uninitialised: the first block's products write them, beta 0, after zeroing the rows it does not
 // reach) and accumulates into dq[x] (the output's rows or a thread's private [B, H, T, d] buffers;
 // dq_first: dq's rows arrive uninitialised, and this tile, key tile 0, writes every one of them).
-template <class T>
-void backward_key_tile(const Branches<T>& X, const TileKernels<T>& K, const Rows<T>& g, int64_t b, int64_t hk, int64_t j0,
-                       const OutRows<T>& dv, const OutRows<T>* dq, bool dq_first, const BwdScratch<T>& w) {
+template <class T> void backward_key_tile(const Branches<T>& X, const TileKernels<T>& K, const Rows<T>& g, int64_t b, int64_t hk,
+                                          int64_t j0, const OutRows<T>& dv, const OutRows<T>* dq, bool dq_first, const BwdScratch<T>& w) {
   const Problem<T>& P = *X.P[0];
   const int64_t bc = std::min(kBcB, P.S - j0);
   const bool* kp = P.kp_row(b);
   T* dv_t = dv.row(b, hk, j0);
   const int64_t i_first = P.causal ? std::max<int64_t>(0, j0 - P.pos0) : 0;  // queries that see key j0 or later
-  const bool nn = P.rep * (P.T_ - i_first) >= kMinRowsT;  // enough query rows: Kᵀ and Vᵀ of the tile, NN products
+  const bool nn = P.rep * (P.T_ - i_first) >= kMinRowsT;                     // enough query rows: Kᵀ and Vᵀ of the tile, NN products
   if (nn) {
     for (int x = 0; x < X.n; ++x) K.transpose(X.P[x]->k.row(b, hk, j0), X.P[x]->k.ld, w.kt[x], kBcB, bc, P.d);
     K.transpose(P.v.row(b, hk, j0), P.v.ld, w.vt, kBcB, bc, P.dv);
@@ -453,8 +451,10 @@ void backward_key_tile(const Branches<T>& X, const TileKernels<T>& K, const Rows
         const bool diag = P.causal && j0 + n - 1 > P.pos0 + i0;
         for (int x = 0; x < X.n; ++x) {  // P_x = exp(S_x − LSE_x)
           const Problem<T>& Px = *X.P[x];
-          if (nn) gemm<T>(false, false, br, n, P.d, P.scale, Px.q.row(b, h, i0), Px.q.ld, w.kt[x], kBcB, T(0), w.s[x], kBcB);
-          else gemm<T>(false, true, br, n, P.d, P.scale, Px.q.row(b, h, i0), Px.q.ld, Px.k.row(b, hk, j0), Px.k.ld, T(0), w.s[x], kBcB);
+          if (nn)
+            gemm<T>(false, false, br, n, P.d, P.scale, Px.q.row(b, h, i0), Px.q.ld, w.kt[x], kBcB, T(0), w.s[x], kBcB);
+          else
+            gemm<T>(false, true, br, n, P.d, P.scale, Px.q.row(b, h, i0), Px.q.ld, Px.k.row(b, hk, j0), Px.k.ld, T(0), w.s[x], kBcB);
           K.probs(w.s[x], kBcB, br, n, X.lse[x] + bh * P.T_ + i0, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0));
         }
         const T* grow = g.row(b, h, i0);
@@ -464,8 +464,10 @@ void backward_key_tile(const Branches<T>& X, const TileKernels<T>& K, const Rows
           pv = w.dp;
         }
         gemm<T>(true, false, n, P.dv, br, T(1), pv, kBcB, grow, g.ld, kv_beta, dv_t, dv.ld);  // dV += Pᵀ dO
-        if (nn) gemm<T>(false, false, br, n, P.dv, T(1), grow, g.ld, w.vt, kBcB, T(0), w.dp, kBcB);  // dP = dO Vᵀ
-        else gemm<T>(false, true, br, n, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), w.dp, kBcB);
+        if (nn)
+          gemm<T>(false, false, br, n, P.dv, T(1), grow, g.ld, w.vt, kBcB, T(0), w.dp, kBcB);  // dP = dO Vᵀ
+        else
+          gemm<T>(false, true, br, n, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), w.dp, kBcB);
         for (int x = 0; x < X.n; ++x) {
           const Problem<T>& Px = *X.P[x];
           K.ds(w.s[x], w.dp, kBcB, br, n, X.D[x] + bh * P.T_ + i0, X.dsf[x] * P.scale);  // dS (scaled)
@@ -487,16 +489,18 @@ void backward_key_tile(const Branches<T>& X, const TileKernels<T>& K, const Rows
 // visible key: their O is NaN); with two branches o is the combined O = O1 − λ O2 and o2 is O2, so
 // D_1 = rowsum(dO ⊙ O) + λ E, D_2 = E = rowsum(dO ⊙ O2) (dO2 = −λ dO is folded into dsf[1] = −λ), and
 // *dlam = −Σ E.
-template <class T>
-void backward(Branches<T> X, const Rows<T>& o, const Rows<T>* o2, const Rows<T>& g, const OutRows<T>& dv, T* dlam) {
+template <class T> void backward(Branches<T> X, const Rows<T>& o, const Rows<T>* o2, const Rows<T>& g, const OutRows<T>& dv, T* dlam) {
   const Problem<T>& P = *X.P[0];
   const int64_t rows = P.B * P.H * P.T_;
   std::vector<T> D(static_cast<size_t>(X.n * rows));
   const TileKernels<T> K;
-  parallel_for(rows, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(P.dv, 1)), [&](int64_t rb, int64_t re) {
-    K.dot(D.data(), X.lse[0], rb, re - rb, o, g, P.H, P.T_, P.dv);
-    if (X.n == 2) K.dot(D.data() + rows, X.lse[1], rb, re - rb, *o2, g, P.H, P.T_, P.dv);
-  }, 1);
+  parallel_for(
+      rows, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(P.dv, 1)),
+      [&](int64_t rb, int64_t re) {
+        K.dot(D.data(), X.lse[0], rb, re - rb, o, g, P.H, P.T_, P.dv);
+        if (X.n == 2) K.dot(D.data() + rows, X.lse[1], rb, re - rb, *o2, g, P.H, P.T_, P.dv);
+      },
+      1);
   for (int x = 0; x < X.n; ++x) X.D[x] = D.data() + x * rows;
   if (X.n == 2) {
     T e = 0;
@@ -570,9 +574,8 @@ void check_views(const char* op, std::initializer_list<Cpu::V> vs, DType dt) {
   }
 }
 
-template <class T>
-Problem<T> make_problem(Cpu::V q, Cpu::V k, Cpu::V v, const Cpu::V* key_padding, const Cpu::V* mask, double scale, bool causal,
-                        int64_t pos0) {
+template <class T> Problem<T> make_problem(Cpu::V q, Cpu::V k, Cpu::V v, const Cpu::V* key_padding, const Cpu::V* mask, double scale,
+                                           bool causal, int64_t pos0) {
   Problem<T> P(q, k, v);
   const Shape &qs = q.layout.shape, &ks = k.layout.shape, &vs = v.layout.shape;
   P.B = qs[0];
@@ -589,10 +592,10 @@ Problem<T> make_problem(Cpu::V q, Cpu::V k, Cpu::V v, const Cpu::V* key_padding,
   P.causal = causal;
   P.pos0 = pos0;
   if (key_padding) {
-    KILN_CHECK(key_padding->dtype == DType::boolean && key_padding->layout.is_contiguous() &&
-                   key_padding->layout.shape == Shape({P.B, P.S}),
-               "attention: key_padding must be a contiguous bool [{}, {}], got {} {}", P.B, P.S, key_padding->dtype,
-               shape_str(key_padding->layout.shape));
+    KILN_CHECK(
+        key_padding->dtype == DType::boolean && key_padding->layout.is_contiguous() && key_padding->layout.shape == Shape({P.B, P.S}),
+        "attention: key_padding must be a contiguous bool [{}, {}], got {} {}", P.B, P.S, key_padding->dtype,
+        shape_str(key_padding->layout.shape));
     P.kp = key_padding->storage.as<bool>() + key_padding->layout.offset;
   }
   if (mask) {
@@ -604,8 +607,10 @@ Problem<T> make_problem(Cpu::V q, Cpu::V k, Cpu::V v, const Cpu::V* key_padding,
     P.msh = l.strides[1];
     P.mst = l.strides[2];
     P.mss = l.strides[3];
-    if (mask->dtype == DType::boolean) P.mkeep = mask->storage.as<bool>() + l.offset;
-    else P.madd = mask->storage.as<T>() + l.offset;
+    if (mask->dtype == DType::boolean)
+      P.mkeep = mask->storage.as<bool>() + l.offset;
+    else
+      P.madd = mask->storage.as<T>() + l.offset;
   }
   return P;
 }
@@ -653,8 +658,10 @@ void Cpu::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, con
     const Problem<T> P = make_problem<T>(q, k, v, key_padding, mask, scale, causal, pos0);
     forward(P, OutRows<T>(o), lse.storage.as<T>() + lse.layout.offset);
   };
-  if (q.dtype == DType::f32) run(type_tag<float>{});
-  else run(type_tag<double>{});
+  if (q.dtype == DType::f32)
+    run(type_tag<float>{});
+  else
+    run(type_tag<double>{});
 }
 
 void Cpu::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, const V* mask, double scale,
@@ -670,8 +677,10 @@ void Cpu::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout
     X.dk[0] = OutRows<T>(dk);
     backward<T>(X, Rows<T>(o), nullptr, Rows<T>(dout), OutRows<T>(dv), nullptr);
   };
-  if (q.dtype == DType::f32) run(type_tag<float>{});
-  else run(type_tag<double>{});
+  if (q.dtype == DType::f32)
+    run(type_tag<float>{});
+  else
+    run(type_tag<double>{});
 }
 
 // Differential attention (core/fused_diff_attention.hpp): the two branches' flash forwards, then
@@ -692,21 +701,26 @@ void Cpu::diff_attention_forward(M o, M o2, M lse1, M lse2, V q1, V q2, V k1, V 
     forward(P1, out, lse1.storage.as<T>() + lse1.layout.offset);
     forward(P2, out2, lse2.storage.as<T>() + lse2.layout.offset);
     const T l = scalar_of<T>(lam);
-    parallel_for(P1.B * P1.H * P1.T_, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(P1.dv, 1)), [&](int64_t rb, int64_t re) {
-      for (int64_t x = rb; x < re; ++x) {
-        const int64_t t = x % P1.T_, bh = x / P1.T_, b = bh / P1.H, h = bh % P1.H;
-        T* a = out.row(b, h, t);
-        const T* c = out2.row(b, h, t);
-        for (int64_t i = 0; i < P1.dv; ++i) a[i] -= l * c[i];
-      }
-    }, 1);
+    parallel_for(
+        P1.B * P1.H * P1.T_, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(P1.dv, 1)),
+        [&](int64_t rb, int64_t re) {
+          for (int64_t x = rb; x < re; ++x) {
+            const int64_t t = x % P1.T_, bh = x / P1.T_, b = bh / P1.H, h = bh % P1.H;
+            T* a = out.row(b, h, t);
+            const T* c = out2.row(b, h, t);
+            for (int64_t i = 0; i < P1.dv; ++i) a[i] -= l * c[i];
+          }
+        },
+        1);
   };
-  if (q1.dtype == DType::f32) run(type_tag<float>{});
-  else run(type_tag<double>{});
+  if (q1.dtype == DType::f32)
+    run(type_tag<float>{});
+  else
+    run(type_tag<double>{});
 }
 
-void Cpu::diff_attention_backward(M dq1, M dq2, M dk1, M dk2, M dv, M dlam, V q1, V q2, V k1, V k2, V v, V lam, V o, V o2, V lse1,
-                                  V lse2, V dout, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0) {
+void Cpu::diff_attention_backward(M dq1, M dq2, M dk1, M dk2, M dv, M dlam, V q1, V q2, V k1, V k2, V v, V lam, V o, V o2, V lse1, V lse2,
+                                  V dout, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0) {
   const char* op = "diff_attention_backward";
   check_backward_outputs(op, dq1, dk1, dv, q1, k1, v, o, dout, lse1);
   check_backward_outputs(op, dq2, dk2, dv, q2, k2, v, o2, dout, lse2);
@@ -732,8 +746,10 @@ void Cpu::diff_attention_backward(M dq1, M dq2, M dk1, M dk2, M dv, M dlam, V q1
     const Rows<T> r2(o2);
     backward(X, Rows<T>(o), &r2, Rows<T>(dout), OutRows<T>(dv), dlam.storage.as<T>() + dlam.layout.offset);
   };
-  if (q1.dtype == DType::f32) run(type_tag<float>{});
-  else run(type_tag<double>{});
+  if (q1.dtype == DType::f32)
+    run(type_tag<float>{});
+  else
+    run(type_tag<double>{});
 }
 
 }  // namespace kiln

@@ -14,8 +14,10 @@ template <class Op, class T> inline auto bin(T a, T b) {
     return Op::template f<T>(a, b);
   } else {
     const auto r = Op::template f<float>(static_cast<float>(a), static_cast<float>(b));
-    if constexpr (Op::compare) return r;
-    else return T(r);
+    if constexpr (Op::compare)
+      return r;
+    else
+      return T(r);
   }
 }
 
@@ -45,7 +47,8 @@ template <class Op, class T> void binary_kernel(Cpu::M out, Cpu::V a, Cpu::V b) 
   const int64_t so = p.inner(0), sa = p.inner(1), sb = p.inner(2);
   const int64_t grain = std::is_same_v<Op, op::Pow> ? kGrainMath : kGrainCheap;
   const auto run = pick_if<avx2_dtype_v<T>, binary_run<Baseline, Op, T, O>, binary_run<Avx2, Op, T, O>>();  // integer ops: baseline
-  for_each_parallel(p, grain, [&](const std::array<int64_t, 3>& off, int64_t n) { run(o + off[0], x + off[1], y + off[2], n, so, sa, sb); });
+  for_each_parallel(p, grain,
+                    [&](const std::array<int64_t, 3>& off, int64_t n) { run(o + off[0], x + off[1], y + off[2], n, so, sa, sb); });
 }
 
 }  // namespace

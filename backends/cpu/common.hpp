@@ -129,12 +129,16 @@ template <auto FB, auto FA, auto FZ> auto pick() -> decltype(FB) {
 // pick<FB, FA>() where Vary, else FB alone (no AVX2 instance is compiled): for instances that gain
 // little from AVX2 and would cost compile time.
 template <bool Vary, auto FB, auto FA> auto pick_if() -> decltype(FB) {
-  if constexpr (Vary) return pick<FB, FA>();
-  else return FB;
+  if constexpr (Vary)
+    return pick<FB, FA>();
+  else
+    return FB;
 }
 template <bool Vary, auto FB, auto FA, auto FZ> auto pick_if() -> decltype(FB) {
-  if constexpr (Vary) return pick<FB, FA, FZ>();
-  else return FB;
+  if constexpr (Vary)
+    return pick<FB, FA, FZ>();
+  else
+    return FB;
 }
 // The dtypes whose generic elementwise kernels (binary, reduce) get an AVX2 variant: f32 and f64.
 // Integers, bool and the half types stay baseline there (rare in training; each variant of the many
@@ -143,8 +147,8 @@ template <class T> inline constexpr bool avx2_dtype_v = std::is_same_v<T, float>
 
 // ---------------------------------------------------------------------------------- threads
 // Work units (elements, rows, ...) per thread below which a loop stays on the calling thread.
-inline constexpr int64_t kGrainCheap = 32768;   // memory-bound elementwise (add, copy, fill)
-inline constexpr int64_t kGrainMath = 4096;     // transcendental elementwise (exp, tanh, ...)
+inline constexpr int64_t kGrainCheap = 32768;  // memory-bound elementwise (add, copy, fill)
+inline constexpr int64_t kGrainMath = 4096;    // transcendental elementwise (exp, tanh, ...)
 
 // Calls f(begin, end) over [0, n) split into one contiguous chunk per thread (chunk starts rounded to
 // `align` units). Runs inline when n < 2 * grain, when one thread is configured, or when already inside
@@ -209,8 +213,7 @@ Plan<N> make_plan(const Shape& shape, const std::array<const Strides*, N>& strid
     const int64_t s = shape[d];
     if (s == 1) continue;
     bool merge = p.nd > 0;
-    for (int k = 0; k < N && merge; ++k)
-      merge = (*strides[static_cast<size_t>(k)])[d] == p.stride[k][p.nd - 1] * p.size[p.nd - 1];
+    for (int k = 0; k < N && merge; ++k) merge = (*strides[static_cast<size_t>(k)])[d] == p.stride[k][p.nd - 1] * p.size[p.nd - 1];
     if (merge) {
       p.size[p.nd - 1] *= s;
     } else {
@@ -257,14 +260,18 @@ template <int N, class K> void for_range(const Plan<N>& p, int64_t begin, int64_
 
 // The whole plan, in parallel chunks of at least `grain` elements per thread.
 template <int N, class K> void for_each_parallel(const Plan<N>& p, int64_t grain, K&& kernel) {
-  parallel_for(p.numel, grain, [&](int64_t b, int64_t e) { for_range(p, b, e, kernel); }, 64);
+  parallel_for(
+      p.numel, grain, [&](int64_t b, int64_t e) { for_range(p, b, e, kernel); }, 64);
 }
 
 // Calls f(type_tag<T>{}) for f32 and f64, the fused kernels' dtypes; throws naming the op otherwise.
 template <class F> void float_types(DType d, const char* op, F&& f) {
-  if (d == DType::f32) f(type_tag<float>{});
-  else if (d == DType::f64) f(type_tag<double>{});
-  else fail("{}: the Cpu kernel takes f32 or f64, got {}", op, d);
+  if (d == DType::f32)
+    f(type_tag<float>{});
+  else if (d == DType::f64)
+    f(type_tag<double>{});
+  else
+    fail("{}: the Cpu kernel takes f32 or f64, got {}", op, d);
 }
 
 // ---------------------------------------------------------------------------------- row dot products
@@ -337,25 +344,35 @@ template <class I, class T> inline T dot(I, const T* x, const T* u, int64_t n) {
 // ---------------------------------------------------------------------------------- conversions
 // Exactly Reference's convert<T>(U): through double; bool is "!= 0"; half types round from float.
 template <class T, class U> inline T convert(U x) {
-  if constexpr (std::is_same_v<T, U>) return x;  // exact (an i64 beyond 2^53 survives)
-  else if constexpr (std::is_same_v<T, bool>) return static_cast<double>(x) != 0.0;
-  else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) return T(static_cast<float>(static_cast<double>(x)));
-  else return static_cast<T>(static_cast<double>(x));
+  if constexpr (std::is_same_v<T, U>)
+    return x;  // exact (an i64 beyond 2^53 survives)
+  else if constexpr (std::is_same_v<T, bool>)
+    return static_cast<double>(x) != 0.0;
+  else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
+    return T(static_cast<float>(static_cast<double>(x)));
+  else
+    return static_cast<T>(static_cast<double>(x));
 }
 
 // An element of storage type S as Reference reads it for conversion to T (copy semantics).
 template <class T, class S> inline T convert_elem(S x) {
-  if constexpr (std::is_same_v<S, bool>) return convert<T>(x ? 1 : 0);
-  else if constexpr (std::is_same_v<S, bf16> || std::is_same_v<S, f16>) return convert<T>(static_cast<float>(x));
-  else if constexpr (std::is_same_v<S, T>) return x;  // same type: exact
-  else return convert<T>(x);
+  if constexpr (std::is_same_v<S, bool>)
+    return convert<T>(x ? 1 : 0);
+  else if constexpr (std::is_same_v<S, bf16> || std::is_same_v<S, f16>)
+    return convert<T>(static_cast<float>(x));
+  else if constexpr (std::is_same_v<S, T>)
+    return x;  // same type: exact
+  else
+    return convert<T>(x);
 }
 
 // Load as compute type / store from compute type.
 template <class T> inline compute_t<T> ld(T x) { return static_cast<compute_t<T>>(x); }
 template <class T> inline T st(compute_t<T> x) {
-  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) return T(x);
-  else return x;
+  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
+    return T(x);
+  else
+    return x;
 }
 
 template <class T> T* ptr(HostStorage& s) { return s.as<T>(); }

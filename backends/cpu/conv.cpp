@@ -110,7 +110,8 @@ struct Problem {
     const auto prop = dnnl::prop_kind::forward_training;
     const auto alg = dnnl::algorithm::convolution_direct;
     if (bias)
-      return {dnnl::convolution_forward::desc(prop, alg, any(src()), any(wei()), bia(), any(dst()), strides(), dilates(), pad(), pad()), eng};
+      return {dnnl::convolution_forward::desc(prop, alg, any(src()), any(wei()), bia(), any(dst()), strides(), dilates(), pad(), pad()),
+              eng};
     return {dnnl::convolution_forward::desc(prop, alg, any(src()), any(wei()), any(dst()), strides(), dilates(), pad(), pad()), eng};
   }
 };

@@ -27,21 +27,21 @@ struct Cpu {
   static void write(Storage& s, size_t off, const void* src, size_t n) { s.write(off, src, n); }
   static void read(const Storage& s, size_t off, void* dst, size_t n) { s.read(off, dst, n); }
 
-  KILN_BACKEND_PRIMITIVES  // backends/primitives.hpp
-  KILN_FUSED_RMS_NORM         // norm.cpp
-  KILN_FUSED_SWIGLU           // unary.cpp
-  KILN_FUSED_ROPE             // rope.cpp
-  KILN_FUSED_DIFF2_COMBINE    // diff2.cpp
-  KILN_FUSED_DEPTH_ATTENTION  // depth.cpp
-  KILN_FUSED_SOFTMAX          // softmax.cpp
-  KILN_FUSED_CROSS_ENTROPY    // softmax.cpp
-  KILN_FUSED_ADAM             // optim.cpp
-  KILN_FUSED_SUM_SQUARES      // optim.cpp
-  // flash attention (attention.cpp): outputs in the inputs' layouts, every element written
-  static constexpr bool attention_any_layout = true;
+  KILN_BACKEND_PRIMITIVES                                     // backends/primitives.hpp
+      KILN_FUSED_RMS_NORM                                     // norm.cpp
+          KILN_FUSED_SWIGLU                                   // unary.cpp
+              KILN_FUSED_ROPE                                 // rope.cpp
+                  KILN_FUSED_DIFF2_COMBINE                    // diff2.cpp
+                      KILN_FUSED_DEPTH_ATTENTION              // depth.cpp
+                          KILN_FUSED_SOFTMAX                  // softmax.cpp
+                              KILN_FUSED_CROSS_ENTROPY        // softmax.cpp
+                                  KILN_FUSED_ADAM             // optim.cpp
+                                      KILN_FUSED_SUM_SQUARES  // optim.cpp
+      // flash attention (attention.cpp): outputs in the inputs' layouts, every element written
+      static constexpr bool attention_any_layout = true;
   KILN_FUSED_ATTENTION
   KILN_FUSED_DIFF_ATTENTION  // both branches of differential attention in one op (attention.cpp)
-  KILN_FUSED_CONV_POOL  // convolution (oneDNN, conv.cpp) and pooling (pool.cpp)
+      KILN_FUSED_CONV_POOL   // convolution (oneDNN, conv.cpp) and pooling (pool.cpp)
 };
 static_assert(Backend<Cpu>);
 

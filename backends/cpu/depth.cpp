@@ -1,9 +1,8 @@
 // Fused depth attention (Attention Residuals) over contiguous rows, and the two primitives of its
-// two-phase inference; contract and formulas in core/fused_depth.hpp. Rows are split over the threads. Forward: one pass over each source row for
-// Σv² and q·v, one to accumulate h; backward: one pass for dh·v and q·v, one to write dv_i and
-// accumulate dq. dq is summed per fixed chunk of rows, then over the chunks in order (deterministic for
-// a given thread count, like RMSNorm's dw). Row sums through dot2 (common.hpp); the row loops are
-// kernels with variants per instruction set (common.hpp).
+// two-phase inference; contract and formulas in core/fused_depth.hpp. Rows are split over the threads. Forward: one pass over each source
+// row for Σv² and q·v, one to accumulate h; backward: one pass for dh·v and q·v, one to write dv_i and accumulate dq. dq is summed per
+// fixed chunk of rows, then over the chunks in order (deterministic for a given thread count, like RMSNorm's dw). Row sums through dot2
+// (common.hpp); the row loops are kernels with variants per instruction set (common.hpp).
 #include <cmath>
 #include <vector>
 
@@ -29,9 +28,8 @@ template <class T> inline void weighted_add(T* out, T w, const T* x, int64_t D, 
 // Kernels (common.hpp), each over rows [b, e) of D elements; v holds the n source row pointers.
 
 // Forward; logit: n scratch values.
-template <class I, class T>
-void depth_fwd_rows(T* h, T* alpha, T* rstd, const T* const* v, int64_t n, const T* q, int64_t b, int64_t e, int64_t N, int64_t D,
-                    double eps, T* logit) {
+template <class I, class T> void depth_fwd_rows(T* h, T* alpha, T* rstd, const T* const* v, int64_t n, const T* q, int64_t b, int64_t e,
+                                                int64_t N, int64_t D, double eps, T* logit) {
   for (int64_t t = b; t < e; ++t) {
     T m = -std::numeric_limits<T>::infinity();
     bool nan = false;
@@ -62,9 +60,8 @@ void depth_fwd_rows(T* h, T* alpha, T* rstd, const T* const* v, int64_t n, const
 }
 
 // Backward: dv rows written, dq's terms accumulated into acc (D wide); a, s: n scratch values each.
-template <class I, class T>
-void depth_bwd_rows(T* const* dv, T* acc, const T* const* v, int64_t n, const T* q, const T* alpha, const T* rstd, const T* dh, int64_t b,
-                    int64_t e, int64_t N, int64_t D, T* a, T* s) {
+template <class I, class T> void depth_bwd_rows(T* const* dv, T* acc, const T* const* v, int64_t n, const T* q, const T* alpha,
+                                                const T* rstd, const T* dh, int64_t b, int64_t e, int64_t N, int64_t D, T* a, T* s) {
   for (int64_t t = b; t < e; ++t) {
     const T* g = dh + t * D;
     T dot = 0;
@@ -92,9 +89,8 @@ void depth_bwd_rows(T* const* dv, T* acc, const T* const* v, int64_t n, const T*
 }
 
 // Phase 1 of two-phase inference: S queries against n sources, per row; w: n·S scratch values.
-template <class I, class T>
-void depth_phase1_rows(T* m, T* l, T* acc, const T* const* v, int64_t n, const T* Q, int64_t S, int64_t b, int64_t e, int64_t N,
-                       int64_t D, double eps, T* w) {
+template <class I, class T> void depth_phase1_rows(T* m, T* l, T* acc, const T* const* v, int64_t n, const T* Q, int64_t S, int64_t b,
+                                                   int64_t e, int64_t N, int64_t D, double eps, T* w) {
   for (int64_t t = b; t < e; ++t) {
     for (int64_t i = 0; i < n; ++i) {
       const T* x = v[i] + t * D;
@@ -149,15 +145,17 @@ void depth_merge_rows(T* h, const T* m, const T* l, const T* acc, const T* p, co
 template <class T> void depth_fwd(T* h, T* alpha, T* rstd, const std::vector<const T*>& v, const T* q, int64_t N, int64_t D, double eps) {
   const auto n = static_cast<int64_t>(v.size());
   const auto rows = pick<depth_fwd_rows<Baseline, T>, depth_fwd_rows<Avx2, T>>();
-  parallel_for(N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(n * D, 1)), [&](int64_t b, int64_t e) {
-    std::vector<T> logit(static_cast<size_t>(n));
-    rows(h, alpha, rstd, v.data(), n, q, b, e, N, D, eps, logit.data());
-  }, 1);
+  parallel_for(
+      N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(n * D, 1)),
+      [&](int64_t b, int64_t e) {
+        std::vector<T> logit(static_cast<size_t>(n));
+        rows(h, alpha, rstd, v.data(), n, q, b, e, N, D, eps, logit.data());
+      },
+      1);
 }
 
-template <class T>
-void depth_bwd(const std::vector<T*>& dv, T* dq, const std::vector<const T*>& v, const T* q, const T* alpha, const T* rstd, const T* dh,
-               int64_t N, int64_t D) {
+template <class T> void depth_bwd(const std::vector<T*>& dv, T* dq, const std::vector<const T*>& v, const T* q, const T* alpha,
+                                  const T* rstd, const T* dh, int64_t N, int64_t D) {
   const auto n = static_cast<int64_t>(v.size());
   const int nt = std::max(1, num_threads());
   std::vector<std::vector<T>> partial(static_cast<size_t>(nt));
@@ -187,17 +185,20 @@ template <class T>
 void depth_phase1(T* m, T* l, T* acc, const std::vector<const T*>& v, const T* Q, int64_t S, int64_t N, int64_t D, double eps) {
   const auto n = static_cast<int64_t>(v.size());
   const auto rows = pick<depth_phase1_rows<Baseline, T>, depth_phase1_rows<Avx2, T>>();
-  parallel_for(N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(n * D * S, 1)), [&](int64_t b, int64_t e) {
-    std::vector<T> w(static_cast<size_t>(n * S));  // logits, then weights, [i * S + j]
-    rows(m, l, acc, v.data(), n, Q, S, b, e, N, D, eps, w.data());
-  }, 1);
+  parallel_for(
+      N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(n * D * S, 1)),
+      [&](int64_t b, int64_t e) {
+        std::vector<T> w(static_cast<size_t>(n * S));  // logits, then weights, [i * S + j]
+        rows(m, l, acc, v.data(), n, Q, S, b, e, N, D, eps, w.data());
+      },
+      1);
 }
 
 template <class T> void depth_merge(T* h, const T* m, const T* l, const T* acc, const T* p, const T* q, int64_t N, int64_t D, double eps) {
   const auto rows = pick<depth_merge_rows<Baseline, T>, depth_merge_rows<Avx2, T>>();
-  parallel_for(N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(D, 1)), [&](int64_t b, int64_t e) {
-    rows(h, m, l, acc, p, q, b, e, D, eps);
-  }, 1);
+  parallel_for(
+      N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(D, 1)), [&](int64_t b, int64_t e) { rows(h, m, l, acc, p, q, b, e, D, eps); },
+      1);
 }
 
 template <class T, class X> const T* at(const X& x) { return ptr<T>(x.storage) + x.layout.offset; }

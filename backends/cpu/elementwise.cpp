@@ -52,8 +52,7 @@ KILN_CPU_AVX2_END
 // outer index, all s0 columns, in kT x kT tiles (full 4-byte tiles as 8 x 8 register transposes with
 // AVX2).
 constexpr int64_t kT = 32;
-template <class I, class T, class S>
-void transpose_stripe(T* o, const S* x, int64_t b1, int64_t e1, int64_t s0, int64_t os1, int64_t is0) {
+template <class I, class T, class S> void transpose_stripe(T* o, const S* x, int64_t b1, int64_t e1, int64_t s0, int64_t os1, int64_t is0) {
   for (int64_t b0 = 0; b0 < s0; b0 += kT) {
     const int64_t e0 = std::min(s0, b0 + kT);
     if constexpr (!std::is_same_v<I, Baseline> && std::is_same_v<T, S> && sizeof(T) == 4) {
@@ -85,28 +84,34 @@ template <class T, class S> void copy_kernel(Cpu::M out, Cpu::V in) {
     int64_t outer = 1;
     for (int d = 2; d < p.nd; ++d) outer *= p.size[d];
     // only 4-byte bit copies have an AVX2 form; conversions are scalar either way
-    const auto stripe = pick_if<std::is_same_v<T, S> && sizeof(T) == 4, transpose_stripe<Baseline, T, S>, transpose_stripe<Avx2, T, S>>();
-    parallel_for(outer * nb1, std::max<int64_t>(1, kGrainCheap / (kT * s0)), [&](int64_t ub, int64_t ue) {
-      for (int64_t u = ub; u < ue; ++u) {
-        int64_t rem = u / nb1, oo = p.base[0], io = p.base[1];
-        for (int d = 2; d < p.nd; ++d) {
-          const int64_t i = rem % p.size[d];
-          rem /= p.size[d];
-          oo += i * p.stride[0][d];
-          io += i * p.stride[1][d];
-        }
-        const int64_t b1 = (u % nb1) * kT, e1 = std::min(s1, b1 + kT);
-        stripe(o + oo, x + io, b1, e1, s0, os1, is0);
-      }
-    }, 1);
+    const auto stripe = pick_if < std::is_same_v<T, S> && sizeof(T) == 4, transpose_stripe<Baseline, T, S>, transpose_stripe < Avx2, T,
+               S >> ();
+    parallel_for(
+        outer * nb1, std::max<int64_t>(1, kGrainCheap / (kT * s0)),
+        [&](int64_t ub, int64_t ue) {
+          for (int64_t u = ub; u < ue; ++u) {
+            int64_t rem = u / nb1, oo = p.base[0], io = p.base[1];
+            for (int d = 2; d < p.nd; ++d) {
+              const int64_t i = rem % p.size[d];
+              rem /= p.size[d];
+              oo += i * p.stride[0][d];
+              io += i * p.stride[1][d];
+            }
+            const int64_t b1 = (u % nb1) * kT, e1 = std::min(s1, b1 + kT);
+            stripe(o + oo, x + io, b1, e1, s0, os1, is0);
+          }
+        },
+        1);
     return;
   }
   for_each_parallel(p, kGrainCheap, [&](const std::array<int64_t, 2>& off, int64_t n) {
     T* d = o + off[0];
     const S* s = x + off[1];
     if (so == 1 && si == 1) {
-      if constexpr (std::is_same_v<T, S>) std::memmove(d, s, static_cast<size_t>(n) * sizeof(T));
-      else for (int64_t i = 0; i < n; ++i) d[i] = convert_elem<T>(s[i]);
+      if constexpr (std::is_same_v<T, S>)
+        std::memmove(d, s, static_cast<size_t>(n) * sizeof(T));
+      else
+        for (int64_t i = 0; i < n; ++i) d[i] = convert_elem<T>(s[i]);
     } else if (si == 0) {
       const T v = convert_elem<T>(s[0]);
       for (int64_t i = 0; i < n; ++i) d[i * so] = v;
@@ -126,8 +131,10 @@ void Cpu::fill(M out, Scalar value) {
     const int64_t so = p.inner(0);
     for_each_parallel(p, kGrainCheap, [&](const std::array<int64_t, 1>& off, int64_t n) {
       T* d = o + off[0];
-      if (so == 1) std::fill_n(d, n, v);
-      else for (int64_t i = 0; i < n; ++i) d[i * so] = v;
+      if (so == 1)
+        std::fill_n(d, n, v);
+      else
+        for (int64_t i = 0; i < n; ++i) d[i * so] = v;
     });
   });
 }
@@ -139,15 +146,17 @@ void Cpu::copy(M out, V in) {
     // Same dtype: an exact bit copy (Reference's round trip through double would only disturb NaN
     // payloads and i64 values beyond 2^53).
     switch (dtype_size(in.dtype)) {
-      case 1: return copy_kernel<uint8_t, uint8_t>(out, in);
-      case 2: return copy_kernel<uint16_t, uint16_t>(out, in);
-      case 4: return copy_kernel<uint32_t, uint32_t>(out, in);
-      default: return copy_kernel<uint64_t, uint64_t>(out, in);
+      case 1:
+        return copy_kernel<uint8_t, uint8_t>(out, in);
+      case 2:
+        return copy_kernel<uint16_t, uint16_t>(out, in);
+      case 4:
+        return copy_kernel<uint32_t, uint32_t>(out, in);
+      default:
+        return copy_kernel<uint64_t, uint64_t>(out, in);
     }
   }
-  visit_dtype(in.dtype, [&]<class S>(type_tag<S>) {
-    visit_dtype(out.dtype, [&]<class T>(type_tag<T>) { copy_kernel<T, S>(out, in); });
-  });
+  visit_dtype(in.dtype, [&]<class S>(type_tag<S>) { visit_dtype(out.dtype, [&]<class T>(type_tag<T>) { copy_kernel<T, S>(out, in); }); });
 }
 
 void Cpu::where(M out, V cond, V a, V b) {
@@ -175,10 +184,14 @@ void Cpu::where(M out, V cond, V a, V b) {
   };
   // where moves elements without arithmetic: dispatch on the element width only.
   switch (dtype_size(a.dtype)) {
-    case 1: return go(type_tag<uint8_t>{});
-    case 2: return go(type_tag<uint16_t>{});
-    case 4: return go(type_tag<uint32_t>{});
-    default: return go(type_tag<uint64_t>{});
+    case 1:
+      return go(type_tag<uint8_t>{});
+    case 2:
+      return go(type_tag<uint16_t>{});
+    case 4:
+      return go(type_tag<uint32_t>{});
+    default:
+      return go(type_tag<uint64_t>{});
   }
 }
 

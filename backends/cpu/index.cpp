@@ -93,12 +93,15 @@ template <class T, class I> void scatter_kernel(Cpu::M out, int axis, Cpu::V ind
     run(shape, out.layout.offset, index.layout.offset, src.layout.offset);
   } else {
     const int64_t per = std::max<int64_t>(1, kiln::numel(shape) / shape[pd]);
-    parallel_for(shape[pd], std::max<int64_t>(1, kGrainCheap / per), [&](int64_t lo, int64_t hi) {
-      Shape sh = shape;
-      sh[pd] = hi - lo;
-      run(sh, out.layout.offset + lo * os[pd], index.layout.offset + lo * index.layout.strides[pd],
-          src.layout.offset + lo * src.layout.strides[pd]);
-    }, 1);
+    parallel_for(
+        shape[pd], std::max<int64_t>(1, kGrainCheap / per),
+        [&](int64_t lo, int64_t hi) {
+          Shape sh = shape;
+          sh[pd] = hi - lo;
+          run(sh, out.layout.offset + lo * os[pd], index.layout.offset + lo * index.layout.strides[pd],
+              src.layout.offset + lo * src.layout.strides[pd]);
+        },
+        1);
   }
   KILN_CHECK(!bad, "scatter_add: index out of range for dimension {} of size {} (output {})", axis, lim, shape_str(out.layout.shape));
 }
@@ -110,8 +113,10 @@ void Cpu::gather(M out, V src, int axis, V index) {
   KILN_CHECK(index.dtype == DType::i64 || index.dtype == DType::i32, "gather: index must be i32 or i64, got {}", index.dtype);
   if (src.layout.rank() == 0) return Cpu::copy(out, src);
   visit_dtype(src.dtype, [&]<class T>(type_tag<T>) {
-    if (index.dtype == DType::i64) gather_kernel<T, int64_t>(out, src, axis, index);
-    else gather_kernel<T, int32_t>(out, src, axis, index);
+    if (index.dtype == DType::i64)
+      gather_kernel<T, int64_t>(out, src, axis, index);
+    else
+      gather_kernel<T, int32_t>(out, src, axis, index);
   });
 }
 
@@ -129,8 +134,10 @@ void Cpu::scatter_add(M out, int axis, V index, V src) {
       const Layout at(index.layout.shape, src.layout.strides, src.layout.offset);  // src read over index's shape
       for (int64_t i = 0, n = index.layout.numel(); i < n; ++i) d = st<T>(ld(d) + ld(s[at.offset_of(i)]));
     } else {
-      if (index.dtype == DType::i64) scatter_kernel<T, int64_t>(out, axis, index, src);
-      else scatter_kernel<T, int32_t>(out, axis, index, src);
+      if (index.dtype == DType::i64)
+        scatter_kernel<T, int64_t>(out, axis, index, src);
+      else
+        scatter_kernel<T, int32_t>(out, axis, index, src);
     }
   });
 }

@@ -17,7 +17,8 @@ constexpr Isa kAll[] = {Isa::baseline, Isa::avx2, Isa::avx512};  // in order of 
 
 bool cpu_has(Isa i) {
   switch (i) {
-    case Isa::baseline: return true;
+    case Isa::baseline:
+      return true;
     case Isa::avx2:
 #if KILN_CPU_X86
       __builtin_cpu_init();
@@ -39,9 +40,12 @@ bool cpu_has(Isa i) {
 
 std::string_view describe(Isa i) {
   switch (i) {
-    case Isa::baseline: return "baseline";
-    case Isa::avx2: return "AVX2 with FMA";
-    case Isa::avx512: return "AVX-512 F/BW/DQ/VL";
+    case Isa::baseline:
+      return "baseline";
+    case Isa::avx2:
+      return "AVX2 with FMA";
+    case Isa::avx512:
+      return "AVX-512 F/BW/DQ/VL";
   }
   return "?";
 }
@@ -59,8 +63,8 @@ Isa choose() {
   const std::string_view want(env);
   for (Isa i : kAll) {
     if (want != isa_name(i)) continue;
-    KILN_CHECK(cpu_has(i), "KILN_CPU_ISA={}: this CPU does not support {} (the best it has is {}); set KILN_CPU_ISA={} or unset it",
-               want, describe(i), isa_name(best()), isa_name(best()));
+    KILN_CHECK(cpu_has(i), "KILN_CPU_ISA={}: this CPU does not support {} (the best it has is {}); set KILN_CPU_ISA={} or unset it", want,
+               describe(i), isa_name(best()), isa_name(best()));
     return i;
   }
   fail("KILN_CPU_ISA={}: unknown instruction set; valid: baseline, avx2, avx512 (unset: the best this CPU has, here {})", want,
@@ -71,9 +75,12 @@ Isa choose() {
 
 std::string_view isa_name(Isa i) {
   switch (i) {
-    case Isa::baseline: return "baseline";
-    case Isa::avx2: return "avx2";
-    case Isa::avx512: return "avx512";
+    case Isa::baseline:
+      return "baseline";
+    case Isa::avx2:
+      return "avx2";
+    case Isa::avx512:
+      return "avx512";
   }
   return "?";
 }

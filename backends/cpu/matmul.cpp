@@ -29,9 +29,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <unordered_map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kiln/backends/cpu/common.hpp"
@@ -85,9 +85,12 @@ template <class T> void run_blas(const Problem& p, const T* a, const T* b, T* c)
   const double flops = 2.0 * static_cast<double>(p.M) * static_cast<double>(p.N) * static_cast<double>(p.K);
   sync_omp_threads();
   if (bt > 1 && flops < kSmallGemmFlops && bt >= num_threads()) {
-    parallel_for(bt, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) one(static_cast<size_t>(i));
-    }, 1);
+    parallel_for(
+        bt, 1,
+        [&](int64_t lo, int64_t hi) {
+          for (int64_t i = lo; i < hi; ++i) one(static_cast<size_t>(i));
+        },
+        1);
   } else {
     for (size_t i = 0; i < p.oa.size(); ++i) one(i);
   }
@@ -329,19 +332,25 @@ void Cpu::matmul(M out, V a, V b) {
              shape_str(a.layout.shape), shape_str(b.layout.shape), shape_str(out.layout.shape));
   KILN_CHECK(a.dtype == b.dtype && a.dtype == out.dtype, "matmul: dtypes differ: {} @ {} -> {}", a.dtype, b.dtype, out.dtype);
   const int64_t K = a.layout.shape[r - 1];
-  KILN_CHECK(b.layout.shape[r - 2] == K && a.layout.shape[r - 2] == out.layout.shape[r - 2] &&
-                 b.layout.shape[r - 1] == out.layout.shape[r - 1],
-             "matmul: {} @ {} -> {}: shapes do not match", shape_str(a.layout.shape), shape_str(b.layout.shape), shape_str(out.layout.shape));
+  KILN_CHECK(
+      b.layout.shape[r - 2] == K && a.layout.shape[r - 2] == out.layout.shape[r - 2] && b.layout.shape[r - 1] == out.layout.shape[r - 1],
+      "matmul: {} @ {} -> {}: shapes do not match", shape_str(a.layout.shape), shape_str(b.layout.shape), shape_str(out.layout.shape));
   switch (a.dtype) {
-    case DType::f32: matmul_typed<float>(out, a, b); return;
-    case DType::f64: matmul_typed<double>(out, a, b); return;
+    case DType::f32:
+      matmul_typed<float>(out, a, b);
+      return;
+    case DType::f64:
+      matmul_typed<double>(out, a, b);
+      return;
     case DType::bf16:
 #ifdef KILN_HAVE_ONEDNN
       if (native_bf16_matmul() && matmul_typed<bf16>(out, a, b)) return;
 #endif
       return half_via_f32(out, a, b);
-    case DType::f16: return half_via_f32(out, a, b);
-    default: fail("matmul: not supported for dtype {} ({} @ {})", a.dtype, shape_str(a.layout.shape), shape_str(b.layout.shape));
+    case DType::f16:
+      return half_via_f32(out, a, b);
+    default:
+      fail("matmul: not supported for dtype {} ({} @ {})", a.dtype, shape_str(a.layout.shape), shape_str(b.layout.shape));
   }
 }
 

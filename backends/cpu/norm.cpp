@@ -65,9 +65,8 @@ void rms_bwd_rows(T* dx, T* acc, const T* x, const T* w, const T* rstd, const T*
 
 template <class T> void rms_fwd(T* y, T* rstd, const T* x, const T* w, int64_t N, int64_t D, double eps) {
   const auto rows = pick<rms_fwd_rows<Baseline, T>, rms_fwd_rows<Avx2, T>, rms_fwd_rows<Avx512, T>>();
-  parallel_for(N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(D, 1)), [&](int64_t b, int64_t e) {
-    rows(y, rstd, x, w, b, e, D, eps);
-  }, 1);
+  parallel_for(
+      N, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(D, 1)), [&](int64_t b, int64_t e) { rows(y, rstd, x, w, b, e, D, eps); }, 1);
 }
 
 template <class T> void rms_bwd(T* dx, T* dw, const T* x, const T* w, const T* rstd, const T* dy, int64_t N, int64_t D) {

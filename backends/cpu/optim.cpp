@@ -23,9 +23,16 @@ template <class T> struct AdamK {
   T b1, b2, ob1, ob2, decay, wd, step, inv_bc2, eps;
   bool l2, dec;
   explicit AdamK(const fused::AdamHyper& h)
-      : b1(static_cast<T>(h.beta1)), b2(static_cast<T>(h.beta2)), ob1(static_cast<T>(1.0 - h.beta1)), ob2(static_cast<T>(1.0 - h.beta2)),
-        decay(static_cast<T>(1.0 - h.lr * h.weight_decay)), wd(static_cast<T>(h.weight_decay)), step(static_cast<T>(h.lr / h.bc1)),
-        inv_bc2(static_cast<T>(1.0 / h.bc2_sqrt)), eps(static_cast<T>(h.eps)), l2(!h.decoupled && h.weight_decay != 0),
+      : b1(static_cast<T>(h.beta1)),
+        b2(static_cast<T>(h.beta2)),
+        ob1(static_cast<T>(1.0 - h.beta1)),
+        ob2(static_cast<T>(1.0 - h.beta2)),
+        decay(static_cast<T>(1.0 - h.lr * h.weight_decay)),
+        wd(static_cast<T>(h.weight_decay)),
+        step(static_cast<T>(h.lr / h.bc1)),
+        inv_bc2(static_cast<T>(1.0 / h.bc2_sqrt)),
+        eps(static_cast<T>(h.eps)),
+        l2(!h.decoupled && h.weight_decay != 0),
         dec(h.decoupled && h.weight_decay != 0) {}
 };
 
@@ -76,8 +83,7 @@ KILN_CPU_AVX512_END
 #endif
 
 // Kernel (common.hpp): n elements of one parameter; f32 in vectors (adam_vec), the rest element by element.
-template <class I, class T>
-void adam_range(T* w, T* m, T* v, const T* g, int64_t n, const fused::AdamHyper& h) {
+template <class I, class T> void adam_range(T* w, T* m, T* v, const T* g, int64_t n, const fused::AdamHyper& h) {
   const AdamK<T> k(h);
   int64_t i = 0;
   if constexpr (std::is_same_v<T, float>) i = adam_vec(I{}, w, m, v, g, n, k);
@@ -132,17 +138,20 @@ void Cpu::sum_squares(M out, const std::vector<V>& xs) {
   const auto f64 = pick<sumsq_range<Baseline, double>, sumsq_range<Avx2, double>, sumsq_range<Avx512, double>>();
   const int64_t chunks = (start.back() + kSumChunk - 1) / kSumChunk;
   std::vector<double> part(static_cast<size_t>(chunks), 0.0);
-  parallel_for(chunks, std::max<int64_t>(1, kGrainCheap / kSumChunk), [&](int64_t cb, int64_t ce) {
-    for (int64_t c = cb; c < ce; ++c) {
-      double acc = 0;
-      for_pieces(start, c * kSumChunk, std::min(start.back(), (c + 1) * kSumChunk), [&](size_t i, int64_t lo, int64_t hi) {
-        const V& x = xs[i];
-        acc += x.dtype == DType::f32 ? f32(x.storage.as<float>() + x.layout.offset + lo, hi - lo)
-                                     : f64(x.storage.as<double>() + x.layout.offset + lo, hi - lo);
-      });
-      part[static_cast<size_t>(c)] = acc;
-    }
-  }, 1);
+  parallel_for(
+      chunks, std::max<int64_t>(1, kGrainCheap / kSumChunk),
+      [&](int64_t cb, int64_t ce) {
+        for (int64_t c = cb; c < ce; ++c) {
+          double acc = 0;
+          for_pieces(start, c * kSumChunk, std::min(start.back(), (c + 1) * kSumChunk), [&](size_t i, int64_t lo, int64_t hi) {
+            const V& x = xs[i];
+            acc += x.dtype == DType::f32 ? f32(x.storage.as<float>() + x.layout.offset + lo, hi - lo)
+                                         : f64(x.storage.as<double>() + x.layout.offset + lo, hi - lo);
+          });
+          part[static_cast<size_t>(c)] = acc;
+        }
+      },
+      1);
   double total = 0;
   for (double p : part) total += p;
   out.storage.as<double>()[out.layout.offset] = total;
@@ -163,8 +172,10 @@ void Cpu::adam_step(const std::vector<M>& w, const std::vector<M>& m, const std:
         range(w[i].storage.as<T>() + w[i].layout.offset + lo, m[i].storage.as<T>() + m[i].layout.offset + lo,
               v[i].storage.as<T>() + v[i].layout.offset + lo, g[i].storage.as<T>() + g[i].layout.offset + lo, hi - lo, h);
       };
-      if (w[i].dtype == DType::f32) run(range_f32);
-      else run(range_f64);
+      if (w[i].dtype == DType::f32)
+        run(range_f32);
+      else
+        run(range_f64);
     });
   });
 }

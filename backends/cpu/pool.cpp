@@ -105,7 +105,8 @@ int64_t pad_r(int64_t in, int64_t out, int64_t k, int64_t s, int64_t p) { return
 
 // avg pooling forward (backward = false) or backward on f32 nchw; false when declined.
 bool avg_pool_dnnl(const Shape& xs, const Shape& ys, const Pool2dParams& p, bool backward, const float* src, const float* dst) {
-  const int64_t rh = pad_r(xs[2], ys[2], p.kernel.h, p.stride.h, p.padding.h), rw = pad_r(xs[3], ys[3], p.kernel.w, p.stride.w, p.padding.w);
+  const int64_t rh = pad_r(xs[2], ys[2], p.kernel.h, p.stride.h, p.padding.h),
+                rw = pad_r(xs[3], ys[3], p.kernel.w, p.stride.w, p.padding.w);
   if (p.count_include_pad && (rh > p.padding.h || rw > p.padding.w)) return false;
   thread_local PoolThread t;
   std::vector<int64_t> key{backward, p.count_include_pad, p.kernel.h, p.kernel.w, p.stride.h, p.stride.w, p.padding.h, p.padding.w, rh, rw};
@@ -140,8 +141,10 @@ bool avg_pool_dnnl(const Shape& xs, const Shape& ys, const Pool2dParams& p, bool
   e.dst.set_data_handle(const_cast<float*>(dst));
   const int n = num_threads();
   if (!omp_in_parallel() && omp_get_max_threads() != n) omp_set_num_threads(n);
-  if (backward) e.prim->execute(t.stream, {{DNNL_ARG_DIFF_SRC, e.src}, {DNNL_ARG_DIFF_DST, e.dst}});
-  else e.prim->execute(t.stream, {{DNNL_ARG_SRC, e.src}, {DNNL_ARG_DST, e.dst}});
+  if (backward)
+    e.prim->execute(t.stream, {{DNNL_ARG_DIFF_SRC, e.src}, {DNNL_ARG_DIFF_DST, e.dst}});
+  else
+    e.prim->execute(t.stream, {{DNNL_ARG_SRC, e.src}, {DNNL_ARG_DST, e.dst}});
   t.stream.wait();
   return true;
 }
@@ -150,16 +153,22 @@ bool avg_pool_dnnl(const Shape& xs, const Shape& ys, const Pool2dParams& p, bool
 }  // namespace
 
 bool Cpu::max_pool2d_forward(M y, M idx, V x, const Pool2dParams& p) {
-  if (x.dtype == DType::f32) max_pool_fwd<float>(y, idx, x, p);
-  else if (x.dtype == DType::f64) max_pool_fwd<double>(y, idx, x, p);
-  else return false;
+  if (x.dtype == DType::f32)
+    max_pool_fwd<float>(y, idx, x, p);
+  else if (x.dtype == DType::f64)
+    max_pool_fwd<double>(y, idx, x, p);
+  else
+    return false;
   return true;
 }
 
 bool Cpu::max_pool2d_backward(M dx, V dy, V idx, const Pool2dParams&) {
-  if (dy.dtype == DType::f32) max_pool_bwd<float>(dx, dy, idx);
-  else if (dy.dtype == DType::f64) max_pool_bwd<double>(dx, dy, idx);
-  else return false;
+  if (dy.dtype == DType::f32)
+    max_pool_bwd<float>(dx, dy, idx);
+  else if (dy.dtype == DType::f64)
+    max_pool_bwd<double>(dx, dy, idx);
+  else
+    return false;
   return true;
 }
 

@@ -18,29 +18,35 @@ template <bool Uniform, class G> void rand_fill(Cpu::M out, uint64_t seed, uint6
     const Plan<1> p = make_plan<1>(out.layout.shape, {&out.layout.strides}, {out.layout.offset});
     T* o = out.storage.as<T>();
     const int64_t so = p.inner(0);
-    parallel_for(p.numel, 1024, [&](int64_t b, int64_t e) {
-      int64_t pos = b;
-      uint64_t cur = ~uint64_t{0};
-      Philox4x32 blk{};
-      for_range(p, b, e, [&](const std::array<int64_t, 1>& off, int64_t n) {
-        for (int64_t j = 0; j < n; ++j, ++pos) {
-          const auto i = static_cast<uint64_t>(pos);
-          if (i / 4 != cur) {
-            cur = i / 4;
-            blk = philox4x32_10(offset + cur, seed);
-          }
-          if constexpr (Uniform && is_float_v<T>) o[off[0] + j * so] = round_uniform<T>(gen(i, blk), hi);
-          else o[off[0] + j * so] = convert<T>(gen(i, blk));
-        }
-      });
-    }, 4);
+    parallel_for(
+        p.numel, 1024,
+        [&](int64_t b, int64_t e) {
+          int64_t pos = b;
+          uint64_t cur = ~uint64_t{0};
+          Philox4x32 blk{};
+          for_range(p, b, e, [&](const std::array<int64_t, 1>& off, int64_t n) {
+            for (int64_t j = 0; j < n; ++j, ++pos) {
+              const auto i = static_cast<uint64_t>(pos);
+              if (i / 4 != cur) {
+                cur = i / 4;
+                blk = philox4x32_10(offset + cur, seed);
+              }
+              if constexpr (Uniform && is_float_v<T>)
+                o[off[0] + j * so] = round_uniform<T>(gen(i, blk), hi);
+              else
+                o[off[0] + j * so] = convert<T>(gen(i, blk));
+            }
+          });
+        },
+        4);
   });
 }
 
 }  // namespace
 
 void Cpu::rand_uniform(M out, uint64_t seed, uint64_t offset, double lo, double hi) {
-  rand_fill<true>(out, seed, offset, [&](uint64_t i, const Philox4x32& r) { return philox_affine(lo, hi - lo, philox_uniform(r.v[i % 4])); }, hi);
+  rand_fill<true>(
+      out, seed, offset, [&](uint64_t i, const Philox4x32& r) { return philox_affine(lo, hi - lo, philox_uniform(r.v[i % 4])); }, hi);
 }
 
 void Cpu::rand_normal(M out, uint64_t seed, uint64_t offset, double mean, double std) {

@@ -20,7 +20,7 @@ using namespace cpu;
 namespace {
 
 template <class Op, class T> using acc_t =
-    std::conditional_t<(std::is_same_v<Op, op::Sum> || std::is_same_v<Op, op::Prod>) && is_float_v<T>, double, compute_t<T>>;
+    std::conditional_t<(std::is_same_v<Op, op::Sum> || std::is_same_v<Op, op::Prod>)&&is_float_v<T>, double, compute_t<T>>;
 
 // ---------------------------------------------------------------------------------- value folds
 // f32 sum (in double) / max / min of a contiguous run, AVX2.
@@ -77,9 +77,12 @@ template <class I, class Op, class T, class A> A fold(const T* x, int64_t n, int
 
 // Combining partial folds of consecutive pieces.
 template <class Op, class A> A combine(A a, A b) {
-  if constexpr (std::is_same_v<Op, op::Sum>) return a + b;
-  else if constexpr (std::is_same_v<Op, op::Prod>) return a * b;
-  else return Op::template step<A>(a, b);
+  if constexpr (std::is_same_v<Op, op::Sum>)
+    return a + b;
+  else if constexpr (std::is_same_v<Op, op::Prod>)
+    return a * b;
+  else
+    return Op::template step<A>(a, b);
 }
 
 // ---------------------------------------------------------------------------------- index folds
@@ -102,13 +105,17 @@ template <class Op, class T, class A> Best<A> arg_fold(const T* x, int64_t n, in
 template <class Op, class T> using fold_result_t = std::conditional_t<Op::index, Best<acc_t<Op, T>>, acc_t<Op, T>>;
 template <class I, class Op, class T> fold_result_t<Op, T> fold_row(const T* row, int64_t len, int64_t sa, int64_t k0) {
   using A = acc_t<Op, T>;
-  if constexpr (Op::index) return arg_fold<Op, T, A>(row, len, sa, k0);
-  else return fold<I, Op, T, A>(row, len, sa, Op::template init<A>());
+  if constexpr (Op::index)
+    return arg_fold<Op, T, A>(row, len, sa, k0);
+  else
+    return fold<I, Op, T, A>(row, len, sa, Op::template init<A>());
 }
 
 template <class Op, class T, class O> void store(O* o, fold_result_t<Op, T> r) {
-  if constexpr (Op::index) *o = r.at;
-  else *o = convert<T>(r);
+  if constexpr (Op::index)
+    *o = r.at;
+  else
+    *o = convert<T>(r);
 }
 
 // cnt outputs o[k * os], each the fold of n elements (stride sa) from x + k * xs.
@@ -207,9 +214,8 @@ template <class Op, class T> void reduce_kernel(Cpu::M out, Cpu::V in, int axis)
   // One fold per output (rows when sa == 1, strided otherwise).
   const auto rows = pick_if<avx2_dtype_v<T>, fold_rows<Baseline, Op, T, O>, fold_rows<Avx2, Op, T, O>>();  // integer folds: baseline
   const int64_t grain = std::max<int64_t>(1, kGrainCheap / n);
-  for_each_parallel(p, grain, [&](const std::array<int64_t, 2>& off, int64_t cnt) {
-    rows(o + off[0], p.inner(0), x + off[1], p.inner(1), cnt, n, sa);
-  });
+  for_each_parallel(
+      p, grain, [&](const std::array<int64_t, 2>& off, int64_t cnt) { rows(o + off[0], p.inner(0), x + off[1], p.inner(1), cnt, n, sa); });
 }
 
 }  // namespace

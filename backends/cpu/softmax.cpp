@@ -79,8 +79,7 @@ template <class I, class T> void softmax_rows(const T* x, T* y, int64_t r0, int6
   }
 }
 
-template <class I, class T>
-void softmax_bwd_rows(const T* y, const T* dy, T* dx, int64_t r0, int64_t r1, int64_t n, bool log, float* buf) {
+template <class I, class T> void softmax_bwd_rows(const T* y, const T* dy, T* dx, int64_t r0, int64_t r1, int64_t n, bool log, float* buf) {
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t o = r * n;
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
@@ -113,10 +112,14 @@ template <class T, class K> void for_rows(const Layout& l, int64_t buf_rows, K&&
   const int64_t n = l.rank() == 0 ? 1 : l.shape.back();
   if (n == 0) return;
   const int64_t rows = l.numel() / n;
-  parallel_for(rows, std::max<int64_t>(1, kGrainMath / n), [&](int64_t b, int64_t e) {
-    std::vector<float> buf(is_float_v<T> && !std::is_same_v<T, float> && !std::is_same_v<T, double> ? static_cast<size_t>(buf_rows * n) : 0);
-    kernel(b, e, n, buf.data());
-  }, 1);
+  parallel_for(
+      rows, std::max<int64_t>(1, kGrainMath / n),
+      [&](int64_t b, int64_t e) {
+        std::vector<float> buf(is_float_v<T> && !std::is_same_v<T, float> && !std::is_same_v<T, double> ? static_cast<size_t>(buf_rows * n)
+                                                                                                        : 0);
+        kernel(b, e, n, buf.data());
+      },
+      1);
 }
 
 }  // namespace
@@ -148,7 +151,6 @@ void Cpu::softmax_lastdim_backward(M dx, V y, V dy, bool log) {
   });
 }
 
-
 // ------------------------------------------------------------------------------ cross-entropy
 // Fused softmax cross-entropy (contract in core/fused_loss.hpp): rows of contiguous f32/f64 logits
 // [N, C], one row per task. The forward makes one pass for the max and one for Σ exp (into a scratch
@@ -177,9 +179,8 @@ template <class I, class T> T ce_row_lse(const T* x, int64_t C, float* scratch) 
 }
 
 // Kernels (common.hpp) over rows [r0, r1) of [N, C] logits x with targets t.
-template <class I, class T>
-void ce_forward_rows(const T* x, const int64_t* t, T* lp, T* lsp, int64_t r0, int64_t r1, int64_t C, int64_t ignore_index,
-                     double smoothing, float* scratch) {
+template <class I, class T> void ce_forward_rows(const T* x, const int64_t* t, T* lp, T* lsp, int64_t r0, int64_t r1, int64_t C,
+                                                 int64_t ignore_index, double smoothing, float* scratch) {
   const T s = static_cast<T>(smoothing);
   for (int64_t i = r0; i < r1; ++i) {
     const T* row = x + i * C;
@@ -199,9 +200,8 @@ void ce_forward_rows(const T* x, const int64_t* t, T* lp, T* lsp, int64_t r0, in
   }
 }
 
-template <class I, class T>
-void ce_backward_rows(const T* x, const T* lsp, const T* gp, const int64_t* t, T* dx, int64_t r0, int64_t r1, int64_t C,
-                      int64_t ignore_index, double smoothing) {
+template <class I, class T> void ce_backward_rows(const T* x, const T* lsp, const T* gp, const int64_t* t, T* dx, int64_t r0, int64_t r1,
+                                                  int64_t C, int64_t ignore_index, double smoothing) {
   const T s = static_cast<T>(smoothing), sc = s / static_cast<T>(C);
   for (int64_t i = r0; i < r1; ++i) {
     const T* row = x + i * C;
@@ -211,7 +211,8 @@ void ce_backward_rows(const T* x, const T* lsp, const T* gp, const int64_t* t, T
       continue;
     }
     const T gi = gp[i];
-    if constexpr (std::is_same_v<T, float>) (void)vm::exp_shift_sum(I{}, row, d, C, lsp[i]);
+    if constexpr (std::is_same_v<T, float>)
+      (void)vm::exp_shift_sum(I{}, row, d, C, lsp[i]);
     else
       for (int64_t c = 0; c < C; ++c) d[c] = std::exp(row[c] - lsp[i]);
     for (int64_t c = 0; c < C; ++c) d[c] = gi * (d[c] - sc);
@@ -252,9 +253,8 @@ void Cpu::cross_entropy_backward(M dlogits, V logits, V lse, V targets, V g, int
       const int64_t* t = targets.storage.as<int64_t>() + targets.layout.offset;
       T* dx = dlogits.storage.as<T>() + dlogits.layout.offset;
       const auto rows = pick<ce_backward_rows<Baseline, T>, ce_backward_rows<Avx2, T>, ce_backward_rows<Avx512, T>>();
-      parallel_for(N, std::max<int64_t>(1, kGrainMath / C), [&](int64_t b, int64_t e) {
-        rows(x, lsp, gp, t, dx, b, e, C, ignore_index, smoothing);
-      });
+      parallel_for(N, std::max<int64_t>(1, kGrainMath / C),
+                   [&](int64_t b, int64_t e) { rows(x, lsp, gp, t, dx, b, e, C, ignore_index, smoothing); });
     } else {
       fail("cross_entropy_backward: f32/f64 logits only, got {}", logits.dtype);
     }

@@ -12,13 +12,13 @@ namespace {
 
 template <class Op> constexpr bool is_math_v =
     std::is_same_v<Op, op::Exp> || std::is_same_v<Op, op::Log> || std::is_same_v<Op, op::Tanh> || std::is_same_v<Op, op::Sigmoid> ||
-    std::is_same_v<Op, op::Silu> || std::is_same_v<Op, op::Gelu> || std::is_same_v<Op, op::GeluTanh> ||
-    std::is_same_v<Op, op::Log1p> || std::is_same_v<Op, op::Expm1> || std::is_same_v<Op, op::Sin> || std::is_same_v<Op, op::Cos> ||
-    std::is_same_v<Op, op::Pow>;
+    std::is_same_v<Op, op::Silu> || std::is_same_v<Op, op::Gelu> || std::is_same_v<Op, op::GeluTanh> || std::is_same_v<Op, op::Log1p> ||
+    std::is_same_v<Op, op::Expm1> || std::is_same_v<Op, op::Sin> || std::is_same_v<Op, op::Cos> || std::is_same_v<Op, op::Pow>;
 
 // The ops with array functions in vecmath.hpp (and an Avx512 variant there).
 template <class Op> constexpr bool is_vm_v = std::is_same_v<Op, op::Exp> || std::is_same_v<Op, op::Log> || std::is_same_v<Op, op::Tanh> ||
-                                             std::is_same_v<Op, op::Sigmoid> || std::is_same_v<Op, op::Silu> || std::is_same_v<Op, op::GeluTanh>;
+                                             std::is_same_v<Op, op::Sigmoid> || std::is_same_v<Op, op::Silu> ||
+                                             std::is_same_v<Op, op::GeluTanh>;
 
 // sqrt / rsqrt over n floats, AVX2.
 #if KILN_CPU_X86
@@ -37,15 +37,24 @@ KILN_CPU_AVX2_END
 
 // y = Op(x) over n contiguous floats (x may equal y).
 template <class I, class Op> void apply_f32(const float* x, float* y, int64_t n) {
-  if constexpr (std::is_same_v<Op, op::Exp>) vm::exp_n(I{}, x, y, n);
-  else if constexpr (std::is_same_v<Op, op::Log>) vm::log_n(I{}, x, y, n);
-  else if constexpr (std::is_same_v<Op, op::Tanh>) vm::tanh_n(I{}, x, y, n);
-  else if constexpr (std::is_same_v<Op, op::Sigmoid>) vm::sigmoid_n(I{}, x, y, n);
-  else if constexpr (std::is_same_v<Op, op::Silu>) vm::silu_n(I{}, x, y, n);
-  else if constexpr (std::is_same_v<Op, op::GeluTanh>) vm::gelu_tanh_n(I{}, x, y, n);
-  else if constexpr (std::is_same_v<Op, op::Gelu>) for (int64_t i = 0; i < n; ++i) y[i] = vm::gelu_s(x[i]);
-  else if constexpr (!std::is_same_v<I, Baseline> && (std::is_same_v<Op, op::Sqrt> || std::is_same_v<Op, op::Rsqrt>)) sqrt_n<Op>(I{}, x, y, n);
-  else for (int64_t i = 0; i < n; ++i) y[i] = Op::template f<float>(x[i]);
+  if constexpr (std::is_same_v<Op, op::Exp>)
+    vm::exp_n(I{}, x, y, n);
+  else if constexpr (std::is_same_v<Op, op::Log>)
+    vm::log_n(I{}, x, y, n);
+  else if constexpr (std::is_same_v<Op, op::Tanh>)
+    vm::tanh_n(I{}, x, y, n);
+  else if constexpr (std::is_same_v<Op, op::Sigmoid>)
+    vm::sigmoid_n(I{}, x, y, n);
+  else if constexpr (std::is_same_v<Op, op::Silu>)
+    vm::silu_n(I{}, x, y, n);
+  else if constexpr (std::is_same_v<Op, op::GeluTanh>)
+    vm::gelu_tanh_n(I{}, x, y, n);
+  else if constexpr (std::is_same_v<Op, op::Gelu>)
+    for (int64_t i = 0; i < n; ++i) y[i] = vm::gelu_s(x[i]);
+  else if constexpr (!std::is_same_v<I, Baseline> && (std::is_same_v<Op, op::Sqrt> || std::is_same_v<Op, op::Rsqrt>))
+    sqrt_n<Op>(I{}, x, y, n);
+  else
+    for (int64_t i = 0; i < n; ++i) y[i] = Op::template f<float>(x[i]);
 }
 
 // Kernel (common.hpp): one run of n elements, d[i * so] = Op(s[i * si]).
@@ -80,7 +89,8 @@ template <class Op, class T> void unary_kernel(Cpu::M out, Cpu::V in) {
   const auto run = [] {  // the half types use the vector math too; its ops get an AVX-512 variant
     if constexpr (is_vm_v<Op> && std::is_same_v<compute_t<T>, float>)
       return pick<unary_run<Baseline, Op, T>, unary_run<Avx2, Op, T>, unary_run<Avx512, Op, T>>();
-    else return pick_if<is_float_v<T>, unary_run<Baseline, Op, T>, unary_run<Avx2, Op, T>>();
+    else
+      return pick_if<is_float_v<T>, unary_run<Baseline, Op, T>, unary_run<Avx2, Op, T>>();
   }();
   for_each_parallel(p, grain, [&](const std::array<int64_t, 2>& off, int64_t n) { run(o + off[0], x + off[1], n, so, si); });
 }
@@ -100,8 +110,10 @@ namespace {
 constexpr int64_t kSwigluBuf = 256;
 
 template <class I, class T> void sigmoid_chunk(const T* a, T* s, int64_t m) {
-  if constexpr (std::is_same_v<T, float>) vm::sigmoid_n(I{}, a, s, m);
-  else for (int64_t i = 0; i < m; ++i) s[i] = op::Sigmoid::f<T>(a[i]);
+  if constexpr (std::is_same_v<T, float>)
+    vm::sigmoid_n(I{}, a, s, m);
+  else
+    for (int64_t i = 0; i < m; ++i) s[i] = op::Sigmoid::f<T>(a[i]);
 }
 
 template <class I, class T> void swiglu_fwd_range(T* y, const T* a, const T* b, int64_t i0, int64_t i1) {

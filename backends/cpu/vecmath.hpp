@@ -90,8 +90,8 @@ inline __m256 exp8_full(__m256 x) {
 }
 
 inline __m256 exp8(__m256 x) {
-  const __m256 out = _mm256_or_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_NGE_UQ),
-                                  _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_NLE_UQ));
+  const __m256 out =
+      _mm256_or_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_NGE_UQ), _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_NLE_UQ));
   if (__builtin_expect(_mm256_movemask_ps(out) != 0, 0)) return exp8_full(x);
   return exp8_inrange(x);
 }
@@ -107,8 +107,7 @@ inline __m256 log8(__m256 x) {
   __m256 e = _mm256_cvtepi32_ps(ei);
   e = _mm256_sub_ps(e, _mm256_and_ps(sub, _mm256_set1_ps(23.0f)));
   // mantissa in [0.5, 1)
-  __m256 m = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(xi, _mm256_set1_epi32(0x007fffff)),
-                                                 _mm256_set1_epi32(0x3f000000)));
+  __m256 m = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(xi, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x3f000000)));
   const __m256 small = _mm256_cmp_ps(m, _mm256_set1_ps(0.707106781186547524f), _CMP_LT_OQ);
   e = _mm256_sub_ps(e, _mm256_and_ps(small, one));
   m = _mm256_add_ps(_mm256_sub_ps(m, one), _mm256_and_ps(small, m));  // m < sqrt(1/2): 2m - 1, else m - 1
@@ -229,8 +228,8 @@ inline __m512 exp16_full(__m512 x) {
 }
 
 inline __m512 exp16(__m512 x) {
-  const __mmask16 out = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_NGE_UQ) |
-                        _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.0f), _CMP_NLE_UQ);
+  const __mmask16 out =
+      _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_NGE_UQ) | _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.0f), _CMP_NLE_UQ);
   if (__builtin_expect(out != 0, 0)) return exp16_full(x);
   return exp16_inrange(x);
 }
@@ -309,9 +308,9 @@ KILN_CPU_AVX512_END
 // ------------------------------------------------------------------------------------------ arrays
 // y[i] = f(x[i]) for n floats (x and y may be the same array). Avx2: tails go through the vector
 // formula too (padded), so every element sees the same function.
-#define KILN_VM_ARRAY(NAME, SCALAR) \
+#define KILN_VM_ARRAY(NAME, SCALAR)                                 \
   inline void NAME(Baseline, const float* x, float* y, int64_t n) { \
-    for (int64_t i = 0; i < n; ++i) y[i] = SCALAR(x[i]);          \
+    for (int64_t i = 0; i < n; ++i) y[i] = SCALAR(x[i]);            \
   }
 KILN_VM_ARRAY(exp_n, exp_s)
 KILN_VM_ARRAY(log_n, log_s)
@@ -340,16 +339,16 @@ inline float exp_shift_sum(Baseline, const float* x, float* y, int64_t n, float 
 
 #if KILN_CPU_X86
 KILN_CPU_AVX2_BEGIN
-#define KILN_VM_ARRAY(NAME, VEC)                                                                      \
-  inline void NAME(Avx2, const float* x, float* y, int64_t n) {                                       \
-    int64_t i = 0;                                                                                    \
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, avx2::VEC(_mm256_loadu_ps(x + i)));            \
-    if (i < n) {                                                                                      \
-      alignas(32) float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                            \
-      for (int64_t j = i; j < n; ++j) buf[j - i] = x[j];                                              \
-      _mm256_store_ps(buf, avx2::VEC(_mm256_load_ps(buf)));                                           \
-      for (int64_t j = i; j < n; ++j) y[j] = buf[j - i];                                              \
-    }                                                                                                 \
+#define KILN_VM_ARRAY(NAME, VEC)                                                           \
+  inline void NAME(Avx2, const float* x, float* y, int64_t n) {                            \
+    int64_t i = 0;                                                                         \
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, avx2::VEC(_mm256_loadu_ps(x + i))); \
+    if (i < n) {                                                                           \
+      alignas(32) float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                 \
+      for (int64_t j = i; j < n; ++j) buf[j - i] = x[j];                                   \
+      _mm256_store_ps(buf, avx2::VEC(_mm256_load_ps(buf)));                                \
+      for (int64_t j = i; j < n; ++j) y[j] = buf[j - i];                                   \
+    }                                                                                      \
   }
 KILN_VM_ARRAY(exp_n, exp8)
 KILN_VM_ARRAY(log_n, log8)
@@ -413,14 +412,14 @@ KILN_CPU_AVX2_END
 
 KILN_CPU_AVX512_BEGIN
 // Tails: a masked load (zeros beyond n, as Avx2's padded buffer) and a masked store.
-#define KILN_VM_ARRAY(NAME, VEC)                                                                      \
-  inline void NAME(Avx512, const float* x, float* y, int64_t n) {                                     \
-    int64_t i = 0;                                                                                    \
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, avx512::VEC(_mm512_loadu_ps(x + i)));        \
-    if (i < n) {                                                                                      \
-      const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1);                                \
-      _mm512_mask_storeu_ps(y + i, k, avx512::VEC(_mm512_maskz_loadu_ps(k, x + i)));                  \
-    }                                                                                                 \
+#define KILN_VM_ARRAY(NAME, VEC)                                                               \
+  inline void NAME(Avx512, const float* x, float* y, int64_t n) {                              \
+    int64_t i = 0;                                                                             \
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, avx512::VEC(_mm512_loadu_ps(x + i))); \
+    if (i < n) {                                                                               \
+      const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1);                         \
+      _mm512_mask_storeu_ps(y + i, k, avx512::VEC(_mm512_maskz_loadu_ps(k, x + i)));           \
+    }                                                                                          \
   }
 KILN_VM_ARRAY(exp_n, exp16)
 KILN_VM_ARRAY(log_n, log16)

@@ -35,12 +35,12 @@ struct MemoryStats {
   size_t reserved_bytes = 0;        // allocated + cached, i.e. obtained from the raw allocator
   size_t peak_allocated_bytes = 0;  // since creation or reset_peak()
   size_t peak_reserved_bytes = 0;
-  size_t requested_bytes = 0;       // held by live storage, as requested (before rounding)
-  uint64_t num_allocs = 0;          // allocate() calls
-  uint64_t num_cache_hits = 0;      // ... served from the cache
-  uint64_t num_raw_allocs = 0;      // raw allocations (cudaMalloc)
-  uint64_t num_raw_frees = 0;       // raw frees (cudaFree), from empty_cache() and OOM retries
-  uint64_t num_oom_retries = 0;     // raw allocations that failed once and were retried after emptying the cache
+  size_t requested_bytes = 0;    // held by live storage, as requested (before rounding)
+  uint64_t num_allocs = 0;       // allocate() calls
+  uint64_t num_cache_hits = 0;   // ... served from the cache
+  uint64_t num_raw_allocs = 0;   // raw allocations (cudaMalloc)
+  uint64_t num_raw_frees = 0;    // raw frees (cudaFree), from empty_cache() and OOM retries
+  uint64_t num_oom_retries = 0;  // raw allocations that failed once and were retried after emptying the cache
   size_t cached_blocks = 0;
 };
 

@@ -11,9 +11,9 @@
 // Forward (FlashAttention-2): one block per (batch, head, tile of 16 query rows), heaviest causal
 // tiles first. The Q tile is staged in shared memory once; K and V tiles of BC keys (32 for f32, 16
 // for f64) are staged in turn. Per key tile: S = scale · Q Kᵀ (+ the user's additive mask), masked
-// (causal: key j > pos0 + i, padding: key_padding false, a bool mask false) to −inf, m' = max(m, rowmax S), P = exp(S − m'), l = l·e^(m−m') + ΣP,
-// O = O·e^(m−m') + P V. At the end O /= l and LSE = m + log l. Key tiles no row of the block can see
-// (causal) are never visited. A row with no visible key keeps l = 0: O = 0 · (1/0) = NaN, LSE = −inf.
+// (causal: key j > pos0 + i, padding: key_padding false, a bool mask false) to −inf, m' = max(m, rowmax S), P = exp(S − m'), l = l·e^(m−m')
+// + ΣP, O = O·e^(m−m') + P V. At the end O /= l and LSE = m + log l. Key tiles no row of the block can see (causal) are never visited. A
+// row with no visible key keeps l = 0: O = 0 · (1/0) = NaN, LSE = −inf.
 //
 // Backward (recompute from LSE, deterministic: no atomics):
 //   1. D_i = rowsum(dO_i ⊙ O_i) (0 for a row with LSE = −inf), one warp per row.
@@ -66,13 +66,13 @@ template <class T> struct Rows4 {
 };
 
 template <class T> struct Params {
-  Rows4<T> q, k, v, o, g;          // o, g (dO): backward only
-  const unsigned char* kp;         // key_padding [B, S] (bool bytes) or nullptr
-  const void* mask;                // the user's mask, a [B, H, T, S] view, or nullptr
-  int mkind;                       // 0 none, 1 bool, 2 additive (T)
-  int64_t msb, msh, mst, mss;      // the mask view's strides
-  int64_t nb, nh, nhkv, tq, sk;    // B, H, Hkv, T, S
-  int d, dv, rep;                  // head dims, H / Hkv
+  Rows4<T> q, k, v, o, g;        // o, g (dO): backward only
+  const unsigned char* kp;       // key_padding [B, S] (bool bytes) or nullptr
+  const void* mask;              // the user's mask, a [B, H, T, S] view, or nullptr
+  int mkind;                     // 0 none, 1 bool, 2 additive (T)
+  int64_t msb, msh, mst, mss;    // the mask view's strides
+  int64_t nb, nh, nhkv, tq, sk;  // B, H, Hkv, T, S
+  int d, dv, rep;                // head dims, H / Hkv
   T scale;
   bool causal;
   int64_t pos0;
@@ -107,8 +107,7 @@ __device__ __forceinline__ void load_tile(T* dst, int ld, int R, const T* src, i
 // The user's mask at (b, h, i, j) for a score that is otherwise visible (vis): a bool mask clears vis,
 // an additive one is returned (0 when there is none). Rows i >= T (a last tile's padding rows) read
 // nothing.
-template <class T>
-__device__ __forceinline__ T user_mask(const Params<T>& P, int64_t b, int64_t h, int64_t i, int64_t j, bool& vis) {
+template <class T> __device__ __forceinline__ T user_mask(const Params<T>& P, int64_t b, int64_t h, int64_t i, int64_t j, bool& vis) {
   if (P.mkind == 0 || !vis || i >= P.tq) return T(0);
   const int64_t off = b * P.msb + h * P.msh + i * P.mst + j * P.mss;
   if (P.mkind == 1) {
@@ -127,11 +126,11 @@ struct FwdSmem {
 template <class T> __host__ __device__ constexpr FwdSmem fwd_smem(int d, int dv) {
   constexpr int BC = kKeyTile<T>;
   FwdSmem s{};
-  s.q = 0;                           // Q   [kRows, odd(d)]
-  s.k = s.q + kRows * odd(d);        // K   [BC, odd(d)]
-  s.v = s.k + BC * odd(d);           // V   [BC, dv]
-  s.p = s.v + BC * dv;               // P   [kRows, BC + 1]
-  s.kval = s.p + kRows * (BC + 1);   // key visible (padding, range) [BC] ints
+  s.q = 0;                          // Q   [kRows, odd(d)]
+  s.k = s.q + kRows * odd(d);       // K   [BC, odd(d)]
+  s.v = s.k + BC * odd(d);          // V   [BC, dv]
+  s.p = s.v + BC * dv;              // P   [kRows, BC + 1]
+  s.kval = s.p + kRows * (BC + 1);  // key visible (padding, range) [BC] ints
   s.bytes = static_cast<size_t>(s.kval) * sizeof(T) + BC * sizeof(int);
   return s;
 }
@@ -142,15 +141,15 @@ struct DkvSmem {
 };
 template <class T> __host__ __device__ constexpr DkvSmem dkv_smem(int d, int dv) {
   DkvSmem s{};
-  s.k = 0;                             // K   [kRows, odd(d)]
-  s.v = s.k + kRows * odd(d);          // V   [kRows, odd(dv)]
-  s.q = s.v + kRows * odd(dv);         // Q   [kQTile, odd(d)]
-  s.g = s.q + kQTile * odd(d);         // dO  [kQTile, odd(dv)]
-  s.p = s.g + kQTile * odd(dv);        // P   [kQTile, kRows + 1]
-  s.ds = s.p + kQTile * (kRows + 1);   // dS  [kQTile, kRows + 1]
-  s.l = s.ds + kQTile * (kRows + 1);   // LSE [kQTile]
-  s.dd = s.l + kQTile;                 // D   [kQTile]
-  s.kval = s.dd + kQTile;              // key visible [kRows] ints
+  s.k = 0;                            // K   [kRows, odd(d)]
+  s.v = s.k + kRows * odd(d);         // V   [kRows, odd(dv)]
+  s.q = s.v + kRows * odd(dv);        // Q   [kQTile, odd(d)]
+  s.g = s.q + kQTile * odd(d);        // dO  [kQTile, odd(dv)]
+  s.p = s.g + kQTile * odd(dv);       // P   [kQTile, kRows + 1]
+  s.ds = s.p + kQTile * (kRows + 1);  // dS  [kQTile, kRows + 1]
+  s.l = s.ds + kQTile * (kRows + 1);  // LSE [kQTile]
+  s.dd = s.l + kQTile;                // D   [kQTile]
+  s.kval = s.dd + kQTile;             // key visible [kRows] ints
   s.bytes = static_cast<size_t>(s.kval) * sizeof(T) + kRows * sizeof(int);
   return s;
 }
@@ -179,8 +178,8 @@ __device__ __forceinline__ void load_kval(int* kval, int R, const unsigned char*
 
 // ------------------------------------------------------------------------------------------ forward
 // Grid: kRows-row query tiles × B·H, unit = tile-from-the-end · B·H + (b·H + h).
-template <class T, int NC>
-__global__ void __launch_bounds__(kThreads) attn_fwd(const Params<T> P, T* __restrict__ o, T* __restrict__ lse, int64_t nqt) {
+template <class T, int NC> __global__ void __launch_bounds__(kThreads)
+    attn_fwd(const Params<T> P, T* __restrict__ o, T* __restrict__ lse, int64_t nqt) {
   constexpr int BC = kKeyTile<T>;
   constexpr int NU = BC / kTPR;  // keys per thread in the score phase
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -291,8 +290,8 @@ __global__ void __launch_bounds__(kThreads) attn_fwd(const Params<T> P, T* __res
 
 // -------------------------------------------------------------------------------- backward: D = Σ dO·O
 // One warp per row x of [B, H, T]; D[x] = 0 where lse[x] = −inf (O is NaN there).
-template <class T>
-__global__ void __launch_bounds__(kDeltaWarps* kWarp) attn_bwd_delta(const Params<T> P, const T* __restrict__ lse, T* __restrict__ D) {
+template <class T> __global__ void __launch_bounds__(kDeltaWarps* kWarp)
+    attn_bwd_delta(const Params<T> P, const T* __restrict__ lse, T* __restrict__ D) {
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t rows = P.nb * P.nh * P.tq;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kDeltaWarps;
@@ -310,9 +309,8 @@ __global__ void __launch_bounds__(kDeltaWarps* kWarp) attn_bwd_delta(const Param
 // ----------------------------------------------------------------------------- backward: dK and dV
 // Grid: kRows-key tiles × B·Hkv, unit = key tile · B·Hkv + (b·Hkv + hk) (low key tiles, which more
 // causal queries see, first). The group of key j (jj = tid / 8) owns dK[j], dV[j].
-template <class T, int NC>
-__global__ void __launch_bounds__(kThreads) attn_bwd_dkdv(const Params<T> P, const T* __restrict__ lse, const T* __restrict__ D,
-                                                          T* __restrict__ dk, T* __restrict__ dvo) {
+template <class T, int NC> __global__ void __launch_bounds__(kThreads)
+    attn_bwd_dkdv(const Params<T> P, const T* __restrict__ lse, const T* __restrict__ D, T* __restrict__ dk, T* __restrict__ dvo) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* const sm = reinterpret_cast<T*>(smem_raw);
   constexpr T ninf = -std::numeric_limits<T>::infinity();
@@ -405,9 +403,8 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dkdv(const Params<T> P, con
 
 // ------------------------------------------------------------------------------------ backward: dQ
 // Grid as the forward's. The group of query row i owns dQ[i].
-template <class T, int NC>
-__global__ void __launch_bounds__(kThreads) attn_bwd_dq(const Params<T> P, const T* __restrict__ lse, const T* __restrict__ D,
-                                                        T* __restrict__ dq, int64_t nqt) {
+template <class T, int NC> __global__ void __launch_bounds__(kThreads)
+    attn_bwd_dq(const Params<T> P, const T* __restrict__ lse, const T* __restrict__ D, T* __restrict__ dq, int64_t nqt) {
   constexpr int BC = kKeyTile<T>;
   constexpr int NU = BC / kTPR;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -510,9 +507,8 @@ void check_output(const char* op, const char* name, const Cuda::M& x, DType dt, 
 }
 
 // Validates q, k, v and key_padding; fills the common part of the kernel parameters.
-template <class T>
-Params<T> make_params(const char* op, Shapes& s, Cuda::V q, Cuda::V k, Cuda::V v, const Cuda::V* kp, const Cuda::V* mask, double scale,
-                      bool causal, int64_t pos0) {
+template <class T> Params<T> make_params(const char* op, Shapes& s, Cuda::V q, Cuda::V k, Cuda::V v, const Cuda::V* kp, const Cuda::V* mask,
+                                         double scale, bool causal, int64_t pos0) {
   KILN_CHECK(q.layout.rank() == 4 && k.layout.rank() == 4 && v.layout.rank() == 4, "{}: q {}, k {}, v {} must be [B, H, T, d]", op,
              shape_str(q.layout.shape), shape_str(k.layout.shape), shape_str(v.layout.shape));
   const Shape &qs = q.layout.shape, &ks = k.layout.shape, &vs = v.layout.shape;
@@ -546,7 +542,7 @@ Params<T> make_params(const char* op, Shapes& s, Cuda::V q, Cuda::V k, Cuda::V v
   P.mkind = 0;
   P.msb = P.msh = P.mst = P.mss = 0;
   if (mask) {
-    KILN_CHECK((mask->dtype == DType::boolean || mask->dtype == dtype_of<T>) && mask->layout.shape == Shape({s.B, s.H, s.T, s.S}),
+    KILN_CHECK((mask->dtype == DType::boolean || mask->dtype == dtype_of<T>)&&mask->layout.shape == Shape({s.B, s.H, s.T, s.S}),
                "{}: mask must be a bool or {} [{}, {}, {}, {}] view, got {} {} ({})", op, dtype_of<T>, s.B, s.H, s.T, s.S, mask->dtype,
                shape_str(mask->layout.shape), shapes);
     cuda::check_device(mask->storage, op);
@@ -579,9 +575,12 @@ int nc_for(int64_t width) { return width <= 8 * kTPR ? 8 : width <= 16 * kTPR ? 
 // Calls f(std::integral_constant<int, NC>) for NC = nc_for(width).
 template <class F> void with_nc(int64_t width, F&& f) {
   switch (nc_for(width)) {
-    case 8: return f(std::integral_constant<int, 8>{});
-    case 16: return f(std::integral_constant<int, 16>{});
-    default: return f(std::integral_constant<int, 32>{});
+    case 8:
+      return f(std::integral_constant<int, 8>{});
+    case 16:
+      return f(std::integral_constant<int, 16>{});
+    default:
+      return f(std::integral_constant<int, 32>{});
   }
 }
 
@@ -605,8 +604,8 @@ void launch(const char* op, void (*kernel)(KArgs...), unsigned grid, size_t smem
   KILN_CUDA_LAUNCHED(op);
 }
 
-template <class T> void forward(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cuda::V v, const Cuda::V* kp, const Cuda::V* mask, double scale,
-                                bool causal, int64_t pos0) {
+template <class T> void forward(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cuda::V v, const Cuda::V* kp, const Cuda::V* mask,
+                                double scale, bool causal, int64_t pos0) {
   const char* op = "attention_forward";
   Shapes s{};
   const Params<T> P = make_params<T>(op, s, q, k, v, kp, mask, scale, causal, pos0);
@@ -622,9 +621,8 @@ template <class T> void forward(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cu
   with_nc(s.dv, [&](auto nc) { launch(op, attn_fwd<T, decltype(nc)::value>, grid, smem, shapes, P, op_, lp, nqt); });
 }
 
-template <class T>
-void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, Cuda::V k, Cuda::V v, Cuda::V o, Cuda::V lse, Cuda::V dout, const Cuda::V* kp,
-              const Cuda::V* mask, double scale, bool causal, int64_t pos0) {
+template <class T> void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, Cuda::V k, Cuda::V v, Cuda::V o, Cuda::V lse, Cuda::V dout,
+                                 const Cuda::V* kp, const Cuda::V* mask, double scale, bool causal, int64_t pos0) {
   const char* op = "attention_backward";
   Shapes s{};
   Params<T> P = make_params<T>(op, s, q, k, v, kp, mask, scale, causal, pos0);

@@ -40,20 +40,28 @@ template <class T> __global__ void sum_partials_in_order(T* __restrict__ out, co
 // Calls f(type_tag<T>{}) for the float storage types; throws naming the op and shape otherwise.
 template <class F> void visit_float(DType d, std::string_view op, const Shape& shape, F&& f) {
   switch (d) {
-    case DType::f32: return f(type_tag<float>{});
-    case DType::f64: return f(type_tag<double>{});
-    case DType::bf16: return f(type_tag<bf16>{});
-    case DType::f16: return f(type_tag<f16>{});
-    default: fail("{}: needs a float dtype, got {} (shape {})", op, d, shape_str(shape));
+    case DType::f32:
+      return f(type_tag<float>{});
+    case DType::f64:
+      return f(type_tag<double>{});
+    case DType::bf16:
+      return f(type_tag<bf16>{});
+    case DType::f16:
+      return f(type_tag<f16>{});
+    default:
+      fail("{}: needs a float dtype, got {} (shape {})", op, d, shape_str(shape));
   }
 }
 
 // Calls f(type_tag<T>{}) for f32 and f64 only (the fused kernels' contract).
 template <class F> void visit_f32_f64(DType d, std::string_view op, const Shape& shape, F&& f) {
   switch (d) {
-    case DType::f32: return f(type_tag<float>{});
-    case DType::f64: return f(type_tag<double>{});
-    default: fail("{}: the Cuda kernel takes f32 or f64, got {} (shape {})", op, d, shape_str(shape));
+    case DType::f32:
+      return f(type_tag<float>{});
+    case DType::f64:
+      return f(type_tag<double>{});
+    default:
+      fail("{}: the Cuda kernel takes f32 or f64, got {} (shape {})", op, d, shape_str(shape));
   }
 }
 

@@ -29,12 +29,8 @@ constexpr int kWarps = 4;  // rows (work items) per 128-thread block
 constexpr int kColX = 32, kColY = 8;
 constexpr int64_t kMinChunkRows = 64, kMaxChunks = 1024;
 
-template <class T> struct Srcs {
-  const T* p[kMaxSources];
-};
-template <class T> struct DstPtrs {
-  T* p[kMaxSources];
-};
+template <class T> struct Srcs { const T* p[kMaxSources]; };
+template <class T> struct DstPtrs { T* p[kMaxSources]; };
 
 // Σ a·b and Σ a·c over a row, strided over the warp's lanes, reduced to every lane.
 template <class T> __device__ __forceinline__ void warp_dot2(const T* a, const T* b, const T* c, int64_t D, int lane, T& ab, T& ac) {
@@ -53,9 +49,9 @@ template <class T> __device__ __forceinline__ T rstd_of(T ss, int64_t D, double 
 
 // Work item u = j * N + t (query j, row t). Forward (S = 1): out = h, st1 = alpha, st2 = rstd.
 // Phase 1: out = acc [S, N, D], st1 = m [S, N], st2 = l [S, N].
-template <class T, bool Phase1>
-__global__ void __launch_bounds__(kWarps* kWarp) depth_fwd(const Srcs<T> v, int n, const T* __restrict__ q, int64_t S, int64_t N, int64_t D,
-                                                           double eps, T* __restrict__ out, T* __restrict__ st1, T* __restrict__ st2) {
+template <class T, bool Phase1> __global__ void __launch_bounds__(kWarps* kWarp)
+    depth_fwd(const Srcs<T> v, int n, const T* __restrict__ q, int64_t S, int64_t N, int64_t D, double eps, T* __restrict__ out,
+              T* __restrict__ st1, T* __restrict__ st2) {
   __shared__ T sl[kWarps][kMaxSources];
   const int lane = static_cast<int>(threadIdx.x) % kWarp, w = static_cast<int>(threadIdx.x) / kWarp;
   const int64_t items = S * N, step = static_cast<int64_t>(gridDim.x) * kWarps;
@@ -98,10 +94,9 @@ __global__ void __launch_bounds__(kWarps* kWarp) depth_fwd(const Srcs<T> v, int 
 }
 
 // h = (acc·e^{m−M} + p·e^{lp−M}) / (l·e^{m−M} + e^{lp−M}), lp = r_p (q·p); without p: acc / l.
-template <class T>
-__global__ void __launch_bounds__(kWarps* kWarp) depth_merge(T* __restrict__ h, const T* __restrict__ m, const T* __restrict__ l,
-                                                             const T* __restrict__ acc, const T* __restrict__ p, const T* __restrict__ q,
-                                                             int64_t N, int64_t D, double eps) {
+template <class T> __global__ void __launch_bounds__(kWarps* kWarp)
+    depth_merge(T* __restrict__ h, const T* __restrict__ m, const T* __restrict__ l, const T* __restrict__ acc, const T* __restrict__ p,
+                const T* __restrict__ q, int64_t N, int64_t D, double eps) {
   const int lane = static_cast<int>(threadIdx.x) % kWarp, w = static_cast<int>(threadIdx.x) / kWarp;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + w; t < N; t += step) {
@@ -124,10 +119,9 @@ __global__ void __launch_bounds__(kWarps* kWarp) depth_merge(T* __restrict__ h, 
 }
 
 // dv_i = α_i dh + c_i (q − s_i r_i² v_i / D), c_i = α_i (a_i − Σ_j α_j a_j) r_i (also written to c).
-template <class T>
-__global__ void __launch_bounds__(kWarps* kWarp) depth_bwd_dv(const DstPtrs<T> dv, T* __restrict__ c, const Srcs<T> v, int n,
-                                                              const T* __restrict__ q, const T* __restrict__ alpha, const T* __restrict__ rstd,
-                                                              const T* __restrict__ dh, int64_t N, int64_t D) {
+template <class T> __global__ void __launch_bounds__(kWarps* kWarp)
+    depth_bwd_dv(const DstPtrs<T> dv, T* __restrict__ c, const Srcs<T> v, int n, const T* __restrict__ q, const T* __restrict__ alpha,
+                 const T* __restrict__ rstd, const T* __restrict__ dh, int64_t N, int64_t D) {
   __shared__ T sa[kWarps][kMaxSources], ssh[kWarps][kMaxSources];
   const int lane = static_cast<int>(threadIdx.x) % kWarp, w = static_cast<int>(threadIdx.x) / kWarp;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps;
@@ -161,9 +155,9 @@ __global__ void __launch_bounds__(kWarps* kWarp) depth_bwd_dv(const DstPtrs<T> d
 // partial[p, k] = Σ over rows t of chunk p of Σ_i c[i, t] v_i[t, k]; block (kColX, kColY), grid
 // (ceil(D / kColX), P); thread (tx, ty) takes rows r0 + ty, r0 + ty + kColY, ..., then ty = 0 adds the
 // kColY sums in order.
-template <class T>
-__global__ void __launch_bounds__(kColX* kColY) depth_bwd_dq_partial(T* __restrict__ partial, const T* __restrict__ c, const Srcs<T> v, int n,
-                                                                     int64_t N, int64_t D, int64_t rows_per_chunk) {
+template <class T> __global__ void __launch_bounds__(kColX* kColY)
+    depth_bwd_dq_partial(T* __restrict__ partial, const T* __restrict__ c, const Srcs<T> v, int n, int64_t N, int64_t D,
+                         int64_t rows_per_chunk) {
   __shared__ T sh[kColY][kColX];
   const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
   const int64_t k = static_cast<int64_t>(blockIdx.x) * kColX + tx, p = blockIdx.y;
@@ -210,7 +204,8 @@ void Cuda::depth_attention_forward(M h, M alpha, M rstd, const std::vector<V>& v
   check_rows(op, "alpha", alpha.layout, alpha.dtype, h.dtype, n * N);
   check_rows(op, "rstd", rstd.layout, rstd.dtype, h.dtype, n * N);
   check_rows(op, "query", q.layout, q.dtype, h.dtype, D);
-  for (const CudaStorage* s : std::initializer_list<const CudaStorage*>{&h.storage, &alpha.storage, &rstd.storage, &q.storage}) check_device(*s, op);
+  for (const CudaStorage* s : std::initializer_list<const CudaStorage*>{&h.storage, &alpha.storage, &rstd.storage, &q.storage})
+    check_device(*s, op);
   if (N == 0 || D == 0) return;
   visit_f32_f64(h.dtype, op, h.layout.shape, [&]<class T>(type_tag<T>) {
     const Srcs<T> s = sources_of<T>(op, v, h.dtype, N, D);
@@ -230,7 +225,8 @@ void Cuda::depth_attention_backward(const std::vector<M>& dv, M dq, const std::v
   check_rows(op, "query", q.layout, q.dtype, dh.dtype, D);
   check_rows(op, "alpha", alpha.layout, alpha.dtype, dh.dtype, n * N);
   check_rows(op, "rstd", rstd.layout, rstd.dtype, dh.dtype, n * N);
-  for (const CudaStorage* s : std::initializer_list<const CudaStorage*>{&dq.storage, &q.storage, &alpha.storage, &rstd.storage, &dh.storage})
+  for (const CudaStorage* s :
+       std::initializer_list<const CudaStorage*>{&dq.storage, &q.storage, &alpha.storage, &rstd.storage, &dh.storage})
     check_device(*s, op);
   if (D == 0) return;
   if (N == 0) return Cuda::fill(dq, Scalar(0.0));
@@ -246,9 +242,9 @@ void Cuda::depth_attention_backward(const std::vector<M>& dv, M dq, const std::v
     const std::shared_ptr<CudaStorage> cbuf = Cuda::allocate(static_cast<size_t>(n * N) * sizeof(T));
     T* cp = cbuf->as<T>();
     const T* qp = q.storage.as<T>() + q.layout.offset;
-    depth_bwd_dv<T><<<grid_for(N, kWarps), kWarps * kWarp, 0, st>>>(d, cp, s, static_cast<int>(n), qp, alpha.storage.as<T>() + alpha.layout.offset,
-                                                                    rstd.storage.as<T>() + rstd.layout.offset,
-                                                                    dh.storage.as<T>() + dh.layout.offset, N, D);
+    depth_bwd_dv<T><<<grid_for(N, kWarps), kWarps * kWarp, 0, st>>>(
+        d, cp, s, static_cast<int>(n), qp, alpha.storage.as<T>() + alpha.layout.offset, rstd.storage.as<T>() + rstd.layout.offset,
+        dh.storage.as<T>() + dh.layout.offset, N, D);
     KILN_CUDA_LAUNCHED(op);
     const int64_t rows_per_chunk = std::max(kMinChunkRows, ceil_div(N, kMaxChunks));
     const int64_t P = ceil_div(N, rows_per_chunk);
@@ -272,7 +268,8 @@ void Cuda::depth_attention_phase1(M m, M l, M acc, const std::vector<V>& v, V Q,
   check_rows(op, "m", m.layout, m.dtype, Q.dtype, S * N);
   check_rows(op, "l", l.layout, l.dtype, Q.dtype, S * N);
   check_rows(op, "acc", acc.layout, acc.dtype, Q.dtype, S * N * D);
-  for (const CudaStorage* s : std::initializer_list<const CudaStorage*>{&m.storage, &l.storage, &acc.storage, &Q.storage}) check_device(*s, op);
+  for (const CudaStorage* s : std::initializer_list<const CudaStorage*>{&m.storage, &l.storage, &acc.storage, &Q.storage})
+    check_device(*s, op);
   if (S == 0 || N == 0 || D == 0) return;
   visit_f32_f64(Q.dtype, op, Q.layout.shape, [&]<class T>(type_tag<T>) {
     const Srcs<T> s = sources_of<T>(op, v, Q.dtype, N, D);
@@ -299,8 +296,8 @@ void Cuda::depth_attention_merge(M h, V m, V l, V acc, const V* p, V q, double e
   visit_f32_f64(h.dtype, op, h.layout.shape, [&]<class T>(type_tag<T>) {
     depth_merge<T><<<grid_for(N, kWarps), kWarps * kWarp, 0, stream()>>>(
         h.storage.as<T>() + h.layout.offset, m.storage.as<T>() + m.layout.offset, l.storage.as<T>() + l.layout.offset,
-        acc.storage.as<T>() + acc.layout.offset, p ? p->storage.as<T>() + p->layout.offset : nullptr, q.storage.as<T>() + q.layout.offset, N, D,
-        eps);
+        acc.storage.as<T>() + acc.layout.offset, p ? p->storage.as<T>() + p->layout.offset : nullptr, q.storage.as<T>() + q.layout.offset,
+        N, D, eps);
     KILN_CUDA_LAUNCHED(op);
   });
 }

@@ -75,8 +75,10 @@ template <class Op, class T> struct BinaryF {
   const T* b;
   __device__ void put(O* p, compute_t<T> x, compute_t<T> y) const {
     const auto r = Op::template f<compute_t<T>>(x, y);
-    if constexpr (Op::compare) *p = r;
-    else st(p, r);
+    if constexpr (Op::compare)
+      *p = r;
+    else
+      st(p, r);
   }
   __device__ void operator()(const int64_t (&off)[3]) const { put(o + off[0], ld(a + off[1]), ld(b + off[2])); }
   BinaryF shifted(const int64_t (&s)[3]) const { return {o + s[0], a + s[1], b + s[2]}; }
@@ -113,7 +115,8 @@ template <class T> T* dptr(CudaStorage& s) { return s.as<T>(); }
 template <class T> const T* dptr(const CudaStorage& s) { return s.as<T>(); }
 
 template <class T, class S> void copy_convert(Cuda::M out, Cuda::V in) {
-  const Walk<2> w = make_walk<2>("copy", out.layout.shape, {&out.layout.strides, &in.layout.strides}, {out.layout.offset, in.layout.offset});
+  const Walk<2> w =
+      make_walk<2>("copy", out.layout.shape, {&out.layout.strides, &in.layout.strides}, {out.layout.offset, in.layout.offset});
   launch_elementwise("copy", w, CopyF<T, S>{dptr<T>(out.storage), dptr<S>(in.storage)});
 }
 
@@ -129,7 +132,7 @@ void Cuda::fill(M out, Scalar value) {
     std::memcpy(&bits, &v, sizeof(T));
     if (bits == 0 && out.layout.is_contiguous()) {
       KILN_CUDA_CHECK_OP("fill", cudaMemsetAsync(dptr<U>(out.storage) + out.layout.offset, 0,
-                                                  static_cast<size_t>(out.layout.numel()) * sizeof(T), stream()));
+                                                 static_cast<size_t>(out.layout.numel()) * sizeof(T), stream()));
       return;
     }
     const Walk<1> w = make_walk<1>("fill", out.layout.shape, {&out.layout.strides}, {out.layout.offset});
@@ -155,9 +158,7 @@ void Cuda::copy(M out, V in) {
     }
     return visit_width(in.dtype, [&]<class U>(type_tag<U>) { copy_convert<U, U>(out, in); });
   }
-  visit_dtype(in.dtype, [&]<class S>(type_tag<S>) {
-    visit_dtype(out.dtype, [&]<class T>(type_tag<T>) { copy_convert<T, S>(out, in); });
-  });
+  visit_dtype(in.dtype, [&]<class S>(type_tag<S>) { visit_dtype(out.dtype, [&]<class T>(type_tag<T>) { copy_convert<T, S>(out, in); }); });
 }
 
 template <class Op> void Cuda::unary(M out, V in) {
@@ -165,7 +166,8 @@ template <class Op> void Cuda::unary(M out, V in) {
   if (out.layout.numel() == 0) return;
   check_device(out.storage, Op::name);
   check_device(in.storage, Op::name);
-  const Walk<2> w = make_walk<2>(Op::name, out.layout.shape, {&out.layout.strides, &in.layout.strides}, {out.layout.offset, in.layout.offset});
+  const Walk<2> w =
+      make_walk<2>(Op::name, out.layout.shape, {&out.layout.strides, &in.layout.strides}, {out.layout.offset, in.layout.offset});
   visit_dtype(in.dtype, [&]<class T>(type_tag<T>) {
     if constexpr (checks::unary_supported_v<Op, T>)
       launch_elementwise(Op::name, w, UnaryF<Op, T>{dptr<T>(out.storage), dptr<T>(in.storage)});
@@ -190,9 +192,11 @@ void Cuda::where(M out, V cond, V a, V b) {
   KILN_CHECK(cond.dtype == DType::boolean, "where: cond must be bool, got {} (shape {})", cond.dtype, shape_str(cond.layout.shape));
   KILN_CHECK(a.dtype == b.dtype && a.dtype == out.dtype, "where: dtypes differ: a {}, b {}, out {}", a.dtype, b.dtype, out.dtype);
   if (out.layout.numel() == 0) return;
-  for (const CudaStorage* s : std::initializer_list<const CudaStorage*>{&out.storage, &cond.storage, &a.storage, &b.storage}) check_device(*s, "where");
-  const Walk<4> w = make_walk<4>("where", out.layout.shape, {&out.layout.strides, &cond.layout.strides, &a.layout.strides, &b.layout.strides},
-                                 {out.layout.offset, cond.layout.offset, a.layout.offset, b.layout.offset});
+  for (const CudaStorage* s : std::initializer_list<const CudaStorage*>{&out.storage, &cond.storage, &a.storage, &b.storage})
+    check_device(*s, "where");
+  const Walk<4> w =
+      make_walk<4>("where", out.layout.shape, {&out.layout.strides, &cond.layout.strides, &a.layout.strides, &b.layout.strides},
+                   {out.layout.offset, cond.layout.offset, a.layout.offset, b.layout.offset});
   // where moves elements without arithmetic: dispatch on the element width only.
   visit_width(a.dtype, [&]<class U>(type_tag<U>) {
     launch_elementwise("where", w, WhereF<U>{dptr<U>(out.storage), dptr<bool>(cond.storage), dptr<U>(a.storage), dptr<U>(b.storage)});

@@ -78,10 +78,9 @@ template <class I> __global__ void __launch_bounds__(256) scatter_keys(const Wal
 // the element type: the Cpu backend's order and rounding, so the result equals it bit for bit.
 // wp walks the positions (operands: src, out with the axis stride zeroed), wb the columns
 // (src, out).
-template <class T>
-__global__ void __launch_bounds__(256) scatter_runs(T* __restrict__ o, const T* __restrict__ s, const uint64_t* __restrict__ key,
-                                                   const int64_t* __restrict__ pos, int64_t n, const Walk<2> wp, const Walk<2> wb,
-                                                   int64_t lim, int64_t oax, uint64_t bad_key) {
+template <class T> __global__ void __launch_bounds__(256)
+    scatter_runs(T* __restrict__ o, const T* __restrict__ s, const uint64_t* __restrict__ key, const int64_t* __restrict__ pos, int64_t n,
+                 const Walk<2> wp, const Walk<2> wb, int64_t lim, int64_t oax, uint64_t bad_key) {
   const int64_t nb = wb.numel, step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < n * nb; t += step) {
     const int64_t p = t / nb, b = t - p * nb;
@@ -119,8 +118,10 @@ class BadIndexFlag {
 };
 
 template <class F> void visit_index(DType d, F&& f) {
-  if (d == DType::i64) f(type_tag<int64_t>{});
-  else f(type_tag<int32_t>{});
+  if (d == DType::i64)
+    f(type_tag<int64_t>{});
+  else
+    f(type_tag<int32_t>{});
 }
 
 }  // namespace
@@ -130,7 +131,8 @@ void Cuda::gather(M out, V src, int axis, V index) {
   KILN_CHECK(index.dtype == DType::i64 || index.dtype == DType::i32, "gather: index must be i32 or i64, got {}", index.dtype);
   if (src.layout.rank() == 0) return Cuda::copy(out, src);
   if (index.layout.numel() == 0) return;
-  for (const CudaStorage* s : std::initializer_list<const CudaStorage*>{&out.storage, &src.storage, &index.storage}) check_device(*s, "gather");
+  for (const CudaStorage* s : std::initializer_list<const CudaStorage*>{&out.storage, &src.storage, &index.storage})
+    check_device(*s, "gather");
   const auto ax = static_cast<size_t>(axis);
   const int64_t lim = src.layout.shape[ax], sax = src.layout.strides[ax];
   Strides ss = src.layout.strides;
@@ -205,9 +207,8 @@ void Cuda::scatter_add(M out, int axis, V index, V src) {
   const SortedByKey sorted = sort_by_key(op, keys, n, static_cast<int>(std::bit_width(bad_key)));
   visit_dtype(src.dtype, [&]<class T>(type_tag<T>) {
     if constexpr (!std::is_same_v<T, bool>) {
-      scatter_runs<T><<<grid_for(n * wc.numel, 256), 256, 0, stream()>>>(out.storage.as<T>(), src.storage.as<T>(),
-                                                                         sorted.keys->as<uint64_t>(), sorted.pos->as<int64_t>(), n, wp, wc,
-                                                                         lim, oax, bad_key);
+      scatter_runs<T><<<grid_for(n * wc.numel, 256), 256, 0, stream()>>>(
+          out.storage.as<T>(), src.storage.as<T>(), sorted.keys->as<uint64_t>(), sorted.pos->as<int64_t>(), n, wp, wc, lim, oax, bad_key);
       after_launch(op, __FILE__, __LINE__);
     }
   });

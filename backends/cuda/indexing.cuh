@@ -28,9 +28,9 @@ namespace kiln::cuda {
 inline constexpr int kWalkDims = 16;
 
 template <int N> struct Walk {
-  int nd = 0;            // merged dims (>= 1)
+  int nd = 0;               // merged dims (>= 1)
   bool contiguous = false;  // every operand: offset = base + linear index
-  bool small = false;    // numel < 2^31: 32-bit index arithmetic
+  bool small = false;       // numel < 2^31: 32-bit index arithmetic
   int64_t numel = 0;
   int64_t size[kWalkDims] = {};
   int64_t stride[kWalkDims][N] = {};
@@ -71,9 +71,8 @@ template <int N> struct Walk {
 };
 
 // The walk over `shape` for operands with strides[k] (over `shape`) and base offsets offsets[k].
-template <int N>
-Walk<N> make_walk(std::string_view op, const Shape& shape, const std::array<const Strides*, N>& strides,
-                  const std::array<int64_t, N>& offsets) {
+template <int N> Walk<N> make_walk(std::string_view op, const Shape& shape, const std::array<const Strides*, N>& strides,
+                                   const std::array<int64_t, N>& offsets) {
   Walk<N> w;
   w.numel = kiln::numel(shape);
   for (int k = 0; k < N; ++k) w.base[k] = offsets[static_cast<size_t>(k)];
@@ -114,9 +113,7 @@ template <int N, class F> __global__ void __launch_bounds__(256) walk_kernel(con
 
 // ---------------------------------------------------------------------------------- vector access
 // V consecutive elements of T, aligned to their size (at most 16 bytes: one 128-bit load or store).
-template <class T, int V> struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
+template <class T, int V> struct alignas(sizeof(T) * V) Pack { T v[V]; };
 template <int V, class T> __device__ __forceinline__ Pack<T, V> ldv(const T* p) { return *reinterpret_cast<const Pack<T, V>*>(p); }
 template <int V, class T> __device__ __forceinline__ void stv(T* p, const Pack<T, V>& x) { *reinterpret_cast<Pack<T, V>*>(p) = x; }
 template <int V, class T> bool aligned_for(const T* p) { return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * V) == 0; }
@@ -178,12 +175,18 @@ template <class T, class S> __device__ __forceinline__ T convert_elem(S x) {
     return x;
   } else {
     double d;
-    if constexpr (std::is_same_v<S, bool>) d = x ? 1.0 : 0.0;
-    else if constexpr (std::is_same_v<S, bf16> || std::is_same_v<S, f16>) d = static_cast<double>(static_cast<float>(x));
-    else d = static_cast<double>(x);
-    if constexpr (std::is_same_v<T, bool>) return d != 0.0;
-    else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) return T(static_cast<float>(d));
-    else return static_cast<T>(d);
+    if constexpr (std::is_same_v<S, bool>)
+      d = x ? 1.0 : 0.0;
+    else if constexpr (std::is_same_v<S, bf16> || std::is_same_v<S, f16>)
+      d = static_cast<double>(static_cast<float>(x));
+    else
+      d = static_cast<double>(x);
+    if constexpr (std::is_same_v<T, bool>)
+      return d != 0.0;
+    else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
+      return T(static_cast<float>(d));
+    else
+      return static_cast<T>(d);
   }
 }
 
@@ -197,10 +200,14 @@ template <> struct bits_of<8> { using type = uint64_t; };
 // Calls f(type_tag<U>{}) with the unsigned integer type as wide as an element of d.
 template <class F> void visit_width(DType d, F&& f) {
   switch (dtype_size(d)) {
-    case 1: return f(type_tag<uint8_t>{});
-    case 2: return f(type_tag<uint16_t>{});
-    case 4: return f(type_tag<uint32_t>{});
-    default: return f(type_tag<uint64_t>{});
+    case 1:
+      return f(type_tag<uint8_t>{});
+    case 2:
+      return f(type_tag<uint16_t>{});
+    case 4:
+      return f(type_tag<uint32_t>{});
+    default:
+      return f(type_tag<uint64_t>{});
   }
 }
 

@@ -12,9 +12,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <class T>
-__global__ void ce_forward_kernel(T* __restrict__ loss, T* __restrict__ lse, const T* __restrict__ x, const int64_t* __restrict__ t,
-                                  int64_t C, int64_t ignore_index, T s) {
+template <class T> __global__ void ce_forward_kernel(T* __restrict__ loss, T* __restrict__ lse, const T* __restrict__ x,
+                                                     const int64_t* __restrict__ t, int64_t C, int64_t ignore_index, T s) {
   __shared__ T scratch[32];
   const int64_t i = blockIdx.x;
   const T* row = x + i * C;
@@ -38,9 +37,9 @@ __global__ void ce_forward_kernel(T* __restrict__ loss, T* __restrict__ lse, con
   }
 }
 
-template <class T>
-__global__ void ce_backward_kernel(T* __restrict__ dx, const T* __restrict__ x, const T* __restrict__ lse, const int64_t* __restrict__ t,
-                                   const T* __restrict__ g, int64_t C, int64_t ignore_index, T s) {
+template <class T> __global__ void ce_backward_kernel(T* __restrict__ dx, const T* __restrict__ x, const T* __restrict__ lse,
+                                                      const int64_t* __restrict__ t, const T* __restrict__ g, int64_t C,
+                                                      int64_t ignore_index, T s) {
   const int64_t i = blockIdx.x;
   const T* row = x + i * C;
   T* d = dx + i * C;
@@ -67,7 +66,8 @@ template <class T> const T* dptr(const CudaStorage& s, const Layout& l) { return
 void Cuda::cross_entropy_forward(M loss, M lse, V logits, V targets, int64_t ignore_index, double smoothing) {
   const char* op = "cross_entropy";
   ce_views(op, logits.layout, logits.dtype);
-  for (const CudaStorage* s : std::initializer_list<const CudaStorage*>{&loss.storage, &lse.storage, &logits.storage, &targets.storage}) cuda::check_device(*s, op);
+  for (const CudaStorage* s : std::initializer_list<const CudaStorage*>{&loss.storage, &lse.storage, &logits.storage, &targets.storage})
+    cuda::check_device(*s, op);
   const int64_t N = logits.layout.shape[0], C = logits.layout.shape[1];
   if (N == 0) return;
   const unsigned blocks = static_cast<unsigned>(N);
@@ -85,7 +85,9 @@ void Cuda::cross_entropy_forward(M loss, M lse, V logits, V targets, int64_t ign
 void Cuda::cross_entropy_backward(M dlogits, V logits, V lse, V targets, V g, int64_t ignore_index, double smoothing) {
   const char* op = "cross_entropy_backward";
   ce_views(op, logits.layout, logits.dtype);
-  for (const CudaStorage* s : std::initializer_list<const CudaStorage*>{&dlogits.storage, &lse.storage, &logits.storage, &targets.storage, &g.storage}) cuda::check_device(*s, op);
+  for (const CudaStorage* s :
+       std::initializer_list<const CudaStorage*>{&dlogits.storage, &lse.storage, &logits.storage, &targets.storage, &g.storage})
+    cuda::check_device(*s, op);
   const int64_t N = logits.layout.shape[0], C = logits.layout.shape[1];
   if (N == 0) return;
   const unsigned blocks = static_cast<unsigned>(N);

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "kiln/backends/cuda/cuda.hpp"
-#include "kiln/backends/gemm_plan.hpp"
 #include "kiln/backends/cuda/runtime.hpp"
+#include "kiln/backends/gemm_plan.hpp"
 #include "kiln/core/error.hpp"
 
 namespace kiln {
@@ -31,8 +31,8 @@ namespace kiln {
 namespace {
 
 // A matrix as cuBLAS takes it; trans: stored column-major (unit stride along rows).
-using gemm::Operand;
 using gemm::BatchDim;
+using gemm::Operand;
 
 // A contiguous copy of a view in dtype `to` on the device (gemm::staging).
 struct Staged {
@@ -48,10 +48,14 @@ Staged stage(Cuda::V v, DType to) {
 
 cudaDataType cuda_type(DType d) {
   switch (d) {
-    case DType::f32: return CUDA_R_32F;
-    case DType::f64: return CUDA_R_64F;
-    case DType::bf16: return CUDA_R_16BF;
-    default: return CUDA_R_16F;
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::f64:
+      return CUDA_R_64F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_16F;
   }
 }
 
@@ -74,28 +78,30 @@ void run(const Gemm& g, int64_t oa, int64_t ob, int64_t oc, int64_t batch, int64
   void* c = g.pc + static_cast<size_t>(oc) * es;
   const cudaDataType ty = cuda_type(g.dt);
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-  if (g.dt == DType::f64) compute = CUBLAS_COMPUTE_64F;
-  else if (g.dt == DType::f32 && cuda::allow_tf32()) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+  if (g.dt == DType::f64)
+    compute = CUBLAS_COMPUTE_64F;
+  else if (g.dt == DType::f32 && cuda::allow_tf32())
+    compute = CUBLAS_COMPUTE_32F_FAST_TF32;
   const float alpha_f = 1.0f, beta_f = 0.0f;
   const double alpha_d = 1.0, beta_d = 0.0;
   const void* alpha = g.dt == DType::f64 ? static_cast<const void*>(&alpha_d) : static_cast<const void*>(&alpha_f);
   const void* beta = g.dt == DType::f64 ? static_cast<const void*>(&beta_d) : static_cast<const void*>(&beta_f);
   const cublasHandle_t h = cuda::cublas();
-  KILN_CUBLAS_CHECK_OP("matmul", cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                                                                  CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  KILN_CUBLAS_CHECK_OP(
+      "matmul", cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   if (!g.c_colmajor) {
     // Cᵀ [N, M] (column-major, ld ldc) = op(B) [N, K] · op(A) [K, M]: a row-major operand is its own
     // transpose in column-major terms (no flag), a column-major one needs the flag.
-    KILN_CUBLAS_CHECK_OP("matmul", cublasGemmStridedBatchedEx_64(h, g.B.trans ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                                                 g.A.trans ? CUBLAS_OP_T : CUBLAS_OP_N, g.N, g.M, g.K, alpha, b, ty,
-                                                                 g.B.ld, sb, a, ty, g.A.ld, sa, beta, c, ty, g.ldc, sc, batch, compute,
-                                                                 CUBLAS_GEMM_DEFAULT));
+    KILN_CUBLAS_CHECK_OP(
+        "matmul",
+        cublasGemmStridedBatchedEx_64(h, g.B.trans ? CUBLAS_OP_T : CUBLAS_OP_N, g.A.trans ? CUBLAS_OP_T : CUBLAS_OP_N, g.N, g.M, g.K, alpha,
+                                      b, ty, g.B.ld, sb, a, ty, g.A.ld, sa, beta, c, ty, g.ldc, sc, batch, compute, CUBLAS_GEMM_DEFAULT));
   } else {
     // C [M, N] (column-major, ld ldc) = op(A) [M, K] · op(B) [K, N].
-    KILN_CUBLAS_CHECK_OP("matmul", cublasGemmStridedBatchedEx_64(h, g.A.trans ? CUBLAS_OP_N : CUBLAS_OP_T,
-                                                                 g.B.trans ? CUBLAS_OP_N : CUBLAS_OP_T, g.M, g.N, g.K, alpha, a, ty,
-                                                                 g.A.ld, sa, b, ty, g.B.ld, sb, beta, c, ty, g.ldc, sc, batch, compute,
-                                                                 CUBLAS_GEMM_DEFAULT));
+    KILN_CUBLAS_CHECK_OP(
+        "matmul",
+        cublasGemmStridedBatchedEx_64(h, g.A.trans ? CUBLAS_OP_N : CUBLAS_OP_T, g.B.trans ? CUBLAS_OP_N : CUBLAS_OP_T, g.M, g.N, g.K, alpha,
+                                      a, ty, g.A.ld, sa, b, ty, g.B.ld, sb, beta, c, ty, g.ldc, sc, batch, compute, CUBLAS_GEMM_DEFAULT));
   }
 }
 
@@ -137,7 +143,16 @@ void matmul_float(Cuda::M out, Cuda::V a, Cuda::V b) {
   KILN_CHECK(A.ok && B.ok && C.ok, "matmul: internal error: no cuBLAS layout for {} @ {} -> {}", shape_str(a.layout.shape),
              shape_str(b.layout.shape), shape_str(os));
 
-  Gemm g{out.dtype, C.trans, M, N, K, A, B, C.ld, static_cast<const char*>(stA->data()), static_cast<const char*>(stB->data()),
+  Gemm g{out.dtype,
+         C.trans,
+         M,
+         N,
+         K,
+         A,
+         B,
+         C.ld,
+         static_cast<const char*>(stA->data()),
+         static_cast<const char*>(stB->data()),
          static_cast<char*>(stC->data())};
   const std::vector<BatchDim> dims = gemm::coalesce(*la, *lb, *lc);  // innermost first
 
@@ -169,10 +184,9 @@ void Cuda::matmul(M out, V a, V b) {
              shape_str(a.layout.shape), shape_str(b.layout.shape), shape_str(out.layout.shape));
   KILN_CHECK(a.dtype == b.dtype && a.dtype == out.dtype, "matmul: dtypes differ: {} @ {} -> {}", a.dtype, b.dtype, out.dtype);
   const int64_t K = a.layout.shape[r - 1];
-  KILN_CHECK(b.layout.shape[r - 2] == K && a.layout.shape[r - 2] == out.layout.shape[r - 2] &&
-                 b.layout.shape[r - 1] == out.layout.shape[r - 1],
-             "matmul: {} @ {} -> {}: shapes do not match", shape_str(a.layout.shape), shape_str(b.layout.shape),
-             shape_str(out.layout.shape));
+  KILN_CHECK(
+      b.layout.shape[r - 2] == K && a.layout.shape[r - 2] == out.layout.shape[r - 2] && b.layout.shape[r - 1] == out.layout.shape[r - 1],
+      "matmul: {} @ {} -> {}: shapes do not match", shape_str(a.layout.shape), shape_str(b.layout.shape), shape_str(out.layout.shape));
   for (size_t i = 0; i + 2 < r; ++i)
     KILN_CHECK(a.layout.shape[i] == out.layout.shape[i] && b.layout.shape[i] == out.layout.shape[i],
                "matmul: {} @ {} -> {}: batch dims differ", shape_str(a.layout.shape), shape_str(b.layout.shape),
@@ -181,8 +195,10 @@ void Cuda::matmul(M out, V a, V b) {
     case DType::f32:
     case DType::f64:
     case DType::bf16:
-    case DType::f16: break;
-    default: fail("matmul: not supported for dtype {} ({} @ {})", a.dtype, shape_str(a.layout.shape), shape_str(b.layout.shape));
+    case DType::f16:
+      break;
+    default:
+      fail("matmul: not supported for dtype {} ({} @ {})", a.dtype, shape_str(a.layout.shape), shape_str(b.layout.shape));
   }
   cuda::check_device(out.storage, "matmul");
   cuda::check_device(a.storage, "matmul");

@@ -17,18 +17,20 @@ namespace {
 using namespace cuda;
 using namespace cuda::dense;
 
-constexpr int kWarpsPerBlock = 4;     // warp-per-row kernels
-constexpr int kBlockThreads = 256;    // block-per-row kernels
+constexpr int kWarpsPerBlock = 4;      // warp-per-row kernels
+constexpr int kBlockThreads = 256;     // block-per-row kernels
 constexpr int64_t kWarpMaxRow = 1024;  // longest row the warp kernels take
-constexpr int kDwCols = 32;           // dw partials: columns per block (threadIdx.x)
-constexpr int kDwRows = 8;            // dw partials: row lanes per block (threadIdx.y)
+constexpr int kDwCols = 32;            // dw partials: columns per block (threadIdx.x)
+constexpr int kDwRows = 8;             // dw partials: row lanes per block (threadIdx.y)
 constexpr int64_t kDwMaxChunks = 256;  // P <= this
-constexpr int64_t kDwMinRows = 32;    // rows per chunk >= this
+constexpr int64_t kDwMinRows = 32;     // rows per chunk >= this
 
 // Sum over the threads that share a row: the warp (WARP) or the block.
 template <bool WARP, class T> __device__ __forceinline__ T row_sum(T v, T* scratch) {
-  if constexpr (WARP) return warp_sum(v);
-  else return block_sum(v, scratch);
+  if constexpr (WARP)
+    return warp_sum(v);
+  else
+    return block_sum(v, scratch);
 }
 
 // Row of this warp/block, the lane within the row, the threads per row and the grid's row step.
@@ -50,9 +52,8 @@ template <bool WARP> struct RowMap {
   }
 };
 
-template <class T, bool WARP>
-__global__ void __launch_bounds__(kBlockThreads) rms_fwd(T* __restrict__ y, T* __restrict__ rstd, const T* __restrict__ x,
-                                                         const T* __restrict__ w, int64_t N, int64_t D, double eps) {
+template <class T, bool WARP> __global__ void __launch_bounds__(kBlockThreads)
+    rms_fwd(T* __restrict__ y, T* __restrict__ rstd, const T* __restrict__ x, const T* __restrict__ w, int64_t N, int64_t D, double eps) {
   __shared__ T scratch[kWarp];
   const RowMap<WARP> rm;
   for (int64_t row = rm.first; row < N; row += rm.step) {
@@ -71,9 +72,9 @@ __global__ void __launch_bounds__(kBlockThreads) rms_fwd(T* __restrict__ y, T* _
   }
 }
 
-template <class T, bool WARP>
-__global__ void __launch_bounds__(kBlockThreads) rms_bwd_dx(T* __restrict__ dx, const T* __restrict__ x, const T* __restrict__ w,
-                                                            const T* __restrict__ rstd, const T* __restrict__ dy, int64_t N, int64_t D) {
+template <class T, bool WARP> __global__ void __launch_bounds__(kBlockThreads)
+    rms_bwd_dx(T* __restrict__ dx, const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ rstd, const T* __restrict__ dy,
+               int64_t N, int64_t D) {
   __shared__ T scratch[kWarp];
   const RowMap<WARP> rm;
   for (int64_t row = rm.first; row < N; row += rm.step) {
@@ -100,10 +101,9 @@ __global__ void __launch_bounds__(kBlockThreads) rms_bwd_dx(T* __restrict__ dx, 
 // partial[p, c] = Σ over rows r of chunk p of dy[r, c]·x[r, c]·rstd[r]; block (kDwCols, kDwRows),
 // grid (ceil(D / kDwCols), P). Thread (tx, ty) sums rows r0 + ty, r0 + ty + kDwRows, ... of its
 // column, then thread ty = 0 adds the kDwRows sums in order.
-template <class T>
-__global__ void __launch_bounds__(kDwCols* kDwRows) rms_bwd_dw_partial(T* __restrict__ partial, const T* __restrict__ x,
-                                                                       const T* __restrict__ rstd, const T* __restrict__ dy, int64_t N,
-                                                                       int64_t D, int64_t rows_per_chunk) {
+template <class T> __global__ void __launch_bounds__(kDwCols* kDwRows)
+    rms_bwd_dw_partial(T* __restrict__ partial, const T* __restrict__ x, const T* __restrict__ rstd, const T* __restrict__ dy, int64_t N,
+                       int64_t D, int64_t rows_per_chunk) {
   __shared__ T sh[kDwRows][kDwCols];
   const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kDwCols + tx;
@@ -138,8 +138,10 @@ void check_rows(const char* op, const char* what, const Layout& l, DType dt, con
 }
 
 template <class T, class Launch> void by_row_width(int64_t N, int64_t D, Launch&& launch) {
-  if (D <= kWarpMaxRow) launch(std::true_type{}, grid_for(N, kWarpsPerBlock), kWarpsPerBlock * kWarp);
-  else launch(std::false_type{}, grid_for(N, 1), kBlockThreads);
+  if (D <= kWarpMaxRow)
+    launch(std::true_type{}, grid_for(N, kWarpsPerBlock), kWarpsPerBlock * kWarp);
+  else
+    launch(std::false_type{}, grid_for(N, 1), kBlockThreads);
 }
 
 }  // namespace

@@ -53,9 +53,8 @@ template <class T> __global__ void adam_kernel(const AdamPack<T> p, const AdamSc
   }
 }
 
-template <class T>
-void launch_adam(const std::vector<size_t>& idx, const std::vector<Cuda::M>& w, const std::vector<Cuda::M>& m,
-                 const std::vector<Cuda::M>& v, const std::vector<Cuda::V>& g, const fused::AdamHyper& h) {
+template <class T> void launch_adam(const std::vector<size_t>& idx, const std::vector<Cuda::M>& w, const std::vector<Cuda::M>& m,
+                                    const std::vector<Cuda::M>& v, const std::vector<Cuda::V>& g, const fused::AdamHyper& h) {
   AdamScalars<T> s{};
   s.b1 = static_cast<T>(h.beta1);
   s.b2 = static_cast<T>(h.beta2);
@@ -101,9 +100,12 @@ void Cuda::adam_step(const std::vector<M>& w, const std::vector<M>& m, const std
   for (size_t i = 0; i < w.size(); ++i) {
     for (const CudaStorage* st : {&w[i].storage, &m[i].storage, &v[i].storage}) cuda::check_device(*st, "adam_step");
     cuda::check_device(g[i].storage, "adam_step");
-    if (w[i].dtype == DType::f32) f32.push_back(i);
-    else if (w[i].dtype == DType::f64) f64.push_back(i);
-    else fail("adam_step: f32/f64 only, got {} (parameter {})", w[i].dtype, i);
+    if (w[i].dtype == DType::f32)
+      f32.push_back(i);
+    else if (w[i].dtype == DType::f64)
+      f64.push_back(i);
+    else
+      fail("adam_step: f32/f64 only, got {} (parameter {})", w[i].dtype, i);
   }
   launch_adam<float>(f32, w, m, v, g, h);
   launch_adam<double>(f64, w, m, v, g, h);

@@ -16,14 +16,17 @@ namespace {
 using namespace cuda;
 
 template <class T> __device__ __forceinline__ T store_draw(double x) {
-  if constexpr (std::is_same_v<T, bool>) return x != 0.0;
-  else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) return T(static_cast<float>(x));
-  else return static_cast<T>(x);
+  if constexpr (std::is_same_v<T, bool>)
+    return x != 0.0;
+  else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
+    return T(static_cast<float>(x));
+  else
+    return static_cast<T>(x);
 }
 
 // Thread g fills elements 4g .. 4g + 3 from Philox block offset + g.
-template <bool Uniform, class T>
-__global__ void __launch_bounds__(256) rand_kernel(T* __restrict__ o, const Walk<1> w, uint64_t seed, uint64_t offset, double a, double b) {
+template <bool Uniform, class T> __global__ void __launch_bounds__(256)
+    rand_kernel(T* __restrict__ o, const Walk<1> w, uint64_t seed, uint64_t offset, double a, double b) {
   const int64_t groups = ceil_div(w.numel, 4);
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < groups; g += step) {
@@ -42,8 +45,10 @@ __global__ void __launch_bounds__(256) rand_kernel(T* __restrict__ o, const Walk
       if (i >= w.numel) break;
       int64_t off[1];
       w.offsets(i, off);
-      if constexpr (Uniform && is_float_v<T>) o[off[0]] = round_uniform<T>(z[l], b);
-      else o[off[0]] = store_draw<T>(z[l]);
+      if constexpr (Uniform && is_float_v<T>)
+        o[off[0]] = round_uniform<T>(z[l], b);
+      else
+        o[off[0]] = store_draw<T>(z[l]);
     }
   }
 }
@@ -54,7 +59,8 @@ template <bool Uniform> void rand_fill(const char* op, Cuda::M out, uint64_t see
   const Walk<1> w = make_walk<1>(op, out.layout.shape, {&out.layout.strides}, {out.layout.offset});
   visit_dtype(out.dtype, [&]<class T>(type_tag<T>) {
     constexpr int kThreads = 256;
-    rand_kernel<Uniform, T><<<grid_for(ceil_div(w.numel, 4), kThreads), kThreads, 0, stream()>>>(out.storage.as<T>(), w, seed, offset, a, b);
+    rand_kernel<Uniform, T>
+        <<<grid_for(ceil_div(w.numel, 4), kThreads), kThreads, 0, stream()>>>(out.storage.as<T>(), w, seed, offset, a, b);
     after_launch(op, __FILE__, __LINE__);
   });
 }

@@ -30,7 +30,7 @@ using namespace cuda;
 constexpr int kBlock = 256;
 
 template <class Op, class T> using acc_t =
-    std::conditional_t<(std::is_same_v<Op, op::Sum> || std::is_same_v<Op, op::Prod>) && is_float_v<T>, double, compute_t<T>>;
+    std::conditional_t<(std::is_same_v<Op, op::Sum> || std::is_same_v<Op, op::Prod>)&&is_float_v<T>, double, compute_t<T>>;
 
 // A partial result: the accumulated value, and for index ops the position (kNone: no element yet).
 constexpr int64_t kNone = INT64_MAX;
@@ -84,16 +84,20 @@ template <class Op, class A> __device__ __forceinline__ Part<A> warp_combine(Par
 
 // Stores a final result.
 template <class Op, class T, class A> __device__ __forceinline__ void put(void* out, int64_t off, const Part<A>& p) {
-  if constexpr (Op::index) static_cast<int64_t*>(out)[off] = p.at;
-  else static_cast<T*>(out)[off] = convert_elem<T>(p.v);
+  if constexpr (Op::index)
+    static_cast<int64_t*>(out)[off] = p.at;
+  else
+    static_cast<T*>(out)[off] = convert_elem<T>(p.v);
 }
 
 // Loads element k of a row.
-template <class T, class A> __device__ __forceinline__ A load(const T* row, int64_t k, int64_t sa) { return static_cast<A>(ld(row + k * sa)); }
+template <class T, class A> __device__ __forceinline__ A load(const T* row, int64_t k, int64_t sa) {
+  return static_cast<A>(ld(row + k * sa));
+}
 
 // ------------------------------------------------------------------------------------ kernels
-template <class Op, class T, class A>
-__global__ void __launch_bounds__(kBlock) reduce_thread(void* out, const T* __restrict__ x, const Walk<2> w, int64_t n, int64_t sa) {
+template <class Op, class T, class A> __global__ void __launch_bounds__(kBlock)
+    reduce_thread(void* out, const T* __restrict__ x, const Walk<2> w, int64_t n, int64_t sa) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < w.numel; j += step) {
     int64_t off[2];
@@ -107,9 +111,9 @@ __global__ void __launch_bounds__(kBlock) reduce_thread(void* out, const T* __re
 
 // Virtual output v = j * pieces + q folds elements [q * piece, min(n, (q + 1) * piece)) of output j's
 // row; with pieces == 1 it writes the final result, else the partial goes to scratch[v].
-template <class Op, class T, class A>
-__global__ void __launch_bounds__(kBlock) reduce_block(void* out, Part<A>* scratch, const T* __restrict__ x, const Walk<2> w, int64_t n,
-                                                       int64_t sa, int64_t pieces, int64_t piece) {
+template <class Op, class T, class A> __global__ void __launch_bounds__(kBlock)
+    reduce_block(void* out, Part<A>* scratch, const T* __restrict__ x, const Walk<2> w, int64_t n, int64_t sa, int64_t pieces,
+                 int64_t piece) {
   __shared__ A sv[kWarp];
   __shared__ int64_t sat[kWarp];
   const int lane = threadIdx.x % kWarp, wid = threadIdx.x / kWarp, nw = blockDim.x / kWarp;
@@ -132,8 +136,10 @@ __global__ void __launch_bounds__(kBlock) reduce_block(void* out, Part<A>* scrat
       p = lane < nw ? Part<A>{sv[lane], sat[lane]} : part_init<Op, A>();
       p = warp_combine<Op, A>(p);
       if (lane == 0) {
-        if (scratch) scratch[v] = p;
-        else put<Op, T, A>(out, off[0], p);
+        if (scratch)
+          scratch[v] = p;
+        else
+          put<Op, T, A>(out, off[0], p);
       }
     }
     __syncthreads();  // sv/sat are reused by the next output
@@ -144,9 +150,9 @@ __global__ void __launch_bounds__(kBlock) reduce_block(void* out, Part<A>* scrat
 // 32 x 8 threads takes 32 consecutive outputs (threadIdx.x: neighbouring addresses, coalesced) and
 // piece q of their axis, split over threadIdx.y; the 8 partials of each output combine in order.
 constexpr int kColX = 32, kColY = 8;
-template <class Op, class T, class A>
-__global__ void __launch_bounds__(kColX * kColY) reduce_cols(void* out, Part<A>* scratch, const T* __restrict__ x, const Walk<2> w,
-                                                             int64_t n, int64_t sa, int64_t pieces, int64_t piece) {
+template <class Op, class T, class A> __global__ void __launch_bounds__(kColX* kColY)
+    reduce_cols(void* out, Part<A>* scratch, const T* __restrict__ x, const Walk<2> w, int64_t n, int64_t sa, int64_t pieces,
+                int64_t piece) {
   __shared__ A sv[kColY][kColX];
   __shared__ int64_t sat[kColY][kColX];
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -166,16 +172,18 @@ __global__ void __launch_bounds__(kColX * kColY) reduce_cols(void* out, Part<A>*
     __syncthreads();
     if (ty == 0 && j < w.numel) {
       for (int y = 1; y < kColY; ++y) p = part_combine<Op, A>(p, Part<A>{sv[y][tx], sat[y][tx]});
-      if (scratch) scratch[j * pieces + q] = p;
-      else put<Op, T, A>(out, off[0], p);
+      if (scratch)
+        scratch[j * pieces + q] = p;
+      else
+        put<Op, T, A>(out, off[0], p);
     }
     __syncthreads();
   }
 }
 
 // Second pass: output j combines its pieces in order.
-template <class Op, class T, class A>
-__global__ void __launch_bounds__(kBlock) reduce_pieces(void* out, const Part<A>* __restrict__ scratch, const Walk<2> w, int64_t pieces) {
+template <class Op, class T, class A> __global__ void __launch_bounds__(kBlock)
+    reduce_pieces(void* out, const Part<A>* __restrict__ scratch, const Walk<2> w, int64_t pieces) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < w.numel; j += step) {
     int64_t off[2];
@@ -192,7 +200,8 @@ template <class Op, class T> void reduce_launch(Cuda::M out, Cuda::V in, int axi
   const int64_t n = in.layout.shape[ax];
   const int64_t sa = n == 1 ? 1 : in.layout.strides[ax];
   // Outputs and their rows: out's shape has 1 at `axis`, so the walk skips that dim.
-  const Walk<2> w = make_walk<2>(Op::name, out.layout.shape, {&out.layout.strides, &in.layout.strides}, {out.layout.offset, in.layout.offset});
+  const Walk<2> w =
+      make_walk<2>(Op::name, out.layout.shape, {&out.layout.strides, &in.layout.strides}, {out.layout.offset, in.layout.offset});
   const int64_t m = w.numel;
   if (m == 0) return;
   void* o = out.storage.data();
@@ -233,7 +242,7 @@ template <class Op, class T> void reduce_launch(Cuda::M out, Cuda::V in, int axi
   const std::shared_ptr<CudaStorage> scratch = scratch_for(pieces);
   const int threads = n >= kBlock ? kBlock : static_cast<int>(ceil_div(n, kWarp) * kWarp);
   reduce_block<Op, T, A><<<grid_for(m * pieces, 1, int64_t{1} << 20), threads, 0, st>>>(o, scratch ? scratch->as<Part<A>>() : nullptr, x, w,
-                                                                                          n, sa, pieces, piece);
+                                                                                        n, sa, pieces, piece);
   after_launch(Op::name, __FILE__, __LINE__);
   second_pass(scratch, pieces);
   // scratch goes back to the caching allocator, stream-ordered: a later allocation on this stream

@@ -24,8 +24,7 @@ void raise_cuda(cudaError_t e, std::string_view op, const char* call, const char
 
 void raise_cublas(cublasStatus_t s, std::string_view op, const char* call, const char* file, int line) {
   const char* base = std::strrchr(file, '/');
-  fail("{}: cuBLAS error {} ({}) [{} at {}:{}]", op, cublasGetStatusName(s), cublasGetStatusString(s), call, base ? base + 1 : file,
-       line);
+  fail("{}: cuBLAS error {} ({}) [{} at {}:{}]", op, cublasGetStatusName(s), cublasGetStatusString(s), call, base ? base + 1 : file, line);
 }
 
 namespace {
@@ -199,8 +198,9 @@ int require_device(std::string_view op) {
 
 void check_device(const CudaStorage& s, std::string_view op) {
   const int d = require_device(op);
-  KILN_CHECK(s.device() == d, "{}: tensor lives on cuda:{} but the current device is cuda:{} (move it with to<Cpu>() and back, or set_device)",
-             op, s.device(), d);
+  KILN_CHECK(s.device() == d,
+             "{}: tensor lives on cuda:{} but the current device is cuda:{} (move it with to<Cpu>() and back, or set_device)", op,
+             s.device(), d);
 }
 
 cudaStream_t stream() { return current("cuda").stream; }

@@ -21,15 +21,15 @@ namespace kiln::cuda {
 [[noreturn]] void raise_cuda(cudaError_t e, std::string_view op, const char* call, const char* file, int line);
 [[noreturn]] void raise_cublas(cublasStatus_t s, std::string_view op, const char* call, const char* file, int line);
 
-#define KILN_CUDA_CHECK_OP(op, expr)                                                                  \
-  do {                                                                                                \
-    const cudaError_t kiln_e_ = (expr);                                                               \
-    if (kiln_e_ != cudaSuccess) ::kiln::cuda::raise_cuda(kiln_e_, op, #expr, __FILE__, __LINE__);     \
+#define KILN_CUDA_CHECK_OP(op, expr)                                                              \
+  do {                                                                                            \
+    const cudaError_t kiln_e_ = (expr);                                                           \
+    if (kiln_e_ != cudaSuccess) ::kiln::cuda::raise_cuda(kiln_e_, op, #expr, __FILE__, __LINE__); \
   } while (0)
 #define KILN_CUDA_CHECK(expr) KILN_CUDA_CHECK_OP("cuda", expr)
-#define KILN_CUBLAS_CHECK_OP(op, expr)                                                                \
-  do {                                                                                                \
-    const cublasStatus_t kiln_s_ = (expr);                                                            \
+#define KILN_CUBLAS_CHECK_OP(op, expr)                                                                        \
+  do {                                                                                                        \
+    const cublasStatus_t kiln_s_ = (expr);                                                                    \
     if (kiln_s_ != CUBLAS_STATUS_SUCCESS) ::kiln::cuda::raise_cublas(kiln_s_, op, #expr, __FILE__, __LINE__); \
   } while (0)
 // After every kernel launch: the launch's own error (bad configuration, no kernel image for this

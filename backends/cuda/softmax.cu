@@ -21,13 +21,12 @@ namespace {
 using namespace cuda;
 using namespace cuda::dense;
 
-constexpr int kWarpsPerBlock = 4;  // warp kernels: rows per block
+constexpr int kWarpsPerBlock = 4;   // warp kernels: rows per block
 constexpr int kBlockThreads = 256;  // block kernels: threads per row
 constexpr int kWarpMaxRow = 1024;   // longest row the warp kernels take (VPT <= 32)
 
 // ------------------------------------------------------------------------------------------- forward
-template <class T, int VPT>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarp)
+template <class T, int VPT> __global__ void __launch_bounds__(kWarpsPerBlock* kWarp)
     softmax_fwd_warp(T* __restrict__ y, const T* __restrict__ x, int64_t rows, int n, bool log) {
   using C = compute_t<T>;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
@@ -74,9 +73,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp)
   }
 }
 
-template <class T>
-__global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(T* __restrict__ y, const T* __restrict__ x, int64_t rows, int64_t n,
-                                                                   bool log) {
+template <class T> __global__ void __launch_bounds__(kBlockThreads)
+    softmax_fwd_block(T* __restrict__ y, const T* __restrict__ x, int64_t rows, int64_t n, bool log) {
   using C = compute_t<T>;
   __shared__ C scratch[kWarp];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -101,8 +99,7 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(T* __restrict
 }
 
 // ------------------------------------------------------------------------------------------ backward
-template <class T, int VPT>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarp)
+template <class T, int VPT> __global__ void __launch_bounds__(kWarpsPerBlock* kWarp)
     softmax_bwd_warp(T* __restrict__ dx, const T* __restrict__ y, const T* __restrict__ dy, int64_t rows, int n, bool log) {
   using C = compute_t<T>;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
@@ -129,8 +126,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp)
   }
 }
 
-template <class T>
-__global__ void __launch_bounds__(kBlockThreads)
+template <class T> __global__ void __launch_bounds__(kBlockThreads)
     softmax_bwd_block(T* __restrict__ dx, const T* __restrict__ y, const T* __restrict__ dy, int64_t rows, int64_t n, bool log) {
   using C = compute_t<T>;
   __shared__ C scratch[kWarp];
@@ -172,9 +168,12 @@ template <class T> void launch_fwd(const char* op, T* y, const T* x, Rows r, boo
   if (r.n <= kWarpMaxRow) {
     const unsigned grid = grid_for(r.rows, kWarpsPerBlock);
     const int n = static_cast<int>(r.n);
-    if (n <= 64) softmax_fwd_warp<T, 2><<<grid, kWarpsPerBlock * kWarp, 0, s>>>(y, x, r.rows, n, log);
-    else if (n <= 256) softmax_fwd_warp<T, 8><<<grid, kWarpsPerBlock * kWarp, 0, s>>>(y, x, r.rows, n, log);
-    else softmax_fwd_warp<T, 32><<<grid, kWarpsPerBlock * kWarp, 0, s>>>(y, x, r.rows, n, log);
+    if (n <= 64)
+      softmax_fwd_warp<T, 2><<<grid, kWarpsPerBlock * kWarp, 0, s>>>(y, x, r.rows, n, log);
+    else if (n <= 256)
+      softmax_fwd_warp<T, 8><<<grid, kWarpsPerBlock * kWarp, 0, s>>>(y, x, r.rows, n, log);
+    else
+      softmax_fwd_warp<T, 32><<<grid, kWarpsPerBlock * kWarp, 0, s>>>(y, x, r.rows, n, log);
   } else {
     softmax_fwd_block<T><<<grid_for(r.rows, 1), kBlockThreads, 0, s>>>(y, x, r.rows, r.n, log);
   }
@@ -186,9 +185,12 @@ template <class T> void launch_bwd(const char* op, T* dx, const T* y, const T* d
   if (r.n <= kWarpMaxRow) {
     const unsigned grid = grid_for(r.rows, kWarpsPerBlock);
     const int n = static_cast<int>(r.n);
-    if (n <= 64) softmax_bwd_warp<T, 2><<<grid, kWarpsPerBlock * kWarp, 0, s>>>(dx, y, dy, r.rows, n, log);
-    else if (n <= 256) softmax_bwd_warp<T, 8><<<grid, kWarpsPerBlock * kWarp, 0, s>>>(dx, y, dy, r.rows, n, log);
-    else softmax_bwd_warp<T, 32><<<grid, kWarpsPerBlock * kWarp, 0, s>>>(dx, y, dy, r.rows, n, log);
+    if (n <= 64)
+      softmax_bwd_warp<T, 2><<<grid, kWarpsPerBlock * kWarp, 0, s>>>(dx, y, dy, r.rows, n, log);
+    else if (n <= 256)
+      softmax_bwd_warp<T, 8><<<grid, kWarpsPerBlock * kWarp, 0, s>>>(dx, y, dy, r.rows, n, log);
+    else
+      softmax_bwd_warp<T, 32><<<grid, kWarpsPerBlock * kWarp, 0, s>>>(dx, y, dy, r.rows, n, log);
   } else {
     softmax_bwd_block<T><<<grid_for(r.rows, 1), kBlockThreads, 0, s>>>(dx, y, dy, r.rows, r.n, log);
   }
@@ -214,8 +216,8 @@ void Cuda::softmax_lastdim_backward(M dx, V y, V dy, bool log) {
   const Rows r = rows_of(y.layout);
   if (r.rows == 0) return;
   visit_float(y.dtype, op, y.layout.shape, [&]<class T>(type_tag<T>) {
-    launch_bwd<T>(op, dx.storage.as<T>() + dx.layout.offset, y.storage.as<T>() + y.layout.offset, dy.storage.as<T>() + dy.layout.offset,
-                  r, log);
+    launch_bwd<T>(op, dx.storage.as<T>() + dx.layout.offset, y.storage.as<T>() + y.layout.offset, dy.storage.as<T>() + dy.layout.offset, r,
+                  log);
   });
 }
 

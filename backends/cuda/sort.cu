@@ -7,17 +7,17 @@ namespace kiln::cuda {
 
 namespace {
 
-constexpr int kDigits = 256;             // 8 bits per pass
-constexpr int kSortThreads = kDigits;    // one digit counter per thread
-constexpr int kSortRounds = 4;           // items per thread and tile
+constexpr int kDigits = 256;           // 8 bits per pass
+constexpr int kSortThreads = kDigits;  // one digit counter per thread
+constexpr int kSortRounds = 4;         // items per thread and tile
 constexpr int kSortTile = kSortThreads * kSortRounds;
 constexpr int kScanThreads = 1024;
 
 __device__ __forceinline__ int digit_of(uint64_t key, int shift) { return static_cast<int>((key >> shift) & (kDigits - 1)); }
 
 // counts[d * tiles + t] = items of tile t whose digit is d.
-__global__ void __launch_bounds__(kSortThreads) radix_count(int64_t* __restrict__ counts, const uint64_t* __restrict__ keys, int64_t n,
-                                                            int shift, int64_t tiles) {
+__global__ void __launch_bounds__(kSortThreads)
+    radix_count(int64_t* __restrict__ counts, const uint64_t* __restrict__ keys, int64_t n, int shift, int64_t tiles) {
   __shared__ int c[kDigits];
   const int64_t tile = blockIdx.x;
   c[threadIdx.x] = 0;
@@ -63,9 +63,9 @@ __global__ void __launch_bounds__(kScanThreads) exclusive_scan(int64_t* __restri
 // Moves every item of a tile to its slot: the scanned count of (digit, tile), plus the items of the
 // same digit earlier in the tile (earlier rounds: running counts; this round: lower threads).
 // pos_in == nullptr: the positions are 0 .. n-1 (first pass).
-__global__ void __launch_bounds__(kSortThreads) radix_scatter(uint64_t* __restrict__ keys_out, int64_t* __restrict__ pos_out,
-                                                              const uint64_t* __restrict__ keys_in, const int64_t* __restrict__ pos_in,
-                                                              const int64_t* __restrict__ first, int64_t n, int shift, int64_t tiles) {
+__global__ void __launch_bounds__(kSortThreads)
+    radix_scatter(uint64_t* __restrict__ keys_out, int64_t* __restrict__ pos_out, const uint64_t* __restrict__ keys_in,
+                  const int64_t* __restrict__ pos_in, const int64_t* __restrict__ first, int64_t n, int shift, int64_t tiles) {
   __shared__ int digit[kSortThreads];
   __shared__ int before[kDigits];
   const int64_t tile = blockIdx.x;
@@ -111,7 +111,7 @@ SortedByKey sort_by_key(std::string_view op, std::shared_ptr<CudaStorage> keys, 
     exclusive_scan<<<1, kScanThreads, 0, stream()>>>(counts->as<int64_t>(), tiles * kDigits);
     after_launch(op, __FILE__, __LINE__);
     radix_scatter<<<grid, kSortThreads, 0, stream()>>>(keys_b->as<uint64_t>(), pos_b->as<int64_t>(), keys->as<uint64_t>(),
-                                                        first_pass ? nullptr : pos_a->as<int64_t>(), counts->as<int64_t>(), n, shift, tiles);
+                                                       first_pass ? nullptr : pos_a->as<int64_t>(), counts->as<int64_t>(), n, shift, tiles);
     after_launch(op, __FILE__, __LINE__);
     std::swap(keys, keys_b);
     std::swap(pos_a, pos_b);

@@ -16,9 +16,12 @@ using V = Reference::V;
 using M = Reference::M;
 
 template <class F> bool float_dispatch(DType d, F&& f) {
-  if (d == DType::f32) f(float{});
-  else if (d == DType::f64) f(double{});
-  else return false;
+  if (d == DType::f32)
+    f(float{});
+  else if (d == DType::f64)
+    f(double{});
+  else
+    return false;
   return true;
 }
 

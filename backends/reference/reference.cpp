@@ -18,10 +18,14 @@ template <class T> T load(const V& v, int64_t i) { return v.storage.as<T>()[v.la
 template <class T> void store(const M& m, int64_t i, T x) { m.storage.as<T>()[m.layout.offset_of(i)] = x; }
 
 template <class T, class U> T convert(U x) {
-  if constexpr (std::is_same_v<T, U>) return x;  // exact (an i64 beyond 2^53 survives)
-  else if constexpr (std::is_same_v<T, bool>) return static_cast<double>(x) != 0.0;
-  else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) return T(static_cast<float>(static_cast<double>(x)));
-  else return static_cast<T>(static_cast<double>(x));
+  if constexpr (std::is_same_v<T, U>)
+    return x;  // exact (an i64 beyond 2^53 survives)
+  else if constexpr (std::is_same_v<T, bool>)
+    return static_cast<double>(x) != 0.0;
+  else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
+    return T(static_cast<float>(static_cast<double>(x)));
+  else
+    return static_cast<T>(static_cast<double>(x));
 }
 
 // Index of the element at `linear` (row-major in `shape`) with dim `axis` replaced by k.
@@ -53,9 +57,12 @@ void Reference::copy(M out, V in) {
     visit_dtype(out.dtype, [&]<class T>(type_tag<T>) {
       for (int64_t i = 0; i < out.layout.numel(); ++i) {
         const S x = load<S>(in, i);
-        if constexpr (std::is_same_v<S, bool>) store<T>(out, i, convert<T>(x ? 1 : 0));
-        else if constexpr (is_float_v<S>) store<T>(out, i, convert<T>(static_cast<double>(static_cast<compute_t<S>>(x))));
-        else store<T>(out, i, convert<T>(x));
+        if constexpr (std::is_same_v<S, bool>)
+          store<T>(out, i, convert<T>(x ? 1 : 0));
+        else if constexpr (is_float_v<S>)
+          store<T>(out, i, convert<T>(static_cast<double>(static_cast<compute_t<S>>(x))));
+        else
+          store<T>(out, i, convert<T>(x));
       }
     });
   });
@@ -83,8 +90,10 @@ template <class Op> void Reference::binary(M out, V a, V b) {
       for (int64_t i = 0; i < out.layout.numel(); ++i) {
         const auto x = static_cast<R>(static_cast<compute_t<T>>(load<T>(a, i)));
         const auto y = static_cast<R>(static_cast<compute_t<T>>(load<T>(b, i)));
-        if constexpr (Op::compare) store<bool>(out, i, Op::template f<R>(x, y));
-        else store<T>(out, i, convert<T>(Op::template f<R>(x, y)));
+        if constexpr (Op::compare)
+          store<bool>(out, i, Op::template f<R>(x, y));
+        else
+          store<T>(out, i, convert<T>(Op::template f<R>(x, y)));
       }
     }
   });
@@ -196,8 +205,10 @@ void Reference::rand_uniform(M out, uint64_t seed, uint64_t offset, double lo, d
   visit_dtype(out.dtype, [&]<class T>(type_tag<T>) {
     for (int64_t i = 0; i < out.layout.numel(); ++i) {
       const double x = philox_affine(lo, hi - lo, philox_uniform_at(seed, offset, static_cast<uint64_t>(i)));
-      if constexpr (is_float_v<T>) store<T>(out, i, round_uniform<T>(x, hi));
-      else store<T>(out, i, convert<T>(x));
+      if constexpr (is_float_v<T>)
+        store<T>(out, i, round_uniform<T>(x, hi));
+      else
+        store<T>(out, i, convert<T>(x));
     }
   });
 }

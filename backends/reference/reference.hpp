@@ -24,8 +24,8 @@ struct Reference {
   static void read(const Storage& s, size_t off, void* dst, size_t n) { s.read(off, dst, n); }
 
   KILN_BACKEND_PRIMITIVES  // backends/primitives.hpp
-  // convolution and pooling, naive loops in double (backends/reference/conv.cpp)
-  KILN_FUSED_CONV_POOL
+                           // convolution and pooling, naive loops in double (backends/reference/conv.cpp)
+      KILN_FUSED_CONV_POOL
 };
 static_assert(Backend<Reference>);
 

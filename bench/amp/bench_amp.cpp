@@ -22,9 +22,7 @@ using namespace kiln;
 using T = Tensor<Cpu>;
 
 namespace {
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_ms() { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 struct Shape3 {
   const char* name;
   int64_t M, K, N;  // [M, K] @ [K, N]
@@ -57,8 +55,10 @@ int main(int argc, char** argv) {
     for (std::string line; std::getline(in, line);) {
       if (line.rfind("model name", 0) == 0 && model == "?") model = line.substr(line.find(':') + 2);
       if (line.rfind("flags", 0) == 0) {
-        if (line.find(" amx_bf16") != std::string::npos) bf16_isa = "AMX-BF16";
-        else if (line.find(" avx512_bf16") != std::string::npos) bf16_isa = "AVX-512 BF16";
+        if (line.find(" amx_bf16") != std::string::npos)
+          bf16_isa = "AMX-BF16";
+        else if (line.find(" avx512_bf16") != std::string::npos)
+          bf16_isa = "AVX-512 BF16";
       }
     }
   }

@@ -42,9 +42,7 @@ struct Result {
   double train_ms = 0, gen_ms = 0, gen_seq_ms = 0, rss_mib = 0;
 };
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_ms() { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // The model's size (flags --d-model, --layers, --heads; diff gets half the heads: equal parameters).
 int64_t g_d_model = 256, g_layers = 4, g_heads = 4;
@@ -138,15 +136,24 @@ int main(int argc, char** argv) {
   std::string variants =
       "mha,mha+attnres_block:2,mha+attnres_block:4,mha+attnres_full,diff,diff+attnres_block:2,diff+attnres_block:4,diff+attnres_full";
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--steps")) steps = std::max(0, std::atoi(argv[i + 1]));
-    else if (!std::strcmp(argv[i], "--d-model")) g_d_model = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--layers")) g_layers = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--heads")) g_heads = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--new-tokens")) new_tokens = std::max(1, std::atoi(argv[i + 1]));
-    else if (!std::strcmp(argv[i], "--variants")) variants = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--gen-rounds")) rounds = std::max(1, std::atoi(argv[i + 1]));
+    if (!std::strcmp(argv[i], "--steps"))
+      steps = std::max(0, std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--d-model"))
+      g_d_model = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--layers"))
+      g_layers = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--heads"))
+      g_heads = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--new-tokens"))
+      new_tokens = std::max(1, std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--variants"))
+      variants = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--gen-rounds"))
+      rounds = std::max(1, std::atoi(argv[i + 1]));
     else {
-      std::fprintf(stderr, "attnres_bench: unknown flag %s (valid: --steps, --new-tokens, --gen-rounds, --variants, --d-model, --layers, --heads)\n", argv[i]);
+      std::fprintf(
+          stderr, "attnres_bench: unknown flag %s (valid: --steps, --new-tokens, --gen-rounds, --variants, --d-model, --layers, --heads)\n",
+          argv[i]);
       return 2;
     }
   }
@@ -172,10 +179,11 @@ int main(int argc, char** argv) {
         if (!two_phase && b->c.residual == "standard") continue;
         (two_phase ? b->gen : b->gen_seq).push_back(b->generate(new_tokens, two_phase));
       }
-  std::printf("d_model %lld, %lld layers, %lld heads; threads %d; medians of %d training steps and of %d generations of %d tokens, "
-              "the variants interleaved step by step\n\n",
-              static_cast<long long>(g_d_model), static_cast<long long>(g_layers), static_cast<long long>(g_heads), num_threads(), steps,
-              rounds, new_tokens);
+  std::printf(
+      "d_model %lld, %lld layers, %lld heads; threads %d; medians of %d training steps and of %d generations of %d tokens, "
+      "the variants interleaved step by step\n\n",
+      static_cast<long long>(g_d_model), static_cast<long long>(g_layers), static_cast<long long>(g_heads), num_threads(), steps, rounds,
+      new_tokens);
   std::printf("| variant | train ms | vs standard | vs mha | peak RSS MiB | gen ms/token | vs standard | seq ms/token |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   std::map<std::string, Result> res;

@@ -63,7 +63,8 @@ struct DnnlConv {
     using dt = memory::data_type;
     using tag = memory::format_tag;
     const memory::dims xd{c.N, c.C, c.H, c.W}, yd{c.N, c.O, c.Ho(), c.Wo()}, bd{c.O};
-    const memory::dims wd = c.groups == 1 ? memory::dims{c.O, c.C, c.k, c.k} : memory::dims{c.groups, c.O / c.groups, c.C / c.groups, c.k, c.k};
+    const memory::dims wd =
+        c.groups == 1 ? memory::dims{c.O, c.C, c.k, c.k} : memory::dims{c.groups, c.O / c.groups, c.C / c.groups, c.k, c.k};
     const tag wtag = c.groups == 1 ? tag::oihw : tag::goihw;
     const memory::dims st{c.stride, c.stride}, dil{0, 0}, pad{c.pad, c.pad};
     const memory::desc ux(xd, dt::f32, tag::nchw), uy(yd, dt::f32, tag::nchw), uw(wd, dt::f32, wtag), ub(bd, dt::f32, tag::x);
@@ -123,8 +124,8 @@ struct DnnlConv {
 
 // args: N, C, H(=W), O, k, stride, pad, groups
 void BM_conv2d_fwd_bwd(benchmark::State& state) {
-  const Shape2 c{state.range(0), state.range(1), state.range(2), state.range(2), state.range(3), state.range(4), state.range(5),
-                 state.range(6), state.range(7)};
+  const Shape2 c{state.range(0), state.range(1), state.range(2), state.range(2), state.range(3),
+                 state.range(4), state.range(5), state.range(6), state.range(7)};
   num_threads();
   const C x = C::randn({c.N, c.C, c.H, c.W}), w = C::randn({c.O, c.C / c.groups, c.k, c.k}).mul(0.1), b = C::randn({c.O});
   const C dy = C::randn({c.N, c.O, c.Ho(), c.Wo()});
@@ -152,14 +153,14 @@ void BM_conv2d_fwd_bwd(benchmark::State& state) {
 }
 
 void conv_args(benchmark::internal::Benchmark* b) {
-  b->Args({128, 1, 28, 32, 3, 1, 1, 1});    // examples/fashion_mnist_cnn, first conv
-  b->Args({128, 32, 14, 64, 3, 1, 1, 1});   // ... second conv
-  b->Args({64, 3, 32, 16, 3, 1, 1, 1});     // an RGB first layer
-  b->Args({64, 8, 28, 8, 5, 1, 2, 1});      // few channels, 5x5
-  b->Args({8, 64, 56, 64, 3, 1, 1, 1});     // a ResNet stage-1 3x3
-  b->Args({8, 128, 28, 256, 3, 2, 1, 1});   // a strided 3x3 (downsampling)
-  b->Args({8, 256, 14, 256, 1, 1, 0, 1});   // a 1x1 (pointwise)
-  b->Args({8, 128, 28, 128, 3, 1, 1, 128}); // depthwise 3x3
+  b->Args({128, 1, 28, 32, 3, 1, 1, 1});     // examples/fashion_mnist_cnn, first conv
+  b->Args({128, 32, 14, 64, 3, 1, 1, 1});    // ... second conv
+  b->Args({64, 3, 32, 16, 3, 1, 1, 1});      // an RGB first layer
+  b->Args({64, 8, 28, 8, 5, 1, 2, 1});       // few channels, 5x5
+  b->Args({8, 64, 56, 64, 3, 1, 1, 1});      // a ResNet stage-1 3x3
+  b->Args({8, 128, 28, 256, 3, 2, 1, 1});    // a strided 3x3 (downsampling)
+  b->Args({8, 256, 14, 256, 1, 1, 0, 1});    // a 1x1 (pointwise)
+  b->Args({8, 128, 28, 128, 3, 1, 1, 128});  // depthwise 3x3
   b->ArgNames({"N", "C", "HW", "O", "k", "s", "p", "g"});
 }
 BENCHMARK(BM_conv2d_fwd_bwd)->Apply(conv_args)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);

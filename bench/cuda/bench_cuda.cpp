@@ -70,15 +70,18 @@ void gemm(int64_t M, int64_t N, int64_t K, DType d, bool tf32) {
   const float one = 1, zero = 0;
   T out = T::empty({M, N}, d);
   const double raw_ms = median_ms([&] {  // row-major C = A B as column-major C^T = B^T A^T
-    KILN_CUBLAS_CHECK_OP("raw cublasGemmEx", cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &one, b.storage()->data(),
-                 ty, static_cast<int>(N), a.storage()->data(), ty, static_cast<int>(K), &zero, out.storage()->data(), ty,
-                 static_cast<int>(N), d == DType::f32 ? ct : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    KILN_CUBLAS_CHECK_OP(
+        "raw cublasGemmEx",
+        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &one, b.storage()->data(),
+                     ty, static_cast<int>(N), a.storage()->data(), ty, static_cast<int>(K), &zero, out.storage()->data(), ty,
+                     static_cast<int>(N), d == DType::f32 ? ct : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   });
   cublasDestroy(h);
   const double tflops = 2.0 * M * N * K / 1e9;
-  std::printf("{\"bench\": \"gemm\", \"M\": %ld, \"N\": %ld, \"K\": %ld, \"dtype\": \"%s\", \"tf32\": %s, \"kiln_tflops\": %.1f, "
-              "\"cublas_tflops\": %.1f, \"ratio\": %.3f}\n",
-              M, N, K, std::string(dtype_name(d)).c_str(), tf32 ? "true" : "false", tflops / kiln_ms, tflops / raw_ms, raw_ms / kiln_ms);
+  std::printf(
+      "{\"bench\": \"gemm\", \"M\": %ld, \"N\": %ld, \"K\": %ld, \"dtype\": \"%s\", \"tf32\": %s, \"kiln_tflops\": %.1f, "
+      "\"cublas_tflops\": %.1f, \"ratio\": %.3f}\n",
+      M, N, K, std::string(dtype_name(d)).c_str(), tf32 ? "true" : "false", tflops / kiln_ms, tflops / raw_ms, raw_ms / kiln_ms);
   cuda::set_allow_tf32(false);
 }
 
@@ -90,9 +93,10 @@ void attention(int64_t Bt, int64_t H, int64_t Hkv, int64_t Tn, int64_t d, int64_
   std::pair<T, T> fwd;
   const double f_ms = median_ms([&] { fwd = fused::attention_forward(q, k, v, scale, true, 0); });
   const double b_ms = median_ms([&] { (void)fused::attention_backward(q, k, v, fwd.first, fwd.second, dout, scale, true, 0); });
-  std::printf("{\"bench\": \"attention\", \"B\": %ld, \"H\": %ld, \"Hkv\": %ld, \"T\": %ld, \"d\": %ld, \"dv\": %ld, \"fwd_ms\": %.3f, "
-              "\"bwd_ms\": %.3f}\n",
-              Bt, H, Hkv, Tn, d, dv, f_ms, b_ms);
+  std::printf(
+      "{\"bench\": \"attention\", \"B\": %ld, \"H\": %ld, \"Hkv\": %ld, \"T\": %ld, \"d\": %ld, \"dv\": %ld, \"fwd_ms\": %.3f, "
+      "\"bwd_ms\": %.3f}\n",
+      Bt, H, Hkv, Tn, d, dv, f_ms, b_ms);
 }
 
 void elementwise(int64_t n) {
@@ -102,8 +106,8 @@ void elementwise(int64_t n) {
   const double add_ms = median_ms([&] { c = a.add(b); });
   T dst = T::empty({n}, DType::f32);
   const double copy_ms = median_ms([&] {
-    KILN_CUDA_CHECK(cudaMemcpyAsync(dst.storage()->data(), a.storage()->data(), static_cast<size_t>(n) * 4, cudaMemcpyDeviceToDevice,
-                                    cuda::stream()));
+    KILN_CUDA_CHECK(
+        cudaMemcpyAsync(dst.storage()->data(), a.storage()->data(), static_cast<size_t>(n) * 4, cudaMemcpyDeviceToDevice, cuda::stream()));
   });
   const double add_gbps = 3.0 * 4.0 * static_cast<double>(n) / add_ms / 1e6, copy_gbps = 2.0 * 4.0 * static_cast<double>(n) / copy_ms / 1e6;
   std::printf("{\"bench\": \"add\", \"n\": %ld, \"kiln_gbps\": %.1f, \"memcpy_gbps\": %.1f, \"ratio\": %.3f}\n", n, add_gbps, copy_gbps,
@@ -115,7 +119,8 @@ std::vector<int64_t> zipf_ids(int64_t vocab, int64_t n) {
   std::vector<int64_t> ids(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const double u = std::fmod(static_cast<double>(i) * 0.6180339887498949, 1.0);
-    ids[static_cast<size_t>(i)] = std::min<int64_t>(vocab - 1, static_cast<int64_t>(std::floor(std::pow(static_cast<double>(vocab), u))) - 1);
+    ids[static_cast<size_t>(i)] =
+        std::min<int64_t>(vocab - 1, static_cast<int64_t>(std::floor(std::pow(static_cast<double>(vocab), u))) - 1);
   }
   return ids;
 }
@@ -141,20 +146,22 @@ int main(int argc, char** argv) {
   std::printf("{\"device\": \"%s\"}\n", cuda::device_name().c_str());
   if (smoke) {
     g_reps = 2;
-    for (auto [d, tf32] : std::vector<std::pair<DType, bool>>{{DType::f32, false}, {DType::f32, true}, {DType::bf16, false}}) gemm(24, 40, 16, d, tf32);
+    for (auto [d, tf32] : std::vector<std::pair<DType, bool>>{{DType::f32, false}, {DType::f32, true}, {DType::bf16, false}})
+      gemm(24, 40, 16, d, tf32);
     attention(1, 2, 2, 24, 16, 16);
     attention(1, 2, 1, 24, 16, 32);
     elementwise(1000);
     index_add(50, 300, 8);
     return 0;
   }
-  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{1024, 1024, 1024}, {4096, 4096, 4096}, {8192, 768, 768}, {8192, 3072, 768},
-                                                            {8192, 768, 3072}, {8192, 50304, 768}})
-    for (auto [d, tf32] : std::vector<std::pair<DType, bool>>{{DType::f32, false}, {DType::f32, true}, {DType::bf16, false}}) gemm(M, N, K, d, tf32);
-  attention(4, 12, 12, 1024, 64, 64);     // GPT-2 small, MHA
-  attention(4, 6, 6, 1024, 64, 128);      // Diff: half the heads, value width 2d
-  attention(4, 12, 4, 1024, 64, 64);      // GQA 3:1
+  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{
+           {1024, 1024, 1024}, {4096, 4096, 4096}, {8192, 768, 768}, {8192, 3072, 768}, {8192, 768, 3072}, {8192, 50304, 768}})
+    for (auto [d, tf32] : std::vector<std::pair<DType, bool>>{{DType::f32, false}, {DType::f32, true}, {DType::bf16, false}})
+      gemm(M, N, K, d, tf32);
+  attention(4, 12, 12, 1024, 64, 64);  // GPT-2 small, MHA
+  attention(4, 6, 6, 1024, 64, 128);   // Diff: half the heads, value width 2d
+  attention(4, 12, 4, 1024, 64, 64);   // GQA 3:1
   for (const int64_t n : {int64_t{1} << 20, int64_t{1} << 26}) elementwise(n);
-  index_add(50304, 8 * 1024, 768);         // GPT-2 small: the token embedding's gradient for B=8, T=1024
+  index_add(50304, 8 * 1024, 768);  // GPT-2 small: the token embedding's gradient for B=8, T=1024
   return 0;
 }

@@ -100,9 +100,7 @@ void bench_overlap(int64_t steps, double bucket_mb) {
   for (int64_t s = 0; s < steps + 2; ++s) {
     for (auto& [n, p] : model.named_parameters()) p.zero_grad();
     ddp.reset_stats();
-    const double st = timed([&] {
-      nn::cross_entropy(model.forward(x).reshape({-1, c.vocab_size}), y.reshape({-1})).backward();
-    });
+    const double st = timed([&] { nn::cross_entropy(model.forward(x).reshape({-1, c.vocab_size}), y.reshape({-1})).backward(); });
     const double exposed = ddp.stats().wait_s;
     const double after = timed([&] {
       std::vector<dist::Work> w;
@@ -119,9 +117,10 @@ void bench_overlap(int64_t steps, double bucket_mb) {
   for (const auto& b : ddp.buckets()) params += b.numel;
   if (dist::rank() == 0) {
     const double e = median(exposed_s), a = median(after_s);
-    std::printf("DDP overlap, d_model 256 GPT (%lld gradient floats = %.1f MiB in %zu buckets, bucket_mb %g), %d ranks x %lld rows x T %lld:\n",
-                static_cast<long long>(params), static_cast<double>(params) * 4 / (1 << 20), ddp.buckets().size(), bucket_mb,
-                dist::world_size(), static_cast<long long>(rows.count), static_cast<long long>(T));
+    std::printf(
+        "DDP overlap, d_model 256 GPT (%lld gradient floats = %.1f MiB in %zu buckets, bucket_mb %g), %d ranks x %lld rows x T %lld:\n",
+        static_cast<long long>(params), static_cast<double>(params) * 4 / (1 << 20), ddp.buckets().size(), bucket_mb, dist::world_size(),
+        static_cast<long long>(rows.count), static_cast<long long>(T));
     std::printf("  forward+backward with DDP: median %.1f ms\n", median(step_s) * 1e3);
     std::printf("  all-reduce of the same buckets after backward (not overlapped): median %.2f ms\n", a * 1e3);
     std::printf("  exposed at the end of backward (overlapped): median %.2f ms\n", e * 1e3);
@@ -134,8 +133,10 @@ void bench_overlap(int64_t steps, double bucket_mb) {
 int main(int argc, char** argv) {
   dist::init();
   const std::string what = argc > 1 ? argv[1] : "allreduce";
-  if (what == "allreduce") bench_allreduce();
-  else if (what == "overlap") bench_overlap(argc > 2 ? std::atoll(argv[2]) : 10, argc > 3 ? std::atof(argv[3]) : 25.0);
+  if (what == "allreduce")
+    bench_allreduce();
+  else if (what == "overlap")
+    bench_overlap(argc > 2 ? std::atoll(argv[2]) : 10, argc > 3 ? std::atof(argv[3]) : 25.0);
   else {
     if (dist::rank() == 0) std::fprintf(stderr, "bench_dist: allreduce | overlap [steps [bucket_mb]]\n");
     return 2;

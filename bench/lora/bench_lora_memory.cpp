@@ -6,15 +6,15 @@
 
 #include <cstdio>
 #include <random>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include <kiln/backends/backends.hpp>
 #include <kiln/nn/hf/causal_lm.hpp>
-#include <kiln/nn/loss.hpp>
 #include <kiln/nn/lora.hpp>
+#include <kiln/nn/loss.hpp>
 #include <kiln/optim/optimizer.hpp>
 
 using namespace kiln;
@@ -54,8 +54,9 @@ int main(int argc, char** argv) {
     opt.step();
     loss = to_vector<float>(l.value())[0];
   }
-  fmt::print("{{\"framework\": \"kiln\", \"mode\": \"{}\", \"params\": {}, \"trainable\": {}, \"rss_loaded_mb\": {:.0f}, "
-             "\"rss_peak_mb\": {:.0f}, \"loss\": {:.4f}}}\n",
-             mode, model->num_parameters(), trainable, loaded, peak_rss_mb(), loss);
+  fmt::print(
+      "{{\"framework\": \"kiln\", \"mode\": \"{}\", \"params\": {}, \"trainable\": {}, \"rss_loaded_mb\": {:.0f}, "
+      "\"rss_peak_mb\": {:.0f}, \"loss\": {:.4f}}}\n",
+      mode, model->num_parameters(), trainable, loaded, peak_rss_mb(), loss);
   return 0;
 }

@@ -96,9 +96,9 @@ std::vector<Gemm> step_gemms(const Model& m) {
   std::vector<Gemm> g;
   auto linear = [&](const std::string& what, int64_t in, int64_t out, int64_t reps) {
     const int r = static_cast<int>(reps);
-    g.push_back({what + " fwd", 1, M, out, in, false, true, r, 1.0});   // X · Wᵀ
-    g.push_back({what + " dX", 1, M, in, out, false, false, r, 1.0});   // dY · W
-    g.push_back({what + " dW", 1, in, out, M, true, false, r, 1.0});    // Xᵀ · dY (autograd's gradient of Wᵀ)
+    g.push_back({what + " fwd", 1, M, out, in, false, true, r, 1.0});  // X · Wᵀ
+    g.push_back({what + " dX", 1, M, in, out, false, false, r, 1.0});  // dY · W
+    g.push_back({what + " dW", 1, in, out, M, true, false, r, 1.0});   // Xᵀ · dY (autograd's gradient of Wᵀ)
   };
   linear("q_proj", D, D, L);
   linear("k_proj", D, kv, L);
@@ -235,10 +235,14 @@ int main(int argc, char** argv) {
   bool shapes = false;
   for (int i = 1; i < argc; ++i) {
     const bool has = i + 1 < argc;
-    if (!std::strcmp(argv[i], "--rounds") && has) rounds = std::max(1, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--models") && has) models = argv[++i];
-    else if (!std::strcmp(argv[i], "--attention") && has) attention = argv[++i];
-    else if (!std::strcmp(argv[i], "--shapes")) shapes = true;
+    if (!std::strcmp(argv[i], "--rounds") && has)
+      rounds = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--models") && has)
+      models = argv[++i];
+    else if (!std::strcmp(argv[i], "--attention") && has)
+      attention = argv[++i];
+    else if (!std::strcmp(argv[i], "--shapes"))
+      shapes = true;
     else {
       std::fprintf(stderr, "bench_mfu: bad flag %s (valid: --rounds N, --models d256,d512, --attention mha|diff, --shapes)\n", argv[i]);
       return 2;
@@ -285,11 +289,13 @@ int main(int argc, char** argv) {
       gemm_pass(*b, true);
     }
 
-  std::printf("bench_mfu: %s attention, %d threads, medians of %d rounds (one training step + one pass over its GEMMs each, "
-              "interleaved)\n\n",
-              attention.c_str(), num_threads(), rounds);
-  std::printf("| model | GFLOP/step | step ms | matmul-only ms: kiln / OpenBLAS / oneDNN / best | step ÷ matmul-only (best) | "
-              "achieved GFLOP/s | GEMM GFLOP/s (best) | MFU vs GEMM rate |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "bench_mfu: %s attention, %d threads, medians of %d rounds (one training step + one pass over its GEMMs each, "
+      "interleaved)\n\n",
+      attention.c_str(), num_threads(), rounds);
+  std::printf(
+      "| model | GFLOP/step | step ms | matmul-only ms: kiln / OpenBLAS / oneDNN / best | step ÷ matmul-only (best) | "
+      "achieved GFLOP/s | GEMM GFLOP/s (best) | MFU vs GEMM rate |\n|---|---|---|---|---|---|---|---|\n");
   for (auto& b : benches) {
     const nn::GPTFlops f = nn::gpt_flops(b->m.c, b->m.T);
     const double model_flops = f.total() * static_cast<double>(b->m.B);
@@ -315,8 +321,10 @@ int main(int argc, char** argv) {
   }
   if (shapes)
     for (auto& b : benches) {
-      std::printf("\n%s: per GEMM (ms per step, all reps; GFLOP/s)\n| GEMM | batch x M x N x K | reps | kiln | OpenBLAS | oneDNN |\n"
-                  "|---|---|---|---|---|---|\n", b->m.name.c_str());
+      std::printf(
+          "\n%s: per GEMM (ms per step, all reps; GFLOP/s)\n| GEMM | batch x M x N x K | reps | kiln | OpenBLAS | oneDNN |\n"
+          "|---|---|---|---|---|---|\n",
+          b->m.name.c_str());
       for (auto& r : b->gemms) {
         const Gemm& g = r->g;
         const double k = median(r->t_kiln), o = median(r->t_blas), d = median(r->t_dnnl);

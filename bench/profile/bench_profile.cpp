@@ -48,9 +48,12 @@ int main(int argc, char** argv) {
   int iters = 20000, rounds = 15;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--elements") n = std::atoll(argv[i + 1]);
-    else if (a == "--iters") iters = std::atoi(argv[i + 1]);
-    else if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
+    if (a == "--elements")
+      n = std::atoll(argv[i + 1]);
+    else if (a == "--iters")
+      iters = std::atoi(argv[i + 1]);
+    else if (a == "--rounds")
+      rounds = std::atoi(argv[i + 1]);
   }
   const T a = T::ones({n}), b = T::ones({n});
   T out = T::empty({n});
@@ -66,8 +69,8 @@ int main(int argc, char** argv) {
     kiln::profile::stop();
   }
   const double mb = median(base), mo = median(off), mn = median(on), to = median(op_off), tn = median(op_on);
-  std::printf("profiler overhead, Cpu add of %lld f32 elements, median of %d rounds x %d calls (ns per call)\n",
-              static_cast<long long>(n), rounds, iters);
+  std::printf("profiler overhead, Cpu add of %lld f32 elements, median of %d rounds x %d calls (ns per call)\n", static_cast<long long>(n),
+              rounds, iters);
   std::printf("  backend call, uninstrumented   %8.1f\n", mb);
   std::printf("  backend call, profiler off     %8.1f   (%+.1f ns vs uninstrumented)\n", mo, mo - mb);
   std::printf("  backend call, profiler on      %8.1f   (%+.1f ns: the cost of one recorded op)\n", mn, mn - mb);

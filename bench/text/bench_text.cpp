@@ -1,7 +1,7 @@
 // Encode speed of kiln::text::Tokenizer on one thread: bench_text TOKENIZER TEXT_FILE [REPEATS [lines]]
-// ("lines": each line, its newline included, encoded apart without special tokens) prints one JSON line: bytes, tokens, the best and median seconds over REPEATS encodes of the whole
-// text (the same tokenizer object: its word cache warm after the first), and an FNV-1a hash of the ids
-// (bench/text/run.py checks it against `tokenizers`).
+// ("lines": each line, its newline included, encoded apart without special tokens) prints one JSON line: bytes, tokens, the best and median
+// seconds over REPEATS encodes of the whole text (the same tokenizer object: its word cache warm after the first), and an FNV-1a hash of
+// the ids (bench/text/run.py checks it against `tokenizers`).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -51,7 +51,9 @@ int main(int argc, char** argv) {
   }
   const double first = times.front();
   std::sort(times.begin(), times.end());
-  std::printf("{\"bytes\": %zu, \"tokens\": %zu, \"load_s\": %.4f, \"first_s\": %.4f, \"best_s\": %.4f, \"median_s\": %.4f, \"hash\": \"%016llx\"}\n",
-              text.size(), ids.size(), load_s, first, times.front(), times[times.size() / 2], static_cast<unsigned long long>(h));
+  std::printf(
+      "{\"bytes\": %zu, \"tokens\": %zu, \"load_s\": %.4f, \"first_s\": %.4f, \"best_s\": %.4f, \"median_s\": %.4f, \"hash\": "
+      "\"%016llx\"}\n",
+      text.size(), ids.size(), load_s, first, times.front(), times[times.size() / 2], static_cast<unsigned long long>(h));
   return 0;
 }

@@ -88,8 +88,10 @@ int main(int argc, char** argv) {
       std::nth_element(rate[v].begin(), rate[v].begin() + rate[v].size() / 2, rate[v].end());
       med[v] = rate[v][rate[v].size() / 2];
     }
-    if (variants == 3) std::printf("%-12s %10.3f %10.3f %10.3f %13.2fx\n", r.name, med[0], med[1], med[2], med[2] / med[1]);
-    else std::printf("%-12s %10.3f %10.3f %10s %14s\n", r.name, med[0], med[1], "-", "-");
+    if (variants == 3)
+      std::printf("%-12s %10.3f %10.3f %10.3f %13.2fx\n", r.name, med[0], med[1], med[2], med[2] / med[1]);
+    else
+      std::printf("%-12s %10.3f %10.3f %10s %14s\n", r.name, med[0], med[1], "-", "-");
   }
   return 0;
 }

@@ -64,12 +64,18 @@ Comm& get_comm(int device, const char* what) {
 
 ncclDataType_t nccl_type(DType d) {
   switch (d) {
-    case DType::f32: return ncclFloat32;
-    case DType::f64: return ncclFloat64;
-    case DType::i32: return ncclInt32;
-    case DType::i64: return ncclInt64;
-    case DType::boolean: return ncclUint8;
-    default: fail("dist: no NCCL reduction type for {}", d);
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
+    case DType::boolean:
+      return ncclUint8;
+    default:
+      fail("dist: no NCCL reduction type for {}", d);
   }
 }
 
@@ -77,9 +83,12 @@ ncclRedOp_t nccl_op(ReduceOp op, DType d) {
   const bool b = d == DType::boolean;  // 0/1 bytes: or = max, and = min
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: return b ? ncclMax : ncclSum;  // avg: dist divides after the sum
-    case ReduceOp::max: return ncclMax;
-    case ReduceOp::min: return ncclMin;
+    case ReduceOp::avg:
+      return b ? ncclMax : ncclSum;  // avg: dist divides after the sum
+    case ReduceOp::max:
+      return ncclMax;
+    case ReduceOp::min:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -164,9 +173,10 @@ std::shared_ptr<Work::Impl> nccl_start(const WireCall& c, std::function<void()> 
 #else
 
 std::shared_ptr<Work::Impl> nccl_start(const WireCall& c, std::function<void()>, std::vector<std::shared_ptr<const void>>) {
-  fail("{}: this kiln was built without NCCL (KILN_WITH_MPI=OFF, or nccl.h / libnccl not found in the CUDA toolkit): Tensor<Cuda> "
-       "collectives across processes need it",
-       c.what);
+  fail(
+      "{}: this kiln was built without NCCL (KILN_WITH_MPI=OFF, or nccl.h / libnccl not found in the CUDA toolkit): Tensor<Cuda> "
+      "collectives across processes need it",
+      c.what);
 }
 
 #endif

@@ -103,8 +103,7 @@ double parse_double(const std::string& flag, const std::string& v) {
   } catch (const std::exception&) {
     pos = 0;
   }
-  KILN_CHECK(pos == v.size() && !v.empty() && std::isfinite(x) && x > 0,
-             "attention_study: {} wants a positive number, got '{}'", flag, v);
+  KILN_CHECK(pos == v.size() && !v.empty() && std::isfinite(x) && x > 0, "attention_study: {} wants a positive number, got '{}'", flag, v);
   return x;
 }
 
@@ -145,18 +144,30 @@ Options parse(int argc, char** argv) {
     auto sizes = [&](const std::string& prefix, TaskSizes& t) -> bool {
       if (!f.starts_with(prefix)) return false;
       const std::string k = f.substr(prefix.size());
-      if (k == "steps") t.steps = parse_int(f, v, 1);
-      else if (k == "d-model") t.d_model = parse_int(f, v, 1);
-      else if (k == "layers") t.n_layers = parse_int(f, v, 1);
-      else if (k == "heads") t.mha_heads = parse_int(f, v, 2);
-      else if (k == "ffn") t.ffn_hidden = parse_int(f, v, 0);
-      else if (k == "seq") t.seq_len = parse_int(f, v, 2);
-      else if (k == "batch") t.batch = parse_int(f, v, 1);
-      else if (k == "lr") t.lr = parse_double(f, v);
-      else if (k == "warmup") t.warmup = parse_int(f, v, 0);
-      else if (k == "eval-every") t.eval_every = parse_int(f, v, 1);
-      else if (k == "block-size") t.block_size = parse_int(f, v, 1);
-      else return false;
+      if (k == "steps")
+        t.steps = parse_int(f, v, 1);
+      else if (k == "d-model")
+        t.d_model = parse_int(f, v, 1);
+      else if (k == "layers")
+        t.n_layers = parse_int(f, v, 1);
+      else if (k == "heads")
+        t.mha_heads = parse_int(f, v, 2);
+      else if (k == "ffn")
+        t.ffn_hidden = parse_int(f, v, 0);
+      else if (k == "seq")
+        t.seq_len = parse_int(f, v, 2);
+      else if (k == "batch")
+        t.batch = parse_int(f, v, 1);
+      else if (k == "lr")
+        t.lr = parse_double(f, v);
+      else if (k == "warmup")
+        t.warmup = parse_int(f, v, 0);
+      else if (k == "eval-every")
+        t.eval_every = parse_int(f, v, 1);
+      else if (k == "block-size")
+        t.block_size = parse_int(f, v, 1);
+      else
+        return false;
       return true;
     };
     auto int_list = [&](std::vector<int64_t>& dst) {
@@ -199,8 +210,7 @@ Options parse(int argc, char** argv) {
   KILN_CHECK(o.n_queries <= o.n_pairs, "attention_study: --queries ({}) must be ≤ --pairs ({})", o.n_queries, o.n_pairs);
   KILN_CHECK(o.n_pairs <= o.n_keys, "attention_study: --pairs ({}) must be ≤ --keys ({})", o.n_pairs, o.n_keys);
   KILN_CHECK(o.rc.seq_len >= 2 * o.n_pairs + 2 * o.n_queries,
-             "attention_study: --recall-seq ({}) must hold 2·pairs + 2·queries = {} tokens", o.rc.seq_len,
-             2 * o.n_pairs + 2 * o.n_queries);
+             "attention_study: --recall-seq ({}) must hold 2·pairs + 2·queries = {} tokens", o.rc.seq_len, 2 * o.n_pairs + 2 * o.n_queries);
   KILN_CHECK(!o.seeds.empty() && !o.lm_seeds.empty(), "attention_study: empty seed list");
   return o;
 }
@@ -242,7 +252,6 @@ ModelConfig make_config(const TaskSizes& t, const Variant& v, int64_t vocab) {
 
 // ---------------------------------------------------------------------------------------------
 // Data
-
 
 // splitmix64: a small portable generator, so the data are the same on every platform.
 struct Rng {
@@ -314,8 +323,7 @@ uint64_t mix(uint64_t a, uint64_t b) {
 
 struct Curves {
   std::ofstream csv;
-  void add(const std::string& task, const std::string& variant, int64_t seed, int64_t step, const std::string& metric,
-           double value) {
+  void add(const std::string& task, const std::string& variant, int64_t seed, int64_t step, const std::string& metric, double value) {
     csv << task << ',' << variant << ',' << seed << ',' << step << ',' << metric << ',' << fmt::format("{:.6g}", value) << '\n';
     csv.flush();
   }
@@ -335,7 +343,8 @@ template <Backend B> struct Trainer {
   LrSchedule schedule;
   std::vector<Var<B>> params;
   Trainer(nn::GPT<B>& m, const TaskSizes& sizes)
-      : model(m), t(sizes),
+      : model(m),
+        t(sizes),
         opt(optim::decay_groups(m.named_parameters(), sizes.lr, 0.1),
             {.lr = sizes.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .decoupled = true}),
         schedule{.name = "cosine", .warmup_steps = sizes.warmup, .min_lr_ratio = 0.1},
@@ -356,9 +365,8 @@ template <Backend B> struct Trainer {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-template <Backend B>
-RunResult run_lm(const Options& o, const Variant& v, int64_t seed, int64_t vocab, const TokenData& train,
-                 const TokenData& eval, Curves& curves, nlohmann::json& configs) {
+template <Backend B> RunResult run_lm(const Options& o, const Variant& v, int64_t seed, int64_t vocab, const TokenData& train,
+                                      const TokenData& eval, Curves& curves, nlohmann::json& configs) {
   const TaskSizes& t = o.lm;
   const ModelConfig cfg = make_config(t, v, vocab);
   configs["lm"][v.name] = cfg.to_json();
@@ -405,8 +413,7 @@ RunResult run_lm(const Options& o, const Variant& v, int64_t seed, int64_t vocab
   return res;
 }
 
-template <Backend B>
-double recall_accuracy(nn::GPT<B>& model, const Options& o, const RecallBatch& data, int64_t n) {
+template <Backend B> double recall_accuracy(nn::GPT<B>& model, const Options& o, const RecallBatch& data, int64_t n) {
   NoGrad ng;
   model.eval();
   const int64_t T = o.rc.seq_len, chunk = 64;
@@ -415,8 +422,7 @@ double recall_accuracy(nn::GPT<B>& model, const Options& o, const RecallBatch& d
     const int64_t m = std::min(chunk, n - r0);
     const auto off = static_cast<std::ptrdiff_t>(r0 * T), len = static_cast<std::ptrdiff_t>(m * T);
     const std::vector<int64_t> xs(data.x.begin() + off, data.x.begin() + off + len);
-    const std::vector<int64_t> pred =
-        model(Tensor<B>::from_vector(xs, {m, T})).argmax(-1).template to_vector<int64_t>();
+    const std::vector<int64_t> pred = model(Tensor<B>::from_vector(xs, {m, T})).argmax(-1).template to_vector<int64_t>();
     for (std::ptrdiff_t i = 0; i < len; ++i) {
       const int64_t target = data.y[static_cast<size_t>(off + i)];
       if (target < 0) continue;
@@ -429,8 +435,7 @@ double recall_accuracy(nn::GPT<B>& model, const Options& o, const RecallBatch& d
 }
 
 template <Backend B>
-RunResult run_recall(const Options& o, const Variant& v, int64_t seed, const RecallBatch& eval, Curves& curves,
-                     nlohmann::json& configs) {
+RunResult run_recall(const Options& o, const Variant& v, int64_t seed, const RecallBatch& eval, Curves& curves, nlohmann::json& configs) {
   const TaskSizes& t = o.rc;
   const int64_t vocab = o.n_distractors + o.n_keys + o.n_values;
   const ModelConfig cfg = make_config(t, v, vocab);
@@ -502,27 +507,42 @@ template <Backend B> int study(const Options& o) {
     const auto cut = static_cast<std::ptrdiff_t>(static_cast<double>(ids.size()) * 0.95);
     const TokenData train(std::vector<int64_t>(ids.begin(), ids.begin() + cut), "train");
     const TokenData eval(std::vector<int64_t>(ids.begin() + cut, ids.end()), "eval");
-    fmt::print("[lm] corpus {} characters (train {}, held out {}), vocabulary {}\n", ids.size(), train.size(),
-               eval.size(), tok.vocab_size());
-    configs["lm_data"] = {{"characters", ids.size()}, {"train", train.size()}, {"eval", eval.size()},
-                          {"vocab", tok.vocab_size()}, {"eval_tokens_per_eval", o.lm_eval_batches * o.lm.batch * o.lm.seq_len}};
+    fmt::print("[lm] corpus {} characters (train {}, held out {}), vocabulary {}\n", ids.size(), train.size(), eval.size(),
+               tok.vocab_size());
+    configs["lm_data"] = {{"characters", ids.size()},
+                          {"train", train.size()},
+                          {"eval", eval.size()},
+                          {"vocab", tok.vocab_size()},
+                          {"eval_tokens_per_eval", o.lm_eval_batches * o.lm.batch * o.lm.seq_len}};
     for (int64_t seed : o.lm_seeds)
       for (const auto& v : variants) results.push_back(run_lm<B>(o, v, seed, tok.vocab_size(), train, eval, curves, configs));
   }
   if (o.task == "all" || o.task == "recall") {
     const RecallBatch eval = recall_batch(o, o.n_eval, static_cast<uint64_t>(o.eval_data_seed) ^ 0xE7A1ULL);
-    configs["recall_data"] = {{"pairs", o.n_pairs},   {"queries", o.n_queries},       {"keys", o.n_keys},
-                              {"values", o.n_values}, {"distractors", o.n_distractors}, {"eval_seqs", o.n_eval},
-                              {"eval_data_seed", o.eval_data_seed}, {"chance", 1.0 / double(o.n_values)}};
+    configs["recall_data"] = {{"pairs", o.n_pairs},
+                              {"queries", o.n_queries},
+                              {"keys", o.n_keys},
+                              {"values", o.n_values},
+                              {"distractors", o.n_distractors},
+                              {"eval_seqs", o.n_eval},
+                              {"eval_data_seed", o.eval_data_seed},
+                              {"chance", 1.0 / double(o.n_values)}};
     for (int64_t seed : o.seeds)
       for (const auto& v : variants) results.push_back(run_recall<B>(o, v, seed, eval, curves, configs));
   }
 
   auto sizes_json = [](const TaskSizes& t) {
-    return nlohmann::json{{"d_model", t.d_model}, {"n_layers", t.n_layers}, {"mha_heads", t.mha_heads},
-                          {"ffn_hidden", t.ffn_hidden}, {"seq_len", t.seq_len}, {"batch", t.batch},
-                          {"steps", t.steps}, {"warmup", t.warmup}, {"eval_every", t.eval_every},
-                          {"attnres_block_size", t.block_size}, {"lr", t.lr},
+    return nlohmann::json{{"d_model", t.d_model},
+                          {"n_layers", t.n_layers},
+                          {"mha_heads", t.mha_heads},
+                          {"ffn_hidden", t.ffn_hidden},
+                          {"seq_len", t.seq_len},
+                          {"batch", t.batch},
+                          {"steps", t.steps},
+                          {"warmup", t.warmup},
+                          {"eval_every", t.eval_every},
+                          {"attnres_block_size", t.block_size},
+                          {"lr", t.lr},
                           {"optimizer", "AdamW beta (0.9, 0.95) eps 1e-8 wd 0.1 on matrices, clip 1.0"},
                           {"schedule", "cosine to 0.1x after linear warmup"}};
   };
@@ -538,16 +558,23 @@ template <Backend B> int study(const Options& o) {
   nlohmann::json js = nlohmann::json::array();
   std::ofstream sum(fs::path(o.out) / "summary.csv");
   sum << "task,variant,seed,params,steps,metric,final,final_train_loss_ema,ms_per_step,wall_s\n";
-  fmt::print("\n{:<7} {:<20} {:>4} {:>9} {:>6} {:>9} {:>10} {:>10} {:>8}\n", "task", "variant", "seed", "params", "steps",
-             "metric", "final", "train_ema", "ms/step");
+  fmt::print("\n{:<7} {:<20} {:>4} {:>9} {:>6} {:>9} {:>10} {:>10} {:>8}\n", "task", "variant", "seed", "params", "steps", "metric",
+             "final", "train_ema", "ms/step");
   for (const auto& r : results) {
-    fmt::print("{:<7} {:<20} {:>4} {:>9} {:>6} {:>9} {:>10.4f} {:>10.4f} {:>8.0f}\n", r.task, r.variant, r.seed, r.params,
-               r.steps, r.metric, r.final_metric, r.final_train_loss, r.ms_per_step);
-    sum << fmt::format("{},{},{},{},{},{},{:.6f},{:.6f},{:.2f},{:.2f}\n", r.task, r.variant, r.seed, r.params, r.steps,
-                       r.metric, r.final_metric, r.final_train_loss, r.ms_per_step, r.wall_s);
-    js.push_back({{"task", r.task}, {"variant", r.variant}, {"seed", r.seed}, {"params", r.params}, {"steps", r.steps},
-                  {"metric", r.metric}, {"final", r.final_metric}, {"final_train_loss_ema", r.final_train_loss},
-                  {"ms_per_step", r.ms_per_step}, {"wall_s", r.wall_s}});
+    fmt::print("{:<7} {:<20} {:>4} {:>9} {:>6} {:>9} {:>10.4f} {:>10.4f} {:>8.0f}\n", r.task, r.variant, r.seed, r.params, r.steps,
+               r.metric, r.final_metric, r.final_train_loss, r.ms_per_step);
+    sum << fmt::format("{},{},{},{},{},{},{:.6f},{:.6f},{:.2f},{:.2f}\n", r.task, r.variant, r.seed, r.params, r.steps, r.metric,
+                       r.final_metric, r.final_train_loss, r.ms_per_step, r.wall_s);
+    js.push_back({{"task", r.task},
+                  {"variant", r.variant},
+                  {"seed", r.seed},
+                  {"params", r.params},
+                  {"steps", r.steps},
+                  {"metric", r.metric},
+                  {"final", r.final_metric},
+                  {"final_train_loss_ema", r.final_train_loss},
+                  {"ms_per_step", r.ms_per_step},
+                  {"wall_s", r.wall_s}});
   }
   std::ofstream(fs::path(o.out) / "summary.json") << nlohmann::json{{"runs", js}, {"total_wall_s", total_s}}.dump(2) << '\n';
   check_params(results, "lm");

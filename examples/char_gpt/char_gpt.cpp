@@ -28,7 +28,6 @@
 
 using namespace kiln;
 
-
 template <Backend B> int run(const std::string& text, int64_t steps) {
   // Tokens: the corpus's own alphabet; the last 5% held out.
   const CharTokenizer tok = CharTokenizer::fit(text);
@@ -63,8 +62,7 @@ template <Backend B> int run(const std::string& text, int64_t steps) {
   const IndexedBatches eval{.batch = [&](int64_t i) { return eval_data.batch<B>(i, batch, seq); }, .count = 8};
   auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& b) {  // x, y: i64 [batch, seq]
     const Var<B> logits = model(b.first);                      // [batch, seq, vocab]
-    return StepOutput<B>{.loss = nn::cross_entropy(logits.reshape({-1, cfg.vocab_size}), b.second.reshape({-1})),
-                         .tokens = batch * seq};
+    return StepOutput<B>{.loss = nn::cross_entropy(logits.reshape({-1, cfg.vocab_size}), b.second.reshape({-1})), .tokens = batch * seq};
   };
   const FitResult r = fit(model, opt, train, eval, step,
                           {.steps = steps,

@@ -19,7 +19,8 @@ template <Backend B> TensorDataset<B> spirals(int64_t n) {
   std::vector<int64_t> ys;
   for (int64_t c = 0; c < 2; ++c)
     for (int64_t i = 0; i < n; ++i) {
-      const double r = static_cast<double>(i) / static_cast<double>(n), a = 3 * std::numbers::pi * r + std::numbers::pi * static_cast<double>(c);
+      const double r = static_cast<double>(i) / static_cast<double>(n),
+                   a = 3 * std::numbers::pi * r + std::numbers::pi * static_cast<double>(c);
       xs.push_back(static_cast<float>(r * std::cos(a)));
       xs.push_back(static_cast<float>(r * std::sin(a)));
       ys.push_back(c);
@@ -83,8 +84,8 @@ template <Backend B> int run() {
   const double acc2 = accuracy(again, data);
   std::filesystem::remove_all(dir);
 
-  fmt::print("kiln {} ({}), backend {}: training accuracy {:.3f} after {} steps (final loss {:.4f}), reloaded {:.3f}\n",
-             kiln::version(), KILN_VERSION_STRING, B::name, acc, r.steps_done, r.losses.back(), acc2);
+  fmt::print("kiln {} ({}), backend {}: training accuracy {:.3f} after {} steps (final loss {:.4f}), reloaded {:.3f}\n", kiln::version(),
+             KILN_VERSION_STRING, B::name, acc, r.steps_done, r.losses.back(), acc2);
   return acc >= 0.95 && acc2 == acc ? 0 : 1;
 }
 

@@ -44,8 +44,7 @@ template <Backend B> class GatedResidual : public nn::Module<B> {
   }
 
   Var<B> forward(const Var<B>& x) const {
-    KILN_CHECK(x.dim() >= 1 && x.size(-1) == o_.dim, "GatedResidual: input {} does not end in dim {}",
-               shape_str(x.shape()), o_.dim);
+    KILN_CHECK(x.dim() >= 1 && x.size(-1) == o_.dim, "GatedResidual: input {} does not end in dim {}", shape_str(x.shape()), o_.dim);
     return apply(x, w1_, b1_, w2_, gate_);
   }
   Var<B> operator()(const Var<B>& x) const { return forward(x); }
@@ -107,10 +106,10 @@ template <Backend B> double accuracy(const SpiralNet<B>& model, const Tensor<B>&
 template <Backend B> int run() {
   // 1. Gradients: analytic (backward) vs central differences in f64, for the input and every parameter.
   {
-    const auto r = gradcheck<B>([](const std::vector<Var<B>>& v) { return GatedResidual<B>::apply(v[0], v[1], v[2], v[3], v[4]); },
-                                {Tensor<B>::randn({4, 3}, DType::f64), Tensor<B>::randn({5, 3}, DType::f64),
-                                 Tensor<B>::randn({5}, DType::f64), Tensor<B>::randn({3, 5}, DType::f64),
-                                 Tensor<B>::randn({3}, DType::f64)});
+    const auto r =
+        gradcheck<B>([](const std::vector<Var<B>>& v) { return GatedResidual<B>::apply(v[0], v[1], v[2], v[3], v[4]); },
+                     {Tensor<B>::randn({4, 3}, DType::f64), Tensor<B>::randn({5, 3}, DType::f64), Tensor<B>::randn({5}, DType::f64),
+                      Tensor<B>::randn({3, 5}, DType::f64), Tensor<B>::randn({3}, DType::f64)});
     fmt::print("gradcheck: {}\n", r.ok ? "ok" : r.message);
     if (!r.ok) return 1;
   }

@@ -40,7 +40,8 @@ template <Backend B> class CNN : public nn::Module<B> {
     using namespace nn;
     features_ = this->register_module("features", std::make_shared<Sequential<B>>());
     for (const auto& [in, out] : {std::pair<int64_t, int64_t>{1, 32}, {32, 64}}) {  // [N, in, H, W] -> [N, out, H/2, W/2]
-      features_->push_back(std::make_shared<Conv2d<B>>(Conv2dOptions{.in_channels = in, .out_channels = out, .kernel_size = 3, .padding = 1}));
+      features_->push_back(
+          std::make_shared<Conv2d<B>>(Conv2dOptions{.in_channels = in, .out_channels = out, .kernel_size = 3, .padding = 1}));
       features_->push_back(std::make_shared<BatchNorm2d<B>>(BatchNormOptions{.num_features = out}));
       features_->push_back(std::make_shared<ReLU<B>>());
       features_->push_back(std::make_shared<MaxPool2d<B>>(MaxPool2dOptions{.kernel_size = 2}));
@@ -96,25 +97,24 @@ template <Backend B> int train(const std::string& dir, int64_t epochs, double mi
   double acc = 0, loss_sum = 0;
   int64_t batches = 0, epoch = 0, images_seen = 0;
   auto t0 = clock::now();
-  const Callback report{.on_step =
-                            [&](FitState& s) {
-                              loss_sum += s.loss;
-                              ++batches;
-                              images_seen += std::min(batch_size, train_set.size() - (s.step % loader.batches_per_epoch()) * batch_size);
-                              if (!s.evaluated) return;
-                              // evaluated every per_epoch steps: one line per epoch
-                              acc = s.metrics.at("eval_accuracy");
-                              const double secs = std::chrono::duration<double>(clock::now() - t0).count() - eval_seconds;
-                              s.print(fmt::format("epoch {}: mean train loss {:.4f}, test accuracy {:.2f}%, {:.1f} s training",
-                                                  ++epoch, loss_sum / static_cast<double>(batches), 100 * acc, secs));
-                              s.print(fmt::format(R"({{"peer": "kiln", "epoch": {}, "seconds": {:.3f}, "images_per_s": {:.1f}, )"
-                                                  R"("test_accuracy": {:.4f}, "threads": {}}})",
-                                                  epoch, secs, static_cast<double>(images_seen) / secs, acc, num_threads()));
-                              loss_sum = 0;
-                              batches = images_seen = 0;
-                              eval_seconds = 0;
-                              t0 = clock::now();
-                            }};
+  const Callback report{.on_step = [&](FitState& s) {
+    loss_sum += s.loss;
+    ++batches;
+    images_seen += std::min(batch_size, train_set.size() - (s.step % loader.batches_per_epoch()) * batch_size);
+    if (!s.evaluated) return;
+    // evaluated every per_epoch steps: one line per epoch
+    acc = s.metrics.at("eval_accuracy");
+    const double secs = std::chrono::duration<double>(clock::now() - t0).count() - eval_seconds;
+    s.print(fmt::format("epoch {}: mean train loss {:.4f}, test accuracy {:.2f}%, {:.1f} s training", ++epoch,
+                        loss_sum / static_cast<double>(batches), 100 * acc, secs));
+    s.print(fmt::format(R"({{"peer": "kiln", "epoch": {}, "seconds": {:.3f}, "images_per_s": {:.1f}, )"
+                        R"("test_accuracy": {:.4f}, "threads": {}}})",
+                        epoch, secs, static_cast<double>(images_seen) / secs, acc, num_threads()));
+    loss_sum = 0;
+    batches = images_seen = 0;
+    eval_seconds = 0;
+    t0 = clock::now();
+  }};
   fit(model, opt, loader, test, step,
       {.steps = epochs * per_epoch,
        .eval_every = per_epoch,

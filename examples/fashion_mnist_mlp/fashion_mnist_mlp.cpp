@@ -16,12 +16,12 @@
 
 #include <kiln/autograd/var.hpp>
 #include <kiln/backends/backends.hpp>
+#include <kiln/formats/idx.hpp>
 #include <kiln/nn/linear.hpp>
 #include <kiln/nn/loss.hpp>
 #include <kiln/optim/optimizer.hpp>
 #include <kiln/optim/schedule.hpp>
 #include <kiln/train/dataloader.hpp>
-#include <kiln/formats/idx.hpp>
 #include <kiln/train/loop.hpp>
 
 using namespace kiln;
@@ -68,21 +68,23 @@ template <Backend B> int train(const std::string& dir, int64_t epochs, double mi
   double acc = 0, loss_sum = 0;
   int64_t batches = 0;
   auto t0 = std::chrono::steady_clock::now();
-  const Callback report{.on_step = [&](FitState& s) {
-                          loss_sum += s.loss;
-                          ++batches;
-                        },
-                        .on_eval = nullptr,
-                        .on_epoch = [&](FitState& s) {
-                          acc = s.metrics.at("eval_accuracy");
-                          const auto t1 = std::chrono::steady_clock::now();
-                          s.print(fmt::format("epoch {}: mean train loss {:.4f}, test accuracy {:.2f}%, {:.1f} s", s.epoch + 1,
-                                              loss_sum / static_cast<double>(batches), 100 * acc,
-                                              std::chrono::duration<double>(t1 - t0).count()));
-                          loss_sum = 0;
-                          batches = 0;
-                          t0 = t1;
-                        }};
+  const Callback report{
+      .on_step =
+          [&](FitState& s) {
+            loss_sum += s.loss;
+            ++batches;
+          },
+      .on_eval = nullptr,
+      .on_epoch =
+          [&](FitState& s) {
+            acc = s.metrics.at("eval_accuracy");
+            const auto t1 = std::chrono::steady_clock::now();
+            s.print(fmt::format("epoch {}: mean train loss {:.4f}, test accuracy {:.2f}%, {:.1f} s", s.epoch + 1,
+                                loss_sum / static_cast<double>(batches), 100 * acc, std::chrono::duration<double>(t1 - t0).count()));
+            loss_sum = 0;
+            batches = 0;
+            t0 = t1;
+          }};
   fit(model, opt, loader, test, step,
       {.epochs = epochs,
        .eval_every = loader.batches_per_epoch(),

@@ -32,8 +32,8 @@ namespace {
 
 // Tokens: padding, begin, end, then the digits 0..9.
 constexpr int64_t kPad = 0, kBos = 1, kEos = 2, kDigit0 = 3, kVocab = 13;
-constexpr int64_t kMaxLen = 12;            // digits in a string
-constexpr int64_t kTgtLen = kMaxLen + 1;   // decoder input: BOS + digits; target: digits + EOS
+constexpr int64_t kMaxLen = 12;           // digits in a string
+constexpr int64_t kTgtLen = kMaxLen + 1;  // decoder input: BOS + digits; target: digits + EOS
 
 using Digits = std::vector<int64_t>;
 
@@ -107,9 +107,7 @@ template <Backend B> class Seq2Seq : public nn::Module<B> {
   }
 
   // src [n, S], src_real bool [n, S] -> memory [n, S, D]
-  Var<B> encode(const Tensor<B>& src, const Tensor<B>& src_real) const {
-    return encoder_->forward(embed(*src_embed_, src, 0), src_real);
-  }
+  Var<B> encode(const Tensor<B>& src, const Tensor<B>& src_real) const { return encoder_->forward(embed(*src_embed_, src, 0), src_real); }
   // tgt [n, T] at positions pos0.. (with a cache: after the cached ones) -> logits [n, T, vocab]
   Var<B> decode(const Tensor<B>& tgt, int64_t pos0, const Var<B>& memory, const Tensor<B>& src_real,
                 nn::DecoderCache<B>* cache = nullptr) const {
@@ -131,8 +129,10 @@ template <Backend B> class Seq2Seq : public nn::Module<B> {
       for (int64_t i = 0; i < n; ++i) {
         const auto u = static_cast<size_t>(i);
         if (done[u]) continue;
-        if (next[u] >= kDigit0) out[u].push_back(next[u] - kDigit0);
-        else done[u] = true;  // EOS (or a stray BOS/PAD: ends the string, and then it is wrong)
+        if (next[u] >= kDigit0)
+          out[u].push_back(next[u] - kDigit0);
+        else
+          done[u] = true;  // EOS (or a stray BOS/PAD: ends the string, and then it is wrong)
         if (next[u] != kEos && next[u] < kDigit0) out[u].push_back(-1);
       }
       if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
@@ -160,8 +160,8 @@ template <Backend B> int run(nn::AttentionKind kind, int64_t steps, double min_a
   const int64_t batch = 64;
   const double peak_lr = 2e-3;
   optim::Adam<B> opt(model.named_parameters(), {.lr = peak_lr, .beta1 = 0.9, .beta2 = 0.98, .weight_decay = 0.01, .decoupled = true});
-  fmt::print("seq2seq ({}): reverse 1 to {} digits; {} parameters, {} steps of {} strings\n", kind == nn::AttentionKind::mha ? "mha" : "diff",
-             kMaxLen, model.num_parameters(), steps, batch);
+  fmt::print("seq2seq ({}): reverse 1 to {} digits; {} parameters, {} steps of {} strings\n",
+             kind == nn::AttentionKind::mha ? "mha" : "diff", kMaxLen, model.num_parameters(), steps, batch);
 
   // Batch i: a pure function of i (the step is the data position), never a held-out string.
   auto train_batch = [&](int64_t i) {

@@ -12,8 +12,8 @@
 #include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/checkpoint.hpp"
 #include "kiln/autograd/layer_ops.hpp"
-#include "kiln/nn/init.hpp"
 #include "kiln/nn/hf/architecture.hpp"
+#include "kiln/nn/init.hpp"
 #include "kiln/nn/layers.hpp"
 
 namespace kiln::hf {
@@ -193,9 +193,9 @@ template <Backend B> Var<B> CausalLM<B>::run(const Tensor<B>& ids, std::vector<n
     for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(x, pos0, c, s, caches ? &(*caches)[i] : nullptr, capacity);
   }
   x = rms_ ? rms_->forward(x) : ln_->forward(x);
-  const Var<B> logits = lm_head_
-                            ? lm_head_->forward(x)
-                            : autograd::Linalg<B>::linear(x.reshape({-1, s_.hidden}), embed_->weight(), {}).reshape({ids.size(0), T, s_.vocab});
+  const Var<B> logits =
+      lm_head_ ? lm_head_->forward(x)
+               : autograd::Linalg<B>::linear(x.reshape({-1, s_.hidden}), embed_->weight(), {}).reshape({ids.size(0), T, s_.vocab});
   return logits.dtype() == DType::f32 ? logits : logits.to(DType::f32);
 }
 

@@ -42,7 +42,7 @@ enum class Act { gelu_tanh, gelu, relu, silu };
 struct RopeSpec {
   std::string type = "default";  // "default", "linear", "llama3"
   double theta = 10000.0;
-  double factor = 0;                                                                // linear, llama3
+  double factor = 0;                                                                       // linear, llama3
   double low_freq_factor = 0, high_freq_factor = 0, original_max_position_embeddings = 0;  // llama3
 };
 

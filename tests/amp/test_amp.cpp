@@ -80,9 +80,9 @@ void require_torch() {
 void run_py(const std::string& script, const std::string& args) {
   // torch runs as it would on this CPU: a oneDNN limit set for kiln (ONEDNN_MAX_CPU_ISA=AVX2, to try
   // kiln's AVX2 path) would make torch 1.13, which picks its bf16 GEMM from the CPU, fail to create it.
-  const std::string cmd = fmt::format("OMP_NUM_THREADS=2 KILN_REFERENCE_DIR={} env -u ONEDNN_MAX_CPU_ISA -u DNNL_MAX_CPU_ISA {} {} {} >/dev/null",
-                                      KILN_REFERENCE_DIR, test::python(),
-                                      script, args);
+  const std::string cmd =
+      fmt::format("OMP_NUM_THREADS=2 KILN_REFERENCE_DIR={} env -u ONEDNN_MAX_CPU_ISA -u DNNL_MAX_CPU_ISA {} {} {} >/dev/null",
+                  KILN_REFERENCE_DIR, test::python(), script, args);
   INFO(cmd);
   REQUIRE(std::system(cmd.c_str()) == 0);
 }
@@ -142,7 +142,7 @@ TEST_CASE("amp: the autocast scope is per thread, nestable, and can be turned of
 // where the CPU has AVX512-BF16 or AMX, else sgemm on the operands converted to f32). A GEMM that sums in
 // bf16 (u per addition) is far outside it. Returns the worst ratio of error to bound (<= 1 passes).
 struct GemmBound {
-  T exact, slack;  // f64
+  T exact, slack;                                            // f64
   GemmBound(const T& a, const T& b, double extra_rel = 0) {  // a, b: the bf16-rounded operands
     const T a64 = a.to(DType::f64), b64 = b.to(DType::f64);
     exact = a64.matmul(b64);
@@ -191,7 +191,8 @@ TEST_CASE("amp: matmul, linear and the f32 list under autocast match torch.autoc
   const auto r = safetensors::load<Cpu>(f);
   const T a = r.at("in.a"), b = r.at("in.b"), w = r.at("in.w"), bias = r.at("in.bias"), xb = r.at("in.xb").to(DType::bf16);
   const int64_t K = a.size(1), N = b.size(1);
-  WARN("bf16 matmul on this CPU: " << (native_bf16_matmul() ? "oneDNN's bf16 kernels" : "f32 sgemm, output rounded once (no AVX512-BF16/AMX, or forced)")
+  WARN("bf16 matmul on this CPU: " << (native_bf16_matmul() ? "oneDNN's bf16 kernels"
+                                                            : "f32 sgemm, output rounded once (no AVX512-BF16/AMX, or forced)")
                                    << "; both are checked against the exact product of the bf16 operands");
 
   V av(a, true), bv(b, true);
@@ -416,9 +417,15 @@ TEST_CASE("amp: fused attention under autocast takes bf16 q, k, v and rounds O o
 }
 
 TEST_CASE("amp: autocast f32 or disabled is bit-identical to no autocast, and the cast backward is exact", "[amp]") {
-  const ModelConfig cfg = ModelConfig::from_json(json{{"vocab_size", 40}, {"d_model", 32}, {"n_layers", 2}, {"n_heads", 2},
-                                                      {"max_seq_len", 16}, {"attention", "diff"}, {"residual", "attnres_block"},
-                                                      {"attnres_block_size", 2}, {"tie_embeddings", true}})
+  const ModelConfig cfg = ModelConfig::from_json(json{{"vocab_size", 40},
+                                                      {"d_model", 32},
+                                                      {"n_layers", 2},
+                                                      {"n_heads", 2},
+                                                      {"max_seq_len", 16},
+                                                      {"attention", "diff"},
+                                                      {"residual", "attnres_block"},
+                                                      {"attnres_block_size", 2},
+                                                      {"tie_embeddings", true}})
                               .resolved();
   nn::GPT<Cpu> model(cfg);
   model.init_weights(1);
@@ -520,7 +527,7 @@ TEST_CASE("amp: a parameter is cast once per scope and its gradient sums every u
     autocast::Scope ac(DType::bf16);
     c1 = autocast::to_low(w);
     CHECK(autocast::to_low(w).node() == c1.node());  // the cache
-    y = l.forward(l.forward(V(x)));                   // w used twice
+    y = l.forward(l.forward(V(x)));                  // w used twice
   }
   {
     autocast::Scope ac(DType::bf16);
@@ -568,8 +575,8 @@ TEST_CASE("amp: one GPT training step under bf16 autocast matches torch.autocast
       const ModelConfig cfg = ModelConfig::from_json(c.model).resolved();
       const int64_t Bn = 4, Tn = 32;
       // --prepare: kiln_ref.py's init (seed 3) and tokens (3000, seed 1) in the same Python process
-      run_py(amp_script(),
-             fmt::format("grads --prepare --model {} --data {} --init-from {} --batch {} --seq-len {} --out {}", m, tok, init, Bn, Tn, out));
+      run_py(amp_script(), fmt::format("grads --prepare --model {} --data {} --init-from {} --batch {} --seq-len {} --out {}", m, tok, init,
+                                       Bn, Tn, out));
 
       nn::GPT<Cpu> model(cfg);
       model.load(init);
@@ -639,9 +646,9 @@ TEST_CASE("amp: the loss scaler backs off on overflow and grows after good steps
   const std::string log = (dir / "log.jsonl").string();
   int64_t fetched = 0;
   IndexedBatches src{.batch = [&](int64_t i) { return (fetched = i); }};
-  const FitResult res = fit(model, opt, src, [&](int64_t) { return nn::cross_entropy(model.forward(V(xs)), ys); },
-                            FitOptions{.steps = 200, .precision = DType::f16, .loss_scale = {.init = 0x1p120, .interval = 1000},
-                                       .log_path = log, .progress = 0});
+  const FitResult res = fit(
+      model, opt, src, [&](int64_t) { return nn::cross_entropy(model.forward(V(xs)), ys); },
+      FitOptions{.steps = 200, .precision = DType::f16, .loss_scale = {.init = 0x1p120, .interval = 1000}, .log_path = log, .progress = 0});
   std::ifstream in(log);
   std::string line;
   std::vector<json> recs;
@@ -759,13 +766,15 @@ TEST_CASE("amp: kiln train with \"precision\": \"bf16\" runs and the loss falls"
   std::string text;
   for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
   std::ofstream(dir / "corpus.txt") << text;
-  std::ofstream(dir / "model.json") << json{{"vocab_size", 32}, {"d_model", 32}, {"n_layers", 2}, {"n_heads", 2}, {"max_seq_len", 32}}.dump();
-  std::ofstream(dir / "train.json") << json{{"batch_size", 8},
-                                            {"seq_len", 32},
-                                            {"steps", 30},
-                                            {"precision", "bf16"},
-                                            {"optimizer", {{"name", "adamw"}, {"lr", 1e-2}}}}
-                                           .dump();
+  std::ofstream(dir / "model.json")
+      << json{{"vocab_size", 32}, {"d_model", 32}, {"n_layers", 2}, {"n_heads", 2}, {"max_seq_len", 32}}.dump();
+  std::ofstream(dir / "train.json") << json{
+      {"batch_size", 8},
+      {"seq_len", 32},
+      {"steps", 30},
+      {"precision", "bf16"},
+      {"optimizer",
+       {{"name", "adamw"}, {"lr", 1e-2}}}}.dump();
   const std::string d = dir.string();
   REQUIRE(sh(fmt::format("{} tokenize --text {}/corpus.txt --chars --out {}/tok.safetensors >/dev/null", KILN_CLI, d, d)) == 0);
   REQUIRE(sh(fmt::format("{} train --model {}/model.json --train {}/train.json --data {}/tok.safetensors --log {}/log.jsonl "
@@ -781,8 +790,8 @@ TEST_CASE("amp: kiln train with \"precision\": \"bf16\" runs and the loss falls"
   CHECK(last < 0.5 * first);
   // A bad value names the key and the valid ones.
   std::ofstream(dir / "bad.json") << json{{"precision", "fp8"}}.dump();
-  CHECK(sh(fmt::format("{} train --train {}/bad.json --data {}/tok.safetensors --model {}/model.json > {}/bad.txt 2>&1", KILN_CLI, d, d,
-                       d, d)) != 0);
+  CHECK(sh(fmt::format("{} train --train {}/bad.json --data {}/tok.safetensors --model {}/model.json > {}/bad.txt 2>&1", KILN_CLI, d, d, d,
+                       d)) != 0);
   std::ifstream bad(dir / "bad.txt");
   const std::string msg((std::istreambuf_iterator<char>(bad)), std::istreambuf_iterator<char>());
   CHECK_THAT(msg, Catch::Contains("precision") && Catch::Contains("bf16"));
@@ -828,8 +837,8 @@ TEST_CASE("amp: examples/char_gpt trained 300 steps in bf16 ends within 2% of f3
       each += fmt::format("{}seed {} {} {:.4f}", each.empty() ? "" : ", ", seed, prec, e);
     }
   INFO("held-out loss, mean of " << kSeeds << " seeds: f32 " << eval["f32"] << ", bf16 " << eval["bf16"] << " (" << each << ")");
-  WARN("char_gpt 300 steps, held-out loss, mean of " << kSeeds << " seeds: f32 " << eval["f32"] << ", bf16 " << eval["bf16"] << " ("
-                                                      << each << ")");
+  WARN("char_gpt 300 steps, held-out loss, mean of " << kSeeds << " seeds: f32 " << eval["f32"] << ", bf16 " << eval["bf16"] << " (" << each
+                                                     << ")");
   CHECK(std::abs(eval["bf16"] - eval["f32"]) <= 0.02 * eval["f32"]);
 }
 
@@ -840,9 +849,8 @@ TEST_CASE("amp: examples/char_gpt trained 300 steps in bf16 ends within 2% of f3
 // (u = 2^-11) lies within the same bounds of the Cpu's f32 step. Then kiln::fit with precision f16: the
 // loss scale backs off from an overflowing 2^100 and training proceeds.
 TEST_CASE("amp: on Cuda, bf16 and f16 autocast steps agree with the Cpu, and f16 fit with loss scaling trains", "[amp][cuda]") {
-  const ModelConfig cfg = ModelConfig::from_json(json{{"vocab_size", 40}, {"d_model", 32}, {"n_layers", 2}, {"n_heads", 2},
-                                                      {"max_seq_len", 16}})
-                              .resolved();
+  const ModelConfig cfg =
+      ModelConfig::from_json(json{{"vocab_size", 40}, {"d_model", 32}, {"n_layers", 2}, {"n_heads", 2}, {"max_seq_len", 16}}).resolved();
   nn::GPT<Cpu> cpu(cfg);
   cpu.init_weights(1);
   const auto dir = temp_dir("cuda");
@@ -886,7 +894,11 @@ TEST_CASE("amp: on Cuda, bf16 and f16 autocast steps agree with the Cpu, and f16
                      y = Tensor<Cuda>::from_blob(tgt.contiguous().to_vector<int64_t>().data(), tgt.shape(), DType::i64);
   const std::string log = (dir / "log.jsonl").string();
   IndexedBatches src{.batch = [](int64_t i) { return i; }};
-  fit(gpu, opt, src, [&](int64_t) { return nn::cross_entropy(gpu.forward(x).reshape({-1, 40}), y.reshape({-1})); },
+  fit(
+      gpu, opt, src,
+      [&](int64_t) {
+        return nn::cross_entropy(gpu.forward(x).reshape({-1, 40}), y.reshape({-1}));
+      },
       FitOptions{.steps = 120, .precision = DType::f16, .loss_scale = {.init = 0x1p100}, .log_path = log, .progress = 0});
   const auto recs = read_log(log);
   REQUIRE(recs.size() == 120);

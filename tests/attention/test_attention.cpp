@@ -20,11 +20,11 @@
 
 #include <kiln/autograd/gradcheck.hpp>
 #include <kiln/backends/backends.hpp>
-#include "common/kiln_test.hpp"
 #include <kiln/core/fused.hpp>
 #include <kiln/core/fused_diff_attention.hpp>
 #include <kiln/nn/attention.hpp>
 #include <kiln/nn/diff_attention.hpp>
+#include "common/kiln_test.hpp"
 
 using namespace kiln;
 
@@ -34,13 +34,13 @@ struct Case {
   int64_t B, H, Hkv, T, S, d, dv;
   bool causal;
   int64_t pos0;
-  bool padding = false;  // random key padding (every row keeps a visible key)
-  int layout = 0;        // 0 contiguous, 1 q/k/v transposed views [B, T, H, d], 2 sliced cache + strided last dim
-  std::string mask{};    // the attention mask's shape (kMaskShapes), "" for none
-  bool additive = false; // additive float mask (with −inf entries) rather than bool
+  bool padding = false;   // random key padding (every row keeps a visible key)
+  int layout = 0;         // 0 contiguous, 1 q/k/v transposed views [B, T, H, d], 2 sliced cache + strided last dim
+  std::string mask{};     // the attention mask's shape (kMaskShapes), "" for none
+  bool additive = false;  // additive float mask (with −inf entries) rather than bool
   std::string str() const {
-    return fmt::format("B={} H={} Hkv={} T={} S={} d={} dv={} causal={} pos0={} padding={} layout={} mask={} additive={}", B, H, Hkv, T,
-                       S, d, dv, causal, pos0, padding, layout, mask, additive);
+    return fmt::format("B={} H={} Hkv={} T={} S={} d={} dv={} causal={} pos0={} padding={} layout={} mask={} additive={}", B, H, Hkv, T, S,
+                       d, dv, causal, pos0, padding, layout, mask, additive);
   }
 };
 
@@ -50,16 +50,16 @@ const std::vector<std::string> kMaskShapes{"TS", "S", "B1TS", "1HTS", "BHTS", "B
 
 const std::vector<Case> kCases = {
     {2, 4, 4, 37, 37, 16, 16, true, 0},
-    {2, 4, 2, 37, 53, 16, 16, true, 16},          // KV-cache decoding chunk: T != S, pos0 = S - T, GQA 2
-    {1, 4, 1, 5, 53, 8, 8, true, 48},             // GQA 4
-    {1, 1, 1, 1, 70, 16, 16, true, 69},           // one decoded token, H = Hkv = 1
-    {2, 2, 2, 37, 53, 8, 16, false, 0},           // d != dv, no mask
-    {1, 2, 1, 130, 130, 32, 24, true, 0},         // several tiles with ragged ends
-    {1, 1, 1, 150, 200, 16, 8, true, 50},         // one (batch, kv head) unit: private dQ buffers
+    {2, 4, 2, 37, 53, 16, 16, true, 16},             // KV-cache decoding chunk: T != S, pos0 = S - T, GQA 2
+    {1, 4, 1, 5, 53, 8, 8, true, 48},                // GQA 4
+    {1, 1, 1, 1, 70, 16, 16, true, 69},              // one decoded token, H = Hkv = 1
+    {2, 2, 2, 37, 53, 8, 16, false, 0},              // d != dv, no mask
+    {1, 2, 1, 130, 130, 32, 24, true, 0},            // several tiles with ragged ends
+    {1, 1, 1, 150, 200, 16, 8, true, 50},            // one (batch, kv head) unit: private dQ buffers
     {1, 2, 1, 150, 150, 16, 16, true, 0, false, 1},  // ... summed into dq laid out like transposed q
-    {2, 2, 1, 20, 20, 8, 8, true, 5},             // pos0 > 0 with T = S: a partly visible diagonal
-    {2, 4, 2, 37, 53, 16, 16, true, 16, true},    // key padding
-    {2, 4, 2, 33, 45, 8, 12, false, 0, true},     // key padding without causal
+    {2, 2, 1, 20, 20, 8, 8, true, 5},                // pos0 > 0 with T = S: a partly visible diagonal
+    {2, 4, 2, 37, 53, 16, 16, true, 16, true},       // key padding
+    {2, 4, 2, 33, 45, 8, 12, false, 0, true},        // key padding without causal
     {2, 4, 2, 37, 53, 16, 16, true, 16, false, 1},
     {2, 4, 2, 37, 53, 16, 8, false, 0, true, 2},
 };
@@ -72,7 +72,7 @@ std::vector<Case> mask_cases() {
   for (const std::string& m : kMaskShapes)
     for (bool additive : {false, true}) {
       const int k = i++ % 3;
-      Case c = k == 0 ? Case{2, 4, 2, 37, 53, 16, 12, true, 16, true}
+      Case c = k == 0   ? Case{2, 4, 2, 37, 53, 16, 12, true, 16, true}
                : k == 1 ? Case{2, 2, 1, 70, 33, 8, 8, false, 0, false, 1}
                         : Case{1, 3, 3, 9, 9, 4, 6, true, 0, true};
       c.mask = m;
@@ -82,9 +82,7 @@ std::vector<Case> mask_cases() {
   return out;
 }
 
-template <Backend B> struct Inputs {
-  Tensor<B> q{}, k{}, v{}, kp{}, dout{}, mask{};
-};
+template <Backend B> struct Inputs { Tensor<B> q{}, k{}, v{}, kp{}, dout{}, mask{}; };
 
 // Random inputs in dtype dt with the case's layout; values are f32-representable (drawn in f32).
 template <Backend B> Inputs<B> make_inputs(const Case& c, DType dt, uint64_t seed) {
@@ -116,9 +114,16 @@ template <Backend B> Inputs<B> make_inputs(const Case& c, DType dt, uint64_t see
     // key 0 stays visible (so no row is left without a key); a mask broadcast along the keys only
     // shifts rows (additive) or is all true (bool)
     const std::string& m = c.mask;
-    Shape s = m == "TS" ? Shape{c.T, c.S} : m == "S" ? Shape{c.S} : m == "B1TS" ? Shape{c.B, 1, c.T, c.S}
-            : m == "1HTS" ? Shape{1, c.H, c.T, c.S} : m == "BHTS" ? Shape{c.B, c.H, c.T, c.S} : m == "B11S" ? Shape{c.B, 1, 1, c.S}
-            : m == "11TS" ? Shape{1, 1, c.T, c.S} : m == "TS^T" ? Shape{c.S, c.T} : m == "T1" ? Shape{c.T, 1} : Shape{c.B, 1, c.T, 1};
+    Shape s = m == "TS"     ? Shape{c.T, c.S}
+              : m == "S"    ? Shape{c.S}
+              : m == "B1TS" ? Shape{c.B, 1, c.T, c.S}
+              : m == "1HTS" ? Shape{1, c.H, c.T, c.S}
+              : m == "BHTS" ? Shape{c.B, c.H, c.T, c.S}
+              : m == "B11S" ? Shape{c.B, 1, 1, c.S}
+              : m == "11TS" ? Shape{1, 1, c.T, c.S}
+              : m == "TS^T" ? Shape{c.S, c.T}
+              : m == "T1"   ? Shape{c.T, 1}
+                            : Shape{c.B, 1, c.T, 1};
     const bool along_keys = m == "T1" || m == "B1T1";
     const int key_axis = m == "TS^T" ? 0 : static_cast<int>(s.size()) - 1;
     const Tensor<B> u = Tensor<B>::rand(s, DType::f32, &gen);
@@ -167,8 +172,8 @@ struct Result {
 template <Backend B> Result run(const Inputs<B>& in, const Case& c, DType dt, bool fused) {
   Var<B> q(in.q.to(dt), true), k(in.k.to(dt), true), v(in.v.to(dt), true);
   const Tensor<B> mask = in.mask.defined() && in.mask.dtype() != DType::boolean ? in.mask.to(dt) : in.mask;
-  const Var<B> o = fused ? nn::attention(q, k, v, c.causal, c.pos0, in.kp, mask)
-                         : nn::attention_decomposed(q, k, v, c.causal, c.pos0, in.kp, mask);
+  const Var<B> o =
+      fused ? nn::attention(q, k, v, c.causal, c.pos0, in.kp, mask) : nn::attention_decomposed(q, k, v, c.causal, c.pos0, in.kp, mask);
   if (fused) CHECK(std::string(o.grad_fn()) == "attention");
   o.backward(in.dout.to(dt));
   return {kt::host(o.value()), kt::host(q.grad()), kt::host(k.grad()), kt::host(v.grad())};
@@ -209,8 +214,7 @@ TEMPLATE_TEST_CASE("attention: fused forward and backward match the decomposed o
   for (const Case& c : kCases) check_case<TestType>(c, DType::f64, seed++);
 }
 
-TEMPLATE_TEST_CASE("attention: fused forward and backward match the decomposed oracle (f32 vs f64 oracle)", "[attention]", Reference,
-                   Cpu) {
+TEMPLATE_TEST_CASE("attention: fused forward and backward match the decomposed oracle (f32 vs f64 oracle)", "[attention]", Reference, Cpu) {
   uint64_t seed = 200;
   for (const Case& c : kCases) check_case<TestType>(c, DType::f32, seed++);
 }
@@ -317,10 +321,9 @@ TEMPLATE_TEST_CASE("attention: gradcheck of the fused op in q, k, v (f64 finite 
   kp.narrow(1, 3, 1).fill_(0);
   for (bool causal : {true, false}) {
     INFO("causal " << causal);
-    const auto r = gradcheck<TestType>(
-        [&](const std::vector<Var<TestType>>& x) { return nn::attention(x[0], x[1], x[2], causal, 2, kp); },
-        {T::randn({2, 4, 5, 3}, DType::f64, &gen), T::randn({2, 7, 2, 3}, DType::f64, &gen).transpose(1, 2),
-         T::randn({2, 2, 7, 6}, DType::f64, &gen)});
+    const auto r = gradcheck<TestType>([&](const std::vector<Var<TestType>>& x) { return nn::attention(x[0], x[1], x[2], causal, 2, kp); },
+                                       {T::randn({2, 4, 5, 3}, DType::f64, &gen), T::randn({2, 7, 2, 3}, DType::f64, &gen).transpose(1, 2),
+                                        T::randn({2, 2, 7, 6}, DType::f64, &gen)});
     INFO(r.message);
     CHECK(r.ok);
   }
@@ -340,7 +343,7 @@ TEMPLATE_TEST_CASE("attention: the autograd node saves q, k, v, O, LSE and nothi
     bytes += static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
   }
   const size_t expect = static_cast<size_t>(q.numel() + k.numel() + v.numel() + o.numel() + Bn * H * Tn) * 4;
-  CHECK(bytes == expect);  // the decomposed path keeps (at least) the [B, H, T, S] probabilities: 2 MiB here
+  CHECK(bytes == expect);                            // the decomposed path keeps (at least) the [B, H, T, S] probabilities: 2 MiB here
   CHECK(saved->o.storage() == o.value().storage());  // O is the output itself, not a copy
   {
     NoGrad ng;
@@ -369,8 +372,7 @@ TEMPLATE_TEST_CASE("attention: a row with no visible key gives NaN (as PyTorch) 
   for (double g : kt::host(v.grad())) CHECK(std::isfinite(g));
 }
 
-TEMPLATE_TEST_CASE("attention: differential attention's fused form and dλ match the decomposed path", "[attention][diff]", Reference,
-                   Cpu) {
+TEMPLATE_TEST_CASE("attention: differential attention's fused form and dλ match the decomposed path", "[attention][diff]", Reference, Cpu) {
   using T = Tensor<TestType>;
   Generator gen(21);
   const int64_t Bn = 2, h = 4, hkv = 2, Tn = 37, S = 45, d = 8, pos0 = 8;
@@ -379,8 +381,8 @@ TEMPLATE_TEST_CASE("attention: differential attention's fused form and dλ match
   const T v = T::randn({Bn, hkv, S, 2 * d}, DType::f64, &gen), dout = T::randn({Bn, h, Tn, 2 * d}, DType::f64, &gen);
   std::vector<std::vector<double>> res[2];
   for (int fusedi = 0; fusedi < 2; ++fusedi) {
-    std::vector<Var<TestType>> x{Var<TestType>(q1, true), Var<TestType>(k1, true), Var<TestType>(q2, true), Var<TestType>(k2, true),
-                                 Var<TestType>(v, true), Var<TestType>(T::scalar(0.37, DType::f64), true)};
+    std::vector<Var<TestType>> x{Var<TestType>(q1, true), Var<TestType>(k1, true), Var<TestType>(q2, true),
+                                 Var<TestType>(k2, true), Var<TestType>(v, true),  Var<TestType>(T::scalar(0.37, DType::f64), true)};
     auto att = [&](const Var<TestType>& a, const Var<TestType>& b) {
       return fusedi ? nn::attention(a, b, x[4], true, pos0) : nn::attention_decomposed(a, b, x[4], true, pos0);
     };
@@ -419,16 +421,19 @@ TEMPLATE_TEST_CASE("attention: DifferentialAttention and MHA run the fused op", 
   CHECK(x2.grad().defined());
 }
 
-TEMPLATE_TEST_CASE("attention: bad shapes and dtypes throw kiln::Error naming the op and shapes", "[attention][errors]", KILN_BACKEND_TYPES) {
+TEMPLATE_TEST_CASE("attention: bad shapes and dtypes throw kiln::Error naming the op and shapes", "[attention][errors]",
+                   KILN_BACKEND_TYPES) {
   using T = Tensor<TestType>;
   const T q = T::randn({1, 4, 5, 8}), k = T::randn({1, 3, 6, 8}), v = T::randn({1, 3, 6, 8});
-  CHECK_THROWS_WITH(fused::attention_forward(q, k, v, 1.0, true, 0), Catch::Contains("attention_forward") && Catch::Contains("[1, 4, 5, 8]"));
+  CHECK_THROWS_WITH(fused::attention_forward(q, k, v, 1.0, true, 0),
+                    Catch::Contains("attention_forward") && Catch::Contains("[1, 4, 5, 8]"));
   const T k2 = T::randn({1, 2, 6, 7});
   CHECK_THROWS_WITH(fused::attention_forward(q, k2, T::randn({1, 2, 6, 8}), 1.0, false, 0), Catch::Contains("do not fit"));
   CHECK_THROWS_WITH(fused::attention_forward(q, T::randn({1, 2, 6, 8}, DType::f64), T::randn({1, 2, 6, 8}), 1.0, false, 0),
                     Catch::Contains("dtype"));
-  CHECK_THROWS_WITH(fused::attention_forward(q, T::randn({1, 2, 6, 8}), T::randn({1, 2, 6, 8}), 1.0, true, 0, T::ones({1, 5}, DType::boolean)),
-                    Catch::Contains("key_padding"));
+  CHECK_THROWS_WITH(
+      fused::attention_forward(q, T::randn({1, 2, 6, 8}), T::randn({1, 2, 6, 8}), 1.0, true, 0, T::ones({1, 5}, DType::boolean)),
+      Catch::Contains("key_padding"));
   CHECK_THROWS_WITH(fused::attention_forward(q, T::randn({1, 2, 6, 8}), T::randn({1, 2, 6, 8}), 1.0, true, -1), Catch::Contains("pos0"));
   CHECK_THROWS_AS(nn::attention(Var<TestType>(T::randn({4, 5, 8})), Var<TestType>(k), Var<TestType>(v), true, 0), kiln::Error);
   CHECK_THROWS_WITH(fused::attention_forward(T::ones({1, 1, 2, 2}, DType::i32), T::ones({1, 1, 2, 2}, DType::i32),
@@ -449,10 +454,10 @@ TEMPLATE_TEST_CASE("attention: gradcheck with bool and additive masks, causal, k
   for (const T& mask : {keep, add}) {
     for (bool causal : {true, false}) {
       INFO("causal " << causal << " mask " << dtype_name(mask.dtype()));
-      const auto r = gradcheck<TestType>(
-          [&](const std::vector<Var<TestType>>& x) { return nn::attention(x[0], x[1], x[2], causal, 2, kp, mask); },
-          {T::randn({2, 4, 5, 3}, DType::f64, &gen), T::randn({2, 7, 2, 3}, DType::f64, &gen).transpose(1, 2),
-           T::randn({2, 2, 7, 6}, DType::f64, &gen)});
+      const auto r =
+          gradcheck<TestType>([&](const std::vector<Var<TestType>>& x) { return nn::attention(x[0], x[1], x[2], causal, 2, kp, mask); },
+                              {T::randn({2, 4, 5, 3}, DType::f64, &gen), T::randn({2, 7, 2, 3}, DType::f64, &gen).transpose(1, 2),
+                               T::randn({2, 2, 7, 6}, DType::f64, &gen)});
       INFO(r.message);
       CHECK(r.ok);
     }
@@ -464,8 +469,8 @@ TEMPLATE_TEST_CASE("attention: with a mask the node saves the user's mask as giv
   using T = Tensor<TestType>;
   const int64_t Bn = 2, H = 2, Tn = 128, S = 96, d = 8;
   Var<TestType> q(T::randn({Bn, H, Tn, d}), true), k(T::randn({Bn, 1, S, d}), true), v(T::randn({Bn, 1, S, d}), true);
-  const T small = T::randn({Bn, 1, 1, S});                   // padding-like additive mask
-  const T ts = T::rand({Tn, S}).gt(0.2);                      // a [T, S] bool mask: the user's own T·S tensor
+  const T small = T::randn({Bn, 1, 1, S});  // padding-like additive mask
+  const T ts = T::rand({Tn, S}).gt(0.2);    // a [T, S] bool mask: the user's own T·S tensor
   for (const T& mask : {small, ts}) {
     INFO("mask " << shape_str(mask.shape()));
     const Var<TestType> o = nn::attention(q, k, v, false, 0, {}, mask);
@@ -491,7 +496,7 @@ TEMPLATE_TEST_CASE("attention: a row the mask hides entirely gives NaN and a zer
   using T = Tensor<TestType>;
   Generator gen(19);
   T keep = T::ones({5, 6}, DType::boolean);
-  keep.narrow(0, 1, 1).fill_(0);             // query 1 sees nothing
+  keep.narrow(0, 1, 1).fill_(0);  // query 1 sees nothing
   keep.narrow(0, 3, 1).narrow(1, 2, 3).fill_(0);
   const T add = T::where(keep, T::zeros({}, DType::f64), T::full({}, -INFINITY, DType::f64));
   Var<TestType> q(T::randn({1, 2, 5, 4}, DType::f64, &gen), true), k(T::randn({1, 1, 6, 4}, DType::f64, &gen), true),
@@ -512,7 +517,8 @@ TEMPLATE_TEST_CASE("attention: a row the mask hides entirely gives NaN and a zer
   for (double g : kt::host(v.grad())) CHECK(std::isfinite(g));
 }
 
-TEMPLATE_TEST_CASE("attention: bf16 / f16 with an additive mask of the same dtype compute in f32", "[attention][mask]", KILN_BACKEND_TYPES) {
+TEMPLATE_TEST_CASE("attention: bf16 / f16 with an additive mask of the same dtype compute in f32", "[attention][mask]",
+                   KILN_BACKEND_TYPES) {
   Case c{2, 4, 2, 37, 53, 16, 16, true, 16};
   c.mask = "B1TS";
   c.additive = true;
@@ -631,8 +637,8 @@ TEMPLATE_TEST_CASE("diff_attention: fused forward and backward match two decompo
   }
 }
 
-TEMPLATE_TEST_CASE("diff_attention: fused forward and backward match two decomposed attentions (f32 vs f64 oracle)",
-                   "[attention][diff]", Reference, Cpu) {
+TEMPLATE_TEST_CASE("diff_attention: fused forward and backward match two decomposed attentions (f32 vs f64 oracle)", "[attention][diff]",
+                   Reference, Cpu) {
   uint64_t seed = 400;
   for (const Case& c : diff_cases()) check_diff_case<TestType>(c, DType::f32, seed++, 0.45);
 }
@@ -666,14 +672,14 @@ TEMPLATE_TEST_CASE("diff_attention: dq and dk come back as one tensor in q's and
   REQUIRE(saved != nullptr);
   for (const T& t : saved->saved())
     if (t.defined()) CHECK(t.numel() < 9 * 9 * 3 * 2);  // nothing of size T·S per head
-  CHECK(saved->o.storage() == o.value().storage());  // O is the output itself, not a copy
+  CHECK(saved->o.storage() == o.value().storage());     // O is the output itself, not a copy
   // (backward frees the node's closure: keep what the check below needs)
   const T dout = T::randn(o.shape(), DType::f32, &gen), saved_o = saved->o, o2 = saved->o2, lse1 = saved->lse1, lse2 = saved->lse2;
   o.backward(dout);
   if constexpr (std::is_same_v<TestType, Cpu>) {  // the Cpu kernel writes them in place: no copy per branch
-    auto [dq, dk, dv, dlam] = fused::diff_attention_backward(q.value(), k.value(), v.value(), l.value(), saved_o, o2, lse1, lse2, dout,
-                                                             0.5, true, 0);  // scale 1/√d, d = 4
-    CHECK(dq.permute({0, 3, 1, 2, 4}).is_contiguous());  // [B, T, H, 2, d], as the projection
+    auto [dq, dk, dv, dlam] = fused::diff_attention_backward(q.value(), k.value(), v.value(), l.value(), saved_o, o2, lse1, lse2, dout, 0.5,
+                                                             true, 0);  // scale 1/√d, d = 4
+    CHECK(dq.permute({0, 3, 1, 2, 4}).is_contiguous());                 // [B, T, H, 2, d], as the projection
     CHECK(dk.permute({0, 3, 1, 2, 4}).is_contiguous());
     compare(kt::host(dq), kt::host(q.grad()), {0.0, 0.0}, "dq as the node's");
   }
@@ -689,7 +695,8 @@ TEMPLATE_TEST_CASE("diff_attention: bad shapes and dtypes throw kiln::Error nami
                     Catch::Contains("diff_attention_forward") && Catch::Contains("[1, 2, 5, 8]"));
   CHECK_THROWS_WITH(fused::diff_attention_forward(T::randn({1, 2, 3, 5, 8}), k, v, l, 1.0, true, 0),
                     Catch::Contains("[B, H, 2, T, d]") && Catch::Contains("[1, 2, 3, 5, 8]"));
-  CHECK_THROWS_WITH(fused::diff_attention_forward(q, k, v, T::ones({2}), 1.0, true, 0), Catch::Contains("lambda") && Catch::Contains("[2]"));
+  CHECK_THROWS_WITH(fused::diff_attention_forward(q, k, v, T::ones({2}), 1.0, true, 0),
+                    Catch::Contains("lambda") && Catch::Contains("[2]"));
   CHECK_THROWS_WITH(fused::diff_attention_forward(q, k, v, T::scalar(0.5, DType::f64), 1.0, true, 0), Catch::Contains("lambda"));
   CHECK_THROWS_WITH(fused::diff_attention_forward(q, T::randn({1, 1, 2, 6, 7}), v, l, 1.0, true, 0), Catch::Contains("do not fit"));
   CHECK_THROWS_WITH(fused::diff_attention_forward(q, k, T::randn({1, 1, 5, 16}), l, 1.0, true, 0),

@@ -27,24 +27,15 @@ TEMPLATE_TEST_CASE("gradcheck: unary elementwise ops", "[autograd][gradcheck]", 
     double lo, hi;
   };
   const std::vector<U> ops = {
-      {"neg", [](const V& x) { return x.neg(); }, 0, 0},
-      {"abs", [](const V& x) { return x.abs(); }, 0, 0},
-      {"square", [](const V& x) { return x.square(); }, 0, 0},
-      {"exp", [](const V& x) { return x.exp(); }, 0, 0},
-      {"log", [](const V& x) { return x.log(); }, 0.5, 2.0},
-      {"log1p", [](const V& x) { return x.log1p(); }, -0.5, 2.0},
-      {"expm1", [](const V& x) { return x.expm1(); }, 0, 0},
-      {"sqrt", [](const V& x) { return x.sqrt(); }, 0.5, 2.0},
-      {"rsqrt", [](const V& x) { return x.rsqrt(); }, 0.5, 2.0},
-      {"reciprocal", [](const V& x) { return x.reciprocal(); }, 0.5, 2.0},
-      {"sin", [](const V& x) { return x.sin(); }, 0, 0},
-      {"cos", [](const V& x) { return x.cos(); }, 0, 0},
-      {"tanh", [](const V& x) { return x.tanh(); }, 0, 0},
-      {"sigmoid", [](const V& x) { return x.sigmoid(); }, 0, 0},
-      {"relu", [](const V& x) { return x.relu(); }, 0, 0},
-      {"silu", [](const V& x) { return x.silu(); }, 0, 0},
-      {"gelu", [](const V& x) { return x.gelu(); }, 0, 0},
-      {"gelu(tanh)", [](const V& x) { return x.gelu(true); }, 0, 0},
+      {"neg", [](const V& x) { return x.neg(); }, 0, 0},         {"abs", [](const V& x) { return x.abs(); }, 0, 0},
+      {"square", [](const V& x) { return x.square(); }, 0, 0},   {"exp", [](const V& x) { return x.exp(); }, 0, 0},
+      {"log", [](const V& x) { return x.log(); }, 0.5, 2.0},     {"log1p", [](const V& x) { return x.log1p(); }, -0.5, 2.0},
+      {"expm1", [](const V& x) { return x.expm1(); }, 0, 0},     {"sqrt", [](const V& x) { return x.sqrt(); }, 0.5, 2.0},
+      {"rsqrt", [](const V& x) { return x.rsqrt(); }, 0.5, 2.0}, {"reciprocal", [](const V& x) { return x.reciprocal(); }, 0.5, 2.0},
+      {"sin", [](const V& x) { return x.sin(); }, 0, 0},         {"cos", [](const V& x) { return x.cos(); }, 0, 0},
+      {"tanh", [](const V& x) { return x.tanh(); }, 0, 0},       {"sigmoid", [](const V& x) { return x.sigmoid(); }, 0, 0},
+      {"relu", [](const V& x) { return x.relu(); }, 0, 0},       {"silu", [](const V& x) { return x.silu(); }, 0, 0},
+      {"gelu", [](const V& x) { return x.gelu(); }, 0, 0},       {"gelu(tanh)", [](const V& x) { return x.gelu(true); }, 0, 0},
       {"-x (operator)", [](const V& x) { return -x; }, 0, 0},
   };
   uint64_t seed = 100;
@@ -98,8 +89,7 @@ TEMPLATE_TEST_CASE("gradcheck: binary ops with broadcasting", "[autograd][gradch
     const auto at = (op.name == std::string("pow") ? uniform<TestType>({4, 3}, 0.5, 2.0, seed + 7) : randn<TestType>({4, 3}, seed + 7)).t();
     const auto bs = op.positive_b ? uniform<TestType>({3, 8}, 0.5, 2.0, seed + 8).slice(1, 1, 8, 2)
                                   : randn<TestType>({3, 8}, seed + 8).slice(1, 1, 8, 2);
-    check_grad<TestType>(fmt::format("{} transposed with sliced", op.name), [&](const auto& v) { return op.f(v[0], v[1]); },
-                         {at, bs});
+    check_grad<TestType>(fmt::format("{} transposed with sliced", op.name), [&](const auto& v) { return op.f(v[0], v[1]); }, {at, bs});
   }
 }
 

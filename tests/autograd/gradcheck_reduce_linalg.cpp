@@ -41,23 +41,23 @@ TEMPLATE_TEST_CASE("gradcheck: max/min with two-way ties", "[autograd][gradcheck
 
 TEMPLATE_TEST_CASE("gradcheck: matmul, all torch.matmul cases", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
   const std::vector<std::pair<Shape, Shape>> cases = {
-      {{3}, {3}},             // dot
-      {{3}, {3, 4}},          // vector @ matrix
-      {{2, 3}, {3}},          // matrix @ vector
-      {{2, 3}, {3, 4}},       // matrix @ matrix
-      {{2, 2, 3}, {2, 3, 4}}, // batched
+      {{3}, {3}},                 // dot
+      {{3}, {3, 4}},              // vector @ matrix
+      {{2, 3}, {3}},              // matrix @ vector
+      {{2, 3}, {3, 4}},           // matrix @ matrix
+      {{2, 2, 3}, {2, 3, 4}},     // batched
       {{2, 1, 2, 3}, {3, 3, 2}},  // broadcast batch [2, 1] x [3]
-      {{2, 3}, {2, 3, 2}},    // matrix @ batch
-      {{2, 2, 3}, {3, 2}},    // batch @ matrix
-      {{3}, {2, 3, 4}},       // vector @ batch
-      {{2, 2, 3}, {3}},       // batch @ vector
-      {{1, 3}, {3, 1}},       // size-1 dims
+      {{2, 3}, {2, 3, 2}},        // matrix @ batch
+      {{2, 2, 3}, {3, 2}},        // batch @ matrix
+      {{3}, {2, 3, 4}},           // vector @ batch
+      {{2, 2, 3}, {3}},           // batch @ vector
+      {{1, 3}, {3, 1}},           // size-1 dims
   };
   uint64_t seed = 10;
   for (const auto& [sa, sb] : cases) {
     seed += 2;
-    check_grad<TestType>(fmt::format("matmul {} @ {}", shape_str(sa), shape_str(sb)),
-                         [](const auto& v) { return matmul(v[0], v[1]); }, {randn<TestType>(sa, seed), randn<TestType>(sb, seed + 1)});
+    check_grad<TestType>(fmt::format("matmul {} @ {}", shape_str(sa), shape_str(sb)), [](const auto& v) { return matmul(v[0], v[1]); },
+                         {randn<TestType>(sa, seed), randn<TestType>(sb, seed + 1)});
   }
   check_grad<TestType>("matmul transposed operands", [](const auto& v) { return v[0].t().matmul(v[1].t()); },
                        {randn<TestType>({3, 2}, 50), randn<TestType>({4, 3}, 51)});
@@ -68,8 +68,10 @@ TEMPLATE_TEST_CASE("gradcheck: matmul, all torch.matmul cases", "[autograd][grad
                        {randn<TestType>({2, 2, 3}, 57), randn<TestType>({3, 4}, 58)});
   // only one side needs grad
   const auto w = randn<TestType>({3, 2}, 54);
-  check_grad<TestType>("matmul, constant right", [&](const auto& v) { return v[0].matmul(Var<TestType>(w)); }, {randn<TestType>({2, 3}, 55)});
-  check_grad<TestType>("matmul, constant left", [&](const auto& v) { return Var<TestType>(w).t().matmul(v[0]); }, {randn<TestType>({3, 2}, 56)});
+  check_grad<TestType>("matmul, constant right", [&](const auto& v) { return v[0].matmul(Var<TestType>(w)); },
+                       {randn<TestType>({2, 3}, 55)});
+  check_grad<TestType>("matmul, constant left", [&](const auto& v) { return Var<TestType>(w).t().matmul(v[0]); },
+                       {randn<TestType>({3, 2}, 56)});
 }
 
 TEMPLATE_TEST_CASE("gradcheck: softmax and log_softmax on every axis", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
@@ -78,8 +80,8 @@ TEMPLATE_TEST_CASE("gradcheck: softmax and log_softmax on every axis", "[autogra
   for (int64_t axis : {0, 1, 2, -1}) {
     for (const auto& [layout, in] : {std::pair{"contiguous", x}, std::pair{"transposed", xt}}) {
       check_grad<TestType>(fmt::format("softmax axis {} {}", axis, layout), [axis](const auto& v) { return v[0].softmax(axis); }, {in});
-      check_grad<TestType>(fmt::format("log_softmax axis {} {}", axis, layout),
-                           [axis](const auto& v) { return v[0].log_softmax(axis); }, {in});
+      check_grad<TestType>(fmt::format("log_softmax axis {} {}", axis, layout), [axis](const auto& v) { return v[0].log_softmax(axis); },
+                           {in});
     }
   }
   check_grad<TestType>("softmax over a size-1 axis", [](const auto& v) { return v[0].softmax(1); }, {randn<TestType>({3, 1}, 62)});
@@ -91,8 +93,7 @@ TEMPLATE_TEST_CASE("gradcheck: composites", "[autograd][gradcheck]", KILN_BACKEN
   check_grad<TestType>("cross-entropy", [&](const auto& v) { return v[0].log_softmax(1).gather(1, target).mean().neg(); },
                        {randn<TestType>({4, 3}, 70)});
   // a two-layer MLP with a bias broadcast and every input needing grad
-  check_grad<TestType>("mlp",
-                       [](const auto& v) { return (v[0].matmul(v[1]) + v[2]).tanh().matmul(v[3]).gelu().softmax(-1); },
+  check_grad<TestType>("mlp", [](const auto& v) { return (v[0].matmul(v[1]) + v[2]).tanh().matmul(v[3]).gelu().softmax(-1); },
                        {randn<TestType>({3, 4}, 71), randn<TestType>({4, 5}, 72), randn<TestType>({5}, 73), randn<TestType>({5, 2}, 74)});
   // a value used several times through different paths
   check_grad<TestType>("reuse", [](const auto& v) { return v[0] * v[0].exp() + v[0].sum({0}, true) * v[1] - v[1] / (v[0].square() + 1.0); },

@@ -38,22 +38,31 @@ TEMPLATE_TEST_CASE("gradcheck: cat, stack, split, chunk", "[autograd][gradcheck]
   check_grad<TestType>("cat with a repeated input", [](const auto& v) { return cat<TestType>({v[0], v[0].exp()}, -1); }, {a});
   const auto s0 = randn<TestType>({2, 3}, 13), s1 = randn<TestType>({3, 2}, 14).t();
   for (int64_t axis : {0, 1, 2})
-    check_grad<TestType>(fmt::format("stack axis {}", axis), [axis](const auto& v) { return stack<TestType>({v[0], v[1].square()}, axis); },
+    check_grad<TestType>(fmt::format("stack axis {}", axis),
+                         [axis](const auto& v) {
+                           return stack<TestType>({v[0], v[1].square()}, axis);
+                         },
                          {s0, s1});
   const auto x = randn<TestType>({2, 7}, 15);
   // each piece goes through a different function so a misplaced piece gradient is caught
-  check_grad<TestType>("split(3, 1)", [](const auto& v) {
-    auto p = v[0].split(3, 1);
-    return cat<TestType>({p[0].exp(), p[1] * 2.0, p[2].square()}, 1);
-  }, {x});
-  check_grad<TestType>("split({1, 4, 2}, 1)", [](const auto& v) {
-    auto p = v[0].split(std::vector<int64_t>{1, 4, 2}, 1);
-    return p[0].sum() * p[1].sum() + p[2].sin().sum();
-  }, {x});
-  check_grad<TestType>("chunk(2, 0)", [](const auto& v) {
-    auto p = v[0].chunk(2, 0);
-    return p[0] * p[1].tanh();
-  }, {x});
+  check_grad<TestType>("split(3, 1)",
+                       [](const auto& v) {
+                         auto p = v[0].split(3, 1);
+                         return cat<TestType>({p[0].exp(), p[1] * 2.0, p[2].square()}, 1);
+                       },
+                       {x});
+  check_grad<TestType>("split({1, 4, 2}, 1)",
+                       [](const auto& v) {
+                         auto p = v[0].split(std::vector<int64_t>{1, 4, 2}, 1);
+                         return p[0].sum() * p[1].sum() + p[2].sin().sum();
+                       },
+                       {x});
+  check_grad<TestType>("chunk(2, 0)",
+                       [](const auto& v) {
+                         auto p = v[0].chunk(2, 0);
+                         return p[0] * p[1].tanh();
+                       },
+                       {x});
 }
 
 TEMPLATE_TEST_CASE("gradcheck: gather, index_select, scatter_add, index_add", "[autograd][gradcheck]", KILN_BACKEND_TYPES) {
@@ -65,7 +74,10 @@ TEMPLATE_TEST_CASE("gradcheck: gather, index_select, scatter_add, index_add", "[
   check_grad<TestType>("gather, the index passed as a (non-differentiable) gradcheck input",
                        [](const auto& v) { return v[0].gather(1, v[1].value()); }, {x, gi});
   check_grad<TestType>("gather axis 0", [&](const auto& v) { return v[0].gather(0, gi0); }, {x});
-  check_grad<TestType>("gather from transposed", [&](const auto& v) { return v[0].t().gather(1, i64<TestType>({0, 2, 2, 1, 1, 1}, {3, 2})); },
+  check_grad<TestType>("gather from transposed",
+                       [&](const auto& v) {
+                         return v[0].t().gather(1, i64<TestType>({0, 2, 2, 1, 1, 1}, {3, 2}));
+                       },
                        {randn<TestType>({3, 4}, 21)});
   const auto si = i64<TestType>({2, 0, 2, 2, 1}, {5});
   check_grad<TestType>("index_select axis 0", [&](const auto& v) { return v[0].index_select(0, si); }, {x});
@@ -74,10 +86,16 @@ TEMPLATE_TEST_CASE("gradcheck: gather, index_select, scatter_add, index_add", "[
   const auto ti = i64<TestType>({1, 1, 3, 0, 1, 1}, {2, 3});
   check_grad<TestType>("scatter_add axis 1", [&](const auto& v) { return v[0].scatter_add(1, ti, v[1]); },
                        {x, randn<TestType>({3, 3}, 22)});
-  check_grad<TestType>("scatter_add axis 0", [&](const auto& v) { return v[0].scatter_add(0, i64<TestType>({2, 2, 0, 2}, {2, 2}), v[1]); },
+  check_grad<TestType>("scatter_add axis 0",
+                       [&](const auto& v) {
+                         return v[0].scatter_add(0, i64<TestType>({2, 2, 0, 2}, {2, 2}), v[1]);
+                       },
                        {x, randn<TestType>({2, 2}, 23)});
   check_grad<TestType>("index_add axis 0", [&](const auto& v) { return v[0].index_add(0, si, v[1]); }, {x, randn<TestType>({5, 4}, 24)});
-  check_grad<TestType>("index_add axis 1", [&](const auto& v) { return v[0].index_add(1, i64<TestType>({3, 3}, {2}), v[1]); },
+  check_grad<TestType>("index_add axis 1",
+                       [&](const auto& v) {
+                         return v[0].index_add(1, i64<TestType>({3, 3}, {2}), v[1]);
+                       },
                        {x, randn<TestType>({3, 2}, 25)});
   // embedding-style lookup: index_select rows of a table, then a reduction
   check_grad<TestType>("embedding", [&](const auto& v) { return v[0].index_select(0, si).mul(v[1]).sum({1}); },

@@ -33,7 +33,6 @@ template <Backend B> bool check_grad(const std::string& what, const Fn<B>& f, co
   return r.ok;
 }
 
-
 // Element-wise comparison of a tensor with expected values.
 template <Backend B> void check_values(const Tensor<B>& t, const std::vector<double>& want, double tol = 1e-12) {
   REQUIRE(t.defined());

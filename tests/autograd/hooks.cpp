@@ -83,7 +83,7 @@ TEMPLATE_TEST_CASE("autograd: queue_backward_callback runs once at the end of th
       queued = true;
       autograd::queue_backward_callback([&] {
         log.push_back("end");
-        CHECK(v.grad().defined());  // every gradient is in
+        CHECK(v.grad().defined());                                           // every gradient is in
         autograd::queue_backward_callback([&] { log.push_back("end 2"); });  // a callback may queue another
       });
     }

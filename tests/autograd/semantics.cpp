@@ -141,7 +141,7 @@ TEMPLATE_TEST_CASE("autograd: backward twice through a freed graph throws", "[au
   const V h = x.exp();
   const V loss = (h * x).sum();
   loss.backward();
-  CHECK(loss.node()->inputs.empty());            // links and closures are freed
+  CHECK(loss.node()->inputs.empty());  // links and closures are freed
   CHECK_FALSE(static_cast<bool>(h.node()->backward));
   CHECK_THROWS_AS(loss.backward(), Error);
   CHECK_THROWS_WITH(loss.backward(), Contains("already freed"));
@@ -265,12 +265,11 @@ TEMPLATE_TEST_CASE("gradcheck: catches a wrong gradient and names it", "[autogra
   const auto r = gradcheck<TestType>([](const auto& v) { return v[1] + v[0].detach() * v[0]; },
                                      {f64<TestType>({1.0, 2.0}, {2}), f64<TestType>({0.5, 0.5}, {2})});
   CHECK_FALSE(r.ok);
-  CHECK_THAT(r.message, Contains("input 0 (shape [2]) element [0]: analytic") && Contains("vs numeric") &&
-                            Contains("1 more mismatches"));
+  CHECK_THAT(r.message, Contains("input 0 (shape [2]) element [0]: analytic") && Contains("vs numeric") && Contains("1 more mismatches"));
   CHECK(r.max_abs_err > 0.1);
   double analytic = 0, numeric = 0;
-  REQUIRE(std::sscanf(r.message.c_str(), "gradcheck: input 0 (shape [2]) element [0]: analytic %lf vs numeric %lf", &analytic,
-                      &numeric) == 2);
+  REQUIRE(std::sscanf(r.message.c_str(), "gradcheck: input 0 (shape [2]) element [0]: analytic %lf vs numeric %lf", &analytic, &numeric) ==
+          2);
   CHECK(numeric == Approx(2 * analytic).epsilon(1e-6));
   // float32 inputs are refused
   CHECK_THROWS_WITH(gradcheck<TestType>([](const auto& v) { return v[0]; }, {Tensor<TestType>::ones({2})}), Contains("f64"));

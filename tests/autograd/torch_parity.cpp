@@ -16,9 +16,8 @@ TEMPLATE_TEST_CASE("torch parity: cross-entropy via log_softmax + gather", "[aut
   const V loss = x.log_softmax(1).gather(1, t).mean().neg();
   CHECK(loss.template item<double>() == Approx(1.0589499577825572).epsilon(1e-12));
   loss.backward();
-  check_values(x.grad(),
-               {0.07922235475748987, 0.017676896704374435, -0.14495003855691285, 0.048050787095048605, -0.4153048986023608,
-                0.024265552820983825, 0.011462235536403133, 0.37957711024497387});
+  check_values(x.grad(), {0.07922235475748987, 0.017676896704374435, -0.14495003855691285, 0.048050787095048605, -0.4153048986023608,
+                          0.024265552820983825, 0.011462235536403133, 0.37957711024497387});
 }
 
 TEMPLATE_TEST_CASE("torch parity: linear + gelu + sigmoid + softmax(axis 0)", "[autograd][parity]", KILN_BACKEND_TYPES) {

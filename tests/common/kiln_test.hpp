@@ -37,8 +37,7 @@ using Ref = kiln::Reference;
 using RT = kiln::Tensor<Ref>;
 
 inline const std::vector<DType> kFloatDTypes{DType::f32, DType::f64, DType::bf16, DType::f16};
-inline const std::vector<DType> kAllDTypes{DType::f32, DType::f64, DType::bf16, DType::f16,
-                                           DType::i32, DType::i64, DType::boolean};
+inline const std::vector<DType> kAllDTypes{DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::boolean};
 
 // ------------------------------------------------------------------------------------ tolerances
 // Tolerances are derived from unit roundoffs, never tuned to make a test pass.
@@ -55,11 +54,16 @@ inline const std::vector<DType> kAllDTypes{DType::f32, DType::f64, DType::bf16, 
 //  * matmul: |err_ij| <= K u (|A||B|)_ij, plus storage rounding.
 inline double u_store(DType d) {
   switch (d) {
-    case DType::f32: return 0x1p-24;
-    case DType::f64: return 0x1p-53;
-    case DType::bf16: return 0x1p-9;
-    case DType::f16: return 0x1p-11;
-    default: return 0.0;  // integers and bool: exact
+    case DType::f32:
+      return 0x1p-24;
+    case DType::f64:
+      return 0x1p-53;
+    case DType::bf16:
+      return 0x1p-9;
+    case DType::f16:
+      return 0x1p-11;
+    default:
+      return 0.0;  // integers and bool: exact
   }
 }
 inline double u_acc(DType d) { return d == DType::f64 ? 0x1p-53 : kiln::is_floating(d) ? 0x1p-24 : 0.0; }
@@ -70,12 +74,17 @@ struct Tol {
 // Elementwise ops (unary, binary): see above.
 inline Tol elementwise_tol(DType d) {
   switch (d) {
-    case DType::f32: return {8 * 0x1p-23, 1e-6};
-    case DType::f64: return {64 * 0x1p-52, 1e-14};
+    case DType::f32:
+      return {8 * 0x1p-23, 1e-6};
+    case DType::f64:
+      return {64 * 0x1p-52, 1e-14};
     // the f32 result (within f32 tolerance) rounded to bf16/f16: at most one storage ulp apart
-    case DType::bf16: return {2 * 0x1p-8 + 1e-6, 1e-6};
-    case DType::f16: return {2 * 0x1p-11 + 1e-6, 1e-6};
-    default: return {0, 0};
+    case DType::bf16:
+      return {2 * 0x1p-8 + 1e-6, 1e-6};
+    case DType::f16:
+      return {2 * 0x1p-11 + 1e-6, 1e-6};
+    default:
+      return {0, 0};
   }
 }
 
@@ -94,9 +103,8 @@ inline std::string index_str(int64_t linear, const Shape& s) {
 // Compares got with want element by element: |g - w| <= atol + rtol |w| (+ bound[i] when given);
 // NaN matches NaN, inf matches the same inf. Shapes and dtypes must be equal. One CHECK per call,
 // with the first mismatch (index and both values) and the count in its message.
-template <kiln::Backend B1, kiln::Backend B2>
-void check_close(const kiln::Tensor<B1>& got, const kiln::Tensor<B2>& want, Tol tol, const std::string& what,
-                 const std::vector<double>* bound = nullptr) {
+template <kiln::Backend B1, kiln::Backend B2> void check_close(const kiln::Tensor<B1>& got, const kiln::Tensor<B2>& want, Tol tol,
+                                                               const std::string& what, const std::vector<double>* bound = nullptr) {
   INFO(what);
   REQUIRE(got.defined());
   REQUIRE(want.defined());
@@ -112,8 +120,10 @@ void check_close(const kiln::Tensor<B1>& got, const kiln::Tensor<B2>& want, Tol 
   for (size_t i = 0; i < g.size(); ++i) {
     const double a = g[i], b = w[i];
     bool ok;
-    if (std::isnan(b) || std::isnan(a)) ok = std::isnan(a) && std::isnan(b);
-    else if (std::isinf(b) || std::isinf(a)) ok = a == b;
+    if (std::isnan(b) || std::isnan(a))
+      ok = std::isnan(a) && std::isnan(b);
+    else if (std::isinf(b) || std::isinf(a))
+      ok = a == b;
     else {
       const double lim = tol.atol + tol.rtol * std::abs(b) + (bound ? (*bound)[i] : 0.0);
       const double err = std::abs(a - b);
@@ -127,8 +137,8 @@ void check_close(const kiln::Tensor<B1>& got, const kiln::Tensor<B2>& want, Tol 
   }
   if (bad) {
     const auto f = static_cast<size_t>(first);
-    FAIL_CHECK(fmt::format("{} of {} elements differ; first at {}: got {:.9g}, want {:.9g} (rtol {:.3g}, atol {:.3g}{})", bad,
-                           g.size(), index_str(first, want.shape()), g[f], w[f], tol.rtol, tol.atol,
+    FAIL_CHECK(fmt::format("{} of {} elements differ; first at {}: got {:.9g}, want {:.9g} (rtol {:.3g}, atol {:.3g}{})", bad, g.size(),
+                           index_str(first, want.shape()), g[f], w[f], tol.rtol, tol.atol,
                            bound ? fmt::format(", bound {:.3g}", (*bound)[f]) : std::string()));
   } else {
     SUCCEED("close (worst err/limit " << worst << ")");
@@ -157,8 +167,8 @@ void check_bits(const kiln::Tensor<B1>& got, const kiln::Tensor<B2>& want, const
   for (size_t i = 0; i < n; ++i)
     if (x[i] != y[i]) {
       const std::vector<double> g = host(got), w = host(want);
-      FAIL_CHECK(fmt::format("bits differ first at element {}: got {:.9g}, want {:.9g}", index_str(static_cast<int64_t>(i / es), want.shape()),
-                             g[i / es], w[i / es]));
+      FAIL_CHECK(fmt::format("bits differ first at element {}: got {:.9g}, want {:.9g}",
+                             index_str(static_cast<int64_t>(i / es), want.shape()), g[i / es], w[i / es]));
       return;
     }
   SUCCEED();
@@ -168,17 +178,22 @@ void check_bits(const kiln::Tensor<B1>& got, const kiln::Tensor<B2>& want, const
 enum class Lay { contiguous, transposed, stepped, narrowed, expanded, permuted };
 inline const char* layout_name(Lay l) {
   switch (l) {
-    case Lay::contiguous: return "contiguous";
-    case Lay::transposed: return "transposed";
-    case Lay::stepped: return "stepped slice";
-    case Lay::narrowed: return "narrowed";
-    case Lay::expanded: return "expanded";
-    case Lay::permuted: return "permuted";
+    case Lay::contiguous:
+      return "contiguous";
+    case Lay::transposed:
+      return "transposed";
+    case Lay::stepped:
+      return "stepped slice";
+    case Lay::narrowed:
+      return "narrowed";
+    case Lay::expanded:
+      return "expanded";
+    case Lay::permuted:
+      return "permuted";
   }
   return "?";
 }
-inline const std::vector<Lay> kLayouts{Lay::contiguous, Lay::transposed, Lay::stepped,
-                                          Lay::narrowed,   Lay::expanded,   Lay::permuted};
+inline const std::vector<Lay> kLayouts{Lay::contiguous, Lay::transposed, Lay::stepped, Lay::narrowed, Lay::expanded, Lay::permuted};
 
 struct Gen {
   std::mt19937_64 rng;
@@ -187,7 +202,9 @@ struct Gen {
   int64_t integer(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); }
   double real(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); }
   bool coin(double p = 0.5) { return std::bernoulli_distribution(p)(rng); }
-  template <class T> const T& pick(const std::vector<T>& v) { return v[static_cast<size_t>(integer(0, static_cast<int64_t>(v.size()) - 1))]; }
+  template <class T> const T& pick(const std::vector<T>& v) {
+    return v[static_cast<size_t>(integer(0, static_cast<int64_t>(v.size()) - 1))];
+  }
 
   // A shape of rank in [lo_rank, hi_rank] with dims mostly in [1, max_dim], sometimes 1 or 0.
   Shape shape(int lo_rank = 0, int hi_rank = 4, int64_t max_dim = 6, double p_zero = 0.05) {
@@ -208,9 +225,12 @@ struct Gen {
   std::vector<double> values(int64_t n, DType d, double lo = -3, double hi = 3) {
     std::vector<double> v(static_cast<size_t>(n));
     for (auto& x : v) {
-      if (d == DType::boolean) x = coin() ? 1 : 0;
-      else if (kiln::is_integral(d) || ties) x = static_cast<double>(integer(static_cast<int64_t>(std::ceil(lo)), static_cast<int64_t>(std::floor(hi))));
-      else x = real(lo, hi);
+      if (d == DType::boolean)
+        x = coin() ? 1 : 0;
+      else if (kiln::is_integral(d) || ties)
+        x = static_cast<double>(integer(static_cast<int64_t>(std::ceil(lo)), static_cast<int64_t>(std::floor(hi))));
+      else
+        x = real(lo, hi);
       if (p_nan > 0 && kiln::is_floating(d) && coin(p_nan)) x = std::nan("");
     }
     return v;

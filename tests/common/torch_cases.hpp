@@ -8,10 +8,10 @@
 #include <fstream>
 #include <string>
 
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "common/python.hpp"
 

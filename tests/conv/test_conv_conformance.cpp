@@ -104,13 +104,14 @@ TEMPLATE_TEST_CASE("conv_transpose2d against Reference, through autograd", "[con
     const int64_t N = g.integer(1, 3), H = g.integer(1, 6), W = g.integer(1, 6), kh = g.integer(1, 4), kw = g.integer(1, 4);
     Conv2dParams p{{g.integer(1, 3), g.integer(1, 3)}, {0, 0}, {g.integer(1, 2), g.integer(1, 2)}, groups};
     // padding small enough that the output is non-empty
-    p.padding = {g.integer(0, ((H - 1) * p.stride.h + p.dilation.h * (kh - 1)) / 2), g.integer(0, ((W - 1) * p.stride.w + p.dilation.w * (kw - 1)) / 2)};
+    p.padding = {g.integer(0, ((H - 1) * p.stride.h + p.dilation.h * (kh - 1)) / 2),
+                 g.integer(0, ((W - 1) * p.stride.w + p.dilation.w * (kw - 1)) / 2)};
     const Size2 op{g.integer(0, std::max(p.stride.h, p.dilation.h) - 1), g.integer(0, std::max(p.stride.w, p.dilation.w) - 1)};
     const DType d = it % 3 == 2 ? DType::f64 : DType::f32;
     const bool bias = g.coin();
-    INFO(fmt::format("x [{}, {}, {}, {}] w [{}, {}, {}, {}] stride ({}, {}) pad ({}, {}) dil ({}, {}) out_pad ({}, {}) groups {} {}", N, cin, H,
-                     W, cin, og, kh, kw, p.stride.h, p.stride.w, p.padding.h, p.padding.w, p.dilation.h, p.dilation.w, op.h, op.w, groups,
-                     dtype_name(d)));
+    INFO(fmt::format("x [{}, {}, {}, {}] w [{}, {}, {}, {}] stride ({}, {}) pad ({}, {}) dil ({}, {}) out_pad ({}, {}) groups {} {}", N,
+                     cin, H, W, cin, og, kh, kw, p.stride.h, p.stride.w, p.padding.h, p.padding.w, p.dilation.h, p.dilation.w, op.h, op.w,
+                     groups, dtype_name(d)));
     RT xr, wr, br;
     Tensor<TestType> x, w, b;
     make4<TestType>(g, {N, cin, H, W}, d, it % 3, xr, x);

@@ -18,8 +18,8 @@ template <Backend B> Tensor<B> rn(const Shape& s, uint64_t seed) {
   return Tensor<B>::randn(s, DType::f64, &g);
 }
 
-template <Backend B> void check(const std::string& what, const std::function<Var<B>(const std::vector<Var<B>>&)>& f,
-                                const std::vector<Tensor<B>>& in) {
+template <Backend B>
+void check(const std::string& what, const std::function<Var<B>(const std::vector<Var<B>>&)>& f, const std::vector<Tensor<B>>& in) {
   const GradcheckResult<B> r = gradcheck<B>(f, in);
   INFO(what << ": " << r.message);
   CHECK(r.ok);
@@ -34,13 +34,19 @@ TEMPLATE_TEST_CASE("gradcheck: conv2d, conv1d, conv_transpose2d", "[conv][gradch
   const Tensor<B> w = rn<B>({6, 2, 3, 2}, 3), b = rn<B>({6}, 4);
   for (const auto& in : {x, xt}) {
     check<B>("conv2d groups 2 stride (2, 1) pad (1, 0) dil (1, 2) bias",
-             [](const VV& v) { return F::conv2d(v[0], v[1], v[2], {2, 1}, {1, 0}, {1, 2}, 2); }, {in, w, b});
+             [](const VV& v) {
+               return F::conv2d(v[0], v[1], v[2], {2, 1}, {1, 0}, {1, 2}, 2);
+             },
+             {in, w, b});
   }
   check<B>("conv2d plain no bias", [](const VV& v) { return F::conv2d(v[0], v[1], Var<B>(), 1, 1); },
            {rn<B>({1, 2, 5, 4}, 5), rn<B>({3, 2, 3, 3}, 6)});
   check<B>("conv2d depthwise", [](const VV& v) { return F::conv2d(v[0], v[1], v[2], 2, 1, 1, 3); },
            {rn<B>({2, 3, 5, 5}, 7), rn<B>({6, 1, 3, 3}, 8), rn<B>({6}, 9)});
-  check<B>("conv2d unbatched", [](const VV& v) { return F::conv2d(v[0], v[1], v[2], 1, {0, 1}); },
+  check<B>("conv2d unbatched",
+           [](const VV& v) {
+             return F::conv2d(v[0], v[1], v[2], 1, {0, 1});
+           },
            {rn<B>({2, 4, 3}, 10), rn<B>({3, 2, 2, 2}, 11), rn<B>({3}, 12)});
   check<B>("conv1d stride 2 pad 1 dil 2 groups 2", [](const VV& v) { return F::conv1d(v[0], v[1], v[2], 2, 1, 2, 2); },
            {rn<B>({2, 4, 9}, 13), rn<B>({4, 2, 3}, 14), rn<B>({4}, 15)});
@@ -51,7 +57,10 @@ TEMPLATE_TEST_CASE("gradcheck: conv2d, conv1d, conv_transpose2d", "[conv][gradch
   check<B>("conv_transpose2d dilation 2, output_padding 1 < dilation (stride 1)",
            [](const VV& v) { return F::conv_transpose2d(v[0], v[1], Var<B>(), 1, 0, 1, 1, 2); },
            {rn<B>({1, 2, 4, 3}, 21), rn<B>({2, 3, 2, 3}, 22)});
-  check<B>("conv_transpose2d non-contiguous input", [](const VV& v) { return F::conv_transpose2d(v[0], v[1], v[2], {1, 2}, {0, 1}); },
+  check<B>("conv_transpose2d non-contiguous input",
+           [](const VV& v) {
+             return F::conv_transpose2d(v[0], v[1], v[2], {1, 2}, {0, 1});
+           },
            {rn<B>({2, 5, 4, 3}, 23).permute({0, 3, 2, 1}), rn<B>({3, 2, 2, 3}, 24), rn<B>({2}, 25)});
 }
 
@@ -77,12 +86,21 @@ TEMPLATE_TEST_CASE("gradcheck: max_pool2d, avg_pool2d, adaptive_avg_pool2d", "[p
            {spread({2, 6, 7, 3}, 2).permute({0, 3, 2, 1})});
   check<B>("avg_pool2d include pad", [](const VV& v) { return F::avg_pool2d(v[0], 3, 2, 1); }, {rn<B>({2, 3, 7, 6}, 3)});
   check<B>("avg_pool2d exclude pad ceil_mode",
-           [](const VV& v) { return F::avg_pool2d(v[0], {3, 2}, Size2{2, 2}, {1, 1}, true, false); }, {rn<B>({2, 3, 7, 6}, 4)});
+           [](const VV& v) {
+             return F::avg_pool2d(v[0], {3, 2}, Size2{2, 2}, {1, 1}, true, false);
+           },
+           {rn<B>({2, 3, 7, 6}, 4)});
   check<B>("avg_pool2d include pad ceil_mode overhang", [](const VV& v) { return F::avg_pool2d(v[0], 2, 2, 1, true, true); },
            {rn<B>({1, 2, 6, 5}, 5)});
   check<B>("adaptive_avg_pool2d (3, 4) of 7x6", [](const VV& v) { return F::adaptive_avg_pool2d(v[0], {3, 4}); }, {rn<B>({2, 3, 7, 6}, 6)});
-  check<B>("adaptive_avg_pool2d upsampling (5, 8) of 3x6", [](const VV& v) { return F::adaptive_avg_pool2d(v[0], {5, 8}); },
+  check<B>("adaptive_avg_pool2d upsampling (5, 8) of 3x6",
+           [](const VV& v) {
+             return F::adaptive_avg_pool2d(v[0], {5, 8});
+           },
            {rn<B>({1, 2, 3, 6}, 7)});
-  check<B>("adaptive_avg_pool2d divisible (2, 3) of 6x6", [](const VV& v) { return F::adaptive_avg_pool2d(v[0], {2, 3}); },
+  check<B>("adaptive_avg_pool2d divisible (2, 3) of 6x6",
+           [](const VV& v) {
+             return F::adaptive_avg_pool2d(v[0], {2, 3});
+           },
            {rn<B>({1, 2, 6, 6}, 8)});
 }

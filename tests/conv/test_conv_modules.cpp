@@ -57,8 +57,8 @@ TEMPLATE_TEST_CASE("Conv1d, Conv2d, ConvTranspose2d: parameters, init, shapes", 
   CHECK(c1(Var<B>(Tensor<B>::randn({2, 4, 11}))).shape() == Shape{2, 6, 5});
   CHECK(c1(Var<B>(Tensor<B>::randn({4, 11}))).shape() == Shape{6, 5});
 
-  nn::ConvTranspose2d<B> ct({.in_channels = 4, .out_channels = 6, .kernel_size = 3, .stride = 2, .padding = 1, .output_padding = 1,
-                             .groups = 2});
+  nn::ConvTranspose2d<B> ct(
+      {.in_channels = 4, .out_channels = 6, .kernel_size = 3, .stride = 2, .padding = 1, .output_padding = 1, .groups = 2});
   CHECK(param_shapes(ct) == std::map<std::string, Shape>{{"weight", {4, 3, 3, 3}}, {"bias", {6}}});
   check_uniform(ct.weight(), 1.0 / std::sqrt(27.0), "ConvTranspose2d weight");  // PyTorch's fan_in: weight.size(1)·kh·kw
   CHECK(ct(Var<B>(Tensor<B>::randn({2, 4, 5, 7}))).shape() == Shape{2, 6, 10, 14});
@@ -125,18 +125,28 @@ TEMPLATE_TEST_CASE("conv and pool errors name the op and the values", "[conv][er
   using B = TestType;
   using T = Tensor<B>;
   const Var<B> x(T::randn({2, 3, 5, 5}));
-  throws_with([&] { F::conv2d(x, Var<B>(T::randn({8, 4, 3, 3}))); },
-              {"conv2d", "input [2, 3, 5, 5] has 3 channels", "weight [8, 4, 3, 3] expects 4 (groups 1)"});
+  throws_with(
+      [&] {
+        F::conv2d(x, Var<B>(T::randn({8, 4, 3, 3})));
+      },
+      {"conv2d", "input [2, 3, 5, 5] has 3 channels", "weight [8, 4, 3, 3] expects 4 (groups 1)"});
   throws_with([&] { F::conv2d(x, Var<B>(T::randn({8, 1, 3, 3})), {}, 1, 0, 1, 3); }, {"conv2d", "groups 3", "8 output channels"});
   throws_with([&] { F::conv2d(x, Var<B>(T::randn({4, 3, 7, 3}))); }, {"conv2d", "kernel 7x3", "padded input 5x5"});
   throws_with([&] { F::conv2d(x, Var<B>(T::randn({4, 3, 3, 3})), {}, 0); }, {"conv2d", "stride must be >= 1", "(0, 0)"});
   throws_with([&] { F::conv2d(x, Var<B>(T::randn({4, 3, 3, 3})), Var<B>(T::randn({5}))); }, {"conv2d", "bias [5] must be [4]"});
   throws_with([&] { F::conv2d(Var<B>(T::randn({3, 5})), Var<B>(T::randn({4, 3, 3, 3}))); }, {"conv2d", "[N, C, H, W]", "[3, 5]"});
-  throws_with([&] { F::conv1d(Var<B>(T::randn({2, 3, 5})), Var<B>(T::randn({4, 3, 3, 3}))); }, {"conv1d", "weight must be [O, C/groups, k]"});
+  throws_with(
+      [&] {
+        F::conv1d(Var<B>(T::randn({2, 3, 5})), Var<B>(T::randn({4, 3, 3, 3})));
+      },
+      {"conv1d", "weight must be [O, C/groups, k]"});
   throws_with([&] { F::conv_transpose2d(x, Var<B>(T::randn({3, 2, 3, 3})), {}, 1, 0, 1); }, {"conv_transpose2d", "output_padding (1, 1)"});
   throws_with([&] { F::conv_transpose2d(x, Var<B>(T::randn({4, 2, 3, 3}))); }, {"conv_transpose2d", "has 3 channels"});
-  throws_with([&] { F::conv_transpose2d(Var<B>(T::randn({1, 2, 1, 1})), Var<B>(T::randn({2, 1, 1, 1})), {}, 1, 1); },
-              {"conv_transpose2d", "output size -1x-1 is too small"});
+  throws_with(
+      [&] {
+        F::conv_transpose2d(Var<B>(T::randn({1, 2, 1, 1})), Var<B>(T::randn({2, 1, 1, 1})), {}, 1, 1);
+      },
+      {"conv_transpose2d", "output size -1x-1 is too small"});
   throws_with([&] { F::max_pool2d(x, 3, 1, 2); }, {"max_pool2d", "padding (2, 2)", "at most half"});
   // PyTorch's limit is half the kernel_size itself: dilation does not raise it.
   throws_with([&] { F::max_pool2d(x, 3, 1, 2, 2); }, {"max_pool2d", "padding (2, 2)", "at most half of kernel_size (3, 3)"});

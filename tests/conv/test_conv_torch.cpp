@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <kiln/autograd/ops.hpp>
 #include <kiln/nn/conv.hpp>

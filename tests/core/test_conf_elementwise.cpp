@@ -21,11 +21,16 @@ template <class F> void for_each_binary(F&& f) {
 
 // The input domain each unary op is tested on (away from poles, inside the real domain).
 template <class Op> std::pair<double, double> unary_domain() {
-  if constexpr (std::is_same_v<Op, op::Log> || std::is_same_v<Op, op::Sqrt> || std::is_same_v<Op, op::Rsqrt>) return {0.05, 5};
-  else if constexpr (std::is_same_v<Op, op::Log1p>) return {-0.9, 5};
-  else if constexpr (std::is_same_v<Op, op::Recip>) return {0.1, 4};
-  else if constexpr (std::is_same_v<Op, op::Exp> || std::is_same_v<Op, op::Expm1>) return {-8, 8};
-  else return {-5, 5};
+  if constexpr (std::is_same_v<Op, op::Log> || std::is_same_v<Op, op::Sqrt> || std::is_same_v<Op, op::Rsqrt>)
+    return {0.05, 5};
+  else if constexpr (std::is_same_v<Op, op::Log1p>)
+    return {-0.9, 5};
+  else if constexpr (std::is_same_v<Op, op::Recip>)
+    return {0.1, 4};
+  else if constexpr (std::is_same_v<Op, op::Exp> || std::is_same_v<Op, op::Expm1>)
+    return {-8, 8};
+  else
+    return {-5, 5};
 }
 
 }  // namespace
@@ -44,14 +49,12 @@ TEMPLATE_TEST_CASE("conformance: every unary op on random shapes and layouts", "
       RT rx;
       Tensor<B> bx;
       g.make_pair(s, d, l, rx, bx, lo, hi);
-      check_close(bx.template map<Op>(), rx.template map<Op>(), elementwise_tol(d),
-                  fmt::format("{} on {}", Op::name, describe(s, d, l)));
+      check_close(bx.template map<Op>(), rx.template map<Op>(), elementwise_tol(d), fmt::format("{} on {}", Op::name, describe(s, d, l)));
     }
   });
 }
 
-TEMPLATE_TEST_CASE("conformance: unary ops at special values (0, -0, +-inf, nan, extremes)", "[core][conformance]",
-                   KILN_TEST_BACKENDS) {
+TEMPLATE_TEST_CASE("conformance: unary ops at special values (0, -0, +-inf, nan, extremes)", "[core][conformance]", KILN_TEST_BACKENDS) {
   using B = TestType;
   const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
   const std::vector<double> v{0.0, -0.0, inf, -inf, nan, 1e-30, -1e-30, 88.0, -88.0, 100.0, -100.0, 20.0, -20.0, 1e4, -1e4, 0.5};
@@ -66,8 +69,7 @@ TEMPLATE_TEST_CASE("conformance: unary ops at special values (0, -0, +-inf, nan,
   }
 }
 
-TEMPLATE_TEST_CASE("conformance: every binary op with broadcasting and strided operands", "[core][conformance]",
-                   KILN_TEST_BACKENDS) {
+TEMPLATE_TEST_CASE("conformance: every binary op with broadcasting and strided operands", "[core][conformance]", KILN_TEST_BACKENDS) {
   using B = TestType;
   Gen g(202);
   for_each_binary([&]<class Op>() {
@@ -244,14 +246,33 @@ TEMPLATE_TEST_CASE("conformance: in-place ops on strided targets", "[core][confo
     const int which = static_cast<int>(g.integer(0, 7));
     auto apply = [&](auto& x, const auto& o) {
       switch (which) {
-        case 0: x.add_(o); break;
-        case 1: x.sub_(o); break;
-        case 2: x.mul_(o); break;
-        case 3: if (kiln::is_floating(d)) x.div_(o); else x.add_(o); break;
-        case 4: x.add_(Scalar(2)); break;
-        case 5: x.mul_(Scalar(3)); break;
-        case 6: x.fill_(Scalar(7)); break;
-        default: x.copy_(o); break;
+        case 0:
+          x.add_(o);
+          break;
+        case 1:
+          x.sub_(o);
+          break;
+        case 2:
+          x.mul_(o);
+          break;
+        case 3:
+          if (kiln::is_floating(d))
+            x.div_(o);
+          else
+            x.add_(o);
+          break;
+        case 4:
+          x.add_(Scalar(2));
+          break;
+        case 5:
+          x.mul_(Scalar(3));
+          break;
+        case 6:
+          x.fill_(Scalar(7));
+          break;
+        default:
+          x.copy_(o);
+          break;
       }
     };
     apply(bt, bo);

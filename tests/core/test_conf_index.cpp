@@ -141,23 +141,22 @@ TEMPLATE_TEST_CASE("indexing: hand-computed values (PyTorch semantics)", "[core]
   // torch.gather(x, 0, [[1, 0, 1]]) = [[4, 2, 6]]
   CHECK(to_vector<float>(x.gather(0, Tensor<B>::from_vector(std::vector<int32_t>{1, 0, 1}, {1, 3}))) == std::vector<float>{4, 2, 6});
   // index_select with repeats
-  CHECK(to_vector<float>(x.index_select(1, Tensor<B>::from_vector(std::vector<int64_t>{2, 2, 0}))) ==
-        std::vector<float>{3, 3, 1, 6, 6, 4});
+  CHECK(to_vector<float>(x.index_select(1, Tensor<B>::from_vector(std::vector<int64_t>{2, 2, 0}))) == std::vector<float>{3, 3, 1, 6, 6, 4});
   // scatter_add with repeated targets: zeros(2, 3).scatter_add(1, [[0, 0, 2], [1, 1, 1]], ones) =
   // [[2, 0, 1], [0, 3, 0]]
   const auto si = Tensor<B>::from_vector(std::vector<int64_t>{0, 0, 2, 1, 1, 1}, {2, 3});
-  CHECK(to_vector<float>(Tensor<B>::zeros({2, 3}).scatter_add(1, si, Tensor<B>::ones({2, 3}))) ==
-        std::vector<float>{2, 0, 1, 0, 3, 0});
+  CHECK(to_vector<float>(Tensor<B>::zeros({2, 3}).scatter_add(1, si, Tensor<B>::ones({2, 3}))) == std::vector<float>{2, 0, 1, 0, 3, 0});
   // the input is not modified (out-of-place)
   const auto z = Tensor<B>::zeros({2, 3});
   (void)z.scatter_add(1, si, Tensor<B>::ones({2, 3}));
   CHECK(to_vector<float>(z) == std::vector<float>(6, 0.f));
   // index_add with a repeated index: rows 0 and 0 and 1
   const auto ia = Tensor<B>::zeros({2, 2}).index_add(0, Tensor<B>::from_vector(std::vector<int64_t>{0, 0, 1}),
-                                                      tensor<B>({{1.f, 2.f}, {10.f, 20.f}, {100.f, 200.f}}));
+                                                     tensor<B>({{1.f, 2.f}, {10.f, 20.f}, {100.f, 200.f}}));
   CHECK(to_vector<float>(ia) == std::vector<float>{11, 22, 100, 200});
   // integer scatter_add is exact
-  CHECK(to_vector<int64_t>(Tensor<B>::zeros({3}, DType::i64).scatter_add(0, Tensor<B>::from_vector(std::vector<int64_t>{2, 2, 2}),
-                                                                           Tensor<B>::full({3}, 1000000000000LL, DType::i64))) ==
+  CHECK(to_vector<int64_t>(Tensor<B>::zeros({3}, DType::i64)
+                               .scatter_add(0, Tensor<B>::from_vector(std::vector<int64_t>{2, 2, 2}),
+                                            Tensor<B>::full({3}, 1000000000000LL, DType::i64))) ==
         std::vector<int64_t>{0, 0, 3000000000000LL});
 }

@@ -133,10 +133,14 @@ TEMPLATE_TEST_CASE("conformance: matmul shapes, broadcast batches and transposed
     const int kind = static_cast<int>(g.integer(0, 5));  // 0: 1-D@1-D, 1: 1-D@N-D, 2: N-D@1-D, else N-D@N-D
     auto [ba, bb] = broadcast_pair(g, 2);
     Shape sa = ba, sb = bb;
-    if (kind == 0 || kind == 1) sa = {K};
-    else sa.insert(sa.end(), {M, K});
-    if (kind == 0 || kind == 2) sb = {K};
-    else sb.insert(sb.end(), {K, N});
+    if (kind == 0 || kind == 1)
+      sa = {K};
+    else
+      sa.insert(sa.end(), {M, K});
+    if (kind == 0 || kind == 2)
+      sb = {K};
+    else
+      sb.insert(sb.end(), {K, N});
     const Lay la = g.pick(kLayouts), lb = g.pick(kLayouts);
     RT ra, rb;
     Tensor<B> xa, xb;
@@ -144,7 +148,13 @@ TEMPLATE_TEST_CASE("conformance: matmul shapes, broadcast batches and transposed
     g.make_pair(sb, d, lb, rb, xb, -2, 2);
     // and a transpose of the last two dims folded into the operand
     if (sa.size() >= 2 && g.coin(0.3)) {
-      const RT t = RT::from_vector(g.values(numel(sa), d), [&] { Shape x = sa; std::swap(x[x.size() - 1], x[x.size() - 2]); return x; }()).to(d);
+      const RT t = RT::from_vector(g.values(numel(sa), d),
+                                   [&] {
+                                     Shape x = sa;
+                                     std::swap(x[x.size() - 1], x[x.size() - 2]);
+                                     return x;
+                                   }())
+                       .to(d);
       ra = t.transpose(-1, -2);
       xa = t.template to<B>().transpose(-1, -2);
     }

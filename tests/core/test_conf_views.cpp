@@ -87,7 +87,7 @@ TEMPLATE_TEST_CASE("conformance: views match host index arithmetic", "[core][con
     auto check = [&](const Tensor<B>& got, const RT& ref, const Shape& out, const std::vector<double>& want, const std::string& op) {
       INFO(op << " of " << w);
       REQUIRE(got.shape() == out);
-      CHECK(host(got) == want);          // logical values (to_vector goes through contiguous())
+      CHECK(host(got) == want);  // logical values (to_vector goes through contiguous())
       CHECK(host(got.contiguous()) == want);
       CHECK(host(got.clone()) == want);
       CHECK(got.clone().is_contiguous());
@@ -100,29 +100,38 @@ TEMPLATE_TEST_CASE("conformance: views match host index arithmetic", "[core][con
       std::shuffle(p.begin(), p.end(), g.rng);
       Shape out(static_cast<size_t>(r));
       for (int64_t i = 0; i < r; ++i) out[static_cast<size_t>(i)] = s[static_cast<size_t>(p[static_cast<size_t>(i)])];
-      check(bx.permute(p), rx.permute(p), out, expect(out, [&](const std::vector<int64_t>& o) {
-              std::vector<int64_t> idx(static_cast<size_t>(r));
-              for (int64_t i = 0; i < r; ++i) idx[static_cast<size_t>(p[static_cast<size_t>(i)])] = o[static_cast<size_t>(i)];
-              return h.at(idx);
-            }), fmt::format("permute [{}]", fmt::join(p, ", ")));
+      check(bx.permute(p), rx.permute(p), out,
+            expect(out,
+                   [&](const std::vector<int64_t>& o) {
+                     std::vector<int64_t> idx(static_cast<size_t>(r));
+                     for (int64_t i = 0; i < r; ++i) idx[static_cast<size_t>(p[static_cast<size_t>(i)])] = o[static_cast<size_t>(i)];
+                     return h.at(idx);
+                   }),
+            fmt::format("permute [{}]", fmt::join(p, ", ")));
     }
     {  // transpose (negative axis form)
       Shape out = s;
       std::swap(out[static_cast<size_t>(a)], out[static_cast<size_t>(b)]);
-      check(bx.transpose(a - r, b), rx.transpose(a - r, b), out, expect(out, [&](std::vector<int64_t> o) {
-              std::swap(o[static_cast<size_t>(a)], o[static_cast<size_t>(b)]);
-              return h.at(o);
-            }), fmt::format("transpose {} {}", a - r, b));
+      check(bx.transpose(a - r, b), rx.transpose(a - r, b), out,
+            expect(out,
+                   [&](std::vector<int64_t> o) {
+                     std::swap(o[static_cast<size_t>(a)], o[static_cast<size_t>(b)]);
+                     return h.at(o);
+                   }),
+            fmt::format("transpose {} {}", a - r, b));
     }
     {  // narrow
       const int64_t n = s[static_cast<size_t>(a)];
       const int64_t start = g.integer(0, n), len = g.integer(0, n - start);
       Shape out = s;
       out[static_cast<size_t>(a)] = len;
-      check(bx.narrow(a, start, len), rx.narrow(a, start, len), out, expect(out, [&](std::vector<int64_t> o) {
-              o[static_cast<size_t>(a)] += start;
-              return h.at(o);
-            }), fmt::format("narrow axis {} start {} len {}", a, start, len));
+      check(bx.narrow(a, start, len), rx.narrow(a, start, len), out,
+            expect(out,
+                   [&](std::vector<int64_t> o) {
+                     o[static_cast<size_t>(a)] += start;
+                     return h.at(o);
+                   }),
+            fmt::format("narrow axis {} start {} len {}", a, start, len));
     }
     {  // slice with step, python-style bounds (negative, past the end)
       const int64_t n = s[static_cast<size_t>(a)];
@@ -132,20 +141,26 @@ TEMPLATE_TEST_CASE("conformance: views match host index arithmetic", "[core][con
       en = std::clamp<int64_t>(en, st, n);
       Shape out = s;
       out[static_cast<size_t>(a)] = (en - st + step - 1) / step;
-      check(bx.slice(a, start, end, step), rx.slice(a, start, end, step), out, expect(out, [&](std::vector<int64_t> o) {
-              o[static_cast<size_t>(a)] = st + o[static_cast<size_t>(a)] * step;
-              return h.at(o);
-            }), fmt::format("slice axis {} [{}:{}:{}]", a, start, end, step));
+      check(bx.slice(a, start, end, step), rx.slice(a, start, end, step), out,
+            expect(out,
+                   [&](std::vector<int64_t> o) {
+                     o[static_cast<size_t>(a)] = st + o[static_cast<size_t>(a)] * step;
+                     return h.at(o);
+                   }),
+            fmt::format("slice axis {} [{}:{}:{}]", a, start, end, step));
     }
     if (s[static_cast<size_t>(a)] > 0) {  // select (also negative index)
       const int64_t n = s[static_cast<size_t>(a)];
       const int64_t i = g.integer(-n, n - 1);
       Shape out = s;
       out.erase(out.begin() + a);
-      check(bx.select(a, i), rx.select(a, i), out, expect(out, [&](std::vector<int64_t> o) {
-              o.insert(o.begin() + a, i < 0 ? i + n : i);
-              return h.at(o);
-            }), fmt::format("select axis {} index {}", a, i));
+      check(bx.select(a, i), rx.select(a, i), out,
+            expect(out,
+                   [&](std::vector<int64_t> o) {
+                     o.insert(o.begin() + a, i < 0 ? i + n : i);
+                     return h.at(o);
+                   }),
+            fmt::format("select axis {} index {}", a, i));
     }
     {  // reshape / view / flatten / squeeze / unsqueeze keep row-major order
       Shape out{numel(s)};
@@ -181,14 +196,18 @@ TEMPLATE_TEST_CASE("conformance: views match host index arithmetic", "[core][con
       if (out[static_cast<size_t>(a)] == 1) out[static_cast<size_t>(a)] = g.integer(0, 4);
       out.insert(out.begin(), g.integer(1, 3));
       Shape tgt = out;
-      tgt[static_cast<size_t>(a) + 1] = g.coin() && r1.shape()[static_cast<size_t>(a)] == out[static_cast<size_t>(a) + 1] ? -1 : tgt[static_cast<size_t>(a) + 1];
+      tgt[static_cast<size_t>(a) + 1] =
+          g.coin() && r1.shape()[static_cast<size_t>(a)] == out[static_cast<size_t>(a) + 1] ? -1 : tgt[static_cast<size_t>(a) + 1];
       const Tensor<B> eb = b1.expand(tgt);
-      check(eb, r1.expand(tgt), out, expect(out, [&](std::vector<int64_t> o) {
-              o.erase(o.begin());
-              for (size_t d = 0; d < o.size(); ++d)
-                if (h1.shape[d] == 1) o[d] = 0;
-              return h1.at(o);
-            }), fmt::format("expand {} to {}", shape_str(r1.shape()), shape_str(tgt)));
+      check(eb, r1.expand(tgt), out,
+            expect(out,
+                   [&](std::vector<int64_t> o) {
+                     o.erase(o.begin());
+                     for (size_t d = 0; d < o.size(); ++d)
+                       if (h1.shape[d] == 1) o[d] = 0;
+                     return h1.at(o);
+                   }),
+            fmt::format("expand {} to {}", shape_str(r1.shape()), shape_str(tgt)));
       CHECK(eb.strides()[0] == 0);
     }
   }
@@ -290,7 +309,8 @@ TEMPLATE_TEST_CASE("printing matches PyTorch's layout", "[core][print]", KILN_TE
   CHECK(Tensor<B>::from_vector(std::vector<float>{1e10f, 1.f}).str() ==
         "tensor([1.0000e+10, 1.0000e+00], shape=[2], dtype=f32, backend=" + bk + ")");
   // a strided view prints its logical values
-  CHECK(tensor<B>({{1.f, 2.f}, {3.f, 4.f}}).t().str() == "tensor([[1., 3.],\n        [2., 4.]], shape=[2, 2], dtype=f32, backend=" + bk + ")");
+  CHECK(tensor<B>({{1.f, 2.f}, {3.f, 4.f}}).t().str() ==
+        "tensor([[1., 3.],\n        [2., 4.]], shape=[2, 2], dtype=f32, backend=" + bk + ")");
   CHECK(Tensor<B>().str() == "tensor(undefined)");
   CHECK_NOTHROW(Tensor<B>::zeros({2, 0, 3}).str());
 }

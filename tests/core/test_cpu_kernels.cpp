@@ -94,11 +94,16 @@ struct Tol {
 };
 Tol tol_for(DType dt) {
   switch (dt) {
-    case DType::f32: return {1e-5, 1e-6};
-    case DType::f64: return {1e-12, 1e-12};
-    case DType::bf16: return {1.0 / 128, 1e-6};   // one bf16 ulp (8-bit significand)
-    case DType::f16: return {1.0 / 1024, 1e-6};   // one f16 ulp (11-bit significand)
-    default: return {0, 0};
+    case DType::f32:
+      return {1e-5, 1e-6};
+    case DType::f64:
+      return {1e-12, 1e-12};
+    case DType::bf16:
+      return {1.0 / 128, 1e-6};  // one bf16 ulp (8-bit significand)
+    case DType::f16:
+      return {1.0 / 1024, 1e-6};  // one f16 ulp (11-bit significand)
+    default:
+      return {0, 0};
   }
 }
 
@@ -111,9 +116,12 @@ void check_close(const C& c, const R& r, Tol t) {
   for (size_t i = 0; i < a.size(); ++i) {
     const double x = a[i], y = b[i];
     bool ok;
-    if (std::isnan(y)) ok = std::isnan(x);
-    else if (std::isinf(y)) ok = x == y;
-    else ok = std::abs(x - y) <= t.atol + t.rtol * std::abs(y);
+    if (std::isnan(y))
+      ok = std::isnan(x);
+    else if (std::isinf(y))
+      ok = x == y;
+    else
+      ok = std::abs(x - y) <= t.atol + t.rtol * std::abs(y);
     if (!ok && bad++ < 5) UNSCOPED_INFO("element " << i << ": cpu " << x << " vs reference " << y);
   }
   CHECK(bad == 0);
@@ -143,8 +151,8 @@ TEST_CASE("cpu kernels: copy converts every dtype pair like Reference, on every 
 
 TEST_CASE("cpu kernels: copy of special values (inf, nan, subnormal, rounding ties, large ints)", "[cpu]") {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  const std::vector<float> v{0.f, -0.f, inf, -inf, nan, 1e-40f, -3e-39f, 65504.f, 65520.f, 1e10f, 1.00390625f, 1.0009765625f,
-                             3.3895314e38f, 5.96e-8f, 2.98e-8f, 1.5f, -2.5f, 255.5f};
+  const std::vector<float> v{0.f,   -0.f,        inf,           -inf,          nan,      1e-40f,   -3e-39f, 65504.f, 65520.f,
+                             1e10f, 1.00390625f, 1.0009765625f, 3.3895314e38f, 5.96e-8f, 2.98e-8f, 1.5f,    -2.5f,   255.5f};
   const R r = R::from_vector(v);
   const C c = C::from_vector(v);
   for (DType to : kFloat) check_exact(c.to(to), r.to(to));
@@ -196,8 +204,10 @@ template <class Op> void check_unary(double lo_shift = 0) {
         if (!co.numel()) continue;
         Reference::unary<Op>(ro.mview(), p.r.cview());
         Cpu::unary<Op>(co.mview(), p.c.cview());
-        if (is_floating(dt)) check_close(co, ro);
-        else check_exact(co, ro);
+        if (is_floating(dt))
+          check_close(co, ro);
+        else
+          check_exact(co, ro);
       }
   }
 }
@@ -240,8 +250,8 @@ template <class Op> void check_unary_values(const std::vector<float>& v, double 
 
 TEST_CASE("cpu kernels: vector math over wide ranges and special values", "[cpu]") {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<float> v{0.f, -0.f, inf, -inf, nan, 1e-40f, -1e-40f, 1e-30f, 88.7f, 88.8f, -87.3f, -100.f, -103.5f, -110.f,
-                       0.6249f, 0.6251f, -0.625f, 9.f, -9.1f, 20.f, 1e-8f, -1e-8f, 3.4e38f, 1.17e-38f};
+  std::vector<float> v{0.f,     -0.f,   inf,     -inf,    nan,     1e-40f, -1e-40f, 1e-30f, 88.7f, 88.8f,  -87.3f,  -100.f,
+                       -103.5f, -110.f, 0.6249f, 0.6251f, -0.625f, 9.f,    -9.1f,   20.f,   1e-8f, -1e-8f, 3.4e38f, 1.17e-38f};
   for (int i = -20000; i <= 20000; ++i) v.push_back(static_cast<float>(i) * 0.005f);  // [-100, 100]
   check_unary_values<op::Exp>(v);
   check_unary_values<op::Tanh>(v);
@@ -261,9 +271,20 @@ TEST_CASE("cpu kernels: vector math over wide ranges and special values", "[cpu]
 
 namespace {
 // Broadcast pairs: (a shape, b shape), each operand built as view kind ka / kb.
-const std::vector<std::pair<Shape, Shape>> kBroadcasts{
-    {{}, {}}, {{7}, {7}}, {{3, 5}, {3, 5}}, {{3, 5}, {5}}, {{3, 5}, {3, 1}}, {{1}, {4, 3}}, {{4, 3}, {}}, {{3, 1, 5}, {1, 4, 1}},
-    {{2, 3, 4, 5}, {2, 3, 4, 5}}, {{0, 3}, {3}}, {{300, 257}, {257}}, {{300, 257}, {300, 1}}, {{70000}, {70000}}, {{70000}, {1}}};
+const std::vector<std::pair<Shape, Shape>> kBroadcasts{{{}, {}},
+                                                       {{7}, {7}},
+                                                       {{3, 5}, {3, 5}},
+                                                       {{3, 5}, {5}},
+                                                       {{3, 5}, {3, 1}},
+                                                       {{1}, {4, 3}},
+                                                       {{4, 3}, {}},
+                                                       {{3, 1, 5}, {1, 4, 1}},
+                                                       {{2, 3, 4, 5}, {2, 3, 4, 5}},
+                                                       {{0, 3}, {3}},
+                                                       {{300, 257}, {257}},
+                                                       {{300, 257}, {300, 1}},
+                                                       {{70000}, {70000}},
+                                                       {{70000}, {1}}};
 
 template <class Op> void check_binary(bool exact) {
   for (DType dt : kAll) {
@@ -290,8 +311,10 @@ template <class Op> void check_binary(bool exact) {
         }
         Reference::binary<Op>(ro.mview(), ar.cview(), br.cview());
         Cpu::binary<Op>(co.mview(), ac.cview(), bc.cview());
-        if (exact || !is_floating(odt)) check_exact(co, ro);
-        else check_close(co, ro);
+        if (exact || !is_floating(odt))
+          check_exact(co, ro);
+        else
+          check_close(co, ro);
       }
   }
 }
@@ -430,7 +453,8 @@ void check_matmul(const Pair& a, const Pair& b) {
 TEST_CASE("cpu kernels: matmul layouts, batches and dtypes", "[cpu]") {
   for (DType dt : kFloat) {
     // plain, transposed operands (Trans flags), sliced rows (ld > cols), strided in both dims (copy)
-    for (auto [M, K, N] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {3, 4, 5}, {1, 7, 9}, {9, 7, 1}, {33, 65, 17}, {64, 64, 64}, {130, 70, 90}}) {
+    for (auto [M, K, N] :
+         std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {3, 4, 5}, {1, 7, 9}, {9, 7, 1}, {33, 65, 17}, {64, 64, 64}, {130, 70, 90}}) {
       for (int ka : {0, 1, 2})
         for (int kb : {0, 1, 2}) check_matmul(make({M, K}, dt, ka, 31), make({K, N}, dt, kb, 32));
       // a slice of the last dim with step 2: neither dim has unit stride
@@ -447,8 +471,7 @@ TEST_CASE("cpu kernels: matmul layouts, batches and dtypes", "[cpu]") {
     check_matmul(make({2, 1, 8, 6}, dt, 0, 47), make({1, 3, 6, 7}, dt, 0, 48));
     check_matmul(make({2, 3, 5, 4}, dt, 4, 49), make({2, 3, 4, 6}, dt, 4, 50));
     const R q = random_ref({2, 33, 4, 16}, dt, 51), kk = random_ref({2, 33, 4, 16}, dt, 52);  // [B, T, H, D]
-    check_matmul({q.permute({0, 2, 1, 3}), to_cpu(q).permute({0, 2, 1, 3})},
-                 {kk.permute({0, 2, 3, 1}), to_cpu(kk).permute({0, 2, 3, 1})});
+    check_matmul({q.permute({0, 2, 1, 3}), to_cpu(q).permute({0, 2, 1, 3})}, {kk.permute({0, 2, 3, 1}), to_cpu(kk).permute({0, 2, 3, 1})});
     // vectors
     check_matmul(make({7}, dt, 0, 53), make({7, 5}, dt, 0, 54));
     check_matmul(make({3, 7}, dt, 0, 55), make({7}, dt, 0, 56));
@@ -464,9 +487,8 @@ TEST_CASE("cpu kernels: matmul layouts, batches and dtypes", "[cpu]") {
   Reference::matmul(ro.t().mview(), a.r.cview(), b.r.cview());
   Cpu::matmul(co.t().mview(), a.c.cview(), b.c.cview());
   check_close(co, ro, {1e-5, 3e-5});
-  CHECK_THROWS_AS(Cpu::matmul(C::empty({2, 2}, DType::i32).mview(), C::empty({2, 2}, DType::i32).cview(),
-                              C::empty({2, 2}, DType::i32).cview()),
-                  Error);
+  CHECK_THROWS_AS(
+      Cpu::matmul(C::empty({2, 2}, DType::i32).mview(), C::empty({2, 2}, DType::i32).cview(), C::empty({2, 2}, DType::i32).cview()), Error);
 }
 
 TEST_CASE("cpu kernels: larger matmuls through both libraries", "[cpu]") {
@@ -509,9 +531,9 @@ TEST_CASE("cpu kernels: gather, index_select, scatter_add and index_add", "[cpu]
   for (auto& x : tok) x = static_cast<int64_t>(rng() % 50);
   const Pair g = make({4096, 96}, DType::f32, 0, 84);
   check_exact(C::zeros({50, 96}).index_add(0, C::from_vector(tok), g.c), R::zeros({50, 96}).index_add(0, R::from_vector(tok), g.r));
-  CHECK_THROWS_AS(Cpu::scatter_add(C::zeros({3}, DType::boolean).mview(), 0, C::zeros({3}, DType::i64).cview(),
-                                   C::zeros({3}, DType::boolean).cview()),
-                  Error);
+  CHECK_THROWS_AS(
+      Cpu::scatter_add(C::zeros({3}, DType::boolean).mview(), 0, C::zeros({3}, DType::i64).cview(), C::zeros({3}, DType::boolean).cview()),
+      Error);
 }
 
 TEST_CASE("cpu kernels: random fills are bit-identical to Reference", "[cpu]") {

@@ -58,8 +58,8 @@ TEST_CASE("gemm plan: staging keeps a broadcast batch dim unmaterialised", "[gem
   CHECK(s.layout.shape == Shape{3, 4, 5});
   CHECK(s.layout.strides == Strides{0, 5, 1});  // dense matrix, batch still stride 0
   CHECK(s.layout.offset == 0);
-  CHECK(s.elements == 20);                      // one matrix, not three
-  CHECK(s.src.shape == Shape{1, 4, 5});         // the copy reads the distinct elements only
+  CHECK(s.elements == 20);               // one matrix, not three
+  CHECK(s.src.shape == Shape{1, 4, 5});  // the copy reads the distinct elements only
   CHECK(s.src.strides == v.strides);
   CHECK(s.src.offset == 7);
   CHECK(s.dst.shape == Shape{1, 4, 5});
@@ -89,7 +89,7 @@ TEST_CASE("gemm plan: coalesce drops size-1 batch dims and merges contiguous one
 TEST_CASE("gemm plan: [B, T, K] @ [K, N] folds the batch into M, other batches do not", "[gemm]") {
   const int64_t B = 3, T = 4, K = 5, N = 6;
   const Layout x({B, T, K}), y({B, T, N});
-  const Layout w = permuted({N, K}, {1, 0});  // Wᵀ [K, N]
+  const Layout w = permuted({N, K}, {1, 0});                       // Wᵀ [K, N]
   const Layout wb({B, K, N}, {0, w.strides[0], w.strides[1]}, 0);  // broadcast over the batch
   const gemm::Operand A = gemm::classify(x, T, K), C = gemm::classify(y, T, N);
   std::vector<gemm::BatchDim> dims = gemm::coalesce(x, wb, y);

@@ -88,7 +88,9 @@ TEMPLATE_TEST_CASE("property: sum over all axes equals the sum of to_vector, mea
     auto partial = x;
     for (int64_t a : ax) partial = partial.sum({a}, true);
     CHECK(std::abs(partial.reshape({-1}).sum().template item<double>() - acc) <= 2 * static_cast<double>(v.size()) * 0x1p-53 * mag);
-    if (!v.empty()) CHECK(std::abs(x.mean().template item<double>() * static_cast<double>(v.size()) - acc) <= 4 * static_cast<double>(v.size()) * 0x1p-53 * mag);
+    if (!v.empty())
+      CHECK(std::abs(x.mean().template item<double>() * static_cast<double>(v.size()) - acc) <=
+            4 * static_cast<double>(v.size()) * 0x1p-53 * mag);
     // integer sums are exact
     const auto xi = x.mul(Scalar(10.0)).to(DType::i64);
     int64_t isum = 0;
@@ -132,14 +134,17 @@ TEMPLATE_TEST_CASE("property: gather and scatter_add are adjoint", "[core][prope
     for (int64_t d = 0; d < r; ++d) is[static_cast<size_t>(d)] = d == a ? g.integer(1, 8) : g.integer(1, s[static_cast<size_t>(d)]);
     const auto x = Tensor<B>::from_vector(g.values(numel(s), DType::f64), s);
     const auto y = Tensor<B>::from_vector(g.values(numel(is), DType::f64), is);
-    const auto i = Tensor<B>::from_vector(g.values(numel(is), DType::i64, 0, static_cast<double>(s[static_cast<size_t>(a)] - 1)), is).to(DType::i64);
+    const auto i =
+        Tensor<B>::from_vector(g.values(numel(is), DType::i64, 0, static_cast<double>(s[static_cast<size_t>(a)] - 1)), is).to(DType::i64);
     const double lhs = x.gather(a, i).mul(y).sum().template item<double>();
     const double rhs = x.mul(Tensor<B>::zeros(s, DType::f64).scatter_add(a, i, y)).sum().template item<double>();
     const double mag = x.abs().gather(a, i).mul(y.abs()).sum().template item<double>();
     INFO(shape_str(s) << " axis " << a << " index " << shape_str(is));
     CHECK(std::abs(lhs - rhs) <= 4 * static_cast<double>(numel(is) + numel(s)) * 0x1p-53 * mag);
     // index_select / index_add are the same pair
-    const auto i1 = Tensor<B>::from_vector(g.values(is[static_cast<size_t>(a)], DType::i64, 0, static_cast<double>(s[static_cast<size_t>(a)] - 1))).to(DType::i64);
+    const auto i1 =
+        Tensor<B>::from_vector(g.values(is[static_cast<size_t>(a)], DType::i64, 0, static_cast<double>(s[static_cast<size_t>(a)] - 1)))
+            .to(DType::i64);
     Shape ys = s;
     ys[static_cast<size_t>(a)] = i1.numel();
     const auto y1 = Tensor<B>::from_vector(g.values(numel(ys), DType::f64), ys);

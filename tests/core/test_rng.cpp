@@ -37,7 +37,8 @@ TEST_CASE("philox4x32-10: Random123 known-answer vectors", "[core][rng]") {
         std::array<uint32_t, 4>{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u});
   // kiln's philox4x32_10(counter, seed) is counter words (lo, hi, 0, 0) and key (lo, hi)
   const Philox4x32 z = philox4x32_10(0, 0);
-  CHECK(std::array<uint32_t, 4>{z.v[0], z.v[1], z.v[2], z.v[3]} == std::array<uint32_t, 4>{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u});
+  CHECK(std::array<uint32_t, 4>{z.v[0], z.v[1], z.v[2], z.v[3]} ==
+        std::array<uint32_t, 4>{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u});
   // ... and agrees with the KAT-verified implementation on all rounds for arbitrary counters and keys
   std::mt19937_64 rng(77);
   for (int i = 0; i < 2000; ++i) {
@@ -79,8 +80,10 @@ TEST_CASE("rng_math: log, sin and cos agree with libm to a few ulp over every in
   for (uint64_t k : ks) {
     const double u1 = (static_cast<double>(k) + 1.0) * (1.0 / 4294967296.0), u2 = static_cast<double>(k) * (1.0 / 4294967296.0);
     const double l = rng_math::log_unit(u1);
-    if (u1 == 1.0) CHECK(l == 0.0);
-    else worst_log = std::max(worst_log, ulps(l, std::log(u1)));
+    if (u1 == 1.0)
+      CHECK(l == 0.0);
+    else
+      worst_log = std::max(worst_log, ulps(l, std::log(u1)));
     double s, c;
     rng_math::sincos_turn(u2, s, c);
     // compare with libm on the same angle in long double (2π·u2 rounded to double would cost up to
@@ -120,10 +123,18 @@ TEMPLATE_TEST_CASE("rng: fills are bit-identical to Reference for any seed, dtyp
     gb.advance(skip);
     const std::string w = fmt::format("seed {} skip {} kind {} {} {}", seed, skip, kind, shape_str(s), dtype_name(d));
     switch (kind) {
-      case 0: check_bits(Tensor<B>::rand(s, d, &gb), RT::rand(s, d, &gr), "rand " + w); break;
-      case 1: check_bits(Tensor<B>::randn(s, d, &gb), RT::randn(s, d, &gr), "randn " + w); break;
-      case 2: check_bits(Tensor<B>::uniform(s, -2.5, 7, d, &gb), RT::uniform(s, -2.5, 7, d, &gr), "uniform " + w); break;
-      default: check_bits(Tensor<B>::normal(s, 3, 0.5, d, &gb), RT::normal(s, 3, 0.5, d, &gr), "normal " + w); break;
+      case 0:
+        check_bits(Tensor<B>::rand(s, d, &gb), RT::rand(s, d, &gr), "rand " + w);
+        break;
+      case 1:
+        check_bits(Tensor<B>::randn(s, d, &gb), RT::randn(s, d, &gr), "randn " + w);
+        break;
+      case 2:
+        check_bits(Tensor<B>::uniform(s, -2.5, 7, d, &gb), RT::uniform(s, -2.5, 7, d, &gr), "uniform " + w);
+        break;
+      default:
+        check_bits(Tensor<B>::normal(s, 3, 0.5, d, &gb), RT::normal(s, 3, 0.5, d, &gr), "normal " + w);
+        break;
     }
     CHECK(gr.offset() == gb.offset());
     // in place into a non-contiguous view: the view's logical elements get the stream in row-major

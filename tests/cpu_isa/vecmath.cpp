@@ -38,11 +38,12 @@ bool has_avx512() { return false; }
 
 // The AVX-512 cases need the CPU to have it; where it does not, they say so and the AVX2 variants (the
 // kernels such a CPU runs) are checked against their scalar twins instead (the last test case).
-#define KILN_NEED_AVX512()                                                                                                   \
-  if (!has_avx512()) {                                                                                                     \
-    WARN("this CPU has no AVX-512 F/BW/DQ/VL: the AVX-512 variants cannot run here; the AVX2 ones are checked against " \
-         "their scalar twins (\"cpu_isa: the AVX2 vector math ...\")");                                                    \
-    return;                                                                                                                \
+#define KILN_NEED_AVX512()                                                                                             \
+  if (!has_avx512()) {                                                                                                 \
+    WARN(                                                                                                              \
+        "this CPU has no AVX-512 F/BW/DQ/VL: the AVX-512 variants cannot run here; the AVX2 ones are checked against " \
+        "their scalar twins (\"cpu_isa: the AVX2 vector math ...\")");                                                 \
+    return;                                                                                                            \
   }
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -52,12 +53,38 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 std::vector<float> inputs() {
   std::vector<float> v;
   for (uint64_t b = 0; b <= 0xffffffffu; b += 127) v.push_back(std::bit_cast<float>(static_cast<uint32_t>(b)));
-  const float specials[] = {0.0f, -0.0f, kInf, -kInf, std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                            std::bit_cast<float>(0x7fa00001u), std::bit_cast<float>(0xffc12345u),  // a signalling NaN, a payload
-                            std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::denorm_min(),
-                            std::bit_cast<float>(0x007fffffu), std::numeric_limits<float>::min(), std::numeric_limits<float>::max(),
-                            -std::numeric_limits<float>::max(), -87.3f, 88.0f, 88.7228394f, 88.73f, -104.0f, -104.1f, -87.4f,
-                            0.625f, -0.625f, 1.0f, -1.0f, 0.70710678f, 1e-30f, -1e-30f, 9.0f, -9.0f, 44.4f, -44.4f};
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            kInf,
+                            -kInf,
+                            std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::quiet_NaN(),
+                            std::bit_cast<float>(0x7fa00001u),
+                            std::bit_cast<float>(0xffc12345u),  // a signalling NaN, a payload
+                            std::numeric_limits<float>::denorm_min(),
+                            -std::numeric_limits<float>::denorm_min(),
+                            std::bit_cast<float>(0x007fffffu),
+                            std::numeric_limits<float>::min(),
+                            std::numeric_limits<float>::max(),
+                            -std::numeric_limits<float>::max(),
+                            -87.3f,
+                            88.0f,
+                            88.7228394f,
+                            88.73f,
+                            -104.0f,
+                            -104.1f,
+                            -87.4f,
+                            0.625f,
+                            -0.625f,
+                            1.0f,
+                            -1.0f,
+                            0.70710678f,
+                            1e-30f,
+                            -1e-30f,
+                            9.0f,
+                            -9.0f,
+                            44.4f,
+                            -44.4f};
   for (float s : specials) {
     v.push_back(s);
     for (int k = 0; k < 19; ++k) v.push_back(0.37f * static_cast<float>(k - 9));
@@ -67,9 +94,7 @@ std::vector<float> inputs() {
 
 // The same bits, or both NaN: which NaN an operation on two NaNs returns (sign, payload) depends on
 // its operand order, which the compiler may swap for the commutative ones (x * sigmoid(x)).
-bool same_bits(float a, float b) {
-  return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b) || (std::isnan(a) && std::isnan(b));
-}
+bool same_bits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b) || (std::isnan(a) && std::isnan(b)); }
 
 using ArrayFn = void (*)(const float*, float*, int64_t);
 
@@ -232,8 +257,8 @@ TEST_CASE("cpu_isa: the AVX2 vector math is within a few ulp of its scalar twin 
         at = i;
       }
     }
-    INFO("worst at x = " << x[at] << ": avx2 " << y2[at] << ", scalar " << yb[at] << " (" << ulp_distance(y2[at], yb[at])
-                         << " ulp, " << worst << " of the bound)");
+    INFO("worst at x = " << x[at] << ": avx2 " << y2[at] << ", scalar " << yb[at] << " (" << ulp_distance(y2[at], yb[at]) << " ulp, "
+                         << worst << " of the bound)");
     CHECK(worst <= 1.0);
     // every tail length, unaligned: the same floats as the whole array, nothing written past n
     for (int64_t len = 0; len <= 40; ++len) {

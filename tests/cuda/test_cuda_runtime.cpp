@@ -131,7 +131,7 @@ TEST_CASE("cuda allocator: out of memory empties the cache, retries, then names 
   auto alloc = dev.make();
   auto a = alloc.allocate(4 * MiB);
   auto b = alloc.allocate(4 * MiB);
-  alloc.release(a, 4 * MiB);  // cached; 8 MiB of 10 reserved
+  alloc.release(a, 4 * MiB);         // cached; 8 MiB of 10 reserved
   auto c = alloc.allocate(6 * MiB);  // fails, frees the cached 4 MiB, succeeds
   CHECK(c.ptr != nullptr);
   CHECK(alloc.stats().num_oom_retries == 1);

@@ -43,7 +43,8 @@ TEST_CASE("cuda sort_by_key: a stable sort of positions by key (every tile and p
       const cuda::SortedByKey s = cuda::sort_by_key("test", dev, n, bits);
       std::vector<int64_t> want(static_cast<size_t>(n));
       std::iota(want.begin(), want.end(), int64_t{0});
-      std::stable_sort(want.begin(), want.end(), [&](int64_t a, int64_t b) { return keys[static_cast<size_t>(a)] < keys[static_cast<size_t>(b)]; });
+      std::stable_sort(want.begin(), want.end(),
+                       [&](int64_t a, int64_t b) { return keys[static_cast<size_t>(a)] < keys[static_cast<size_t>(b)]; });
       std::vector<int64_t> pos(static_cast<size_t>(n));
       if (n) Cuda::read(*s.pos, 0, pos.data(), pos.size() * sizeof(int64_t));
       INFO("n " << n << " bits " << bits);
@@ -82,15 +83,16 @@ TEST_CASE("cuda scatter_add, index_add: equal to the Cpu backend bit for bit (vi
     g.make_pair(s, d, g.pick(kLayouts), rx, cx, -100, 100);
     g.make_pair(ss, d, g.pick(kLayouts), rsrc, csrc, -100, 100);
     if (is_floating(d)) csrc = csrc.mul(Tensor<Cpu>::from_vector(g.values(numel(ss), DType::f64, -6, 3), ss).exp().to(d));
-    const std::string w = fmt::format("{} axis {} index {} {} src {}", describe(s, d, Lay::contiguous), a, shape_str(is), dtype_name(id),
-                                      shape_str(ss));
+    const std::string w =
+        fmt::format("{} axis {} index {} {} src {}", describe(s, d, Lay::contiguous), a, shape_str(is), dtype_name(id), shape_str(ss));
     INFO(w);
     const Tensor<Cpu> want = cx.scatter_add(a, ci, csrc);
     const Tensor<Cuda> got = cx.to<Cuda>().scatter_add(a, ci.to<Cuda>(), csrc.to<Cuda>());
     check_bits(got, want, "scatter_add");
     // index_add with a strided 1-D index
     const int64_t m = g.integer(0, 30);
-    const Tensor<Cpu> ii = Tensor<Cpu>::from_vector(g.values(2 * m, DType::i64, 0, static_cast<double>(hi)), {2 * m}).to(id).slice(0, 0, 2 * m, 2);
+    const Tensor<Cpu> ii =
+        Tensor<Cpu>::from_vector(g.values(2 * m, DType::i64, 0, static_cast<double>(hi)), {2 * m}).to(id).slice(0, 0, 2 * m, 2);
     Shape as = s;
     as[ua] = m;
     const Tensor<Cpu> asrc = Tensor<Cpu>::from_vector(g.values(numel(as), DType::f64, -100, 100), as).to(d);

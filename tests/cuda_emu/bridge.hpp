@@ -20,7 +20,7 @@ struct Buf {
 
 void fill(const Buf& out, double value, bool integral, int64_t ivalue);
 void copy(const Buf& out, const Buf& in);
-void unary(const std::string& op, const Buf& out, const Buf& in);     // op: the Op's name ("exp")
+void unary(const std::string& op, const Buf& out, const Buf& in);  // op: the Op's name ("exp")
 void binary(const std::string& op, const Buf& out, const Buf& a, const Buf& b);
 void where(const Buf& out, const Buf& cond, const Buf& a, const Buf& b);
 void reduce(const std::string& op, const Buf& out, const Buf& in, int axis);  // sum prod max min argmax argmin

@@ -15,9 +15,9 @@
 #include <cstdlib>
 #include <exception>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <random>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -95,7 +95,7 @@ struct Sched {
   int cur = -1;
   int live = 0, block_wait = 0;
   std::vector<int> warp_live, warp_wait;
-  std::vector<unsigned> warp_mask;  // lanes named by the masks of the warp operation now waiting
+  std::vector<unsigned> warp_mask;   // lanes named by the masks of the warp operation now waiting
   std::vector<unsigned char> slots;  // per warp: 32 lanes x kSlotBytes
   void (*body)(void*) = nullptr;
   void* ctx = nullptr;
@@ -114,7 +114,6 @@ thread_local uint64_t g_schedule = schedule_from_env();
 // Dynamic shared memory opt-ins (cudaFuncSetAttribute), by kernel.
 std::mutex g_attr_mu;
 std::map<const void*, int> g_max_dynamic_smem;
-
 
 void release_block() {
   if (g.block_wait > 0 && g.block_wait == g.live) {
@@ -312,14 +311,14 @@ void run_grid(const char* name, const void* fn, const Config& c, void (*body)(vo
   const uint64_t threads = uint64_t{c.block.x} * c.block.y * c.block.z;
   const uint64_t blocks = uint64_t{c.grid.x} * c.grid.y * c.grid.z;
   // The limits of every GPU since sm_30 (a real launch fails with cudaErrorInvalidConfiguration).
-  if (threads == 0 || threads > 1024 || c.block.z > 64 || blocks == 0 || c.grid.y > 65535 || c.grid.z > 65535 ||
-      c.grid.x > 2147483647u)
+  if (threads == 0 || threads > 1024 || c.block.z > 64 || blocks == 0 || c.grid.y > 65535 || c.grid.z > 65535 || c.grid.x > 2147483647u)
     throw std::runtime_error(std::string("emu: invalid launch configuration for ") + name + ": grid (" + std::to_string(c.grid.x) + ", " +
-                             std::to_string(c.grid.y) + ", " + std::to_string(c.grid.z) + "), block (" + std::to_string(c.block.x) +
-                             ", " + std::to_string(c.block.y) + ", " + std::to_string(c.block.z) + ")");
+                             std::to_string(c.grid.y) + ", " + std::to_string(c.grid.z) + "), block (" + std::to_string(c.block.x) + ", " +
+                             std::to_string(c.block.y) + ", " + std::to_string(c.block.z) + ")");
   // Dynamic shared memory: one buffer (blocks run one after another), up to an H100's 227 KiB per block.
   if (c.smem > device_properties().sharedMemPerBlockOptin)
-    throw std::runtime_error(std::string("emu: ") + name + ": " + std::to_string(c.smem) + " bytes of dynamic shared memory exceed 227 KiB");
+    throw std::runtime_error(std::string("emu: ") + name + ": " + std::to_string(c.smem) +
+                             " bytes of dynamic shared memory exceed 227 KiB");
   if (c.smem > device_properties().sharedMemPerBlock) {
     int allowed = 0;
     {

@@ -53,8 +53,8 @@ namespace emu {
 extern thread_local uint3 g_threadIdx, g_blockIdx;
 extern thread_local dim3 g_blockDim, g_gridDim;
 
-void sync_block();                 // __syncthreads
-unsigned char* dynamic_smem();     // the launch's dynamic shared memory (extern __shared__), 16-byte aligned
+void sync_block();              // __syncthreads
+unsigned char* dynamic_smem();  // the launch's dynamic shared memory (extern __shared__), 16-byte aligned
 // Static shared arrays (__shared__ T a[N], rewritten by transform.py): one per declaration, filled with
 // garbage (0xff: NaN, -1) when a block starts, so a read before the block's own write shows.
 extern thread_local uint64_t g_block_epoch;
@@ -73,7 +73,7 @@ template <class Arr, int ID> Arr& block_shared() {
 // Every lane of the caller's warp named in `mask`; a named lane that has exited is an error (on a GPU a
 // warp-synchronous operation whose mask names an exited lane is undefined): throws naming the kernel.
 void sync_warp(unsigned mask);
-int lane_id();                     // linear thread index % 32
+int lane_id();                       // linear thread index % 32
 unsigned char* warp_slot(int lane);  // 16 bytes for `lane` of the caller's warp
 constexpr size_t kSlotBytes = 16;
 
@@ -102,8 +102,8 @@ struct Config {
   dim3 grid, block;
   size_t smem = 0;
   cudaStream_t stream = nullptr;
-  template <class G, class B>
-  Config(G g, B b, size_t sm = 0, cudaStream_t s = nullptr) : grid(to_dim3(g)), block(to_dim3(b)), smem(sm), stream(s) {}
+  template <class G, class B> Config(G g, B b, size_t sm = 0, cudaStream_t s = nullptr)
+      : grid(to_dim3(g)), block(to_dim3(b)), smem(sm), stream(s) {}
 };
 
 // Runs body(ctx) for every thread of every block of the grid of kernel `fn`; throws std::runtime_error
@@ -140,7 +140,8 @@ template <class K, class... A> void launch(const char* name, K kernel, const Con
   // Arguments are captured by value, like CUDA's kernel parameters.
   auto params = std::make_tuple(std::decay_t<A>(std::forward<A>(args))...);
   auto call = [&] { std::apply([&](const auto&... p) { kernel(p...); }, params); };
-  run_grid(name, reinterpret_cast<const void*>(kernel), c, [](void* f) { (*static_cast<decltype(call)*>(f))(); }, &call);
+  run_grid(
+      name, reinterpret_cast<const void*>(kernel), c, [](void* f) { (*static_cast<decltype(call)*>(f))(); }, &call);
 }
 
 }  // namespace emu
@@ -180,16 +181,28 @@ template <class T> T __shfl_up_sync(unsigned mask, T v, unsigned delta, int widt
 
 // ------------------------------------------------------------------------------ atomics
 // One fiber runs at a time and never yields inside these: a plain read-modify-write is atomic.
-inline float atomicAdd(float* p, float v) { const float o = *p; *p = o + v; return o; }
-inline double atomicAdd(double* p, double v) { const double o = *p; *p = o + v; return o; }
+inline float atomicAdd(float* p, float v) {
+  const float o = *p;
+  *p = o + v;
+  return o;
+}
+inline double atomicAdd(double* p, double v) {
+  const double o = *p;
+  *p = o + v;
+  return o;
+}
 inline int atomicAdd(int* p, int v) {
   const int o = *p;
   *p = static_cast<int>(static_cast<unsigned>(o) + static_cast<unsigned>(v));
   return o;
 }
-inline unsigned atomicAdd(unsigned* p, unsigned v) { const unsigned o = *p; *p = o + v; return o; }
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  const unsigned o = *p;
+  *p = o + v;
+  return o;
+}
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {  // NOLINT(google-runtime-int)
-  const unsigned long long o = *p;  // NOLINT(google-runtime-int)
+  const unsigned long long o = *p;                                                  // NOLINT(google-runtime-int)
   *p = o + v;
   return o;
 }
@@ -203,10 +216,26 @@ inline __half atomicAdd(__half* p, __half v) {
   *p = __float2half_rn(__half2float(o) + __half2float(v));
   return o;
 }
-inline int atomicMax(int* p, int v) { const int o = *p; if (v > o) *p = v; return o; }
-inline int atomicOr(int* p, int v) { const int o = *p; *p = o | v; return o; }
-inline int atomicExch(int* p, int v) { const int o = *p; *p = v; return o; }
-inline int atomicCAS(int* p, int cmp, int v) { const int o = *p; if (o == cmp) *p = v; return o; }
+inline int atomicMax(int* p, int v) {
+  const int o = *p;
+  if (v > o) *p = v;
+  return o;
+}
+inline int atomicOr(int* p, int v) {
+  const int o = *p;
+  *p = o | v;
+  return o;
+}
+inline int atomicExch(int* p, int v) {
+  const int o = *p;
+  *p = v;
+  return o;
+}
+inline int atomicCAS(int* p, int cmp, int v) {
+  const int o = *p;
+  if (o == cmp) *p = v;
+  return o;
+}
 
 // ------------------------------------------------------------------------------ runtime calls
 // Kernel-only emulation (test_cuda_emu, whose buffers are plain host memory): stream-ordered copies

@@ -47,29 +47,45 @@ cublasStatus_t complain(cublasStatus_t s, const std::string& what) {
 
 size_t type_size(cudaDataType t) {
   switch (t) {
-    case CUDA_R_32F: return 4;
-    case CUDA_R_64F: return 8;
+    case CUDA_R_32F:
+      return 4;
+    case CUDA_R_64F:
+      return 8;
     case CUDA_R_16F:
-    case CUDA_R_16BF: return 2;
-    default: return 0;
+    case CUDA_R_16BF:
+      return 2;
+    default:
+      return 0;
   }
 }
 
 double load(const void* p, cudaDataType t, int64_t i) {
   switch (t) {
-    case CUDA_R_32F: return static_cast<const float*>(p)[i];
-    case CUDA_R_64F: return static_cast<const double*>(p)[i];
-    case CUDA_R_16F: return static_cast<double>(__half2float(static_cast<const __half*>(p)[i]));
-    default: return static_cast<double>(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
+    case CUDA_R_32F:
+      return static_cast<const float*>(p)[i];
+    case CUDA_R_64F:
+      return static_cast<const double*>(p)[i];
+    case CUDA_R_16F:
+      return static_cast<double>(__half2float(static_cast<const __half*>(p)[i]));
+    default:
+      return static_cast<double>(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
   }
 }
 
 void store(void* p, cudaDataType t, int64_t i, double v) {
   switch (t) {
-    case CUDA_R_32F: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case CUDA_R_64F: static_cast<double*>(p)[i] = v; break;
-    case CUDA_R_16F: static_cast<__half*>(p)[i] = __float2half_rn(static_cast<float>(v)); break;
-    default: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(static_cast<float>(v)); break;
+    case CUDA_R_32F:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case CUDA_R_64F:
+      static_cast<double*>(p)[i] = v;
+      break;
+    case CUDA_R_16F:
+      static_cast<__half*>(p)[i] = __float2half_rn(static_cast<float>(v));
+      break;
+    default:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(static_cast<float>(v));
+      break;
   }
 }
 
@@ -137,22 +153,34 @@ cublasStatus_t CUBLASWINAPI cublasSetWorkspace_v2(cublasHandle_t h, void* worksp
 
 const char* CUBLASWINAPI cublasGetStatusName(cublasStatus_t s) {
   switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    default: return "CUBLAS_STATUS_UNKNOWN";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    default:
+      return "CUBLAS_STATUS_UNKNOWN";
   }
 }
 const char* CUBLASWINAPI cublasGetStatusString(cublasStatus_t s) {
   switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return "success";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
-    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
-    default: return "unknown error";
+    case CUBLAS_STATUS_SUCCESS:
+      return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "the library was not initialized";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "the functionality requested is not supported";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "the GPU program failed to execute";
+    default:
+      return "unknown error";
   }
 }
 
@@ -160,9 +188,9 @@ const char* CUBLASWINAPI cublasGetStatusString(cublasStatus_t s) {
 cublasStatus_t CUBLASWINAPI cublasGemmStridedBatchedEx_64(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
                                                           int64_t m, int64_t n, int64_t k, const void* alpha, const void* A,
                                                           cudaDataType Atype, int64_t lda, long long int strideA, const void* B,
-                                                          cudaDataType Btype, int64_t ldb, long long int strideB, const void* beta,
-                                                          void* C, cudaDataType Ctype, int64_t ldc, long long int strideC,
-                                                          int64_t batchCount, cublasComputeType_t computeType, cublasGemmAlgo_t) {
+                                                          cudaDataType Btype, int64_t ldb, long long int strideB, const void* beta, void* C,
+                                                          cudaDataType Ctype, int64_t ldc, long long int strideC, int64_t batchCount,
+                                                          cublasComputeType_t computeType, cublasGemmAlgo_t) {
   if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
   auto op_ok = [](cublasOperation_t o) { return o == CUBLAS_OP_N || o == CUBLAS_OP_T || o == CUBLAS_OP_C; };
   const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
@@ -174,10 +202,10 @@ cublasStatus_t CUBLASWINAPI cublasGemmStridedBatchedEx_64(cublasHandle_t handle,
       ldb < std::max<int64_t>(1, tb ? n : k) || ldc < std::max<int64_t>(1, m) || !alpha || !beta)
     return complain(CUBLAS_STATUS_INVALID_VALUE, "cublasGemmStridedBatchedEx_64: invalid value: " + args);
   const bool half_in = Atype == CUDA_R_16F || Atype == CUDA_R_16BF;
-  const bool types_ok = Atype == Btype && (Ctype == Atype || (half_in && Ctype == CUDA_R_32F)) &&
-                        ((computeType == CUBLAS_COMPUTE_32F && (Atype == CUDA_R_32F || half_in)) ||
-                         (computeType == CUBLAS_COMPUTE_32F_FAST_TF32 && Atype == CUDA_R_32F) ||
-                         (computeType == CUBLAS_COMPUTE_64F && Atype == CUDA_R_64F));
+  const bool types_ok =
+      Atype == Btype && (Ctype == Atype || (half_in && Ctype == CUDA_R_32F)) &&
+      ((computeType == CUBLAS_COMPUTE_32F && (Atype == CUDA_R_32F || half_in)) ||
+       (computeType == CUBLAS_COMPUTE_32F_FAST_TF32 && Atype == CUDA_R_32F) || (computeType == CUBLAS_COMPUTE_64F && Atype == CUDA_R_64F));
   if (!types_ok)
     return complain(CUBLAS_STATUS_NOT_SUPPORTED, "cublasGemmStridedBatchedEx_64: unsupported types A " + std::to_string(Atype) + " B " +
                                                      std::to_string(Btype) + " C " + std::to_string(Ctype) + " compute " +
@@ -227,7 +255,8 @@ cublasStatus_t CUBLASWINAPI cublasGemmStridedBatchedEx_64(cublasHandle_t handle,
         if (f64) {
           double acc = 0;
           for (int64_t l = 0; l < k && al != 0; ++l)
-            acc = std::fma(load(A, Atype, oa + (ta ? i * lda + l : l * lda + i)), load(B, Btype, ob + (tb ? l * ldb + j : j * ldb + l)), acc);
+            acc =
+                std::fma(load(A, Atype, oa + (ta ? i * lda + l : l * lda + i)), load(B, Btype, ob + (tb ? l * ldb + j : j * ldb + l)), acc);
           r = al * acc + (be != 0 ? be * load(C, Ctype, ci) : 0.0);
         } else {
           float acc = 0;

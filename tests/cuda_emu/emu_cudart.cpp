@@ -124,26 +124,42 @@ cudaError_t CUDARTAPI cudaPeekAtLastError(void) { return t_last; }
 
 const char* CUDARTAPI cudaGetErrorName(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    default: return "cudaErrorUnknown";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    default:
+      return "cudaErrorUnknown";
   }
 }
 const char* CUDARTAPI cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    default: return "unknown error";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    default:
+      return "unknown error";
   }
 }
 
@@ -241,21 +257,31 @@ cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t n, cuda
   const bool dd = device_range(dst, n), sd = device_range(src, n);
   bool ok = true;
   switch (kind) {
-    case cudaMemcpyHostToDevice: ok = dd; break;
-    case cudaMemcpyDeviceToHost: ok = sd; break;
-    case cudaMemcpyDeviceToDevice: ok = dd && sd; break;
-    case cudaMemcpyHostToHost: ok = true; break;
-    default: ok = true; break;  // cudaMemcpyDefault: any mix
+    case cudaMemcpyHostToDevice:
+      ok = dd;
+      break;
+    case cudaMemcpyDeviceToHost:
+      ok = sd;
+      break;
+    case cudaMemcpyDeviceToDevice:
+      ok = dd && sd;
+      break;
+    case cudaMemcpyHostToHost:
+      ok = true;
+      break;
+    default:
+      ok = true;
+      break;  // cudaMemcpyDefault: any mix
   }
   if (!ok)
     return fail(cudaErrorInvalidValue, "cudaMemcpyAsync(kind " + std::to_string(static_cast<int>(kind)) + ") of " + std::to_string(n) +
-                                           " bytes: destination " + emu::device::describe(dst) + ", source " +
-                                           emu::device::describe(src) + ": a device range outside every live allocation");
+                                           " bytes: destination " + emu::device::describe(dst) + ", source " + emu::device::describe(src) +
+                                           ": a device range outside every live allocation");
   const char* d = static_cast<const char*>(dst);
   const char* c = static_cast<const char*>(src);
   if (d != c && d < c + n && c < d + n)
-    return fail(cudaErrorInvalidValue, "cudaMemcpyAsync: " + std::to_string(n) + " bytes between overlapping ranges " + hex(dst) +
-                                           " and " + hex(src) + " (undefined in CUDA)");
+    return fail(cudaErrorInvalidValue, "cudaMemcpyAsync: " + std::to_string(n) + " bytes between overlapping ranges " + hex(dst) + " and " +
+                                           hex(src) + " (undefined in CUDA)");
   if (d != c) std::memcpy(dst, src, n);
   return cudaSuccess;
 }
@@ -264,8 +290,8 @@ cudaError_t CUDARTAPI cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t
   if (const cudaError_t e = check_stream(s, "cudaMemsetAsync"); e != cudaSuccess) return e;
   if (n == 0) return cudaSuccess;
   if (!device_range(p, n))
-    return fail(cudaErrorInvalidValue, "cudaMemsetAsync of " + std::to_string(n) + " bytes at " + emu::device::describe(p) +
-                                           ": outside every live allocation");
+    return fail(cudaErrorInvalidValue,
+                "cudaMemsetAsync of " + std::to_string(n) + " bytes at " + emu::device::describe(p) + ": outside every live allocation");
   std::memset(p, value, n);
   return cudaSuccess;
 }

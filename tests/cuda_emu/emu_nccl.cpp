@@ -38,25 +38,59 @@ ncclResult_t invalid(const std::string& what) {
 
 bool to_mpi(ncclDataType_t t, MPI_Datatype& out, size_t& size) {
   switch (t) {
-    case ncclInt8: out = MPI_INT8_T; size = 1; return true;
-    case ncclUint8: out = MPI_UINT8_T; size = 1; return true;
-    case ncclInt32: out = MPI_INT32_T; size = 4; return true;
-    case ncclUint32: out = MPI_UINT32_T; size = 4; return true;
-    case ncclInt64: out = MPI_INT64_T; size = 8; return true;
-    case ncclUint64: out = MPI_UINT64_T; size = 8; return true;
-    case ncclFloat32: out = MPI_FLOAT; size = 4; return true;
-    case ncclFloat64: out = MPI_DOUBLE; size = 8; return true;
-    default: return false;  // f16/bf16: kiln::dist stages them as f32
+    case ncclInt8:
+      out = MPI_INT8_T;
+      size = 1;
+      return true;
+    case ncclUint8:
+      out = MPI_UINT8_T;
+      size = 1;
+      return true;
+    case ncclInt32:
+      out = MPI_INT32_T;
+      size = 4;
+      return true;
+    case ncclUint32:
+      out = MPI_UINT32_T;
+      size = 4;
+      return true;
+    case ncclInt64:
+      out = MPI_INT64_T;
+      size = 8;
+      return true;
+    case ncclUint64:
+      out = MPI_UINT64_T;
+      size = 8;
+      return true;
+    case ncclFloat32:
+      out = MPI_FLOAT;
+      size = 4;
+      return true;
+    case ncclFloat64:
+      out = MPI_DOUBLE;
+      size = 8;
+      return true;
+    default:
+      return false;  // f16/bf16: kiln::dist stages them as f32
   }
 }
 
 bool to_mpi(ncclRedOp_t op, MPI_Op& out) {
   switch (op) {
-    case ncclSum: out = MPI_SUM; return true;
-    case ncclProd: out = MPI_PROD; return true;
-    case ncclMax: out = MPI_MAX; return true;
-    case ncclMin: out = MPI_MIN; return true;
-    default: return false;
+    case ncclSum:
+      out = MPI_SUM;
+      return true;
+    case ncclProd:
+      out = MPI_PROD;
+      return true;
+    case ncclMax:
+      out = MPI_MAX;
+      return true;
+    case ncclMin:
+      out = MPI_MIN;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -83,10 +117,14 @@ extern "C" {
 
 const char* ncclGetErrorString(ncclResult_t r) {
   switch (r) {
-    case ncclSuccess: return "no error (emulated NCCL)";
-    case ncclInvalidArgument: return "invalid argument (emulated NCCL; see stderr)";
-    case ncclSystemError: return "an MPI call failed (emulated NCCL)";
-    default: return "error (emulated NCCL)";
+    case ncclSuccess:
+      return "no error (emulated NCCL)";
+    case ncclInvalidArgument:
+      return "invalid argument (emulated NCCL; see stderr)";
+    case ncclSystemError:
+      return "an MPI call failed (emulated NCCL)";
+    default:
+      return "error (emulated NCCL)";
   }
 }
 

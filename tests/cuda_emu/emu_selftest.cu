@@ -12,8 +12,10 @@ namespace {
 // Half the warp waits at a warp barrier, the other half at the block barrier: neither completes.
 // (Threads that have exited count as arrived at __syncthreads, as on the hardware.)
 __global__ void barrier_in_divergent_code(int* out) {
-  if (threadIdx.x < 16) __syncwarp();
-  else __syncthreads();
+  if (threadIdx.x < 16)
+    __syncwarp();
+  else
+    __syncthreads();
   out[threadIdx.x] = 1;
 }
 
@@ -81,7 +83,8 @@ std::vector<int> block_order(uint64_t schedule, int blocks) {
   ::block_tickets<<<blocks, 32>>>(&counter, ticket.data());
   ::emu::set_schedule(saved);
   for (int b = 0; b < blocks; ++b)
-    if (ticket[static_cast<size_t>(b)] >= 0 && ticket[static_cast<size_t>(b)] < blocks) order[static_cast<size_t>(ticket[static_cast<size_t>(b)])] = b;
+    if (ticket[static_cast<size_t>(b)] >= 0 && ticket[static_cast<size_t>(b)] < blocks)
+      order[static_cast<size_t>(ticket[static_cast<size_t>(b)])] = b;
   return order;
 }
 
@@ -103,7 +106,8 @@ std::string smem_without_optin() {
 
 std::string smem_with_optin() {
   int out[32] = {};
-  if (cudaFuncSetAttribute(::uses_dynamic_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024) != cudaSuccess) return "opt-in refused";
+  if (cudaFuncSetAttribute(::uses_dynamic_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024) != cudaSuccess)
+    return "opt-in refused";
   return error_of([&] { ::uses_dynamic_smem<<<1, 32, 64 * 1024>>>(out); });
 }
 

@@ -245,8 +245,7 @@ template <class Op> void check_reduce(const CT& x, int axis, const std::string& 
   const bool exact = Op::index || !kiln::is_floating(d) || std::is_same_v<Op, kiln::op::Max> || std::is_same_v<Op, kiln::op::Min>;
   if (exact) return kt::check_bits(got, want, Op::name);
   const double n = static_cast<double>(x.shape()[static_cast<size_t>(axis)]);
-  if (std::is_same_v<Op, kiln::op::Prod>)
-    return kt::check_close(got, want, kt::Tol{n * kt::u_acc(d) + 2 * kt::u_store(d), 0}, Op::name);
+  if (std::is_same_v<Op, kiln::op::Prod>) return kt::check_close(got, want, kt::Tol{n * kt::u_acc(d) + 2 * kt::u_store(d), 0}, Op::name);
   CT absx = garbage(x.shape(), d), bound = garbage(os, d);
   Cpu::unary<kiln::op::Abs>(absx.mview(), x.cview());
   Cpu::reduce<kiln::op::Sum>(bound.mview(), absx.cview(), axis);
@@ -295,7 +294,7 @@ void reduce_cases(kt::Gen& g, bool quick) {
       if (quick && d != DType::f32 && d != DType::i64) continue;
       for (Lay l : {Lay::contiguous, Lay::transposed, Lay::stepped}) {
         if (big && l != Lay::contiguous && (quick || d != DType::f32)) continue;  // keep the run short
-        g.ties = !kiln::is_floating(d) || l == Lay::stepped;  // ties for argmax/argmin
+        g.ties = !kiln::is_floating(d) || l == Lay::stepped;                      // ties for argmax/argmin
         const CT x = input(g, c.s, d, l, -3, 3);
         g.ties = false;
         every_reduce_op([&]<class Op>(kiln::type_tag<Op>) {
@@ -471,9 +470,9 @@ TEST_CASE("emu: fused rms_norm forward and backward", "[cuda-emu]") {
               m += std::abs(xv[size_t(i * D + j)] * (with_w ? wv2[size_t(j)] : 1.0) * gv[size_t(i * D + j)]) / dd;
             const double r = rv[size_t(i)];
             for (int64_t j = 0; j < D; ++j)
-              bound[size_t(i * D + j)] = 16 * (dd + 4) * u *
-                                         (r * std::abs((with_w ? wv2[size_t(j)] : 1.0) * gv[size_t(i * D + j)]) +
-                                          std::abs(xv[size_t(i * D + j)]) * r * r * r * m);
+              bound[size_t(i * D + j)] =
+                  16 * (dd + 4) * u *
+                  (r * std::abs((with_w ? wv2[size_t(j)] : 1.0) * gv[size_t(i * D + j)]) + std::abs(xv[size_t(i * D + j)]) * r * r * r * m);
           }
         }
         kt::check_close(gdx, wdx, kt::Tol{0, 0}, "dx", &bound);
@@ -597,64 +596,64 @@ TEST_CASE("emu: fused depth attention forward, backward, phase 1 and merge", "[c
     for (int64_t D : {1, 7, 100})
       for (int n : {1, 3, 9}) cases.push_back({d, (D + n) % 2 ? 1 : 13, D, n});
   for (const auto& [d, N, D, n] : cases) {
-          INFO(kiln::dtype_name(d) << " N " << N << " D " << D << " sources " << n);
-          std::vector<CT> v;
-          std::vector<cuda_emu::Buf> vb;
-          for (int i = 0; i < n; ++i) {
-            v.push_back(input(g, {N, D}, d, Lay::contiguous, -2, 2));
-            vb.push_back(buf(v.back()));
-          }
-          std::vector<kiln::View<kiln::HostStorage>> vv;
-          for (const CT& t : v) vv.push_back(t.cview());
-          const CT q = input(g, {D}, d, Lay::contiguous, -1, 1);
-          const double u = kt::u_acc(d), k = static_cast<double>(D + n);
-          const kt::Tol tol{32 * k * u, 32 * k * u};
-          // forward
-          CT wh = garbage({N, D}, d), gh = garbage({N, D}, d), wa = garbage({n, N}, d), ga = garbage({n, N}, d), wr = garbage({n, N}, d),
-             gr = garbage({n, N}, d);
-          Cpu::depth_attention_forward(wh.mview(), wa.mview(), wr.mview(), vv, q.cview(), 1e-5);
-          cuda_emu::depth_attention_forward(buf(gh), buf(ga), buf(gr), vb, buf(q), 1e-5);
-          kt::check_close(gr, wr, tol, "rstd");
-          kt::check_close(ga, wa, tol, "alpha");
-          kt::check_close(gh, wh, tol, "h");
-          // backward from the Cpu's saved statistics
-          const CT dh = input(g, {N, D}, d, Lay::contiguous, -1, 1);
-          std::vector<CT> wdv, gdv;
-          std::vector<kiln::MutView<kiln::HostStorage>> wdvm;
-          std::vector<cuda_emu::Buf> gdvb;
-          for (int i = 0; i < n; ++i) {
-            wdv.push_back(garbage({N, D}, d));
-            gdv.push_back(garbage({N, D}, d));
-          }
-          for (CT& t : wdv) wdvm.push_back(t.mview());
-          for (const CT& t : gdv) gdvb.push_back(buf(t));
-          CT wdq = garbage({D}, d), gdq = garbage({D}, d);
-          Cpu::depth_attention_backward(wdvm, wdq.mview(), vv, q.cview(), wa.cview(), wr.cview(), dh.cview());
-          cuda_emu::depth_attention_backward(gdvb, buf(gdq), vb, buf(q), buf(wa), buf(wr), buf(dh));
-          for (int i = 0; i < n; ++i) kt::check_close(gdv[static_cast<size_t>(i)], wdv[static_cast<size_t>(i)], tol, "dv");
-          kt::check_close(gdq, wdq, kt::Tol{32 * (k + static_cast<double>(N)) * u, 32 * (k + static_cast<double>(N)) * u * n}, "dq");
-          // Phase 1 with S queries, then the merge of each with and without a partial
-          for (int64_t S : {1, 3}) {
-            const CT Q = input(g, {S, D}, d, Lay::contiguous, -1, 1);
-            CT wm = garbage({S, N}, d), gm = garbage({S, N}, d), wl = garbage({S, N}, d), gl = garbage({S, N}, d),
-               wacc = garbage({S, N, D}, d), gacc = garbage({S, N, D}, d);
-            Cpu::depth_attention_phase1(wm.mview(), wl.mview(), wacc.mview(), vv, Q.cview(), 1e-5);
-            cuda_emu::depth_attention_phase1(buf(gm), buf(gl), buf(gacc), vb, buf(Q), 1e-5);
-            kt::check_close(gm, wm, tol, "phase 1 m");
-            kt::check_close(gl, wl, tol, "phase 1 l");
-            kt::check_close(gacc, wacc, tol, "phase 1 acc");
-            const CT p = input(g, {N, D}, d, Lay::contiguous, -2, 2);
-            for (bool with_p : {false, true}) {
-              const CT m0 = wm.select(0, S - 1), l0 = wl.select(0, S - 1), a0 = wacc.select(0, S - 1), q0 = Q.select(0, S - 1);
-              CT wmh = garbage({N, D}, d), gmh = garbage({N, D}, d);
-              const auto pv = p.cview();
-              Cpu::depth_attention_merge(wmh.mview(), m0.cview(), l0.cview(), a0.cview(), with_p ? &pv : nullptr, q0.cview(), 1e-5);
-              const cuda_emu::Buf pb = buf(p);
-              cuda_emu::depth_attention_merge(buf(gmh), buf(m0), buf(l0), buf(a0), with_p ? &pb : nullptr, buf(q0), 1e-5);
-              kt::check_close(gmh, wmh, tol, with_p ? "merge with a partial" : "merge without a partial");
-            }
-          }
-        }
+    INFO(kiln::dtype_name(d) << " N " << N << " D " << D << " sources " << n);
+    std::vector<CT> v;
+    std::vector<cuda_emu::Buf> vb;
+    for (int i = 0; i < n; ++i) {
+      v.push_back(input(g, {N, D}, d, Lay::contiguous, -2, 2));
+      vb.push_back(buf(v.back()));
+    }
+    std::vector<kiln::View<kiln::HostStorage>> vv;
+    for (const CT& t : v) vv.push_back(t.cview());
+    const CT q = input(g, {D}, d, Lay::contiguous, -1, 1);
+    const double u = kt::u_acc(d), k = static_cast<double>(D + n);
+    const kt::Tol tol{32 * k * u, 32 * k * u};
+    // forward
+    CT wh = garbage({N, D}, d), gh = garbage({N, D}, d), wa = garbage({n, N}, d), ga = garbage({n, N}, d), wr = garbage({n, N}, d),
+       gr = garbage({n, N}, d);
+    Cpu::depth_attention_forward(wh.mview(), wa.mview(), wr.mview(), vv, q.cview(), 1e-5);
+    cuda_emu::depth_attention_forward(buf(gh), buf(ga), buf(gr), vb, buf(q), 1e-5);
+    kt::check_close(gr, wr, tol, "rstd");
+    kt::check_close(ga, wa, tol, "alpha");
+    kt::check_close(gh, wh, tol, "h");
+    // backward from the Cpu's saved statistics
+    const CT dh = input(g, {N, D}, d, Lay::contiguous, -1, 1);
+    std::vector<CT> wdv, gdv;
+    std::vector<kiln::MutView<kiln::HostStorage>> wdvm;
+    std::vector<cuda_emu::Buf> gdvb;
+    for (int i = 0; i < n; ++i) {
+      wdv.push_back(garbage({N, D}, d));
+      gdv.push_back(garbage({N, D}, d));
+    }
+    for (CT& t : wdv) wdvm.push_back(t.mview());
+    for (const CT& t : gdv) gdvb.push_back(buf(t));
+    CT wdq = garbage({D}, d), gdq = garbage({D}, d);
+    Cpu::depth_attention_backward(wdvm, wdq.mview(), vv, q.cview(), wa.cview(), wr.cview(), dh.cview());
+    cuda_emu::depth_attention_backward(gdvb, buf(gdq), vb, buf(q), buf(wa), buf(wr), buf(dh));
+    for (int i = 0; i < n; ++i) kt::check_close(gdv[static_cast<size_t>(i)], wdv[static_cast<size_t>(i)], tol, "dv");
+    kt::check_close(gdq, wdq, kt::Tol{32 * (k + static_cast<double>(N)) * u, 32 * (k + static_cast<double>(N)) * u * n}, "dq");
+    // Phase 1 with S queries, then the merge of each with and without a partial
+    for (int64_t S : {1, 3}) {
+      const CT Q = input(g, {S, D}, d, Lay::contiguous, -1, 1);
+      CT wm = garbage({S, N}, d), gm = garbage({S, N}, d), wl = garbage({S, N}, d), gl = garbage({S, N}, d), wacc = garbage({S, N, D}, d),
+         gacc = garbage({S, N, D}, d);
+      Cpu::depth_attention_phase1(wm.mview(), wl.mview(), wacc.mview(), vv, Q.cview(), 1e-5);
+      cuda_emu::depth_attention_phase1(buf(gm), buf(gl), buf(gacc), vb, buf(Q), 1e-5);
+      kt::check_close(gm, wm, tol, "phase 1 m");
+      kt::check_close(gl, wl, tol, "phase 1 l");
+      kt::check_close(gacc, wacc, tol, "phase 1 acc");
+      const CT p = input(g, {N, D}, d, Lay::contiguous, -2, 2);
+      for (bool with_p : {false, true}) {
+        const CT m0 = wm.select(0, S - 1), l0 = wl.select(0, S - 1), a0 = wacc.select(0, S - 1), q0 = Q.select(0, S - 1);
+        CT wmh = garbage({N, D}, d), gmh = garbage({N, D}, d);
+        const auto pv = p.cview();
+        Cpu::depth_attention_merge(wmh.mview(), m0.cview(), l0.cview(), a0.cview(), with_p ? &pv : nullptr, q0.cview(), 1e-5);
+        const cuda_emu::Buf pb = buf(p);
+        cuda_emu::depth_attention_merge(buf(gmh), buf(m0), buf(l0), buf(a0), with_p ? &pb : nullptr, buf(q0), 1e-5);
+        kt::check_close(gmh, wmh, tol, with_p ? "merge with a partial" : "merge without a partial");
+      }
+    }
+  }
   // more sources than the kernel takes: a clear error
   const CT x = CT::zeros({2, 4});
   std::vector<cuda_emu::Buf> many(129, buf(x));
@@ -728,8 +727,10 @@ TEST_CASE("emu: flash attention forward and backward", "[cuda-emu]") {
     int64_t pos0;
     bool padding;
   };
-  const std::vector<Case> cases{{DType::f32, 1, 2, 2, 5, 5, 8, 8, true, 0, false},     {DType::f64, 2, 4, 2, 7, 9, 16, 32, true, 2, true},
-                                {DType::f32, 1, 2, 1, 70, 70, 32, 64, true, 0, false},  {DType::f32, 1, 1, 1, 3, 66, 64, 64, false, 0, true},
+  const std::vector<Case> cases{{DType::f32, 1, 2, 2, 5, 5, 8, 8, true, 0, false},
+                                {DType::f64, 2, 4, 2, 7, 9, 16, 32, true, 2, true},
+                                {DType::f32, 1, 2, 1, 70, 70, 32, 64, true, 0, false},
+                                {DType::f32, 1, 1, 1, 3, 66, 64, 64, false, 0, true},
                                 {DType::f64, 1, 2, 1, 1, 40, 128, 128, true, 39, false}};
   for (const auto& [dt, B, H, Hkv, T, S, d, dv, causal, pos0, padding] : cases) {
     INFO(kiln::dtype_name(dt) << " B " << B << " H " << H << "/" << Hkv << " T " << T << " S " << S << " d " << d << " dv " << dv
@@ -776,8 +777,8 @@ TEST_CASE("emu: flash attention forward and backward", "[cuda-emu]") {
        gdk = CT::zeros({B, Hkv, S, d}, dt), wdv = CT::zeros({B, Hkv, S, dv}, dt), gdv = CT::zeros({B, Hkv, S, dv}, dt);
     Cpu::attention_backward(wdq.mview(), wdk.mview(), wdv.mview(), q.cview(), k.cview(), v.cview(), wo.cview(), wl.cview(), dout.cview(),
                             padding ? &kpv : nullptr, mkind ? &mv : nullptr, scale, causal, pos0);
-    cuda_emu::attention_backward(buf(gdq), buf(gdk), buf(gdv), buf(q), buf(k), buf(v), buf(wo), buf(wl), buf(dout), padding ? &kpb : nullptr,
-                                 mkind ? &mb : nullptr, scale, causal, pos0);
+    cuda_emu::attention_backward(buf(gdq), buf(gdk), buf(gdv), buf(q), buf(k), buf(v), buf(wo), buf(wl), buf(dout),
+                                 padding ? &kpb : nullptr, mkind ? &mb : nullptr, scale, causal, pos0);
     const kt::Tol btol{64 * n * u * (H / Hkv), 64 * n * u * static_cast<double>(T) * (H / Hkv)};
     kt::check_close(gdq, wdq, btol, "dq");
     kt::check_close(gdk, wdk, btol, "dk");

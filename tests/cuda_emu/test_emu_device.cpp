@@ -12,10 +12,10 @@
 #include <kiln/backends/backends.hpp>
 #include <kiln/backends/cuda/cuda.hpp>
 #include <kiln/core/tensor.hpp>
-#include "emu_device.hpp"
 #include <kiln/nn/gpt.hpp>
 #include <kiln/nn/loss.hpp>
 #include <kiln/optim/optimizer.hpp>
+#include "emu_device.hpp"
 #include "emu_selftest.hpp"
 
 namespace {
@@ -76,10 +76,10 @@ TEST_CASE("emulated cuBLAS: the documented argument rules, and operands inside t
   REQUIRE(gemm(4, 5, 6, 4, 6, 4, CUBLAS_OP_N) == CUBLAS_STATUS_SUCCESS);
   REQUIRE(cudaMemcpyAsync(hc.data(), c.p, 80, cudaMemcpyDeviceToHost, nullptr) == cudaSuccess);
   for (int i = 0; i < 4; ++i) CHECK(hc[static_cast<size_t>(i)] == static_cast<float>(6 * (i + 1) + 4 * 15));
-  CHECK(gemm(4, 5, 6, 3, 6, 4, CUBLAS_OP_N) == CUBLAS_STATUS_INVALID_VALUE);  // lda < m
-  CHECK(gemm(4, 5, 6, 4, 5, 4, CUBLAS_OP_N) == CUBLAS_STATUS_INVALID_VALUE);  // ldb < k
-  CHECK(gemm(4, 5, 6, 4, 6, 3, CUBLAS_OP_N) == CUBLAS_STATUS_INVALID_VALUE);  // ldc < m
-  CHECK(gemm(4, 5, 6, 4, 6, 4, CUBLAS_OP_T) == CUBLAS_STATUS_INVALID_VALUE);  // op T: lda >= k = 6
+  CHECK(gemm(4, 5, 6, 3, 6, 4, CUBLAS_OP_N) == CUBLAS_STATUS_INVALID_VALUE);                // lda < m
+  CHECK(gemm(4, 5, 6, 4, 5, 4, CUBLAS_OP_N) == CUBLAS_STATUS_INVALID_VALUE);                // ldb < k
+  CHECK(gemm(4, 5, 6, 4, 6, 3, CUBLAS_OP_N) == CUBLAS_STATUS_INVALID_VALUE);                // ldc < m
+  CHECK(gemm(4, 5, 6, 4, 6, 4, CUBLAS_OP_T) == CUBLAS_STATUS_INVALID_VALUE);                // op T: lda >= k = 6
   CHECK(gemm(4, 5, 6, 4, 6, 4, CUBLAS_OP_N, 2, 24, 20) == CUBLAS_STATUS_EXECUTION_FAILED);  // batch 2 reads past A
   CHECK(gemm(4, 5, 6, 4, 6, 4, CUBLAS_OP_N, 2, 0, 0) == CUBLAS_STATUS_EXECUTION_FAILED);    // both batch items write C
   CHECK(cublasGemmStridedBatchedEx_64(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 5, 6, &one, a.p, CUDA_R_32F, 4, 0, b.p, CUDA_R_16F, 6, 0, &zero, c.p,
@@ -156,7 +156,8 @@ TEST_CASE("emulated device: a GPT training step waits for the GPU a fixed, small
     CHECK(std::isfinite(l));
     return emu::device::host_waits() - w0;
   };
-  for (const auto& [attention, residual] : std::vector<std::pair<std::string, std::string>>{{"mha", "standard"}, {"diff", "attnres_block"}}) {
+  for (const auto& [attention, residual] :
+       std::vector<std::pair<std::string, std::string>>{{"mha", "standard"}, {"diff", "attnres_block"}}) {
     const uint64_t shallow = waits_per_step(1, attention, residual), deep = waits_per_step(4, attention, residual);
     INFO(attention << " + " << residual << ": " << shallow << " waits with 1 layer, " << deep << " with 4");
     CHECK(shallow == deep);

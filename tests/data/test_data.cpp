@@ -11,8 +11,8 @@
 #include <set>
 
 #include <kiln/backends/backends.hpp>
-#include <kiln/train/dataloader.hpp>
 #include <kiln/formats/idx.hpp>
+#include <kiln/train/dataloader.hpp>
 
 using namespace kiln;
 using Catch::Matchers::Contains;
@@ -229,8 +229,10 @@ namespace {
 std::vector<std::vector<int64_t>> take(BatchSampler& s, int64_t k) {
   std::vector<std::vector<int64_t>> out;
   while (static_cast<int64_t>(out.size()) < k) {
-    if (auto b = s.next()) out.push_back(*b);
-    else out.push_back({-1});  // marks an epoch boundary
+    if (auto b = s.next())
+      out.push_back(*b);
+    else
+      out.push_back({-1});  // marks an epoch boundary
   }
   return out;
 }
@@ -282,10 +284,8 @@ TEST_CASE("dataloader: epochs and seeds give different orders, shuffle off is in
   CHECK(e0 != id);
   BatchSampler plain(25, {.batch_size = 10, .shuffle = false});
   CHECK(plain.order(0) == std::vector<int64_t>(id.begin(), id.begin() + 25));
-  CHECK(take(plain, 4) == std::vector<std::vector<int64_t>>{{0, 1, 2, 3, 4, 5, 6, 7, 8, 9},
-                                                             {10, 11, 12, 13, 14, 15, 16, 17, 18, 19},
-                                                             {20, 21, 22, 23, 24},
-                                                             {-1}});
+  CHECK(take(plain, 4) == std::vector<std::vector<int64_t>>{
+                              {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, {20, 21, 22, 23, 24}, {-1}});
 }
 
 TEST_CASE("dataloader: the shuffle is uniform over permutations", "[dataloader]") {
@@ -365,6 +365,5 @@ TEST_CASE("dataloader: TensorDataset batches hold the rows of their indices, ran
     CHECK(batches == 5);
     CHECK(loader.epoch() == epoch + 1);
   }
-  CHECK_THROWS_WITH(TensorDataset<Cpu>(Tensor<Cpu>::zeros({3, 2}), Tensor<Cpu>::zeros({4})),
-                    Contains("[3, 2]") && Contains("[4]"));
+  CHECK_THROWS_WITH(TensorDataset<Cpu>(Tensor<Cpu>::zeros({3, 2}), Tensor<Cpu>::zeros({4})), Contains("[3, 2]") && Contains("[4]"));
 }

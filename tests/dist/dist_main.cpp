@@ -14,8 +14,10 @@ int main(int argc, char* argv[]) {
   std::vector<char*> args;
   bool init = true;
   for (int i = 0; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--no-init") == 0) init = false;
-    else args.push_back(argv[i]);
+    if (std::strcmp(argv[i], "--no-init") == 0)
+      init = false;
+    else
+      args.push_back(argv[i]);
   }
   if (init) kiln::dist::init();
   Catch::Session session;

@@ -5,8 +5,8 @@
 //   kill_rank CKPT             the job (under mpirun)
 //   kill_rank --verify CKPT    reads the checkpoint back (every tensor, finite): exit 0 when intact
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
     model.parameter("lm_head.weight").register_post_accumulate_hook([&](const Tensor<Cpu>&) {
       if (step == 2) {
         const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch());
-        std::fprintf(stderr, "kill_rank: rank 1 kills itself (SIGKILL) in backward of step 2 at %lld ms\n", static_cast<long long>(ms.count()));
+        std::fprintf(stderr, "kill_rank: rank 1 kills itself (SIGKILL) in backward of step 2 at %lld ms\n",
+                     static_cast<long long>(ms.count()));
         std::fflush(stderr);
         std::raise(SIGKILL);
       }

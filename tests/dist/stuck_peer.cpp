@@ -28,11 +28,16 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   try {
     const Tensor<Cpu> t = Tensor<Cpu>::ones({2, 3}, DType::f32);
-    if (op == "all_reduce") dist::all_reduce(t);
-    else if (op == "broadcast") dist::broadcast(t, 1);  // from the stuck rank (a root may finish an eager send alone)
-    else if (op == "all_gather") (void)dist::all_gather(t);
-    else if (op == "reduce_scatter") (void)dist::reduce_scatter(t);
-    else if (op == "barrier") dist::barrier();
+    if (op == "all_reduce")
+      dist::all_reduce(t);
+    else if (op == "broadcast")
+      dist::broadcast(t, 1);  // from the stuck rank (a root may finish an eager send alone)
+    else if (op == "all_gather")
+      (void)dist::all_gather(t);
+    else if (op == "reduce_scatter")
+      (void)dist::reduce_scatter(t);
+    else if (op == "barrier")
+      dist::barrier();
     else if (op == "scalars") {
       std::vector<double> xs{1.0, 2.0};
       dist::all_reduce_scalars(xs);

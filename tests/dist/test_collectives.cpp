@@ -50,10 +50,14 @@ std::vector<double> reduced(DType d, dist::ReduceOp op, int64_t n, int N) {
     double acc = value(d, 0, i);
     for (int r = 1; r < N; ++r) {
       const double x = value(d, r, i);
-      if (d == DType::boolean) acc = op == dist::ReduceOp::min ? (acc && x) : (acc || x);
-      else if (op == dist::ReduceOp::max) acc = std::max(acc, x);
-      else if (op == dist::ReduceOp::min) acc = std::min(acc, x);
-      else acc += x;
+      if (d == DType::boolean)
+        acc = op == dist::ReduceOp::min ? (acc && x) : (acc || x);
+      else if (op == dist::ReduceOp::max)
+        acc = std::max(acc, x);
+      else if (op == dist::ReduceOp::min)
+        acc = std::min(acc, x);
+      else
+        acc += x;
     }
     if (op == dist::ReduceOp::avg) acc /= N;
     out[static_cast<size_t>(i)] = acc;
@@ -91,7 +95,8 @@ TEMPLATE_TEST_CASE("all_reduce: sum, avg, max, min of every dtype and odd sizes"
     }
 }
 
-TEMPLATE_TEST_CASE("all_reduce: bf16/f16 are summed in f32 and rounded once; integers wrap; i64 stays exact", "[collectives]", KILN_DIST_BACKENDS) {
+TEMPLATE_TEST_CASE("all_reduce: bf16/f16 are summed in f32 and rounded once; integers wrap; i64 stays exact", "[collectives]",
+                   KILN_DIST_BACKENDS) {
   using B = TestType;
   const int r = dist::rank(), N = dist::world_size();
   // 1 + N-1 times half an ulp: rounding after every addition would stay at 1 (ties to even); the f32 sum
@@ -126,8 +131,10 @@ TEMPLATE_TEST_CASE("broadcast: every dtype bit for bit from any root, odd sizes"
         const auto mine_before = bytes(t);
         dist::broadcast(t, root);
         INFO(fmt::format("{} n={} root={}", d, n, root));
-        if (d == DType::f32 && n > 1) CHECK(std::isnan(item<float>(t.select(0, 0))));
-        else CHECK(bytes(t) == want);
+        if (d == DType::f32 && n > 1)
+          CHECK(std::isnan(item<float>(t.select(0, 0))));
+        else
+          CHECK(bytes(t) == want);
         if (r == root) CHECK(bytes(t) == mine_before);
       }
 }
@@ -213,19 +220,24 @@ TEST_CASE("collective errors are raised on every rank, naming the op, the ranks 
   // a shape that differs between ranks
   if (N > 1) {
     const Tensor<Cpu> t = Tensor<Cpu>::zeros({r == 0 ? 3 : 5});
-    CHECK_THROWS_WITH(dist::all_reduce(t), Catch::Contains("all_reduce: the ranks disagree") && Catch::Contains("rank 0: all_reduce f32 [3]") &&
+    CHECK_THROWS_WITH(dist::all_reduce(t), Catch::Contains("all_reduce: the ranks disagree") &&
+                                               Catch::Contains("rank 0: all_reduce f32 [3]") &&
                                                Catch::Contains("rank 1: all_reduce f32 [5]"));
     // dtypes
     const Tensor<Cpu> u = Tensor<Cpu>::zeros({4}, r == 0 ? DType::f32 : DType::f64);
     CHECK_THROWS_WITH(dist::broadcast(u), Catch::Contains("broadcast: the ranks disagree") && Catch::Contains("f64"));
     // one rank calls another collective
     const Tensor<Cpu> v = Tensor<Cpu>::zeros({4});
-    if (r == 0) CHECK_THROWS_WITH(dist::all_reduce(v), Catch::Contains("rank 0: all_reduce") && Catch::Contains("rank 1: broadcast"));
-    else CHECK_THROWS_WITH(dist::broadcast(v), Catch::Contains("rank 0: all_reduce") && Catch::Contains("rank 1: broadcast"));
+    if (r == 0)
+      CHECK_THROWS_WITH(dist::all_reduce(v), Catch::Contains("rank 0: all_reduce") && Catch::Contains("rank 1: broadcast"));
+    else
+      CHECK_THROWS_WITH(dist::broadcast(v), Catch::Contains("rank 0: all_reduce") && Catch::Contains("rank 1: broadcast"));
     // a rank whose own arguments are wrong: it says why, the others that it failed
     const Tensor<Cpu> w = r == 1 ? Tensor<Cpu>::zeros({1}).expand({4}) : Tensor<Cpu>::zeros({4});
-    if (r == 1) CHECK_THROWS_WITH(dist::all_reduce(w), Catch::Contains("overlapping elements"));
-    else CHECK_THROWS_WITH(dist::all_reduce(w), Catch::Contains("all_reduce: rank 1 failed its own checks"));
+    if (r == 1)
+      CHECK_THROWS_WITH(dist::all_reduce(w), Catch::Contains("overlapping elements"));
+    else
+      CHECK_THROWS_WITH(dist::all_reduce(w), Catch::Contains("all_reduce: rank 1 failed its own checks"));
   }
   const Tensor<Cpu> t = Tensor<Cpu>::zeros({4});
   CHECK_THROWS_WITH(dist::broadcast(t, N), Catch::Contains(fmt::format("broadcast: root {} is not a rank of this group of {}", N, N)));
@@ -242,7 +254,8 @@ TEST_CASE("collective errors are raised on every rank, naming the op, the ranks 
   CHECK(to_vector<float>(ok) == std::vector<float>{static_cast<float>(N), static_cast<float>(N)});
 }
 
-TEST_CASE("all_reduce_async: a disagreement raises at the call on every rank, naming each rank's arguments", "[collectives][async-errors]") {
+TEST_CASE("all_reduce_async: a disagreement raises at the call on every rank, naming each rank's arguments",
+          "[collectives][async-errors]") {
   const int r = dist::rank(), N = dist::world_size();
   if (N > 1) {
     // shapes (so counts) that differ: the data's MPI_Iallreduce would be erroneous; it never starts
@@ -302,7 +315,8 @@ TEST_CASE("the group: rank, size, local rank, batch slices", "[collectives]") {
 TEST_CASE("a collective before init() is an error naming the op", "[uninit]") {
   CHECK_FALSE(dist::is_initialized());
   const Tensor<Cpu> t = Tensor<Cpu>::zeros({2});
-  CHECK_THROWS_WITH(dist::all_reduce(t), Catch::Contains("all_reduce: the process group is not initialised: call kiln::dist::init() first"));
+  CHECK_THROWS_WITH(dist::all_reduce(t),
+                    Catch::Contains("all_reduce: the process group is not initialised: call kiln::dist::init() first"));
   CHECK_THROWS_WITH(dist::broadcast(t), Catch::Contains("broadcast: the process group is not initialised"));
   CHECK_THROWS_WITH(dist::rank(), Catch::Contains("dist::rank: the process group is not initialised"));
   CHECK_THROWS_WITH(dist::barrier(), Catch::Contains("barrier: the process group is not initialised"));

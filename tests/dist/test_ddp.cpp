@@ -13,7 +13,6 @@
 
 #include <kiln/config.hpp>
 #include <kiln/dist/ddp.hpp>
-#include <kiln/train/dist_fit.hpp>
 #include <kiln/dist/zero.hpp>
 #include <kiln/formats/safetensors.hpp>
 #include <kiln/nn/batch_norm.hpp>
@@ -22,6 +21,7 @@
 #include <kiln/nn/loss.hpp>
 #include <kiln/optim/optimizer.hpp>
 #include <kiln/train/dataloader.hpp>
+#include <kiln/train/dist_fit.hpp>
 #include <kiln/train/loop.hpp>
 #if defined(KILN_HAVE_CUDA_BACKEND)
 #include <kiln/backends/cuda/cuda.hpp>
@@ -115,8 +115,10 @@ Result train_ddp(const ModelConfig& c, int64_t steps, int64_t B, uint64_t seed, 
   model.init_weights(seed + static_cast<uint64_t>(dist::rank()));
   dist::DistributedDataParallel<Cpu> ddp(model, o);
   std::unique_ptr<optim::Optimizer<Cpu>> opt;
-  if (zero) opt = std::make_unique<dist::ZeroOptimizer<Cpu>>(model.named_parameters(), adam());
-  else opt = std::make_unique<optim::Adam<Cpu>>(model.named_parameters(), adam());
+  if (zero)
+    opt = std::make_unique<dist::ZeroOptimizer<Cpu>>(model.named_parameters(), adam());
+  else
+    opt = std::make_unique<optim::Adam<Cpu>>(model.named_parameters(), adam());
   Result r;
   for (int64_t s = 0; s < steps; ++s) {
     opt->zero_grad();
@@ -303,8 +305,10 @@ TEST_CASE("DDP: parameters without a gradient on some or all ranks", "[ddp]") {
   // A rank whose backward reaches no parameter takes part through synchronize().
   model.zero_grad();
   Var<Cpu> other(Tensor<Cpu>::ones({2}), true);
-  if (r == 0) model.forward(x, true).sum().backward();
-  else (other * 2.0).sum().backward();
+  if (r == 0)
+    model.forward(x, true).sum().backward();
+  else
+    (other * 2.0).sum().backward();
   ddp.synchronize();
   CHECK(model.parameter("a.weight").grad().defined());
   const Tensor<Cpu> zero_rank = Tensor<Cpu>::ones({1}).mul(static_cast<double>(r == 0));
@@ -376,8 +380,10 @@ TEST_CASE("ZeRO-1 checkpoint: resumed by one process with optim::Adam and with Z
     nn::GPT<Cpu> model(c);
     std::map<std::string, Tensor<Cpu>> msd, osd;
     for (const auto& n : f.names()) {
-      if (n.rfind("model.", 0) == 0) msd.emplace(n.substr(6), f.load<Cpu>(n));
-      else osd.emplace(n.substr(6), f.load<Cpu>(n));
+      if (n.rfind("model.", 0) == 0)
+        msd.emplace(n.substr(6), f.load<Cpu>(n));
+      else
+        osd.emplace(n.substr(6), f.load<Cpu>(n));
     }
     model.load_state_dict(msd);
     std::unique_ptr<optim::Optimizer<Cpu>> opt;
@@ -407,7 +413,6 @@ TEST_CASE("ZeRO-1 checkpoint: resumed by one process with optim::Adam and with Z
   }
 }
 
-
 namespace {
 // A classifier on a deterministic dataset: 60 samples of 8 features, 4 classes.
 TensorDataset<Cpu> classes_data() {
@@ -432,18 +437,27 @@ FitRun fit_classifier(int world_size, int rank, const std::string& ck, int64_t s
   std::unique_ptr<dist::DistributedDataParallel<Cpu>> ddp;
   if (world_size > 1) ddp = std::make_unique<dist::DistributedDataParallel<Cpu>>(model);
   std::unique_ptr<optim::Optimizer<Cpu>> opt;
-  if (world_size > 1) opt = std::make_unique<dist::ZeroOptimizer<Cpu>>(model.named_parameters(), adam());
-  else opt = std::make_unique<optim::Adam<Cpu>>(model.named_parameters(), adam());
+  if (world_size > 1)
+    opt = std::make_unique<dist::ZeroOptimizer<Cpu>>(model.named_parameters(), adam());
+  else
+    opt = std::make_unique<optim::Adam<Cpu>>(model.named_parameters(), adam());
   // 60 samples in batches of 12 (the last of an epoch: 0 left): 5 batches per epoch; grad_accum 2
   DataLoader train(classes_data(), {.batch_size = 12, .shuffle = true, .seed = 9, .world_size = world_size, .rank = rank});
   DataLoader eval(classes_data(), {.batch_size = 20, .shuffle = false});
-  FitOptions o{.epochs = 3, .grad_accum = 2, .grad_clip = 1.0, .eval_every = 3, .checkpoint_path = ck, .resume_path = resume,
-               .progress = 0, .stop_after = stop_after, .handle_signals = false};
+  FitOptions o{.epochs = 3,
+               .grad_accum = 2,
+               .grad_clip = 1.0,
+               .eval_every = 3,
+               .checkpoint_path = ck,
+               .resume_path = resume,
+               .progress = 0,
+               .stop_after = stop_after,
+               .handle_signals = false};
   if (ddp) o.hooks = dist::fit_hooks(*ddp);
   FitRun out;
-  out.r = fit(model, *opt, train, eval, [&](const std::pair<Tensor<Cpu>, Tensor<Cpu>>& b) {
-    return nn::cross_entropy(model.forward(Var<Cpu>(b.first)), b.second);
-  }, o);
+  out.r = fit(
+      model, *opt, train, eval,
+      [&](const std::pair<Tensor<Cpu>, Tensor<Cpu>>& b) { return nn::cross_entropy(model.forward(Var<Cpu>(b.first)), b.second); }, o);
   out.weights = weights_of(model);
   return out;
 }
@@ -482,8 +496,7 @@ TEST_CASE("DataLoader with world_size: each rank its contiguous share of every g
   CHECK_THROWS_WITH(DataLoader(TensorDataset<Cpu>(t, t), {.batch_size = 4, .world_size = 2, .rank = 2}), Catch::Contains("rank 2"));
 }
 
-TEST_CASE("fit with dist::fit_hooks: N ranks (sharded DataLoader, ZeRO-1, grad_accum 2) = 1 process; resumed = uninterrupted",
-          "[ddp]") {
+TEST_CASE("fit with dist::fit_hooks: N ranks (sharded DataLoader, ZeRO-1, grad_accum 2) = 1 process; resumed = uninterrupted", "[ddp]") {
   const std::string dir = std::getenv("KILN_DIST_CKPT") ? std::string(std::getenv("KILN_DIST_CKPT")) + ".fit" : "dist_fit";
   FitRun one;
   if (dist::rank() == 0) one = fit_classifier(1, 0, "");

@@ -1,15 +1,24 @@
 // Bad input: every op family given wrong shapes, dtypes, axes or indices throws kiln::Error whose
 // message names the op and the offending shape/dtype/value. Nothing may crash (run under ASan too).
-#include "common/kiln_test.hpp"
 #include <kiln/core/fused.hpp>
+#include "common/kiln_test.hpp"
 
 using namespace kiln;
 using Catch::Contains;
 
 // Backends never mix: Tensor<Reference> and Tensor<Cpu> share no operator (a compile-time error).
-template <class A, class B> concept CanAdd = requires(A a, B b) { a + b; };
-template <class A, class B> concept CanMatmul = requires(A a, B b) { a.matmul(b); };
-template <class A, class B> concept CanCat = requires(A a, B b) { Tensor<Reference>::cat({a, b}); };
+template <class A, class B>
+concept CanAdd = requires(A a, B b) {
+  a + b;
+};
+template <class A, class B>
+concept CanMatmul = requires(A a, B b) {
+  a.matmul(b);
+};
+template <class A, class B>
+concept CanCat = requires(A a, B b) {
+  Tensor<Reference>::cat({a, b});
+};
 static_assert(CanAdd<Tensor<Reference>, Tensor<Reference>>);
 static_assert(!CanAdd<Tensor<Reference>, Tensor<Cpu>>);
 static_assert(!CanAdd<Tensor<Cpu>, Tensor<Reference>>);
@@ -104,7 +113,8 @@ TEMPLATE_TEST_CASE("errors: views", "[errors]", ::kiln::Reference, KILN_TEST_BAC
   CHECK_THROWS_WITH(x.flatten(2, 1), Contains("flatten") && Contains("[2, 3, 4]"));
   CHECK_THROWS_WITH(x.size(3), Contains("size") && Contains("axis 3") && Contains("[2, 3, 4]"));
   CHECK_THROWS_WITH(T::zeros({2, -1}), Contains("empty") && Contains("[2, -1]"));
-  CHECK_THROWS_WITH(T::from_vector(std::vector<float>{1, 2, 3}, {2, 2}), Contains("from_vector") && Contains("[2, 2]") && Contains("3 values"));
+  CHECK_THROWS_WITH(T::from_vector(std::vector<float>{1, 2, 3}, {2, 2}),
+                    Contains("from_vector") && Contains("[2, 2]") && Contains("3 values"));
   CHECK_THROWS_WITH(T::arange(0.0, 5.0, 0.0), Contains("arange") && Contains("step"));
   CHECK_THROWS_WITH(T::arange(5.0, 0.0, 1.0), Contains("arange") && Contains("[5, 0)"));
   CHECK_THROWS_WITH((T::template from<float>({{1.f, 2.f}, {3.f}})), Contains("ragged"));
@@ -149,17 +159,22 @@ TEMPLATE_TEST_CASE("errors: indexing out of range and wrong index dtypes", "[err
   CHECK_THROWS_WITH(x.gather(1, T::zeros({2}, DType::i64)), Contains("gather") && Contains("rank") && Contains("[2]"));
   CHECK_THROWS_WITH(x.gather(1, T::zeros({3, 1}, DType::i64)), Contains("gather") && Contains("[3, 1]") && Contains("[2, 3]"));
   CHECK_THROWS_WITH(x.gather(2, T::zeros({2, 1}, DType::i64)), Contains("gather") && Contains("axis 2"));
-  CHECK_THROWS_WITH(x.index_select(0, T::from_vector(std::vector<int32_t>{0, 2})), Contains("index_select") && Contains("[0, 2]") && Contains("size 2"));
+  CHECK_THROWS_WITH(x.index_select(0, T::from_vector(std::vector<int32_t>{0, 2})),
+                    Contains("index_select") && Contains("[0, 2]") && Contains("size 2"));
   CHECK_THROWS_WITH(x.index_select(0, T::zeros({1, 1}, DType::i64)), Contains("index_select") && Contains("1-D") && Contains("[1, 1]"));
   CHECK_THROWS_WITH(x.index_select(0, T::zeros({1}, DType::f64)), Contains("index_select") && Contains("f64"));
   CHECK_THROWS_WITH(x.index_select(2, T::zeros({1}, DType::i64)), Contains("index_select") && Contains("axis 2"));
   CHECK_THROWS_WITH(T::scalar(1).index_select(0, T::zeros({1}, DType::i64)), Contains("index_select") && Contains("rank"));
   CHECK_THROWS_WITH(x.scatter_add(1, i2, T::ones({2, 2})), Contains("scatter_add") && Contains("[0, 3]") && Contains("size 3"));
-  CHECK_THROWS_WITH(x.scatter_add(1, T::zeros({2, 2}, DType::i64), T::ones({2, 2}, DType::f64)), Contains("scatter_add") && Contains("f64"));
-  CHECK_THROWS_WITH(x.scatter_add(1, T::zeros({2, 2}, DType::i64), T::ones({2, 1})), Contains("scatter_add") && Contains("[2, 2]") && Contains("[2, 1]"));
+  CHECK_THROWS_WITH(x.scatter_add(1, T::zeros({2, 2}, DType::i64), T::ones({2, 2}, DType::f64)),
+                    Contains("scatter_add") && Contains("f64"));
+  CHECK_THROWS_WITH(x.scatter_add(1, T::zeros({2, 2}, DType::i64), T::ones({2, 1})),
+                    Contains("scatter_add") && Contains("[2, 2]") && Contains("[2, 1]"));
   CHECK_THROWS_WITH(x.scatter_add(1, T::zeros({2}, DType::i64), T::ones({2})), Contains("scatter_add") && Contains("[2]"));
-  CHECK_THROWS_WITH(x.index_add(1, T::from_vector(std::vector<int64_t>{0, 5}), T::ones({2, 2})), Contains("index_add") && Contains("[0, 5]"));
-  CHECK_THROWS_WITH(x.index_add(1, T::from_vector(std::vector<int64_t>{0, 1}), T::ones({2, 3})), Contains("index_add") && Contains("[2, 3]") && Contains("[2, 2]"));
+  CHECK_THROWS_WITH(x.index_add(1, T::from_vector(std::vector<int64_t>{0, 5}), T::ones({2, 2})),
+                    Contains("index_add") && Contains("[0, 5]"));
+  CHECK_THROWS_WITH(x.index_add(1, T::from_vector(std::vector<int64_t>{0, 1}), T::ones({2, 3})),
+                    Contains("index_add") && Contains("[2, 3]") && Contains("[2, 2]"));
   CHECK_THROWS_WITH(x.index_add(0, T::zeros({2, 1}, DType::i64), T::ones({2, 3})), Contains("index_add") && Contains("1-D"));
   CHECK_THROWS_WITH(T::scalar(1).index_add(0, T::zeros({1}, DType::i64), T::ones({1})), Contains("index_add") && Contains("rank"));
   CHECK_THROWS_WITH(x.index_add(1, T::from_vector(std::vector<int64_t>{0, 1}), T::ones({2, 2}, DType::f64)),

@@ -76,7 +76,8 @@ TEST_CASE("readers: integer keys take only integers that fit, never converting o
   CHECK_THROWS_WITH(TrainConfig::from_json(nlohmann::json::parse("{\"steps\": 18446744073709551615}")),
                     Contains("'steps' = 18446744073709551615 is too large"));
   CHECK_THROWS_WITH(ModelConfig::from_json(nlohmann::json::parse("{\"n_layers\": 2.5}")), Contains("'n_layers' must be an integer"));
-  CHECK_THROWS_WITH(ModelConfig::from_json(nlohmann::json::parse("{\"n_layers\": -9223372036854775808.0}")).resolved(), Contains("n_layers"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(nlohmann::json::parse("{\"n_layers\": -9223372036854775808.0}")).resolved(),
+                    Contains("n_layers"));
   CHECK(TrainConfig::from_json(nlohmann::json::parse("{\"steps\": 30.0}")).steps == 30);  // an integral float is an integer
   CHECK(TrainConfig::from_json(nlohmann::json::parse("{\"steps\": 9223372036854775807}")).steps == INT64_MAX);
   CHECK_THROWS_WITH(TrainConfig::from_json(nlohmann::json::parse("{\"steps\": 9223372036854775808.0}")), Contains("must be an integer in"));
@@ -95,15 +96,16 @@ TEST_CASE("readers: checkpoint metadata must be whole non-negative integers and 
     safetensors::save<Cpu>(p, {{"x", Tensor<Cpu>::zeros({1})}}, meta);
     return p;
   };
-  const std::map<std::string, std::string> good{{"kiln_checkpoint", "1"}, {"step", "20"}, {"rng_seed", "0"}, {"rng_offset", "8"},
-                                                {"model_config", "{\"d_model\": 32}"}};
+  const std::map<std::string, std::string> good{
+      {"kiln_checkpoint", "1"}, {"step", "20"}, {"rng_seed", "0"}, {"rng_offset", "8"}, {"model_config", "{\"d_model\": 32}"}};
   CHECK(read_checkpoint_info(ck("good.safetensors", good)).step == 20);
   auto with = [&](const char* k, const char* v) {
     auto m = good;
     m[k] = v;
     return m;
   };
-  CHECK_THROWS_WITH(read_checkpoint_info(ck("a.safetensors", with("step", "12abc"))), Contains("'step' = '12abc' is not a non-negative integer"));
+  CHECK_THROWS_WITH(read_checkpoint_info(ck("a.safetensors", with("step", "12abc"))),
+                    Contains("'step' = '12abc' is not a non-negative integer"));
   CHECK_THROWS_WITH(read_checkpoint_info(ck("b.safetensors", with("step", "-3"))), Contains("'step' = '-3'"));
   CHECK_THROWS_WITH(read_checkpoint_info(ck("c.safetensors", with("rng_offset", ""))), Contains("'rng_offset'"));
   CHECK_THROWS_WITH(read_checkpoint_info(ck("d.safetensors", with("model_config", "{\"d_model\":"))),

@@ -443,17 +443,19 @@ TEST_CASE("cli: kiln generate --prompt tokenizes with the model's own tokenizer 
   const std::string prompt = "Hello wörld, 你好";
   const std::vector<int32_t> ids32 = tok.encode(prompt);
   const std::vector<int64_t> ids(ids32.begin(), ids32.end());
-  const std::string by_ids =
-      run(fmt::format("{} generate {} --prompt-ids {} --max-new-tokens 12 --temperature 0 --print-ids 2>/dev/null", KILN_CLI, dir, fmt::join(ids, ",")));
+  const std::string by_ids = run(fmt::format("{} generate {} --prompt-ids {} --max-new-tokens 12 --temperature 0 --print-ids 2>/dev/null",
+                                             KILN_CLI, dir, fmt::join(ids, ",")));
   REQUIRE(by_ids.rfind("status 0", 0) == 0);
   std::vector<int32_t> gen;
   std::stringstream ss(last_line(by_ids));
   for (std::string x; std::getline(ss, x, ',');) gen.push_back(std::stoi(x));
   REQUIRE(gen.size() == 12);
   // --prompt: the same ids (the tokenizer's encode), the prompt then the decoded continuation.
-  const std::string by_text = run(fmt::format("{} generate {} --prompt '{}' --max-new-tokens 12 --temperature 0 2>/dev/null", KILN_CLI, dir, prompt));
+  const std::string by_text =
+      run(fmt::format("{} generate {} --prompt '{}' --max-new-tokens 12 --temperature 0 2>/dev/null", KILN_CLI, dir, prompt));
   CHECK(by_text == fmt::format("status 0\n{}{}\n", prompt, tok.decode(gen)));
-  const std::string both = run(fmt::format("{} generate {} --prompt '{}' --max-new-tokens 12 --temperature 0 --print-ids 2>/dev/null", KILN_CLI, dir, prompt));
+  const std::string both =
+      run(fmt::format("{} generate {} --prompt '{}' --max-new-tokens 12 --temperature 0 --print-ids 2>/dev/null", KILN_CLI, dir, prompt));
   CHECK(last_line(both) == last_line(by_ids));
   fs::remove_all(dir);
 }

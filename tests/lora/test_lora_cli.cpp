@@ -104,7 +104,8 @@ TEST_CASE("lora cli: kiln train --init-from MODEL_DIR --lora-r fine-tunes a text
   // So is its held-out evaluation (--eval-data, a text file as --data).
   std::ofstream(dir / "lion.json") << R"({"batch_size": 4, "seq_len": 16, "steps": 4, "optimizer": {"type": "lion", "lr": 1e-3},
             "scheduler": {"type": "step", "step_size": 2, "gamma": 0.5}, "ema": {"decay": 0.9}, "eval_every": 2, "eval_batches": 1})";
-  r = run_kiln(fmt::format("train --init-from {0} --data {1}/small.txt --eval-data {1}/small.txt --train {1}/lion.json --lora-r 4 "
+  r =
+      run_kiln(fmt::format("train --init-from {0} --data {1}/small.txt --eval-data {1}/small.txt --train {1}/lion.json --lora-r 4 "
                            "--progress off --checkpoint {1}/lion.ckpt --log {1}/lion.jsonl",
                            kModel, d));
   INFO(r.out);
@@ -112,8 +113,10 @@ TEST_CASE("lora cli: kiln train --init-from MODEL_DIR --lora-r fine-tunes a text
   std::set<std::string> state;  // "optim.exp_avg." and the like: the optimizer's state kinds, and "ema."
   for (const auto& [key, v] : safetensors::load<Cpu>(d + "/lion.ckpt")) {
     const size_t dot = key.find('.');
-    if (key.rfind("optim.", 0) == 0 && key.find('.', dot + 1) != std::string::npos) state.insert(key.substr(0, key.find('.', dot + 1) + 1));
-    else if (key.rfind("ema.", 0) == 0) state.insert("ema.");
+    if (key.rfind("optim.", 0) == 0 && key.find('.', dot + 1) != std::string::npos)
+      state.insert(key.substr(0, key.find('.', dot + 1) + 1));
+    else if (key.rfind("ema.", 0) == 0)
+      state.insert("ema.");
   }
   INFO(fmt::format("{}", fmt::join(state, " ")));
   CHECK(state == std::set<std::string>{"optim.exp_avg.", "ema."});  // Lion's one moment; Adam would add exp_avg_sq

@@ -11,9 +11,9 @@
 
 namespace kiln::test {
 
-template <Backend B>
-void check_param_grads(const std::vector<std::pair<std::string, Var<B>>>& params, const std::function<Var<B>()>& loss_fn,
-                       double eps = 1e-6, double tol = 1e-6, int max_elems = 24, bool require_nonzero = true) {
+template <Backend B> void check_param_grads(const std::vector<std::pair<std::string, Var<B>>>& params,
+                                            const std::function<Var<B>()>& loss_fn, double eps = 1e-6, double tol = 1e-6,
+                                            int max_elems = 24, bool require_nonzero = true) {
   for (auto [n, p] : params) p.zero_grad();
   loss_fn().backward();
   for (auto& [name, p] : params) {

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <kiln/autograd/gradcheck.hpp>
 #include <kiln/backends/backends.hpp>
@@ -49,8 +49,8 @@ template <Backend B> void parity_batch_norm(const json& c, const std::string& wh
     b = Var<B>(array<B>(t.at("bias")), true);
   }
   const Tensor<B> rm = array<B>(t.at("running_mean")), rv = array<B>(t.at("running_var"));
-  const Var<B> y = functional::batch_norm<B>(x, rm, rv, w, b, a.at("training").get<bool>(), a.at("momentum").get<double>(),
-                                             a.at("eps").get<double>());
+  const Var<B> y =
+      functional::batch_norm<B>(x, rm, rv, w, b, a.at("training").get<bool>(), a.at("momentum").get<double>(), a.at("eps").get<double>());
   (y * Var<B>(array<B>(t.at("g")))).sum().backward();
   check_parity(y.value(), t, "y", what);
   check_parity(x.grad(), t, "dx", what);
@@ -73,8 +73,10 @@ template <Backend B> void parity_bn_module(const json& c, const std::string& wha
                      .track_running_stats = a.at("track_running_stats").get<bool>(),
                      .dtype = DType::f64};
   std::shared_ptr<BatchNorm<B>> m;
-  if (rank == 4) m = std::make_shared<BatchNorm2d<B>>(o);
-  else m = std::make_shared<BatchNorm1d<B>>(o);
+  if (rank == 4)
+    m = std::make_shared<BatchNorm2d<B>>(o);
+  else
+    m = std::make_shared<BatchNorm1d<B>>(o);
   if (o.affine) {
     Tensor<B> w = m->weight().value(), bb = m->bias().value();
     w.copy_(array<B>(t.at("weight")));
@@ -98,7 +100,8 @@ template <Backend B> void parity_bn_module(const json& c, const std::string& wha
   if (o.track_running_stats) {
     check_parity(m->running_mean(), t, "running_mean", what);
     check_parity(m->running_var(), t, "running_var", what);
-    CHECK(m->num_batches_tracked().template item<int64_t>() == static_cast<int64_t>(t.at("num_batches_tracked").at("data")[0].get<double>()));
+    CHECK(m->num_batches_tracked().template item<int64_t>() ==
+          static_cast<int64_t>(t.at("num_batches_tracked").at("data")[0].get<double>()));
   }
 }
 
@@ -124,13 +127,18 @@ template <Backend B> void parity_all() {
   const json& all = norm_cases();
   int n = 0;
   for (const json& c : all.at("cases")) {
-    const std::string what = fmt::format("PyTorch {} case '{}' on {}", all.at("torch").get<std::string>(), c.at("name").get<std::string>(), B::name);
+    const std::string what =
+        fmt::format("PyTorch {} case '{}' on {}", all.at("torch").get<std::string>(), c.at("name").get<std::string>(), B::name);
     INFO(what);
     const std::string kind = c.at("kind");
-    if (kind == "batch_norm") parity_batch_norm<B>(c, what);
-    else if (kind == "bn_module") parity_bn_module<B>(c, what);
-    else if (kind == "group_norm") parity_group_norm<B>(c, what);
-    else FAIL("make_norm_cases.py produced a kind this test does not know: " << kind);
+    if (kind == "batch_norm")
+      parity_batch_norm<B>(c, what);
+    else if (kind == "bn_module")
+      parity_bn_module<B>(c, what);
+    else if (kind == "group_norm")
+      parity_group_norm<B>(c, what);
+    else
+      FAIL("make_norm_cases.py produced a kind this test does not know: " << kind);
     ++n;
   }
   CHECK(n >= 60);
@@ -163,8 +171,8 @@ TEMPLATE_TEST_CASE("norm conformance: batch_norm and group_norm on every backend
     const DType d = trial % 2 ? DType::f64 : DType::f32;
     Shape s{gen.integer(2, 5), gen.integer(1, 5)};
     for (int64_t r = gen.integer(0, 2); r > 0; --r) s.push_back(gen.integer(1, 5));
-    const kt::Lay lay = gen.pick(std::vector<kt::Lay>{kt::Lay::contiguous, kt::Lay::transposed, kt::Lay::stepped, kt::Lay::narrowed,
-                                                      kt::Lay::permuted});
+    const kt::Lay lay =
+        gen.pick(std::vector<kt::Lay>{kt::Lay::contiguous, kt::Lay::transposed, kt::Lay::stepped, kt::Lay::narrowed, kt::Lay::permuted});
     const int64_t C = s[1], n = kiln::numel(s) / C;
     const double u = kt::u_acc(d);
     const double tol = 8.0 * static_cast<double>(n + 2) * u * 3 * 3.2 + 2 * kt::u_store(d);
@@ -205,7 +213,8 @@ TEMPLATE_TEST_CASE("norm conformance: batch_norm and group_norm on every backend
     const auto gwant = run_gn(rx, rg, rw, rb);
     const auto ggot = run_gn(bx, bg, bw, bb);
     const char* gnames[] = {"y", "dx", "dweight", "dbias"};
-    for (size_t i = 0; i < gwant.size(); ++i) kt::check_close(ggot[i], gwant[i], kt::Tol{gtol, gtol}, std::string("group_norm ") + gnames[i]);
+    for (size_t i = 0; i < gwant.size(); ++i)
+      kt::check_close(ggot[i], gwant[i], kt::Tol{gtol, gtol}, std::string("group_norm ") + gnames[i]);
   }
 }
 
@@ -232,8 +241,9 @@ TEMPLATE_TEST_CASE("norm gradcheck: batch_norm (train and eval) and group_norm p
   }
   {
     INFO("batch_norm without affine, 4-D");
-    const auto r = gradcheck<B>([&](const std::vector<Var<B>>& v) { return functional::batch_norm<B>(v[0], {}, {}, {}, {}, true, 0.1, 1e-5); },
-                                {Tensor<B>::randn({3, 2, 3, 2}, DType::f64, &gen)});
+    const auto r =
+        gradcheck<B>([&](const std::vector<Var<B>>& v) { return functional::batch_norm<B>(v[0], {}, {}, {}, {}, true, 0.1, 1e-5); },
+                     {Tensor<B>::randn({3, 2, 3, 2}, DType::f64, &gen)});
     INFO(r.message);
     CHECK(r.ok);
   }
@@ -241,8 +251,8 @@ TEMPLATE_TEST_CASE("norm gradcheck: batch_norm (train and eval) and group_norm p
   const Tensor<B> wg = Tensor<B>::uniform({6}, 0.5, 1.5, DType::f64, &gen), bg = Tensor<B>::randn({6}, DType::f64, &gen);
   for (int64_t G : {1, 2, 3, 6}) {
     INFO("group_norm groups=" << G);
-    const auto r = gradcheck<B>([&](const std::vector<Var<B>>& v) { return functional::group_norm<B>(v[0], G, v[1], v[2], 1e-5); },
-                                {xg, wg, bg});
+    const auto r =
+        gradcheck<B>([&](const std::vector<Var<B>>& v) { return functional::group_norm<B>(v[0], G, v[1], v[2], 1e-5); }, {xg, wg, bg});
     INFO(r.message);
     CHECK(r.ok);
   }
@@ -373,8 +383,10 @@ TEMPLATE_TEST_CASE("BatchNorm and GroupNorm: bad shapes and options raise errors
   BatchNorm1d<B> bn1({.num_features = 3});
   BatchNorm2d<B> bn2({.num_features = 3});
   const auto x = [](Shape s) { return Var<B>(Tensor<B>::ones(s)); };
-  CHECK_THROWS_WITH(bn1.forward(x({4, 5})), Catch::Contains("BatchNorm1d") && Catch::Contains("5 channels") && Catch::Contains("num_features=3"));
-  CHECK_THROWS_WITH(bn1.forward(x({1, 3})), Catch::Contains("Expected more than 1 value per channel when training") && Catch::Contains("[1, 3]"));
+  CHECK_THROWS_WITH(bn1.forward(x({4, 5})),
+                    Catch::Contains("BatchNorm1d") && Catch::Contains("5 channels") && Catch::Contains("num_features=3"));
+  CHECK_THROWS_WITH(bn1.forward(x({1, 3})),
+                    Catch::Contains("Expected more than 1 value per channel when training") && Catch::Contains("[1, 3]"));
   CHECK_THROWS_WITH(bn2.forward(x({1, 3, 1, 1})), Catch::Contains("Expected more than 1 value per channel when training"));
   CHECK_THROWS_WITH(bn1.forward(x({2, 3, 4, 5})), Catch::Contains("expected 2D or 3D input (got 4D input"));
   CHECK_THROWS_WITH(bn2.forward(x({2, 3, 4})), Catch::Contains("BatchNorm2d: expected 4D input (got 3D input"));
@@ -383,9 +395,11 @@ TEMPLATE_TEST_CASE("BatchNorm and GroupNorm: bad shapes and options raise errors
   CHECK_THROWS_WITH(functional::batch_norm<B>(x({2, 3}), Tensor<B>::zeros({4}), Tensor<B>::ones({4}), {}, {}, true),
                     Catch::Contains("running_mean should have shape [3]") && Catch::Contains("got [4]"));
   CHECK_THROWS_WITH(functional::batch_norm<B>(x({2, 3}), {}, {}, x({2}), {}, true), Catch::Contains("weight should have shape [3]"));
-  CHECK_THROWS_WITH(functional::batch_norm<B>(x({6}), {}, {}, {}, {}, true), Catch::Contains("batch_norm: input must have shape [N, C, *], got [6]"));
+  CHECK_THROWS_WITH(functional::batch_norm<B>(x({6}), {}, {}, {}, {}, true),
+                    Catch::Contains("batch_norm: input must have shape [N, C, *], got [6]"));
 
-  CHECK_THROWS_WITH(GroupNorm<B>({.num_groups = 4, .num_channels = 6}), Catch::Contains("num_channels must be divisible by num_groups, got 6 and 4"));
+  CHECK_THROWS_WITH(GroupNorm<B>({.num_groups = 4, .num_channels = 6}),
+                    Catch::Contains("num_channels must be divisible by num_groups, got 6 and 4"));
   GroupNorm<B> gn({.num_groups = 2, .num_channels = 4});
   CHECK_THROWS_WITH(gn.forward(x({2, 6, 3})), Catch::Contains("GroupNorm: input [2, 6, 3] should have shape [N, 4, *]"));
   CHECK_THROWS_WITH(functional::group_norm<B>(x({2, 6, 3}), 4),

@@ -105,8 +105,8 @@ TEMPLATE_TEST_CASE("Sequential: named push_back, nesting, typed access and index
   CHECK(s.template at<Linear<B>>(0) == lin);
   CHECK(s.template at<Act<B>>(1) != nullptr);  // GELU is an Act
 
-  CHECK_THROWS_WITH(s.template at<Linear<B>>(1), Catch::Contains("Sequential::at: module 1 ('act') is a kiln::nn::GELU") &&
-                                                     Catch::Contains("not a kiln::nn::Linear"));
+  CHECK_THROWS_WITH(s.template at<Linear<B>>(1),
+                    Catch::Contains("Sequential::at: module 1 ('act') is a kiln::nn::GELU") && Catch::Contains("not a kiln::nn::Linear"));
   CHECK_THROWS_WITH(s[3], Catch::Contains("Sequential: index 3 is out of range for 3 modules"));
   CHECK_THROWS_WITH(s[-4], Catch::Contains("index -4 is out of range"));
   CHECK_THROWS_WITH(s.push_back("act", std::make_shared<ReLU<B>>()), Catch::Contains("'act' is already registered"));
@@ -163,8 +163,8 @@ TEMPLATE_TEST_CASE("ModuleList: names 0, 1, ..., iteration, typed access, parame
                      std::make_shared<GroupNorm<B>>(GroupNormOptions{.num_groups = 1, .num_channels = 3}));
   list.push_back(std::make_shared<BatchNorm1d<B>>(BatchNormOptions{.num_features = 3, .affine = false}));
   CHECK(list.size() == 3);
-  CHECK(state_names(list) == std::vector<std::string>{"0.weight", "1.weight", "1.bias", "2.running_mean", "2.running_var",
-                                                      "2.num_batches_tracked"});
+  CHECK(state_names(list) ==
+        std::vector<std::string>{"0.weight", "1.weight", "1.bias", "2.running_mean", "2.running_var", "2.num_batches_tracked"});
   CHECK(list.parameters().size() == 3);
   size_t i = 0;
   for (const auto& m : list) CHECK(m.get() == list[static_cast<int64_t>(i++)].get());

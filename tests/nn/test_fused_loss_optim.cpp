@@ -109,10 +109,14 @@ TEMPLATE_TEST_CASE("fused sum of squares: equals the f64 composite, whatever the
   Generator gen(17);
   // Sizes that straddle the Cpu kernel's chunks (65536 elements), f32 and f64, a half type, a transposed
   // view and a slice (both take the composite), an empty tensor and an undefined one.
-  std::vector<Tensor<B>> xs{Tensor<B>::randn({70000}, DType::f32, &gen), Tensor<B>::randn({3, 5}, DType::f64, &gen),
-                            Tensor<B>::randn({65536}, DType::f32, &gen).mul(1e3), Tensor<B>::randn({0}, DType::f32, &gen),
-                            Tensor<B>(), Tensor<B>::randn({40, 31}, DType::f32, &gen).transpose(0, 1),
-                            Tensor<B>::randn({9, 8}, DType::f64, &gen).narrow(1, 2, 3), Tensor<B>::randn({33}, DType::bf16, &gen),
+  std::vector<Tensor<B>> xs{Tensor<B>::randn({70000}, DType::f32, &gen),
+                            Tensor<B>::randn({3, 5}, DType::f64, &gen),
+                            Tensor<B>::randn({65536}, DType::f32, &gen).mul(1e3),
+                            Tensor<B>::randn({0}, DType::f32, &gen),
+                            Tensor<B>(),
+                            Tensor<B>::randn({40, 31}, DType::f32, &gen).transpose(0, 1),
+                            Tensor<B>::randn({9, 8}, DType::f64, &gen).narrow(1, 2, 3),
+                            Tensor<B>::randn({33}, DType::bf16, &gen),
                             Tensor<B>::randn({131073}, DType::f64, &gen)};
   double want = 0;
   for (const auto& x : xs)

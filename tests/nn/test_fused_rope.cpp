@@ -56,7 +56,8 @@ TEMPLATE_TEST_CASE("fused rope: forward and backward equal the float64 composite
         bx = bx.transpose(1, 2);
         bg = bg.transpose(1, 2);
       }
-      const Tensor<B> bc = rounded(ang.cos()).to(d).template to<B>().narrow(0, cs.pos0, T), bs = rounded(ang.sin()).to(d).template to<B>().narrow(0, cs.pos0, T);
+      const Tensor<B> bc = rounded(ang.cos()).to(d).template to<B>().narrow(0, cs.pos0, T),
+                      bs = rounded(ang.sin()).to(d).template to<B>().narrow(0, cs.pos0, T);
       kt::check_close(fused::rope_forward(bx, bc, bs), fused::rope_forward(x, c, sn).to(d), rope_tol(d), "y");
       kt::check_close(fused::rope_backward(bg, bc, bs), fused::rope_backward(g, c, sn).to(d), rope_tol(d), "dx");
       if (fused::HasRope<B> && cs.swap && d != DType::bf16) {  // the kernel's output keeps the input's memory order
@@ -71,7 +72,8 @@ TEMPLATE_TEST_CASE("fused rope: the turn is the interleaved (GPT-J) pair rotatio
   using B = TestType;
   // One position, pairs (1, 2) and (3, 4) by 90° and 180°: (−2, 1) and (−3, −4).
   const Tensor<B> x = Tensor<B>::from_vector(std::vector<double>{1, 2, 3, 4}, {1, 4});
-  const Tensor<B> c = Tensor<B>::from_vector(std::vector<double>{0, -1}, {1, 2}), s = Tensor<B>::from_vector(std::vector<double>{1, 0}, {1, 2});
+  const Tensor<B> c = Tensor<B>::from_vector(std::vector<double>{0, -1}, {1, 2}),
+                  s = Tensor<B>::from_vector(std::vector<double>{1, 0}, {1, 2});
   CHECK(to_vector<double>(fused::rope_forward(x, c, s)) == std::vector<double>{-2, 1, -3, -4});
   CHECK(to_vector<double>(fused::rope_backward(fused::rope_forward(x, c, s), c, s)) == std::vector<double>{1, 2, 3, 4});
 }
@@ -96,7 +98,8 @@ TEMPLATE_TEST_CASE("fused rope: odd widths, table shapes and dtypes are errors n
                    KILN_BACKEND_TYPES) {
   using B = TestType;
   const Tensor<B> x = Tensor<B>::zeros({2, 3, 4}), c = Tensor<B>::zeros({3, 2});
-  CHECK_THROWS_WITH(fused::rope_forward(Tensor<B>::zeros({2, 3, 5}), c, c), Catch::Contains("rope: width 5 must be even (input [2, 3, 5])"));
+  CHECK_THROWS_WITH(fused::rope_forward(Tensor<B>::zeros({2, 3, 5}), c, c),
+                    Catch::Contains("rope: width 5 must be even (input [2, 3, 5])"));
   CHECK_THROWS_WITH(fused::rope_forward(x, Tensor<B>::zeros({4, 2}), c),
                     Catch::Contains("rope: cos [4, 2] and sin [3, 2] must be [T, d/2] = [3, 2] for input [2, 3, 4]"));
   CHECK_THROWS_WITH(fused::rope_backward(x, c, Tensor<B>::zeros({3, 4})),

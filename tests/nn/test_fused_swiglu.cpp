@@ -62,8 +62,8 @@ TEMPLATE_TEST_CASE("fused swiglu: non-contiguous inputs, bad shapes and dtypes",
   CHECK_THROWS_WITH(fused::swiglu_backward(a, a, b), Catch::Contains("swiglu_backward: dy [4, 6] differs"));
 }
 
-TEMPLATE_TEST_CASE("fused swiglu: nn::functional::swiglu and the SwiGLU module pass float64 finite differences", "[swiglu][fused][gradcheck]",
-                   KILN_BACKEND_TYPES) {
+TEMPLATE_TEST_CASE("fused swiglu: nn::functional::swiglu and the SwiGLU module pass float64 finite differences",
+                   "[swiglu][fused][gradcheck]", KILN_BACKEND_TYPES) {
   using B = TestType;
   Generator gen(8);
   const Tensor<B> a = Tensor<B>::randn({3, 2, 9}, DType::f64, &gen).mul(3.0), b = Tensor<B>::randn({3, 2, 9}, DType::f64, &gen);

@@ -29,9 +29,12 @@ double attention_by_pairs(const ModelConfig& c, int64_t T) {
     for (int64_t h = 0; h < c.n_heads; ++h)
       for (int64_t i = 0; i < T; ++i)
         for (int64_t j = 0; j <= i; ++j) {
-          if (c.attention == "diff") f += 2.0 * (2 * (head / 2) + 2 * head);  // two branches: d_qk = head/2, d_v = head
-          else if (c.attention == "diff2") f += 2.0 * 2 * (head + head);      // two query heads of width head
-          else f += 2.0 * (head + head);
+          if (c.attention == "diff")
+            f += 2.0 * (2 * (head / 2) + 2 * head);  // two branches: d_qk = head/2, d_v = head
+          else if (c.attention == "diff2")
+            f += 2.0 * 2 * (head + head);  // two query heads of width head
+          else
+            f += 2.0 * (head + head);
         }
   return 3 * f;
 }

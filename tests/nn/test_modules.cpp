@@ -26,9 +26,7 @@ template <Backend B> class Two : public Module<B> {
     this->register_buffer("steps", Tensor<B>::zeros({1}, DType::i64));
     b = this->register_module("b", std::make_shared<Linear<B>>(LinearOptions{.in = 4, .out = 2, .bias = false}));
   }
-  void bad_names() {
-    this->register_parameter("scale", Tensor<B>::ones({1}));
-  }
+  void bad_names() { this->register_parameter("scale", Tensor<B>::ones({1})); }
   void dotted() { this->register_parameter("x.y", Tensor<B>::ones({1})); }
   std::shared_ptr<Linear<B>> a, b;
   Var<B> s;
@@ -110,7 +108,8 @@ TEMPLATE_TEST_CASE("layers: LayerNorm/RMSNorm against the formula and FD, Dropou
     for (int k = 0; k < 8; ++k) mu += xv[static_cast<size_t>(r * 8 + k)] / 8;
     for (int k = 0; k < 8; ++k) var += std::pow(xv[static_cast<size_t>(r * 8 + k)] - mu, 2) / 8;
     for (int k = 0; k < 8; ++k)
-      CHECK(y[static_cast<size_t>(r * 8 + k)] == Approx((xv[static_cast<size_t>(r * 8 + k)] - mu) / std::sqrt(var + 1e-5) * w[static_cast<size_t>(k)]).margin(1e-12));
+      CHECK(y[static_cast<size_t>(r * 8 + k)] ==
+            Approx((xv[static_cast<size_t>(r * 8 + k)] - mu) / std::sqrt(var + 1e-5) * w[static_cast<size_t>(k)]).margin(1e-12));
   }
   const Tensor<B> r = Tensor<B>::randn({3, 5, 8}, DType::f64, &g);
   test::check_param_grads<B>(ln.named_parameters(), [&] { return (ln.forward(Var<B>(x)) * Var<B>(r)).sum(); });
@@ -152,7 +151,7 @@ TEMPLATE_TEST_CASE("rope: cached tables give the bits of freshly built ones (gro
   const RopeTable<B> table;
   // requests that grow the table, reuse it, start past its end, and change every key
   const std::vector<std::tuple<int64_t, int64_t, int64_t, double, DType>> asks{
-      {0, 5, 8, 1e4, DType::f32},  {0, 3, 8, 1e4, DType::f32},  {4, 9, 8, 1e4, DType::f32}, {30, 1, 8, 1e4, DType::f32},
+      {0, 5, 8, 1e4, DType::f32},  {0, 3, 8, 1e4, DType::f32},    {4, 9, 8, 1e4, DType::f32},    {30, 1, 8, 1e4, DType::f32},
       {2, 6, 12, 1e4, DType::f32}, {2, 6, 12, 500.0, DType::f32}, {2, 6, 12, 500.0, DType::f64}, {0, 40, 12, 500.0, DType::f64}};
   for (const auto& [pos0, T, d, theta, dt] : asks) {
     INFO("positions " << pos0 << ".." << pos0 + T << " width " << d << " theta " << theta << " " << dtype_name(dt));

@@ -22,7 +22,6 @@ template <Backend B> void set(Var<B> p, const std::vector<double>& v) {
   t.copy_(Tensor<B>::from_vector(v, t.shape()));
 }
 
-
 }  // namespace
 
 TEST_CASE("diff attention: lambda_init by depth (SPECS literal)", "[diff]") {
@@ -47,8 +46,8 @@ TEMPLATE_TEST_CASE("diff attention: the SPECS literal example (identity weights,
   CHECK(item<double>(a.lambda().value()) == Approx(0.2208166).margin(1e-6));  // λ_init 0.2 included
   const Tensor<B> x = Tensor<B>::from_vector(std::vector<double>{1, 2, 3, 4, -1, 0.5, 2, -3, 0.5, -0.5, 1, 1}, {1, 3, 4});
   const std::vector<double> y = to_vector<double>(a.forward(Var<B>(x)).value());
-  const std::vector<double> want{0.292118, 0.584237, 0.876355, 1.168474, -0.151198, 0.643987,
-                                 1.439171, -0.226238, 0.129024, -0.090221, 1.590544, 0.072788};
+  const std::vector<double> want{0.292118, 0.584237,  0.876355, 1.168474,  -0.151198, 0.643987,
+                                 1.439171, -0.226238, 0.129024, -0.090221, 1.590544,  0.072788};
   // Catches: no per-head subln or no (1 − λ_init) factor, a causal mask ignored, λ computed wrongly.
   for (size_t i = 0; i < want.size(); ++i) CHECK(y[i] == Approx(want[i]).margin(1e-5));
 }
@@ -110,7 +109,8 @@ TEMPLATE_TEST_CASE("diff attention: GQA equals MHA-shaped weights with each grou
   for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == Approx(b[i]).margin(1e-12));
 }
 
-TEMPLATE_TEST_CASE("diff attention: every parameter (all four λ vectors) has FD-correct, non-zero gradients", "[diff]", KILN_BACKEND_TYPES) {
+TEMPLATE_TEST_CASE("diff attention: every parameter (all four λ vectors) has FD-correct, non-zero gradients", "[diff]",
+                   KILN_BACKEND_TYPES) {
   using B = TestType;
   manual_seed(8);
   DifferentialAttention<B> a({.d_model = 16, .n_heads = 2, .n_kv_heads = 1, .depth = 3, .subln_affine = true, .dtype = DType::f64});
@@ -149,8 +149,8 @@ TEMPLATE_TEST_CASE("diff attention: key padding hides keys (equals removing the 
   manual_seed(13);
   for (bool causal : {true, false}) {
     INFO("causal " << causal);
-    DifferentialAttention<B> a({.d_model = 16, .n_heads = 2, .n_kv_heads = 1, .depth = 1, .causal = causal, .rope = false,
-                                .dtype = DType::f64});
+    DifferentialAttention<B> a(
+        {.d_model = 16, .n_heads = 2, .n_kv_heads = 1, .depth = 1, .causal = causal, .rope = false, .dtype = DType::f64});
     Generator g(14);
     const Tensor<B> x = Tensor<B>::randn({2, 6, 16}, DType::f64, &g);
     // batch 0 pads keys 1 and 2, batch 1 pads key 3 (key 0 stays, so every causal row sees a key)
@@ -404,7 +404,8 @@ TEMPLATE_TEST_CASE("attnres: the fused primitives reject bad shapes and dtypes, 
   CHECK_THROWS_WITH(fused::depth_attention_forward<B>({a}, T::zeros({5}), 1e-5), Catch::Contains("query") && Catch::Contains("[5]"));
   CHECK_THROWS_WITH(fused::depth_attention_forward<B>({T::zeros({2, 3}, DType::i64)}, T::zeros({3}), 1e-5), Catch::Contains("float"));
   CHECK_THROWS_WITH(fused::depth_attention_forward<B>({}, q, 1e-5), Catch::Contains("no sources"));
-  CHECK_THROWS_WITH(fused::depth_attention_phase1<B>({a}, T::zeros({2, 5}), 1e-5), Catch::Contains("depth_attention_phase1") && Catch::Contains("[2, 5]"));
+  CHECK_THROWS_WITH(fused::depth_attention_phase1<B>({a}, T::zeros({2, 5}), 1e-5),
+                    Catch::Contains("depth_attention_phase1") && Catch::Contains("[2, 5]"));
   CHECK_THROWS_WITH(fused::depth_attention_merge<B>(T::zeros({2, 4}), T::zeros({2, 3}), a, T(), q, 1e-5),
                     Catch::Contains("depth_attention_merge") && Catch::Contains("[2, 4]"));
   CHECK_THROWS_WITH(fused::depth_attention_merge<B>(T::zeros({2, 3}), T::zeros({2, 3}), a, b, q, 1e-5),

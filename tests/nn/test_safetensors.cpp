@@ -118,8 +118,7 @@ TEST_CASE("safetensors: corrupt files are rejected with the file and the problem
     expect("span");
   }
   SECTION("overlapping tensors") {
-    write_raw(p, R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-              data8);
+    write_raw(p, R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data8);
     expect("overlaps");
   }
   SECTION("hole") {

@@ -40,8 +40,8 @@ template <Backend B> Attn<B> make(bool diff, int64_t D, int64_t h, int64_t hkv, 
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("nn: cross-attention with memory key padding equals attending to the unpadded memory (MHA, Diff, GQA)", "[nn][attention]",
-                   KILN_BACKEND_TYPES) {
+TEMPLATE_TEST_CASE("nn: cross-attention with memory key padding equals attending to the unpadded memory (MHA, Diff, GQA)",
+                   "[nn][attention]", KILN_BACKEND_TYPES) {
   using B = TestType;
   for (bool diff : {false, true}) {
     INFO((diff ? "Diff" : "MHA"));
@@ -96,7 +96,8 @@ TEMPLATE_TEST_CASE("nn: attention masks — additive −inf equals bool false, a
   }
 }
 
-TEMPLATE_TEST_CASE("nn: causal=false self-attention is bidirectional, causal=true top-left (MHA, Diff)", "[nn][attention]", KILN_BACKEND_TYPES) {
+TEMPLATE_TEST_CASE("nn: causal=false self-attention is bidirectional, causal=true top-left (MHA, Diff)", "[nn][attention]",
+                   KILN_BACKEND_TYPES) {
   using B = TestType;
   using T = Tensor<B>;
   for (bool diff : {false, true}) {
@@ -105,8 +106,10 @@ TEMPLATE_TEST_CASE("nn: causal=false self-attention is bidirectional, causal=tru
     Attn<B> bi = make<B>(diff, 16, 2, 2, false, false), ca = make<B>(diff, 16, 2, 2, true, false);
     std::map<std::string, T> sd;
     for (auto& [n, p] : bi.params()) sd[n] = p.value();
-    if (diff) ca.diff->load_state_dict(sd);
-    else ca.mha->load_state_dict(sd);
+    if (diff)
+      ca.diff->load_state_dict(sd);
+    else
+      ca.mha->load_state_dict(sd);
     Generator g(8);
     const T x = T::randn({1, 5, 16}, DType::f64, &g);
     NoGrad ng;
@@ -137,7 +140,8 @@ TEMPLATE_TEST_CASE("nn: cross-attention KV cache projects the memory once and eq
     const T full = a(Var<B>(x), {.memory = Var<B>(mem), .key_padding = kp}).value();
     KVCache<B> cache;
     std::vector<T> parts;
-    for (int64_t t = 0; t < 4; ++t) parts.push_back(a(Var<B>(x.narrow(1, t, 1)), {.memory = Var<B>(mem), .key_padding = kp, .cache = &cache}).value());
+    for (int64_t t = 0; t < 4; ++t)
+      parts.push_back(a(Var<B>(x.narrow(1, t, 1)), {.memory = Var<B>(mem), .key_padding = kp, .cache = &cache}).value());
     CHECK(cache.len == 9);
     kt::check_close(T::cat(parts, 1), full, {1e-12, 1e-12}, "cached cross-attention");
     // the cached keys are reused: a memory of another length is refused until reset
@@ -164,9 +168,7 @@ TEMPLATE_TEST_CASE("nn: attention modules' gradients with memory, masks and padd
     const T mask = T::randn({1, 2, 3, 5}, DType::f64, &g);  // additive, per head
     auto params = a.params();
     params.emplace_back("memory", mem);
-    test::check_param_grads<B>(params, [&] {
-      return (a(Var<B>(x), {.memory = mem, .key_padding = kp, .mask = mask}) * Var<B>(r)).sum();
-    });
+    test::check_param_grads<B>(params, [&] { return (a(Var<B>(x), {.memory = mem, .key_padding = kp, .mask = mask}) * Var<B>(r)).sum(); });
   }
 }
 
@@ -204,9 +206,9 @@ TEMPLATE_TEST_CASE("nn: transformer layers and stacks name their parameters as P
   const std::vector<std::string> dec = names(TransformerDecoderLayer<B>(o));
   CHECK(dec == std::vector<std::string>{"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                                         "self_attn.out_proj.weight", "multihead_attn.q_proj.weight", "multihead_attn.k_proj.weight",
-                                        "multihead_attn.v_proj.weight", "multihead_attn.out_proj.weight", "linear1.weight",
-                                        "linear1.bias", "linear2.weight", "linear2.bias", "norm1.weight", "norm1.bias", "norm2.weight",
-                                        "norm2.bias", "norm3.weight", "norm3.bias"});
+                                        "multihead_attn.v_proj.weight", "multihead_attn.out_proj.weight", "linear1.weight", "linear1.bias",
+                                        "linear2.weight", "linear2.bias", "norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias",
+                                        "norm3.weight", "norm3.bias"});
   TransformerLayerOptions d = o;
   d.attention = AttentionKind::diff;
   d.norm = NormKind::rms_norm;
@@ -229,8 +231,13 @@ TEMPLATE_TEST_CASE("nn: encoder layer with source key padding equals the layer o
     for (bool norm_first : {false, true}) {
       INFO("diff " << (kind == AttentionKind::diff) << " norm_first " << norm_first);
       manual_seed(21);
-      TransformerEncoderLayer<B> l({.d_model = 16, .n_heads = 2, .dim_feedforward = 24, .dropout = 0.0, .norm_first = norm_first,
-                                    .attention = kind, .dtype = DType::f64});
+      TransformerEncoderLayer<B> l({.d_model = 16,
+                                    .n_heads = 2,
+                                    .dim_feedforward = 24,
+                                    .dropout = 0.0,
+                                    .norm_first = norm_first,
+                                    .attention = kind,
+                                    .dtype = DType::f64});
       Generator g(22);
       const T x = T::randn({2, 6, 16}, DType::f64, &g);
       const std::vector<std::vector<int64_t>> kept{{0, 1, 2, 3}, {0, 2, 3, 4, 5}};
@@ -255,8 +262,16 @@ TEMPLATE_TEST_CASE("nn: decoder stack greedy decoding with a DecoderCache equals
     for (bool rope : {false, true}) {
       INFO("diff " << (kind == AttentionKind::diff) << " rope " << rope);
       manual_seed(31);
-      TransformerDecoder<B> dec({.layer = {.d_model = 32, .n_heads = 4, .n_kv_heads = 2, .dim_feedforward = 48, .dropout = 0.0,
-                                           .norm_first = true, .attention = kind, .rope = rope, .max_seq_len = 16, .dtype = DType::f64},
+      TransformerDecoder<B> dec({.layer = {.d_model = 32,
+                                           .n_heads = 4,
+                                           .n_kv_heads = 2,
+                                           .dim_feedforward = 48,
+                                           .dropout = 0.0,
+                                           .norm_first = true,
+                                           .attention = kind,
+                                           .rope = rope,
+                                           .max_seq_len = 16,
+                                           .dtype = DType::f64},
                                  .num_layers = 2,
                                  .final_norm = true});
       Generator g(32);
@@ -287,9 +302,16 @@ TEMPLATE_TEST_CASE("nn: encoder and decoder layers' gradients (f64 finite differ
   using B = TestType;
   using T = Tensor<B>;
   manual_seed(41);
-  const TransformerLayerOptions o{.d_model = 16, .n_heads = 2, .n_kv_heads = 1, .dim_feedforward = 12, .dropout = 0.0,
-                                  .activation = Activation::gelu, .norm = NormKind::rms_norm, .attention = AttentionKind::diff,
-                                  .depth = 1, .dtype = DType::f64};
+  const TransformerLayerOptions o{.d_model = 16,
+                                  .n_heads = 2,
+                                  .n_kv_heads = 1,
+                                  .dim_feedforward = 12,
+                                  .dropout = 0.0,
+                                  .activation = Activation::gelu,
+                                  .norm = NormKind::rms_norm,
+                                  .attention = AttentionKind::diff,
+                                  .depth = 1,
+                                  .dtype = DType::f64};
   TransformerEncoderLayer<B> enc(o);
   TransformerDecoderLayer<B> dec(o);
   Generator g(42);
@@ -312,6 +334,7 @@ TEMPLATE_TEST_CASE("nn: transformer layers check their inputs", "[nn][transforme
   TransformerDecoderLayer<B> dec({.d_model = 16, .n_heads = 2, .dim_feedforward = 8});
   CHECK_THROWS_WITH(dec.forward(Var<B>(T::randn({2, 3, 16})), Var<B>()), Catch::Contains("memory"));
   CHECK_THROWS_WITH(dec.forward(Var<B>(T::randn({2, 3, 16})), Var<B>(T::randn({1, 4, 16}))), Catch::Contains("memory [1, 4, 16]"));
-  CHECK_THROWS_WITH(dec.forward(Var<B>(T::randn({2, 3, 16})), Var<B>(T::randn({2, 4, 16})), {.memory_key_padding = T::ones({2, 3}, DType::boolean)}),
-                    Catch::Contains("key_padding"));
+  CHECK_THROWS_WITH(
+      dec.forward(Var<B>(T::randn({2, 3, 16})), Var<B>(T::randn({2, 4, 16})), {.memory_key_padding = T::ones({2, 3}, DType::boolean)}),
+      Catch::Contains("key_padding"));
 }

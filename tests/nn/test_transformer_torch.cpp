@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <kiln/nn/transformer.hpp>
 #include "common/kiln_test.hpp"
@@ -85,8 +85,7 @@ TEMPLATE_TEST_CASE("nn: MultiHeadAttention with key padding and attention masks 
   for (const auto& [name, c] : cases().items()) {
     if (c.at("kind") != "mha") continue;
     ++n;
-    MultiHeadAttention<B> m({.d_model = geti(c, "E"), .n_heads = geti(c, "H"), .causal = false, .rope = false,
-                             .dtype = DType::f64});
+    MultiHeadAttention<B> m({.d_model = geti(c, "E"), .n_heads = geti(c, "H"), .causal = false, .rope = false, .dtype = DType::f64});
     check<B>(name, c, m, [&](const Var<B>& x, const Var<B>& mem) {
       return m.forward(x, {.memory = mem, .key_padding = input<B>(c, "key_padding"), .mask = input<B>(c, "mask")});
     });
@@ -102,19 +101,25 @@ TEMPLATE_TEST_CASE("nn: TransformerEncoderLayer and TransformerDecoderLayer equa
     const std::string kind = c.at("kind");
     if (kind == "mha") continue;
     ++n;
-    const TransformerLayerOptions o{.d_model = geti(c, "E"), .n_heads = geti(c, "H"),
-                                    .dim_feedforward = geti(c, "F"), .dropout = 0.0,
+    const TransformerLayerOptions o{.d_model = geti(c, "E"),
+                                    .n_heads = geti(c, "H"),
+                                    .dim_feedforward = geti(c, "F"),
+                                    .dropout = 0.0,
                                     .activation = c.at("activation") == "gelu" ? Activation::gelu : Activation::relu,
-                                    .norm_first = getb(c, "norm_first"), .dtype = DType::f64};
+                                    .norm_first = getb(c, "norm_first"),
+                                    .dtype = DType::f64};
     if (kind == "enc") {
       TransformerEncoderLayer<B> l(o);
-      check<B>(name, c, l, [&](const Var<B>& x, const Var<B>&) { return l.forward(x, input<B>(c, "src_key_padding"), input<B>(c, "src_mask")); });
+      check<B>(name, c, l,
+               [&](const Var<B>& x, const Var<B>&) { return l.forward(x, input<B>(c, "src_key_padding"), input<B>(c, "src_mask")); });
     } else {
       TransformerDecoderLayer<B> l(o);
       check<B>(name, c, l, [&](const Var<B>& x, const Var<B>& mem) {
         return l.forward(x, mem,
-                         {.tgt_key_padding = input<B>(c, "tgt_key_padding"), .tgt_mask = input<B>(c, "tgt_mask"),
-                          .memory_key_padding = input<B>(c, "memory_key_padding"), .memory_mask = input<B>(c, "memory_mask")});
+                         {.tgt_key_padding = input<B>(c, "tgt_key_padding"),
+                          .tgt_mask = input<B>(c, "tgt_mask"),
+                          .memory_key_padding = input<B>(c, "memory_key_padding"),
+                          .memory_mask = input<B>(c, "memory_mask")});
       });
     }
   }

@@ -3,11 +3,11 @@
 #include <catch2/catch.hpp>
 
 #include <kiln/backends/backends.hpp>
+#include <kiln/formats/safetensors.hpp>
 #include <kiln/nn/gpt.hpp>
 #include <kiln/nn/loss.hpp>
-#include <kiln/formats/safetensors.hpp>
-#include "ref.hpp"
 #include <kiln/train/data.hpp>
+#include "ref.hpp"
 
 using namespace kiln;
 using json = nlohmann::json;
@@ -32,8 +32,8 @@ void check_config(const json& model_json) {
   test::run_ref(fmt::format("init --model {} --seed 3 --out {}", m, init));
   test::run_ref(fmt::format("tokens --vocab {} --n 3000 --seed 1 --out {}", cfg.vocab_size, tok));
   const int64_t Bn = 2, T = std::min<int64_t>(16, cfg.max_seq_len);
-  test::run_ref(fmt::format("grads --model {} --data {} --init-from {} --batch {} --seq-len {} --dtype float64 --out {}", m, tok,
-                            init, Bn, T, grads));
+  test::run_ref(fmt::format("grads --model {} --data {} --init-from {} --batch {} --seq-len {} --dtype float64 --out {}", m, tok, init, Bn,
+                            T, grads));
 
   nn::GPT<Cpu> model(cfg, DType::f64);
   model.load(init);

@@ -6,8 +6,8 @@
 #include <fstream>
 
 #include <kiln/backends/backends.hpp>
-#include <kiln/nn/loss.hpp>
 #include <kiln/formats/safetensors.hpp>
+#include <kiln/nn/loss.hpp>
 #include <kiln/optim/optimizer.hpp>
 #include "ref.hpp"
 
@@ -43,7 +43,8 @@ for s in range(6):
     opt.step()
     out[f"p{{s+1}}"], out[f"q{{s+1}}"] = p.detach().clone(), q.detach().clone()
 save_safetensors("{}", out)
-)", KILN_REFERENCE_DIR, opt, (dir / "traj.safetensors").string());
+)",
+                                       KILN_REFERENCE_DIR, opt, (dir / "traj.safetensors").string());
   run_python(code, dir);
   return safetensors::load<Cpu>((dir / "traj.safetensors").string());
 }
@@ -76,8 +77,7 @@ TEST_CASE("optim: AdamW, Adam and SGD follow torch.optim step for step (float64,
                                        optim::AdamOptions{.lr = 0.01, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .decoupled = true});
   }
   SECTION("Adam (L2 decay in the gradient)") {
-    check_trajectory<optim::Adam<Cpu>>("torch.optim.Adam(groups, lr=0.02)",
-                                       optim::AdamOptions{.lr = 0.02, .decoupled = false});
+    check_trajectory<optim::Adam<Cpu>>("torch.optim.Adam(groups, lr=0.02)", optim::AdamOptions{.lr = 0.02, .decoupled = false});
   }
   SECTION("SGD with momentum and dampening") {
     check_trajectory<optim::SGD<Cpu>>("torch.optim.SGD(groups, lr=0.1, momentum=0.9, dampening=0.3)",
@@ -103,7 +103,9 @@ out = {{"g0": ps[0].grad.clone(), "g1": ps[1].grad.clone()}}
 n = torch.nn.utils.clip_grad_norm_(ps, 1.5)
 out.update({{"c0": ps[0].grad, "c1": ps[1].grad, "norm": n.reshape(1)}})
 save_safetensors("{1}", out)
-)", KILN_REFERENCE_DIR, (dir / "clip.safetensors").string()), dir);
+)",
+                         KILN_REFERENCE_DIR, (dir / "clip.safetensors").string()),
+             dir);
   const auto t = safetensors::load<Cpu>((dir / "clip.safetensors").string());
   std::vector<Var<Cpu>> ps{Var<Cpu>(Tensor<Cpu>::zeros({3, 4}, DType::f64), true), Var<Cpu>(Tensor<Cpu>::zeros({7}, DType::f64), true)};
   ps[0].set_grad(t.at("g0").clone());
@@ -132,7 +134,9 @@ for i, eps in enumerate([0.0, 0.1, 0.35]):
     g, = torch.autograd.grad(l, x)
     out[f"l{{i}}"], out[f"g{{i}}"] = l.detach().reshape(1), g
 save_safetensors("{1}", out)
-)", KILN_REFERENCE_DIR, (dir / "ce.safetensors").string()), dir);
+)",
+                         KILN_REFERENCE_DIR, (dir / "ce.safetensors").string()),
+             dir);
   const auto t = safetensors::load<Cpu>((dir / "ce.safetensors").string());
   const double eps[] = {0.0, 0.1, 0.35};
   for (int i = 0; i < 3; ++i) {

@@ -160,7 +160,8 @@ TEST_CASE("parity: kiln train = reference train for every attention x residual c
 
 // The same parity on the GPU: `kiln train --device cuda` against the reference (which runs on the CPU),
 // so a training script moves from CPU to CUDA by one flag and gives the same run. Skipped without a GPU.
-TEST_CASE("parity: kiln train --device cuda = reference train (diff + attnres_block with GQA and RoPE, mha + standard)", "[parity][train][cuda]") {
+TEST_CASE("parity: kiln train --device cuda = reference train (diff + attnres_block with GQA and RoPE, mha + standard)",
+          "[parity][train][cuda]") {
   json m = kBase;
   m["attention"] = "diff";
   m["residual"] = "attnres_block";
@@ -207,8 +208,9 @@ TEST_CASE("checkpoints: a run stopped and resumed is bit-identical to one that n
   other["d_model"] = 32;
   test::write_json(f.dir / "other.json", other);
   const std::string err = (f.dir / "err.txt").string();
-  CHECK(std::system(fmt::format("{} train --model {} --data {} --resume {} 2>{}", kiln_cli(), (f.dir / "other.json").string(),
-                                f.tokens, ck, err).c_str()) != 0);
+  CHECK(std::system(
+            fmt::format("{} train --model {} --data {} --resume {} 2>{}", kiln_cli(), (f.dir / "other.json").string(), f.tokens, ck, err)
+                .c_str()) != 0);
   std::stringstream ss;
   ss << std::ifstream(err).rdbuf();
   CHECK_THAT(ss.str(), Catch::Contains("differs from the model of checkpoint"));
@@ -226,16 +228,18 @@ TEST_CASE("checkpoints: killing the writer never leaves a corrupt checkpoint", "
     const pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-      ::execl("/bin/sh", "sh", "-c",
-              fmt::format("exec {} train --model {} --train {} --data {} --checkpoint {} --quiet", kiln_cli(), f.model, f.train,
-                          f.tokens, ck).c_str(), static_cast<char*>(nullptr));
+      ::execl(
+          "/bin/sh", "sh", "-c",
+          fmt::format("exec {} train --model {} --train {} --data {} --checkpoint {} --quiet", kiln_cli(), f.model, f.train, f.tokens, ck)
+              .c_str(),
+          static_cast<char*>(nullptr));
       std::_Exit(127);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(700 + 450 * round));
     ::kill(pid, SIGKILL);
     int status = 0;
     ::waitpid(pid, &status, 0);
-    if (!fs::exists(ck)) continue;  // killed before the first checkpoint
+    if (!fs::exists(ck)) continue;                  // killed before the first checkpoint
     const auto file = safetensors::File::open(ck);  // throws on a torn file
     CHECK(file.metadata().count("step"));
     CHECK(file.contains("model.tok_emb.weight"));

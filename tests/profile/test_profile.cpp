@@ -93,9 +93,8 @@ std::vector<nlohmann::json> check_trace(const nlohmann::json& j) {
   std::map<int64_t, std::vector<nlohmann::json>> by_tid;
   for (const auto& e : xs) by_tid[e["tid"].get<int64_t>()].push_back(e);
   for (auto& [tid, v] : by_tid) {
-    std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
-      return a["ts"].template get<double>() < b["ts"].template get<double>();
-    });
+    std::stable_sort(v.begin(), v.end(),
+                     [](const auto& a, const auto& b) { return a["ts"].template get<double>() < b["ts"].template get<double>(); });
     std::vector<double> ends;
     for (const auto& e : v) {
       const double ts = e["ts"].get<double>(), end = ts + e["dur"].get<double>();
@@ -109,9 +108,7 @@ std::vector<nlohmann::json> check_trace(const nlohmann::json& j) {
 
 // A site instrumented the way the backend dispatch is, with an operand count that says whether the
 // deferred part ran.
-template <class B> void instrumented_site(int& evaluated, const T& x) {
-  KILN_PROFILED_FLOPS("test_site", ++evaluated, x) (void)x.numel();
-}
+template <class B> void instrumented_site(int& evaluated, const T& x) { KILN_PROFILED_FLOPS("test_site", ++evaluated, x)(void) x.numel(); }
 
 }  // namespace
 
@@ -281,7 +278,8 @@ TEST_CASE("profile: kiln train --profile and KILN_PROFILE=1 write a trace of ste
   std::ofstream(train) << R"({"batch_size": 2, "seq_len": 8, "steps": 3})";
 
   const std::string trace = dir + "/out.json";
-  const Run r = shell(fmt::format("{} train --model {} --train {} --data {} --progress off --profile {}", KILN_CLI, model, train, tok, trace));
+  const Run r =
+      shell(fmt::format("{} train --model {} --train {} --data {} --progress off --profile {}", KILN_CLI, model, train, tok, trace));
   INFO(r.out);
   REQUIRE(r.status == 0);
   CHECK_THAT(r.out, Catch::Contains("kiln profile:") && Catch::Contains("fit.step") && Catch::Contains(trace));
@@ -311,9 +309,11 @@ TEST_CASE("profile: kiln train --profile and KILN_PROFILE=1 write a trace of ste
   // without KILN_PROFILE_OUT: kiln-profile.json in the working directory; KILN_PROFILE=0 is off
   const std::string cwd = dir + "/cwd";
   std::filesystem::create_directories(cwd);
-  REQUIRE(shell(fmt::format("cd {} && KILN_PROFILE=0 {} tokenize --text {} --chars --out tok.safetensors", cwd, KILN_CLI, text)).status == 0);
+  REQUIRE(shell(fmt::format("cd {} && KILN_PROFILE=0 {} tokenize --text {} --chars --out tok.safetensors", cwd, KILN_CLI, text)).status ==
+          0);
   CHECK_FALSE(std::filesystem::exists(cwd + "/kiln-profile.json"));
-  REQUIRE(shell(fmt::format("cd {} && KILN_PROFILE=1 {} tokenize --text {} --chars --out tok.safetensors", cwd, KILN_CLI, text)).status == 0);
+  REQUIRE(shell(fmt::format("cd {} && KILN_PROFILE=1 {} tokenize --text {} --chars --out tok.safetensors", cwd, KILN_CLI, text)).status ==
+          0);
   check_trace(read_json(cwd + "/kiln-profile.json"));
   std::filesystem::remove_all(dir);
 }

@@ -73,12 +73,13 @@ TEST_CASE("text cli: a token file made with a tokenizer trains, and sampling dec
   std::ofstream(dir / "small.json") << R"({"vocab_size": 256, "d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 32})";
   std::ofstream(dir / "model.json") << R"({"vocab_size": 803, "d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 32})";
   std::ofstream(dir / "train.json") << R"({"batch_size": 2, "seq_len": 16, "steps": 3})";
-  r = run_kiln(fmt::format("train --model {} --train {} --data {} --quiet", (dir / "small.json").string(), (dir / "train.json").string(), tokens));
+  r = run_kiln(
+      fmt::format("train --model {} --train {} --data {} --quiet", (dir / "small.json").string(), (dir / "train.json").string(), tokens));
   CHECK(r.status != 0);
   CHECK_THAT(r.out, Catch::Contains("vocab"));
   const std::string ck = (dir / "ck.safetensors").string();
   r = run_kiln(fmt::format("train --model {} --train {} --data {} --checkpoint {} --quiet", (dir / "model.json").string(),
-                       (dir / "train.json").string(), tokens, ck));
+                           (dir / "train.json").string(), tokens, ck));
   REQUIRE(r.status == 0);
   // kiln sample finds the tokenizer through the token file the checkpoint names: the prompt is encoded
   // with it, the output decoded with it

@@ -8,8 +8,8 @@
 #include <functional>
 #include <map>
 
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include "common/kiln_test.hpp"
 #include "common/torch_cases.hpp"
@@ -48,16 +48,25 @@ template <Backend B> Tensor<B> array(const json& a) {
 
 template <Backend B> Tensor<B> unary(const std::string& op, const Tensor<B>& x) {
   static const std::map<std::string, std::function<Tensor<B>(const Tensor<B>&)>> m{
-      {"neg", [](const Tensor<B>& t) { return t.neg(); }},        {"abs", [](const Tensor<B>& t) { return t.abs(); }},
-      {"square", [](const Tensor<B>& t) { return t.square(); }},  {"sign", [](const Tensor<B>& t) { return t.sign(); }},
-      {"exp", [](const Tensor<B>& t) { return t.exp(); }},        {"log", [](const Tensor<B>& t) { return t.log(); }},
-      {"log1p", [](const Tensor<B>& t) { return t.log1p(); }},    {"expm1", [](const Tensor<B>& t) { return t.expm1(); }},
-      {"sqrt", [](const Tensor<B>& t) { return t.sqrt(); }},      {"rsqrt", [](const Tensor<B>& t) { return t.rsqrt(); }},
+      {"neg", [](const Tensor<B>& t) { return t.neg(); }},
+      {"abs", [](const Tensor<B>& t) { return t.abs(); }},
+      {"square", [](const Tensor<B>& t) { return t.square(); }},
+      {"sign", [](const Tensor<B>& t) { return t.sign(); }},
+      {"exp", [](const Tensor<B>& t) { return t.exp(); }},
+      {"log", [](const Tensor<B>& t) { return t.log(); }},
+      {"log1p", [](const Tensor<B>& t) { return t.log1p(); }},
+      {"expm1", [](const Tensor<B>& t) { return t.expm1(); }},
+      {"sqrt", [](const Tensor<B>& t) { return t.sqrt(); }},
+      {"rsqrt", [](const Tensor<B>& t) { return t.rsqrt(); }},
       {"reciprocal", [](const Tensor<B>& t) { return t.reciprocal(); }},
-      {"sin", [](const Tensor<B>& t) { return t.sin(); }},        {"cos", [](const Tensor<B>& t) { return t.cos(); }},
-      {"tanh", [](const Tensor<B>& t) { return t.tanh(); }},      {"sigmoid", [](const Tensor<B>& t) { return t.sigmoid(); }},
-      {"relu", [](const Tensor<B>& t) { return t.relu(); }},      {"silu", [](const Tensor<B>& t) { return t.silu(); }},
-      {"gelu", [](const Tensor<B>& t) { return t.gelu(false); }}, {"gelu_tanh", [](const Tensor<B>& t) { return t.gelu(true); }},
+      {"sin", [](const Tensor<B>& t) { return t.sin(); }},
+      {"cos", [](const Tensor<B>& t) { return t.cos(); }},
+      {"tanh", [](const Tensor<B>& t) { return t.tanh(); }},
+      {"sigmoid", [](const Tensor<B>& t) { return t.sigmoid(); }},
+      {"relu", [](const Tensor<B>& t) { return t.relu(); }},
+      {"silu", [](const Tensor<B>& t) { return t.silu(); }},
+      {"gelu", [](const Tensor<B>& t) { return t.gelu(false); }},
+      {"gelu_tanh", [](const Tensor<B>& t) { return t.gelu(true); }},
   };
   const auto it = m.find(op);
   return it == m.end() ? Tensor<B>() : it->second(x);

@@ -90,7 +90,8 @@ TEST_CASE("cli: --progress on into a file or pipe prints plain lines, not a bar 
   const std::string text = temp("progress.txt", std::string(400, 'a') + "the quick brown fox jumps over the lazy dog\n");
   const std::string tok = temp("progress.safetensors", "");
   REQUIRE(kiln(fmt::format("tokenize --text {} --chars --out {}", text, tok)).status == 0);
-  const std::string model = temp("progress_model.json", R"({"vocab_size": 32, "d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16})");
+  const std::string model =
+      temp("progress_model.json", R"({"vocab_size": 32, "d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16})");
   const std::string train = temp("progress_train.json", R"({"batch_size": 2, "seq_len": 8, "steps": 40})");
   for (const char* mode : {"on", "auto"}) {
     INFO("--progress " << mode);

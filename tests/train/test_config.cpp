@@ -1,6 +1,6 @@
 // model.json / train.json parsing, LR schedules against the reference's lr_at, token batches.
-#include <nlohmann/json.hpp>
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -44,13 +44,11 @@ TEST_CASE("config: defaults, resolution and the reference's ffn rule", "[config]
 
 TEST_CASE("config: unknown keys, wrong types and bad values name the key", "[config]") {
   CHECK_THROWS_WITH(ModelConfig::from_json(json{{"d_modle", 64}}, "m.json"),
-                    Catch::Contains("m.json") && Catch::Contains("d_modle") && Catch::Contains("valid keys") &&
-                        Catch::Contains("d_model"));
+                    Catch::Contains("m.json") && Catch::Contains("d_modle") && Catch::Contains("valid keys") && Catch::Contains("d_model"));
   CHECK_THROWS_WITH(ModelConfig::from_json(json{{"d_model", "big"}}, "m.json"), Catch::Contains("'d_model' must be an integer"));
   CHECK_THROWS_WITH(ModelConfig::from_json(json{{"attention", "flash"}}), Catch::Contains("flash") && Catch::Contains("mha, diff"));
   CHECK_THROWS_WITH(ModelConfig::from_json(json{{"n_heads", 4}, {"n_kv_heads", 3}}), Catch::Contains("n_kv_heads (3)"));
-  CHECK_THROWS_WITH(ModelConfig::from_json(json{{"attention", "diff"}, {"d_model", 36}, {"n_heads", 4}}),
-                    Catch::Contains("2·n_heads (8)"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(json{{"attention", "diff"}, {"d_model", 36}, {"n_heads", 4}}), Catch::Contains("2·n_heads (8)"));
   CHECK_THROWS_WITH(ModelConfig::from_json(json{{"attention", "diff"}, {"d_model", 24}, {"n_heads", 4}}),
                     Catch::Contains("odd"));  // sub-head width 3 with RoPE
   CHECK_NOTHROW(ModelConfig::from_json(json{{"attention", "diff"}, {"d_model", 24}, {"n_heads", 4}, {"rope", false}}));
@@ -66,7 +64,8 @@ TEST_CASE("config: unknown keys, wrong types and bad values name the key", "[con
   // found by fuzz_train_json: a negative gamma made the step schedule's learning rate negative
   CHECK_THROWS_WITH(TrainConfig::from_json(json{{"schedule", {{"name", "step"}, {"step_size", 3}, {"gamma", -0.5}}}}),
                     Catch::Contains("gamma must be >= 0") && Catch::Contains("got -0.5"));
-  CHECK_THROWS_WITH(TrainConfig::from_json(json{{"zero_stage", 2}}), Catch::Contains("zero_stage must be 0 or 1") && Catch::Contains("got 2"));
+  CHECK_THROWS_WITH(TrainConfig::from_json(json{{"zero_stage", 2}}),
+                    Catch::Contains("zero_stage must be 0 or 1") && Catch::Contains("got 2"));
   CHECK_THROWS_WITH(TrainConfig::from_json(json{{"bucket_mb", 0}}), Catch::Contains("bucket_mb must be > 0, got 0"));
   const json dp = TrainConfig::from_json(json{{"zero_stage", 1}, {"bucket_mb", 4.5}}).to_json();
   CHECK((dp.at("zero_stage") == 1 && dp.at("bucket_mb") == 4.5));
@@ -102,7 +101,8 @@ for s in json.loads('{}'):
     t = {{"optimizer": {{"lr": 0.003}}, "schedule": s, "steps": 30}}
     out.append([kiln_ref.lr_at(i, t) for i in range(30)])
 print(json.dumps(out))
-)", KILN_REFERENCE_DIR, json(schedules).dump());
+)",
+                                       KILN_REFERENCE_DIR, json(schedules).dump());
   const json ref = json::parse(run_python(code));
   for (size_t k = 0; k < schedules.size(); ++k) {
     const TrainConfig t = TrainConfig::from_json(json{{"schedule", schedules[k]}, {"steps", 30}});
@@ -112,9 +112,9 @@ print(json.dumps(out))
     }
   }
   LrSchedule st{.name = "step", .warmup_steps = 2, .step_size = 3, .gamma = 0.5};
-  CHECK(st.at(1.0, 1, 10) == Approx(1.0));   // warmup (2/2)
-  CHECK(st.at(1.0, 4, 10) == Approx(1.0));   // (4-2)/3 = 0
-  CHECK(st.at(1.0, 5, 10) == Approx(0.5));   // (5-2)/3 = 1
+  CHECK(st.at(1.0, 1, 10) == Approx(1.0));  // warmup (2/2)
+  CHECK(st.at(1.0, 4, 10) == Approx(1.0));  // (4-2)/3 = 0
+  CHECK(st.at(1.0, 5, 10) == Approx(0.5));  // (5-2)/3 = 1
   CHECK(st.at(1.0, 8, 10) == Approx(0.25));
 }
 
@@ -195,8 +195,9 @@ TEST_CASE("progress bar: plain lines off a terminal", "[progress]") {
   std::rewind(f);
   std::string s(4096, '\0');
   s.resize(std::fread(s.data(), 1, s.size(), f));
-  CHECK(ProgressBar(4, f, 1).line(1, 1.5, 1e-3, 2500, 65, "").rfind(
-            "[############............] 2/4 loss 1.5000 lr 1.00e-03 2.5k tok/s ETA 01:05", 0) == 0);
+  CHECK(ProgressBar(4, f, 1)
+            .line(1, 1.5, 1e-3, 2500, 65, "")
+            .rfind("[############............] 2/4 loss 1.5000 lr 1.00e-03 2.5k tok/s ETA 01:05", 0) == 0);
   CHECK(ProgressBar(4, f, 0).line(1, 1.5, 1e-3, 2500, 65, "", 97.04) == "2/4 loss 1.5000 lr 1.00e-03 2.5k tok/s 97.0 GFLOP/s ETA 01:05");
   std::fclose(f);
   CHECK(s.find('\r') == std::string::npos);

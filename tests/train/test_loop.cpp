@@ -3,8 +3,8 @@
 // LR follows the schedule, non-finite steps error or skip and never reach a checkpoint, callbacks
 // log and stop, evaluation runs exactly at its steps, and bad options or resume files are refused
 // before any file is touched.
-#include <nlohmann/json.hpp>
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <csignal>
@@ -150,7 +150,8 @@ TEST_CASE("fit: a run stopped and resumed is bit-identical to one that never sto
   // short window that ends epoch 1.
   for (int64_t stop : {6, 4, 7}) {
     SECTION(fmt::format("stop after {} steps", stop)) {
-      const std::string ck = (dir / fmt::format("ck{}.safetensors", stop)).string(), log = (dir / fmt::format("part{}.jsonl", stop)).string();
+      const std::string ck = (dir / fmt::format("ck{}.safetensors", stop)).string(),
+                        log = (dir / fmt::format("part{}.jsonl", stop)).string();
       const Run a = run_points(0, {.checkpoint_path = ck, .log_path = log, .stop_after = stop});
       CHECK(a.result.steps_done == stop);
       CHECK(a.result.stopped);
@@ -196,7 +197,9 @@ TEST_CASE("fit: a run stopped and resumed is bit-identical to one that never sto
   SECTION("a log with records past the checkpoint (killed between checkpoints) keeps only those before it") {
     const std::string ck = (dir / "kill.safetensors").string(), log = (dir / "kill.jsonl").string();
     run_points(0, {.checkpoint_path = ck, .log_path = log, .stop_after = 5});
-    std::ofstream(log, std::ios::app) << R"({"step": 5, "loss": 1.0})" << "\n" << R"({"step": 6, "lo)";  // a torn line
+    std::ofstream(log, std::ios::app) << R"({"step": 5, "loss": 1.0})"
+                                      << "\n"
+                                      << R"({"step": 6, "lo)";  // a torn line
     run_points(0, {.checkpoint_path = ck, .resume_path = ck, .log_path = log});
     const auto part = read_log(log);
     REQUIRE(part.size() == 12);
@@ -218,10 +221,11 @@ TEST_CASE("fit: accumulating k micro-batches of n equals one batch of k·n (f64)
     FitOptions o{.steps = 3, .grad_accum = accum, .progress = 0};
     int64_t after_backward = 0;
     o.hooks.after_backward = [&] { ++after_backward; };
-    if (micro) o.hooks.around_micro_batch = [&](int64_t j, int64_t m, const std::function<void()>& f) {
-      micro->emplace_back(j, m);
-      f();
-    };
+    if (micro)
+      o.hooks.around_micro_batch = [&](int64_t j, int64_t m, const std::function<void()>& f) {
+        micro->emplace_back(j, m);
+        f();
+      };
     FitResult r;
     if (indexed) {
       // batch i = rows [i·batch, (i+1)·batch) mod 64: micro-batch j of step s is batch s·k + j
@@ -248,8 +252,8 @@ TEST_CASE("fit: accumulating k micro-batches of n equals one batch of k·n (f64)
     for (size_t i = 0; i < 3; ++i) CHECK(std::abs(la[i] - lb[i]) < 1e-12 * std::abs(lb[i]));
     CHECK(max_rel_diff(wa, wb) < 1e-12);
     CHECK(max_rel_diff(wc, wb) > 1e-3);
-    CHECK(micro == std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {1, 4}, {2, 4}, {3, 4}, {0, 4}, {1, 4}, {2, 4}, {3, 4},
-                                                             {0, 4}, {1, 4}, {2, 4}, {3, 4}});
+    CHECK(micro == std::vector<std::pair<int64_t, int64_t>>{
+                       {0, 4}, {1, 4}, {2, 4}, {3, 4}, {0, 4}, {1, 4}, {2, 4}, {3, 4}, {0, 4}, {1, 4}, {2, 4}, {3, 4}});
   }
   SECTION("an epoch's last window holds the batches left") {
     // 7 batches per epoch, grad_accum 3: windows 3, 3, 1 — 3 steps per epoch
@@ -265,8 +269,8 @@ TEST_CASE("fit: accumulating k micro-batches of n equals one batch of k·n (f64)
     };
     const FitResult r = fit(model, opt, loader, ce_step(model), o);
     CHECK(r.steps_done == 6);
-    CHECK(micro == std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {1, 3}, {2, 3}, {0, 3}, {1, 3}, {2, 3}, {0, 1},
-                                                             {0, 3}, {1, 3}, {2, 3}, {0, 3}, {1, 3}, {2, 3}, {0, 1}});
+    CHECK(micro == std::vector<std::pair<int64_t, int64_t>>{
+                       {0, 3}, {1, 3}, {2, 3}, {0, 3}, {1, 3}, {2, 3}, {0, 1}, {0, 3}, {1, 3}, {2, 3}, {0, 3}, {1, 3}, {2, 3}, {0, 1}});
     CHECK(loader.epoch() == 2);
   }
 }
@@ -290,13 +294,14 @@ TEST_CASE("fit: clipping equals optim::clip_grad_norm, and the LR of each step f
       optim::SGD<C> opt(model.named_parameters(), {.lr = 0.5, .momentum = 0.9});
       DataLoader loader(data, {.batch_size = 16, .shuffle = false});
       const fs::path dir = temp_dir();
-      fit(model, opt, loader, ce_step(model),
-          {.steps = 1, .grad_clip = clip, .log_path = (dir / "log.jsonl").string(), .progress = 0});
+      fit(model, opt, loader, ce_step(model), {.steps = 1, .grad_clip = clip, .log_path = (dir / "log.jsonl").string(), .progress = 0});
       const auto log = read_log(dir / "log.jsonl");
       REQUIRE(log.size() == 1);
       CHECK(log[0]["grad_norm"].get<double>() == norm);  // the norm before clipping, either way
-      if (clip > 0) CHECK(snapshot(model) == snapshot(manual));
-      else CHECK(max_rel_diff(snapshot(model), snapshot(manual)) > 1e-4);
+      if (clip > 0)
+        CHECK(snapshot(model) == snapshot(manual));
+      else
+        CHECK(max_rel_diff(snapshot(model), snapshot(manual)) > 1e-4);
       fs::remove_all(dir);
     }
   }
@@ -430,11 +435,12 @@ TEST_CASE("fit: callbacks record metrics in the log and can stop the run", "[fit
   };
   FitOptions o{.epochs = 5, .checkpoint_path = (dir / "ck.safetensors").string(), .log_path = (dir / "log.jsonl").string(), .progress = 0};
   std::vector<double> accs;
-  o.callbacks.push_back({.on_step = [&](FitState& s) {
-                           s.record("twice_loss", 2 * s.loss);
-                           accs.push_back(s.metrics.at("acc"));
-                           if (s.step == 6) s.stop = true;
-                         },
+  o.callbacks.push_back({.on_step =
+                             [&](FitState& s) {
+                               s.record("twice_loss", 2 * s.loss);
+                               accs.push_back(s.metrics.at("acc"));
+                               if (s.step == 6) s.stop = true;
+                             },
                          .on_eval = nullptr,
                          .on_epoch = [&](FitState& s) { s.record("epoch_done", static_cast<double>(s.epoch)); }});
   const FitResult r = fit(model, opt, loader, step, o);
@@ -463,10 +469,11 @@ TEST_CASE("fit: evaluation runs exactly every eval_every steps and after the las
   optim::Adam<C> opt(model.named_parameters(), {.lr = 1e-2});
   DataLoader train(points(48, 8), {.batch_size = 8, .shuffle = true, .seed = 2});
   const TensorDataset<C> eval_set = points(40, 9);
-  const IndexedBatches eval{.batch = [&](int64_t i) {
-                              return eval_set.get({i * 10, i * 10 + 1, i * 10 + 2, i * 10 + 3, i * 10 + 4, i * 10 + 5, i * 10 + 6,
-                                                   i * 10 + 7, i * 10 + 8, i * 10 + 9});
-                            },
+  const IndexedBatches eval{.batch =
+                                [&](int64_t i) {
+                                  return eval_set.get({i * 10, i * 10 + 1, i * 10 + 2, i * 10 + 3, i * 10 + 4, i * 10 + 5, i * 10 + 6,
+                                                       i * 10 + 7, i * 10 + 8, i * 10 + 9});
+                                },
                             .count = 4};
   std::vector<int64_t> eval_calls_at;  // training steps at which evaluation batches ran
   int64_t steps_seen = 0;
@@ -526,12 +533,15 @@ TEST_CASE("fit: bad options and mismatched resume checkpoints are kiln::Errors n
     std::function<void()> run;
     std::vector<std::string> says;
   };
-  auto plain = [&](const FitOptions& base, int64_t hidden = 16, bool sgd = false, DataLoaderOptions d = {.batch_size = 8, .shuffle = true, .seed = 1}) {
+  auto plain = [&](const FitOptions& base, int64_t hidden = 16, bool sgd = false,
+                   DataLoaderOptions d = {.batch_size = 8, .shuffle = true, .seed = 1}) {
     manual_seed(0);
     Net<C> model(hidden);
     std::unique_ptr<optim::Optimizer<C>> opt;
-    if (sgd) opt = std::make_unique<optim::SGD<C>>(model.named_parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
-    else opt = std::make_unique<optim::Adam<C>>(model.named_parameters(), optim::AdamOptions{.lr = 1e-2});
+    if (sgd)
+      opt = std::make_unique<optim::SGD<C>>(model.named_parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    else
+      opt = std::make_unique<optim::Adam<C>>(model.named_parameters(), optim::AdamOptions{.lr = 1e-2});
     DataLoader loader(data, d);
     FitOptions o = base;
     o.log_path = log;
@@ -556,20 +566,28 @@ TEST_CASE("fit: bad options and mismatched resume checkpoints are kiln::Errors n
       {"grad_accum 0", [&] { plain({.steps = 2, .grad_accum = 0}); }, {"grad_accum must be >= 1, got 0"}},
       {"negative clip", [&] { plain({.steps = 2, .grad_clip = -1}); }, {"grad_clip must be >= 0", "-1"}},
       {"negative eval_every", [&] { plain({.steps = 2, .eval_every = -2}); }, {"eval_every must be >= 0, got -2"}},
-      {"checkpoint_every without a path", [&] { plain({.steps = 2, .checkpoint_every = 5}); }, {"checkpoint_every = 5 needs a checkpoint_path"}},
-      {"a checkpoint in a missing directory", [&] { plain({.steps = 2, .checkpoint_path = (dir / "no/ck.safetensors").string()}); },
+      {"checkpoint_every without a path",
+       [&] { plain({.steps = 2, .checkpoint_every = 5}); },
+       {"checkpoint_every = 5 needs a checkpoint_path"}},
+      {"a checkpoint in a missing directory",
+       [&] { plain({.steps = 2, .checkpoint_path = (dir / "no/ck.safetensors").string()}); },
        {"no directory", "no/ck.safetensors"}},
       {"unknown schedule", [&] { plain({.steps = 2, .schedule = {.name = "cosin"}}); }, {"unknown name 'cosin'"}},
-      {"a loop metadata key", [&] { plain({.steps = 2, .metadata = {{"step", "7"}}}); }, {"metadata key 'step'"}},
+      {"a loop metadata key",
+       [&] {
+         plain({.steps = 2, .metadata = {{"step", "7"}}});
+       },
+       {"metadata key 'step'"}},
       {"epochs on IndexedBatches", [&] { indexed({.epochs = 2}, 1); }, {"epochs = 2 needs a DataLoader"}},
       {"eval IndexedBatches without a count", [&] { indexed({.steps = 2}, 0); }, {"evaluation data has no batches", "count"}},
-      {"a missing resume file", [&] { plain({.steps = 4, .resume_path = (dir / "nope.safetensors").string()}); },
-       {"nope.safetensors"}},
+      {"a missing resume file", [&] { plain({.steps = 4, .resume_path = (dir / "nope.safetensors").string()}); }, {"nope.safetensors"}},
       {"resume: another model", [&] { plain({.steps = 4, .resume_path = ck}, 12); }, {"fc1.weight", "ck.safetensors"}},
       {"resume: another optimizer", [&] { plain({.steps = 4, .resume_path = ck}, 16, true); }, {"'adam'", "'sgd'"}},
-      {"resume: another batch size", [&] { plain({.steps = 4, .resume_path = ck}, 16, false, {.batch_size = 4, .shuffle = true, .seed = 1}); },
+      {"resume: another batch size",
+       [&] { plain({.steps = 4, .resume_path = ck}, 16, false, {.batch_size = 4, .shuffle = true, .seed = 1}); },
        {"batch_size 8", "4"}},
-      {"resume: another data seed", [&] { plain({.steps = 4, .resume_path = ck}, 16, false, {.batch_size = 8, .shuffle = true, .seed = 2}); },
+      {"resume: another data seed",
+       [&] { plain({.steps = 4, .resume_path = ck}, 16, false, {.batch_size = 8, .shuffle = true, .seed = 2}); },
        {"seed 1", "seed 2"}},
       {"one DataLoader for training and evaluation",
        [&] {
@@ -582,7 +600,8 @@ TEST_CASE("fit: bad options and mismatched resume checkpoints are kiln::Errors n
        {"the same DataLoader trains and evaluates"}},
       {"resume: another grad_accum", [&] { plain({.steps = 4, .grad_accum = 2, .resume_path = ck}); }, {"grad_accum 1", "grad_accum 2"}},
       {"resume: beyond the run", [&] { plain({.steps = 2, .resume_path = ck}); }, {"at step 3, beyond this run's 2 steps"}},
-      {"resume: a checkpoint of DataLoader data into IndexedBatches", [&] { indexed({.steps = 4, .resume_path = ck}, 1); },
+      {"resume: a checkpoint of DataLoader data into IndexedBatches",
+       [&] { indexed({.steps = 4, .resume_path = ck}, 1); },
        {"DataLoader data", "IndexedBatches"}},
   };
   for (const Case& c : cases) {
@@ -675,8 +694,8 @@ TEST_CASE("kiln train (train_gpt on fit): grad_accum k of batch n equals batch k
   std::ofstream(dir / "model.json") << R"({"vocab_size": 32, "d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16})";
   auto train = [&](int64_t batch, int64_t accum) {
     const std::string name = fmt::format("train_{}_{}.json", batch, accum);
-    std::ofstream(dir / name) << json{{"batch_size", batch}, {"seq_len", 8}, {"steps", 3}, {"grad_clip", 0.0}, {"grad_accum", accum},
-                                      {"optimizer", {{"name", "sgd"}, {"lr", 0.5}}}}
+    std::ofstream(dir / name) << json{{"batch_size", batch}, {"seq_len", 8},        {"steps", 3},
+                                      {"grad_clip", 0.0},    {"grad_accum", accum}, {"optimizer", {{"name", "sgd"}, {"lr", 0.5}}}}
                                      .dump();
     TrainOptions o;
     o.model_path = (dir / "model.json").string();

@@ -90,7 +90,8 @@ TEST_CASE("plot: bad logs name the file, the line and the problem", "[plot]") {
     }
     return std::string("no error");
   };
-  CHECK_THAT(error_of("{\"step\":0,\"loss\":1}\n{\"step\":1,\"loss\":\n"), Catch::Contains("bad.jsonl' line 2") && Catch::Contains("not a JSON object"));
+  CHECK_THAT(error_of("{\"step\":0,\"loss\":1}\n{\"step\":1,\"loss\":\n"),
+             Catch::Contains("bad.jsonl' line 2") && Catch::Contains("not a JSON object"));
   CHECK_THAT(error_of("[1, 2]\n"), Catch::Contains("line 1") && Catch::Contains("not a JSON object"));
   CHECK_THAT(error_of("{\"loss\":1}\n"), Catch::Contains("line 1") && Catch::Contains("\"step\""));
   CHECK_THAT(error_of("{\"step\":-1}\n"), Catch::Contains("\"step\" >= 0"));

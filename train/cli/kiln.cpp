@@ -4,13 +4,13 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <optional>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <iterator>
-#include <cstdlib>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -21,13 +21,13 @@
 
 #include "kiln/backends/dispatch.hpp"
 #include "kiln/core/profile.hpp"
+#include "kiln/dist/process_group.hpp"
 #include "kiln/formats/hf_dir.hpp"
 #include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/nn/generate.hpp"
 #include "kiln/nn/hf/causal_lm.hpp"
 #include "kiln/nn/hf/export.hpp"
-#include "kiln/dist/process_group.hpp"
 #include "kiln/text/tokenizer.hpp"
 #include "kiln/train/data.hpp"
 #include "kiln/train/finetune.hpp"
@@ -49,7 +49,8 @@ struct Flag {
 // Parses "--flag value" / "--flag=value" / "--switch"; unknown flags are an error listing the valid ones.
 class Args {
  public:
-  Args(std::string cmd, std::string usage, std::vector<Flag> flags) : cmd_(std::move(cmd)), usage_(std::move(usage)), flags_(std::move(flags)) {
+  Args(std::string cmd, std::string usage, std::vector<Flag> flags)
+      : cmd_(std::move(cmd)), usage_(std::move(usage)), flags_(std::move(flags)) {
     flags_.push_back({"help", "show this help", true});
   }
   void parse(int argc, char** argv, int first) {
@@ -146,31 +147,36 @@ commands:
   plot       draw loss, eval loss, lr, grad norm and tokens/s of JSONL logs into a PNG (gnuplot))";
 
 int cmd_train(int argc, char** argv) {
-  Args a("train", "kiln train --model model.json --train train.json --data tokens.safetensors [flags]",
-         {{"model", "model config JSON (docs/formats.md); defaults when absent"},
-          {"train", "training config JSON (docs/formats.md); defaults when absent"},
-          {"data", "token file: safetensors with a 1-D integer tensor 'tokens' (required)"},
-          {"eval-data", "held-out token file, evaluated every eval_every steps"},
-          {"init-from", "initial weights (safetensors with the model's parameter names), or a Hugging Face model directory to fine-tune "
-                        "(--data then may be a text file, tokenized with the model's tokenizer)"},
-          // LoRA (docs/lora.md): with --init-from MODEL_DIR; train.json's "lora" object holds the same keys.
-          {"lora-r", "LoRA rank: adapters on the --lora-target modules, only they train (0: every parameter)"},
-          {"lora-alpha", "LoRA alpha (scaling alpha/r; default 16)"},
-          {"lora-dropout", "LoRA dropout on the adapters' input (default 0)"},
-          {"lora-target", "comma-separated module names or globs (default q_proj,v_proj)"},
-          {"save", "write the final weights here (safetensors)"},
-          {"log", "write one JSON object per step here (JSONL)"},
-          {"checkpoint", "write a resumable checkpoint here (every checkpoint_every steps and at the end)"},
-          {"resume", "resume from this checkpoint (weights, optimizer, step, RNG)"},
-          {"stop-after", "stop after this many steps in total (the checkpoint lets a later run resume)"},
-          {"device", "cpu (default), reference, or cuda"},
-          {"seed", "seed for initialisation and sampling (default 0)"},
-          {"dtype", "parameter dtype: f32 (default) or f64"},
-          {"progress", "auto (default) or on: a bar redrawn in place on a terminal, plain lines (every 5% of the steps or 30 s) in a file or pipe; off"},
-          {"profile", "record every op (docs/profiling.md): write the Chrome trace here, print the table at the end"},
-          {"activation-checkpointing", "recompute each layer's activations in backward instead of keeping them (train.json "
-                                       "\"activation_checkpointing\": same gradients, less memory, more time)", true},
-          {"quiet", "print nothing but errors", true}});
+  Args a(
+      "train", "kiln train --model model.json --train train.json --data tokens.safetensors [flags]",
+      {{"model", "model config JSON (docs/formats.md); defaults when absent"},
+       {"train", "training config JSON (docs/formats.md); defaults when absent"},
+       {"data", "token file: safetensors with a 1-D integer tensor 'tokens' (required)"},
+       {"eval-data", "held-out token file, evaluated every eval_every steps"},
+       {"init-from",
+        "initial weights (safetensors with the model's parameter names), or a Hugging Face model directory to fine-tune "
+        "(--data then may be a text file, tokenized with the model's tokenizer)"},
+       // LoRA (docs/lora.md): with --init-from MODEL_DIR; train.json's "lora" object holds the same keys.
+       {"lora-r", "LoRA rank: adapters on the --lora-target modules, only they train (0: every parameter)"},
+       {"lora-alpha", "LoRA alpha (scaling alpha/r; default 16)"},
+       {"lora-dropout", "LoRA dropout on the adapters' input (default 0)"},
+       {"lora-target", "comma-separated module names or globs (default q_proj,v_proj)"},
+       {"save", "write the final weights here (safetensors)"},
+       {"log", "write one JSON object per step here (JSONL)"},
+       {"checkpoint", "write a resumable checkpoint here (every checkpoint_every steps and at the end)"},
+       {"resume", "resume from this checkpoint (weights, optimizer, step, RNG)"},
+       {"stop-after", "stop after this many steps in total (the checkpoint lets a later run resume)"},
+       {"device", "cpu (default), reference, or cuda"},
+       {"seed", "seed for initialisation and sampling (default 0)"},
+       {"dtype", "parameter dtype: f32 (default) or f64"},
+       {"progress",
+        "auto (default) or on: a bar redrawn in place on a terminal, plain lines (every 5% of the steps or 30 s) in a file or pipe; off"},
+       {"profile", "record every op (docs/profiling.md): write the Chrome trace here, print the table at the end"},
+       {"activation-checkpointing",
+        "recompute each layer's activations in backward instead of keeping them (train.json "
+        "\"activation_checkpointing\": same gradients, less memory, more time)",
+        true},
+       {"quiet", "print nothing but errors", true}});
   a.parse(argc, argv, 2);
   TrainOptions o;
   o.activation_checkpointing = a.has("activation-checkpointing");
@@ -265,9 +271,7 @@ struct Codec {
     }
     return chars ? chars->decode(ids) : ByteTokenizer::decode(ids);
   }
-  int64_t vocab_size() const {
-    return pretrained ? pretrained->vocab_size() : chars ? chars->vocab_size() : ByteTokenizer::vocab_size;
-  }
+  int64_t vocab_size() const { return pretrained ? pretrained->vocab_size() : chars ? chars->vocab_size() : ByteTokenizer::vocab_size; }
 };
 
 Codec codec_for(const std::string& data_path, const std::string& tokenizer) {
@@ -283,8 +287,10 @@ Codec codec_for(const std::string& data_path, const std::string& tokenizer) {
   } catch (const Error&) {
     return c;  // the data file may have moved: fall back to bytes
   }
-  if (const auto hx = m.find("alphabet_hex"); hx != m.end()) c.chars = CharTokenizer(from_hex(hx->second));
-  else if (const auto it = m.find("alphabet"); it != m.end()) c.chars = CharTokenizer(it->second);
+  if (const auto hx = m.find("alphabet_hex"); hx != m.end())
+    c.chars = CharTokenizer(from_hex(hx->second));
+  else if (const auto it = m.find("alphabet"); it != m.end())
+    c.chars = CharTokenizer(it->second);
   else if (const auto tp = m.find("tokenizer_path"); tp != m.end()) {
     try {
       c.pretrained = text::Tokenizer::load(tp->second);
@@ -301,7 +307,9 @@ int cmd_sample(int argc, char** argv) {
          {{"checkpoint", "checkpoint or weights file (required)"},
           {"model", "model config JSON (needed for a plain weights file)"},
           {"data", "token file the model was trained on (for its alphabet or tokenizer; default: the checkpoint's)"},
-          {"tokenizer", "the tokenizer to encode the prompt and decode with (a model directory, tokenizer.json or tokenizer.model; default: the token file's)"},
+          {"tokenizer",
+           "the tokenizer to encode the prompt and decode with (a model directory, tokenizer.json or tokenizer.model; default: the token "
+           "file's)"},
           {"prompt", "text to continue (default: a newline)"},
           {"tokens", "number of tokens to generate (default 200)"},
           {"temperature", "sampling temperature, 0 = greedy (default 0.8)"},
@@ -311,8 +319,10 @@ int cmd_sample(int argc, char** argv) {
   a.parse(argc, argv, 2);
   const std::string ck = a.required("checkpoint");
   const std::string prompt = a.str("prompt", "\n");
-  nn::SampleOptions so{.max_new_tokens = a.integer("tokens", 200), .temperature = a.number("temperature", 0.8),
-                       .top_k = a.integer("top-k", 40), .seed = static_cast<uint64_t>(a.integer("seed", 0))};
+  nn::SampleOptions so{.max_new_tokens = a.integer("tokens", 200),
+                       .temperature = a.number("temperature", 0.8),
+                       .top_k = a.integer("top-k", 40),
+                       .seed = static_cast<uint64_t>(a.integer("seed", 0))};
   KILN_CHECK(so.max_new_tokens >= 0 && so.top_k >= 0, "kiln sample: --tokens and --top-k must be >= 0");
   const CheckpointInfo info = read_checkpoint_info(ck);
   const Codec codec = codec_for(a.str("data", info.data_path), a.str("tokenizer"));
@@ -345,7 +355,8 @@ std::vector<int64_t> parse_ids(const std::string& flag, const std::string& s) {
     } catch (const std::exception&) {
       used = 0;
     }
-    KILN_CHECK(!t.empty() && used == t.size() && v >= 0, "kiln generate: --{} must be comma-separated token ids (0, 1, ...), got '{}'", flag, s);
+    KILN_CHECK(!t.empty() && used == t.size() && v >= 0, "kiln generate: --{} must be comma-separated token ids (0, 1, ...), got '{}'",
+               flag, s);
     out.push_back(v);
     i = j + 1;
   }
@@ -369,12 +380,13 @@ struct HfText {
 };
 
 bool is_directory(const std::string& p) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 int cmd_generate(int argc, char** argv) {
-  Args a("generate", "kiln generate MODEL_DIR (--prompt-ids 1,2,3 | --prompt TEXT) [flags]\n\n"
+  Args a("generate",
+         "kiln generate MODEL_DIR (--prompt-ids 1,2,3 | --prompt TEXT) [flags]\n\n"
          "MODEL_DIR: a Hugging Face model directory (config.json, model.safetensors or its sharded index) or a kiln\n"
          "checkpoint. Sampling defaults come from the model's generation_config.json (greedy when it has none).",
          {{"prompt-ids", "prompt token ids, comma-separated; repeat the flag for a batch of prompts"},
@@ -393,7 +405,8 @@ int cmd_generate(int argc, char** argv) {
           {"model", "model config JSON (a plain kiln weights file)"},
           {"device", "cpu (default), reference, or cuda"}});
   if (argc >= 3 && std::string(argv[2]) == "--help") a.parse(argc, argv, 2);
-  KILN_CHECK(argc >= 3 && std::string(argv[2]).rfind("--", 0) != 0, "kiln generate: the model directory comes first (kiln generate MODEL_DIR "
+  KILN_CHECK(argc >= 3 && std::string(argv[2]).rfind("--", 0) != 0,
+             "kiln generate: the model directory comes first (kiln generate MODEL_DIR "
              "--prompt-ids 1,2,3; see kiln generate --help)");
   std::string path = argv[2];
   a.parse(argc, argv, 3);
@@ -403,7 +416,8 @@ int cmd_generate(int argc, char** argv) {
   if (!hf && is_directory(path)) {
     KILN_CHECK(::access((path + "/checkpoint.safetensors").c_str(), R_OK) == 0,
                "kiln generate: {} is neither a Hugging Face model directory (no config.json) nor holds a kiln checkpoint "
-               "(checkpoint.safetensors)", path);
+               "(checkpoint.safetensors)",
+               path);
     path += "/checkpoint.safetensors";
   }
   std::optional<hf::ModelDir> dir;
@@ -421,14 +435,15 @@ int cmd_generate(int argc, char** argv) {
       o.top_p = num("top_p", 1.0);
       o.repetition_penalty = num("repetition_penalty", 1.0);
     } else if (g) {
-      o.repetition_penalty = g->contains("repetition_penalty") && (*g)["repetition_penalty"].is_number() ? (*g)["repetition_penalty"].get<double>() : 1.0;
+      o.repetition_penalty =
+          g->contains("repetition_penalty") && (*g)["repetition_penalty"].is_number() ? (*g)["repetition_penalty"].get<double>() : 1.0;
     }
-    fmt::print(stderr, "kiln generate: Hugging Face model directory {}: {} ({} tensors, {} bytes of weights, {})\n", path, dir->architecture(),
-               dir->tensor_names().size(), dir->weight_bytes(), dir->sharded() ? "sharded" : "model.safetensors");
+    fmt::print(stderr, "kiln generate: Hugging Face model directory {}: {} ({} tensors, {} bytes of weights, {})\n", path,
+               dir->architecture(), dir->tensor_names().size(), dir->weight_bytes(), dir->sharded() ? "sharded" : "model.safetensors");
   } else {
     info = read_checkpoint_info(path);
-    fmt::print(stderr, "kiln generate: kiln {} {} (GPT, {} layers, d_model {})\n", info->is_checkpoint ? "checkpoint" : "weights file", path,
-               info->model.n_layers, info->model.d_model);
+    fmt::print(stderr, "kiln generate: kiln {} {} (GPT, {} layers, d_model {})\n", info->is_checkpoint ? "checkpoint" : "weights file",
+               path, info->model.n_layers, info->model.d_model);
   }
   o.temperature = a.number("temperature", o.temperature);
   o.top_k = a.integer("top-k", o.top_k);
@@ -462,8 +477,10 @@ int cmd_generate(int argc, char** argv) {
   std::vector<std::string> texts(prompts.size());
   const bool stream = text_mode && !print_ids && prompts.size() == 1;
   if (text_mode) {
-    if (hf) hf_text.start(prompts.size());
-    else o.vocab_limit = codec->vocab_size();  // only ids the codec can decode
+    if (hf)
+      hf_text.start(prompts.size());
+    else
+      o.vocab_limit = codec->vocab_size();  // only ids the codec can decode
     for (size_t i = 0; i < prompts.size(); ++i) texts[i] = a.list("prompt")[i];
     if (stream) fmt::print("{}", texts[0]);
     o.on_token = [&](size_t s, int64_t id) {
@@ -486,8 +503,10 @@ int cmd_generate(int argc, char** argv) {
   if (text_mode && !print_ids) {
     for (size_t s = 0; s < prompts.size(); ++s) {
       const std::string rest = hf ? hf_text.finish(s) : std::string();
-      if (stream) fmt::print("{}\n", rest);
-      else fmt::print("{}{}\n", texts[s], rest);
+      if (stream)
+        fmt::print("{}\n", rest);
+      else
+        fmt::print("{}{}\n", texts[s], rest);
     }
   }
   const nn::GenerateStats& st = g.stats;
@@ -502,7 +521,8 @@ int cmd_generate(int argc, char** argv) {
 // A Hugging Face model directory from a kiln checkpoint of the Llama shape (LlamaForCausalLM) or from a
 // Hugging Face directory read by load_causal_lm (written back: identical tensors). nn/hf/export.hpp.
 int cmd_export(int argc, char** argv) {
-  Args a("export", "kiln export CHECKPOINT_OR_MODEL_DIR --format hf --out DIR [flags]\n\n"
+  Args a("export",
+         "kiln export CHECKPOINT_OR_MODEL_DIR --format hf --out DIR [flags]\n\n"
          "Writes a Hugging Face model directory (config.json, generation_config.json, model.safetensors or shards with\n"
          "model.safetensors.index.json) that transformers' from_pretrained loads. The input is a kiln checkpoint (a file, or a\n"
          "directory holding checkpoint.safetensors) of the Llama shape, or a Hugging Face model directory.",
@@ -516,8 +536,9 @@ int cmd_export(int argc, char** argv) {
           {"model", "model config JSON (a plain kiln weights file)"},
           {"force", "replace an existing non-empty --out", true}});
   if (argc >= 3 && std::string(argv[2]) == "--help") a.parse(argc, argv, 2);
-  KILN_CHECK(argc >= 3 && std::string(argv[2]).rfind("--", 0) != 0,
-             "kiln export: the checkpoint or model directory comes first (kiln export CHECKPOINT --format hf --out DIR; see kiln export --help)");
+  KILN_CHECK(
+      argc >= 3 && std::string(argv[2]).rfind("--", 0) != 0,
+      "kiln export: the checkpoint or model directory comes first (kiln export CHECKPOINT --format hf --out DIR; see kiln export --help)");
   std::string path = argv[2];
   a.parse(argc, argv, 3);
   KILN_CHECK(a.str("format", "hf") == "hf", "kiln export: --format '{}' is not one kiln writes (valid: hf)", a.str("format"));
@@ -542,7 +563,8 @@ int cmd_export(int argc, char** argv) {
     if (is_directory(path)) {
       KILN_CHECK(::access((path + "/checkpoint.safetensors").c_str(), R_OK) == 0,
                  "kiln export: {} is neither a Hugging Face model directory (no config.json) nor holds a kiln checkpoint "
-                 "(checkpoint.safetensors)", path);
+                 "(checkpoint.safetensors)",
+                 path);
       path += "/checkpoint.safetensors";
     }
     auto model = load_gpt<Cpu>(path, a.str("model"));
@@ -594,9 +616,11 @@ int cmd_tokenize(int argc, char** argv) {
          {{"text", "input text file ('-' or absent with --print-ids: the standard input)"},
           {"out", "output token file (required unless --print-ids)"},
           {"chars", "character-level vocabulary (the corpus's distinct bytes) instead of bytes (256)", true},
-          {"tokenizer", "a pretrained model's tokenizer: a Hugging Face model directory (tokenizer.json, tokenizer.model), or one of those files"},
+          {"tokenizer",
+           "a pretrained model's tokenizer: a Hugging Face model directory (tokenizer.json, tokenizer.model), or one of those files"},
           {"print-ids", "print the ids of the whole text as one comma-separated line (with --tokenizer, or bytes/--chars)", true},
-          {"no-special-tokens", "with --tokenizer: no BOS/EOS from the tokenizer's post-processor (special tokens written in the text still count)", true},
+          {"no-special-tokens",
+           "with --tokenizer: no BOS/EOS from the tokenizer's post-processor (special tokens written in the text still count)", true},
           {"eval-out", "also write the last --eval-fraction of the tokens here, and leave them out of --out"},
           {"eval-fraction", "held-out fraction for --eval-out (default 0.05)"},
           {"max-bytes", "read at most this many bytes of the text (default: all)"}});
@@ -626,8 +650,10 @@ int cmd_tokenize(int argc, char** argv) {
     // The alphabet is a set of bytes: as text when it is ASCII, else as hex (the bytes of a multi-byte
     // UTF-8 character, sorted apart, are no valid string for the JSON header).
     const std::string& al = t.alphabet();
-    if (std::all_of(al.begin(), al.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x80; })) meta["alphabet"] = al;
-    else meta["alphabet_hex"] = to_hex(al);
+    if (std::all_of(al.begin(), al.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x80; }))
+      meta["alphabet"] = al;
+    else
+      meta["alphabet_hex"] = to_hex(al);
     vocab = t.vocab_size();
   } else {
     ids = ByteTokenizer::encode(text);
