@@ -12,6 +12,13 @@
 #   sanitize  compute-sanitizer memcheck over the Cuda conformance and attention tests (caching allocator
 #             off: KILN_CUDA_NO_CACHE=1), racecheck over the attention and reduction tests
 #   bench     bench/cuda: GEMM vs raw cuBLAS, flash attention, GPT-2-small step vs PyTorch (mha, diff)
+#   rest      the test programs that had not run on a GPU before 2026-11-26's second lease (conv,
+#             amp, train, profile, hf, loss, lora, cuda, torch, text) and nn, autograd (new cases since): a short
+#             lease runs these first
+#   racecheck compute-sanitizer racecheck over test_attention's Cuda cases, to its end
+#
+# KILN_GPU_DEADLINE_S=N: every phase runs under `timeout` so that the whole script ends N seconds after it
+# began (a phase cut short is reported as such); a device call's own limit then never loses the logs.
 #
 # On this machine a CUDA test that finds no usable device fails instead of reporting itself skipped
 # (KILN_REQUIRE_GPU=1, tests/catch_main.cpp): a GPU run where every test skipped is a broken run, not a
@@ -39,6 +46,7 @@ gen=()
 # Unix Makefiles: CMake's Ninja generator rejects the tests' catch_discover_tests outputs ("defined as an
 # output multiple times"; seen on an H200 machine, 2026-11-26).
 jobs="$(nproc)"
+export deps jobs
 status=0
 
 phase_info() {
@@ -72,17 +80,37 @@ phase_sanitize() {
   return $rc
 }
 
+phase_rest() {
+  ctest --test-dir build-gpu -R "Cuda|cuda" -L "^(conv|amp|train|profile|hf|loss|lora|cuda|torch|text|nn|autograd)$" -LE "slow|cuda-emu" \
+    --output-on-failure -j4 --timeout 900
+}
+
+phase_racecheck() {
+  compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_attention "*Cuda*"
+}
+
 phase_bench() {
   build-gpu/bench/bench_cuda && "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln
 }
 
+start=$SECONDS
+deadline="${KILN_GPU_DEADLINE_S:-0}"
 for p in "$@"; do
   echo "=== gpu_run: $p ($(date -u +%H:%M:%S))"
-  if "phase_$p" > "$OUT/$p.log" 2>&1; then
+  limit=()
+  if [ "$deadline" -gt 0 ]; then
+    left=$((deadline - (SECONDS - start)))
+    [ "$left" -le 5 ] && { echo "=== gpu_run: $p not run: the deadline (${deadline} s) is reached"; status=1; continue; }
+    limit=(timeout "$left")
+  fi
+  export -f "phase_$p"
+  if "${limit[@]}" bash -c "phase_$p" > "$OUT/$p.log" 2>&1; then
     echo "=== gpu_run: $p ok"
   else
+    rc=$?
     status=1
-    echo "=== gpu_run: $p FAILED; the end of $OUT/$p.log:"
+    [ "$rc" -eq 124 ] && echo "=== gpu_run: $p CUT SHORT by the deadline"
+    echo "=== gpu_run: $p FAILED (rc $rc); the end of $OUT/$p.log:"
     tail -40 "$OUT/$p.log"
   fi
   [ "$p" = bench ] && grep '^{' "$OUT/bench.log" > "$OUT/bench.jsonl"
