@@ -158,10 +158,9 @@ template <Backend B> Var<B> smooth_l1_loss(const Var<B>& input, const Var<B>& ta
   static constexpr const char* op = "smooth_l1_loss";
   KILN_CHECK(o.beta >= 0, "{}: beta must be >= 0, got {}", op, o.beta);
   const auto [x, y] = pointwise(input, target, op);
+  // β = 0 is l1_loss, as PyTorch 2 computes it (gradient 0 at a tie x = y; PyTorch 1.13's own backward gave -1)
+  if (o.beta == 0) return l1_loss(x, y, o.reduction);
   const Var<B> d = x.sub(y), ad = d.abs();
-  // β = 0: |d|, with PyTorch's input gradient −1 (not 0) at d = 0 (its backward tests d <= −β first);
-  // the target's is +1 there (PyTorch's: −1 as well)
-  if (o.beta == 0) return reduce(where(d.gt(0.0), d, d.neg()), o.reduction, op);
   return reduce(where(ad.lt(o.beta), d.square().mul(0.5 / o.beta), ad.sub(0.5 * o.beta)), o.reduction, op);
 }
 

@@ -125,8 +125,8 @@ def rope(x, pos, theta):
     """Interleaved (GPT-J style) rotary embedding over the last dim: pairs (0,1), (2,3), ...
     x: [B, H, T, d]; pair i of position t is rotated by t * theta^(-2i/d)."""
     d = x.shape[-1]
-    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    ang = (pos.to(torch.float64)[:, None] * inv[None, :]).to(x.dtype)  # [T, d/2]
+    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
+    ang = (pos.to(device=x.device, dtype=torch.float64)[:, None] * inv[None, :]).to(x.dtype)  # [T, d/2]
     cos, sin = ang.cos(), ang.sin()
     x0, x1 = x[..., 0::2], x[..., 1::2]
     y0 = x0 * cos - x1 * sin
@@ -134,8 +134,8 @@ def rope(x, pos, theta):
     return torch.stack([y0, y1], dim=-1).flatten(-2)
 
 
-def causal_scores_mask(T, dtype):
-    return torch.triu(torch.full((T, T), float("-inf"), dtype=dtype), diagonal=1)
+def causal_scores_mask(T, dtype, device=None):
+    return torch.triu(torch.full((T, T), float("-inf"), dtype=dtype, device=device), diagonal=1)
 
 
 class MultiHeadAttention(nn.Module):
@@ -158,12 +158,12 @@ class MultiHeadAttention(nn.Module):
         k = self.k_proj(x).view(B, T, self.Hkv, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.Hkv, self.hd).transpose(1, 2)
         if self.rope:
-            pos = torch.arange(T)
+            pos = torch.arange(T, device=x.device)
             q, k = rope(q, pos, self.theta), rope(k, pos, self.theta)
         rep = self.H // self.Hkv
         k = k.repeat_interleave(rep, dim=1)  # query head i uses kv head i // rep
         v = v.repeat_interleave(rep, dim=1)
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(self.hd) + causal_scores_mask(T, x.dtype)
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(self.hd) + causal_scores_mask(T, x.dtype, x.device)
         y = F.softmax(s, dim=-1) @ v
         return self.out_proj(y.transpose(1, 2).reshape(B, T, D))
 
@@ -207,12 +207,12 @@ class DifferentialAttention(nn.Module):
         k = self.k_proj(x).view(B, T, hkv, 2, d).permute(0, 3, 2, 1, 4)  # [B, 2, hkv, T, d]
         v = self.v_proj(x).view(B, T, hkv, 2 * d).transpose(1, 2)       # [B, hkv, T, 2d]
         if self.rope:
-            pos = torch.arange(T)
+            pos = torch.arange(T, device=x.device)
             q, k = rope(q, pos, self.theta), rope(k, pos, self.theta)
         rep = h // hkv
         k = k.repeat_interleave(rep, dim=2)  # diff head i uses kv group i // rep, both branches
         v = v.repeat_interleave(rep, dim=1)
-        mask = causal_scores_mask(T, x.dtype)
+        mask = causal_scores_mask(T, x.dtype, x.device)
         a1 = F.softmax(q[:, 0] @ k[:, 0].transpose(-1, -2) / math.sqrt(d) + mask, dim=-1)
         a2 = F.softmax(q[:, 1] @ k[:, 1].transpose(-1, -2) / math.sqrt(d) + mask, dim=-1)
         o = (a1 - self.lam() * a2) @ v                                     # [B, h, T, 2d]
@@ -246,12 +246,12 @@ class DifferentialAttentionV2(nn.Module):
         k = self.k_proj(x).view(B, T, self.hkv, hd).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.hkv, hd).transpose(1, 2)
         if self.rope:
-            pos = torch.arange(T)
+            pos = torch.arange(T, device=x.device)
             q, k = rope(q, pos, self.theta), rope(k, pos, self.theta)
         rep = 2 * h // self.hkv
         k = k.repeat_interleave(rep, dim=1)  # query head i uses kv head i // rep
         v = v.repeat_interleave(rep, dim=1)
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(hd) + causal_scores_mask(T, x.dtype)
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(hd) + causal_scores_mask(T, x.dtype, x.device)
         a = F.softmax(s, dim=-1) @ v                                        # [B, 2h, T, hd]
         lam = torch.sigmoid(self.lambda_proj(x)).transpose(1, 2).unsqueeze(-1)  # [B, h, T, 1]
         o = a[:, 0::2] - lam * a[:, 1::2]                                   # [B, h, T, hd]
