@@ -7,7 +7,8 @@
 #                               (about 300 MB less to fetch and unpack on a bare machine: clang/LLVM,
 #                               Open MPI, Catch2, Google Benchmark)
 #   scripts/setup.sh --python   also PyTorch/NumPy for the parity tests and the reference benchmark
-#   scripts/setup.sh --data     also the Fashion-MNIST dataset (examples/fashion_mnist_mlp)
+#   scripts/setup.sh --data     also the examples' data: the Fashion-MNIST dataset (examples/fashion_mnist_*)
+#                               and Debian's fortunes (examples/char_lstm, examples/lora_finetune)
 set -euo pipefail
 
 main=(build-essential cmake pkg-config libopenblas-dev libopenblas0-openmp libdnnl-dev
@@ -25,7 +26,7 @@ for arg in "$@"; do
   case "$arg" in
     --main) extra=() ;;
     --python) pkgs+=(python3 python3-torch python3-numpy) ;;
-    --data) pkgs+=(dataset-fashion-mnist) ;;
+    --data) pkgs+=(dataset-fashion-mnist fortunes) ;;
     *) echo "setup.sh: unknown argument '$arg' (valid: --main, --python, --data)" >&2; exit 2 ;;
   esac
 done
