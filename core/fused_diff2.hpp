@@ -16,8 +16,8 @@
 // unit-stride last axis and any strides elsewhere (e.g. the transposed [B, 2h, T, hd] view of a
 // [B, T, 2h, hd] block that the Cpu attention kernel writes), l, dy, y, dl contiguous, and da of a's
 // shape laid out in a's memory order (Tensor::empty_like_layout), unit-stride rows; every element of
-// y, da and dl is written. Cpu overrides it (backends/cpu/diff2.cpp); without an override (Reference,
-// Cuda) the composite below runs.
+// y, da and dl is written. Cpu and Cuda override it (backends/cpu/diff2.cpp, backends/cuda/diff2.cu);
+// without an override (Reference) the composite below runs.
 #include <utility>
 
 #include "kiln/core/profile.hpp"

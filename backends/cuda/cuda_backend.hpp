@@ -33,12 +33,13 @@ struct Cuda {
   // (cuBLAS), index.cu (gather, scatter_add), random.cu (the Philox stream of core/rng.hpp:
   // bit-identical to the CPU backends)
   KILN_BACKEND_PRIMITIVES
-  KILN_FUSED_SOFTMAX                        // softmax.cu
-      KILN_FUSED_RMS_NORM                   // norm.cu
-          KILN_FUSED_CROSS_ENTROPY          // loss.cu
-              KILN_FUSED_DEPTH_ATTENTION    // depth.cu
-                  KILN_FUSED_ADAM           // optim.cu
-                      KILN_FUSED_ATTENTION  // attention.cu
+  KILN_FUSED_SOFTMAX                                // softmax.cu
+      KILN_FUSED_RMS_NORM                           // norm.cu
+          KILN_FUSED_CROSS_ENTROPY                  // loss.cu
+              KILN_FUSED_DEPTH_ATTENTION            // depth.cu
+                  KILN_FUSED_ADAM                   // optim.cu
+                      KILN_FUSED_ATTENTION          // attention.cu
+                          KILN_FUSED_DIFF2_COMBINE  // diff2.cu
 };
 static_assert(Backend<Cuda>);
 

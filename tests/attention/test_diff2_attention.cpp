@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <kiln/autograd/gradcheck.hpp>
@@ -83,15 +84,18 @@ template <Backend B> void randomize(nn::DifferentialAttentionV2<B>& m, Generator
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("diff2: the fused combine equals the composite forward and backward on random shapes and layouts", "[attention][diff2]",
-                   KILN_BACKEND_TYPES) {
+TEMPLATE_TEST_CASE("diff2: the fused combine equals the composite forward and backward on random shapes, layouts and dtypes",
+                   "[attention][diff2]", KILN_BACKEND_TYPES) {
   using T = Tensor<TestType>;
+  // Cpu and Cuda run their kernel here (bf16/f16 converted to f32 by the core): pin that down
+  if constexpr (TestType::name == std::string_view("cpu") || TestType::name == std::string_view("cuda"))
+    STATIC_REQUIRE(fused::HasDiff2Combine<TestType>);
   Generator gen(3);
   struct Shp {
     int64_t B, h, T, hd;
   };
   for (const Shp s : {Shp{2, 3, 7, 8}, Shp{1, 1, 1, 4}, Shp{3, 2, 33, 5}, Shp{1, 4, 130, 64}})
-    for (const DType dt : {DType::f64, DType::f32})
+    for (const DType dt : {DType::f64, DType::f32, DType::bf16, DType::f16})
       for (const bool transposed : {false, true}) {
         INFO("B " << s.B << " h " << s.h << " T " << s.T << " hd " << s.hd << " " << dtype_name(dt) << " transposed " << transposed);
         // a as the attention kernels hand it over: contiguous [B, 2h, T, hd], or the [B, 2h, T, hd] view of a [B, T, 2h, hd] block
@@ -105,11 +109,13 @@ TEMPLATE_TEST_CASE("diff2: the fused combine equals the composite forward and ba
         const T y = fused::diff2_combine_forward(a_in, l);
         const auto [da, dl] = fused::diff2_combine_backward(a_in, l, g);
         CHECK(y.is_contiguous());
-        const double u = dt == DType::f64 ? 0x1p-52 : 0x1p-23;
-        // a few roundings per element (σ to a few ulp, one product, one difference); dl: a dot of hd terms
-        kt::check_close(y, y_want, {16 * u, 16 * u}, "y");
-        kt::check_close(da, da_want, {16 * u, 16 * u}, "da");
-        kt::check_close(dl, dl_want, {4.0 * static_cast<double>(s.hd + 8) * u, 4.0 * static_cast<double>(s.hd + 8) * u * 4}, "dl");
+        const double u = dt == DType::f64 ? 0x1p-52 : 0x1p-23, n = 4.0 * static_cast<double>(s.hd + 8) * u;
+        // a few roundings per element (σ to a few ulp, one product, one difference); dl: a dot of hd terms;
+        // bf16/f16: both compute in f32 and round once to dt, so at most one storage ulp apart besides
+        const kt::Tol h = dt == DType::bf16 || dt == DType::f16 ? kt::elementwise_tol(dt) : kt::Tol{};
+        kt::check_close(y, y_want, {16 * u + h.rtol, 16 * u + h.atol}, "y");
+        kt::check_close(da, da_want, {16 * u + h.rtol, 16 * u + h.atol}, "da");
+        kt::check_close(dl, dl_want, {n + h.rtol, n * 4 + h.atol}, "dl");
       }
 }
 
