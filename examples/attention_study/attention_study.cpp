@@ -21,7 +21,7 @@
 //   example_attention_study --smoke         self-test, then every task at the tiny scale in a temporary
 //                                           folder, checks the outputs are complete and consistent, removes it
 //
-// Writes to DIR: curves.csv (task,variant,seed,step,flops,metric,value), runs.csv and summary.json (one
+// Writes to DIR: curves.csv (task,variant,seed,step,flops,metric,value; train loss every 10th step), runs.csv and summary.json (one
 // row per run, every metric), aggregate.csv (task,variant,metric,n,mean,std over seeds), advantage.csv
 // (compute advantage per seed), gen.csv (every generation timing) and configs.json (the exact configs).
 #include <unistd.h>
@@ -76,11 +76,11 @@ struct Options {
   std::string corpus;  // "" = the fortunes corpus
   bool match_flops = true;
   // lm: d 128, 4 layers, MHA 8 heads of 16; steps are the plain MHA model's (the FLOPs budget).
-  TaskSizes lm{128, 4, 8, 0, 128, 16, 600, 30, 50, 2, 3e-3};
+  TaskSizes lm{128, 4, 8, 0, 128, 16, 300, 30, 50, 2, 3e-3};
   // recall: d 64, 2 layers, MHA 4 heads, T 48 (8 pairs, 4 queries).
-  TaskSizes rc{64, 2, 4, 0, 48, 32, 1000, 50, 100, 2, 5e-3};
+  TaskSizes rc{64, 2, 4, 0, 48, 32, 600, 50, 100, 2, 5e-3};
   // needle: d 64, 2 layers, MHA 4 heads; seq_len is the longest context length.
-  TaskSizes nd{64, 2, 4, 0, 128, 32, 1000, 50, 100, 2, 3e-3};
+  TaskSizes nd{64, 2, 4, 0, 128, 32, 600, 50, 100, 2, 3e-3};
   int64_t lm_eval_batches = 8;
   // recall data
   int64_t n_pairs = 8, n_queries = 4, n_keys = 16, n_values = 16, n_distractors = 8, n_eval = 512;
@@ -170,7 +170,7 @@ at equal parameters and equal training FLOPs, over seeds.
   --out DIR                   results folder (default examples/attention_study/results)
   --corpus FILE               lm text (default: the fortunes corpus in /usr/share/games/fortunes)
   --match MODE                flops (default: each variant trains budget/FLOPs-per-step steps) or steps (all the same steps)
-  --{lm,recall,needle}-steps N       the plain MHA model's training steps, i.e. the FLOPs budget (600 / 1000 / 1000)
+  --{lm,recall,needle}-steps N       the plain MHA model's training steps, i.e. the FLOPs budget (300 / 600 / 600)
   --{lm,recall,needle}-d-model N     (128 / 64 / 64)      --{lm,recall,needle}-layers N   (4 / 2 / 2)
   --{lm,recall,needle}-heads N       MHA heads; Diff gets N/2 heads of two sub-heads, Diff V2 N heads of two query heads (8 / 4 / 4)
   --{lm,recall,needle}-ffn N         the plain MHA model's SwiGLU width, 0 = ceil64(8d/3) (0); others get the width that equalises parameters
@@ -521,7 +521,7 @@ template <Backend B, class BatchAt, class Eval> RunResult train_run(const std::s
     KILN_CHECK(std::isfinite(loss), "attention_study: {} {} seed {}: loss became {} at step {}", task, v.name, seed, loss, s);
     smooth = s == 0 ? loss : 0.95 * smooth + 0.05 * loss;
     const double flops = double(s + 1) * sz.flops_per_step;
-    curves.add(task, v.name, seed, s + 1, flops, "train_loss", loss);
+    if ((s + 1) % 10 == 0 || s + 1 == sz.steps) curves.add(task, v.name, seed, s + 1, flops, "train_loss", loss);  // every 10th step
     if ((s + 1) % t.eval_every == 0 || s + 1 == sz.steps) {
       model.eval();
       const std::string line = evaluate(s + 1, flops, res);

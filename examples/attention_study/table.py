@@ -41,7 +41,7 @@ def table(title, task, cols):
 
 
 table("char LM (fortunes), at equal parameters and equal training FLOPs", "lm",
-      [("train PFLOPs", "train_flops", 4, 1e-15), ("held-out loss (nats/char)", "val_loss", 4),
+      [("train GFLOPs", "train_flops", 1, 1e-9), ("held-out loss (nats/char)", "val_loss", 4),
        ("ms/step (shared)", "ms_per_step", 0)])
 
 adv = [r for r in csv.DictReader(open(f"{d}/advantage.csv"))] if agg else []
