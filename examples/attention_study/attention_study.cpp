@@ -1,21 +1,30 @@
-// A small, honest comparison of the GPT family's attention and residual variants at equal parameter
-// count: MHA vs Differential attention (docs/specs.md §1), each with standard residuals or Block Attention
-// Residuals (docs/specs.md §2). Every variant sees the same seed, the same batches in the same order and the
-// same optimizer and schedule. Two tasks:
+// The attention study (docs/attention_study.md): MHA, Differential attention (Diff, docs/specs.md §1) and
+// Differential attention V2 (Diff V2, §1b), each with standard residuals or Block Attention Residuals
+// (§2), at equal parameter count and equal training FLOPs, over several seeds. Three tasks:
 //
 //   lm      character-level language modelling on Debian's fortunes corpus (assembled as
-//           scripts/train_demo.sh does; the last 5% held out); metric: held-out loss, nats/char.
-//   recall  synthetic multi-query associative recall: K key→value pairs (distinct keys from one vocab
-//           range, values from another) scattered among distractor tokens, then Q queries, each a key
-//           followed by its value. The loss is taken only where the next token is a queried value
-//           (ignore_index = -100 elsewhere); metric: retrieval accuracy (argmax at the query
-//           positions) on a held-out set generated from another seed.
+//           scripts/train_demo.sh does; the last 5% held out). Held-out loss against training FLOPs
+//           (nn::gpt_flops), the AttnRes "compute advantage", then on the trained models: activation
+//           outliers (probe.hpp) and per-token generation time with the KV cache (nn::generate).
+//   recall  multi-query associative recall: K key→value pairs among distractor tokens, then Q < K
+//           queries (a key, then its value); loss and accuracy only where a queried value is next.
+//   needle  needle in context: one queried pair among decoy pairs at a random depth of a sequence of
+//           distractors, at several context lengths (trained on all of them in turn, scored at each).
 //
-//   example_attention_study [--task all|lm|recall] [--variants mha,diff,mha+attnres_block,...]
-//       [--seeds 0,1] [--lm-seeds 0] [--out DIR] [--corpus FILE] and the sizes below (--help lists them)
+// Equal parameters: every variant's SwiGLU width is set so its parameter count is the plain MHA
+// model's (to within one ffn unit, 3·D·layers parameters). Equal training FLOPs: every variant trains
+// on budget / (its FLOPs per step) steps, the budget being the plain MHA model's steps × FLOPs per step.
 //
-// Writes DIR/curves.csv (task,variant,seed,step,metric,value), DIR/summary.csv and DIR/summary.json
-// (one row per run: parameters, final metric, step time) and DIR/configs.json (the model configs).
+//   example_attention_study [--scale full|reduced|tiny] [--task all|lm,recall,needle] [--variants ...]
+//       [--seeds 0,1,2] [--out DIR] [--corpus FILE] and the sizes (--help lists them)
+//   example_attention_study --self-test     checks the statistics on samples with known answers
+//   example_attention_study --smoke         self-test, then every task at the tiny scale in a temporary
+//                                           folder, checks the outputs are complete and consistent, removes it
+//
+// Writes to DIR: curves.csv (task,variant,seed,step,flops,metric,value; train loss every 10th step), runs.csv and summary.json (one
+// row per run, every metric), aggregate.csv (task,variant,metric,n,mean,std over seeds), advantage.csv
+// (compute advantage per seed), gen.csv (every generation timing) and configs.json (the exact configs).
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +33,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,6 +42,7 @@
 
 #include <kiln/autograd/var.hpp>
 #include <kiln/backends/backends.hpp>
+#include <kiln/nn/generate.hpp>
 #include <kiln/nn/gpt.hpp>
 #include <kiln/nn/loss.hpp>
 #include <kiln/optim/optimizer.hpp>
@@ -38,6 +50,9 @@
 #include <kiln/train/data.hpp>
 #include <kiln/train/text.hpp>
 #include <kiln/train/trainer.hpp>
+
+#include "probe.hpp"
+#include "stats.hpp"
 
 using namespace kiln;
 namespace fs = std::filesystem;
@@ -53,22 +68,60 @@ struct TaskSizes {
 };
 
 struct Options {
-  std::string task = "all";
-  std::vector<std::string> variants = {"mha", "diff", "mha+attnres_block", "diff+attnres_block"};
-  std::vector<int64_t> seeds = {0, 1};  // recall
-  std::vector<int64_t> lm_seeds = {0};
+  std::string scale = "full";
+  std::vector<std::string> tasks = {"lm", "recall", "needle"};
+  std::vector<std::string> variants = {"mha", "diff", "diff2", "mha+attnres_block", "diff+attnres_block", "diff2+attnres_block"};
+  std::vector<int64_t> seeds = {0, 1, 2};
   std::string out = "examples/attention_study/results";
   std::string corpus;  // "" = the fortunes corpus
-  // lm: d 128, 4 layers, MHA 8 heads (head width 16) vs Diff 4 heads (sub-head width 16).
-  TaskSizes lm{128, 4, 8, 0, 128, 16, 200, 20, 25, 2, 3e-3};
-  // recall: d 64, 2 layers, MHA 4 heads vs Diff 2 heads, T 32.
-  TaskSizes rc{64, 2, 4, 0, 32, 32, 1000, 50, 100, 2, 5e-3};
+  bool match_flops = true;
+  // lm: d 128, 4 layers, MHA 8 heads of 16; steps are the plain MHA model's (the FLOPs budget).
+  TaskSizes lm{128, 4, 8, 0, 128, 16, 300, 30, 50, 2, 3e-3};
+  // recall: d 64, 2 layers, MHA 4 heads, T 48 (8 pairs, 4 queries).
+  TaskSizes rc{64, 2, 4, 0, 48, 32, 600, 50, 100, 2, 5e-3};
+  // needle: d 64, 2 layers, MHA 4 heads; seq_len is the longest context length.
+  TaskSizes nd{64, 2, 4, 0, 128, 32, 600, 50, 100, 2, 3e-3};
   int64_t lm_eval_batches = 8;
   // recall data
-  int64_t n_pairs = 4, n_queries = 4, n_keys = 16, n_values = 16, n_distractors = 8, n_eval = 512;
+  int64_t n_pairs = 8, n_queries = 4, n_keys = 16, n_values = 16, n_distractors = 8, n_eval = 512;
   int64_t eval_data_seed = 12345;
-  int64_t log_every = 50;
+  // needle data: the needle and its decoys (pairs), at these context lengths
+  int64_t needle_pairs = 4;
+  std::vector<int64_t> needle_lengths = {32, 64, 128};
+  // outliers and generation (lm models)
+  int64_t probe_seqs = 4, gen_prompt = 16, gen_tokens = 48, gen_rounds = 4;
 };
+
+// Presets. full is the default and the study docs/attention_study.md describes; reduced and tiny change
+// only sizes and steps (flags after --scale override them).
+void apply_scale(Options& o, const std::string& s) {
+  KILN_CHECK(s == "full" || s == "reduced" || s == "tiny", "attention_study: --scale is full, reduced or tiny, got '{}'", s);
+  o.scale = s;
+  if (s == "reduced") {
+    o.lm = {64, 2, 4, 0, 64, 16, 200, 20, 25, 2, 3e-3};
+    o.rc = {64, 2, 4, 0, 48, 32, 300, 30, 50, 2, 5e-3};
+    o.nd = {64, 2, 4, 0, 64, 32, 300, 30, 50, 2, 3e-3};
+    o.needle_lengths = {24, 40, 64};
+    o.lm_eval_batches = 4;
+    o.n_eval = 256;
+    o.gen_prompt = 8;
+    o.gen_tokens = 32;
+    o.gen_rounds = 4;
+    o.probe_seqs = 4;
+  } else if (s == "tiny") {
+    o.lm = {32, 2, 4, 0, 16, 4, 6, 2, 3, 2, 3e-3};
+    o.rc = {32, 2, 4, 0, 24, 4, 6, 2, 3, 2, 5e-3};
+    o.nd = {32, 2, 4, 0, 16, 4, 6, 2, 3, 2, 3e-3};
+    o.needle_lengths = {12, 16};
+    o.needle_pairs = 2;
+    o.lm_eval_batches = 1;
+    o.n_eval = 16;
+    o.gen_prompt = 4;
+    o.gen_tokens = 4;
+    o.gen_rounds = 2;
+    o.probe_seqs = 2;
+  }
+}
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -107,32 +160,41 @@ double parse_double(const std::string& flag, const std::string& v) {
   return x;
 }
 
-const char* kHelp = R"(example_attention_study: MHA vs Diff attention, standard vs Block AttnRes residuals, at equal size.
-  --task all|lm|recall        which task(s) (default all)
-  --variants LIST             comma-separated, each ATTN[+RESIDUAL] with ATTN mha|diff and RESIDUAL
-                              standard|attnres_block|attnres_full
-                              (default mha,diff,mha+attnres_block,diff+attnres_block)
-  --seeds LIST                recall seeds (model init and data order; default 0,1)
-  --lm-seeds LIST             lm seeds (default 0)
+const char* kHelp = R"(example_attention_study: MHA vs Diff vs Diff V2 attention, standard vs Block AttnRes residuals,
+at equal parameters and equal training FLOPs, over seeds.
+  --scale full|reduced|tiny   size preset (default full, the study of docs/attention_study.md); flags after it override
+  --task LIST                 all, or a comma list of lm, recall, needle (default all)
+  --variants LIST             comma-separated, each ATTN[+RESIDUAL] with ATTN mha|diff|diff2 and RESIDUAL
+                              standard|attnres_block|attnres_full (default: the three attentions × standard, attnres_block)
+  --seeds LIST                seeds (model init and data order; default 0,1,2)
   --out DIR                   results folder (default examples/attention_study/results)
   --corpus FILE               lm text (default: the fortunes corpus in /usr/share/games/fortunes)
-  --{lm,recall}-steps N       training steps (200 / 1000)
-  --{lm,recall}-d-model N     (128 / 64)        --{lm,recall}-layers N     (4 / 2)
-  --{lm,recall}-heads N       MHA heads; Diff gets N/2 (8 / 4)
-  --{lm,recall}-ffn N         SwiGLU hidden width, 0 = ceil64(8d/3) (0 / 0)
-  --{lm,recall}-seq N         sequence length (128 / 32)
-  --{lm,recall}-batch N       batch size (16 / 32)
-  --{lm,recall}-lr X          peak AdamW learning rate (3e-3 / 5e-3)
-  --{lm,recall}-warmup N      warmup steps of the cosine schedule (20 / 50)
-  --{lm,recall}-eval-every N  evaluation interval in steps (25 / 100)
-  --{lm,recall}-block-size N  attnres_block_size (2 / 2)
+  --match MODE                flops (default: each variant trains budget/FLOPs-per-step steps) or steps (all the same steps)
+  --{lm,recall,needle}-steps N       the plain MHA model's training steps, i.e. the FLOPs budget (300 / 600 / 600)
+  --{lm,recall,needle}-d-model N     (128 / 64 / 64)      --{lm,recall,needle}-layers N   (4 / 2 / 2)
+  --{lm,recall,needle}-heads N       MHA heads; Diff gets N/2 heads of two sub-heads, Diff V2 N heads of two query heads (8 / 4 / 4)
+  --{lm,recall,needle}-ffn N         the plain MHA model's SwiGLU width, 0 = ceil64(8d/3) (0); others get the width that equalises parameters
+  --{lm,recall}-seq N                sequence length (128 / 48)
+  --{lm,recall,needle}-batch N       batch size (16 / 32 / 32)
+  --{lm,recall,needle}-lr X          peak AdamW learning rate (3e-3 / 5e-3 / 3e-3)
+  --{lm,recall,needle}-warmup N      warmup steps of the cosine schedule (30 / 50 / 50)
+  --{lm,recall,needle}-eval-every N  evaluation interval in steps (50 / 100 / 100)
+  --{lm,recall,needle}-block-size N  attnres_block_size (2)
   --lm-eval-batches N         held-out batches per evaluation (8)
   --pairs N --queries N --keys N --values N --distractors N --eval-seqs N --eval-data-seed N
-                              recall data (4, 4, 16, 16, 8, 512, 12345)
+                              recall data (8, 4, 16, 16, 8, 512, 12345); --eval-seqs also sets the needle's per length
+  --needle-lengths LIST       context lengths of the needle task (32,64,128)
+  --needle-pairs N            the needle and its decoys (4)
+  --probe-seqs N              held-out sequences the outlier probe reads (4)
+  --gen-prompt N --gen-tokens N --gen-rounds N   generation timing: prompt length, tokens, interleaved rounds (16, 48, 4)
+  --self-test                 check the statistics on known samples and exit
+  --smoke                     self-test, then the whole study at --scale tiny in a temporary folder, check its outputs, remove it
 )";
 
 Options parse(int argc, char** argv) {
   Options o;
+  for (int i = 1; i + 1 < argc; ++i)  // the preset first, so that later flags override it
+    if (std::string(argv[i]) == "--scale") apply_scale(o, argv[i + 1]);
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     if (f == "--help" || f == "-h") {
@@ -154,7 +216,7 @@ Options parse(int argc, char** argv) {
         t.mha_heads = parse_int(f, v, 2);
       else if (k == "ffn")
         t.ffn_hidden = parse_int(f, v, 0);
-      else if (k == "seq")
+      else if (k == "seq" && prefix != "--needle-")
         t.seq_len = parse_int(f, v, 2);
       else if (k == "batch")
         t.batch = parse_int(f, v, 1);
@@ -170,23 +232,28 @@ Options parse(int argc, char** argv) {
         return false;
       return true;
     };
-    auto int_list = [&](std::vector<int64_t>& dst) {
+    auto int_list = [&](std::vector<int64_t>& dst, int64_t min) {
       dst.clear();
-      for (const auto& s : split(v, ',')) dst.push_back(parse_int(f, s, 0));
+      for (const auto& s : split(v, ',')) dst.push_back(parse_int(f, s, min));
     };
-    if (f == "--task") {
-      KILN_CHECK(v == "all" || v == "lm" || v == "recall", "attention_study: --task is all, lm or recall, got '{}'", v);
-      o.task = v;
+    if (f == "--scale") {
+      // applied above
+    } else if (f == "--task") {
+      o.tasks = v == "all" ? std::vector<std::string>{"lm", "recall", "needle"} : split(v, ',');
+      for (const auto& t : o.tasks)
+        KILN_CHECK(t == "lm" || t == "recall" || t == "needle", "attention_study: --task is all or a list of lm, recall, needle; got '{}'",
+                   v);
     } else if (f == "--variants") {
       o.variants = split(v, ',');
     } else if (f == "--seeds") {
-      int_list(o.seeds);
-    } else if (f == "--lm-seeds") {
-      int_list(o.lm_seeds);
+      int_list(o.seeds, 0);
     } else if (f == "--out") {
       o.out = v;
     } else if (f == "--corpus") {
       o.corpus = v;
+    } else if (f == "--match") {
+      KILN_CHECK(v == "flops" || v == "steps", "attention_study: --match is flops or steps, got '{}'", v);
+      o.match_flops = v == "flops";
     } else if (f == "--lm-eval-batches") {
       o.lm_eval_batches = parse_int(f, v, 1);
     } else if (f == "--pairs") {
@@ -203,20 +270,41 @@ Options parse(int argc, char** argv) {
       o.n_eval = parse_int(f, v, 1);
     } else if (f == "--eval-data-seed") {
       o.eval_data_seed = parse_int(f, v, 0);
-    } else if (!sizes("--lm-", o.lm) && !sizes("--recall-", o.rc)) {
+    } else if (f == "--needle-lengths") {
+      int_list(o.needle_lengths, 2);
+    } else if (f == "--needle-pairs") {
+      o.needle_pairs = parse_int(f, v, 1);
+    } else if (f == "--probe-seqs") {
+      o.probe_seqs = parse_int(f, v, 1);
+    } else if (f == "--gen-prompt") {
+      o.gen_prompt = parse_int(f, v, 1);
+    } else if (f == "--gen-tokens") {
+      o.gen_tokens = parse_int(f, v, 1);
+    } else if (f == "--gen-rounds") {
+      o.gen_rounds = parse_int(f, v, 1);
+    } else if (!sizes("--lm-", o.lm) && !sizes("--recall-", o.rc) && !sizes("--needle-", o.nd)) {
       throw Error(fmt::format("attention_study: unknown flag '{}' (see --help)", f));
     }
   }
   KILN_CHECK(o.n_queries <= o.n_pairs, "attention_study: --queries ({}) must be ≤ --pairs ({})", o.n_queries, o.n_pairs);
-  KILN_CHECK(o.n_pairs <= o.n_keys, "attention_study: --pairs ({}) must be ≤ --keys ({})", o.n_pairs, o.n_keys);
+  KILN_CHECK(o.n_pairs <= o.n_keys && o.needle_pairs <= o.n_keys,
+             "attention_study: --pairs ({}) and --needle-pairs ({}) must be ≤ --keys ({})", o.n_pairs, o.needle_pairs, o.n_keys);
   KILN_CHECK(o.rc.seq_len >= 2 * o.n_pairs + 2 * o.n_queries,
              "attention_study: --recall-seq ({}) must hold 2·pairs + 2·queries = {} tokens", o.rc.seq_len, 2 * o.n_pairs + 2 * o.n_queries);
-  KILN_CHECK(!o.seeds.empty() && !o.lm_seeds.empty(), "attention_study: empty seed list");
+  KILN_CHECK(!o.needle_lengths.empty(), "attention_study: --needle-lengths is empty");
+  std::sort(o.needle_lengths.begin(), o.needle_lengths.end());
+  for (int64_t L : o.needle_lengths)
+    KILN_CHECK(L >= 2 * o.needle_pairs + 2, "attention_study: needle length {} cannot hold {} pairs and the query (needs ≥ {})", L,
+               o.needle_pairs, 2 * o.needle_pairs + 2);
+  o.nd.seq_len = o.needle_lengths.back();
+  KILN_CHECK(o.gen_prompt + o.gen_tokens <= o.lm.seq_len, "attention_study: --gen-prompt + --gen-tokens ({}) must fit --lm-seq ({})",
+             o.gen_prompt + o.gen_tokens, o.lm.seq_len);
+  KILN_CHECK(!o.seeds.empty(), "attention_study: empty seed list");
   return o;
 }
 
 // ---------------------------------------------------------------------------------------------
-// Variants and configs
+// Variants, configs, parameters and FLOPs
 
 struct Variant {
   std::string name, attention, residual;
@@ -224,23 +312,24 @@ struct Variant {
 
 Variant parse_variant(const std::string& s) {
   const auto parts = split(s, '+');
-  KILN_CHECK(parts.size() <= 2 && (parts[0] == "mha" || parts[0] == "diff"),
-             "attention_study: variant '{}' is not ATTN[+RESIDUAL] with ATTN mha|diff", s);
+  KILN_CHECK(parts.size() <= 2 && (parts[0] == "mha" || parts[0] == "diff" || parts[0] == "diff2"),
+             "attention_study: variant '{}' is not ATTN[+RESIDUAL] with ATTN mha|diff|diff2", s);
   Variant v{s, parts[0], parts.size() == 2 ? parts[1] : "standard"};
   KILN_CHECK(v.residual == "standard" || v.residual == "attnres_block" || v.residual == "attnres_full",
              "attention_study: variant '{}': residual is standard, attnres_block or attnres_full", s);
   return v;
 }
 
-// A Diff model with h heads has the projections of an MHA model with 2h heads (docs/specs.md §1).
-ModelConfig make_config(const TaskSizes& t, const Variant& v, int64_t vocab) {
+// Diff with h heads has the projections of MHA with 2h heads (docs/specs.md §1); Diff V2 keeps MHA's h
+// output heads (and k/v) and doubles the query heads (§1b).
+ModelConfig make_config(const TaskSizes& t, const Variant& v, int64_t vocab, int64_t ffn) {
   KILN_CHECK(t.mha_heads % 2 == 0, "attention_study: MHA heads must be even (Diff gets half), got {}", t.mha_heads);
   ModelConfig c;
   c.vocab_size = vocab;
   c.d_model = t.d_model;
   c.n_layers = t.n_layers;
   c.n_heads = v.attention == "diff" ? t.mha_heads / 2 : t.mha_heads;
-  c.ffn_hidden = t.ffn_hidden;
+  c.ffn_hidden = ffn;
   c.max_seq_len = t.seq_len;
   c.attention = v.attention;
   c.residual = v.residual;
@@ -248,6 +337,34 @@ ModelConfig make_config(const TaskSizes& t, const Variant& v, int64_t vocab) {
   c.rope = true;
   c.tie_embeddings = false;
   return c.resolved();
+}
+
+int64_t count_params(const ModelConfig& c) { return nn::GPT<Cpu>(c).num_parameters(); }
+
+// The variant's config at equal parameters: the plain MHA model's SwiGLU width, less the variant's extra
+// parameters in units of one SwiGLU unit (3·D per layer), rounded.
+struct Sized {
+  ModelConfig config;
+  int64_t params = 0;
+  double flops_per_step = 0;  // nn::gpt_flops × batch, averaged over `lengths`
+  int64_t steps = 0;
+};
+
+Sized size_variant(const Options& o, const TaskSizes& t, const Variant& v, int64_t vocab, const std::vector<int64_t>& lengths) {
+  const ModelConfig base = make_config(t, Variant{"mha", "mha", "standard"}, vocab, t.ffn_hidden);
+  const int64_t p0 = count_params(base);
+  ModelConfig c = make_config(t, v, vocab, base.ffn_hidden);
+  const double unit = 3.0 * double(t.d_model) * double(t.n_layers);
+  const auto shrink = static_cast<int64_t>(std::llround(double(count_params(c) - p0) / unit));
+  if (shrink != 0) c = make_config(t, v, vocab, base.ffn_hidden - shrink);
+  auto per_step = [&](const ModelConfig& m) {
+    double f = 0;
+    for (int64_t L : lengths) f += nn::gpt_flops(m, L).total();
+    return f / double(lengths.size()) * double(t.batch);
+  };
+  Sized s{c, count_params(c), per_step(c), t.steps};
+  if (o.match_flops) s.steps = std::max<int64_t>(1, std::llround(double(t.steps) * per_step(base) / s.flops_per_step));
+  return s;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -268,29 +385,40 @@ struct Rng {
   }
 };
 
+uint64_t mix(uint64_t a, uint64_t b) {
+  Rng r{a * 0x100000001B3ULL ^ (b + 0x51ED270B27A4B3C5ULL)};
+  return r.next();
+}
+
 // Token ranges: distractors [0, nd), keys [nd, nd+nk), values [nd+nk, nd+nk+nv).
+struct RecallSpec {
+  int64_t T, K, Q, nk, nv, nd;
+  int64_t vocab() const { return nd + nk + nv; }
+};
+
 struct RecallBatch {
   std::vector<int64_t> x, y;  // [n, T]; y = -100 except at query keys, where it is the value
 };
 
-RecallBatch recall_batch(const Options& o, int64_t n, uint64_t seed) {
-  const int64_t T = o.rc.seq_len, nd = o.n_distractors, nk = o.n_keys, K = o.n_pairs, Q = o.n_queries;
-  const int64_t ctx = T - 2 * Q;  // context: K pairs and ctx − 2K distractors; then Q (key, value) queries
+// n sequences: K pairs (distinct keys, values drawn uniformly, repeats allowed) shuffled as units among
+// T − 2Q − 2K distractors, then Q of the K keys each followed by its value.
+RecallBatch recall_batch(const RecallSpec& sp, int64_t n, uint64_t seed) {
+  const int64_t T = sp.T, K = sp.K, Q = sp.Q;
+  const int64_t ctx = T - 2 * Q;
   Rng rng{seed};
   RecallBatch b;
   b.x.reserve(static_cast<size_t>(n * T));
   b.y.assign(static_cast<size_t>(n * T), -100);
   for (int64_t r = 0; r < n; ++r) {
-    std::vector<int64_t> keys(static_cast<size_t>(nk));
-    for (int64_t i = 0; i < nk; ++i) keys[static_cast<size_t>(i)] = nd + i;
+    std::vector<int64_t> keys(static_cast<size_t>(sp.nk));
+    for (int64_t i = 0; i < sp.nk; ++i) keys[static_cast<size_t>(i)] = sp.nd + i;
     rng.shuffle(keys);
     keys.resize(static_cast<size_t>(K));
     std::vector<int64_t> vals(static_cast<size_t>(K));
-    for (auto& v : vals) v = nd + nk + rng.below(o.n_values);  // values may repeat
-    // Items: pair i as −(i+1), a distractor as its token; shuffled so pairs land at any offset.
-    std::vector<int64_t> items;
+    for (auto& v : vals) v = sp.nd + sp.nk + rng.below(sp.nv);
+    std::vector<int64_t> items;  // pair i as −(i+1), a distractor as its token
     for (int64_t i = 0; i < K; ++i) items.push_back(-(i + 1));
-    for (int64_t i = 0; i < ctx - 2 * K; ++i) items.push_back(rng.below(nd));
+    for (int64_t i = 0; i < ctx - 2 * K; ++i) items.push_back(rng.below(sp.nd));
     rng.shuffle(items);
     for (int64_t it : items) {
       if (it < 0) {
@@ -313,45 +441,46 @@ RecallBatch recall_batch(const Options& o, int64_t n, uint64_t seed) {
   return b;
 }
 
-uint64_t mix(uint64_t a, uint64_t b) {
-  Rng r{a * 0x100000001B3ULL ^ (b + 0x51ED270B27A4B3C5ULL)};
-  return r.next();
-}
+RecallSpec recall_spec(const Options& o) { return {o.rc.seq_len, o.n_pairs, o.n_queries, o.n_keys, o.n_values, o.n_distractors}; }
+RecallSpec needle_spec(const Options& o, int64_t L) { return {L, o.needle_pairs, 1, o.n_keys, o.n_values, o.n_distractors}; }
 
 // ---------------------------------------------------------------------------------------------
 // Training
 
 struct Curves {
   std::ofstream csv;
-  void add(const std::string& task, const std::string& variant, int64_t seed, int64_t step, const std::string& metric, double value) {
-    csv << task << ',' << variant << ',' << seed << ',' << step << ',' << metric << ',' << fmt::format("{:.6g}", value) << '\n';
+  void add(const std::string& task, const std::string& variant, int64_t seed, int64_t step, double flops, const std::string& metric,
+           double value) {
+    csv << fmt::format("{},{},{},{},{:.6g},{},{:.6g}\n", task, variant, seed, step, flops, metric, value);
     csv.flush();
   }
 };
 
 struct RunResult {
   std::string task, variant;
-  int64_t seed = 0, params = 0, steps = 0;
-  double final_metric = 0, final_train_loss = 0, ms_per_step = 0, wall_s = 0;
-  std::string metric;
+  int64_t seed = 0, params = 0, steps = 0, ffn_hidden = 0;
+  double flops_per_step = 0, ms_per_step = 0, wall_s = 0;
+  std::map<std::string, double> metrics;
+  std::vector<double> eval_flops, eval_values;  // the held-out curve (lm: val_loss)
 };
 
 template <Backend B> struct Trainer {
   nn::GPT<B>& model;
   const TaskSizes& t;
+  int64_t steps;
   optim::Adam<B> opt;
   LrSchedule schedule;
   std::vector<Var<B>> params;
-  Trainer(nn::GPT<B>& m, const TaskSizes& sizes)
+  Trainer(nn::GPT<B>& m, const TaskSizes& sizes, int64_t n_steps)
       : model(m),
         t(sizes),
+        steps(n_steps),
         opt(optim::decay_groups(m.named_parameters(), sizes.lr, 0.1),
             {.lr = sizes.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .decoupled = true}),
-        schedule{.name = "cosine", .warmup_steps = sizes.warmup, .min_lr_ratio = 0.1},
+        schedule{.name = "cosine", .warmup_steps = std::min(sizes.warmup, n_steps - 1), .min_lr_ratio = 0.1},
         params(m.parameters()) {}
-  // One step; returns the loss.
   double step(int64_t s, const Tensor<B>& x, const Tensor<B>& y) {
-    opt.set_lr(schedule.at(t.lr, s, t.steps));
+    opt.set_lr(schedule.at(t.lr, s, steps));
     opt.zero_grad();
     const Var<B> logits = model(x);
     const Var<B> loss = nn::cross_entropy(logits.reshape({-1, model.config().vocab_size}), y.reshape({-1}));
@@ -365,58 +494,52 @@ template <Backend B> struct Trainer {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-template <Backend B> RunResult run_lm(const Options& o, const Variant& v, int64_t seed, int64_t vocab, const TokenData& train,
-                                      const TokenData& eval, Curves& curves, nlohmann::json& configs) {
-  const TaskSizes& t = o.lm;
-  const ModelConfig cfg = make_config(t, v, vocab);
-  configs["lm"][v.name] = cfg.to_json();
-  nn::GPT<B> model(cfg);
+// Trains one model; `batch_at(s)` gives step s's (x, y), `evaluate(step, flops, result)` records the
+// held-out metrics every eval_every steps and after the last.
+template <Backend B, class BatchAt, class Eval> RunResult train_run(const std::string& task, const Variant& v, int64_t seed,
+                                                                    const Sized& sz, const TaskSizes& t, nn::GPT<B>& model, Curves& curves,
+                                                                    BatchAt&& batch_at, Eval&& evaluate) {
   model.init_weights(static_cast<uint64_t>(seed));
-  Trainer<B> tr(model, t);
+  Trainer<B> tr(model, t, sz.steps);
   RunResult res;
-  res.task = "lm";
+  res.task = task;
   res.variant = v.name;
   res.seed = seed;
   res.params = model.num_parameters();
-  res.steps = t.steps;
-  res.metric = "val_loss";
-  fmt::print("[lm] {:<20} seed {} params {}\n", v.name, seed, res.params);
-  auto do_eval = [&](int64_t step) {
-    model.eval();
-    const double ev = evaluate(model, eval, o.lm_eval_batches, t.batch, t.seq_len);
-    model.train();
-    curves.add("lm", v.name, seed, step, "val_loss", ev);
-    return ev;
-  };
+  res.steps = sz.steps;
+  res.ffn_hidden = sz.config.ffn_hidden;
+  res.flops_per_step = sz.flops_per_step;
+  fmt::print("[{}] {:<20} seed {} params {} ffn {} steps {} ({:.3g} FLOPs/step)\n", task, v.name, seed, res.params, res.ffn_hidden,
+             res.steps, res.flops_per_step);
   const auto t0 = Clock::now();
   double train_s = 0, smooth = 0;
-  // Data order: the seed offsets the batch stream (seed 0 is the corpus from the start).
-  const int64_t offset = seed * 7919;
-  for (int64_t s = 0; s < t.steps; ++s) {
-    const auto [x, y] = train.batch<B>(s + offset, t.batch, t.seq_len);
+  for (int64_t s = 0; s < sz.steps; ++s) {
+    const auto [x, y] = batch_at(s);
     const auto ts = Clock::now();
     const double loss = tr.step(s, x, y);
     train_s += seconds_since(ts);
-    KILN_CHECK(std::isfinite(loss), "attention_study: lm {} loss became {} at step {}", v.name, loss, s);
+    KILN_CHECK(std::isfinite(loss), "attention_study: {} {} seed {}: loss became {} at step {}", task, v.name, seed, loss, s);
     smooth = s == 0 ? loss : 0.95 * smooth + 0.05 * loss;
-    curves.add("lm", v.name, seed, s + 1, "train_loss", loss);
-    if ((s + 1) % t.eval_every == 0 || s + 1 == t.steps) {
-      const double ev = do_eval(s + 1);
-      fmt::print("  step {:>5}  train(ema) {:.4f}  val {:.4f}  {:.0f} ms/step\n", s + 1, smooth, ev, 1000 * train_s / double(s + 1));
+    const double flops = double(s + 1) * sz.flops_per_step;
+    if ((s + 1) % 10 == 0 || s + 1 == sz.steps) curves.add(task, v.name, seed, s + 1, flops, "train_loss", loss);  // every 10th step
+    if ((s + 1) % t.eval_every == 0 || s + 1 == sz.steps) {
+      model.eval();
+      const std::string line = evaluate(s + 1, flops, res);
+      model.train();
+      fmt::print("  step {:>5}  train(ema) {:.4f}  {}  {:.0f} ms/step\n", s + 1, smooth, line, 1000 * train_s / double(s + 1));
       std::fflush(stdout);
-      if (s + 1 == t.steps) res.final_metric = ev;
     }
   }
-  res.final_train_loss = smooth;
-  res.ms_per_step = 1000 * train_s / double(t.steps);
+  res.metrics["train_loss_ema"] = smooth;
+  res.metrics["train_flops"] = double(sz.steps) * sz.flops_per_step;
+  res.ms_per_step = 1000 * train_s / double(sz.steps);
   res.wall_s = seconds_since(t0);
   return res;
 }
 
-template <Backend B> double recall_accuracy(nn::GPT<B>& model, const Options& o, const RecallBatch& data, int64_t n) {
+template <Backend B> double recall_accuracy(const nn::GPT<B>& model, const RecallSpec& sp, const RecallBatch& data, int64_t n) {
   NoGrad ng;
-  model.eval();
-  const int64_t T = o.rc.seq_len, chunk = 64;
+  const int64_t T = sp.T, chunk = 64;
   int64_t hit = 0, total = 0;
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t m = std::min(chunk, n - r0);
@@ -430,115 +553,338 @@ template <Backend B> double recall_accuracy(nn::GPT<B>& model, const Options& o,
       hit += pred[static_cast<size_t>(i)] == target;
     }
   }
-  model.train();
   return double(hit) / double(total);
 }
 
-template <Backend B>
-RunResult run_recall(const Options& o, const Variant& v, int64_t seed, const RecallBatch& eval, Curves& curves, nlohmann::json& configs) {
-  const TaskSizes& t = o.rc;
-  const int64_t vocab = o.n_distractors + o.n_keys + o.n_values;
-  const ModelConfig cfg = make_config(t, v, vocab);
-  configs["recall"][v.name] = cfg.to_json();
-  nn::GPT<B> model(cfg);
-  model.init_weights(static_cast<uint64_t>(seed));
-  Trainer<B> tr(model, t);
-  RunResult res;
-  res.task = "recall";
-  res.variant = v.name;
-  res.seed = seed;
-  res.params = model.num_parameters();
-  res.steps = t.steps;
-  res.metric = "accuracy";
-  fmt::print("[recall] {:<20} seed {} params {}\n", v.name, seed, res.params);
-  const auto t0 = Clock::now();
-  double train_s = 0, smooth = 0;
-  for (int64_t s = 0; s < t.steps; ++s) {
-    // Batch s of seed `seed`: a pure function of (seed, s), identical for every variant.
-    const RecallBatch b = recall_batch(o, t.batch, mix(static_cast<uint64_t>(seed), static_cast<uint64_t>(s)));
-    const auto x = Tensor<B>::from_vector(b.x, {t.batch, t.seq_len});
-    const auto y = Tensor<B>::from_vector(b.y, {t.batch, t.seq_len});
-    const auto ts = Clock::now();
-    const double loss = tr.step(s, x, y);
-    train_s += seconds_since(ts);
-    KILN_CHECK(std::isfinite(loss), "attention_study: recall {} loss became {} at step {}", v.name, loss, s);
-    smooth = s == 0 ? loss : 0.95 * smooth + 0.05 * loss;
-    curves.add("recall", v.name, seed, s + 1, "train_loss", loss);
-    if ((s + 1) % t.eval_every == 0 || s + 1 == t.steps) {
-      const double acc = recall_accuracy(model, o, eval, o.n_eval);
-      curves.add("recall", v.name, seed, s + 1, "accuracy", acc);
-      fmt::print("  step {:>5}  train(ema) {:.4f}  acc {:.4f}  {:.0f} ms/step\n", s + 1, smooth, acc, 1000 * train_s / double(s + 1));
-      std::fflush(stdout);
-      if (s + 1 == t.steps) res.final_metric = acc;
+template <Backend B> std::pair<Tensor<B>, Tensor<B>> to_tensors(const RecallBatch& b, int64_t n, int64_t T) {
+  return {Tensor<B>::from_vector(b.x, {n, T}), Tensor<B>::from_vector(b.y, {n, T})};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outliers and generation time (lm models)
+
+template <Backend B> void outliers(const Options& o, const nn::GPT<B>& model, const TokenData& eval, RunResult& res) {
+  study::Probe<B> probe(model);
+  const auto [x, y] = eval.batch<B>(0, o.probe_seqs, o.lm.seq_len);
+  const study::ProbeResult p = probe.run(x);
+  KILN_CHECK(p.max_rebuild_error < 1e-3, "attention_study: {} seed {}: the probe's rebuilt outputs differ from the model's by {}",
+             res.variant, res.seed, p.max_rebuild_error);
+  auto put = [&](const std::string& what, const std::vector<float>& xs, const std::vector<double>& kurt) {
+    const study::Magnitudes m = study::magnitudes(xs);
+    res.metrics[what + "_top1"] = m.top1;
+    res.metrics[what + "_top10"] = m.top10;
+    res.metrics[what + "_top100"] = m.top100;
+    res.metrics[what + "_median"] = m.median;
+    res.metrics[what + "_kurtosis"] = study::kurtosis(xs);
+    res.metrics[what + "_kurtosis_max"] = *std::max_element(kurt.begin(), kurt.end());
+  };
+  put("hidden", p.hidden, p.hidden_kurtosis);
+  put("logit", p.logits, p.logit_kurtosis);
+  res.metrics["probe_rebuild_error"] = p.max_rebuild_error;
+  fmt::print("  outliers {:<20} hidden top1 {:.3g} kurtosis {:.3g} | logits top1 {:.3g} kurtosis {:.3g} (rebuild error {:.2g})\n",
+             res.variant, res.metrics["hidden_top1"], res.metrics["hidden_kurtosis"], res.metrics["logit_top1"],
+             res.metrics["logit_kurtosis"], p.max_rebuild_error);
+}
+
+// Per-token decode time of each model with its KV cache (nn::generate, greedy), interleaved: round r
+// runs the models in order, round r+1 in reverse (A B C C B A ...), after one untimed warm-up each.
+template <Backend B> void generation_time(const Options& o, const std::vector<std::unique_ptr<nn::GPT<B>>>& models,
+                                          std::vector<RunResult*> runs, const TokenData& eval, std::ofstream& gen_csv) {
+  const std::vector<int64_t> prompt(eval.tokens().begin(), eval.tokens().begin() + o.gen_prompt);
+  const nn::GenerateOptions g{.max_new_tokens = o.gen_tokens, .temperature = 0.0};
+  std::vector<std::vector<double>> ms(models.size());
+  for (const auto& m : models) (void)nn::generate(*m, {prompt}, g);
+  for (int64_t r = 0; r < o.gen_rounds; ++r) {
+    for (size_t k = 0; k < models.size(); ++k) {
+      const size_t i = r % 2 == 0 ? k : models.size() - 1 - k;
+      const nn::Generation out = nn::generate(*models[i], {prompt}, g);
+      const double v = 1000 * out.stats.decode_seconds / double(std::max<int64_t>(1, out.stats.decode_tokens));
+      ms[i].push_back(v);
+      gen_csv << fmt::format("{},{},{},{:.5f},{:.5f}\n", runs[i]->seed, r, runs[i]->variant, v,
+                             1000 * out.stats.prefill_seconds / double(std::max<int64_t>(1, out.stats.prefill_tokens)));
     }
   }
-  res.final_train_loss = smooth;
-  res.ms_per_step = 1000 * train_s / double(t.steps);
-  res.wall_s = seconds_since(t0);
-  return res;
+  gen_csv.flush();
+  for (size_t i = 0; i < models.size(); ++i) {
+    runs[i]->metrics["gen_ms_per_token"] = study::mean_std(ms[i]).mean;
+    fmt::print("  generation {:<20} {:.3f} ms/token (mean of {} rounds)\n", runs[i]->variant, runs[i]->metrics["gen_ms_per_token"],
+               ms[i].size());
+  }
 }
 
-void check_params(const std::vector<RunResult>& rs, const std::string& task) {
-  int64_t lo = INT64_MAX, hi = 0;
+// ---------------------------------------------------------------------------------------------
+// The study
+
+struct Outputs {
+  std::vector<RunResult> runs;
+  nlohmann::json configs;
+};
+
+template <Backend B> void run_lm(const Options& o, const std::vector<Variant>& variants, Curves& curves, Outputs& out) {
+  const std::string text = o.corpus.empty() ? fortunes_corpus("/usr/share/games/fortunes") : read_text_file(o.corpus);
+  const CharTokenizer tok = CharTokenizer::fit(text);
+  const std::vector<int64_t> ids = tok.encode(text);
+  const auto cut = static_cast<std::ptrdiff_t>(static_cast<double>(ids.size()) * 0.95);
+  const TokenData train_data(std::vector<int64_t>(ids.begin(), ids.begin() + cut), "train");
+  const TokenData eval(std::vector<int64_t>(ids.begin() + cut, ids.end()), "eval");
+  fmt::print("[lm] corpus {} characters (train {}, held out {}), vocabulary {}\n", ids.size(), train_data.size(), eval.size(),
+             tok.vocab_size());
+  out.configs["lm_data"] = {{"characters", ids.size()},
+                            {"train", train_data.size()},
+                            {"eval", eval.size()},
+                            {"vocab", tok.vocab_size()},
+                            {"eval_tokens_per_eval", o.lm_eval_batches * o.lm.batch * o.lm.seq_len}};
+  std::ofstream gen_csv(fs::path(o.out) / "gen.csv");
+  gen_csv << "seed,round,variant,decode_ms_per_token,prefill_ms_per_token\n";
+  for (int64_t seed : o.seeds) {
+    std::vector<std::unique_ptr<nn::GPT<B>>> models;
+    std::vector<size_t> idx;
+    for (const auto& v : variants) {
+      const Sized sz = size_variant(o, o.lm, v, tok.vocab_size(), {o.lm.seq_len});
+      out.configs["lm"][v.name] = sz.config.to_json();
+      models.push_back(std::make_unique<nn::GPT<B>>(sz.config));
+      auto& model = *models.back();
+      const int64_t offset = seed * 7919;  // the seed offsets the batch stream
+      RunResult r = train_run<B>(
+          "lm", v, seed, sz, o.lm, model, curves, [&](int64_t s) { return train_data.batch<B>(s + offset, o.lm.batch, o.lm.seq_len); },
+          [&](int64_t step, double flops, RunResult& res) {
+            const double ev = evaluate(model, eval, o.lm_eval_batches, o.lm.batch, o.lm.seq_len);
+            curves.add("lm", v.name, seed, step, flops, "val_loss", ev);
+            res.eval_flops.push_back(flops);
+            res.eval_values.push_back(ev);
+            res.metrics["val_loss"] = ev;
+            return fmt::format("val {:.4f}", ev);
+          });
+      outliers(o, model, eval, r);
+      idx.push_back(out.runs.size());
+      out.runs.push_back(std::move(r));
+    }
+    std::vector<RunResult*> rs;
+    for (size_t i : idx) rs.push_back(&out.runs[i]);
+    generation_time(o, models, rs, eval, gen_csv);
+  }
+}
+
+template <Backend B> void run_recall(const Options& o, const std::vector<Variant>& variants, Curves& curves, Outputs& out) {
+  const RecallSpec sp = recall_spec(o);
+  const RecallBatch eval = recall_batch(sp, o.n_eval, static_cast<uint64_t>(o.eval_data_seed) ^ 0xE7A1ULL);
+  out.configs["recall_data"] = {{"pairs", o.n_pairs},
+                                {"queries", o.n_queries},
+                                {"keys", o.n_keys},
+                                {"values", o.n_values},
+                                {"distractors", o.n_distractors},
+                                {"eval_seqs", o.n_eval},
+                                {"eval_data_seed", o.eval_data_seed},
+                                {"chance", 1.0 / double(o.n_values)}};
+  for (int64_t seed : o.seeds)
+    for (const auto& v : variants) {
+      const Sized sz = size_variant(o, o.rc, v, sp.vocab(), {sp.T});
+      out.configs["recall"][v.name] = sz.config.to_json();
+      nn::GPT<B> model(sz.config);
+      out.runs.push_back(train_run<B>(
+          "recall", v, seed, sz, o.rc, model, curves,
+          [&](int64_t s) {  // a pure function of (seed, step), identical for every variant
+            return to_tensors<B>(recall_batch(sp, o.rc.batch, mix(static_cast<uint64_t>(seed), static_cast<uint64_t>(s))), o.rc.batch,
+                                 sp.T);
+          },
+          [&](int64_t step, double flops, RunResult& res) {
+            const double acc = recall_accuracy(model, sp, eval, o.n_eval);
+            curves.add("recall", v.name, seed, step, flops, "accuracy", acc);
+            res.metrics["accuracy"] = acc;
+            return fmt::format("acc {:.4f}", acc);
+          }));
+    }
+}
+
+template <Backend B> void run_needle(const Options& o, const std::vector<Variant>& variants, Curves& curves, Outputs& out) {
+  const auto& Ls = o.needle_lengths;
+  std::vector<RecallBatch> evals;
+  for (int64_t L : Ls)
+    evals.push_back(recall_batch(needle_spec(o, L), o.n_eval, static_cast<uint64_t>(o.eval_data_seed) ^ (0x9EED1EULL + uint64_t(L))));
+  const int64_t vocab = needle_spec(o, Ls[0]).vocab();
+  out.configs["needle_data"] = {
+      {"pairs", o.needle_pairs},         {"lengths", Ls}, {"keys", o.n_keys}, {"values", o.n_values}, {"distractors", o.n_distractors},
+      {"eval_seqs_per_length", o.n_eval}};
+  for (int64_t seed : o.seeds)
+    for (const auto& v : variants) {
+      const Sized sz = size_variant(o, o.nd, v, vocab, Ls);
+      out.configs["needle"][v.name] = sz.config.to_json();
+      nn::GPT<B> model(sz.config);
+      out.runs.push_back(train_run<B>(
+          "needle", v, seed, sz, o.nd, model, curves,
+          [&](int64_t s) {  // the lengths in turn
+            const int64_t L = Ls[static_cast<size_t>(s) % Ls.size()];
+            return to_tensors<B>(recall_batch(needle_spec(o, L), o.nd.batch, mix(static_cast<uint64_t>(seed) + 1000003ULL, uint64_t(s))),
+                                 o.nd.batch, L);
+          },
+          [&](int64_t step, double flops, RunResult& res) {
+            std::string line;
+            double sum = 0;
+            for (size_t i = 0; i < Ls.size(); ++i) {
+              const double acc = recall_accuracy(model, needle_spec(o, Ls[i]), evals[i], o.n_eval);
+              curves.add("needle", v.name, seed, step, flops, fmt::format("acc_L{}", Ls[i]), acc);
+              res.metrics[fmt::format("acc_L{}", Ls[i])] = acc;
+              line += fmt::format("L{} {:.3f}  ", Ls[i], acc);
+              sum += acc;
+            }
+            res.metrics["accuracy"] = sum / double(Ls.size());
+            return line;
+          }));
+    }
+}
+
+// The AttnRes "compute advantage" and its like: for each seed, the training FLOPs at which `base`'s
+// held-out loss curve reaches `model`'s final held-out loss, over `model`'s training FLOPs (> 1: the
+// model saves compute; NaN: the base never reached it within its budget).
+struct Advantage {
+  std::string base, model;
+  int64_t seed;
+  double model_flops, model_loss, base_flops, ratio;
+};
+
+std::vector<Advantage> advantages(const std::vector<RunResult>& runs) {
+  std::vector<std::pair<std::string, std::string>> pairs;
+  std::set<std::string> have;
+  for (const auto& r : runs)
+    if (r.task == "lm") have.insert(r.variant);
+  for (const std::string a : {"mha", "diff", "diff2"})
+    for (const std::string res : {"attnres_block", "attnres_full"})
+      if (have.count(a) && have.count(a + "+" + res)) pairs.emplace_back(a, a + "+" + res);
+  for (const std::string a : {"diff", "diff2"})
+    if (have.count("mha") && have.count(a)) pairs.emplace_back("mha", a);
+  std::vector<Advantage> out;
+  for (const auto& [b, m] : pairs)
+    for (const auto& rm : runs) {
+      if (rm.task != "lm" || rm.variant != m) continue;
+      for (const auto& rb : runs) {
+        if (rb.task != "lm" || rb.variant != b || rb.seed != rm.seed) continue;
+        Advantage a{b, m, rm.seed, rm.metrics.at("train_flops"), rm.metrics.at("val_loss"), 0, 0};
+        a.base_flops = study::flops_to_reach(rb.eval_flops, rb.eval_values, a.model_loss);
+        a.ratio = a.base_flops / a.model_flops;
+        out.push_back(a);
+      }
+    }
+  return out;
+}
+
+void write_outputs(const Options& o, Outputs& out, double total_s) {
+  const fs::path dir(o.out);
+  // One row per run.
+  std::set<std::string> names;
+  for (const auto& r : out.runs)
+    for (const auto& [k, v] : r.metrics) names.insert(k);
+  {
+    std::ofstream f(dir / "runs.csv");
+    f << "task,variant,seed,params,ffn_hidden,steps,flops_per_step,ms_per_step,wall_s";
+    for (const auto& n : names) f << ',' << n;
+    f << '\n';
+    for (const auto& r : out.runs) {
+      f << fmt::format("{},{},{},{},{},{},{:.6g},{:.3f},{:.2f}", r.task, r.variant, r.seed, r.params, r.ffn_hidden, r.steps,
+                       r.flops_per_step, r.ms_per_step, r.wall_s);
+      for (const auto& n : names) f << ',' << (r.metrics.count(n) ? fmt::format("{:.6g}", r.metrics.at(n)) : "");
+      f << '\n';
+    }
+  }
+  // Mean ± std over seeds per (task, variant, metric).
+  nlohmann::json agg = nlohmann::json::array();
+  {
+    std::ofstream f(dir / "aggregate.csv");
+    f << "task,variant,metric,n,mean,std\n";
+    std::vector<std::pair<std::string, std::string>> keys;
+    for (const auto& r : out.runs)
+      if (std::find(keys.begin(), keys.end(), std::pair{r.task, r.variant}) == keys.end()) keys.emplace_back(r.task, r.variant);
+    for (const auto& [task, variant] : keys) {
+      std::map<std::string, std::vector<double>> vals;
+      for (const auto& r : out.runs) {
+        if (r.task != task || r.variant != variant) continue;
+        vals["params"].push_back(double(r.params));
+        vals["steps"].push_back(double(r.steps));
+        vals["ms_per_step"].push_back(r.ms_per_step);
+        for (const auto& [k, v] : r.metrics) vals[k].push_back(v);
+      }
+      for (const auto& [k, v] : vals) {
+        const study::MeanStd m = study::mean_std(v);
+        f << fmt::format("{},{},{},{},{:.6g},{:.6g}\n", task, variant, k, m.n, m.mean, m.std);
+        agg.push_back({{"task", task}, {"variant", variant}, {"metric", k}, {"n", m.n}, {"mean", m.mean}, {"std", m.std}});
+      }
+    }
+    const std::vector<Advantage> adv = advantages(out.runs);
+    std::ofstream a(dir / "advantage.csv");
+    a << "base,model,seed,model_flops,model_val_loss,base_flops_to_reach,ratio\n";
+    std::vector<std::pair<std::string, std::string>> pairs;
+    for (const auto& x : adv) {
+      a << fmt::format("{},{},{},{:.6g},{:.6f},{:.6g},{:.6g}\n", x.base, x.model, x.seed, x.model_flops, x.model_loss, x.base_flops,
+                       x.ratio);
+      if (std::find(pairs.begin(), pairs.end(), std::pair{x.base, x.model}) == pairs.end()) pairs.emplace_back(x.base, x.model);
+    }
+    for (const auto& [b, m] : pairs) {
+      std::vector<double> ratios;
+      for (const auto& x : adv)
+        if (x.base == b && x.model == m) ratios.push_back(x.ratio);
+      const study::MeanStd s = study::mean_std(ratios);  // over the seeds where the base reached the loss
+      const auto runs_n = static_cast<int64_t>(ratios.size());
+      f << fmt::format("lm_advantage,{} vs {},compute_ratio,{},{:.6g},{:.6g}\n", m, b, s.n, s.mean, s.std);
+      f << fmt::format("lm_advantage,{} vs {},not_reached,{},{},0\n", m, b, runs_n, runs_n - s.n);
+      agg.push_back({{"task", "lm_advantage"},
+                     {"variant", m + " vs " + b},
+                     {"metric", "compute_ratio"},
+                     {"n", s.n},
+                     {"mean", s.mean},
+                     {"std", s.std}});
+    }
+  }
+  nlohmann::json js = nlohmann::json::array();
+  for (const auto& r : out.runs) {
+    nlohmann::json m(r.metrics);
+    js.push_back({{"task", r.task},
+                  {"variant", r.variant},
+                  {"seed", r.seed},
+                  {"params", r.params},
+                  {"ffn_hidden", r.ffn_hidden},
+                  {"steps", r.steps},
+                  {"flops_per_step", r.flops_per_step},
+                  {"ms_per_step", r.ms_per_step},
+                  {"wall_s", r.wall_s},
+                  {"metrics", m}});
+  }
+  std::ofstream(dir / "summary.json")
+      << nlohmann::json{{"scale", o.scale}, {"runs", js}, {"aggregate", agg}, {"total_wall_s", total_s}}.dump(1) << '\n';
+  std::ofstream(dir / "configs.json") << out.configs.dump(2) << '\n';
+}
+
+void check_spread(const std::vector<RunResult>& rs, const std::string& task) {
+  double plo = 1e300, phi = 0, flo = 1e300, fhi = 0;
   for (const auto& r : rs)
-    if (r.task == task) lo = std::min(lo, r.params), hi = std::max(hi, r.params);
-  if (hi == 0) return;
-  const double spread = double(hi - lo) / double(lo);
-  fmt::print("[{}] parameter counts {}..{} (spread {:.3f}%)\n", task, lo, hi, 100 * spread);
-  if (spread > 0.01) fmt::print("WARNING: [{}] parameter counts differ by more than 1%\n", task);
+    if (r.task == task) {
+      plo = std::min(plo, double(r.params)), phi = std::max(phi, double(r.params));
+      flo = std::min(flo, r.metrics.at("train_flops")), fhi = std::max(fhi, r.metrics.at("train_flops"));
+    }
+  if (phi == 0) return;
+  fmt::print("[{}] parameters {}..{} (spread {:.3f}%), training FLOPs {:.4g}..{:.4g} (spread {:.3f}%)\n", task, plo, phi,
+             100 * (phi - plo) / plo, flo, fhi, 100 * (fhi - flo) / flo);
 }
 
-template <Backend B> int study(const Options& o) {
+template <Backend B> int study_main(const Options& o) {
   std::vector<Variant> variants;
   for (const auto& s : o.variants) variants.push_back(parse_variant(s));
   fs::create_directories(o.out);
   Curves curves;
   curves.csv.open(fs::path(o.out) / "curves.csv");
   KILN_CHECK(curves.csv.good(), "attention_study: cannot write '{}'", (fs::path(o.out) / "curves.csv").string());
-  curves.csv << "task,variant,seed,step,metric,value\n";
-  nlohmann::json configs;
-  std::vector<RunResult> results;
+  curves.csv << "task,variant,seed,step,flops,metric,value\n";
+  Outputs out;
   const auto t0 = Clock::now();
-
-  if (o.task == "all" || o.task == "lm") {
-    const std::string text = o.corpus.empty() ? fortunes_corpus("/usr/share/games/fortunes") : read_text_file(o.corpus);
-    const CharTokenizer tok = CharTokenizer::fit(text);
-    const std::vector<int64_t> ids = tok.encode(text);
-    const auto cut = static_cast<std::ptrdiff_t>(static_cast<double>(ids.size()) * 0.95);
-    const TokenData train(std::vector<int64_t>(ids.begin(), ids.begin() + cut), "train");
-    const TokenData eval(std::vector<int64_t>(ids.begin() + cut, ids.end()), "eval");
-    fmt::print("[lm] corpus {} characters (train {}, held out {}), vocabulary {}\n", ids.size(), train.size(), eval.size(),
-               tok.vocab_size());
-    configs["lm_data"] = {{"characters", ids.size()},
-                          {"train", train.size()},
-                          {"eval", eval.size()},
-                          {"vocab", tok.vocab_size()},
-                          {"eval_tokens_per_eval", o.lm_eval_batches * o.lm.batch * o.lm.seq_len}};
-    for (int64_t seed : o.lm_seeds)
-      for (const auto& v : variants) results.push_back(run_lm<B>(o, v, seed, tok.vocab_size(), train, eval, curves, configs));
-  }
-  if (o.task == "all" || o.task == "recall") {
-    const RecallBatch eval = recall_batch(o, o.n_eval, static_cast<uint64_t>(o.eval_data_seed) ^ 0xE7A1ULL);
-    configs["recall_data"] = {{"pairs", o.n_pairs},
-                              {"queries", o.n_queries},
-                              {"keys", o.n_keys},
-                              {"values", o.n_values},
-                              {"distractors", o.n_distractors},
-                              {"eval_seqs", o.n_eval},
-                              {"eval_data_seed", o.eval_data_seed},
-                              {"chance", 1.0 / double(o.n_values)}};
-    for (int64_t seed : o.seeds)
-      for (const auto& v : variants) results.push_back(run_recall<B>(o, v, seed, eval, curves, configs));
-  }
-
+  auto has = [&](const char* t) { return std::find(o.tasks.begin(), o.tasks.end(), t) != o.tasks.end(); };
+  if (has("lm")) run_lm<B>(o, variants, curves, out);
+  if (has("recall")) run_recall<B>(o, variants, curves, out);
+  if (has("needle")) run_needle<B>(o, variants, curves, out);
   auto sizes_json = [](const TaskSizes& t) {
     return nlohmann::json{{"d_model", t.d_model},
                           {"n_layers", t.n_layers},
                           {"mha_heads", t.mha_heads},
-                          {"ffn_hidden", t.ffn_hidden},
                           {"seq_len", t.seq_len},
                           {"batch", t.batch},
-                          {"steps", t.steps},
+                          {"mha_steps", t.steps},
                           {"warmup", t.warmup},
                           {"eval_every", t.eval_every},
                           {"attnres_block_size", t.block_size},
@@ -546,40 +892,156 @@ template <Backend B> int study(const Options& o) {
                           {"optimizer", "AdamW beta (0.9, 0.95) eps 1e-8 wd 0.1 on matrices, clip 1.0"},
                           {"schedule", "cosine to 0.1x after linear warmup"}};
   };
-  configs["lm_sizes"] = sizes_json(o.lm);
-  configs["recall_sizes"] = sizes_json(o.rc);
-  {
-    std::ofstream f(fs::path(o.out) / "configs.json");
-    f << configs.dump(2) << '\n';
-  }
-
-  // Summary table.
+  out.configs["scale"] = o.scale;
+  out.configs["match"] = o.match_flops ? "flops" : "steps";
+  out.configs["seeds"] = o.seeds;
+  out.configs["lm_sizes"] = sizes_json(o.lm);
+  out.configs["recall_sizes"] = sizes_json(o.rc);
+  out.configs["needle_sizes"] = sizes_json(o.nd);
+  out.configs["probe"] = {{"seqs", o.probe_seqs}, {"seq_len", o.lm.seq_len}};
+  out.configs["generation"] = {{"prompt", o.gen_prompt}, {"tokens", o.gen_tokens}, {"rounds", o.gen_rounds}};
   const double total_s = seconds_since(t0);
-  nlohmann::json js = nlohmann::json::array();
-  std::ofstream sum(fs::path(o.out) / "summary.csv");
-  sum << "task,variant,seed,params,steps,metric,final,final_train_loss_ema,ms_per_step,wall_s\n";
-  fmt::print("\n{:<7} {:<20} {:>4} {:>9} {:>6} {:>9} {:>10} {:>10} {:>8}\n", "task", "variant", "seed", "params", "steps", "metric",
-             "final", "train_ema", "ms/step");
-  for (const auto& r : results) {
-    fmt::print("{:<7} {:<20} {:>4} {:>9} {:>6} {:>9} {:>10.4f} {:>10.4f} {:>8.0f}\n", r.task, r.variant, r.seed, r.params, r.steps,
-               r.metric, r.final_metric, r.final_train_loss, r.ms_per_step);
-    sum << fmt::format("{},{},{},{},{},{},{:.6f},{:.6f},{:.2f},{:.2f}\n", r.task, r.variant, r.seed, r.params, r.steps, r.metric,
-                       r.final_metric, r.final_train_loss, r.ms_per_step, r.wall_s);
-    js.push_back({{"task", r.task},
-                  {"variant", r.variant},
-                  {"seed", r.seed},
-                  {"params", r.params},
-                  {"steps", r.steps},
-                  {"metric", r.metric},
-                  {"final", r.final_metric},
-                  {"final_train_loss_ema", r.final_train_loss},
-                  {"ms_per_step", r.ms_per_step},
-                  {"wall_s", r.wall_s}});
-  }
-  std::ofstream(fs::path(o.out) / "summary.json") << nlohmann::json{{"runs", js}, {"total_wall_s", total_s}}.dump(2) << '\n';
-  check_params(results, "lm");
-  check_params(results, "recall");
+  write_outputs(o, out, total_s);
+  for (const char* t : {"lm", "recall", "needle"}) check_spread(out.runs, t);
   fmt::print("study wall time {:.1f} s; results in {}\n", total_s, o.out);
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Self-test and smoke test
+
+void expect(bool ok, const std::string& what) { KILN_CHECK(ok, "attention_study self-test: {}", what); }
+bool near(double a, double b, double tol = 1e-9) { return std::fabs(a - b) <= tol * std::max(1.0, std::fabs(b)); }
+
+void self_test() {
+  expect(near(study::kurtosis({1, 2, 3, 4, 5}), 1.7), "kurtosis of 1..5 is 6.8/2² = 1.7");
+  expect(near(study::kurtosis({0, 0, 0, 0, 10}), 3.25), "kurtosis of (0,0,0,0,10) is 832/16² = 3.25");
+  expect(std::isnan(study::kurtosis({2, 2, 2})), "kurtosis of a constant sample is NaN");
+  {
+    Rng rng{7};  // a large Gaussian sample (Box–Muller) has kurtosis ≈ 3
+    std::vector<float> g;
+    for (int i = 0; i < 200000; ++i) {
+      const double u1 = (double(rng.next() >> 11) + 1) / 9007199254740993.0, u2 = double(rng.next() >> 11) / 9007199254740992.0;
+      g.push_back(float(std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2)));
+    }
+    const double k = study::kurtosis(g);
+    expect(std::fabs(k - 3) < 0.06, fmt::format("kurtosis of 200k Gaussian draws is {}, not ≈ 3", k));
+  }
+  const study::MeanStd m = study::mean_std({1, 2, 3, 4, std::nan("")});
+  expect(m.n == 4 && near(m.mean, 2.5) && near(m.std, std::sqrt(5.0 / 3.0)), "mean ± sample std of 1..4 (NaN skipped) is 2.5 ± 1.29099");
+  expect(study::mean_std({7}).std == 0 && study::mean_std({}).n == 0, "mean_std of one value has std 0; of none, n 0");
+  std::vector<float> xs;
+  for (int i = 1; i <= 200; ++i) xs.push_back(float(i % 2 ? -i : i));
+  const study::Magnitudes g = study::magnitudes(xs);
+  expect(g.top1 == 200 && g.top10 == 191 && g.top100 == 101 && g.median == 100.5, "magnitudes of ±1..±200: 200, 191, 101, median 100.5");
+  expect(std::isnan(study::magnitudes({1, 2}).top10), "top-10 of two values is NaN");
+  expect(near(study::flops_to_reach({0, 1, 2, 3}, {4, 3, 2, 1}, 2.5), 1.5), "crossing at 2.5 of a line 4,3,2,1 is at x = 1.5");
+  expect(near(study::flops_to_reach({10, 20, 30}, {3, 2.5, 2.4}, 2.75), 15), "crossing 2.75 between (10, 3) and (20, 2.5) is 15");
+  expect(near(study::flops_to_reach({10, 20}, {1, 0.5}, 2), 10), "a curve below the target from the start reaches it at its first point");
+  expect(std::isnan(study::flops_to_reach({10, 20}, {3, 2.5}, 2)), "a curve that never reaches the target gives NaN");
+  fmt::print("attention_study self-test: statistics OK\n");
+}
+
+// The whole study at --scale tiny in a fresh temporary folder; checks every output, then removes it.
+int smoke(const std::string& argv0) {
+  self_test();
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kiln_attention_study_smoke_{}", ::getpid());
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } cleanup{dir};
+  fs::create_directories(dir);
+  {  // a small corpus of its own, so the test needs no package
+    std::ofstream f(dir / "corpus.txt");
+    Rng rng{1};
+    const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "runs", "far"};
+    for (int i = 0; i < 4000; ++i) f << words[rng.below(12)] << (rng.below(9) == 0 ? ".\n" : " ");
+  }
+  Options o;
+  apply_scale(o, "tiny");
+  o.out = (dir / "results").string();
+  o.corpus = (dir / "corpus.txt").string();
+  (void)argv0;
+  study_main<Cpu>(o);
+  const auto js = nlohmann::json::parse(std::ifstream(dir / "results" / "summary.json"));
+  const size_t nv = o.variants.size(), ns = o.seeds.size();
+  expect(js["runs"].size() == 3 * nv * ns,
+         fmt::format("summary.json has {} runs, not 3 tasks × {} variants × {} seeds", js["runs"].size(), nv, ns));
+  // Every run has its task's metrics, finite; parameters equal to within one SwiGLU unit; FLOPs to within one step.
+  std::map<std::string, std::pair<double, double>> params, flops;
+  std::map<std::string, std::map<std::string, std::vector<double>>> by_variant;  // "task/variant" -> metric -> values
+  for (const auto& r : js["runs"]) {
+    const std::string task = r["task"];
+    std::vector<std::string> need = {"train_flops", "train_loss_ema"};
+    if (task == "lm")
+      need.insert(need.end(), {"val_loss", "hidden_top1", "hidden_top10", "hidden_median", "hidden_kurtosis", "logit_top1", "logit_top10",
+                               "logit_median", "logit_kurtosis", "gen_ms_per_token", "probe_rebuild_error"});
+    else
+      need.push_back("accuracy");
+    if (task == "needle")
+      for (int64_t L : o.needle_lengths) need.push_back(fmt::format("acc_L{}", L));
+    for (const auto& n : need) {
+      expect(r["metrics"].contains(n), fmt::format("{} {} seed {} lacks {}", task, std::string(r["variant"]), int(r["seed"]), n));
+      const double v = r["metrics"][n];
+      expect(std::isfinite(v), fmt::format("{} {}: {} is {}", task, std::string(r["variant"]), n, v));
+      by_variant[task + "/" + std::string(r["variant"])][n].push_back(v);
+    }
+    if (task == "lm") {
+      const auto& m = r["metrics"];
+      expect(m["hidden_top1"] >= m["hidden_top10"] && m["hidden_top10"] >= m["hidden_median"], "hidden magnitudes are ordered");
+      expect(m["logit_top1"] >= m["logit_top10"] && m["logit_top10"] >= m["logit_median"], "logit magnitudes are ordered");
+    }
+    auto& p = params.try_emplace(task, 1e300, 0).first->second;
+    p = {std::min(p.first, double(r["params"])), std::max(p.second, double(r["params"]))};
+    auto& f = flops.try_emplace(task, 1e300, 0).first->second;
+    f = {std::min(f.first, double(r["metrics"]["train_flops"])), std::max(f.second, double(r["metrics"]["train_flops"]))};
+  }
+  for (const auto& [task, p] : params) {
+    const TaskSizes& t = task == "lm" ? o.lm : task == "recall" ? o.rc : o.nd;
+    expect(p.second - p.first <= 3.0 * double(t.d_model * t.n_layers),
+           fmt::format("{}: parameters {}..{} differ by more than one SwiGLU unit", task, p.first, p.second));
+    const double step_share = 1.0 / double(t.steps);  // rounding to whole steps
+    expect((flops[task].second - flops[task].first) / flops[task].first <= 2 * step_share + 1e-9,
+           fmt::format("{}: training FLOPs {}..{} are not matched", task, flops[task].first, flops[task].second));
+  }
+  // aggregate.csv: n = seeds, and mean ± std equal those recomputed here from the runs.
+  std::ifstream agg(dir / "results" / "aggregate.csv");
+  std::string line;
+  std::getline(agg, line);
+  expect(line == "task,variant,metric,n,mean,std", "aggregate.csv header");
+  int64_t checked = 0;
+  while (std::getline(agg, line)) {
+    const auto c = split(line, ',');
+    expect(c.size() == 6, fmt::format("aggregate.csv row '{}' has {} fields", line, c.size()));
+    if (c[0] == "lm_advantage") continue;
+    const auto it = by_variant.find(c[0] + "/" + c[1]);
+    if (it == by_variant.end() || !it->second.count(c[2])) continue;
+    const study::MeanStd m = study::mean_std(it->second.at(c[2]));
+    expect(std::stoll(c[3]) == int64_t(ns) && m.n == int64_t(ns), fmt::format("aggregate {}: n is {}, not {}", line, c[3], ns));
+    expect(near(std::stod(c[4]), m.mean, 1e-4) && near(std::stod(c[5]), m.std, 1e-4),
+           fmt::format("aggregate {}: not {} ± {}", line, m.mean, m.std));
+    ++checked;
+  }
+  expect(checked >= int64_t(nv) * 3, fmt::format("aggregate.csv: only {} rows checked", checked));
+  // advantage.csv: one row per seed and pair; the ratio is base_flops / model_flops.
+  std::ifstream adv(dir / "results" / "advantage.csv");
+  std::getline(adv, line);
+  int64_t adv_rows = 0;
+  while (std::getline(adv, line)) {
+    const auto c = split(line, ',');
+    expect(c.size() == 7, "advantage.csv row width");
+    const double ratio = std::stod(c[6]), want = std::stod(c[5]) / std::stod(c[3]);
+    expect(std::isnan(want) ? std::isnan(ratio) : near(ratio, want, 1e-4),
+           fmt::format("advantage row '{}': ratio is not base/model FLOPs", line));
+    ++adv_rows;
+  }
+  expect(adv_rows == 5 * int64_t(ns), fmt::format("advantage.csv has {} rows, not 5 pairs × {} seeds", adv_rows, ns));
+  for (const char* f : {"curves.csv", "runs.csv", "gen.csv", "configs.json"})
+    expect(fs::file_size(dir / "results" / f) > 0, fmt::format("{} is empty", f));
+  fmt::print("attention_study smoke test: OK ({} runs, {} aggregate rows checked)\n", js["runs"].size(), checked);
   return 0;
 }
 
@@ -587,7 +1049,14 @@ template <Backend B> int study(const Options& o) {
 
 int main(int argc, char** argv) {
   try {
-    return study<Cpu>(parse(argc, argv));
+    for (int i = 1; i < argc; ++i) {
+      if (std::string(argv[i]) == "--self-test") {
+        self_test();
+        return 0;
+      }
+      if (std::string(argv[i]) == "--smoke") return smoke(argv[0]);
+    }
+    return study_main<Cpu>(parse(argc, argv));
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

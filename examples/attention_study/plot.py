@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Plots the attention study's curves: held-out loss (lm) and retrieval accuracy (recall, mean over seeds
-with the min..max band).  usage: plot.py RESULTS_DIR OUT.png"""
+"""Figures of the attention study from its results folder (curves.csv, aggregate.csv), mean ± std over seeds.
+usage: plot.py RESULTS_DIR OUT_PREFIX   writes OUT_PREFIX_lm.png, OUT_PREFIX_retrieval.png, OUT_PREFIX_outliers.png"""
 import csv
+import math
 import sys
 from collections import defaultdict
 
@@ -10,44 +11,110 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-results, out = sys.argv[1], sys.argv[2]
-curves = defaultdict(lambda: defaultdict(dict))  # (task, metric) -> variant -> seed -> {step: value}
+results, prefix = sys.argv[1], sys.argv[2]
+curves = defaultdict(lambda: defaultdict(dict))  # (task, metric) -> variant -> seed -> {flops: value}
 order = []
 with open(f"{results}/curves.csv") as f:
     for r in csv.DictReader(f):
-        key = (r["task"], r["metric"])
-        curves[key][r["variant"]].setdefault(int(r["seed"]), {})[int(r["step"])] = float(r["value"])
+        curves[(r["task"], r["metric"])][r["variant"]].setdefault(int(r["seed"]), {})[float(r["flops"])] = float(r["value"])
         if r["variant"] not in order:
             order.append(r["variant"])
+agg = {}  # (task, variant, metric) -> (n, mean, std)
+with open(f"{results}/aggregate.csv") as f:
+    for r in csv.DictReader(f):
+        agg[(r["task"], r["variant"], r["metric"])] = (int(r["n"]), float(r["mean"]), float(r["std"]))
 
-style = {"mha": ("tab:blue", "-"), "diff": ("tab:red", "-"),
-         "mha+attnres_block": ("tab:blue", "--"), "diff+attnres_block": ("tab:red", "--"),
-         "mha+attnres_full": ("tab:blue", ":"), "diff+attnres_full": ("tab:red", ":")}
+color = {"mha": "tab:blue", "diff": "tab:red", "diff2": "tab:green"}
+dash = {"standard": "-", "attnres_block": "--", "attnres_full": ":"}
 
-panels = [(k, t) for k, t in [(("lm", "val_loss"), "(a) char LM (fortunes): held-out loss, nats/char"),
-                              (("recall", "accuracy"), "(b) associative recall: held-out accuracy")] if k in curves]
-fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
-for ax, (key, title) in zip(axes[0], panels):
+
+def style(v):
+    a, _, res = v.partition("+")
+    return color.get(a, "black"), dash.get(res or "standard", "-")
+
+
+def mean_std(xs):
+    m = sum(xs) / len(xs)
+    s = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return m, s
+
+
+def band(ax, key, v, label):
+    seeds = curves[key][v]
+    xs = sorted(set.intersection(*[set(s) for s in seeds.values()]))
+    ms = [mean_std([seeds[s][x] for s in seeds]) for x in xs]
+    c, ls = style(v)
+    ax.plot(xs, [m for m, _ in ms], ls, color=c, label=label, marker="o", markersize=2)
+    ax.fill_between(xs, [m - s for m, s in ms], [m + s for m, s in ms], color=c, alpha=0.15)
+
+
+def bars(ax, task, metric, title, ylabel, log=False):
+    vs = [v for v in order if (task, v, metric) in agg]
+    ms = [agg[(task, v, metric)] for v in vs]
+    cols = [style(v)[0] for v in vs]
+    hatch = ["//" if "+" in v else "" for v in vs]
+    b = ax.bar(range(len(vs)), [m for _, m, _ in ms], yerr=[s for _, _, s in ms], color=cols, alpha=0.7, capsize=3)
+    for p, h in zip(b, hatch):
+        p.set_hatch(h)
+    ax.set_xticks(range(len(vs)))
+    ax.set_xticklabels([v.replace("+attnres_block", "\n+AttnRes") for v in vs], fontsize=7)
+    ax.set_title(title, fontsize=9)
+    ax.set_ylabel(ylabel, fontsize=8)
+    if log:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3, axis="y")
+
+
+n_seeds = max((n for (t, _, m), (n, _, _) in agg.items() if m == "params"), default=0)
+written = []
+if ("lm", "val_loss") in curves:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    key = ("lm", "val_loss")
     for v in order:
-        if v not in curves[key]:
-            continue
-        seeds = curves[key][v]
-        steps = sorted(set.intersection(*[set(s) for s in seeds.values()]))
-        vals = [[seeds[s][st] for s in seeds] for st in steps]
-        mean = [sum(x) / len(x) for x in vals]
-        color, ls = style.get(v, (None, "-"))
-        label = v + (f" (mean of {len(seeds)} seeds)" if len(seeds) > 1 else "")
-        ax.plot(steps, mean, ls, color=color, label=label, marker="o", markersize=3)
-        if len(seeds) > 1:
-            ax.fill_between(steps, [min(x) for x in vals], [max(x) for x in vals], color=color, alpha=0.12)
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats/char)" if key[1] == "val_loss" else "accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    if key[1] == "val_loss":
-        lo = min(min(s.values()) for v in curves[key].values() for s in v.values())
-        ax.set_ylim(lo - 0.05, lo + 1.0)
-fig.tight_layout()
-fig.savefig(out, dpi=110)
-print(f"wrote {out}")
+        if v in curves[key]:
+            band(axes[0], key, v, v)
+    lo = min(min(s.values()) for v in curves[key].values() for s in v.values())
+    axes[0].set_ylim(lo - 0.05, lo + 0.8)
+    axes[0].set_xlabel("training FLOPs (nn::gpt_flops)")
+    axes[0].set_ylabel("held-out loss (nats/char)")
+    axes[0].set_title(f"char LM: held-out loss vs compute, mean ± std of {n_seeds} seeds", fontsize=9)
+    axes[0].grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    bars(axes[1], "lm", "val_loss", "final held-out loss (equal FLOPs)", "nats/char")
+    vals = [agg[("lm", v, "val_loss")][1] for v in order if ("lm", v, "val_loss") in agg]
+    axes[1].set_ylim(min(vals) - 0.1, max(vals) + 0.1)
+    fig.tight_layout()
+    fig.savefig(f"{prefix}_lm.png", dpi=80)
+    written.append(f"{prefix}_lm.png")
+
+if any(t in ("recall", "needle") for (t, _, _) in agg):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    bars(axes[0], "recall", "accuracy", "multi-query associative recall: held-out accuracy", "accuracy")
+    lengths = sorted({int(m[5:]) for (t, _, m) in agg if t == "needle" and m.startswith("acc_L")})
+    for v in order:
+        pts = [agg.get(("needle", v, f"acc_L{L}")) for L in lengths]
+        if all(pts) and pts:
+            c, ls = style(v)
+            axes[1].errorbar(lengths, [p[1] for p in pts], yerr=[p[2] for p in pts], fmt=ls, color=c, label=v, marker="o",
+                             markersize=3, capsize=3)
+    axes[1].set_xlabel("context length")
+    axes[1].set_ylabel("accuracy")
+    axes[1].set_title("needle in context: accuracy by context length", fontsize=9)
+    axes[1].set_xticks(lengths)
+    axes[1].grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(f"{prefix}_retrieval.png", dpi=80)
+    written.append(f"{prefix}_retrieval.png")
+
+if ("lm", order[0], "hidden_top1") in agg:
+    fig, axes = plt.subplots(1, 5, figsize=(18, 3.6))
+    bars(axes[0], "lm", "hidden_top1", "hidden states: largest |x|", "|x|")
+    bars(axes[1], "lm", "hidden_kurtosis", "hidden states: kurtosis", "kurtosis (Gaussian 3)", log=True)
+    bars(axes[2], "lm", "logit_top1", "attention logits: largest |q·k/√d|", "|logit|")
+    bars(axes[3], "lm", "logit_kurtosis", "attention logits: kurtosis", "kurtosis (Gaussian 3)")
+    bars(axes[4], "lm", "gen_ms_per_token", "generation with KV cache", "ms per token")
+    fig.tight_layout()
+    fig.savefig(f"{prefix}_outliers.png", dpi=80)
+    written.append(f"{prefix}_outliers.png")
+print("wrote " + ", ".join(written))
