@@ -14,7 +14,12 @@ template <class F> decltype(auto) dispatch(std::string_view device, F&& f) {
 #if !defined(KILN_REFERENCE_ONLY)  // fuzz/'s reduced build has the Reference backend only (backends.hpp)
   if (device == "cpu") return f.template operator()<Cpu>();
 #endif
+#if defined(KILN_REFERENCE_ONLY) || defined(KILN_HAVE_REFERENCE_BACKEND)
   if (device == "reference") return f.template operator()<Reference>();
+#else
+  if (device == "reference")
+    fail("device 'reference': this kiln was built without the Reference backend (configure with -DKILN_WITH_REFERENCE=ON)");
+#endif
 #if defined(KILN_HAVE_CUDA_BACKEND)
   if (device == "cuda" || device.starts_with("cuda:")) {
     KILN_CHECK(cuda::available(), "device '{}': no CUDA device ({})", device, cuda::unavailable_reason());

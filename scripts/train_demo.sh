@@ -21,8 +21,11 @@ if [ "${DEVICE:-cpu}" = "cuda" ]; then
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 else
   build=build-cpu
+  # The lean build (CMakeLists.txt): the Cpu backend alone, the library outside the kernels in unity
+  # batches at -O1 (the kernels keep -O3; same results), 0.45 of the default build's CPU time
+  # (bench/RESULTS.md, "Compile time of the main job").
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_CUDA=OFF -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_EXAMPLES=OFF \
-    -DKILN_BUILD_BENCH=OFF >/dev/null
+    -DKILN_BUILD_BENCH=OFF -DKILN_WITH_REFERENCE=OFF -DKILN_UNITY_BUILD=ON -DKILN_COLD_OPT=-O1 >/dev/null
 fi
 cmake --build "$build" -j"$(nproc)" --target kiln_cli
 
