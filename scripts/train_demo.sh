@@ -5,6 +5,7 @@
 #   scripts/train_demo.sh                  full run (2,600 steps; under 5 minutes of training on 2 idle cores)
 #   STEPS=50 scripts/train_demo.sh         shorter
 #   DEVICE=cuda scripts/train_demo.sh      on the GPU (kiln built with the CUDA backend, a GPU visible)
+#   KILN_DEMO_BUILD=DIR KILN_DEMO_OUT=DIR   other build and output folders (the suite's lean-build test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --main  # the build set only; scripts/test.sh's setup adds the test tools
@@ -20,7 +21,7 @@ if [ "${DEVICE:-cpu}" = "cuda" ]; then
   build=build
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 else
-  build=build-cpu
+  build="${KILN_DEMO_BUILD:-build-cpu}"
   # The lean build (CMakeLists.txt): the Cpu backend alone, the library outside the kernels in unity
   # batches at -O1 (the kernels keep -O3; same results), 0.45 of the default build's CPU time
   # (bench/RESULTS.md, "Compile time of the main job").
@@ -29,7 +30,7 @@ else
 fi
 cmake --build "$build" -j"$(nproc)" --target kiln_cli
 
-out=out/char_gpt
+out="${KILN_DEMO_OUT:-out/char_gpt}"
 mkdir -p "$out"
 # The plain-text fortune files (not the .dat indexes), '%' separators turned into blank lines.
 find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -print0 | sort -z |
