@@ -43,6 +43,51 @@ template <Backend B> Var<B> rope(const Var<B>& x, int64_t pos0, double theta, co
   return autograd::RopeOps<B>::rope(x, cs.first, cs.second);
 }
 
+template <Backend B> Var<B> rope_rows(const Var<B>& x, const Tensor<B>& cos, const Tensor<B>& sin) {
+  const int64_t n = x.dim();
+  KILN_CHECK(n >= 3 && cos.dim() == 2 && cos.size(0) == x.size(0) * x.size(-2),
+             "rope_rows: x {} must be [B, ..., T, d] and cos {} [B·T, d/2] (one row of angles per token of each row)", shape_str(x.shape()),
+             shape_str(cos.shape()));
+  // [B, A..., T, d] -> [A..., B, T, d] -> [A..., B·T, d]: the token axis the fused kernel turns by its own
+  // row of the tables (a view when B's stride is T times T's, as for the transposed projections).
+  std::vector<int64_t> perm, inv(static_cast<size_t>(n)), flat, back;
+  for (int64_t i = 1; i < n - 2; ++i) perm.push_back(i);
+  perm.insert(perm.end(), {0, n - 2, n - 1});
+  for (int64_t i = 0; i < n; ++i) inv[static_cast<size_t>(perm[static_cast<size_t>(i)])] = i;
+  for (int64_t i = 1; i < n - 2; ++i) flat.push_back(x.size(i));
+  back = flat;
+  flat.insert(flat.end(), {x.size(0) * x.size(-2), x.size(-1)});
+  back.insert(back.end(), {x.size(0), x.size(-2), x.size(-1)});
+  return autograd::RopeOps<B>::rope(x.permute(perm).reshape(flat), cos, sin).reshape(back).permute(inv);
+}
+
+template <Backend B> Var<B> rope_at(const Var<B>& x, int64_t pos0, const Tensor<B>& positions, double theta, const RopeTable<B>* table) {
+  if (!positions.defined()) return rope(x, pos0, theta, table);
+  const int64_t d = x.shape().back();
+  KILN_CHECK(d % 2 == 0, "rope: width {} must be even (input {})", d, shape_str(x.shape()));
+  const auto [lo, hi] =
+      detail::row_positions_check("rope", RowInputs<B>{.positions = positions}, x.size(0), x.size(-2), std::numeric_limits<int64_t>::max());
+  (void)lo;
+  const RopeTable<B> own;
+  const auto cs = (table ? table : &own)->at(0, hi + 1, d, theta, x.dtype());
+  const Tensor<B> at = positions.reshape({-1}).to(DType::i64);
+  return rope_rows(x, cs.first.index_select(0, at), cs.second.index_select(0, at));
+}
+
+namespace detail {
+template <Backend B>
+std::pair<int64_t, int64_t> row_positions_check(const char* op, const RowInputs<B>& rows, int64_t Bn, int64_t T, int64_t limit) {
+  const Tensor<B>& p = rows.positions;
+  KILN_CHECK((p.dtype() == DType::i64 || p.dtype() == DType::i32) && p.shape() == Shape({Bn, T}),
+             "{}: positions must be i32/i64 [B, T] = [{}, {}], got {} {}", op, Bn, T, p.dtype(), shape_str(p.shape()));
+  const std::vector<int64_t> v = p.template to_vector<int64_t>();
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  KILN_CHECK(v.empty() || (*lo >= 0 && *hi < limit), "{}: positions {}..{} must lie in [0, {})", op, v.empty() ? 0 : *lo,
+             v.empty() ? 0 : *hi, limit);
+  return {v.empty() ? 0 : *lo, v.empty() ? 0 : *hi};
+}
+}  // namespace detail
+
 template <Backend B>
 std::pair<Tensor<B>, Tensor<B>> kv_cache_append(KVCache<B>& cache, const Tensor<B>& k, const Tensor<B>& v, int64_t capacity) {
   const int64_t T = k.size(2);
@@ -103,6 +148,28 @@ template <Backend B> Var<B> attention_decomposed(const Var<B>& q, const Var<B>& 
   return s.softmax(-1).matmul(vv);  // [B, H, T, dv]
 }
 
+namespace detail {
+template <Backend B> std::pair<Var<B>, Var<B>> attention_kv(const Var<B>& x, const AttentionInputs<B>& in, const Linear<B>& k_proj,
+                                                            const Linear<B>& v_proj, int64_t heads, int64_t hd, bool rope_on, double theta,
+                                                            const RopeTable<B>* table, int64_t pos0, int64_t max_seq_len) {
+  const bool cross = in.memory.defined();
+  if (cross && in.cache && in.cache->len > 0)  // the memory's keys and values, projected by an earlier call
+    return {Var<B>(in.cache->k.narrow(2, 0, in.cache->len)), Var<B>(in.cache->v.narrow(2, 0, in.cache->len))};
+  const Var<B>& src = cross ? in.memory : x;
+  const int64_t Bn = src.size(0), S = src.size(1);
+  Var<B> k = k_proj.forward(src).view({Bn, S, heads, hd}).transpose(1, 2);  // [B, heads, S, hd]
+  Var<B> v = v_proj.forward(src).view({Bn, S, heads, hd}).transpose(1, 2);
+  if (rope_on) k = rope_at(k, pos0, in.positions, theta, table);
+  if (in.cache) {
+    if (cross) *in.cache = KVCache<B>{};  // sized for this memory
+    auto [kc, vc] = kv_cache_append(*in.cache, k.value(), v.value(), cross ? S : max_seq_len);
+    k = Var<B>(kc);
+    v = Var<B>(vc);
+  }
+  return {k, v};
+}
+}  // namespace detail
+
 template <Backend B> MultiHeadAttention<B>::MultiHeadAttention(AttentionOptions o) : o_(o) {
   if (o_.n_kv_heads == 0) o_.n_kv_heads = o_.n_heads;
   KILN_CHECK(o_.n_heads >= 1 && o_.d_model % o_.n_heads == 0, "MultiHeadAttention: d_model {} must be divisible by n_heads {}", o_.d_model,
@@ -135,6 +202,7 @@ template <Backend B> int64_t attention_inputs_check(const char* op, const Var<B>
     KILN_CHECK(in.memory.dtype() == x.dtype(), "{}: memory dtype {} differs from x's {}", op, in.memory.dtype(), x.dtype());
     KILN_CHECK(!rope, "{}: RoPE applies to self-attention only; build a cross-attention module with rope = false (memory {})", op,
                shape_str(in.memory.shape()));
+    KILN_CHECK(!in.positions.defined(), "{}: positions apply to self-attention only (memory {})", op, shape_str(in.memory.shape()));
     KILN_CHECK(!(causal && in.cache), "{}: causal cross-attention with a KV cache is not supported (the queries' positions are unknown)",
                op);
     if (in.cache && in.cache->len > 0)
@@ -143,6 +211,10 @@ template <Backend B> int64_t attention_inputs_check(const char* op, const Var<B>
                  in.cache->len, in.cache->k.size(0), shape_str(in.memory.shape()));
     return 0;
   }
+  if (in.positions.defined())
+    KILN_CHECK((in.positions.dtype() == DType::i64 || in.positions.dtype() == DType::i32) && in.positions.shape() == Shape({x.size(0), T}),
+               "{}: positions must be i32/i64 [B, T] = [{}, {}], got {} {}", op, x.size(0), T, in.positions.dtype(),
+               shape_str(in.positions.shape()));
   const int64_t pos0 = in.cache ? in.cache->len : 0;
   if (rope || in.cache)
     KILN_CHECK(pos0 + T <= max_seq_len, "{}: sequence of {} positions exceeds max_seq_len {}", op, pos0 + T, max_seq_len);
@@ -157,26 +229,9 @@ template <Backend B> Var<B> MultiHeadAttention<B>::forward(const Var<B>& x, KVCa
 template <Backend B> Var<B> MultiHeadAttention<B>::forward(const Var<B>& x, const AttentionInputs<B>& in) const {
   const int64_t pos0 = detail::attention_inputs_check("MultiHeadAttention", x, in, o_.d_model, o_.rope, o_.causal, o_.max_seq_len);
   const int64_t Bn = x.size(0), T = x.size(1), H = o_.n_heads, Hkv = o_.n_kv_heads;
-  const bool cross = in.memory.defined();
   Var<B> q = q_->forward(x).view({Bn, T, H, hd_}).transpose(1, 2);  // [B, H, T, hd]
-  if (o_.rope) q = rope(q, pos0, o_.rope_theta, rope_.get());
-  Var<B> k, v;
-  if (cross && in.cache && in.cache->len > 0) {  // the memory's keys and values, projected by an earlier call
-    k = Var<B>(in.cache->k.narrow(2, 0, in.cache->len));
-    v = Var<B>(in.cache->v.narrow(2, 0, in.cache->len));
-  } else {
-    const Var<B>& src = cross ? in.memory : x;
-    const int64_t S = src.size(1);
-    k = k_->forward(src).view({Bn, S, Hkv, hd_}).transpose(1, 2);  // [B, Hkv, S, hd]
-    v = v_->forward(src).view({Bn, S, Hkv, hd_}).transpose(1, 2);
-    if (o_.rope) k = rope(k, pos0, o_.rope_theta, rope_.get());
-    if (in.cache) {
-      if (cross) *in.cache = KVCache<B>{};  // sized for this memory
-      auto [kc, vc] = kv_cache_append(*in.cache, k.value(), v.value(), cross ? S : o_.max_seq_len);
-      k = Var<B>(kc);
-      v = Var<B>(vc);
-    }
-  }
+  if (o_.rope) q = rope_at(q, pos0, in.positions, o_.rope_theta, rope_.get());
+  const auto [k, v] = detail::attention_kv(x, in, *k_, *v_, Hkv, hd_, o_.rope, o_.rope_theta, rope_.get(), pos0, o_.max_seq_len);
   const Var<B> y = attention(q, k, v, o_.causal, pos0, in.key_padding, in.mask);  // [B, H, T, hd]
   return out_->forward(y.transpose(1, 2).reshape({Bn, T, H * hd_}));
 }
@@ -187,6 +242,11 @@ template <Backend B> Var<B> MultiHeadAttention<B>::forward(const Var<B>& x, cons
   template std::pair<Tensor<B>, Tensor<B>> kv_cache_append<B>(KVCache<B>&, const Tensor<B>&, const Tensor<B>&, int64_t);                   \
   template Var<B> attention<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&, const Tensor<B>&);            \
   template Var<B> attention_decomposed<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&, const Tensor<B>&); \
+  template Var<B> rope_rows<B>(const Var<B>&, const Tensor<B>&, const Tensor<B>&);                                                         \
+  template Var<B> rope_at<B>(const Var<B>&, int64_t, const Tensor<B>&, double, const RopeTable<B>*);                                       \
+  template std::pair<Var<B>, Var<B>> detail::attention_kv<B>(const Var<B>&, const AttentionInputs<B>&, const Linear<B>&, const Linear<B>&, \
+                                                             int64_t, int64_t, bool, double, const RopeTable<B>*, int64_t, int64_t);       \
+  template std::pair<int64_t, int64_t> detail::row_positions_check<B>(const char*, const RowInputs<B>&, int64_t, int64_t, int64_t);        \
   template int64_t detail::attention_inputs_check<B>(const char*, const Var<B>&, const AttentionInputs<B>&, int64_t, bool, bool, int64_t); \
   template class MultiHeadAttention<B>;
 KILN_FOR_EACH_BACKEND(KILN_INST)

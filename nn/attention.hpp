@@ -56,6 +56,32 @@ template <Backend B> KILN_API Var<B> rope(const Var<B>& x, int64_t pos0, double 
 template <Backend B>
 KILN_API std::pair<Tensor<B>, Tensor<B>> kv_cache_append(KVCache<B>& cache, const Tensor<B>& k, const Tensor<B>& v, int64_t capacity);
 
+// RoPE with each row's own positions (a left-padded batch in generation): x [B, ..., T, d]; cos, sin
+// [B·T, d/2], the angles of row b's token t at b·T + t. Differentiable in x (the fused kernel on a
+// [..., B·T, d] view: no copy when x is the usual transposed [B, T, H, d] projection).
+template <Backend B> KILN_API Var<B> rope_rows(const Var<B>& x, const Tensor<B>& cos, const Tensor<B>& sin);
+
+// RoPE at pos0.. for every row, or at each row's own positions (i32/i64 [B, T], x [B, ..., T, d]), from
+// `table` (nn::RopeTable). The attention modules' one way to turn q and k.
+template <Backend B>
+KILN_API Var<B> rope_at(const Var<B>& x, int64_t pos0, const Tensor<B>& positions, double theta, const RopeTable<B>* table);
+
+// The rows of a batch with their own positions (a left-padded batch in generation, nn/generate.hpp):
+//   positions  i32/i64 [B, T]: the position of each new token in its own row (RoPE, learned positions);
+//   mask       bool, broadcastable to [B, H, T, S] over the cached and new keys (true = may attend),
+//              applied together with the causal mask (which stays in the cache's coordinates).
+template <Backend B> struct RowInputs {
+  Tensor<B> positions{};
+  Tensor<B> mask{};
+};
+
+namespace detail {
+// Checks rows.positions against ids [B, T] (integer, [B, T], values in [0, limit)); returns the
+// smallest and largest position.
+template <Backend B>
+KILN_API std::pair<int64_t, int64_t> row_positions_check(const char* op, const RowInputs<B>& rows, int64_t Bn, int64_t T, int64_t limit);
+}  // namespace detail
+
 // Softmax attention, causal with queries at positions pos0.. and keys at 0..: softmax(q kᵀ/√d + mask) v.
 // q [B, H, T, d], k [B, Hkv, S, d], v [B, Hkv, S, dv]; H a multiple of Hkv. Differentiable in q, k, v.
 // key_padding: optional bool [B, S], false = a padding key no query attends to (a row with no key
@@ -83,6 +109,9 @@ template <Backend B> struct AttentionInputs {
   Tensor<B> key_padding{};  // bool [B, S]: true = a real key, false = padding (the inverse of
                             // nn.MultiheadAttention's key_padding_mask, where true means "ignore")
   Tensor<B> mask{};         // bool (true = may attend) or additive, broadcastable to [B, H, T, S]
+  // i32/i64 [B, T]: each row's own positions for RoPE (a left-padded batch in generation, nn::RowInputs);
+  // undefined: pos0.. for every row. Self-attention only.
+  Tensor<B> positions{};
   // Self-attention: x holds the positions after the cached ones (generation; use under NoGrad).
   // Cross-attention: the memory's k, v are projected on the first call (cache empty) and reused from
   // the cache by later calls (the memory must still be given; reset the cache for a new sequence).
@@ -90,6 +119,13 @@ template <Backend B> struct AttentionInputs {
 };
 
 namespace detail {
+// The keys and values a self- or cross-attention module attends to ([B, heads, S, hd] each): those of
+// the memory from the cache when an earlier call projected them; else k_proj/v_proj of x (self) or of
+// the memory, k turned by RoPE (rope_on, at pos0 or in.positions), appended to in.cache when given.
+template <Backend B> KILN_API std::pair<Var<B>, Var<B>> attention_kv(const Var<B>& x, const AttentionInputs<B>& in, const Linear<B>& k_proj,
+                                                                     const Linear<B>& v_proj, int64_t heads, int64_t hd, bool rope_on,
+                                                                     double theta, const RopeTable<B>* table, int64_t pos0,
+                                                                     int64_t max_seq_len);
 // The attention modules' shared checks of x, the memory and the cache; returns the queries' pos0.
 template <Backend B> KILN_API int64_t attention_inputs_check(const char* op, const Var<B>& x, const AttentionInputs<B>& in, int64_t D,
                                                              bool rope, bool causal, int64_t max_seq_len);

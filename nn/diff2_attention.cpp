@@ -41,26 +41,9 @@ template <Backend B> Var<B> DifferentialAttentionV2<B>::forward(const Var<B>& x,
   const char* op = "DifferentialAttentionV2";
   const int64_t pos0 = detail::attention_inputs_check(op, x, in, o_.d_model, o_.rope, o_.causal, o_.max_seq_len);
   const int64_t Bn = x.size(0), T = x.size(1), h = o_.n_heads, hkv = o_.n_kv_heads, hd = o_.head_dim;
-  const bool cross = in.memory.defined();
   Var<B> q = q_->forward(x).view({Bn, T, 2 * h, hd}).transpose(1, 2);  // [B, 2h, T, hd]
-  if (o_.rope) q = rope(q, pos0, o_.rope_theta, rope_.get());
-  Var<B> k, v;
-  if (cross && in.cache && in.cache->len > 0) {  // the memory's keys and values, projected by an earlier call
-    k = Var<B>(in.cache->k.narrow(2, 0, in.cache->len));
-    v = Var<B>(in.cache->v.narrow(2, 0, in.cache->len));
-  } else {
-    const Var<B>& src = cross ? in.memory : x;
-    const int64_t S = src.size(1);
-    k = k_->forward(src).view({Bn, S, hkv, hd}).transpose(1, 2);  // [B, hkv, S, hd]
-    v = v_->forward(src).view({Bn, S, hkv, hd}).transpose(1, 2);
-    if (o_.rope) k = rope(k, pos0, o_.rope_theta, rope_.get());
-    if (in.cache) {
-      if (cross) *in.cache = KVCache<B>{};  // sized for this memory
-      auto [kc, vc] = kv_cache_append(*in.cache, k.value(), v.value(), cross ? S : o_.max_seq_len);
-      k = Var<B>(kc);
-      v = Var<B>(vc);
-    }
-  }
+  if (o_.rope) q = rope_at(q, pos0, in.positions, o_.rope_theta, rope_.get());
+  const auto [k, v] = detail::attention_kv(x, in, *k_, *v_, hkv, hd, o_.rope, o_.rope_theta, rope_.get(), pos0, o_.max_seq_len);
   // A mask is given per output head ([.., h, T, S] or broadcast over heads); both query heads of a pair
   // see their output head's rows.
   Tensor<B> mask = in.mask;

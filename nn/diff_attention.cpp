@@ -59,7 +59,7 @@ template <Backend B> Var<B> DifferentialAttention<B>::forward(const Var<B>& x, c
   const bool cross = in.memory.defined();
   // Stripes: [B, T, heads, 2, d] -> [B, heads, 2, T, d]; branch b of head i is [:, i, b].
   Var<B> q = q_->forward(x).view({Bn, T, h, 2, d}).permute({0, 2, 3, 1, 4});
-  if (o_.rope) q = rope(q, pos0, o_.rope_theta, rope_.get());  // each d-wide sub-head rotates on its own
+  if (o_.rope) q = rope_at(q, pos0, in.positions, o_.rope_theta, rope_.get());  // each d-wide sub-head rotates on its own
   Var<B> k, v;
   if (cross && in.cache && in.cache->len > 0) {  // the memory's keys and values, projected by an earlier call
     const int64_t S = in.cache->len;
@@ -70,7 +70,7 @@ template <Backend B> Var<B> DifferentialAttention<B>::forward(const Var<B>& x, c
     const int64_t S = src.size(1);
     k = k_->forward(src).view({Bn, S, hkv, 2, d}).permute({0, 2, 3, 1, 4});  // [B, hkv, 2, S, d]
     v = v_->forward(src).view({Bn, S, hkv, 2 * d}).transpose(1, 2);          // [B, hkv, S, 2d]
-    if (o_.rope) k = rope(k, pos0, o_.rope_theta, rope_.get());
+    if (o_.rope) k = rope_at(k, pos0, in.positions, o_.rope_theta, rope_.get());
     if (in.cache) {                         // the cache holds K as [B, 2·hkv, S, d] (branches interleaved per group) and V
       if (cross) *in.cache = KVCache<B>{};  // sized for this memory
       auto [kc, vc] = kv_cache_append(*in.cache, k.value().reshape({Bn, 2 * hkv, S, d}), v.value(), cross ? S : o_.max_seq_len);

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
+#include <utility>
 
 namespace kiln::nn {
 
@@ -73,71 +75,239 @@ int64_t choose(const std::vector<float>& x, bool sample, std::mt19937_64& rng) {
   return 0;
 }
 
-template <Backend B> std::vector<float> last_row(const Var<B>& logits) {
-  const Tensor<B>& l = logits.value();  // [1, T, V]
-  return l.narrow(1, l.size(1) - 1, 1).template to_vector<float>();
+// One sequence of a batch.
+struct Row {
+  size_t index = 0;  // in `prompts`
+  int64_t pad = 0;   // padding columns before its first token (left padding)
+  std::vector<int64_t> context, out;
+  std::mt19937_64 rng;
+  std::unique_ptr<Detokenizer> detok;
+  std::optional<StopText> stop;
+  std::string text;
+  bool done = false;
+  Finish finish = Finish::length;
+};
+
+// Rows of a left-padded batch: each new token's position in its own row and the keys it may see (its
+// row's tokens; a padding query sees itself, so no softmax row is empty). T new tokens after `cached`.
+template <Backend B> RowInputs<B> row_inputs(const std::vector<int64_t>& pads, int64_t cached, int64_t T) {
+  const int64_t n = static_cast<int64_t>(pads.size()), S = cached + T;
+  std::vector<int64_t> pos(static_cast<size_t>(n * T));
+  std::vector<uint8_t> mask(static_cast<size_t>(n * T * S));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t col = cached + t;  // the query's column in the cache
+      pos[static_cast<size_t>(r * T + t)] = std::max<int64_t>(col - pads[static_cast<size_t>(r)], 0);
+      for (int64_t j = 0; j < S; ++j) mask[static_cast<size_t>((r * T + t) * S + j)] = j >= pads[static_cast<size_t>(r)] || j == col;
+    }
+  return {Tensor<B>::from_vector(pos, {n, T}), Tensor<B>::from_vector(mask, {n, 1, T, S}).to(DType::boolean)};
 }
 
-// step(ids [1, T], caches) -> logits [1, T, V]; make() -> fresh caches; limit: the most positions (0: none).
+// The last position's logits of each row: logits [n, T, V] -> n rows of V.
+template <Backend B> std::vector<std::vector<float>> last_rows(const Var<B>& logits) {
+  const Tensor<B>& l = logits.value();
+  const int64_t n = l.size(0), V = l.size(2);
+  const std::vector<float> flat = l.narrow(1, l.size(1) - 1, 1).template to_vector<float>();
+  std::vector<std::vector<float>> rows(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) rows[static_cast<size_t>(r)].assign(flat.begin() + r * V, flat.begin() + (r + 1) * V);
+  return rows;
+}
+
+// step(ids [n, T], caches, capacity, rows) -> logits [n, T, V]; make() -> fresh caches; limit: the most
+// positions of a sequence (0: none).
 template <Backend B, class Step, class Make> Generation run(const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o,
                                                             int64_t limit, const char* what, Step step, Make make) {
-  KILN_CHECK(o.max_new_tokens >= 0 && o.top_k >= 0 && o.temperature >= 0 && o.top_p > 0 && o.top_p <= 1 && o.repetition_penalty > 0,
-             "generate: bad options (max_new_tokens {} and top_k {} must be >= 0, temperature {} >= 0, top_p {} in (0, 1], "
-             "repetition_penalty {} > 0)",
-             o.max_new_tokens, o.top_k, o.temperature, o.top_p, o.repetition_penalty);
+  KILN_CHECK(o.max_new_tokens >= 0 && o.top_k >= 0 && o.temperature >= 0 && o.top_p > 0 && o.top_p <= 1 && o.repetition_penalty > 0 &&
+                 o.batch_size >= 0,
+             "generate: bad options (max_new_tokens {}, top_k {} and batch_size {} must be >= 0, temperature {} >= 0, top_p {} in (0, "
+             "1], repetition_penalty {} > 0)",
+             o.max_new_tokens, o.top_k, o.batch_size, o.temperature, o.top_p, o.repetition_penalty);
+  KILN_CHECK(o.stop_strings.empty() || o.detokenizer, "generate: {} stop strings need a detokenizer (GenerateOptions::detokenizer)",
+             o.stop_strings.size());
+  for (const std::string& st : o.stop_strings) KILN_CHECK(!st.empty(), "generate: a stop string is empty");
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    KILN_CHECK(!prompts[s].empty(), "generate: prompt {} is empty (a causal LM needs at least one token, e.g. BOS)", s);
+    const int64_t total = static_cast<int64_t>(prompts[s].size()) + o.max_new_tokens;
+    KILN_CHECK(limit == 0 || total <= limit, "generate: prompt {} ({} tokens) + {} new tokens exceed the {} positions of {}", s,
+               prompts[s].size(), o.max_new_tokens, limit, what);
+  }
   NoGrad no_grad;
   Generation g;
-  std::mt19937_64 rng(o.seed);
+  g.ids.resize(prompts.size());
+  g.finish.assign(prompts.size(), Finish::length);
+  if (o.detokenizer) g.text.resize(prompts.size());
   using clock = std::chrono::steady_clock;
   auto seconds = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
-  for (size_t s = 0; s < prompts.size(); ++s) {
-    const std::vector<int64_t>& prompt = prompts[s];
-    KILN_CHECK(!prompt.empty(), "generate: prompt {} is empty (a causal LM needs at least one token, e.g. BOS)", s);
-    const int64_t total = static_cast<int64_t>(prompt.size()) + o.max_new_tokens;
-    KILN_CHECK(limit == 0 || total <= limit, "generate: prompt {} ({} tokens) + {} new tokens exceed the {} positions of {}", s,
-               prompt.size(), o.max_new_tokens, limit, what);
-    std::vector<int64_t> context = prompt, out;
+
+  // The batches: batch_size prompts each, in order.
+  std::vector<std::vector<size_t>> batches;
+  const size_t bs = o.batch_size > 0 ? static_cast<size_t>(o.batch_size) : std::max<size_t>(prompts.size(), 1);
+  for (size_t first = 0; first < prompts.size(); first += bs) {
+    batches.emplace_back();
+    for (size_t i = first; i < std::min(prompts.size(), first + bs); ++i) batches.back().push_back(i);
+  }
+  if (o.max_new_tokens == 0) return g;
+
+  for (const std::vector<size_t>& batch : batches) {
+    int64_t L = 0;
+    for (size_t i : batch) L = std::max<int64_t>(L, static_cast<int64_t>(prompts[i].size()));
+    std::vector<Row> rows(batch.size());
+    std::vector<int64_t> ids;
+    for (size_t r = 0; r < batch.size(); ++r) {
+      Row& row = rows[r];
+      row.index = batch[r];
+      row.context = prompts[row.index];
+      row.pad = L - static_cast<int64_t>(row.context.size());
+      row.rng.seed(o.seed + row.index);
+      if (o.detokenizer) row.detok = o.detokenizer();
+      if (!o.stop_strings.empty()) row.stop.emplace(o.stop_strings);
+      ids.insert(ids.end(), static_cast<size_t>(row.pad), 0);  // any valid id: masked
+      ids.insert(ids.end(), row.context.begin(), row.context.end());
+      g.stats.prefill_tokens += static_cast<int64_t>(row.context.size());
+    }
+    const int64_t capacity = L + o.max_new_tokens;
     auto caches = make();
-    if (o.max_new_tokens == 0) {
-      g.ids.push_back(out);
-      continue;
-    }
+    std::vector<int64_t> pads;
+    for (const Row& row : rows) pads.push_back(row.pad);
+    auto padded = [](const std::vector<int64_t>& p) { return std::any_of(p.begin(), p.end(), [](int64_t x) { return x > 0; }); };
     auto t0 = clock::now();
-    std::vector<float> row = last_row(step(Tensor<B>::from_vector(prompt, {1, static_cast<int64_t>(prompt.size())}), caches, total));
+    const int64_t n0 = static_cast<int64_t>(rows.size());
+    std::vector<std::vector<float>> logits =
+        last_rows(step(Tensor<B>::from_vector(ids, {n0, L}), caches, capacity, padded(pads) ? row_inputs<B>(pads, 0, L) : RowInputs<B>{}));
     g.stats.prefill_seconds += seconds(t0);
-    g.stats.prefill_tokens += static_cast<int64_t>(prompt.size());
+    g.stats.prefill_passes += 1;
+    int64_t cached = L;
+    std::vector<size_t> active(rows.size());  // rows[active[k]] is row k of the batch
+    std::iota(active.begin(), active.end(), 0);
     while (true) {
-      process_logits(row, context, o);
-      const int64_t id = choose(row, o.temperature > 0, rng);
-      out.push_back(id);
-      context.push_back(id);
-      if (o.on_token) o.on_token(s, id);
-      if (static_cast<int64_t>(out.size()) == o.max_new_tokens || std::find(o.stop_ids.begin(), o.stop_ids.end(), id) != o.stop_ids.end())
-        break;
+      std::vector<int64_t> next;
+      std::vector<int64_t> keep;  // the batch rows that go on
+      for (size_t k = 0; k < active.size(); ++k) {
+        Row& row = rows[active[k]];
+        std::vector<float>& x = logits[k];
+        process_logits(x, row.context, o);
+        const int64_t id = choose(x, o.temperature > 0, row.rng);
+        row.out.push_back(id);
+        row.context.push_back(id);
+        if (o.on_token) o.on_token(row.index, id);
+        if (std::find(o.stop_ids.begin(), o.stop_ids.end(), id) != o.stop_ids.end()) {
+          row.done = true;
+          row.finish = Finish::stop_id;
+        }
+        if (row.detok) {
+          const std::string piece = row.detok->push(id);
+          std::string out = row.stop ? row.stop->push(piece) : piece;
+          if (row.stop && row.stop->stopped()) {
+            row.done = true;
+            row.finish = Finish::stop_string;
+          } else if (row.done || static_cast<int64_t>(row.out.size()) == o.max_new_tokens) {
+            const std::string rest = row.detok->finish();
+            out += row.stop ? row.stop->push(rest) : rest;
+            if (row.stop && !row.stop->stopped()) out += row.stop->finish();
+            if (row.stop && row.stop->stopped()) row.finish = Finish::stop_string;
+          }
+          row.text += out;
+          if (o.on_text && !out.empty()) o.on_text(row.index, out);
+        }
+        if (static_cast<int64_t>(row.out.size()) == o.max_new_tokens) row.done = true;
+        if (!row.done) {
+          keep.push_back(static_cast<int64_t>(k));
+          next.push_back(id);
+        }
+      }
+      if (keep.empty()) break;
+      if (keep.size() < active.size()) {  // rows that ended leave the batch
+        const Tensor<B> idx = Tensor<B>::from_vector(keep, {static_cast<int64_t>(keep.size())});
+        for (KVCache<B>& c : caches) {
+          if (!c.k.defined()) continue;
+          c.k = c.k.index_select(0, idx);
+          c.v = c.v.index_select(0, idx);
+        }
+        std::vector<size_t> a;
+        std::vector<int64_t> p;
+        for (const int64_t k : keep) {
+          a.push_back(active[static_cast<size_t>(k)]);
+          p.push_back(pads[static_cast<size_t>(k)]);
+        }
+        active = std::move(a);
+        pads = std::move(p);
+      }
+      const int64_t n = static_cast<int64_t>(active.size());
       t0 = clock::now();
-      row = last_row(step(Tensor<B>::from_vector(std::vector<int64_t>{id}, {1, 1}), caches, total));
+      logits = last_rows(
+          step(Tensor<B>::from_vector(next, {n, 1}), caches, capacity, padded(pads) ? row_inputs<B>(pads, cached, 1) : RowInputs<B>{}));
       g.stats.decode_seconds += seconds(t0);
-      g.stats.decode_tokens += 1;
+      g.stats.decode_tokens += n;
+      g.stats.decode_passes += 1;
+      cached += 1;
     }
-    g.ids.push_back(std::move(out));
+    for (Row& row : rows) {
+      g.ids[row.index] = std::move(row.out);
+      g.finish[row.index] = row.finish;
+      if (o.detokenizer) g.text[row.index] = std::move(row.text);
+    }
   }
   return g;
 }
 
 }  // namespace
 
+std::string StopText::push(const std::string& piece) {
+  if (stopped_) return {};
+  held_ += piece;
+  size_t at = std::string::npos;
+  for (const std::string& s : *stops_) at = std::min(at, held_.find(s));
+  if (at != std::string::npos) {  // the text before the stop string is final; the rest is dropped
+    stopped_ = true;
+    std::string out = held_.substr(0, at);
+    held_.clear();
+    return out;
+  }
+  // Hold back the longest end of the text that begins a stop string.
+  size_t hold = 0;
+  for (const std::string& s : *stops_)
+    for (size_t k = std::min(s.size() - 1, held_.size()); k > hold; --k)
+      if (held_.compare(held_.size() - k, k, s, 0, k) == 0) {
+        hold = k;
+        break;
+      }
+  std::string out = held_.substr(0, held_.size() - hold);
+  held_.erase(0, held_.size() - hold);
+  return out;
+}
+
+std::string StopText::finish() { return stopped_ ? std::string() : std::exchange(held_, std::string()); }
+
+namespace {
+class StreamDetokenizer : public Detokenizer {
+ public:
+  StreamDetokenizer(const text::Tokenizer& t, bool skip) : s_(t, skip) {}
+  std::string push(int64_t id) override { return s_.push(static_cast<int32_t>(id)); }
+  std::string finish() override { return s_.finish(); }
+
+ private:
+  text::TextStream s_;
+};
+}  // namespace
+
+DetokenizerFactory detokenizer(const text::Tokenizer& tokenizer, bool skip_special_tokens) {
+  return [tokenizer, skip_special_tokens] { return std::make_unique<StreamDetokenizer>(tokenizer, skip_special_tokens); };
+}
+
 template <Backend B>
 Generation generate(const hf::CausalLM<B>& model, const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o) {
   return run<B>(
       prompts, o, model.max_positions(), "the model (n_positions)",
-      [&](const Tensor<B>& ids, std::vector<KVCache<B>>& c, int64_t cap) { return model.forward(ids, c, cap); },
+      [&](const Tensor<B>& ids, std::vector<KVCache<B>>& c, int64_t cap, const RowInputs<B>& rows) {
+        return model.forward(ids, c, cap, rows);
+      },
       [&] { return model.make_caches(); });
 }
 
 template <Backend B> Generation generate(const GPT<B>& model, const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o) {
   return run<B>(
       prompts, o, model.config().max_seq_len, "the model (max_seq_len)",
-      [&](const Tensor<B>& ids, std::vector<KVCache<B>>& c, int64_t) { return model.forward(ids, c); },
+      [&](const Tensor<B>& ids, std::vector<KVCache<B>>& c, int64_t, const RowInputs<B>& rows) { return model.forward(ids, c, rows); },
       [&] { return std::vector<KVCache<B>>(static_cast<size_t>(model.config().n_layers)); });
 }
 

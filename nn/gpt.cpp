@@ -61,10 +61,11 @@ template <Backend B> GPTLayer<B>::GPTLayer(const ModelConfig& c, int64_t depth) 
   }
 }
 
-template <Backend B> Var<B> GPTLayer<B>::attn_sublayer(const Var<B>& h, KVCache<B>* cache) const {
+template <Backend B> Var<B> GPTLayer<B>::attn_sublayer(const Var<B>& h, KVCache<B>* cache, const RowInputs<B>& rows) const {
   const Var<B> n = attn_norm_->forward(h);
-  if (diff2_) return diff2_->forward(n, cache);
-  return diff_ ? diff_->forward(n, cache) : mha_->forward(n, cache);
+  const AttentionInputs<B> in{.mask = rows.mask, .positions = rows.positions, .cache = cache};
+  if (diff2_) return diff2_->forward(n, in);
+  return diff_ ? diff_->forward(n, in) : mha_->forward(n, in);
 }
 template <Backend B> Var<B> GPTLayer<B>::mlp_sublayer(const Var<B>& h) const { return mlp_->forward(mlp_norm_->forward(h)); }
 
@@ -99,7 +100,7 @@ template <Backend B> void GPT<B>::init_weights(uint64_t seed) {
   }
 }
 
-template <Backend B> Var<B> GPT<B>::run(const Tensor<B>& ids, std::vector<KVCache<B>>* caches) const {
+template <Backend B> Var<B> GPT<B>::run(const Tensor<B>& ids, std::vector<KVCache<B>>* caches, const RowInputs<B>& rows) const {
   KILN_CHECK(ids.dim() == 2, "GPT: ids must be [B, T], got {}", shape_str(ids.shape()));
   const int64_t pos0 = caches && !caches->empty() ? (*caches)[0].len : 0;
   KILN_CHECK(pos0 + ids.size(1) <= c_.max_seq_len, "GPT: sequence length {} exceeds max_seq_len {}", pos0 + ids.size(1), c_.max_seq_len);
@@ -119,7 +120,7 @@ template <Backend B> Var<B> GPT<B>::run(const Tensor<B>& ids, std::vector<KVCach
             x);
         continue;
       }
-      x = x + layers_[i]->attn_sublayer(x, cache_of(i));
+      x = x + layers_[i]->attn_sublayer(x, cache_of(i), rows);
       x = x + layers_[i]->mlp_sublayer(x);
     }
   } else if (ckpt) {
@@ -138,7 +139,7 @@ template <Backend B> Var<B> GPT<B>::run(const Tensor<B>& ids, std::vector<KVCach
       for (const auto& l : layers_) schedule.insert(schedule.end(), {&l->attn_res(), &l->mlp_res()});
     AttnResStack<B> stack(x, c_.residual == "attnres_full" ? 1 : c_.attnres_block_size, std::move(schedule));
     for (size_t i = 0; i < layers_.size(); ++i) {
-      stack.step(layers_[i]->attn_res(), [&](const Var<B>& h) { return layers_[i]->attn_sublayer(h, cache_of(i)); });
+      stack.step(layers_[i]->attn_res(), [&](const Var<B>& h) { return layers_[i]->attn_sublayer(h, cache_of(i), rows); });
       stack.step(layers_[i]->mlp_res(), [&](const Var<B>& h) { return layers_[i]->mlp_sublayer(h); });
     }
     x = stack.finish(*final_res_);
@@ -150,6 +151,9 @@ template <Backend B> Var<B> GPT<B>::run(const Tensor<B>& ids, std::vector<KVCach
 
 template <Backend B> Var<B> GPT<B>::forward(const Tensor<B>& ids) const { return run(ids, nullptr); }
 template <Backend B> Var<B> GPT<B>::forward(const Tensor<B>& ids, std::vector<KVCache<B>>& caches) const { return run(ids, &caches); }
+template <Backend B> Var<B> GPT<B>::forward(const Tensor<B>& ids, std::vector<KVCache<B>>& caches, const RowInputs<B>& rows) const {
+  return run(ids, &caches, rows);
+}
 
 template <Backend B> std::vector<int64_t> GPT<B>::generate(const std::vector<int64_t>& prompt, const SampleOptions& o) const {
   KILN_CHECK(!prompt.empty(), "generate: the prompt is empty");

@@ -28,7 +28,8 @@ template <Backend B> class GPTLayer : public Module<B> {
  public:
   GPTLayer(const ModelConfig& c, int64_t depth);
   // The two sublayer functions f(h): attention(attn_norm(h)) and mlp(mlp_norm(h)).
-  Var<B> attn_sublayer(const Var<B>& h, KVCache<B>* cache) const;
+  // rows: each row's positions and padding mask (a left-padded batch in generation; nn::RowInputs).
+  Var<B> attn_sublayer(const Var<B>& h, KVCache<B>* cache, const RowInputs<B>& rows = {}) const;
   Var<B> mlp_sublayer(const Var<B>& h) const;
   const DepthAttention<B>& attn_res() const { return *attn_res_; }
   const DepthAttention<B>& mlp_res() const { return *mlp_res_; }
@@ -61,6 +62,9 @@ template <Backend B> class GPT : public Module<B> {
   Var<B> operator()(const Tensor<B>& ids) const { return forward(ids); }
   // With per-layer KV caches (generation): ids are the positions after the cached ones.
   Var<B> forward(const Tensor<B>& ids, std::vector<KVCache<B>>& caches) const;
+  // A left-padded batch (batched generation, nn/generate.hpp): each row's positions and a mask that
+  // hides the padding (nn::RowInputs; the caches' length counts the padding).
+  Var<B> forward(const Tensor<B>& ids, std::vector<KVCache<B>>& caches, const RowInputs<B>& rows) const;
 
   // docs/specs.md §3 init: matrices and embeddings N(0, 0.02²), norm weights 1, λ vectors N(0, 0.1²),
   // AttnRes queries 0, drawn from a Philox generator seeded with `seed` in named_parameters() order.
@@ -82,7 +86,7 @@ template <Backend B> class GPT : public Module<B> {
   bool activation_checkpointing() const { return checkpointing_; }
 
  private:
-  Var<B> run(const Tensor<B>& ids, std::vector<KVCache<B>>* caches) const;
+  Var<B> run(const Tensor<B>& ids, std::vector<KVCache<B>>* caches, const RowInputs<B>& rows = {}) const;
   ModelConfig c_;
   bool two_phase_ = true;
   bool checkpointing_ = false;

@@ -1,11 +1,14 @@
 // Bring your own model: load a Hugging Face causal LM directory (GPT-2, Llama, Mistral, Qwen2:
 // config.json + model.safetensors or its sharded index) and generate from token ids.
 //
-//   example_hf_generate MODEL_DIR [ids, comma-separated] [max_new_tokens] [device]
+//   example_hf_generate MODEL_DIR [ids, comma-separated; prompts separated by /] [max_new_tokens] [device]
 //   example_hf_generate tests/hf/fixtures/llama 5,6,7 12
+//   example_hf_generate tests/hf/fixtures/llama 5,6,7/8,9/10 12      (three prompts, one batch)
 //
-// Greedy, stopping at the model's EOS; prints the generated ids and the prefill/decode speed. Text in
-// and out goes through the model's tokenizer (kiln::text::Tokenizer, `kiln generate --prompt`).
+// Greedy, stopping at the model's EOS; prints the generated ids of each prompt and the prefill/decode
+// speed. Prompts of different lengths decode together as one left-padded batch. Text in and out goes
+// through the model's tokenizer (kiln::text::Tokenizer, nn::detokenizer for stop strings,
+// `kiln generate --prompt ... --stop ...`).
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -26,9 +29,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1];
-  std::vector<int64_t> prompt;
-  std::stringstream ss(argc > 2 ? argv[2] : "1");
-  for (std::string t; std::getline(ss, t, ',');) prompt.push_back(std::stoll(t));
+  std::vector<std::vector<int64_t>> prompts;
+  std::stringstream all(argc > 2 ? argv[2] : "1");
+  for (std::string p; std::getline(all, p, '/');) {
+    std::stringstream ss(p);
+    prompts.emplace_back();
+    for (std::string t; std::getline(ss, t, ',');) prompts.back().push_back(std::stoll(t));
+  }
   const int64_t n = argc > 3 ? std::atoll(argv[3]) : 20;
   try {
     const nn::Generation g = dispatch(argc > 4 ? argv[4] : "cpu", [&]<Backend B>() {
@@ -41,11 +48,13 @@ int main(int argc, char** argv) {
       o.max_new_tokens = n;
       o.temperature = 0;  // greedy
       o.stop_ids = hf::eos_token_ids(d);
-      o.on_token = [](size_t, int64_t id) { fmt::print("{} ", id), std::fflush(stdout); };  // streaming
-      return nn::generate(*model, {prompt}, o);
+      if (prompts.size() == 1) o.on_token = [](size_t, int64_t id) { fmt::print("{} ", id), std::fflush(stdout); };  // streaming
+      return nn::generate(*model, prompts, o);
     });
-    fmt::print("\ngenerated: {}\nprefill {:.0f} tokens/s, decode {:.0f} tokens/s\n", fmt::join(g.ids[0], ","),
-               g.stats.prefill_tokens_per_second(), g.stats.decode_tokens_per_second());
+    fmt::print("\n");
+    for (const auto& ids : g.ids) fmt::print("generated: {}\n", fmt::join(ids, ","));
+    fmt::print("prefill {:.0f} tokens/s, decode {:.0f} tokens/s ({} decode passes)\n", g.stats.prefill_tokens_per_second(),
+               g.stats.decode_tokens_per_second(), g.stats.decode_passes);
   } catch (const Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;

@@ -61,14 +61,20 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
     }
   }
 
-  // x [B, T, D]; cos/sin [T, hd/2] (RoPE) or undefined; cache: the positions before x's.
-  Var<B> forward(const Var<B>& x, int64_t pos0, const Tensor<B>& cos, const Tensor<B>& sin, nn::KVCache<B>* cache, int64_t capacity) const {
+  // x [B, T, D]; cos/sin [T, hd/2] (RoPE) or undefined; rows: cos/sin are [B·T, hd/2], each row's own
+  // positions (nn::rope_rows); mask: bool, broadcastable to [B, H, T, S], or undefined; cache: the
+  // positions before x's.
+  Var<B> forward(const Var<B>& x, int64_t pos0, const Tensor<B>& cos, const Tensor<B>& sin, bool rows, const Tensor<B>& mask,
+                 nn::KVCache<B>* cache, int64_t capacity) const {
     const int64_t Bn = x.size(0), T = x.size(1), H = s_.heads, Hkv = s_.kv_heads, hd = s_.head_dim;
     const Var<B> h = attn_rms_ ? attn_rms_->forward(x) : attn_ln_->forward(x);
     Var<B> q = q_->forward(h).reshape({Bn, T, H, hd}).transpose(1, 2);  // [B, H, T, hd]
     Var<B> k = k_->forward(h).reshape({Bn, T, Hkv, hd}).transpose(1, 2);
     Var<B> v = v_->forward(h).reshape({Bn, T, Hkv, hd}).transpose(1, 2);
-    if (cos.defined()) {  // the model's own tables (any frequencies), recorded: a loaded model can be fine-tuned
+    if (cos.defined() && rows) {  // per-row positions (a left-padded batch)
+      q = nn::rope_rows(q, cos, sin);
+      k = nn::rope_rows(k, cos, sin);
+    } else if (cos.defined()) {  // the model's own tables (any frequencies), recorded: a loaded model can be fine-tuned
       q = autograd::RopeOps<B>::rope(q, cos, sin);
       k = autograd::RopeOps<B>::rope(k, cos, sin);
     }
@@ -77,7 +83,7 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
       k = Var<B>(kc);
       v = Var<B>(vc);
     }
-    const Var<B> y = nn::attention(q, k, v, /*causal=*/true, pos0);  // [B, H, T, hd]
+    const Var<B> y = nn::attention(q, k, v, /*causal=*/true, pos0, {}, mask);  // [B, H, T, hd]
     const Var<B> x1 = x + o_->forward(y.transpose(1, 2).reshape({Bn, T, H * hd}));
     const Var<B> m = mlp_rms_ ? mlp_rms_->forward(x1) : mlp_ln_->forward(x1);
     Var<B> a;
@@ -159,38 +165,60 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> CausalLM<B>::rope_tables(in
   return {cos_.narrow(0, pos0, T), sin_.narrow(0, pos0, T)};
 }
 
-template <Backend B> Var<B> CausalLM<B>::forward(const Tensor<B>& ids) const { return run(ids, nullptr, 0); }
+template <Backend B> Var<B> CausalLM<B>::forward(const Tensor<B>& ids) const { return run(ids, nullptr, 0, {}); }
 
 template <Backend B> Var<B> CausalLM<B>::forward(const Tensor<B>& ids, std::vector<nn::KVCache<B>>& caches, int64_t capacity) const {
-  KILN_CHECK(static_cast<int64_t>(caches.size()) == s_.layers, "hf::CausalLM: {} KV caches for {} layers (use make_caches())",
-             caches.size(), s_.layers);
-  return run(ids, &caches, capacity);
+  return forward(ids, caches, capacity, {});
 }
 
-template <Backend B> Var<B> CausalLM<B>::run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* caches, int64_t capacity) const {
+template <Backend B> Var<B> CausalLM<B>::forward(const Tensor<B>& ids, std::vector<nn::KVCache<B>>& caches, int64_t capacity,
+                                                 const nn::RowInputs<B>& rows) const {
+  KILN_CHECK(static_cast<int64_t>(caches.size()) == s_.layers, "hf::CausalLM: {} KV caches for {} layers (use make_caches())",
+             caches.size(), s_.layers);
+  return run(ids, &caches, capacity, rows);
+}
+
+template <Backend B>
+Var<B> CausalLM<B>::run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* caches, int64_t capacity, const nn::RowInputs<B>& rows) const {
   KILN_CHECK(ids.dim() == 2 && (ids.dtype() == DType::i64 || ids.dtype() == DType::i32),
              "hf::CausalLM({}): ids must be i32/i64 [B, T], got {} {}", s_.architecture, ids.dtype(), shape_str(ids.shape()));
   const int64_t T = ids.size(1), pos0 = caches ? (*caches)[0].len : 0;
   if (caches)
     KILN_CHECK(pos0 + T <= capacity, "hf::CausalLM({}): {} cached + {} new positions exceed the caches' capacity {}", s_.architecture, pos0,
                T, capacity);
+  const bool per_row = rows.positions.defined();
+  // The positions' range: pos0..pos0+T-1, or each row's own.
+  int64_t first = pos0, last = pos0 + T - 1;
+  if (per_row) {
+    std::tie(first, last) = nn::detail::row_positions_check("hf::CausalLM", rows, ids.size(0), T, pos0 + T);
+  }
   if (s_.learned_positions)
-    KILN_CHECK(pos0 + T <= s_.max_positions, "hf::CausalLM({}): positions {}..{} exceed the model's {} learned positions (n_positions)",
-               s_.architecture, pos0, pos0 + T - 1, s_.max_positions);
+    KILN_CHECK(last < s_.max_positions, "hf::CausalLM({}): positions {}..{} exceed the model's {} learned positions (n_positions)",
+               s_.architecture, first, last, s_.max_positions);
   std::optional<autocast::Scope> scope;
   if (o_.autocast != DType::f32) scope.emplace(o_.autocast);
   Var<B> x = embed_->forward(ids);  // [B, T, D]
   Tensor<B> c, s;
   if (s_.learned_positions) {
-    x = x + pos_embed_->forward(Tensor<B>::arange(static_cast<double>(pos0), static_cast<double>(pos0 + T), 1.0, DType::i64)).unsqueeze(0);
+    x = x + (per_row ? pos_embed_->forward(rows.positions)
+                     : pos_embed_->forward(Tensor<B>::arange(static_cast<double>(pos0), static_cast<double>(pos0 + T), 1.0, DType::i64))
+                           .unsqueeze(0));
+  } else if (per_row) {
+    std::tie(c, s) = rope_tables(0, last + 1);
+    const Tensor<B> at = rows.positions.reshape({-1});
+    c = c.index_select(0, at);
+    s = s.index_select(0, at);
   } else {
     std::tie(c, s) = rope_tables(pos0, T);
   }
+  const Tensor<B>& mask = rows.mask;
   if (checkpointing_ && !caches && grad_enabled()) {  // one segment per layer, which it captures by value
     for (const auto& layer : layers_)
-      x = kiln::checkpoint<B>([layer, pos0, c, s](const Var<B>& h) { return layer->forward(h, pos0, c, s, nullptr, 0); }, x);
+      x = kiln::checkpoint<B>(
+          [layer, pos0, c, s, per_row, mask](const Var<B>& h) { return layer->forward(h, pos0, c, s, per_row, mask, nullptr, 0); }, x);
   } else {
-    for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(x, pos0, c, s, caches ? &(*caches)[i] : nullptr, capacity);
+    for (size_t i = 0; i < layers_.size(); ++i)
+      x = layers_[i]->forward(x, pos0, c, s, per_row, mask, caches ? &(*caches)[i] : nullptr, capacity);
   }
   x = rms_ ? rms_->forward(x) : ln_->forward(x);
   const Var<B> logits =

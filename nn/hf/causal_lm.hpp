@@ -83,6 +83,9 @@ template <Backend B> class CausalLM : public nn::Module<B> {
   // With one KV cache per layer: ids hold the positions after the cached ones. `capacity`: the
   // positions the caches are allocated for on their first use (prompt + tokens to generate).
   Var<B> forward(const Tensor<B>& ids, std::vector<nn::KVCache<B>>& caches, int64_t capacity) const;
+  // A left-padded batch (batched generation, nn/generate.hpp): each row's positions and a mask that
+  // hides the padding (nn::RowInputs).
+  Var<B> forward(const Tensor<B>& ids, std::vector<nn::KVCache<B>>& caches, int64_t capacity, const nn::RowInputs<B>& rows) const;
   std::vector<nn::KVCache<B>> make_caches() const { return std::vector<nn::KVCache<B>>(static_cast<size_t>(s_.layers)); }
   // The most positions a sequence may have (learned positions); 0: no limit.
   int64_t max_positions() const { return s_.learned_positions ? s_.max_positions : 0; }
@@ -96,7 +99,7 @@ template <Backend B> class CausalLM : public nn::Module<B> {
   bool activation_checkpointing() const { return checkpointing_; }
 
  private:
-  Var<B> run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* caches, int64_t capacity) const;
+  Var<B> run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* caches, int64_t capacity, const nn::RowInputs<B>& rows) const;
   Spec s_;
   LoadOptions o_;
   bool checkpointing_ = false;

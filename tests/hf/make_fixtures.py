@@ -125,7 +125,7 @@ def main():
                  max_position_embeddings=64)
     make("gpt2", GPT2LMHeadModel,
          GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4, n_inner=64,
-                    activation_function="gelu_new", bos_token_id=1, eos_token_id=2), seed=1, eos_at=6)
+                    activation_function="gelu_new", bos_token_id=1, eos_token_id=2), seed=1, eos_at=6, batch=True)
     make("llama", LlamaForCausalLM,
          LlamaConfig(**small, num_key_value_heads=2, tie_word_embeddings=False, rope_theta=10000.0), seed=2, batch=True)
     make("llama3_bf16", LlamaForCausalLM,

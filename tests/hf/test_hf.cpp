@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include <kiln/backends/backends.hpp>
+#include <kiln/config.hpp>
 #include <kiln/formats/safetensors.hpp>
 #include <kiln/nn/generate.hpp>
 #include <kiln/nn/hf/causal_lm.hpp>
@@ -134,12 +135,107 @@ TEST_CASE("generate: greedy generation is token for token transformers' generate
       CHECK(g.stats.prefill_tokens == static_cast<int64_t>(e["prompt"].size()));
       CHECK(g.stats.decode_tokens == static_cast<int64_t>(e["greedy"].size()) - 1);
       if (e.contains("batch")) {  // prompts of different lengths (transformers: left-padded batch)
-        const auto b = nn::generate(*model, e["batch"]["prompts"].get<std::vector<std::vector<int64_t>>>(), o);
-        CHECK(b.ids == e["batch"]["greedy"].get<std::vector<std::vector<int64_t>>>());
+        const auto prompts = e["batch"]["prompts"].get<std::vector<std::vector<int64_t>>>();
+        const auto want = e["batch"]["greedy"].get<std::vector<std::vector<int64_t>>>();
+        const auto b = nn::generate(*model, prompts, o);  // one batch
+        CHECK(b.ids == want);
+        nn::GenerateOptions one = o;
+        one.batch_size = 1;  // one prompt after the other
+        const auto s = nn::generate(*model, prompts, one);
+        CHECK(s.ids == want);
+        // One batch: a prefill pass and one decode pass per step of the longest row; alone: one each.
+        size_t longest = 0, steps = 0;
+        for (const auto& w : want) {
+          longest = std::max(longest, w.size());
+          steps += w.size() - 1;
+        }
+        CHECK(b.stats.prefill_passes == 1);
+        CHECK(b.stats.decode_passes == static_cast<int64_t>(longest) - 1);
+        CHECK(s.stats.prefill_passes == static_cast<int64_t>(prompts.size()));
+        CHECK(s.stats.decode_passes == static_cast<int64_t>(steps));
+        CHECK(b.stats.decode_tokens == s.stats.decode_tokens);
+        CHECK(b.stats.prefill_tokens == s.stats.prefill_tokens);
+        for (size_t i = 0; i < want.size(); ++i)
+          CHECK(b.finish[i] == (static_cast<int64_t>(want[i].size()) < o.max_new_tokens ? nn::Finish::stop_id : nn::Finish::length));
       }
     }
   }
 }
+
+namespace {
+// Row r of a left-padded batch (pads[r] padding columns) as the per-row inputs of generate.
+template <Backend B> nn::RowInputs<B> left_padded(const std::vector<int64_t>& pads, int64_t T) {
+  const int64_t n = static_cast<int64_t>(pads.size());
+  std::vector<int64_t> pos;
+  std::vector<uint8_t> mask;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t t = 0; t < T; ++t) {
+      pos.push_back(std::max<int64_t>(t - pads[static_cast<size_t>(r)], 0));
+      for (int64_t j = 0; j < T; ++j) mask.push_back(j >= pads[static_cast<size_t>(r)] || j == t);
+    }
+  return {Tensor<B>::from_vector(pos, {n, T}), Tensor<B>::from_vector(mask, {n, 1, T, T}).to(DType::boolean)};
+}
+
+// The logits of each prompt in one left-padded batch, prefill then two cached steps, against each
+// prompt alone: the real positions' logits of every row.
+template <Backend B> void check_padded_batch(const std::string& name) {
+  const json e = read_json(kFixtures + name + "/expected.json");
+  const auto prompts = e["batch"]["prompts"].get<std::vector<std::vector<int64_t>>>();
+  const auto model = hf::load_causal_lm<B>(kFixtures + name);
+  NoGrad ng;
+  int64_t L = 0;
+  for (const auto& p : prompts) L = std::max<int64_t>(L, static_cast<int64_t>(p.size()));
+  const int64_t n = static_cast<int64_t>(prompts.size()), V = e["vocab"].get<int64_t>();
+  std::vector<int64_t> ids, pads;
+  for (const auto& p : prompts) {
+    pads.push_back(L - static_cast<int64_t>(p.size()));
+    ids.insert(ids.end(), static_cast<size_t>(pads.back()), 0);
+    ids.insert(ids.end(), p.begin(), p.end());
+  }
+  auto caches = model->make_caches();
+  const std::vector<float> batch =
+      model->forward(Tensor<B>::from_vector(ids, {n, L}), caches, L + 2, left_padded<B>(pads, L)).value().template to_vector<float>();
+  std::vector<std::vector<float>> steps;
+  for (int64_t k = 0; k < 2; ++k) {  // two decode steps, token 3 + k in every row
+    std::vector<int64_t> pos;
+    std::vector<uint8_t> mask;
+    for (int64_t r = 0; r < n; ++r) {
+      pos.push_back(L + k - pads[static_cast<size_t>(r)]);
+      for (int64_t j = 0; j < L + k + 1; ++j) mask.push_back(j >= pads[static_cast<size_t>(r)]);
+    }
+    const nn::RowInputs<B> rows{Tensor<B>::from_vector(pos, {n, 1}), Tensor<B>::from_vector(mask, {n, 1, 1, L + k + 1}).to(DType::boolean)};
+    steps.push_back(model->forward(Tensor<B>::from_vector(std::vector<int64_t>(static_cast<size_t>(n), 3 + k), {n, 1}), caches, L + 2, rows)
+                        .value()
+                        .template to_vector<float>());
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    std::vector<int64_t> alone = prompts[static_cast<size_t>(r)];
+    alone.push_back(3);
+    alone.push_back(4);
+    const std::vector<float> want = logits_of(*model, alone);  // [len + 2, V]
+    const int64_t len = static_cast<int64_t>(prompts[static_cast<size_t>(r)].size());
+    std::vector<float> got(batch.begin() + (r * L + pads[static_cast<size_t>(r)]) * V, batch.begin() + (r + 1) * L * V);
+    for (const auto& st : steps) got.insert(got.end(), st.begin() + r * V, st.begin() + (r + 1) * V);
+    INFO(name << " row " << r << " (" << len << " tokens, " << pads[static_cast<size_t>(r)] << " padding)");
+    CHECK(rel_err(got, std::vector<double>(want.begin(), want.end())) < 1e-5);
+  }
+}
+}  // namespace
+
+TEST_CASE("generate: each row of a left-padded batch gets the logits it gets alone (cpu, reference)", "[hf]") {
+  for (const char* name : {"gpt2", "llama", "qwen2"}) {
+    DYNAMIC_SECTION(name) {
+      check_padded_batch<Cpu>(name);
+      check_padded_batch<Reference>(name);
+    }
+  }
+}
+
+#if defined(KILN_HAVE_CUDA_BACKEND)
+TEST_CASE("generate: each row of a left-padded batch gets the logits it gets alone on Cuda", "[hf][cuda]") {
+  for (const char* name : {"gpt2", "llama"}) DYNAMIC_SECTION(name) check_padded_batch<Cuda>(name);
+}
+#endif
 
 TEST_CASE("generate: the KV-cached forward gives the logits of the full forward, and Reference agrees with Cpu", "[hf]") {
   for (const char* name : {"gpt2", "llama", "qwen2"}) {
@@ -160,6 +256,116 @@ TEST_CASE("generate: the KV-cached forward gives the logits of the full forward,
       const auto ref = hf::load_causal_lm<Reference>(kFixtures + name);
       CHECK(rel_err(logits_of(*ref, prompt), e["logits"].get<std::vector<double>>()) < 1e-4);
     }
+  }
+}
+
+TEST_CASE("generate: stop strings are found across pieces, the earliest wins, and text that may begin one is held back", "[hf]") {
+  const std::vector<std::string> stops{"</s>", "STOP"};
+  nn::StopText t(stops);
+  std::string out = t.push("Hello <");
+  CHECK(out == "Hello ");  // "<" may begin "</s>"
+  out += t.push("/x");
+  CHECK(out == "Hello </x");  // it did not
+  out += t.push(" ST");
+  CHECK(out == "Hello </x ");
+  out += t.push("O");
+  CHECK(out == "Hello </x ");
+  CHECK(!t.stopped());
+  out += t.push("P and more");
+  CHECK(t.stopped());
+  CHECK(out == "Hello </x ");  // neither the stop string nor what follows it
+  CHECK(t.push("more").empty());
+  CHECK(t.finish().empty());
+  nn::StopText u(stops);  // no stop: the held-back end comes out at the end
+  CHECK(u.push("abc ST") == "abc ");
+  CHECK(u.finish() == "ST");
+  CHECK(!u.stopped());
+  const std::vector<std::string> overlap{"aab"};  // the held-back part is the longest that may begin it
+  nn::StopText v(overlap);
+  std::string w;
+  for (const char* piece : {"a", "a", "a", "b", "c"}) w += v.push(piece);
+  CHECK(v.stopped());
+  CHECK(w == "a");
+  const std::vector<std::string> two{"cd", "bcde"};  // the earliest match in the text
+  nn::StopText x(two);
+  CHECK(x.push("abcdef") == "a");
+}
+
+namespace {
+// Byte tokens: id -> one letter.
+class LetterDetokenizer : public nn::Detokenizer {
+ public:
+  std::string push(int64_t id) override { return std::string(1, static_cast<char>('a' + id % 26)); }
+};
+}  // namespace
+
+TEST_CASE("generate: a stop string ends its row (ids up to the token completing it, text before it), batched or alone", "[hf]") {
+  const auto model = hf::load_causal_lm<Cpu>(kFixtures + "llama");
+  const json e = read_json(kFixtures + "llama/expected.json");
+  const auto prompts = e["batch"]["prompts"].get<std::vector<std::vector<int64_t>>>();
+  nn::GenerateOptions o{.max_new_tokens = 12, .detokenizer = [] { return std::make_unique<LetterDetokenizer>(); }};
+  const nn::Generation full = nn::generate(*model, prompts, o);
+  REQUIRE(full.text.size() == prompts.size());
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    CHECK(full.text[r].size() == full.ids[r].size());  // one letter per token
+    CHECK(full.finish[r] == nn::Finish::length);
+  }
+  // A stop string spanning tokens 4..6 of row 1; each row stops at its first occurrence, if any.
+  o.stop_strings = {full.text[1].substr(4, 3)};
+  const std::string& stop = o.stop_strings[0];
+  std::vector<std::string> streamed(prompts.size());
+  std::vector<std::vector<int64_t>> tokens(prompts.size());
+  o.on_token = [&](size_t r, int64_t id) { tokens[r].push_back(id); };
+  o.on_text = [&](size_t r, const std::string& piece) {
+    streamed[r] += piece;
+    CHECK(full.text[r].rfind(streamed[r], 0) == 0);
+    CHECK(streamed[r].size() <= tokens[r].size());
+  };
+  for (const int64_t bs : {int64_t{0}, int64_t{1}}) {
+    o.batch_size = bs;
+    for (auto& x : streamed) x.clear();
+    for (auto& x : tokens) x.clear();
+    const nn::Generation g = nn::generate(*model, prompts, o);
+    for (size_t r = 0; r < prompts.size(); ++r) {
+      INFO("batch_size " << bs << ", row " << r << ": '" << full.text[r] << "', stop '" << stop << "'");
+      const size_t at = full.text[r].find(stop);
+      if (at == std::string::npos) {
+        CHECK(g.ids[r] == full.ids[r]);
+        CHECK(g.text[r] == full.text[r]);
+        CHECK(g.finish[r] == nn::Finish::length);
+      } else {
+        CHECK(g.ids[r] == std::vector<int64_t>(full.ids[r].begin(), full.ids[r].begin() + static_cast<int64_t>(at + stop.size())));
+        CHECK(g.text[r] == full.text[r].substr(0, at));
+        CHECK(g.finish[r] == nn::Finish::stop_string);
+      }
+      CHECK(streamed[r] == g.text[r]);  // what was streamed: nothing of the stop string
+    }
+  }
+  o.detokenizer = nullptr;
+  CHECK(error_of([&] { nn::generate(*model, prompts, o); }).find("detokenizer") != std::string::npos);
+}
+
+TEST_CASE("generate: stop strings on a byte-level BPE's text, inside a character split over tokens", "[hf]") {
+  const text::Tokenizer tok = text::Tokenizer::load(std::string(KILN_SOURCE_DIR) + "/tests/text/fixtures/gpt2");
+  const std::string text = "Hello w\xc3\xb6rld \xf0\x9f\x8e\x89, stop here: the end";  // "Hello wörld 🎉, stop here: the end"
+  const std::vector<int32_t> ids = tok.encode(text, false);
+  REQUIRE(tok.decode(ids) == text);
+  for (const std::string stop : {std::string("\xf0\x9f\x8e\x89, st"), std::string("re: the"), std::string("Hello")}) {
+    const std::vector<std::string> stops{stop};
+    nn::StopText st(stops);
+    const auto detok = nn::detokenizer(tok)();
+    std::string out;
+    size_t last = ids.size();
+    for (size_t i = 0; i < ids.size() && !st.stopped(); ++i) {
+      out += st.push(detok->push(ids[i]));
+      last = i;
+    }
+    size_t first = 0;  // the first token after which the decoded text holds the stop string
+    while (tok.decode(std::span<const int32_t>(ids.data(), first + 1)).find(stop) == std::string::npos) ++first;
+    INFO("stop '" << stop << "'");
+    CHECK(st.stopped());
+    CHECK(last == first);
+    CHECK(out == text.substr(0, text.find(stop)));
   }
 }
 
@@ -457,5 +663,36 @@ TEST_CASE("cli: kiln generate --prompt tokenizes with the model's own tokenizer 
   const std::string both =
       run(fmt::format("{} generate {} --prompt '{}' --max-new-tokens 12 --temperature 0 --print-ids 2>/dev/null", KILN_CLI, dir, prompt));
   CHECK(last_line(both) == last_line(by_ids));
+  // --stop: the continuation before the stop string (neither it nor the rest printed); with --print-ids
+  // the ids up to the token that completes it. A stop string of two characters from the middle of it.
+  const std::string cont = tok.decode(gen);
+  std::string stop;
+  for (size_t p = cont.size() / 2; p < cont.size() && stop.empty(); ++p) {
+    auto next = [&](size_t i) {  // one past the UTF-8 character at i
+      ++i;
+      while (i < cont.size() && (static_cast<unsigned char>(cont[i]) & 0xC0) == 0x80) ++i;
+      return i;
+    };
+    if ((static_cast<unsigned char>(cont[p]) & 0xC0) == 0x80) continue;
+    const std::string c = cont.substr(p, next(next(p)) - p);
+    if (c.find_first_of("'\\\n\r\t") == std::string::npos && c.size() >= 2) stop = c;
+  }
+  REQUIRE(!stop.empty());
+  size_t k = 0;
+  while (tok.decode(std::span<const int32_t>(gen.data(), k + 1)).find(stop) == std::string::npos) ++k;
+  INFO("continuation '" << cont << "', stop '" << stop << "'");
+  const std::string stopped = run(
+      fmt::format("{} generate {} --prompt '{}' --max-new-tokens 12 --temperature 0 --stop '{}' 2>/dev/null", KILN_CLI, dir, prompt, stop));
+  CHECK(stopped == fmt::format("status 0\n{}{}\n", prompt, cont.substr(0, cont.find(stop))));
+  const std::string stopped_ids =
+      run(fmt::format("{} generate {} --prompt-ids {} --max-new-tokens 12 --temperature 0 --stop '{}' --stop "
+                      "zzzz --print-ids 2>/dev/null",
+                      KILN_CLI, dir, fmt::join(ids, ","), stop));
+  CHECK(last_line(stopped_ids) ==
+        fmt::format("{}", fmt::join(std::vector<int32_t>(gen.begin(), gen.begin() + static_cast<int64_t>(k) + 1), ",")));
+  // --stop on a directory without a tokenizer: an error that says so.
+  const std::string no_tok = run(fmt::format("{} generate {}llama --prompt-ids 1,2 --stop x 2>&1", KILN_CLI, kFixtures));
+  CHECK(no_tok.rfind("status 1", 0) == 0);
+  CHECK(no_tok.find("--stop") != std::string::npos);
   fs::remove_all(dir);
 }

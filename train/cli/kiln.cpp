@@ -365,18 +365,14 @@ std::vector<int64_t> parse_ids(const std::string& flag, const std::string& s) {
 
 std::string join_ids(const std::vector<int64_t>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
 
-// A Hugging Face model's text side for kiln generate --prompt: its tokenizer (kiln::text) and one stream per sequence.
-struct HfText {
-  std::optional<text::Tokenizer> tok;
-  std::vector<text::TextStream> streams;
-  void load(const std::string& dir) { tok = text::Tokenizer::load(dir); }
-  std::vector<int64_t> encode(const std::string& s) const {
-    const auto v = tok->encode(s, true);
-    return {v.begin(), v.end()};
-  }
-  void start(size_t n) { streams.assign(n, text::TextStream(*tok)); }
-  std::string push(size_t seq, int64_t id) { return streams[seq].push(static_cast<int32_t>(id)); }
-  std::string finish(size_t seq) { return streams[seq].finish(); }
+// kiln's byte/character codec as a detokenizer (kiln generate on a kiln checkpoint).
+class CodecDetokenizer : public nn::Detokenizer {
+ public:
+  explicit CodecDetokenizer(const Codec& c) : c_(c) {}
+  std::string push(int64_t id) override { return c_.decode({id}); }
+
+ private:
+  const Codec& c_;
 };
 
 bool is_directory(const std::string& p) {
@@ -398,6 +394,8 @@ int cmd_generate(int argc, char** argv) {
           {"repetition-penalty", "transformers' repetition penalty, 1 = none"},
           {"seed", "sampling seed (default 0)"},
           {"stop-ids", "comma-separated ids that end a sequence, besides the model's EOS"},
+          {"stop", "a text that ends a sequence (not printed; repeat the flag for several; needs the tokenizer)"},
+          {"batch-size", "prompts decoded together as one batch (default: all; 1: one after the other)"},
           {"ignore-eos", "do not stop at the model's EOS ids", true},
           {"print-ids", "print the generated ids, comma-separated, one line per prompt", true},
           {"dtype", "parameters' dtype: f32 (default), bf16, f16"},
@@ -453,18 +451,37 @@ int cmd_generate(int argc, char** argv) {
   if (a.has("stop-ids"))
     for (int64_t id : parse_ids("stop-ids", a.str("stop-ids"))) o.stop_ids.push_back(id);
 
-  // Prompts and the way back to text.
+  if (a.has("stop")) o.stop_strings = a.list("stop");
+  o.batch_size = a.integer("batch-size", 0);
+
+  // Prompts and the way back to text (for --prompt, and for --stop).
   std::vector<std::vector<int64_t>> prompts;
   const bool text_mode = a.has("prompt");
-  HfText hf_text;
+  std::optional<text::Tokenizer> tok;
   std::optional<Codec> codec;
-  if (text_mode) {
+  if (text_mode || !o.stop_strings.empty()) {
     if (hf) {
-      hf_text.load(path);
-      for (const std::string& p : a.list("prompt")) prompts.push_back(hf_text.encode(p));
+      try {
+        tok = text::Tokenizer::load(path);
+      } catch (const Error& e) {
+        if (text_mode) throw;
+        fail("kiln generate: --stop needs the model's tokenizer to read the generated text: {}", e.what());
+      }
+      o.detokenizer = nn::detokenizer(*tok);
     } else {
       codec = codec_for(info->data_path, "");
-      for (const std::string& p : a.list("prompt")) prompts.push_back(codec->encode(p));
+      o.detokenizer = [&] { return std::make_unique<CodecDetokenizer>(*codec); };
+      o.vocab_limit = codec->vocab_size();  // only ids the codec can decode
+    }
+  }
+  if (text_mode) {
+    for (const std::string& p : a.list("prompt")) {
+      if (hf) {
+        const auto v = tok->encode(p, true);
+        prompts.emplace_back(v.begin(), v.end());
+      } else {
+        prompts.push_back(codec->encode(p));
+      }
     }
   } else {
     for (const std::string& p : a.list("prompt-ids")) prompts.push_back(parse_ids("prompt-ids", p));
@@ -473,23 +490,14 @@ int cmd_generate(int argc, char** argv) {
   const DType dtype = parse_dtype(a.str("dtype", "f32"));
   const DType autocast = a.has("autocast") ? parse_dtype(a.str("autocast")) : DType::f32;
 
-  // Streaming text (one prompt: as it comes; a batch: each sequence printed when done).
-  std::vector<std::string> texts(prompts.size());
+  // Streaming text (one prompt: as it comes, held back while it could begin a stop string; a batch:
+  // each sequence printed when done).
   const bool stream = text_mode && !print_ids && prompts.size() == 1;
-  if (text_mode) {
-    if (hf)
-      hf_text.start(prompts.size());
-    else
-      o.vocab_limit = codec->vocab_size();  // only ids the codec can decode
-    for (size_t i = 0; i < prompts.size(); ++i) texts[i] = a.list("prompt")[i];
-    if (stream) fmt::print("{}", texts[0]);
-    o.on_token = [&](size_t s, int64_t id) {
-      const std::string piece = hf ? hf_text.push(s, id) : codec->decode({id});
-      texts[s] += piece;
-      if (stream) {
-        fmt::print("{}", piece);
-        std::fflush(stdout);
-      }
+  if (stream) {
+    fmt::print("{}", a.list("prompt")[0]);
+    o.on_text = [&](size_t, const std::string& piece) {
+      fmt::print("{}", piece);
+      std::fflush(stdout);
     };
   }
   const nn::Generation g = dispatch(a.str("device", "cpu"), [&]<Backend B>() {
@@ -502,11 +510,10 @@ int cmd_generate(int argc, char** argv) {
   });
   if (text_mode && !print_ids) {
     for (size_t s = 0; s < prompts.size(); ++s) {
-      const std::string rest = hf ? hf_text.finish(s) : std::string();
       if (stream)
-        fmt::print("{}\n", rest);
+        fmt::print("\n");
       else
-        fmt::print("{}{}\n", texts[s], rest);
+        fmt::print("{}{}\n", a.list("prompt")[s], g.text[s]);
     }
   }
   const nn::GenerateStats& st = g.stats;
