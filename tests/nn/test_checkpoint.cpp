@@ -449,8 +449,6 @@ TEST_CASE("backward: the allocator peak of a GPT step on the GPU, the graph free
     for (const bool ckpt : {false, true}) {
       model.set_activation_checkpointing(ckpt);
       const size_t retained = gpt_step_peak(model, x, y, true), freed = gpt_step_peak(model, x, y, false);
-      const size_t retained2 = gpt_step_peak(model, x, y, true);
-      CHECK(retained2 == retained);  // the same run twice: deterministic
       fmt::print("{} {}: peak above the weights {:.2f} MiB retained, {:.2f} MiB freed as the pass goes ({:.2f}x)\n", res,
                  ckpt ? "checkpointed" : "plain", static_cast<double>(retained) / (1 << 20), static_cast<double>(freed) / (1 << 20),
                  static_cast<double>(retained) / static_cast<double>(freed));
