@@ -166,24 +166,24 @@ template <Backend B> class Pass {
       return;
     }
     pending_.emplace(root.get(), std::move(seed));
-    for (const auto& n : tape) {
+    for (auto& n : tape) {
       replay(*n, nullptr);
-      if (hooked_uses_.empty()) continue;
       for (const auto& in : n->inputs) {  // this node's edges into hooked leaves are done
+        if (hooked_uses_.empty()) break;
         const auto u = in ? hooked_uses_.find(in.get()) : hooked_uses_.end();
         if (u == hooked_uses_.end() || --u->second > 0) continue;
         hooked_uses_.erase(u);
         if (hooked_got_grad_.count(in.get())) run_leaf_hooks(*in);
       }
-    }
-    // retain_graph=false: free the closures (and the tensors they saved) and the links.
-    for (const auto& n : tape) {
-      n->backward = nullptr;
-      n->segment = nullptr;
-      n->inputs.clear();
-      n->released = true;
+      // Every node that sends n a gradient was numbered after it and has run: unless the graph is
+      // retained, free n's closure (the tensors it saved) and its links now, and drop the tape's handle,
+      // so that its value goes too unless a Var outside still holds it.
+      if (!retain_graph_) release(*n);
+      n.reset();
     }
   }
+
+  explicit Pass(bool retain_graph) : retain_graph_(retain_graph) {}
 
  private:
   // Replays n if a gradient reached it. `boundary`: inside a segment's replay, the segment's boundary
@@ -267,7 +267,7 @@ template <Backend B> class Pass {
       const profile::Scope prof(profile::enabled() ? "checkpoint.recompute" : nullptr, "backward");
       outs = seg->recompute();
     }
-    seg->recompute = nullptr;  // drops what fn captured
+    if (!retain_graph_) seg->recompute = nullptr;  // drops what fn captured
     size_t k = 0;
     std::vector<std::shared_ptr<N>> sub;  // the recomputed nodes reachable from the outputs
     std::unordered_set<N*> seen;
@@ -301,24 +301,31 @@ template <Backend B> class Pass {
     std::sort(sub.begin(), sub.end(), [](const auto& a, const auto& b) { return a->seq > b->seq; });
     for (auto& m : sub) {
       replay(*m, &boundary);
-      m->backward = nullptr;  // free the recomputed activations as soon as they are used
-      m->segment = nullptr;
-      m->inputs.clear();
-      m->released = true;
+      release(*m);  // free the recomputed activations as soon as they are used (a retained graph recomputes again)
       m.reset();
     }
     fence_ = saved_fence;
   }
 
+  // retain_graph=false: drops n's closure (and the tensors it saved), its segment and its links; a later
+  // backward that reaches n is a kiln::Error.
+  static void release(N& n) {
+    n.backward = nullptr;
+    n.segment = nullptr;
+    n.inputs.clear();
+    n.released = true;
+  }
+
+  bool retain_graph_;
   std::unordered_map<N*, Tensor<B>> pending_;
   std::unordered_map<N*, int64_t> hooked_uses_;
   std::unordered_set<N*> hooked_got_grad_;  // hooked leaves that received a gradient in this pass
   uint64_t fence_ = 0;
 };
 
-template <Backend B> void run_backward(const std::shared_ptr<Node<B>>& root, Tensor<B> seed) {
+template <Backend B> void run_backward(const std::shared_ptr<Node<B>>& root, Tensor<B> seed, bool retain_graph) {
   PassScope pass;
-  Pass<B>().run(root, std::move(seed));
+  Pass<B>(retain_graph).run(root, std::move(seed));
   pass.finish();
 }
 }  // namespace
@@ -376,13 +383,13 @@ template <Backend B> Var<B> Var<B>::detach() const {
   return Var(n_->value, false);
 }
 
-template <Backend B> void Var<B>::backward() const {
+template <Backend B> void Var<B>::backward(bool retain_graph) const {
   KILN_CHECK(n_, "backward: undefined Var");
   KILN_CHECK(numel() == 1, "backward: loss has shape {}; pass a gradient of that shape", shape_str(shape()));
-  backward(value().ones_like());
+  backward(value().ones_like(), retain_graph);
 }
 
-template <Backend B> void Var<B>::backward(const Tensor<B>& grad_output) const {
+template <Backend B> void Var<B>::backward(const Tensor<B>& grad_output, bool retain_graph) const {
   KILN_CHECK(n_, "backward: undefined Var");
   KILN_CHECK(n_->requires_grad,
              "backward: the loss (shape {}) does not require grad: no input requires grad, or it was computed under NoGrad",
@@ -391,7 +398,7 @@ template <Backend B> void Var<B>::backward(const Tensor<B>& grad_output) const {
   KILN_CHECK(grad_output.shape() == shape() && grad_output.dtype() == dtype(),
              "backward: gradient of shape {} {} for a loss of shape {} {}", shape_str(grad_output.shape()), grad_output.dtype(),
              shape_str(shape()), dtype());
-  autograd::run_backward<B>(n_, grad_output);
+  autograd::run_backward<B>(n_, grad_output, retain_graph);
 }
 
 #define KILN_AUTOGRAD_INSTANTIATE(B)             \

@@ -11,9 +11,15 @@
 // Creation order is tape order: an op's output is always numbered after its inputs, so
 // backward(loss) collects the nodes reachable from loss, sorts them by sequence number, descending —
 // the tape replayed in reverse — and runs each closure once, summing the gradients of values used
-// several times. It then frees every closure and intermediate gradient (PyTorch's retain_graph=false):
-// a second backward through the same graph throws kiln::Error. Leaves (Vars made by the user with
-// requires_grad) keep and *accumulate* .grad across backward calls until zero_grad().
+// several times. Each node is freed as soon as its closure has run (every node that sends it a
+// gradient was made after it, so has run before it): its closure with the tensors it saved, its links
+// and, unless a Var outside still holds it, its value; an intermediate gradient goes as soon as it is
+// consumed. The backward-time peak is then the activations not yet reached plus the gradients in
+// flight, not the whole graph plus the gradients (docs/memory.md). As PyTorch's retain_graph=false, a
+// second backward through the same graph throws kiln::Error; backward(retain_graph = true) frees
+// nothing, so another backward may follow. (A pass that throws leaves the nodes it has run freed.)
+// Leaves (Vars made by the user with requires_grad) keep and *accumulate* .grad across backward calls
+// until zero_grad().
 // Why not one global tape: a forward that is never followed by backward (evaluation, a forgotten
 // NoGrad, an exception) would grow a global tape forever. Here the graph is owned by the Vars that
 // can still reach it and disappears with them. (The counter is atomic rather than thread-local so
@@ -166,8 +172,10 @@ template <Backend B> class Var {
   int64_t register_post_accumulate_hook(std::function<void(const Tensor<B>& grad)> hook);
   void remove_post_accumulate_hook(int64_t handle);  // unknown handles are ignored
 
-  void backward() const;  // the loss must have one element; seeds with 1
-  void backward(const Tensor<B>& grad_output) const;
+  // retain_graph: keep the graph (every closure and what it saved) for another backward through it;
+  // false frees each node as soon as its backward has run.
+  void backward(bool retain_graph = false) const;  // the loss must have one element; seeds with 1
+  void backward(const Tensor<B>& grad_output, bool retain_graph = false) const;
 
   // ------------------------------------------------------------------------------ metadata
   const Shape& shape() const { return value().shape(); }

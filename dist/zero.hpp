@@ -57,7 +57,7 @@ template <Backend B> class ZeroOptimizer : public optim::Optimizer<B> {
   // A sharded optimizer checkpoints the full state of the one it shards: the same kind.
   std::string kind() const override { return shard_optimizer().kind(); }
   std::string momentum_kind() const override { return shard_optimizer().momentum_kind(); }
-  bool reads_kind(const std::string& recorded) const override { return shard_optimizer().reads_kind(recorded); }
+  bool reads_kind(const std::string& recorded, bool legacy) const override { return shard_optimizer().reads_kind(recorded, legacy); }
 
   const optim::Optimizer<B>& shard_optimizer() const;  // this rank's inner optimizer
   int64_t shard_numel() const;                         // parameter elements this rank updates

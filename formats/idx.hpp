@@ -10,8 +10,8 @@
 // (gzip's 1f 8b), not the name.
 //
 //   auto train = IdxDataset::load_split("/usr/share/datasets/fashion-mnist", "train");
-//   TensorDataset<Cpu> data = train.tensors<Cpu>();   // inputs f32 [N, 784] in [0, 1], targets i64 [N]
-// (tensors() returns IdxTensors, which a TensorDataset (train/dataloader.hpp) takes as it is.)
+//   auto [x, y] = train.tensors<Cpu>();   // inputs f32 [N, 784] in [0, 1], targets i64 [N]
+//   TensorDataset<Cpu> data(x, y);        // train/dataloader.hpp
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,12 +21,12 @@
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
-// A whole IDX dataset as tensors, (inputs, targets) along their first axis: what TensorDataset
-// (train/dataloader.hpp) is built from.
+// A whole IDX dataset as tensors along their first axis, plain members: `auto [x, y] = d.tensors<B>()`
+// gives two Tensor<B>, which template code deduces from as it does from any tensor (a TensorDataset
+// (train/dataloader.hpp) is built from them: TensorDataset<B>(x, y)).
 template <Backend B> struct IdxTensors {
-  Tensor<B> x, y;
-  const Tensor<B>& inputs() const { return x; }
-  const Tensor<B>& targets() const { return y; }
+  Tensor<B> inputs;   // f32 [N, sample_numel] or [N, d1, ..., dk]
+  Tensor<B> targets;  // i64 [N]
 };
 
 enum class IdxType : uint8_t { u8 = 0x08, i8 = 0x09, i16 = 0x0B, i32 = 0x0C, f32 = 0x0D, f64 = 0x0E };

@@ -28,7 +28,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const size_t rest = size - 3, cut = std::min<size_t>(rest, data[1] | size_t{data[2]} << 8);
       const std::string images = fuzz::file(data + 3, cut, "images"), labels = fuzz::file(data + 3 + cut, rest - cut, "labels");
       const IdxDataset d = IdxDataset::load(images, labels, {.mean = 0.5, .std = 0.25});
-      const TensorDataset<Reference> t = d.tensors<Reference>();
+      const auto [x, y] = d.tensors<Reference>();
+      const TensorDataset<Reference> t(x, y);
       KILN_FUZZ_ASSERT(t.size() == d.size(), "tensors hold every sample");
     }
   } catch (const Error&) {

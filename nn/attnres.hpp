@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "kiln/autograd/checkpoint.hpp"
 #include "kiln/nn/norm.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
@@ -68,6 +69,18 @@ template <Backend B> class AttnResStack {
     const Var<B> h = schedule_.empty() ? res.forward(sources()) : Var<B>(two_phase_read(res));
     add(f(h));
     return h;
+  }
+  // Runs sublayer j as one activation-checkpointing segment (autograd/checkpoint.hpp): out =
+  // f(sources), f being the depth attention and the sublayer function, recorded as one tape entry whose
+  // inputs are the sources and recomputed in backward, so that of the sublayer only its output stays
+  // (not the mixture h nor what the function saves). f runs again in backward: capture what it reads
+  // by value. Returns out. Not with two-phase inference (a NoGrad forward has nothing to checkpoint).
+  template <class F> Var<B> checkpointed_step(F f) {
+    KILN_CHECK(schedule_.empty(), "AttnRes: a checkpointed sublayer ({}) with two-phase inference", j_);
+    boundary();
+    const Var<B> out = kiln::checkpoint<B>([f](const std::vector<Var<B>>& s) { return std::vector<Var<B>>{f(s)}; }, sources())[0];
+    add(out);
+    return out;
   }
   Var<B> finish(const DepthAttention<B>& final_res) const { return final_res.forward(sources()); }
   std::vector<Var<B>> sources() const;  // completed blocks, then the partial if any

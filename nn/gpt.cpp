@@ -125,12 +125,10 @@ template <Backend B> Var<B> GPT<B>::run(const Tensor<B>& ids, std::vector<KVCach
     }
   } else if (ckpt) {
     AttnResStack<B> stack(x, c_.residual == "attnres_full" ? 1 : c_.attnres_block_size);
-    for (const auto& layer : layers_) {
-      stack.step(layer->attn_res(), [&](const Var<B>& h) {
-        return kiln::checkpoint<B>([layer](const Var<B>& v) { return layer->attn_sublayer(v, nullptr); }, h);
-      });
-      stack.step(layer->mlp_res(),
-                 [&](const Var<B>& h) { return kiln::checkpoint<B>([layer](const Var<B>& v) { return layer->mlp_sublayer(v); }, h); });
+    for (const auto& layer : layers_) {  // one segment per sublayer: its depth attention and its function
+      stack.checkpointed_step(
+          [layer](const std::vector<Var<B>>& src) { return layer->attn_sublayer(layer->attn_res().forward(src), nullptr); });
+      stack.checkpointed_step([layer](const std::vector<Var<B>>& src) { return layer->mlp_sublayer(layer->mlp_res().forward(src)); });
     }
     x = stack.finish(*final_res_);
   } else {

@@ -33,9 +33,11 @@ std::string legacy_optimizer_kind(const std::string& recorded) {
   return it == kinds.end() ? recorded : it->second;
 }
 
-template <Backend B> bool Optimizer<B>::reads_kind(const std::string& recorded) const {
-  const std::string mine = kind();
-  return recorded == mine || legacy_optimizer_kind(recorded) == mine || recorded == typeid(*this).name();
+template <Backend B> bool Optimizer<B>::reads_kind(const std::string& recorded, bool legacy) const {
+  if (recorded == kind()) return true;
+  if (!legacy) return false;
+  const std::string old = legacy_kind();
+  return recorded == old || legacy_optimizer_kind(recorded) == old || recorded == typeid(*this).name();
 }
 
 template <Backend B> Optimizer<B>::Optimizer(std::vector<ParamGroup<B>> groups) : groups_(std::move(groups)) {

@@ -56,20 +56,24 @@ template <Backend B> class Optimizer {
   virtual std::vector<std::pair<std::string, Tensor<B>>> state_dict() const;
   // Strict: every buffer the optimizer would need must be there with the right shape, and nothing else.
   virtual void load_state_dict(const std::map<std::string, Tensor<B>>& state);
-  // The kind of update, as checkpoints record it ("adam" for Adam and AdamW, "sgd", "rmsprop",
-  // "adagrad", "lion", "adafactor"): a resumed run must use the kind that wrote the state. A stable
-  // name, the same from every compiler: an optimizer of your own names itself.
+  // The kind of update, as checkpoints record it ("sgd", "adam", "adamw", "rmsprop", "adagrad", "lion",
+  // "adafactor"): a resumed run must use the kind that wrote the state. A stable name, the same from
+  // every compiler: an optimizer of your own names itself.
   virtual std::string kind() const = 0;
   // Whether a checkpoint that recorded the optimizer kind `recorded` holds state of this optimizer's
-  // kind: kind() itself, or the name an older kiln wrote for it, its C++ type's typeid().name() (the
-  // default kind() had until 2026-11-26; kiln's own optimizers read through legacy_optimizer_kind, so
-  // on any backend and from any compiler).
-  virtual bool reads_kind(const std::string& recorded) const;
+  // kind. Stable names are compared as they are. `legacy`: the checkpoint was written by an older kiln
+  // (kiln::fit's metadata has no `optimizer_kinds`), which also recorded, as kinds, the C++ type's
+  // typeid().name() (the default kind() until 2026-11-26; kiln's own optimizers read through
+  // legacy_optimizer_kind, on any backend and from any compiler) and "adam" for AdamW as well
+  // (legacy_kind()).
+  virtual bool reads_kind(const std::string& recorded, bool legacy) const;
   // What ParamGroup::momentum sets in this optimizer: "momentum", "beta1", or "" (it has neither:
   // Adagrad, Adafactor).
   virtual std::string momentum_kind() const { return ""; }
 
  protected:
+  // What an older kiln recorded for this optimizer's kind: kind(), except "adam" for AdamW.
+  virtual std::string legacy_kind() const { return kind(); }
   // Per-parameter state buffers, by buffer name then parameter name.
   Tensor<B>& buffer(const std::string& buf, const std::string& param, const Tensor<B>& like, bool& created);
   // f(group, name, weight, grad) for every parameter that has a gradient, in group order (the weight
@@ -130,10 +134,12 @@ template <Backend B> class Adam : public Optimizer<B> {
   Adam(std::vector<ParamGroup<B>> groups, AdamOptions o);
   Adam(const NamedParams<B>& params, AdamOptions o) : Adam(decay_groups(params, o.lr, o.weight_decay), o) {}
   void step() override;
-  std::string kind() const override { return "adam"; }
+  // AdamW records "adamw", Adam "adam": their state is the same, their updates are not.
+  std::string kind() const override { return o_.decoupled ? "adamw" : "adam"; }
   std::string momentum_kind() const override { return "beta1"; }
 
  private:
+  std::string legacy_kind() const override { return "adam"; }  // both, until 2026-11-26
   std::vector<std::string> buffer_names() const override;
   AdamOptions o_;
 };

@@ -110,14 +110,6 @@ template <Backend B> class TensorDataset {
     KILN_CHECK(x_.size(0) == y_.size(0), "TensorDataset: inputs {} and targets {} differ in their number of samples", shape_str(x_.shape()),
                shape_str(y_.shape()));
   }
-  // From anything holding inputs() and targets() (formats' IdxTensors: IdxDataset::tensors<B>()).
-  template <class D>
-  requires(!std::same_as<D, TensorDataset> &&
-           requires(const D& d) {
-             { d.inputs() } -> std::convertible_to<Tensor<B>>;
-             { d.targets() } -> std::convertible_to<Tensor<B>>;
-           }) TensorDataset(const D& d)
-      : TensorDataset(d.inputs(), d.targets()) {}  // NOLINT(google-explicit-constructor)
   int64_t size() const { return x_.defined() ? x_.size(0) : 0; }
   const Tensor<B>& inputs() const { return x_; }
   const Tensor<B>& targets() const { return y_; }

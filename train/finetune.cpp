@@ -48,15 +48,8 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
     tc.validate();
   }
   if (o.activation_checkpointing) tc.activation_checkpointing = true;
-  const bool parallel = dist::is_initialized() && dist::world_size() > 1;
-  const int ranks = parallel ? dist::world_size() : 1;
-  const bool main = !parallel || dist::is_main_process();
   const int64_t bs = tc.batch_size, T = tc.seq_len;
-  dist::RowSlice rows{0, bs};
-  if (parallel) {
-    KILN_CHECK(bs % ranks == 0, "train: batch_size {} does not divide among {} ranks: use a multiple of {}", bs, ranks, ranks);
-    rows = dist::batch_slice(bs);
-  }
+  const Ranks ranks = ranks_of<B>(bs);
   KILN_CHECK(tc.zero_stage == 0, "train: zero_stage {} with --init-from MODEL_DIR is not implemented (use 0)", tc.zero_stage);
   KILN_CHECK(tc.precision == "f32", "train: precision \"{}\" with --init-from MODEL_DIR is not implemented (use f32)", tc.precision);
 
@@ -83,7 +76,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
                             .base_model_name_or_path = o.init_from});
   model->set_activation_checkpointing(tc.activation_checkpointing);  // one segment per decoder layer (docs/memory.md)
   std::unique_ptr<dist::DistributedDataParallel<B>> ddp;
-  if (parallel) ddp = std::make_unique<dist::DistributedDataParallel<B>>(*model, dist::DDPOptions{.bucket_mb = tc.bucket_mb});
+  if (ranks.parallel) ddp = std::make_unique<dist::DistributedDataParallel<B>>(*model, dist::DDPOptions{.bucket_mb = tc.bucket_mb});
   const auto opt = make_optimizer(*model, tc.optimizer, false);  // zero_stage 1 is refused above
 
   const int64_t V = model->spec().vocab;
@@ -96,18 +89,18 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
                          .tokens = n * T,
                          .flops = 0};
   };
-  auto train_batch = [&](int64_t i) { return data.rows<B>(i, bs, T, rows.start, rows.count); };
+  auto train_batch = [&](int64_t i) { return data.rows<B>(i, bs, T, ranks.rows.start, ranks.rows.count); };
   const IndexedBatches<decltype(train_batch)> train{
       .batch = train_batch, .count = 0, .fingerprint = fmt::format("{} tokens, batches of {}x{}", data.size(), bs, T)};
   auto eval_batch = [&](int64_t i) { return eval_data->batch<B>(i, bs, T); };
   const IndexedBatches<decltype(eval_batch)> eval{.batch = eval_batch, .count = tc.eval_batches, .fingerprint = ""};
   const bool with_eval = eval_data && tc.eval_every > 0;
-  FitOptions fo = fit_options(o, tc, main, ddp ? dist::fit_hooks(*ddp) : FitHooks{},
+  FitOptions fo = fit_options(o, tc, ranks.main, ddp ? dist::fit_hooks(*ddp) : FitHooks{},
                               {{"train_config", tc.to_json().dump()}, {"data", o.data_path}, {"init_from", o.init_from}});
-  fo.callbacks = {lora_checkpoints(*model, tc, o.checkpoint_path, main)};
+  fo.callbacks = {lora_checkpoints(*model, tc, o.checkpoint_path, ranks.main)};
   fo.scheduler = make_scheduler(*opt, tc);
   fo.ema = make_ema(*model, tc);
-  if (!o.quiet && main) {
+  if (!o.quiet && ranks.main) {
     int64_t trainable = 0;
     for (const auto& [n, p] : model->named_parameters()) trainable += p.requires_grad() ? p.numel() : 0;
     fmt::print("kiln train: {} from {}: {} parameters, {} trainable{}, {}·{} tokens/step, {} tokens, steps {}, device {}\n",
@@ -115,7 +108,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
                lora ? fmt::format(" (LoRA r {} on {})", tc.lora.r, fmt::join(tc.lora.target_modules, ",")) : std::string(), bs, T,
                data.size(), tc.steps, B::name);
   }
-  if (!o.quiet && main && tc.activation_checkpointing)
+  if (!o.quiet && ranks.main && tc.activation_checkpointing)
     fmt::print("kiln train: activation checkpointing on (layer activations recomputed in backward)\n");
   const FitResult r = with_eval ? fit(*model, *opt, train, eval, step, fo) : fit(*model, *opt, train, step, fo);
   TrainResult res;
@@ -123,7 +116,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
   res.losses = r.losses;
   res.final_eval_loss = r.eval_losses.empty() ? -1 : r.eval_losses.back();
   res.interrupted = r.interrupted;
-  if (main) {
+  if (ranks.main) {
     if (lora && !o.checkpoint_path.empty()) nn::save_lora(*model, o.checkpoint_path + ".adapter");  // beside the final checkpoint
     if (!o.save_path.empty()) {
       if (lora)
@@ -132,7 +125,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
         model->save(o.save_path);
     }
   }
-  if (parallel) dist::barrier();
+  if (ranks.parallel) dist::barrier();
   return res;
 }
 

@@ -6,6 +6,7 @@
 // only them (r 0: every parameter). The loop is train_gpt's (kiln::fit: the schedule, clipping, JSONL
 // log, checkpoints and resume, data parallelism under mpirun); with LoRA the adapter is written in
 // PEFT's layout to --save DIR at the end and to CHECKPOINT.adapter/ with every checkpoint.
+#include "kiln/dist/process_group.hpp"
 #include "kiln/train/loop.hpp"
 #include "kiln/train/trainer.hpp"
 
@@ -23,6 +24,19 @@ KILN_API TrainResult finetune_causal_lm(const TrainOptions& o);
 // checkpoints. Callbacks, the scheduler object and the EMA are the caller's to add.
 KILN_API FitOptions fit_options(const TrainOptions& o, const TrainConfig& tc, bool main, FitHooks hooks,
                                 std::map<std::string, std::string> metadata);
+
+// Data parallelism (docs/distributed.md), for both engines: under mpirun/srun every rank takes its
+// contiguous share of each batch's rows, DistributedDataParallel averages the gradients, rank 0 logs,
+// evaluates and writes.
+struct Ranks {
+  bool parallel = false;  // more than one process
+  int count = 1;          // the world size
+  bool main = true;       // rank 0, or the one process
+  dist::RowSlice rows;    // this rank's rows of every batch
+};
+// This process's share of batches of `bs` rows: a kiln::Error when bs does not divide among the ranks.
+// With B = Cuda and several ranks, also selects this rank's GPU (its local rank, round robin).
+template <Backend B> KILN_API Ranks ranks_of(int64_t bs);
 
 // A kiln::fit callback writing the LoRA adapter to CHECKPOINT.adapter/ (PEFT's layout) at every
 // checkpoint step; a no-op without LoRA, a checkpoint path or checkpoint_every, or off the main process.

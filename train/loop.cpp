@@ -52,7 +52,8 @@ struct SignalGuard {
 // The metadata keys the loop owns; options.metadata may not use them.
 bool loop_key(const std::string& k) {
   static const char* keys[] = {"kiln_checkpoint", "step",          "rng_seed", "rng_offset", "grad_accum",
-                               "optimizer",       "skipped_steps", "kiln_fit", "loss_scale", "loss_scale_good_steps"};
+                               "optimizer",       "skipped_steps", "kiln_fit", "loss_scale", "loss_scale_good_steps",
+                               "optimizer_kinds"};
   for (const char* x : keys)
     if (k == x) return true;
   return k.rfind("data.", 0) == 0 || k == "scheduler" || k.rfind("scheduler.", 0) == 0;
@@ -221,9 +222,12 @@ template <Backend B> void Engine<B>::resume() {
   const int64_t accum = m.count("grad_accum") ? parse<int64_t>(m, "grad_accum", path) : 1;
   KILN_CHECK(accum == k_, "fit: resume checkpoint '{}' was written with grad_accum {}, this run has grad_accum {}", path, accum, k_);
   if (m.count("optimizer")) {
-    const std::string kind = opt_.kind();  // an older kiln may have recorded a typeid name (Optimizer::reads_kind)
-    KILN_CHECK(opt_.reads_kind(m.at("optimizer")), "fit: resume checkpoint '{}' holds the state of optimizer '{}', this run uses '{}'",
-               path, printable(optim::legacy_optimizer_kind(m.at("optimizer"))), kind);
+    // Without `optimizer_kinds`, an older kiln wrote it: a typeid name, or "adam" for AdamW too (Optimizer::reads_kind).
+    const std::string kind = opt_.kind();
+    const bool legacy = !m.count("optimizer_kinds");
+    KILN_CHECK(opt_.reads_kind(m.at("optimizer"), legacy),
+               "fit: resume checkpoint '{}' holds the state of optimizer '{}', this run uses '{}'", path,
+               printable(optim::legacy_optimizer_kind(m.at("optimizer"))), kind);
   }
   const std::string data_kind = m.count("data.kind") ? m.at("data.kind") : "indexed";
   const std::string mine = train_.indexed() ? "indexed" : "loader";
@@ -367,6 +371,7 @@ template <Backend B> void Engine<B>::save_checkpoint(int64_t step_count) {
   meta["rng_offset"] = std::to_string(g.offset());
   meta["grad_accum"] = std::to_string(k_);
   meta["optimizer"] = opt_.kind();
+  meta["optimizer_kinds"] = "2";  // stable names, AdamW apart from Adam (Optimizer::reads_kind)
   meta["skipped_steps"] = std::to_string(skipped_);
   if (o_.scheduler) {
     meta["scheduler"] = o_.scheduler->kind();

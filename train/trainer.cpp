@@ -189,36 +189,6 @@ RunConfigs run_configs(const TrainOptions& o) {
   return {mc.resolved(), tc, resume};
 }
 
-// Data parallelism (docs/distributed.md): under mpirun/srun every rank takes its contiguous share of
-// each batch's rows, DistributedDataParallel averages the gradients, rank 0 logs, evaluates and writes.
-struct Ranks {
-  bool parallel = false;
-  int count = 1;
-  bool main = true;
-  dist::RowSlice rows;
-};
-template <Backend B> Ranks ranks_of(int64_t bs) {
-  Ranks r{.parallel = dist::is_initialized() && dist::world_size() > 1, .count = 1, .main = true, .rows = {0, bs}};
-  r.count = r.parallel ? dist::world_size() : 1;
-  r.main = !r.parallel || dist::is_main_process();
-  if (r.parallel) {
-    KILN_CHECK(bs % r.count == 0,
-               "train: batch_size {} does not divide among {} ranks (each rank takes batch_size / ranks rows of "
-               "every batch): use a multiple of {}",
-               bs, r.count, r.count);
-    r.rows = dist::batch_slice(bs);
-#if defined(KILN_HAVE_CUDA_BACKEND)
-    // One GPU per rank: the rank's place on its machine picks it (round robin when ranks outnumber GPUs).
-    if constexpr (std::is_same_v<B, Cuda>) {
-      const int gpus = cuda::device_count();
-      KILN_CHECK(gpus > 0, "train: --device cuda on rank {}: no CUDA device ({})", dist::rank(), cuda::unavailable_reason());
-      cuda::set_device(dist::local_rank() % gpus);
-    }
-#endif
-  }
-  return r;
-}
-
 // The line `kiln train` prints before the first step.
 template <Backend B> void print_banner(const TrainOptions& o, const ModelConfig& cfg, const TrainConfig& tc, const Ranks& ranks,
                                        int64_t num_parameters, double seq_flops, int64_t first_step) {
@@ -260,6 +230,28 @@ template <Backend B> TrainResult finish(const TrainOptions& o, const FitResult& 
 }
 
 }  // namespace
+
+template <Backend B> Ranks ranks_of(int64_t bs) {
+  Ranks r{.parallel = dist::is_initialized() && dist::world_size() > 1, .count = 1, .main = true, .rows = {0, bs}};
+  r.count = r.parallel ? dist::world_size() : 1;
+  r.main = !r.parallel || dist::is_main_process();
+  if (r.parallel) {
+    KILN_CHECK(bs % r.count == 0,
+               "train: batch_size {} does not divide among {} ranks (each rank takes batch_size / ranks rows of "
+               "every batch): use a multiple of {}",
+               bs, r.count, r.count);
+    r.rows = dist::batch_slice(bs);
+#if defined(KILN_HAVE_CUDA_BACKEND)
+    // One GPU per rank: the rank's place on its machine picks it (round robin when ranks outnumber GPUs).
+    if constexpr (std::is_same_v<B, Cuda>) {
+      const int gpus = cuda::device_count();
+      KILN_CHECK(gpus > 0, "train: --device cuda on rank {}: no CUDA device ({})", dist::rank(), cuda::unavailable_reason());
+      cuda::set_device(dist::local_rank() % gpus);
+    }
+#endif
+  }
+  return r;
+}
 
 // docs/specs.md §4 on the generic loop: the schedule over tc.steps from the optimizer's lr, clipping,
 // one record per step, checkpoints that carry the configurations.
@@ -358,7 +350,8 @@ TrainResult train_gpt(const TrainOptions& o) {
   template double evaluate<B>(const nn::GPT<B>&, const TokenData&, int64_t, int64_t, int64_t, DType);                              \
   template std::unique_ptr<optim::Optimizer<B>> make_optimizer<B>(const nn::Module<B>&, const OptimizerConfig&, bool);             \
   template std::shared_ptr<optim::LRScheduler> make_scheduler<B>(optim::Optimizer<B>&, const TrainConfig&);                        \
-  template std::shared_ptr<optim::EMA<B>> make_ema<B>(const nn::Module<B>&, const TrainConfig&);
+  template std::shared_ptr<optim::EMA<B>> make_ema<B>(const nn::Module<B>&, const TrainConfig&);                                   \
+  template Ranks ranks_of<B>(int64_t);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST
 

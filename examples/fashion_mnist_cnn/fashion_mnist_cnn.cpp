@@ -59,15 +59,12 @@ template <Backend B> class CNN : public nn::Module<B> {
   std::shared_ptr<nn::Sequential<B>> features_, classifier_;
 };
 
-// [N, 784] images as [N, 1, 28, 28]
-template <Backend B> TensorDataset<B> images(const TensorDataset<B>& d) {
-  return TensorDataset<B>(d.inputs().reshape({d.size(), 1, 28, 28}), d.targets());
-}
-
 template <Backend B> int train(const std::string& dir, int64_t epochs, double min_accuracy, int64_t max_steps, const std::string& save) {
   const IdxImageOptions norm{.mean = 0.2860, .std = 0.3530};  // the training split's pixel mean and std
-  const TensorDataset<B> train_set = images<B>(IdxDataset::load_split(dir, "train", norm).tensors<B>());
-  const TensorDataset<B> test_set = images<B>(IdxDataset::load_split(dir, "t10k", norm).tensors<B>());
+  // Images [N, 28, 28] (not flattened) with a channel axis: [N, 1, 28, 28].
+  const auto [train_x, train_y] = IdxDataset::load_split(dir, "train", norm).tensors<B>(/*flatten=*/false);
+  const auto [test_x, test_y] = IdxDataset::load_split(dir, "t10k", norm).tensors<B>(/*flatten=*/false);
+  const TensorDataset<B> train_set(train_x.unsqueeze(1), train_y), test_set(test_x.unsqueeze(1), test_y);
   fmt::print("Fashion-MNIST: {} training and {} test images from {}\n", train_set.size(), test_set.size(), dir);
 
   manual_seed(0);

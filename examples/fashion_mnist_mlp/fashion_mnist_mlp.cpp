@@ -42,8 +42,9 @@ template <Backend B> class MLP : public nn::Module<B> {
 template <Backend B> int train(const std::string& dir, int64_t epochs, double min_accuracy) {
   // Fashion-MNIST's pixel mean and standard deviation (of the training split).
   const IdxImageOptions norm{.mean = 0.2860, .std = 0.3530};
-  const TensorDataset<B> train_set = IdxDataset::load_split(dir, "train", norm).tensors<B>();
-  const TensorDataset<B> test_set = IdxDataset::load_split(dir, "t10k", norm).tensors<B>();
+  const auto [train_x, train_y] = IdxDataset::load_split(dir, "train", norm).tensors<B>();  // [N, 784], [N]
+  const auto [test_x, test_y] = IdxDataset::load_split(dir, "t10k", norm).tensors<B>();
+  const TensorDataset<B> train_set(train_x, train_y), test_set(test_x, test_y);
   fmt::print("Fashion-MNIST: {} training and {} test images from {}\n", train_set.size(), test_set.size(), dir);
 
   manual_seed(0);

@@ -1,6 +1,9 @@
 // Tape semantics: accumulation, NoGrad, detach, freed graphs, error messages, leaf rules.
 #include <cstdio>
+#include <memory>
 #include <thread>
+
+#include <kiln/autograd/checkpoint.hpp>
 
 #include "helpers.hpp"
 
@@ -151,6 +154,58 @@ TEMPLATE_TEST_CASE("autograd: backward twice through a freed graph throws", "[au
   (x.exp() * x).sum().backward();
   const double e1 = std::exp(1.0), e2 = std::exp(2.0);
   check_values(x.grad(), {2 * (e1 + e1), 2 * (e2 + 2 * e2)}, 1e-9);
+}
+
+TEMPLATE_TEST_CASE("autograd: backward frees each node, and what its closure saved, as soon as it has run", "[autograd]",
+                   KILN_BACKEND_TYPES) {
+  using V = Var<TestType>;
+  V x(randn<TestType>({64, 64}, 3), true), w(randn<TestType>({64, 64}, 4), true);
+  std::weak_ptr<autograd::Node<TestType>> late;     // made after x's only use, replayed before it
+  std::weak_ptr<typename TestType::Storage> saved;  // b's value: saved by exp (its output) and by mul (an operand)
+  V loss;
+  {
+    const V a = x * 2.0;  // x's only use: replayed last
+    const V b = a.exp();
+    const V c = b * w;
+    late = c.node();
+    saved = b.value().storage();
+    loss = c.sum();
+  }
+  bool checked = false;
+  x.register_post_accumulate_hook([&](const Tensor<TestType>&) {
+    // The pass has run every node but x*2's: c and b are gone, and so is b's value, which their
+    // closures saved; the nodes that still need it would have kept it.
+    CHECK(late.expired());
+    CHECK(saved.expired());
+    checked = true;
+  });
+  loss.backward();
+  CHECK(checked);
+  CHECK(loss.node()->inputs.empty());
+}
+
+TEMPLATE_TEST_CASE("autograd: backward(retain_graph) keeps the graph for another backward, with the same gradients", "[autograd]",
+                   KILN_BACKEND_TYPES) {
+  using V = Var<TestType>;
+  V x(randn<TestType>({3, 4}, 5), true), w(randn<TestType>({4, 4}, 6), true);
+  // A checkpointed segment inside: a retained graph recomputes it in every pass.
+  auto segment = [&](const V& h) { return kiln::checkpoint<TestType>([w](const V& v) { return v.matmul(w).tanh(); }, h); };
+  const V loss = (segment(x.exp()) * x).sum();
+  auto grads = [&] {
+    std::vector<std::vector<double>> g{to_vector<double>(x.grad()), to_vector<double>(w.grad())};
+    x.zero_grad();
+    w.zero_grad();
+    return g;
+  };
+  loss.backward(true);
+  const auto first = grads();
+  CHECK(loss.node()->backward != nullptr);
+  loss.backward(loss.value().ones_like(), true);
+  CHECK(grads() == first);  // bit for bit
+  loss.backward();          // the last one frees it
+  CHECK(grads() == first);
+  CHECK_THROWS_WITH(loss.backward(), Contains("already freed") && Contains("recompute the forward pass"));
+  CHECK_THROWS_WITH(loss.backward(true), Contains("already freed"));
 }
 
 TEMPLATE_TEST_CASE("autograd: non-scalar backward needs a gradient", "[autograd]", KILN_BACKEND_TYPES) {

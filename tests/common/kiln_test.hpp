@@ -8,10 +8,12 @@
 //  * check_close / check_equal: element-by-element comparison that reports the first mismatching
 //    multi-index with both values, and how many elements mismatched.
 //  * Tolerances: unit roundoffs per dtype; see the comment at `Tol`.
+//  * error_of: the message of the kiln::Error a function throws.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include <kiln/backends/backends.hpp>
 #include <kiln/backends/cpu/cpu.hpp>
 #include <kiln/backends/reference/reference.hpp>
+#include <kiln/core/error.hpp>
 #include <kiln/core/tensor.hpp>
 
 #if defined(KILN_HAVE_CUDA_BACKEND)
@@ -308,6 +311,17 @@ inline std::pair<Shape, Shape> broadcast_pair(Gen& g, int max_rank = 4) {
   // where a has 1 and b doesn't, a broadcasts; where b has 1, b broadcasts
   if (g.coin()) std::swap(a, b);
   return {a, b};
+}
+
+// The message of the kiln::Error that f throws, "(no error)" when it throws none (any other exception
+// goes through to Catch).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const kiln::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace kt

@@ -104,11 +104,14 @@ TEST_CASE("idx: raw and gzipped files read back the values the bytes hold", "[id
     CHECK(d.labels() == std::vector<int64_t>{3, 0, 9, 1, 3});
     for (size_t i = 0; i < px.size(); ++i) REQUIRE(d.images()[i] == Approx(px[i] / 255.0).margin(1e-7));
 
-    const TensorDataset<Reference> t = d.tensors<Reference>();
+    const auto [x, y] = d.tensors<Reference>();  // two Tensor<Reference>: template code deduces from them
+    static_assert(std::is_same_v<std::remove_cvref_t<decltype(x)>, Tensor<Reference>>);
+    const TensorDataset<Reference> t(x, y);
     CHECK(t.inputs().shape() == Shape{5, 12});
     CHECK(t.inputs().dtype() == DType::f32);
     CHECK(t.targets().dtype() == DType::i64);
-    CHECK(d.tensors<Cpu>(false).inputs().shape() == Shape{5, 3, 4});
+    CHECK(to_vector<int64_t>(t.targets()) == d.labels());
+    CHECK(d.tensors<Cpu>(false).inputs.shape() == Shape{5, 3, 4});
     // Sample 2, pixel (1, 2) = flat index 2·12 + 1·4 + 2.
     CHECK(t.inputs().at<float>({2, 6}) == Approx(px[2 * 12 + 6] / 255.0));
   }

@@ -24,9 +24,11 @@
 #include <kiln/backends/backends.hpp>
 #include <kiln/formats/safetensors.hpp>
 #include <kiln/nn/hf/export.hpp>
+#include "common/kiln_test.hpp"
 #include "common/run.hpp"
 
 using namespace kiln;
+using kt::error_of;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -57,15 +59,6 @@ json read_json(const std::string& path) {
   std::ifstream f(path);
   REQUIRE(f.good());
   return json::parse(f);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // The Llama shape of kiln's GPT: GQA (4 heads, 2 kv heads), SwiGLU, RMSNorm, RoPE.

@@ -26,9 +26,11 @@
 #include <kiln/nn/hf/causal_lm.hpp>
 #include <kiln/text/tokenizer.hpp>
 #include <kiln/train/trainer.hpp>
+#include "common/kiln_test.hpp"
 #include "common/run.hpp"
 
 using namespace kiln;
+using kt::error_of;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -71,15 +73,6 @@ double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
 template <Backend B> std::vector<float> logits_of(const hf::CausalLM<B>& m, const std::vector<int64_t>& ids) {
   NoGrad ng;
   return m.forward(ids_tensor<B>(ids)).value().template to_vector<float>();
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 std::string load_error(const std::string& dir) {

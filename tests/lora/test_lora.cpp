@@ -25,9 +25,11 @@
 #include <kiln/nn/lora.hpp>
 #include <kiln/nn/loss.hpp>
 #include <kiln/optim/optimizer.hpp>
+#include "common/kiln_test.hpp"
 #include "common/run.hpp"
 
 using namespace kiln;
+using kt::error_of;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -81,15 +83,6 @@ std::vector<float> first_row_logits(const hf::CausalLM<Cpu>& m, const Tensor<Cpu
 }
 
 const char* const kCases[] = {"llama_qv", "llama_mlp_regex", "gpt2_conv1d", "gpt2_c_attn"};
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 }  // namespace
 

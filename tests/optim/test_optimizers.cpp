@@ -176,7 +176,7 @@ TEST_CASE("optimizers: Adafactor keeps factored second moments (m + n numbers fo
   CHECK_THROWS_WITH(opt.load_state_dict(state), Catch::Contains("'row_var.emb' has shape [50, 8], expected [50, 1]"));
 }
 
-TEST_CASE("optimizers: stable kinds, the same from every compiler, and the typeid names an older kiln recorded read as them",
+TEST_CASE("optimizers: stable kinds, the same from every compiler, and the names an older kiln recorded read as them",
           "[optim][checkpoint]") {
   using namespace optim;
   const Params<Cpu> ps{Var<Cpu>(Tensor<Cpu>::ones({4, 3}, DType::f32), true), Var<Cpu>(Tensor<Cpu>::ones({5}, DType::f32), true)};
@@ -184,7 +184,7 @@ TEST_CASE("optimizers: stable kinds, the same from every compiler, and the typei
     std::vector<std::pair<std::unique_ptr<Optimizer<Cpu>>, std::string>> v;
     v.emplace_back(std::make_unique<SGD<Cpu>>(ps.groups(0.1), SGDOptions{}), "sgd");
     v.emplace_back(std::make_unique<Adam<Cpu>>(ps.groups(0.1), AdamOptions{.decoupled = false}), "adam");
-    v.emplace_back(std::make_unique<Adam<Cpu>>(ps.groups(0.1), AdamOptions{.decoupled = true}), "adam");
+    v.emplace_back(std::make_unique<Adam<Cpu>>(ps.groups(0.1), AdamOptions{.decoupled = true}), "adamw");
     v.emplace_back(make<Cpu>("rmsprop", ps), "rmsprop");
     v.emplace_back(make<Cpu>("adagrad_decay", ps), "adagrad");
     v.emplace_back(make<Cpu>("lion", ps), "lion");
@@ -194,10 +194,19 @@ TEST_CASE("optimizers: stable kinds, the same from every compiler, and the typei
   for (const auto& [opt, kind] : all) {
     INFO(kind);
     CHECK(opt->kind() == kind);
-    CHECK(opt->reads_kind(kind));
-    CHECK(opt->reads_kind(typeid(*opt).name()));  // what kind() returned by default before 2026-11-26
-    CHECK(legacy_optimizer_kind(typeid(*opt).name()) == kind);
-    CHECK(!opt->reads_kind(kind == "sgd" ? "adam" : "sgd"));
+    for (const bool legacy : {false, true}) {
+      CHECK(opt->reads_kind(kind, legacy));
+      CHECK(!opt->reads_kind(kind == "sgd" ? "adam" : "sgd", legacy));
+      CHECK(!opt->reads_kind("adamw", legacy) == (kind != "adamw"));
+    }
+    // What kind() returned by default before 2026-11-26, read only as an older kiln's name; "adam" was
+    // AdamW's name too.
+    const std::string old = kind == "adamw" ? "adam" : kind;
+    CHECK(opt->reads_kind(typeid(*opt).name(), true));
+    CHECK(!opt->reads_kind(typeid(*opt).name(), false));
+    CHECK(legacy_optimizer_kind(typeid(*opt).name()) == old);
+    CHECK(opt->reads_kind("adam", true) == (old == "adam"));
+    CHECK(opt->reads_kind("adam", false) == (kind == "adam"));
   }
   // GCC's manglings, written out: any backend, any optimizer of kiln's; the rest is left as it is.
   CHECK(legacy_optimizer_kind("N4kiln5optim4LionINS_3CpuEEE") == "lion");

@@ -15,8 +15,11 @@
 #include <kiln/core/error.hpp>
 #include <kiln/text/tokenizer.hpp>
 
+#include "common/kiln_test.hpp"
+
 using kiln::text::TextStream;
 using kiln::text::Tokenizer;
+using kt::error_of;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
@@ -65,15 +68,6 @@ bool valid_utf8(const std::string& s) {
 }
 
 void write(const std::string& path, const std::string& content) { std::ofstream(path, std::ios::binary) << content; }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const kiln::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 }  // namespace
 

@@ -582,7 +582,7 @@ TEST_CASE("fit: bad options and mismatched resume checkpoints are kiln::Errors n
       {"eval IndexedBatches without a count", [&] { indexed({.steps = 2}, 0); }, {"evaluation data has no batches", "count"}},
       {"a missing resume file", [&] { plain({.steps = 4, .resume_path = (dir / "nope.safetensors").string()}); }, {"nope.safetensors"}},
       {"resume: another model", [&] { plain({.steps = 4, .resume_path = ck}, 12); }, {"fc1.weight", "ck.safetensors"}},
-      {"resume: another optimizer", [&] { plain({.steps = 4, .resume_path = ck}, 16, true); }, {"'adam'", "'sgd'"}},
+      {"resume: another optimizer", [&] { plain({.steps = 4, .resume_path = ck}, 16, true); }, {"'adamw'", "'sgd'"}},
       {"resume: another batch size",
        [&] { plain({.steps = 4, .resume_path = ck}, 16, false, {.batch_size = 4, .shuffle = true, .seed = 1}); },
        {"batch_size 8", "4"}},
@@ -620,27 +620,32 @@ TEST_CASE("fit: bad options and mismatched resume checkpoints are kiln::Errors n
   fs::remove_all(dir);
 }
 
-TEST_CASE("fit: a checkpoint whose optimizer an older kiln recorded by GCC's typeid name resumes exactly, another kind's is refused",
-          "[fit][checkpoint]") {
+TEST_CASE(
+    "fit: a checkpoint whose optimizer an older kiln recorded by GCC's typeid name, or as adam for an AdamW, resumes exactly, "
+    "another kind's is refused",
+    "[fit][checkpoint]") {
   const fs::path dir = temp_dir();
   const std::string ck = (dir / "ck.safetensors").string(), old = (dir / "old.safetensors").string();
   const TensorDataset<C> data = points(40, 10);
-  auto run = [&](int64_t steps, const std::string& save, const std::string& resume) {
+  auto run = [&](int64_t steps, const std::string& save, const std::string& resume, bool decoupled = true) {
     manual_seed(0);
     Net<C> model;
-    optim::Adam<C> opt(model.named_parameters(), {.lr = 1e-2});
+    optim::Adam<C> opt(model.named_parameters(), {.lr = 1e-2, .decoupled = decoupled});
     DataLoader loader(data, {.batch_size = 8, .shuffle = true, .seed = 1});
     const FitResult r =
         fit(model, opt, loader, ce_step(model), {.steps = steps, .checkpoint_path = save, .resume_path = resume, .progress = 0});
     return std::make_pair(r.losses, snapshot(model));
   };
   run(2, ck, "");
-  // The same checkpoint as a kiln of before 2026-11-26 wrote it for a user's optimizer (Optimizer::kind()
-  // defaulted to typeid(*this).name(), the Itanium mangling of GCC and Clang).
-  auto rewrite = [&](const std::string& kind) {
+  // The same checkpoint with another optimizer name; `legacy`: as a kiln of before 2026-11-26 wrote it
+  // (no optimizer_kinds; Optimizer::kind() defaulted to typeid(*this).name(), the Itanium mangling of
+  // GCC and Clang, and AdamW recorded "adam").
+  auto rewrite = [&](const std::string& kind, bool legacy = true) {
     auto meta = safetensors::File::open(ck).metadata();
-    REQUIRE(meta.at("optimizer") == "adam");
+    REQUIRE(meta.at("optimizer") == "adamw");
+    REQUIRE(meta.at("optimizer_kinds") == "2");
     meta["optimizer"] = kind;
+    if (legacy) meta.erase("optimizer_kinds");
     const auto tensors = safetensors::load<C>(ck);
     safetensors::save<C>(old, std::vector<std::pair<std::string, Tensor<C>>>(tensors.begin(), tensors.end()), meta);
   };
@@ -653,10 +658,18 @@ TEST_CASE("fit: a checkpoint whose optimizer an older kiln recorded by GCC's typ
   CHECK(run(4, "", old) == fresh);                // losses and weights, bit for bit
   rewrite("N4kiln5optim4AdamINS_9ReferenceEEE");  // written by another backend's run
   CHECK(run(4, "", old) == fresh);
+  rewrite("adam");  // AdamW's name until 2026-11-26
+  CHECK(run(4, "", old) == fresh);
   rewrite("N4kiln5optim3SGDINS_3CpuEEE");
-  CHECK_THROWS_WITH(run(4, "", old), Catch::Contains("holds the state of optimizer 'sgd', this run uses 'adam'"));
+  CHECK_THROWS_WITH(run(4, "", old), Catch::Contains("holds the state of optimizer 'sgd', this run uses 'adamw'"));
   rewrite("N2me9MyAdamLikeE");
-  CHECK_THROWS_WITH(run(4, "", old), Catch::Contains("'N2me9MyAdamLikeE'") && Catch::Contains("this run uses 'adam'"));
+  CHECK_THROWS_WITH(run(4, "", old), Catch::Contains("'N2me9MyAdamLikeE'") && Catch::Contains("this run uses 'adamw'"));
+  // Stable names: an Adam's checkpoint does not load into an AdamW, nor an AdamW's into an Adam.
+  rewrite("adam", false);
+  CHECK_THROWS_WITH(run(4, "", old), Catch::Contains("holds the state of optimizer 'adam', this run uses 'adamw'"));
+  CHECK_THROWS_WITH(run(4, "", ck, false), Catch::Contains("holds the state of optimizer 'adamw', this run uses 'adam'"));
+  rewrite(adam_old, false);  // a typeid name only in an older kiln's checkpoint
+  CHECK_THROWS_WITH(run(4, "", old), Catch::Contains("holds the state of optimizer 'adam', this run uses 'adamw'"));
   fs::remove_all(dir);
 }
 
