@@ -1,11 +1,11 @@
-// tokenizer.json (Hugging Face `tokenizers`): a BPE model with its normalizer, pre-tokenizer, added
-// tokens, post-processor and decoder, and the rules of tokenizer_config.json that transformers applies
+// tokenizer.json (Hugging Face `tokenizers`): a BPE, Unigram or WordPiece model with its normalizer,
+// pre-tokenizer, added tokens, post-processor and decoder, and the rules of tokenizer_config.json that transformers applies
 // on top. The pipeline, as `tokenizers` runs it (tokenizer/mod.rs, added_vocabulary.rs):
 //   1. split the text on the added tokens that match the raw text (normalized: false), leftmost-longest,
 //      with their lstrip / rstrip / single_word rules;
 //   2. normalize each remaining piece, then split it on the added tokens that match normalized text;
 //   3. pre-tokenize each remaining piece (regex splits through PCRE2, ByteLevel's byte-to-character map,
-//      Metaspace's ▁) and run the BPE model on every word;
+//      Metaspace's ▁, BERT's white space and punctuation) and run the model on every word;
 //   4. the post-processor adds BOS/EOS (TemplateProcessing, or transformers' Llama rule).
 // ByteLevel works on bytes here: instead of spelling each byte as its stand-in character and looking
 // the characters up, the model maps bytes to ids directly (the same ids; the vocabulary is re-keyed by

@@ -11,6 +11,10 @@ classes (which write tokenizer_config.json as the models' repositories hold it).
 converted to tokenizer.json by transformers (LlamaTokenizerFast, legacy and non-legacy layouts), as the
 Llama 2 and Mistral repositories ship it.
 
+BERT-style WordPiece and T5-style Unigram tokenizers are trained with `tokenizers` too (see bert() and
+unigram()); their trainers are not deterministic, so regenerating them (`make_fixtures.py bert_uncased
+...` rewrites only the named ones) gives other, equally valid vocabularies with their own expected ids.
+
 For each tokenizer, fixtures/<name>/expected.json holds, for the test corpus (fixtures/corpus.json; its
 lines joined by newlines in fixtures/corpus.txt):
 every line's ids with and without special tokens, the whole text's ids, and transformers' decode of
