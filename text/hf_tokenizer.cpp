@@ -1,11 +1,11 @@
-// tokenizer.json (Hugging Face `tokenizers`): a BPE model with its normalizer, pre-tokenizer, added
-// tokens, post-processor and decoder, and the rules of tokenizer_config.json that transformers applies
+// tokenizer.json (Hugging Face `tokenizers`): a BPE, Unigram or WordPiece model with its normalizer,
+// pre-tokenizer, added tokens, post-processor and decoder, and the rules of tokenizer_config.json that transformers applies
 // on top. The pipeline, as `tokenizers` runs it (tokenizer/mod.rs, added_vocabulary.rs):
 //   1. split the text on the added tokens that match the raw text (normalized: false), leftmost-longest,
 //      with their lstrip / rstrip / single_word rules;
 //   2. normalize each remaining piece, then split it on the added tokens that match normalized text;
 //   3. pre-tokenize each remaining piece (regex splits through PCRE2, ByteLevel's byte-to-character map,
-//      Metaspace's ▁) and run the BPE model on every word;
+//      Metaspace's ▁, BERT's white space and punctuation) and run the model on every word;
 //   4. the post-processor adds BOS/EOS (TemplateProcessing, or transformers' Llama rule).
 // ByteLevel works on bytes here: instead of spelling each byte as its stand-in character and looking
 // the characters up, the model maps bytes to ids directly (the same ids; the vocabulary is re-keyed by
@@ -133,6 +133,18 @@ uint32_t prev_code_point(std::string_view s, size_t end, size_t& begin) {
   size_t i = begin;
   return next_code_point(s, i);
 }
+// s with every occurrence of `from` (not empty) replaced by `to`, left to right.
+std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  size_t pos = 0, b = 0;
+  while ((b = s.find(from, pos)) != std::string_view::npos) {
+    out.append(s.substr(pos, b - pos));
+    out.append(to);
+    pos = b + from.size();
+  }
+  out.append(s.substr(pos));
+  return out;
+}
 // Rust regex's \w: Alphabetic, marks, decimal digits, connector punctuation, joiners.
 bool is_word_char(uint32_t c) {
   if (c == 0x200C || c == 0x200D) return true;
@@ -214,12 +226,8 @@ class Replace : public Normalizer {
         pos = e;
       }
     } else {
-      if (pattern_.empty()) return;
-      while ((b = s.find(pattern_, pos)) != std::string::npos) {
-        out.append(s, pos, b - pos);
-        out += content_;
-        pos = b + pattern_.size();
-      }
+      if (!pattern_.empty()) s = replace_all(s, pattern_, content_);
+      return;
     }
     if (pos < s.size()) out.append(s, pos);
     s = std::move(out);
@@ -268,6 +276,220 @@ class NormalizerSequence : public Normalizer {
   std::vector<std::unique_ptr<Normalizer>> v_;
 };
 
+// Maps every code point of s through f, which appends its replacement (none: the code point is dropped).
+template <class F> void map_code_points(std::string& s, F f) {
+  std::string out;
+  out.reserve(s.size() + s.size() / 4);
+  for (size_t i = 0; i < s.size();) f(next_code_point(s, i), out);
+  s = std::move(out);
+}
+
+// Rust's char::to_lowercase, one character at a time as tokenizers' NormalizedString::lowercase (no
+// final-sigma rule): utf8proc's simple mapping, and U+0130 (the one character whose full lower case
+// is two) as "i\u0307".
+void append_lowercase(uint32_t c, std::string& out) {
+  if (c < 0x80) {
+    out += static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c);
+  } else if (c == 0x130) {
+    out += "i\xCC\x87";
+  } else {
+    append_utf8(out, static_cast<uint32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))));
+  }
+}
+
+bool is_nonspacing_mark(uint32_t c) { return utf8proc_category(static_cast<utf8proc_int32_t>(c)) == UTF8PROC_CATEGORY_MN; }
+
+class Lowercase : public Normalizer {
+ public:
+  void apply(std::string& s) const override { map_code_points(s, append_lowercase); }
+};
+
+// tokenizers' StripAccents: drops the non-spacing marks (Mn); it does not decompose first.
+class StripAccents : public Normalizer {
+ public:
+  void apply(std::string& s) const override {
+    map_code_points(s, [](uint32_t c, std::string& out) {
+      if (!is_nonspacing_mark(c)) append_utf8(out, c);
+    });
+  }
+};
+
+// tokenizers' Nmt (SentencePiece's nmt_nfkc without the NFKC): drops ASCII control characters and
+// maps a few others to a space.
+class Nmt : public Normalizer {
+ public:
+  void apply(std::string& s) const override {
+    map_code_points(s, [](uint32_t c, std::string& out) {
+      if ((c >= 0x01 && c <= 0x08) || c == 0x0B || (c >= 0x0E && c <= 0x1F) || c == 0x7F || c == 0x8F || c == 0x9F) return;
+      const bool space = c == 0x09 || c == 0x0A || c == 0x0C || c == 0x0D || c == 0x1680 || (c >= 0x200B && c <= 0x200F) || c == 0x2028 ||
+                         c == 0x2029 || c == 0x2581 || c == 0xFEFF || c == 0xFFFD;
+      append_utf8(out, space ? ' ' : c);
+    });
+  }
+};
+
+// BERT's CJK ideographs (tokenizers' normalizers/bert.rs is_chinese_char): the blocks BERT's original
+// code lists.
+bool is_chinese_char(uint32_t c) {
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
+         (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) || (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+// tokenizers' BertNormalizer: clean_text (drop NUL, U+FFFD and the Cc / Cf / Co characters but tab, LF
+// and CR, checked against tokenizers over every code point; every white space to ' '), spaces around CJK ideographs, strip_accents (NFD,
+// then drop the non-spacing marks; default: as lowercase), lowercase, in that order.
+class BertNormalizer : public Normalizer {
+ public:
+  BertNormalizer(bool clean_text, bool chinese, bool strip_accents, bool lowercase)
+      : clean_(clean_text), chinese_(chinese), strip_(strip_accents), lower_(lowercase) {}
+  void apply(std::string& s) const override {
+    if (clean_)
+      map_code_points(s, [](uint32_t c, std::string& out) {
+        if (c == 0 || c == 0xFFFD) return;
+        if (c != '\t' && c != '\n' && c != '\r') {
+          const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+          if (cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CO) return;
+          // the format characters of Unicode 11's tables (tokenizers' unicode_categories crate): those
+          // that became Cf later stay
+          if (cat == UTF8PROC_CATEGORY_CF && !(c == 0x890 || c == 0x891 || c == 0x8E2 || c == 0x110CD || (c >= 0x13430 && c <= 0x1343F)))
+            return;
+        }
+        append_utf8(out, is_white_space(c) ? ' ' : c);
+      });
+    if (chinese_)
+      map_code_points(s, [](uint32_t c, std::string& out) {
+        if (is_chinese_char(c)) out += ' ';
+        append_utf8(out, c);
+        if (is_chinese_char(c)) out += ' ';
+      });
+    if (strip_) {
+      nfd_.apply(s);
+      map_code_points(s, [](uint32_t c, std::string& out) {
+        if (!is_nonspacing_mark(c)) append_utf8(out, c);
+      });
+    }
+    if (lower_) map_code_points(s, append_lowercase);
+  }
+
+ private:
+  bool clean_, chinese_, strip_, lower_;
+  UnicodeNormalizer nfd_{UTF8PROC_STABLE | UTF8PROC_DECOMPOSE};
+};
+
+// tokenizers' Precompiled (spm_precompiled): SentencePiece's compiled normalization rules, as T5, ALBERT
+// and XLNet conversions carry them: a darts-clone double-array trie over the UTF-8 of the sources whose
+// values index NUL-terminated replacements. Each extended grapheme cluster shorter than 6 bytes is
+// replaced by the replacement of its shortest prefix that has one (tokenizers does it so, against
+// XNLI); otherwise each of its characters by its own replacement, if any.
+class Precompiled : public Normalizer {
+ public:
+  Precompiled(const std::string& blob, const Ctx& ctx, const std::string& field) {
+    auto bad = [&](const std::string& what) { ctx.fail(field + ".precompiled_charsmap", what); };
+    if (blob.size() < 4) bad("is shorter than its 4-byte header");
+    uint32_t trie_bytes = 0;
+    std::memcpy(&trie_bytes, blob.data(), 4);
+    if (trie_bytes % 4 != 0 || blob.size() - 4 < trie_bytes)
+      bad(fmt::format("names a trie of {} bytes in {} bytes", trie_bytes, blob.size()));
+    units_.resize(trie_bytes / 4);
+    std::memcpy(units_.data(), blob.data() + 4, trie_bytes);
+    normalized_ = blob.substr(4 + trie_bytes);
+    if (units_.empty()) bad("has an empty trie");
+  }
+  void apply(std::string& s) const override {
+    if (s.empty()) return;
+    std::string out;
+    out.reserve(s.size());
+    utf8proc_int32_t state = 0;
+    size_t g = 0;  // start of the current grapheme
+    for (size_t i = 0; i < s.size();) {
+      const auto c = static_cast<utf8proc_int32_t>(next_code_point(s, i));
+      if (i < s.size()) {
+        size_t j = i;
+        const auto next = static_cast<utf8proc_int32_t>(next_code_point(s, j));
+        if (!utf8proc_grapheme_break_stateful(c, next, &state)) continue;
+      }
+      grapheme(std::string_view(s).substr(g, i - g), out);
+      g = i;
+    }
+    s = std::move(out);
+  }
+
+ private:
+  // The replacement of the shortest prefix of `key` that has one.
+  std::optional<std::string_view> transform(std::string_view key) const {
+    size_t pos = 0;
+    uint32_t unit = units_[0];
+    pos ^= offset(unit);
+    for (const char ch : key) {
+      const auto c = static_cast<uint8_t>(ch);
+      if (c == 0) break;
+      pos ^= c;
+      if (pos >= units_.size()) return std::nullopt;
+      unit = units_[pos];
+      if ((unit & ((1u << 31) | 0xFFu)) != c) return std::nullopt;
+      pos ^= offset(unit);
+      if (pos >= units_.size()) return std::nullopt;
+      if ((unit >> 8) & 1u) {
+        const size_t v = units_[pos] & ((1u << 31) - 1);
+        if (v >= normalized_.size()) return std::nullopt;
+        const size_t e = normalized_.find('\0', v);
+        return std::string_view(normalized_).substr(v, (e == std::string::npos ? normalized_.size() : e) - v);
+      }
+    }
+    return std::nullopt;
+  }
+  static size_t offset(uint32_t unit) { return (unit >> 10) << ((unit & (1u << 9)) >> 6); }
+  void grapheme(std::string_view g, std::string& out) const {
+    if (g.size() < 6) {
+      if (const auto n = transform(g)) {
+        out.append(*n);
+        return;
+      }
+    }
+    for (size_t i = 0; i < g.size();) {
+      const size_t b = i;
+      next_code_point(g, i);
+      const std::string_view part = g.substr(b, i - b);
+      const auto n = transform(part);
+      out.append(n ? *n : part);
+    }
+  }
+
+  std::vector<uint32_t> units_;
+  std::string normalized_;
+};
+
+// Standard base64 (the precompiled_charsmap of tokenizer.json).
+std::string base64_decode(const std::string& in, const Ctx& ctx, const std::string& field) {
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (const char ch : in) {
+    int v = -1;
+    if (ch >= 'A' && ch <= 'Z')
+      v = ch - 'A';
+    else if (ch >= 'a' && ch <= 'z')
+      v = ch - 'a' + 26;
+    else if (ch >= '0' && ch <= '9')
+      v = ch - '0' + 52;
+    else if (ch == '+')
+      v = 62;
+    else if (ch == '/')
+      v = 63;
+    else if (ch == '=')
+      break;
+    else
+      ctx.fail(field, "is not base64");
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((acc >> bits) & 0xFF);
+    }
+  }
+  return out;
+}
+
 // The "pattern" of Split / Replace: {"String": "..."} or {"Regex": "..."}.
 std::pair<std::string, std::unique_ptr<Regex>> parse_pattern(const json& j, const Ctx& ctx, const std::string& field) {
   const json& p = ctx.get(j, field, "pattern");
@@ -291,6 +513,22 @@ std::unique_ptr<Normalizer> parse_normalizer(const json& j, const Ctx& ctx, cons
   }
   if (type == "Strip")
     return std::make_unique<Strip>(ctx.boolean(j, field, "strip_left", false), ctx.boolean(j, field, "strip_right", false));
+  if (type == "Lowercase") return std::make_unique<Lowercase>();
+  if (type == "Precompiled") {
+    const json& m = ctx.get(j, field, "precompiled_charsmap");
+    if (m.is_null()) return nullptr;  // tokenizers: no charsmap, no normalization
+    if (!m.is_string()) ctx.fail(field + ".precompiled_charsmap", "must be a base64 string");
+    const std::string blob = base64_decode(m.get<std::string>(), ctx, field + ".precompiled_charsmap");
+    if (blob.empty()) return nullptr;
+    return std::make_unique<Precompiled>(blob, ctx, field);
+  }
+  if (type == "StripAccents") return std::make_unique<StripAccents>();
+  if (type == "Nmt") return std::make_unique<Nmt>();
+  if (type == "BertNormalizer") {
+    const bool lowercase = ctx.boolean(j, field, "lowercase", true);
+    return std::make_unique<BertNormalizer>(ctx.boolean(j, field, "clean_text", true), ctx.boolean(j, field, "handle_chinese_chars", true),
+                                            ctx.boolean(j, field, "strip_accents", lowercase), lowercase);
+  }
   if (type == "Sequence") {
     const json& list = ctx.get(j, field, "normalizers");
     if (!list.is_array()) ctx.fail(field + ".normalizers", "must be a list");
@@ -300,7 +538,9 @@ std::unique_ptr<Normalizer> parse_normalizer(const json& j, const Ctx& ctx, cons
     return std::make_unique<NormalizerSequence>(std::move(v));
   }
   ctx.fail(field + ".type",
-           fmt::format("the normalizer '{}' is not supported (kiln: NFC, NFD, NFKC, NFKD, Prepend, Replace, Strip, Sequence)", type));
+           fmt::format("the normalizer '{}' is not supported (kiln: NFC, NFD, NFKC, NFKD, Prepend, Replace, Strip, Lowercase, "
+                       "StripAccents, Nmt, BertNormalizer, Sequence)",
+                       type));
 }
 
 // ---------------------------------------------------------------------------------------- pre-tokenizers
@@ -319,8 +559,12 @@ class PreTokenizer {
 
 enum class Behavior { Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous };
 
-// Splits every piece on the matches of a pattern, as tokenizers' NormalizedString::split.
-void split_pieces(const std::string& buf, std::vector<Piece>& pieces, const Regex* re, const std::string& literal, Behavior behavior) {
+using CharClass = bool (*)(uint32_t);
+
+// Splits every piece on the matches of a pattern (a regex, a literal, or each character of a class),
+// as tokenizers' NormalizedString::split.
+void split_pieces(const std::string& buf, std::vector<Piece>& pieces, const Regex* re, const std::string& literal, Behavior behavior,
+                  CharClass char_class = nullptr) {
   std::vector<Piece> out;
   out.reserve(pieces.size() * 4);
   for (const Piece& p : pieces) {
@@ -328,7 +572,16 @@ void split_pieces(const std::string& buf, std::vector<Piece>& pieces, const Rege
     // (begin, end, is_match) spans covering s
     std::vector<std::tuple<size_t, size_t, bool>> spans;
     size_t pos = 0, b = 0, e = 0;
-    while (pos < s.size()) {
+    if (char_class) {  // every character of the class is a match of its own
+      for (size_t i = 0; i < s.size();) {
+        const size_t cb = i;
+        if (!char_class(next_code_point(s, i))) continue;
+        if (cb > pos) spans.emplace_back(pos, cb, false);
+        spans.emplace_back(cb, i, true);
+        pos = i;
+      }
+    }
+    while (!char_class && pos < s.size()) {
       bool found = false;
       if (re) {
         found = re->find(s, pos, b, e);
@@ -466,6 +719,60 @@ class MetaspacePre : public PreTokenizer {
   bool split_;
 };
 
+// Rust's char::is_ascii_punctuation || unicode_categories' is_punctuation (Pc Pd Ps Pe Pi Pf Po).
+bool is_bert_punctuation(uint32_t c) {
+  if (c < 0x80) return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) || (c >= 0x7B && c <= 0x7E);
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
+    case UTF8PROC_CATEGORY_PC:
+    case UTF8PROC_CATEGORY_PD:
+    case UTF8PROC_CATEGORY_PS:
+    case UTF8PROC_CATEGORY_PE:
+    case UTF8PROC_CATEGORY_PI:
+    case UTF8PROC_CATEGORY_PF:
+    case UTF8PROC_CATEGORY_PO:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Splits on a character class: BertPreTokenizer (white space removed, then each punctuation character
+// apart), WhitespaceSplit, Punctuation.
+class CharSplitPre : public PreTokenizer {
+ public:
+  CharSplitPre(CharClass cls, Behavior b) : cls_(cls), behavior_(b) {}
+  void apply(std::string& buf, std::vector<Piece>& pieces) const override { split_pieces(buf, pieces, nullptr, {}, behavior_, cls_); }
+
+ private:
+  CharClass cls_;
+  Behavior behavior_;
+};
+
+// tokenizers' Whitespace: the runs of \w+ and of [^\w\s]+ (Rust regex classes); white space is dropped.
+class WhitespacePre : public PreTokenizer {
+ public:
+  void apply(std::string& buf, std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    for (const Piece& p : pieces) {
+      const std::string_view s(buf.data() + p.begin, p.end - p.begin);
+      size_t run = 0;
+      int kind = 0;  // of the open run: 0 none, 1 word, 2 other
+      for (size_t i = 0; i < s.size();) {
+        const size_t cb = i;
+        const uint32_t c = next_code_point(s, i);
+        const int k = is_word_char(c) ? 1 : is_white_space(c) ? 0 : 2;
+        if (k != kind) {
+          if (kind) out.push_back({static_cast<uint32_t>(p.begin + run), static_cast<uint32_t>(p.begin + cb), p.first && run == 0});
+          run = cb;
+          kind = k;
+        }
+      }
+      if (kind) out.push_back({static_cast<uint32_t>(p.begin + run), p.end, p.first && run == 0});
+    }
+    pieces = std::move(out);
+  }
+};
+
 class PreSequence : public PreTokenizer {
  public:
   explicit PreSequence(std::vector<std::unique_ptr<PreTokenizer>> v) : v_(std::move(v)) {}
@@ -479,6 +786,19 @@ class PreSequence : public PreTokenizer {
   std::vector<std::unique_ptr<PreTokenizer>> v_;
 };
 
+Behavior parse_behavior(const std::string& b, const Ctx& ctx, const std::string& field) {
+  static const std::map<std::string, Behavior> kBehaviors{{"Isolated", Behavior::Isolated},
+                                                          {"Removed", Behavior::Removed},
+                                                          {"MergedWithPrevious", Behavior::MergedWithPrevious},
+                                                          {"MergedWithNext", Behavior::MergedWithNext},
+                                                          {"Contiguous", Behavior::Contiguous}};
+  const auto it = kBehaviors.find(b);
+  if (it == kBehaviors.end())
+    ctx.fail(field + ".behavior",
+             fmt::format("'{}' is not a split behavior (Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous)", b));
+  return it->second;
+}
+
 std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& j, const Ctx& ctx, const std::string& field) {
   if (j.is_null()) return nullptr;
   const std::string type = ctx.str(j, field, "type");
@@ -487,18 +807,9 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& j, const Ctx& ctx,
                                           field);
   if (type == "Split") {
     auto [pattern, re] = parse_pattern(j, ctx, field);
-    const std::string b = ctx.str(j, field, "behavior");
-    static const std::map<std::string, Behavior> kBehaviors{{"Isolated", Behavior::Isolated},
-                                                            {"Removed", Behavior::Removed},
-                                                            {"MergedWithPrevious", Behavior::MergedWithPrevious},
-                                                            {"MergedWithNext", Behavior::MergedWithNext},
-                                                            {"Contiguous", Behavior::Contiguous}};
-    const auto it = kBehaviors.find(b);
-    if (it == kBehaviors.end())
-      ctx.fail(field + ".behavior",
-               fmt::format("'{}' is not a split behavior (Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous)", b));
+    const Behavior behavior = parse_behavior(ctx.str(j, field, "behavior"), ctx, field);
     if (ctx.boolean(j, field, "invert", false)) ctx.fail(field + ".invert", "an inverted split is not supported by kiln");
-    return std::make_unique<SplitPre>(pattern, std::move(re), it->second);
+    return std::make_unique<SplitPre>(pattern, std::move(re), behavior);
   }
   if (type == "Metaspace") {
     std::string rep = ctx.str(j, field, "replacement");
@@ -518,6 +829,18 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& j, const Ctx& ctx,
     }
     return std::make_unique<MetaspacePre>(rep, scheme, ctx.boolean(j, field, "split", true));
   }
+  if (type == "BertPreTokenizer") {
+    auto seq = std::vector<std::unique_ptr<PreTokenizer>>{};
+    seq.push_back(std::make_unique<CharSplitPre>(is_white_space, Behavior::Removed));
+    seq.push_back(std::make_unique<CharSplitPre>(is_bert_punctuation, Behavior::Isolated));
+    return std::make_unique<PreSequence>(std::move(seq));
+  }
+  if (type == "WhitespaceSplit") return std::make_unique<CharSplitPre>(is_white_space, Behavior::Removed);
+  if (type == "Whitespace") return std::make_unique<WhitespacePre>();
+  if (type == "Punctuation") {
+    const std::string b = j.contains("behavior") ? ctx.str(j, field, "behavior") : "Isolated";
+    return std::make_unique<CharSplitPre>(is_bert_punctuation, parse_behavior(b, ctx, field));
+  }
   if (type == "Digits") {
     const bool individual = ctx.boolean(j, field, "individual_digits", false);
     return std::make_unique<SplitPre>("", std::make_unique<Regex>(individual ? "\\p{N}" : "\\p{N}+", ctx, field), Behavior::Isolated);
@@ -534,7 +857,9 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& j, const Ctx& ctx,
     return std::make_unique<PreSequence>(std::move(v));
   }
   ctx.fail(field + ".type",
-           fmt::format("the pre-tokenizer '{}' is not supported (kiln: ByteLevel, Split, Metaspace, Digits, Sequence)", type));
+           fmt::format("the pre-tokenizer '{}' is not supported (kiln: ByteLevel, Split, Metaspace, Digits, BertPreTokenizer, "
+                       "Whitespace, WhitespaceSplit, Punctuation, Sequence)",
+                       type));
 }
 
 // ---------------------------------------------------------------------------------------- decoders
@@ -575,17 +900,7 @@ class ReplaceDecoder : public Decoder {
   ReplaceDecoder(std::string pattern, std::string content) : pattern_(std::move(pattern)), content_(std::move(content)) {}
   void apply(std::vector<std::string>& tokens) const override {
     if (pattern_.empty()) return;
-    for (std::string& t : tokens) {
-      std::string out;
-      size_t pos = 0, b = 0;
-      while ((b = t.find(pattern_, pos)) != std::string::npos) {
-        out.append(t, pos, b - pos);
-        out += content_;
-        pos = b + pattern_.size();
-      }
-      out.append(t, pos);
-      t = std::move(out);
-    }
+    for (std::string& t : tokens) t = replace_all(t, pattern_, content_);
   }
 
  private:
@@ -688,6 +1003,33 @@ class MetaspaceDecoder : public Decoder {
   PrependScheme scheme_;
 };
 
+// tokenizers' WordPiece decoder: a later token loses its prefix ("##") or gains a space; with cleanup,
+// each token as its cleanup() (" ." -> ".", " n't" -> "n't", " do not" -> " don't", ...).
+class WordPieceDecoder : public Decoder {
+ public:
+  WordPieceDecoder(std::string prefix, bool cleanup) : prefix_(std::move(prefix)), cleanup_(cleanup) {}
+  void apply(std::vector<std::string>& tokens) const override {
+    static const std::pair<std::string_view, std::string_view> kRules[] = {
+        {" .", "."},   {" ?", "?"},           {" !", "!"},   {" ,", ","},     {" ' ", "'"},   {" n't", "n't"},
+        {" 'm", "'m"}, {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      std::string& t = tokens[i];
+      if (i > 0) {
+        if (!prefix_.empty() && t.compare(0, prefix_.size(), prefix_) == 0)
+          t.erase(0, prefix_.size());
+        else
+          t.insert(0, " ");
+      }
+      if (cleanup_)
+        for (const auto& [from, to] : kRules) t = replace_all(t, from, to);
+    }
+  }
+
+ private:
+  std::string prefix_;
+  bool cleanup_;
+};
+
 class DecoderSequence : public Decoder {
  public:
   explicit DecoderSequence(std::vector<std::unique_ptr<Decoder>> v) : v_(std::move(v)) {}
@@ -709,6 +1051,9 @@ std::unique_ptr<Decoder> parse_decoder(const json& j, const Ctx& ctx, const std:
     return std::make_unique<ReplaceDecoder>(pattern, ctx.str(j, field, "content"));
   }
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
+  if (type == "WordPiece")
+    return std::make_unique<WordPieceDecoder>(j.contains("prefix") ? ctx.str(j, field, "prefix") : "##",
+                                              ctx.boolean(j, field, "cleanup", true));
   if (type == "Fuse") return std::make_unique<FuseDecoder>();
   if (type == "Strip") {
     const std::string c = ctx.str(j, field, "content");
@@ -739,9 +1084,10 @@ std::unique_ptr<Decoder> parse_decoder(const json& j, const Ctx& ctx, const std:
       if (auto d = parse_decoder(list[i], ctx, fmt::format("{}.decoders[{}]", field, i))) v.push_back(std::move(d));
     return std::make_unique<DecoderSequence>(std::move(v));
   }
-  ctx.fail(
-      field + ".type",
-      fmt::format("the decoder '{}' is not supported (kiln: ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence)", type));
+  ctx.fail(field + ".type",
+           fmt::format("the decoder '{}' is not supported (kiln: ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, WordPiece, "
+                       "Sequence)",
+                       type));
 }
 
 // ---------------------------------------------------------------------------------------- the tokenizer
@@ -825,6 +1171,13 @@ class HfTokenizer : public Tokenizer::Impl {
 
  private:
   void parse_model(const json& m, const Ctx& ctx);
+  void parse_bpe(const json& m, const Ctx& ctx);
+  void parse_unigram(const json& m, const Ctx& ctx);
+  void parse_wordpiece(const json& m, const Ctx& ctx);
+  // The vocabulary of a model: id -> piece, piece -> id.
+  void set_vocab(std::vector<std::string> pieces, const Ctx& ctx);
+  void parse_vocab_object(const json& vocab, const Ctx& ctx);
+  void parse_merges(const json& merges, const Ctx& ctx);
   void parse_added(const json& list, const Ctx& ctx);
   void parse_post_processor(const json& j, const Ctx& ctx, const std::string& field);
   void read_config(const std::string& config_path);
@@ -832,12 +1185,17 @@ class HfTokenizer : public Tokenizer::Impl {
   template <class OnText, class OnToken>
   void split_added(std::string_view s, const TokenMatcher& m, OnText on_text, OnToken on_token) const;
   void encode_piece(std::string_view text, bool first, std::vector<int32_t>& ids) const;
-  void bpe(std::string_view word, std::vector<int32_t>& out) const;
+  // The model's ids of one pre-tokenized word (cached), by the model's kind.
+  void tokenize_word(std::string_view word, std::vector<int32_t>& out) const;
   void bpe_uncached(std::string_view word, std::vector<int32_t>& out) const;
+  void unigram(std::string_view word, std::vector<int32_t>& out) const;
+  void wordpiece(std::string_view word, std::vector<int32_t>& out) const;
+  int32_t require_unk(const char* why) const;
   // The initial symbols of a word (characters or bytes) with byte fallback / unk as tokenizers does.
   void initial_symbols(std::string_view word, std::vector<int32_t>& syms) const;
 
   // model
+  enum class Kind { BPE, Unigram, WordPiece } kind_ = Kind::BPE;
   StringMap<int32_t> vocab_;       // piece -> id, as in the file
   StringMap<int32_t> byte_vocab_;  // byte-level: the bytes a piece stands for -> id
   std::vector<std::string> id_to_token_;
@@ -848,6 +1206,18 @@ class HfTokenizer : public Tokenizer::Impl {
   std::optional<int32_t> unk_id_;
   bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
   bool byte_level_ = false;
+  // Unigram: each piece's score, a trie of the pieces' bytes, the score of an unknown character
+  std::vector<double> scores_;
+  struct TrieNode {
+    std::vector<std::pair<uint8_t, int32_t>> next;  // byte -> node, sorted
+    int32_t id = -1;                                // the piece that ends here
+  };
+  std::vector<TrieNode> trie_{1};
+  double unk_score_ = 0;
+  // WordPiece: the prefix of a word's later pieces, the longest piece (bytes), the longest word (chars)
+  std::string continuing_prefix_;
+  size_t max_piece_bytes_ = 0, max_input_chars_ = 100;
+  std::string unk_name_;  // for messages
   // pipeline
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> pre_;
@@ -919,18 +1289,110 @@ HfTokenizer::HfTokenizer(const std::string& json_path, const std::string& config
   vocab_size = static_cast<int32_t>(id_to_token_.size());
   for (const AddedToken& t : added_) vocab_size = std::max(vocab_size, t.id + 1);
   read_config(config_path);
-  description = fmt::format("tokenizer.json (BPE{}{}, {} tokens)", byte_level_ ? ", byte-level" : "",
+  if (byte_level_ && kind_ != Kind::BPE)
+    ctx.fail("pre_tokenizer", "kiln supports the ByteLevel pre-tokenizer with a BPE model only (this model is Unigram or WordPiece)");
+  static constexpr const char* kKindNames[] = {"BPE", "Unigram", "WordPiece"};
+  description = fmt::format("tokenizer.json ({}{}{}, {} tokens)", kKindNames[static_cast<int>(kind_)], byte_level_ ? ", byte-level" : "",
                             byte_fallback_ ? ", byte fallback" : "", vocab_size);
 }
 
 void HfTokenizer::parse_model(const json& m, const Ctx& ctx) {
   if (!m.is_object()) ctx.fail("model", "must be an object");
-  const std::string type = m.contains("type") ? ctx.str(m, "model", "type") : (m.contains("merges") ? "BPE" : "(none)");
-  if (type != "BPE")
-    ctx.fail("model.type",
-             fmt::format("the model type '{}' is not supported (kiln reads BPE tokenizer.json files; a SentencePiece tokenizer.model "
-                         "through libsentencepiece)",
-                         type));
+  // as tokenizers' ModelWrapper: without "type", the keys tell (merges: BPE, a list vocab: Unigram)
+  const std::string type = m.contains("type")                                               ? ctx.str(m, "model", "type")
+                           : m.contains("merges")                                           ? "BPE"
+                           : m.contains("vocab") && m.at("vocab").is_array()                ? "Unigram"
+                           : m.contains("continuing_subword_prefix") && m.contains("vocab") ? "WordPiece"
+                                                                                            : "(none)";
+  if (type == "BPE") return parse_bpe(m, ctx);
+  if (type == "Unigram") return parse_unigram(m, ctx);
+  if (type == "WordPiece") return parse_wordpiece(m, ctx);
+  ctx.fail("model.type", fmt::format("the model type '{}' is not supported (kiln: BPE, Unigram, WordPiece; a SentencePiece "
+                                     "tokenizer.model through libsentencepiece)",
+                                     type));
+}
+
+void HfTokenizer::set_vocab(std::vector<std::string> pieces, const Ctx& ctx) {
+  id_to_token_ = std::move(pieces);
+  has_token_.assign(id_to_token_.size(), 1);
+  vocab_.reserve(id_to_token_.size());
+  for (size_t i = 0; i < id_to_token_.size(); ++i) vocab_[id_to_token_[i]] = static_cast<int32_t>(i);  // a piece twice: the last id
+  (void)ctx;
+}
+
+// tokenizers' Unigram (models/unigram): {"type": "Unigram", "unk_id": n | null, "vocab": [[piece, score], ...],
+// "byte_fallback": bool}.
+void HfTokenizer::parse_unigram(const json& m, const Ctx& ctx) {
+  kind_ = Kind::Unigram;
+  for (const auto& [k, v] : m.items()) {
+    static const std::vector<std::string> kKnown{"type", "unk_id", "vocab", "byte_fallback"};
+    if (std::find(kKnown.begin(), kKnown.end(), k) == kKnown.end()) ctx.fail("model." + k, "unknown key of a Unigram model");
+  }
+  const json& vocab = ctx.get(m, "model", "vocab");
+  if (!vocab.is_array()) ctx.fail("model.vocab", "must be a list of [piece, score]");
+  KILN_CHECK(vocab.size() < size_t{1} << 26, "tokenizer: {}: model.vocab: {} pieces is implausibly many", ctx.file, vocab.size());
+  std::vector<std::string> pieces;
+  pieces.reserve(vocab.size());
+  scores_.reserve(vocab.size());
+  for (size_t i = 0; i < vocab.size(); ++i) {
+    const json& e = vocab[i];
+    if (!e.is_array() || e.size() != 2 || !e[0].is_string() || !e[1].is_number())
+      ctx.fail(fmt::format("model.vocab[{}]", i), "must be [piece, score]");
+    pieces.push_back(e[0].get<std::string>());
+    scores_.push_back(e[1].get<double>());
+  }
+  if (pieces.empty()) ctx.fail("model.vocab", "is empty");
+  if (m.contains("unk_id") && !m.at("unk_id").is_null()) {
+    const json& u = m.at("unk_id");
+    if (!u.is_number_integer() || u.get<int64_t>() < 0 || u.get<int64_t>() >= static_cast<int64_t>(pieces.size()))
+      ctx.fail("model.unk_id", fmt::format("must be an id in [0, {})", pieces.size()));
+    unk_id_ = u.get<int32_t>();
+  }
+  byte_fallback_ = ctx.boolean(m, "model", "byte_fallback", false);
+  fuse_unk_ = true;  // Unigram always fuses unknown characters
+  // tokenizers: the unknown character's score is the lowest score less 10 (kUnkPenalty)
+  unk_score_ = *std::min_element(scores_.begin(), scores_.end()) - 10.0;
+  for (size_t id = 0; id < pieces.size(); ++id) {
+    const std::string& p = pieces[id];
+    int32_t node = 0;
+    for (const unsigned char b : p) {
+      auto& next = trie_[node].next;
+      auto it = std::lower_bound(next.begin(), next.end(), b, [](const auto& e, uint8_t x) { return e.first < x; });
+      if (it == next.end() || it->first != b) {
+        const auto child = static_cast<int32_t>(trie_.size());
+        it = next.insert(it, {b, child});
+        trie_.emplace_back();
+        node = child;
+      } else {
+        node = it->second;
+      }
+    }
+    if (node != 0) trie_[node].id = static_cast<int32_t>(id);  // a piece twice: the last id, as token_to_ids
+  }
+  set_vocab(std::move(pieces), ctx);
+}
+
+// tokenizers' WordPiece: {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+// "max_input_chars_per_word": 100, "vocab": {piece: id}}.
+void HfTokenizer::parse_wordpiece(const json& m, const Ctx& ctx) {
+  kind_ = Kind::WordPiece;
+  for (const auto& [k, v] : m.items()) {
+    static const std::vector<std::string> kKnown{"type", "unk_token", "continuing_subword_prefix", "max_input_chars_per_word", "vocab"};
+    if (std::find(kKnown.begin(), kKnown.end(), k) == kKnown.end()) ctx.fail("model." + k, "unknown key of a WordPiece model");
+  }
+  unk_name_ = m.contains("unk_token") ? ctx.str(m, "model", "unk_token") : "[UNK]";
+  continuing_prefix_ = m.contains("continuing_subword_prefix") ? ctx.str(m, "model", "continuing_subword_prefix") : "##";
+  if (m.contains("max_input_chars_per_word")) {
+    const json& n = m.at("max_input_chars_per_word");
+    if (!n.is_number_unsigned()) ctx.fail("model.max_input_chars_per_word", "must be a count");
+    max_input_chars_ = n.get<size_t>();
+  }
+  parse_vocab_object(ctx.get(m, "model", "vocab"), ctx);
+  for (const auto& [piece, id] : vocab_) max_piece_bytes_ = std::max(max_piece_bytes_, piece.size());
+  if (const auto it = vocab_.find(unk_name_); it != vocab_.end()) unk_id_ = it->second;
+}
+
+void HfTokenizer::parse_bpe(const json& m, const Ctx& ctx) {
   for (const auto& [k, v] : m.items()) {
     static const std::vector<std::string> kKnown{
         "type",          "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", "byte_fallback",
@@ -945,7 +1407,18 @@ void HfTokenizer::parse_model(const json& m, const Ctx& ctx) {
   fuse_unk_ = ctx.boolean(m, "model", "fuse_unk", false);
   byte_fallback_ = ctx.boolean(m, "model", "byte_fallback", false);
   ignore_merges_ = ctx.boolean(m, "model", "ignore_merges", false);
-  const json& vocab = ctx.get(m, "model", "vocab");
+  parse_vocab_object(ctx.get(m, "model", "vocab"), ctx);
+  if (m.contains("unk_token") && !m.at("unk_token").is_null()) {
+    const std::string unk_name = ctx.str(m, "model", "unk_token");
+    const auto it = vocab_.find(unk_name);
+    if (it == vocab_.end()) ctx.fail("model.unk_token", fmt::format("'{}' is not in the vocabulary", unk_name));
+    unk_id_ = it->second;
+  }
+  parse_merges(ctx.get(m, "model", "merges"), ctx);
+}
+
+// {piece: id} (BPE, WordPiece)
+void HfTokenizer::parse_vocab_object(const json& vocab, const Ctx& ctx) {
   if (!vocab.is_object()) ctx.fail("model.vocab", "must be an object mapping tokens to ids");
   int64_t max_id = -1;
   for (const auto& [piece, idj] : vocab.items()) {
@@ -963,13 +1436,9 @@ void HfTokenizer::parse_model(const json& m, const Ctx& ctx) {
     has_token_[id] = 1;
     vocab_.emplace(piece, id);
   }
-  if (m.contains("unk_token") && !m.at("unk_token").is_null()) {
-    const std::string unk_name = ctx.str(m, "model", "unk_token");
-    const auto it = vocab_.find(unk_name);
-    if (it == vocab_.end()) ctx.fail("model.unk_token", fmt::format("'{}' is not in the vocabulary", unk_name));
-    unk_id_ = it->second;
-  }
-  const json& merges = ctx.get(m, "model", "merges");
+}
+
+void HfTokenizer::parse_merges(const json& merges, const Ctx& ctx) {
   if (!merges.is_array()) ctx.fail("model.merges", "must be a list");
   merges_.reserve(merges.size() * 2);
   for (size_t r = 0; r < merges.size(); ++r) {
@@ -1044,6 +1513,17 @@ void HfTokenizer::parse_post_processor(const json& j, const Ctx& ctx, const std:
     for (size_t i = 0; i < list.size(); ++i) parse_post_processor(list[i], ctx, fmt::format("{}.processors[{}]", field, i));
     return;
   }
+  if (type == "BertProcessing" || type == "RobertaProcessing") {  // single: CLS $A SEP
+    auto special = [&](const char* key) {
+      const json& t = ctx.get(j, field, key);
+      if (!t.is_array() || t.size() != 2 || !t[0].is_string() || !t[1].is_number_integer() || t[1].get<int64_t>() < 0)
+        ctx.fail(field + "." + key, "must be [token, id]");
+      return t[1].get<int32_t>();
+    };
+    prefix_ids_.push_back(special("cls"));
+    suffix_ids_.push_back(special("sep"));
+    return;
+  }
   if (type == "TemplateProcessing") {
     const json& single = ctx.get(j, field, "single");
     const json& specials = ctx.get(j, field, "special_tokens");
@@ -1071,7 +1551,9 @@ void HfTokenizer::parse_post_processor(const json& j, const Ctx& ctx, const std:
     if (!seen_a) ctx.fail(field + ".single", "has no $A");
     return;
   }
-  ctx.fail(field + ".type", fmt::format("the post-processor '{}' is not supported (kiln: ByteLevel, TemplateProcessing, Sequence)", type));
+  ctx.fail(field + ".type", fmt::format("the post-processor '{}' is not supported (kiln: ByteLevel, TemplateProcessing, BertProcessing, "
+                                        "RobertaProcessing, Sequence)",
+                                        type));
 }
 
 // tokenizer_config.json: the special tokens' names, transformers' Llama BOS/EOS rule, clean-up.
@@ -1186,13 +1668,13 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
 void HfTokenizer::encode_piece(std::string_view text, bool first, std::vector<int32_t>& ids) const {
   if (text.empty()) return;
   if (!pre_) {
-    bpe(text, ids);
+    tokenize_word(text, ids);
     return;
   }
   std::string buf(text);
   std::vector<Piece> pieces{{0, static_cast<uint32_t>(buf.size()), first}};
   pre_->apply(buf, pieces);
-  for (const Piece& p : pieces) bpe(std::string_view(buf).substr(p.begin, p.end - p.begin), ids);
+  for (const Piece& p : pieces) tokenize_word(std::string_view(buf).substr(p.begin, p.end - p.begin), ids);
 }
 
 void HfTokenizer::initial_symbols(std::string_view word, std::vector<int32_t>& syms) const {
@@ -1288,9 +1770,141 @@ void HfTokenizer::bpe_uncached(std::string_view word, std::vector<int32_t>& out)
   out.insert(out.end(), syms.begin(), syms.end());
 }
 
-void HfTokenizer::bpe(std::string_view word, std::vector<int32_t>& out) const {
+int32_t HfTokenizer::require_unk(const char* why) const {
+  if (unk_id_) return *unk_id_;
+  if (kind_ == Kind::WordPiece) fail("tokenizer encode: {}: {}, but model.unk_token '{}' is not in the vocabulary", path, why, unk_name_);
+  fail("tokenizer encode: {}: {}, but the model has no unk_id", path, why);
+}
+
+// tokenizers' Unigram::encode_optimized: the best-scoring segmentation (Viterbi over the pieces that
+// start at each character; an uncovered character is unknown at the lowest score less 10); runs of
+// unknown characters fuse into one unknown token; with byte_fallback a piece not in the vocabulary
+// becomes its <0xXX> byte pieces.
+void HfTokenizer::unigram(std::string_view word, std::vector<int32_t>& out) const {
+  if (word.empty()) return;
+  const size_t n = word.size();
+  struct Node {
+    int32_t id = -1;  // -1: not reached; kUnk: an unknown character
+    double score = 0;
+    size_t start = 0;
+  };
+  constexpr int32_t kUnk = -2;
+  std::vector<Node> best(n + 1);
+  best[0].id = 0;
+  for (size_t start = 0; start < n;) {
+    const double base = best[start].score;
+    size_t next_char = start;
+    next_code_point(word, next_char);
+    const size_t char_len = next_char - start;
+    bool single = false;
+    int32_t node = 0;
+    for (size_t k = start; k < n; ++k) {  // the pieces that start here, shortest first
+      const auto& next = trie_[node].next;
+      const auto b = static_cast<uint8_t>(word[k]);
+      const auto it = std::lower_bound(next.begin(), next.end(), b, [](const auto& e, uint8_t x) { return e.first < x; });
+      if (it == next.end() || it->first != b) break;
+      node = it->second;
+      const int32_t id = trie_[node].id;
+      if (id < 0) continue;
+      Node& t = best[k + 1];
+      const double cand = base + scores_[id];
+      if (t.id == -1 || cand > t.score) t = {id, cand, start};
+      if (k + 1 - start == char_len) single = true;
+    }
+    if (!single) {
+      if (!unk_id_) require_unk("a character is not in the vocabulary");
+      Node& t = best[next_char];
+      const double cand = base + unk_score_;
+      if (t.id == -1 || cand > t.score) t = {kUnk, cand, start};
+    }
+    start = next_char;
+  }
+  // back from the end; consecutive unknown characters fuse
+  std::vector<std::pair<size_t, size_t>> spans;  // [begin, end) of each token, last first
+  std::vector<char> unknown;
+  for (size_t end = n; end > 0;) {
+    const Node& t = best[end];
+    const bool unk = t.id == kUnk || (unk_id_ && t.id == *unk_id_);
+    if (unk && !unknown.empty() && unknown.back())
+      spans.back().first = t.start;
+    else
+      spans.emplace_back(t.start, end), unknown.push_back(unk);
+    end = t.start;
+  }
+  for (size_t i = spans.size(); i-- > 0;) {
+    const std::string_view piece = word.substr(spans[i].first, spans[i].second - spans[i].first);
+    if (const auto it = vocab_.find(piece); it != vocab_.end()) {
+      out.push_back(it->second);
+      continue;
+    }
+    if (byte_fallback_) {
+      const size_t mark = out.size();
+      for (const unsigned char b : piece) {
+        const auto it = vocab_.find(fmt::format("<0x{:02X}>", b));
+        if (it == vocab_.end()) break;
+        out.push_back(it->second);
+      }
+      if (out.size() - mark == piece.size()) continue;
+      out.resize(mark);
+    }
+    out.push_back(require_unk("a character is not in the vocabulary"));
+  }
+}
+
+// tokenizers' WordPiece::tokenize: greedy longest-match-first pieces, the later ones spelled with the
+// continuing-subword prefix; a word longer than max_input_chars_per_word characters, or one that cannot
+// be covered, is one unknown token.
+void HfTokenizer::wordpiece(std::string_view word, std::vector<int32_t>& out) const {
+  size_t chars = 0;
+  for (size_t i = 0; i < word.size() && chars <= max_input_chars_; next_code_point(word, i)) ++chars;
+  if (chars > max_input_chars_) {
+    out.push_back(require_unk("a word is longer than max_input_chars_per_word"));
+    return;
+  }
+  const size_t mark = out.size();
+  std::string candidate;
+  for (size_t start = 0; start < word.size();) {
+    const std::string_view prefix = start > 0 ? std::string_view(continuing_prefix_) : std::string_view();
+    size_t end = word.size();
+    // a candidate longer than the longest piece cannot match: start at a character boundary below it
+    if (prefix.size() + end - start > max_piece_bytes_) {
+      end = start + (max_piece_bytes_ > prefix.size() ? max_piece_bytes_ - prefix.size() : 0);
+      while (end > start && (static_cast<unsigned char>(word[end]) & 0xC0) == 0x80) --end;
+    }
+    int32_t found = -1;
+    while (end > start) {
+      candidate.assign(prefix);
+      candidate.append(word.substr(start, end - start));
+      if (const auto it = vocab_.find(candidate); it != vocab_.end()) {
+        found = it->second;
+        break;
+      }
+      --end;
+      while (end > start && (static_cast<unsigned char>(word[end]) & 0xC0) == 0x80) --end;
+    }
+    if (found < 0) {
+      out.resize(mark);
+      out.push_back(require_unk("a word has no WordPiece segmentation"));
+      return;
+    }
+    out.push_back(found);
+    start = end;
+  }
+}
+
+void HfTokenizer::tokenize_word(std::string_view word, std::vector<int32_t>& out) const {
+  auto uncached = [&](std::string_view w) {
+    switch (kind_) {
+      case Kind::BPE:
+        return bpe_uncached(w, out);
+      case Kind::Unigram:
+        return unigram(w, out);
+      case Kind::WordPiece:
+        return wordpiece(w, out);
+    }
+  };
   if (word.size() >= 256) {
-    bpe_uncached(word, out);
+    uncached(word);
     return;
   }
   {
@@ -1301,7 +1915,7 @@ void HfTokenizer::bpe(std::string_view word, std::vector<int32_t>& out) const {
     }
   }
   const size_t n = out.size();
-  bpe_uncached(word, out);
+  uncached(word);
   std::lock_guard<std::mutex> lock(cache_mu_);
   if (cache_.size() >= 100000) cache_.clear();
   cache_.emplace(std::string(word), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(n), out.end()));
@@ -1312,18 +1926,7 @@ std::string clean_up_tokenization(std::string s) {
   static const std::pair<const char*, const char*> kRules[] = {{" .", "."},     {" ?", "?"},     {" !", "!"},   {" ,", ","},
                                                                {" ' ", "'"},    {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"},
                                                                {" 've", "'ve"}, {" 're", "'re"}};
-  for (const auto& [from, to] : kRules) {
-    std::string out;
-    const size_t fl = std::strlen(from);
-    size_t pos = 0, b = 0;
-    while ((b = s.find(from, pos)) != std::string::npos) {
-      out.append(s, pos, b - pos);
-      out += to;
-      pos = b + fl;
-    }
-    out.append(s, pos);
-    s = std::move(out);
-  }
+  for (const auto& [from, to] : kRules) s = replace_all(s, from, to);
   return s;
 }
 

@@ -8,7 +8,8 @@
 //
 // Two kinds, one interface:
 // - tokenizer.json (Hugging Face `tokenizers`): a BPE model (byte-level as GPT-2, Llama 3 and Qwen2 ship
-//   it, or SentencePiece-style with byte fallback as Llama 2 / Mistral's converted files) with its
+//   it, or SentencePiece-style with byte fallback as Llama 2 / Mistral's converted files), a Unigram
+//   model (T5 / ALBERT style, Viterbi over the piece scores) or a WordPiece model (BERT) with its
 //   normalizer, pre-tokenizer (regexes through PCRE2), added and special tokens, post-processor and
 //   decoder; tokenizer_config.json beside it gives the BOS/EOS rules (add_bos_token / add_eos_token of
 //   the Llama tokenizers) and clean_up_tokenization_spaces.

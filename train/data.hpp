@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kiln/core/tensor.hpp"
+#include "kiln/text/tokenizer.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
@@ -23,6 +24,10 @@ class TokenData {
   explicit TokenData(std::vector<int64_t> tokens, std::string source = "tokens") : tokens_(std::move(tokens)), source_(std::move(source)) {}
   // Reads tensor `name` (any integer dtype, rank 1) from a safetensors file.
   static TokenData load(const std::string& path, const std::string& name = "tokens");
+  // `kiln train --data`: a token file (*.safetensors, as load), or a text file encoded whole with
+  // `tokenizer` (BOS/EOS as its post-processor adds them). A text file without a tokenizer is an error
+  // naming the file.
+  static TokenData load_or_tokenize(const std::string& path, const text::Tokenizer* tokenizer);
 
   int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
   const std::vector<int64_t>& tokens() const { return tokens_; }
@@ -68,6 +73,11 @@ class TokenData {
   bool shuffled_ = false;
   uint64_t seed_ = 0;
 };
+
+// `kiln train --tokenizer PATH`: the tokenizer (nullopt for an empty path), checked to fit a model with
+// `model_vocab` embedding rows: its vocab_size() (the model vocabulary and the added tokens) must not
+// exceed them (models often pad their embedding beyond the tokenizer's ids).
+std::optional<text::Tokenizer> training_tokenizer(const std::string& path, int64_t model_vocab);
 
 }  // namespace kiln
 #pragma GCC visibility pop

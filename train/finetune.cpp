@@ -18,12 +18,11 @@ namespace kiln {
 
 namespace {
 
-// A token file (safetensors with 'tokens'), or a text file encoded with the model's tokenizer.
-TokenData finetune_data(const std::string& path, const std::string& model_dir) {
+// A token file (safetensors with 'tokens'), or a text file encoded with --tokenizer or else the model's tokenizer.
+TokenData finetune_data(const std::string& path, const TrainOptions& o, int64_t vocab) {
   if (path.ends_with(".safetensors")) return TokenData::load(path);
-  const text::Tokenizer tok = text::Tokenizer::load(model_dir);
-  const auto ids = tok.encode(read_text_file(path));
-  return TokenData(std::vector<int64_t>(ids.begin(), ids.end()), path);
+  const auto tok = training_tokenizer(o.tokenizer.empty() ? o.init_from : o.tokenizer, vocab);
+  return TokenData::load_or_tokenize(path, &*tok);
 }
 
 }  // namespace
@@ -55,7 +54,8 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
 
   manual_seed(o.seed);
   auto model = hf::load_causal_lm<B>(o.init_from, {.dtype = o.dtype});
-  TokenData data = finetune_data(o.data_path, o.init_from);
+  if (!o.tokenizer.empty()) training_tokenizer(o.tokenizer, model->spec().vocab);  // checked even for token files
+  TokenData data = finetune_data(o.data_path, o, model->spec().vocab);
   if (tc.shuffle) data.shuffle(o.seed);  // train.json "shuffle": windows in a seeded order per epoch
   data.check_vocab(model->spec().vocab);
   KILN_CHECK(data.size() > T, "train: '{}' has {} tokens; need more than seq_len={}", o.data_path, data.size(), T);
@@ -63,7 +63,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
     KILN_CHECK(T <= model->max_positions(), "train: seq_len {} exceeds the model's {} positions", T, model->max_positions());
   std::optional<TokenData> eval_data;  // --eval-data: a token file or a text file, as --data
   if (!o.eval_data_path.empty()) {
-    eval_data = finetune_data(o.eval_data_path, o.init_from);
+    eval_data = finetune_data(o.eval_data_path, o, model->spec().vocab);
     eval_data->check_vocab(model->spec().vocab);
     KILN_CHECK(eval_data->size() > T, "train: '{}' has {} tokens; need more than seq_len={}", o.eval_data_path, eval_data->size(), T);
   }

@@ -1,6 +1,7 @@
 #include "kiln/train/trainer.hpp"
 
 #include <cstdio>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
@@ -280,14 +281,15 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
   const ModelConfig& cfg = rc.model;
   const TrainConfig& tc = rc.train;
   const bool lora = tc.lora.r > 0;
-  TokenData data = TokenData::load(o.data_path);
+  const auto tokenizer = training_tokenizer(o.tokenizer, cfg.vocab_size);
+  TokenData data = TokenData::load_or_tokenize(o.data_path, tokenizer ? &*tokenizer : nullptr);
   if (tc.shuffle) data.shuffle(o.seed);  // train.json "shuffle": windows in a seeded order per epoch
   data.check_vocab(cfg.vocab_size);
   KILN_CHECK(tc.seq_len <= cfg.max_seq_len, "train: seq_len {} exceeds the model's max_seq_len {}", tc.seq_len, cfg.max_seq_len);
   KILN_CHECK(data.size() > tc.seq_len, "train: '{}' has {} tokens; need more than seq_len={}", o.data_path, data.size(), tc.seq_len);
   std::optional<TokenData> eval_data;
   if (!o.eval_data_path.empty()) {
-    eval_data = TokenData::load(o.eval_data_path);
+    eval_data = TokenData::load_or_tokenize(o.eval_data_path, tokenizer ? &*tokenizer : nullptr);
     eval_data->check_vocab(cfg.vocab_size);
   }
   const int64_t bs = tc.batch_size, T = tc.seq_len;
@@ -328,8 +330,10 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
       .batch = train_batch, .count = 0, .fingerprint = fmt::format("{} tokens, batches of {}x{}", data.size(), bs, T)};
   const bool with_eval = eval_data && tc.eval_every > 0;
   const IndexedBatches<decltype(eval_batch)> eval{.batch = eval_batch, .count = tc.eval_batches, .fingerprint = ""};
-  FitOptions fo = fit_options(o, tc, ranks.main, ddp ? dist::fit_hooks(*ddp) : FitHooks{},
-                              {{"model_config", cfg.to_json().dump()}, {"train_config", tc.to_json().dump()}, {"data", o.data_path}});
+  std::map<std::string, std::string> meta{
+      {"model_config", cfg.to_json().dump()}, {"train_config", tc.to_json().dump()}, {"data", o.data_path}};
+  if (tokenizer) meta["tokenizer_path"] = std::filesystem::absolute(tokenizer->path()).lexically_normal().string();  // for kiln sample
+  FitOptions fo = fit_options(o, tc, ranks.main, ddp ? dist::fit_hooks(*ddp) : FitHooks{}, std::move(meta));
   fo.callbacks = {lora_checkpoints(model, tc, o.checkpoint_path, ranks.main)};
   fo.scheduler = make_scheduler(*opt, tc);
   fo.ema = make_ema(model, tc);

@@ -44,6 +44,9 @@ struct TrainOptions {
   bool quiet = false;
   DType dtype = DType::f32;
   bool activation_checkpointing = false;  // --activation-checkpointing: turns train.json's key on
+  // --tokenizer: a model directory, tokenizer.json or tokenizer.model; --data / --eval-data may then be
+  // text files, encoded with it ("" = token files only; with --init-from MODEL_DIR: the directory's)
+  std::string tokenizer;
   // LoRA (docs/lora.md): replaces train.json's "lora" (the --lora-* flags) when set.
   std::optional<LoraTrainConfig> lora{};
 };

@@ -7,7 +7,8 @@ machine, same run, on the same text and tokenizer files.
 The text (about 4 MB): Debian's license and copyright texts under /usr/share (English prose, lists,
 URLs, code-like lines) interleaved with the multilingual test corpus of tests/text (CJK, Arabic,
 Cyrillic, emoji, code, whitespace runs). The tokenizers: byte-level BPE with vocabulary 32000 trained on
-that text with the GPT-2, Llama 3 and Qwen2 layouts of tests/text/make_fixtures.py. Each side encodes
+that text with the GPT-2, Llama 3 and Qwen2 layouts of tests/text/make_fixtures.py, and its BERT
+(WordPiece, same vocabulary) and T5-style Unigram (--unigram-vocab) layouts (--only picks some). Each side encodes
 the whole text as one string REPEATS times with a warm tokenizer (its word cache filled by the first
 encode); the best time counts, the first is shown too. Then the same per line ("lines": each line
 encoded apart, no special tokens; `tokenizers` through encode_batch on one thread, RAYON_NUM_THREADS=1),
@@ -67,6 +68,8 @@ def main():
     ap.add_argument("--size", type=int, default=4 << 20)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--unigram-vocab", type=int, default=8000)
+    ap.add_argument("--only", default="gpt2,llama3,qwen2,bert_uncased,unigram_t5", help="comma-separated tokenizer names")
     a = ap.parse_args()
     text = bench_text(a.size)
     tmp = tempfile.mkdtemp(prefix="kiln-bench-text-")
@@ -74,12 +77,14 @@ def main():
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
     mf.VOCAB = a.vocab
+    mf.UNIGRAM_VOCAB = a.unigram_vocab
     mf.TRAIN = text.replace("\\", "\\\\")  # train on the bench text itself (make_fixtures unescapes \n, \t)
     print(f"text: {len(text.encode()) / 1e6:.2f} MB, vocabulary {a.vocab}, {a.repeats} encodes each, one thread")
     print("| tokenizer | input | kiln MB/s (first) | tokenizers MB/s (first) | kiln / tokenizers | tokens |")
     print("|---|---|---|---|---|---|")
-    lines = text.splitlines(keepends=True)
-    for name, make in [("gpt2", mf.gpt2), ("llama3", mf.llama3), ("qwen2", mf.qwen2)]:
+    lines = [l + "\n" for l in text.split("\n")]  # as bench_text: on newlines only (splitlines also breaks at \f, \x1c, U+2028, ...)
+    lines[-1] = lines[-1][:-1]
+    for name, make in [(n, m) for n, m in mf.FAST if n in a.only.split(",")]:
         d = os.path.join(tmp, name)
         make().save_pretrained(d)
         tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))

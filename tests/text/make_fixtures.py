@@ -11,6 +11,10 @@ classes (which write tokenizer_config.json as the models' repositories hold it).
 converted to tokenizer.json by transformers (LlamaTokenizerFast, legacy and non-legacy layouts), as the
 Llama 2 and Mistral repositories ship it.
 
+BERT-style WordPiece and T5-style Unigram tokenizers are trained with `tokenizers` too (see bert() and
+unigram()); their trainers are not deterministic, so regenerating them (`make_fixtures.py bert_uncased
+...` rewrites only the named ones) gives other, equally valid vocabularies with their own expected ids.
+
 For each tokenizer, fixtures/<name>/expected.json holds, for the test corpus (fixtures/corpus.json; its
 lines joined by newlines in fixtures/corpus.txt):
 every line's ids with and without special tokens, the whole text's ids, and transformers' decode of
@@ -106,6 +110,7 @@ LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
 QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 VOCAB = 800
+UNIGRAM_VOCAB = 500
 
 
 def train_bpe(tok):
@@ -194,6 +199,123 @@ def convert_sp_bpe(model, legacy):
     return tok
 
 
+def train_lines():
+    return TRAIN.replace("\\n", "\n").replace("\\t", "\t").splitlines(keepends=True) * 3
+
+
+def bert(lowercase):
+    """BERT's layout (transformers' BertConverter): BertNormalizer, BertPreTokenizer, WordPiece with ##,
+    [CLS] $A [SEP] and the WordPiece decoder. Uncased: lower case and accents stripped, TemplateProcessing
+    as BertConverter writes it; cased: neither, no CJK spacing, BertProcessing, words of at most 20
+    characters (longer ones are [UNK])."""
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100 if lowercase else 20))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=lowercase, strip_accents=None if lowercase else False,
+                                                lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    trainer = trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=specials, continuing_subword_prefix="##", show_progress=False)
+    tok.train_from_iterator(train_lines(), trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    if lowercase:
+        tok.post_processor = processors.TemplateProcessing(single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+                                                           special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    else:
+        tok.post_processor = processors.BertProcessing(("[SEP]", sep), ("[CLS]", cls))
+    return transformers.BertTokenizerFast(tokenizer_object=tok, do_lower_case=lowercase, strip_accents=None if lowercase else False,
+                                          tokenize_chinese_chars=lowercase, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
+                                          cls_token="[CLS]", mask_token="[MASK]")
+
+
+def unigram(byte_fallback):
+    """A Unigram model trained by `tokenizers`. Without byte fallback, T5's layout (transformers'
+    T5Converter, with the Nmt + NFKC normalizers of tokenizers' SentencePieceUnigramTokenizer in place of
+    the precompiled charsmap): runs of spaces to one, Metaspace, "$A </s>", unknown characters fused into
+    <unk>. With byte fallback (the <0xXX> pieces added), Llama's layout: no normalizer, Metaspace with
+    prepend_scheme first and no split, "<s> $A", and the Replace / ByteFallback / Fuse / Strip decoders."""
+    tok = Tokenizer(models.Unigram())
+    if not byte_fallback:
+        tok.normalizer = normalizers.Sequence([normalizers.Nmt(), normalizers.NFKC(), normalizers.Replace(Regex(" {2,}"), " ")])
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+        tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+        tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(content=" ", left=1)])
+    specials = ["<pad>", "</s>", "<unk>"] if not byte_fallback else ["<unk>", "<s>", "</s>"]
+    trainer = trainers.UnigramTrainer(vocab_size=UNIGRAM_VOCAB, special_tokens=specials, unk_token="<unk>", show_progress=False)
+    tok.train_from_iterator(train_lines(), trainer)
+    if byte_fallback:
+        j = json.loads(tok.to_str())
+        low = min(score for _, score in j["model"]["vocab"])
+        j["model"]["vocab"] += [[f"<0x{b:02X}>", low - 1.0] for b in range(256)]
+        j["model"]["byte_fallback"] = True
+        tok = Tokenizer.from_str(json.dumps(j))
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    if not byte_fallback:
+        eos = tok.token_to_id("</s>")
+        tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", eos)])
+        return transformers.T5TokenizerFast(tokenizer_object=tok, extra_ids=0, eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                                clean_up_tokenization_spaces=False)
+
+
+def precompiled_charsmap():
+    """The precompiled_charsmap of a SentencePiece model trained with its default rule (nmt_nfkc), read
+    from the model's protobuf by hand (transformers' converters need the protobuf package; the wire format
+    is enough): ModelProto field 3 (normalizer_spec), its field 2 (precompiled_charsmap)."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = os.path.join(tmp, "nfkc")
+        text = TRAIN.replace("\\n", "\n").replace("\\t", "\t").splitlines()
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(text * 3), model_prefix=prefix, vocab_size=400, model_type="unigram",
+                                       character_coverage=0.98, num_threads=1, minloglevel=2)
+        with open(prefix + ".model", "rb") as f:
+            data = f.read()
+
+    def fields(buf):
+        i = 0
+        while i < len(buf):
+            key, i = varint(buf, i)
+            num, wire = key >> 3, key & 7
+            if wire == 0:
+                _, i = varint(buf, i)
+            elif wire == 1:
+                i += 8
+            elif wire == 5:
+                i += 4
+            elif wire == 2:
+                n, i = varint(buf, i)
+                yield num, buf[i:i + n]
+                i += n
+            else:
+                raise ValueError(f"wire type {wire}")
+
+    def varint(buf, i):
+        v = shift = 0
+        while True:
+            b = buf[i]
+            i += 1
+            v |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return v, i
+
+    spec = next(v for n, v in fields(data) if n == 3)
+    return next(v for n, v in fields(spec) if n == 2)
+
+
+def unigram_precompiled():
+    """T5's layout as transformers' T5Converter writes it: the Precompiled charsmap (nmt_nfkc) and runs of
+    spaces to one, on the Unigram model of unigram_t5."""
+    fast = unigram(False)
+    tok = fast.backend_tokenizer
+    tok.normalizer = normalizers.Sequence([normalizers.Precompiled(precompiled_charsmap()), normalizers.Replace(Regex(" {2,}"), " ")])
+    return transformers.T5TokenizerFast(tokenizer_object=tok, extra_ids=0, eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
+
+
 # ------------------------------------------------------------------------------------------ expected values
 def expected(tok, lines):
     whole = "\n".join(lines)
@@ -227,7 +349,20 @@ def strings_merges(path):
         json.dump(j, f, ensure_ascii=False, indent=2)
 
 
+FAST = [("gpt2", gpt2), ("llama3", llama3), ("qwen2", qwen2), ("bert_uncased", lambda: bert(True)), ("bert_cased", lambda: bert(False)),
+        ("unigram_t5", lambda: unigram(False)), ("unigram_bytes", lambda: unigram(True)), ("unigram_precompiled", unigram_precompiled)]
+
+
 def main():
+    # `make_fixtures.py NAME...` rewrites only those tokenizers.json fixtures (the others stay byte for byte)
+    only = sys.argv[1:]
+    if only:
+        for name in only:
+            assert name in dict(FAST), f"{name} is not one of {[n for n, _ in FAST]}"
+        with open(os.path.join(OUT, "corpus.json"), encoding="utf-8") as f:
+            assert json.load(f) == CORPUS_LINES, "the corpus changed: regenerate everything"
+        write_fast([(n, m) for n, m in FAST if n in only], CORPUS_LINES)
+        return 0
     if os.path.isdir(OUT):
         shutil.rmtree(OUT)
     os.makedirs(OUT)
@@ -239,11 +374,23 @@ def main():
         f.write("\n".join(CORPUS_LINES))
     lines = CORPUS_LINES
 
-    for name, make in [("gpt2", gpt2), ("llama3", llama3), ("qwen2", qwen2)]:
+    write_fast(FAST, lines)
+    write_sentencepiece(lines)
+
+    # the fixtures' versions
+    with open(os.path.join(OUT, "versions.json"), "w") as f:
+        json.dump({"tokenizers": tokenizers.__version__, "transformers": transformers.__version__, "sentencepiece": spm.__version__}, f)
+        f.write("\n")
+    total = sum(os.path.getsize(os.path.join(r, n)) for r, _, ns in os.walk(OUT) for n in ns)
+    print(f"wrote {OUT}: {total / 1024:.0f} KiB")
+
+
+def write_fast(makers, lines):
+    for name, make in makers:
         d = os.path.join(OUT, name)
         fast = make()
         fast.save_pretrained(d)
-        for extra in ["special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json"]:
+        for extra in ["special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json", "vocab.txt"]:
             if os.path.exists(os.path.join(d, extra)):
                 os.remove(os.path.join(d, extra))
         if name == "gpt2":
@@ -256,6 +403,8 @@ def main():
             assert raw.encode(line).ids == reloaded(line)["input_ids"], (name, line)
         write_expected(name, expected(reloaded, lines))
 
+
+def write_sentencepiece(lines):
     # SentencePiece: tokenizer.model read by libsentencepiece; ids = [bos] + sp.encode(text) (LlamaTokenizer)
     tmp = os.path.join(OUT, "tmp")
     os.makedirs(tmp)
@@ -302,13 +451,6 @@ def main():
                 assert type(reloaded).__name__ == "LlamaTokenizerFast", type(reloaded)
                 write_expected(jname, expected(reloaded, lines))
     shutil.rmtree(tmp)
-
-    # the fixtures' versions
-    with open(os.path.join(OUT, "versions.json"), "w") as f:
-        json.dump({"tokenizers": tokenizers.__version__, "transformers": transformers.__version__, "sentencepiece": spm.__version__}, f)
-        f.write("\n")
-    total = sum(os.path.getsize(os.path.join(r, n)) for r, _, ns in os.walk(OUT) for n in ns)
-    print(f"wrote {OUT}: {total / 1024:.0f} KiB")
 
 
 if __name__ == "__main__":

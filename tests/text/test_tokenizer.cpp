@@ -26,7 +26,9 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kFixtures = std::string(KILN_SOURCE_DIR) + "/tests/text/fixtures/";
-const std::vector<std::string> kNames{"gpt2", "llama3", "qwen2", "sp_llama2_json", "sp_metaspace_json", "sp_bpe", "sp_unigram"};
+const std::vector<std::string> kNames{
+    "gpt2",       "llama3",       "qwen2",      "sp_llama2_json", "sp_metaspace_json", "sp_bpe",
+    "sp_unigram", "bert_uncased", "bert_cased", "unigram_t5",     "unigram_bytes",     "unigram_precompiled"};
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -211,9 +213,9 @@ TEST_CASE("text: bad tokenizer files are a kiln::Error naming the file and the f
   CHECK_THAT(e, Catch::Contains("JSON object"));
   // unknown model type
   json j = json::parse(good);
-  j["model"]["type"] = "WordPiece";
+  j["model"]["type"] = "WordLevel";
   e = load_error(j.dump());
-  CHECK_THAT(e, Catch::Contains(p) && Catch::Contains("model.type") && Catch::Contains("WordPiece"));
+  CHECK_THAT(e, Catch::Contains(p) && Catch::Contains("model.type") && Catch::Contains("WordLevel"));
   // a merge naming a missing token
   j = json::parse(good);
   j["model"]["merges"][3] = json::array({"no-such-token", "x"});
@@ -225,14 +227,20 @@ TEST_CASE("text: bad tokenizer files are a kiln::Error naming the file and the f
   CHECK_THAT(e, Catch::Contains("model.merges[2]"));
   // unknown pre-tokenizer, normalizer, decoder; dropout; inverted split
   j = json::parse(good);
-  j["pre_tokenizer"]["pretokenizers"][0]["type"] = "BertPreTokenizer";
-  CHECK_THAT(load_error(j.dump()), Catch::Contains("pre_tokenizer.pretokenizers[0].type") && Catch::Contains("BertPreTokenizer"));
+  j["pre_tokenizer"]["pretokenizers"][0]["type"] = "CharDelimiterSplit";
+  CHECK_THAT(load_error(j.dump()), Catch::Contains("pre_tokenizer.pretokenizers[0].type") && Catch::Contains("CharDelimiterSplit"));
   j = json::parse(good);
-  j["normalizer"] = {{"type", "Lowercase"}};
-  CHECK_THAT(load_error(j.dump()), Catch::Contains("normalizer.type") && Catch::Contains("Lowercase"));
+  j["normalizer"] = {{"type", "ByteLevel"}};
+  CHECK_THAT(load_error(j.dump()), Catch::Contains("normalizer.type") && Catch::Contains("ByteLevel"));
   j = json::parse(good);
-  j["decoder"] = {{"type", "WordPiece"}};
-  CHECK_THAT(load_error(j.dump()), Catch::Contains("decoder.type"));
+  j["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", "AAAA"}};  // 3 bytes
+  CHECK_THAT(load_error(j.dump()), Catch::Contains("normalizer.precompiled_charsmap") && Catch::Contains("header"));
+  j = json::parse(good);
+  j["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", "QAAAAA=="}};  // a trie of 64 bytes in 4
+  CHECK_THAT(load_error(j.dump()), Catch::Contains("normalizer.precompiled_charsmap") && Catch::Contains("64 bytes"));
+  j = json::parse(good);
+  j["decoder"] = {{"type", "CTC"}};
+  CHECK_THAT(load_error(j.dump()), Catch::Contains("decoder.type") && Catch::Contains("CTC"));
   j = json::parse(good);
   j["model"]["dropout"] = 0.1;
   CHECK_THAT(load_error(j.dump()), Catch::Contains("model.dropout"));
@@ -243,7 +251,7 @@ TEST_CASE("text: bad tokenizer files are a kiln::Error naming the file and the f
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
   CHECK_THAT(load_error(j.dump()), Catch::Contains("does not compile"));
   j = json::parse(good);
-  j["post_processor"] = {{"type", "RobertaProcessing"}};
+  j["post_processor"] = {{"type", "FancyProcessing"}};
   CHECK_THAT(load_error(j.dump()), Catch::Contains("post_processor.type"));
   j = json::parse(good);
   j["model"]["vocab"]["extra"] = 5;  // an id given twice
@@ -290,5 +298,138 @@ TEST_CASE("text: ignore_merges takes a whole word from the vocabulary", "[text]"
   j["model"]["ignore_merges"] = true;
   write(dir + "/tokenizer.json", j.dump());
   CHECK(Tokenizer::load(dir).encode("abc cab") == std::vector<int32_t>{4, 2, 0, 1});
+  fs::remove_all(dir);
+}
+
+// Unigram and WordPiece files that are not well formed, and a ByteLevel pre-tokenizer on a model that
+// is not BPE.
+TEST_CASE("text: bad Unigram and WordPiece files name the field", "[text]") {
+  const std::string dir = temp_dir("bad-models");
+  const std::string p = dir + "/tokenizer.json";
+  auto load_error = [&](const json& j) {
+    write(p, j.dump());
+    return error_of([&] { Tokenizer::load(p); });
+  };
+  json u = json::parse(slurp(kFixtures + "unigram_t5/tokenizer.json"));
+  json j = u;
+  j["model"]["vocab"][5] = json::array({"x"});
+  CHECK_THAT(load_error(j), Catch::Contains(p) && Catch::Contains("model.vocab[5]") && Catch::Contains("[piece, score]"));
+  j = u;
+  j["model"]["unk_id"] = 100000;
+  CHECK_THAT(load_error(j), Catch::Contains("model.unk_id"));
+  j = u;
+  j["model"]["vocab"] = json::array();
+  CHECK_THAT(load_error(j), Catch::Contains("model.vocab") && Catch::Contains("empty"));
+  j = u;
+  j["model"]["shrinking"] = 1;
+  CHECK_THAT(load_error(j), Catch::Contains("model.shrinking") && Catch::Contains("Unigram"));
+  j = u;
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}};
+  CHECK_THAT(load_error(j), Catch::Contains("pre_tokenizer") && Catch::Contains("ByteLevel"));
+  // without an unk id a character outside the vocabulary cannot be encoded (tokenizers: MissingUnkId)
+  j = u;
+  j["model"]["unk_id"] = nullptr;
+  write(p, j.dump());
+  const Tokenizer no_unk = Tokenizer::load(p);
+  CHECK(no_unk.encode("the", false).size() >= 1);
+  CHECK_THAT(error_of([&] { no_unk.encode("\xE2\x98\x83", false); }), Catch::Contains("unk_id") && Catch::Contains(p));
+
+  json w = json::parse(slurp(kFixtures + "bert_cased/tokenizer.json"));
+  j = w;
+  j["model"]["max_input_chars_per_word"] = -3;
+  CHECK_THAT(load_error(j), Catch::Contains("model.max_input_chars_per_word"));
+  j = w;
+  j["model"]["vocab"] = json::array();
+  CHECK_THAT(load_error(j), Catch::Contains("model.vocab"));
+  j = w;
+  j["model"]["unk_token"] = "[NOPE]";
+  write(p, j.dump());
+  const Tokenizer bad_unk = Tokenizer::load(p);
+  CHECK_THAT(error_of([&] { bad_unk.encode("\xE2\x98\x83", false); }), Catch::Contains("[NOPE]"));
+  j = w;
+  j["post_processor"] = {{"type", "BertProcessing"}, {"sep", json::array({"[SEP]"})}, {"cls", json::array({"[CLS]", 2})}};
+  CHECK_THAT(load_error(j), Catch::Contains("post_processor.sep"));
+  j = w;
+  j["normalizer"]["lowercase"] = "yes";
+  CHECK_THAT(load_error(j), Catch::Contains("normalizer.lowercase"));
+  fs::remove_all(dir);
+}
+
+// WordPiece on a hand-made vocabulary: greedy longest match, ## pieces, a word with no segmentation or
+// longer than max_input_chars_per_word is one [UNK] (whatever pieces it would have had), multi-byte
+// characters step back whole; BertPreTokenizer splits off each punctuation mark.
+TEST_CASE("text: WordPiece is greedy longest-match with unk for whole words", "[text]") {
+  const std::string dir = temp_dir("wordpiece");
+  json j = {
+      {"model",
+       {{"type", "WordPiece"},
+        {"unk_token", "[UNK]"},
+        {"continuing_subword_prefix", "##"},
+        {"max_input_chars_per_word", 6},
+        {"vocab", {{"[UNK]", 0}, {"un", 1}, {"##aff", 2}, {"##able", 3}, {"u", 4}, {"##n", 5}, {"caf", 6}, {"##\xC3\xA9", 7}, {"!", 8}}}}},
+      {"pre_tokenizer", {{"type", "BertPreTokenizer"}}},
+      {"decoder", {{"type", "WordPiece"}, {"prefix", "##"}, {"cleanup", true}}}};
+  write(dir + "/tokenizer.json", j.dump());
+  const Tokenizer tok = Tokenizer::load(dir);
+  CHECK(tok.encode("unaff!") == std::vector<int32_t>{1, 2, 8});
+  CHECK(tok.encode("unable") == std::vector<int32_t>{1, 3});
+  CHECK(tok.encode("unaffable") == std::vector<int32_t>{0});  // 9 characters > 6
+  CHECK(tok.encode("unx un") == std::vector<int32_t>{0, 1});  // "x" has no piece: the whole word is [UNK]
+  CHECK(tok.encode("caf\xC3\xA9!!") == std::vector<int32_t>{6, 7, 8, 8});
+  CHECK(tok.decode(std::vector<int32_t>{1, 2, 8, 6, 7}) == "unaff! caf\xC3\xA9");
+  fs::remove_all(dir);
+}
+
+// Unigram on a hand-made vocabulary: the best total score wins over the greedy longest piece, runs of
+// unknown characters fuse into one unk, and with byte_fallback an unknown run becomes its bytes.
+TEST_CASE("text: Unigram is the Viterbi best segmentation", "[text]") {
+  const std::string dir = temp_dir("unigram");
+  json vocab = json::array({json::array({"<unk>", 0.0}), json::array({"a", -1.0}), json::array({"b", -1.0}), json::array({"ab", -3.0}),
+                            json::array({"abc", -30.0}), json::array({"c", -2.5}), json::array({"bc", -1.0}), json::array({"xy", -30.0}),
+                            json::array({"y", 8.0})});
+  json j = {{"model", {{"type", "Unigram"}, {"unk_id", 0}, {"vocab", vocab}}}};
+  write(dir + "/tokenizer.json", j.dump());
+  const Tokenizer tok = Tokenizer::load(dir);
+  CHECK(tok.encode("ab") == std::vector<int32_t>{1, 2});       // -2 beats "ab" -3
+  CHECK(tok.encode("abc") == std::vector<int32_t>{1, 6});      // a + bc = -2 beats abc -30, ab + c -5.5
+  CHECK(tok.encode("axxb") == std::vector<int32_t>{1, 0, 2});  // "xx" one fused unk
+  // an unknown character scores the lowest score (-30) less 10: unk(x) + y = -40 + 8 loses to xy = -30
+  CHECK(tok.encode("xy") == std::vector<int32_t>{7});
+  for (int b = 0; b < 256; ++b) vocab.push_back(json::array({fmt::format("<0x{:02X}>", b), -20.0}));
+  j["model"]["vocab"] = vocab;
+  j["model"]["byte_fallback"] = true;
+  write(dir + "/tokenizer.json", j.dump());
+  const Tokenizer bytes = Tokenizer::load(dir);
+  CHECK(bytes.encode("axxb") == std::vector<int32_t>{1, 9 + 'x', 9 + 'x', 2});
+  fs::remove_all(dir);
+}
+
+// BertNormalizer and Lowercase: the characters whose handling tokenizers' Unicode tables fix (checked
+// against tokenizers over every code point when the fixtures were made).
+TEST_CASE("text: BertNormalizer cleans, spaces CJK, strips accents and lowercases as tokenizers", "[text]") {
+  const Tokenizer bert = Tokenizer::load(kFixtures + "bert_uncased");
+  const Tokenizer cased = Tokenizer::load(kFixtures + "bert_cased");
+  // control and format characters vanish; U+0890 (Cf only since Unicode 14) stays
+  CHECK(bert.encode("a\x01\xE2\x80\x8B"
+                    "b",
+                    false) == bert.encode("ab", false));
+  CHECK(cased.encode("x\xE0\xA2\x90", false) != cased.encode("x", false));
+  // CJK ideographs are words of their own with handle_chinese_chars
+  CHECK(bert.encode("\xE6\x88\x91\xE4\xBB\xAC", false) == bert.encode("\xE6\x88\x91 \xE4\xBB\xAC", false));
+}
+
+// Lowercase is Rust's char::to_lowercase one character at a time: U+0130 becomes "i" + U+0307, and a
+// final capital sigma is σ (no final-sigma rule).
+TEST_CASE("text: Lowercase maps characters as tokenizers", "[text]") {
+  const std::string dir = temp_dir("lowercase");
+  const json j = {{"normalizer", {{"type", "Lowercase"}}},
+                  {"model",
+                   {{"type", "WordPiece"},
+                    {"unk_token", "[UNK]"},
+                    {"vocab", {{"[UNK]", 0}, {"i", 1}, {"##\xCC\x87", 2}, {"##\xCF\x83", 3}, {"\xCF\x83", 4}, {"##\xCF\x82", 5}}}}}};
+  write(dir + "/tokenizer.json", j.dump());
+  const Tokenizer tok = Tokenizer::load(dir);
+  CHECK(tok.encode("\xC4\xB0\xCE\xA3") == std::vector<int32_t>{1, 2, 3});  // İΣ -> i U+0307 σ
+  CHECK(tok.encode("\xCE\xA3") == std::vector<int32_t>{4});
   fs::remove_all(dir);
 }

@@ -151,8 +151,12 @@ int cmd_train(int argc, char** argv) {
       "train", "kiln train --model model.json --train train.json --data tokens.safetensors [flags]",
       {{"model", "model config JSON (docs/formats.md); defaults when absent"},
        {"train", "training config JSON (docs/formats.md); defaults when absent"},
-       {"data", "token file: safetensors with a 1-D integer tensor 'tokens' (required)"},
-       {"eval-data", "held-out token file, evaluated every eval_every steps"},
+       {"data", "token file: safetensors with a 1-D integer tensor 'tokens' (required), or a text file with --tokenizer"},
+       {"eval-data", "held-out token file (or text file with --tokenizer), evaluated every eval_every steps"},
+       // Training on text directly (docs/formats.md, "Tokenizers"): --data/--eval-data text files encoded with it.
+       {"tokenizer",
+        "a pretrained tokenizer (model directory, tokenizer.json or tokenizer.model): --data and --eval-data may be text files, "
+        "encoded with it; its vocabulary must fit the model's (with --init-from MODEL_DIR: default the directory's)"},
        {"init-from",
         "initial weights (safetensors with the model's parameter names), or a Hugging Face model directory to fine-tune "
         "(--data then may be a text file, tokenized with the model's tokenizer)"},
@@ -184,6 +188,7 @@ int cmd_train(int argc, char** argv) {
   o.train_path = a.str("train");
   o.data_path = a.required("data");
   o.eval_data_path = a.str("eval-data");
+  o.tokenizer = a.str("tokenizer");
   o.init_from = a.str("init-from");
   o.save_path = a.str("save");
   o.log_path = a.str("log");
@@ -325,7 +330,9 @@ int cmd_sample(int argc, char** argv) {
                        .seed = static_cast<uint64_t>(a.integer("seed", 0))};
   KILN_CHECK(so.max_new_tokens >= 0 && so.top_k >= 0, "kiln sample: --tokens and --top-k must be >= 0");
   const CheckpointInfo info = read_checkpoint_info(ck);
-  const Codec codec = codec_for(a.str("data", info.data_path), a.str("tokenizer"));
+  // a checkpoint of `kiln train --tokenizer` names its tokenizer
+  const auto ck_tok = info.metadata.find("tokenizer_path");
+  const Codec codec = codec_for(a.str("data", info.data_path), a.str("tokenizer", ck_tok != info.metadata.end() ? ck_tok->second : ""));
   so.vocab_limit = codec.vocab_size();  // only ids the codec can decode
   const std::vector<int64_t> out = dispatch(a.str("device", "cpu"), [&]<Backend B>() {
     auto model = load_gpt<B>(ck, a.str("model"));
