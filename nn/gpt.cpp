@@ -24,33 +24,38 @@ template <Backend B> GPTLayer<B>::GPTLayer(const ModelConfig& c, int64_t depth) 
   auto norm = [&] { return std::make_shared<RMSNorm<B>>(RMSNormOptions{.dim = c.d_model, .eps = c.norm_eps, .dtype = dt}); };
   attn_norm_ = this->register_module("attn_norm", norm());
   if (c.attention == "diff") {
-    diff_ =
-        this->register_module("attn", std::make_shared<DifferentialAttention<B>>(DiffAttentionOptions{.d_model = c.d_model,
-                                                                                                      .n_heads = c.n_heads,
-                                                                                                      .n_kv_heads = c.n_kv_heads,
-                                                                                                      .depth = depth,
-                                                                                                      .rope = c.rope,
-                                                                                                      .rope_theta = c.rope_theta,
-                                                                                                      .norm_eps = c.norm_eps,
-                                                                                                      .subln_affine = c.diff_subln_affine,
-                                                                                                      .max_seq_len = c.max_seq_len,
-                                                                                                      .dtype = dt}));
+    diff_ = this->register_module("attn", std::make_shared<DifferentialAttention<B>>(DiffAttentionOptions{
+                                              .d_model = c.d_model,
+                                              .n_heads = c.n_heads,
+                                              .n_kv_heads = c.n_kv_heads,
+                                              .depth = depth,
+                                              .rope = c.rope,
+                                              .rope_theta = c.rope_theta,
+                                              .norm_eps = c.norm_eps,
+                                              .subln_affine = c.diff_subln_affine,
+                                              .max_seq_len = c.max_seq_len,
+                                              .dtype = dt,
+                                          }));
   } else if (c.attention == "diff2") {
-    diff2_ = this->register_module("attn", std::make_shared<DifferentialAttentionV2<B>>(Diff2AttentionOptions{.d_model = c.d_model,
-                                                                                                              .n_heads = c.n_heads,
-                                                                                                              .n_kv_heads = c.n_kv_heads,
-                                                                                                              .rope = c.rope,
-                                                                                                              .rope_theta = c.rope_theta,
-                                                                                                              .max_seq_len = c.max_seq_len,
-                                                                                                              .dtype = dt}));
+    diff2_ = this->register_module("attn", std::make_shared<DifferentialAttentionV2<B>>(Diff2AttentionOptions{
+                                               .d_model = c.d_model,
+                                               .n_heads = c.n_heads,
+                                               .n_kv_heads = c.n_kv_heads,
+                                               .rope = c.rope,
+                                               .rope_theta = c.rope_theta,
+                                               .max_seq_len = c.max_seq_len,
+                                               .dtype = dt,
+                                           }));
   } else {
-    mha_ = this->register_module("attn", std::make_shared<MultiHeadAttention<B>>(AttentionOptions{.d_model = c.d_model,
-                                                                                                  .n_heads = c.n_heads,
-                                                                                                  .n_kv_heads = c.n_kv_heads,
-                                                                                                  .rope = c.rope,
-                                                                                                  .rope_theta = c.rope_theta,
-                                                                                                  .max_seq_len = c.max_seq_len,
-                                                                                                  .dtype = dt}));
+    mha_ = this->register_module("attn", std::make_shared<MultiHeadAttention<B>>(AttentionOptions{
+                                             .d_model = c.d_model,
+                                             .n_heads = c.n_heads,
+                                             .n_kv_heads = c.n_kv_heads,
+                                             .rope = c.rope,
+                                             .rope_theta = c.rope_theta,
+                                             .max_seq_len = c.max_seq_len,
+                                             .dtype = dt,
+                                         }));
   }
   mlp_norm_ = this->register_module("mlp_norm", norm());
   mlp_ = this->register_module("mlp", std::make_shared<SwiGLU<B>>(SwiGLUOptions{.dim = c.d_model, .hidden = c.ffn_hidden, .dtype = dt}));

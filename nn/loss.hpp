@@ -119,9 +119,11 @@ template <Backend B> class BCEWithLogitsLoss : public Module<B> {
   }
   Var<B> forward(const Var<B>& input, const Var<B>& target) const {
     return binary_cross_entropy_with_logits(input, target,
-                                            BCEWithLogitsLossOptions<B>{.weight = has_w_ ? this->buffer("weight") : Tensor<B>(),
-                                                                        .reduction = reduction_,
-                                                                        .pos_weight = has_pw_ ? this->buffer("pos_weight") : Tensor<B>()});
+                                            BCEWithLogitsLossOptions<B>{
+                                                .weight = has_w_ ? this->buffer("weight") : Tensor<B>(),
+                                                .reduction = reduction_,
+                                                .pos_weight = has_pw_ ? this->buffer("pos_weight") : Tensor<B>(),
+                                            });
   }
   Var<B> operator()(const Var<B>& input, const Var<B>& target) const { return forward(input, target); }
 

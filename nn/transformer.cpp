@@ -18,24 +18,28 @@ template <Backend B> AnyAttention<B> make_attention(const TransformerLayerOption
   AnyAttention<B> a;
   const bool rope = o.rope && !cross;  // cross-attention: never RoPE
   if (o.attention == AttentionKind::mha)
-    a.mha = std::make_shared<MultiHeadAttention<B>>(AttentionOptions{.d_model = o.d_model,
-                                                                     .n_heads = o.n_heads,
-                                                                     .n_kv_heads = o.n_kv_heads,
-                                                                     .causal = causal,
-                                                                     .rope = rope,
-                                                                     .rope_theta = o.rope_theta,
-                                                                     .max_seq_len = o.max_seq_len,
-                                                                     .dtype = o.dtype});
+    a.mha = std::make_shared<MultiHeadAttention<B>>(AttentionOptions{
+        .d_model = o.d_model,
+        .n_heads = o.n_heads,
+        .n_kv_heads = o.n_kv_heads,
+        .causal = causal,
+        .rope = rope,
+        .rope_theta = o.rope_theta,
+        .max_seq_len = o.max_seq_len,
+        .dtype = o.dtype,
+    });
   else
-    a.diff = std::make_shared<DifferentialAttention<B>>(DiffAttentionOptions{.d_model = o.d_model,
-                                                                             .n_heads = o.n_heads,
-                                                                             .n_kv_heads = o.n_kv_heads,
-                                                                             .depth = o.depth,
-                                                                             .causal = causal,
-                                                                             .rope = rope,
-                                                                             .rope_theta = o.rope_theta,
-                                                                             .max_seq_len = o.max_seq_len,
-                                                                             .dtype = o.dtype});
+    a.diff = std::make_shared<DifferentialAttention<B>>(DiffAttentionOptions{
+        .d_model = o.d_model,
+        .n_heads = o.n_heads,
+        .n_kv_heads = o.n_kv_heads,
+        .depth = o.depth,
+        .causal = causal,
+        .rope = rope,
+        .rope_theta = o.rope_theta,
+        .max_seq_len = o.max_seq_len,
+        .dtype = o.dtype,
+    });
   return a;
 }
 

@@ -50,11 +50,13 @@ template <Backend B> std::unique_ptr<optim::Optimizer<B>> make_optimizer(const n
         optim::RMSpropOptions{
             .lr = o.lr, .alpha = o.alpha, .eps = o.eps, .weight_decay = o.weight_decay, .momentum = o.momentum, .centered = o.centered});
   if (o.name == "adagrad")
-    return std::make_unique<optim::Adagrad<B>>(groups, optim::AdagradOptions{.lr = o.lr,
-                                                                             .lr_decay = o.lr_decay,
-                                                                             .weight_decay = o.weight_decay,
-                                                                             .initial_accumulator_value = o.initial_accumulator_value,
-                                                                             .eps = o.eps});
+    return std::make_unique<optim::Adagrad<B>>(groups, optim::AdagradOptions{
+                                                           .lr = o.lr,
+                                                           .lr_decay = o.lr_decay,
+                                                           .weight_decay = o.weight_decay,
+                                                           .initial_accumulator_value = o.initial_accumulator_value,
+                                                           .eps = o.eps,
+                                                       });
   if (o.name == "lion")
     return std::make_unique<optim::Lion<B>>(
         groups, optim::LionOptions{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay});
@@ -80,16 +82,19 @@ template <Backend B> std::shared_ptr<optim::LRScheduler> make_scheduler(optim::O
   if (s.type == "cosine_warm_restarts") return std::make_shared<CosineAnnealingWarmRestarts>(opt, s.T_0, s.T_mult, s.eta_min);
   if (s.type == "linear") return std::make_shared<LinearLR>(opt, s.start_factor, s.end_factor, s.total_iters);
   KILN_CHECK(s.type == "onecycle", "train: unknown scheduler type '{}'", s.type);
-  return std::make_shared<OneCycleLR>(opt, OneCycleLROptions{.max_lr = {s.max_lr > 0 ? s.max_lr : tc.optimizer.lr},
-                                                             .total_steps = s.total_steps > 0 ? s.total_steps : tc.steps,
-                                                             .pct_start = s.pct_start,
-                                                             .anneal_strategy = s.anneal_strategy,
-                                                             .div_factor = s.div_factor,
-                                                             .final_div_factor = s.final_div_factor,
-                                                             .three_phase = s.three_phase,
-                                                             .cycle_momentum = s.cycle_momentum,
-                                                             .base_momentum = {s.base_momentum},
-                                                             .max_momentum = {s.max_momentum}});
+  const OneCycleLROptions o{
+      .max_lr = {s.max_lr > 0 ? s.max_lr : tc.optimizer.lr},
+      .total_steps = s.total_steps > 0 ? s.total_steps : tc.steps,
+      .pct_start = s.pct_start,
+      .anneal_strategy = s.anneal_strategy,
+      .div_factor = s.div_factor,
+      .final_div_factor = s.final_div_factor,
+      .three_phase = s.three_phase,
+      .cycle_momentum = s.cycle_momentum,
+      .base_momentum = {s.base_momentum},
+      .max_momentum = {s.max_momentum},
+  };
+  return std::make_shared<OneCycleLR>(opt, o);
 }
 
 template <Backend B> std::shared_ptr<optim::EMA<B>> make_ema(const nn::Module<B>& model, const TrainConfig& tc) {

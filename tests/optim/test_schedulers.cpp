@@ -37,15 +37,17 @@ std::shared_ptr<optim::LRScheduler> make(const std::string& name, Opt& o) {
   if (name == "OneCycleLR")
     return std::make_shared<OneCycleLR>(o, OneCycleLROptions{.max_lr = {0.5, 0.1}, .total_steps = 300, .cycle_momentum = false});
   if (name == "OneCycleLR_linear3")
-    return std::make_shared<OneCycleLR>(o, OneCycleLROptions{.max_lr = {0.3},
-                                                             .epochs = 3,
-                                                             .steps_per_epoch = 100,
-                                                             .pct_start = 0.25,
-                                                             .anneal_strategy = "linear",
-                                                             .div_factor = 10.0,
-                                                             .final_div_factor = 100.0,
-                                                             .three_phase = true,
-                                                             .cycle_momentum = false});
+    return std::make_shared<OneCycleLR>(o, OneCycleLROptions{
+                                               .max_lr = {0.3},
+                                               .epochs = 3,
+                                               .steps_per_epoch = 100,
+                                               .pct_start = 0.25,
+                                               .anneal_strategy = "linear",
+                                               .div_factor = 10.0,
+                                               .final_div_factor = 100.0,
+                                               .three_phase = true,
+                                               .cycle_momentum = false,
+                                           });
   if (name == "LinearLR") return std::make_shared<LinearLR>(o, 0.1, 1.0, 40);
   if (name == "LinearLR_down") return std::make_shared<LinearLR>(o, 1.0, 0.05, 300);
   if (name == "LambdaLR") return std::make_shared<LambdaLR>(o, [](int64_t e) { return std::pow(0.95, static_cast<double>(e)); });
