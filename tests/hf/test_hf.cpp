@@ -343,7 +343,7 @@ TEST_CASE("generate: stop strings on a byte-level BPE's text, inside a character
   const std::string text = "Hello w\xc3\xb6rld \xf0\x9f\x8e\x89, stop here: the end";  // "Hello wörld 🎉, stop here: the end"
   const std::vector<int32_t> ids = tok.encode(text, false);
   REQUIRE(tok.decode(ids) == text);
-  for (const std::string stop : {std::string("\xf0\x9f\x8e\x89, st"), std::string("re: the"), std::string("Hello")}) {
+  for (const std::string& stop : {std::string("\xf0\x9f\x8e\x89, st"), std::string("re: the"), std::string("Hello")}) {
     const std::vector<std::string> stops{stop};
     nn::StopText st(stops);
     const auto detok = nn::detokenizer(tok)();
