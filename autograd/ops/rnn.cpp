@@ -61,8 +61,7 @@ template <Backend B> Var<B> RnnOps<B>::lstm_cell(const X& gates, const X& c) {
   const Tensor<B> c2 = f.mul(cv).add(i.mul(tg));
   const Tensor<B> tc = c2.tanh();
   Tensor<B> y = Tensor<B>::cat({o.mul(tc), c2}, 1);
-  return record<B>("lstm_cell", std::move(y), {&gates, &c}, [sg, tg, cv, tc, H](const Tensor<B>& g) {
-    const Tensor<B> i = sg.narrow(1, 0, H), f = sg.narrow(1, H, H), o = sg.narrow(1, 3 * H, H);
+  return record<B>("lstm_cell", std::move(y), {&gates, &c}, [i, f, o, tg, cv, tc, H](const Tensor<B>& g) {
     const Tensor<B> dh = g.narrow(1, 0, H), dc2 = g.narrow(1, H, H).add(dh.mul(o).mul(one_minus(tc.square())));
     const Tensor<B> di = dc2.mul(tg).mul(i.mul(one_minus(i)));
     const Tensor<B> df = dc2.mul(cv).mul(f.mul(one_minus(f)));
@@ -85,8 +84,7 @@ template <Backend B> Var<B> RnnOps<B>::gru_cell(const X& gi, const X& gh, const 
   const Tensor<B> r = rz.narrow(1, 0, H), z = rz.narrow(1, H, H), ghn = ghv.narrow(1, 2 * H, H);
   const Tensor<B> n = giv.narrow(1, 2 * H, H).add(r.mul(ghn)).tanh();
   Tensor<B> y = n.add(z.mul(hv.sub(n)));
-  return record<B>("gru_cell", std::move(y), {&gi, &gh, &h}, [rz, n, ghn, hv, H](const Tensor<B>& g) {
-    const Tensor<B> r = rz.narrow(1, 0, H), z = rz.narrow(1, H, H);
+  return record<B>("gru_cell", std::move(y), {&gi, &gh, &h}, [r, z, n, ghn, hv](const Tensor<B>& g) {
     const Tensor<B> dz = g.mul(hv.sub(n)).mul(z.mul(one_minus(z)));
     const Tensor<B> dn = g.mul(one_minus(z)).mul(one_minus(n.square()));
     const Tensor<B> dr = dn.mul(ghn).mul(r.mul(one_minus(r)));

@@ -72,7 +72,11 @@ def main():
     ap.add_argument("--only", default="gpt2,llama3,qwen2,bert_uncased,unigram_t5", help="comma-separated tokenizer names")
     a = ap.parse_args()
     text = bench_text(a.size)
-    tmp = tempfile.mkdtemp(prefix="kiln-bench-text-")
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-text-") as tmp:  # removed at the end, pass or fail
+        run(a, text, tmp)
+
+
+def run(a, text, tmp):
     path = os.path.join(tmp, "text.txt")
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
