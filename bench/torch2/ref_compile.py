@@ -5,6 +5,7 @@ Same arguments as kiln_ref.py (bench/train_vs_torch2.py runs `... ref_compile.py
 interpreter of bench/.venv-torch2). Only the forward is compiled (the backward follows through
 AOTAutograd); the loss, gradient norm, clipping and AdamW step stay eager, as in kiln_ref.py. The
 first steps include the compilation: the benchmark reads the fastest step of steps 3.. only.
+KILN_BENCH_SIMDLEN=256 makes Inductor generate AVX2-width code (train_vs_torch2.py --isa avx2).
 """
 import os
 import sys
@@ -13,6 +14,11 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "reference"))
 import kiln_ref  # noqa: E402
+
+if os.environ.get("KILN_BENCH_SIMDLEN"):
+    import torch._inductor.config
+
+    torch._inductor.config.cpp.simdlen = int(os.environ["KILN_BENCH_SIMDLEN"])
 
 _build = kiln_ref.build
 
