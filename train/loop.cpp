@@ -364,14 +364,7 @@ template <Backend B> void Engine<B>::save_checkpoint(int64_t step_count) {
     for (auto& [n, v] : ema_->state_dict()) ts.emplace_back("ema." + n, v);
   if (!o_.hooks.main_process) return;  // rank 0 writes
   std::map<std::string, std::string> meta = o_.metadata;
-  const Generator& g = default_generator();
-  meta["kiln_checkpoint"] = "1";
-  meta["step"] = std::to_string(step_count);
-  meta["rng_seed"] = std::to_string(g.seed());
-  meta["rng_offset"] = std::to_string(g.offset());
-  meta["grad_accum"] = std::to_string(k_);
-  meta["optimizer"] = opt_.kind();
-  meta["optimizer_kinds"] = "2";  // stable names, AdamW apart from Adam (Optimizer::reads_kind)
+  for (auto& [k, v] : checkpoint_metadata(step_count, k_, opt_.kind())) meta[k] = v;
   meta["skipped_steps"] = std::to_string(skipped_);
   if (o_.scheduler) {
     meta["scheduler"] = o_.scheduler->kind();
@@ -720,6 +713,20 @@ template <Backend B> void Engine<B>::after_update(int64_t step, int64_t epoch, j
 }
 
 }  // namespace
+
+std::map<std::string, std::string> checkpoint_metadata(int64_t step, int64_t grad_accum, const std::string& optimizer_kind) {
+  const Generator& g = default_generator();
+  std::map<std::string, std::string> meta{{"kiln_checkpoint", "1"},
+                                          {"step", std::to_string(step)},
+                                          {"rng_seed", std::to_string(g.seed())},
+                                          {"rng_offset", std::to_string(g.offset())},
+                                          {"grad_accum", std::to_string(grad_accum)}};
+  if (!optimizer_kind.empty()) {
+    meta["optimizer"] = optimizer_kind;
+    meta["optimizer_kinds"] = "2";  // stable names, AdamW apart from Adam (Optimizer::reads_kind)
+  }
+  return meta;
+}
 
 namespace fit_detail {
 

@@ -221,6 +221,11 @@ struct FitResult {
   bool stopped = false;               // a callback or stop_after ended the run before total_steps
 };
 
+// The metadata every kiln checkpoint starts from (fit's, and save_checkpoint's in train/trainer.hpp):
+// kiln_checkpoint = "1", step, rng_seed / rng_offset (the default generator now), grad_accum, and with
+// an optimizer kind (Optimizer::kind(); "" = no optimizer state) optimizer and optimizer_kinds = "2".
+KILN_API std::map<std::string, std::string> checkpoint_metadata(int64_t step, int64_t grad_accum, const std::string& optimizer_kind);
+
 namespace fit_detail {
 
 // The loop's view of a data source; the typed wrappers below hold the batch the loop last fetched.

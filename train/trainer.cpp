@@ -120,15 +120,15 @@ template <Backend B> void save_checkpoint(const std::string& path, const nn::GPT
   for (auto& [n, v] : model.state_dict()) ts.emplace_back("model." + n, v);
   if (opt)
     for (auto& [n, v] : opt->state_dict()) ts.emplace_back("optim." + n, v);
-  const Generator& g = default_generator();
-  safetensors::save<B>(path, ts,
-                       {{"kiln_checkpoint", "1"},
-                        {"step", std::to_string(step)},
-                        {"rng_seed", std::to_string(g.seed())},
-                        {"rng_offset", std::to_string(g.offset())},
-                        {"model_config", model.config().to_json().dump()},
-                        {"train_config", t.to_json().dump()},
-                        {"data", data_path}});
+  // What kiln::fit's checkpoints hold (train/loop.hpp), so `kiln train --resume` continues from it:
+  // the optimizer's kind beside its state (a run with another optimizer is refused), grad_accum,
+  // IndexedBatches data.
+  std::map<std::string, std::string> meta = checkpoint_metadata(step, t.grad_accum, opt ? opt->kind() : std::string());
+  meta["data.kind"] = "indexed";
+  meta["model_config"] = model.config().to_json().dump();
+  meta["train_config"] = t.to_json().dump();
+  meta["data"] = data_path;
+  safetensors::save<B>(path, ts, meta);
 }
 
 template <Backend B> std::shared_ptr<nn::GPT<B>> load_gpt(const std::string& path, const std::string& model_json) {

@@ -71,7 +71,9 @@ KILN_API std::unique_ptr<optim::Optimizer<B>> make_optimizer(const nn::Module<B>
 template <Backend B> KILN_API std::shared_ptr<optim::LRScheduler> make_scheduler(optim::Optimizer<B>& opt, const TrainConfig& tc);
 template <Backend B> KILN_API std::shared_ptr<optim::EMA<B>> make_ema(const nn::Module<B>& model, const TrainConfig& tc);
 
-// Checkpoint I/O, for `kiln train --resume`, `kiln sample` and `kiln inspect`.
+// Checkpoint I/O, for `kiln train --resume`, `kiln sample` and `kiln inspect`. save_checkpoint writes
+// what kiln::fit's checkpoints of IndexedBatches data hold (checkpoint_metadata in train/loop.hpp: the
+// optimizer's kind beside its state, grad_accum), so `kiln train --resume` continues from it bit for bit.
 template <Backend B> KILN_API void save_checkpoint(const std::string& path, const nn::GPT<B>& model, const optim::Optimizer<B>* opt,
                                                    int64_t step, const TrainConfig& t, const std::string& data_path);
 
