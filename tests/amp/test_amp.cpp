@@ -674,10 +674,14 @@ int sh(const std::string& cmd) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+// The records of the training steps (not the evaluation before training, "step": -1).
 std::vector<json> read_log(const std::string& path) {
   std::ifstream in(path);
   std::vector<json> recs;
-  for (std::string line; std::getline(in, line);) recs.push_back(json::parse(line));
+  for (std::string line; std::getline(in, line);) {
+    json r = json::parse(line);
+    if (r["step"].get<int64_t>() >= 0) recs.push_back(std::move(r));
+  }
   return recs;
 }
 
