@@ -10,6 +10,7 @@
 #include "kiln/dist/zero.hpp"
 #include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
+#include "kiln/nn/hf/causal_lm.hpp"
 #include "kiln/nn/init.hpp"
 #include "kiln/nn/lora.hpp"
 #include "kiln/nn/loss.hpp"
@@ -102,16 +103,34 @@ template <Backend B> std::shared_ptr<optim::EMA<B>> make_ema(const nn::Module<B>
   return std::make_shared<optim::EMA<B>>(model.named_parameters(), optim::EMAOptions{.decay = tc.ema->decay, .warmup = tc.ema->warmup});
 }
 
-template <Backend B>
-double evaluate(const nn::GPT<B>& model, const TokenData& data, int64_t batches, int64_t batch_size, int64_t seq_len, DType precision) {
+namespace {
+
+// Mean cross-entropy of batches 0..batches-1 of `data` under a model whose forward(ids) gives logits [B, T, vocab].
+template <Backend B, class Model> double mean_lm_loss(const Model& model, int64_t vocab, const TokenData& data, int64_t batches,
+                                                      int64_t batch_size, int64_t seq_len, DType precision) {
+  KILN_CHECK(batches >= 1 && batch_size >= 1 && seq_len >= 1, "evaluate: batches {}, batch_size {} and seq_len {} must be >= 1", batches,
+             batch_size, seq_len);
   NoGrad ng;
   double total = 0;
   for (int64_t i = 0; i < batches; ++i) {
     const auto [x, y] = data.batch<B>(i, batch_size, seq_len);
     const autocast::Scope ac(precision);
-    total += item<double>(lm_loss(model, x, y).value());
+    const Var<B> logits = model.forward(x);
+    total += item<double>(nn::cross_entropy(logits.reshape({-1, vocab}), y.reshape({-1})).value());
   }
   return total / static_cast<double>(batches);
+}
+
+}  // namespace
+
+template <Backend B>
+double evaluate(const nn::GPT<B>& model, const TokenData& data, int64_t batches, int64_t batch_size, int64_t seq_len, DType precision) {
+  return mean_lm_loss<B>(model, model.config().vocab_size, data, batches, batch_size, seq_len, precision);
+}
+
+template <Backend B> double evaluate(const hf::CausalLM<B>& model, const TokenData& data, int64_t batches, int64_t batch_size,
+                                     int64_t seq_len, DType precision) {
+  return mean_lm_loss<B>(model, model.spec().vocab, data, batches, batch_size, seq_len, precision);
 }
 
 template <Backend B> void save_checkpoint(const std::string& path, const nn::GPT<B>& model, const optim::Optimizer<B>* opt, int64_t step,
@@ -358,6 +377,7 @@ TrainResult train_gpt(const TrainOptions& o) {
                                    const std::string&);                                                                            \
   template std::shared_ptr<nn::GPT<B>> load_gpt<B>(const std::string&, const std::string&);                                        \
   template double evaluate<B>(const nn::GPT<B>&, const TokenData&, int64_t, int64_t, int64_t, DType);                              \
+  template double evaluate<B>(const hf::CausalLM<B>&, const TokenData&, int64_t, int64_t, int64_t, DType);                         \
   template std::unique_ptr<optim::Optimizer<B>> make_optimizer<B>(const nn::Module<B>&, const OptimizerConfig&, bool);             \
   template std::shared_ptr<optim::LRScheduler> make_scheduler<B>(optim::Optimizer<B>&, const TrainConfig&);                        \
   template std::shared_ptr<optim::EMA<B>> make_ema<B>(const nn::Module<B>&, const TrainConfig&);                                   \

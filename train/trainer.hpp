@@ -27,6 +27,10 @@
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
+namespace hf {
+template <Backend B> class CausalLM;  // nn/hf/causal_lm.hpp
+}
+
 struct TrainOptions {
   std::string model_path;       // model.json ("" = defaults)
   std::string train_path;       // train.json ("" = defaults)
@@ -84,6 +88,10 @@ template <Backend B> KILN_API std::shared_ptr<nn::GPT<B>> load_gpt(const std::st
 // to `precision` (f32: none), as kiln::fit evaluates a model trained with "precision".
 template <Backend B> KILN_API double evaluate(const nn::GPT<B>& model, const class TokenData& data, int64_t batches, int64_t batch_size,
                                               int64_t seq_len, DType precision = DType::f32);
+// The same for a Hugging Face model (hf::load_causal_lm, with a LoRA adapter loaded or not): `kiln eval`
+// on a model directory.
+template <Backend B> KILN_API double evaluate(const hf::CausalLM<B>& model, const class TokenData& data, int64_t batches,
+                                              int64_t batch_size, int64_t seq_len, DType precision = DType::f32);
 
 }  // namespace kiln
 #pragma GCC visibility pop
