@@ -3,7 +3,7 @@
 // parameters' elements, then the ranks all-gather the updated parameters.
 //
 //   dist::DistributedDataParallel<Cpu> ddp(model);
-//   dist::ZeroOptimizer<Cpu> opt(model.named_parameters(), optim::AdamOptions{.lr = 1e-3, .weight_decay = 0.1});
+//   dist::ZeroOptimizer<Cpu> opt(model.named_parameters(), optim::AdamOptions{.lr = 1e-3, .weight_decay = 0.1, .decoupled = true});
 //   ... loss.backward(); opt.step(); ...
 //   auto state = opt.state_dict();          // collective: the full state, as optim::Adam writes it
 //   if (dist::is_main_process()) save(...);

@@ -56,6 +56,7 @@ void check_series(const LogSeries& s) {
   size_t j = 0;
   for (size_t k = 0; k < s.eval_step.size(); ++k) {
     KILN_FUZZ_ASSERT(std::isfinite(s.eval_loss[k]), "eval loss {} at step {}", s.eval_loss[k], s.eval_step[k]);
+    if (s.eval_step[k] == -1 && k == 0) continue;  // the evaluation before training: an eval point only
     while (j < n && s.step[j] < s.eval_step[k]) ++j;
     KILN_FUZZ_ASSERT(j < n && s.step[j] == s.eval_step[k], "eval step {} is not a step", s.eval_step[k]);
   }

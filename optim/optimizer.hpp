@@ -120,15 +120,18 @@ template <Backend B> class SGD : public Optimizer<B> {
   SGDOptions o_;
 };
 
+// torch.optim.Adam's defaults and update: weight decay is L2, added to the gradient before the moments
+// (decoupled = false). decoupled = true makes it AdamW (the weights decay by lr·weight_decay, apart from
+// the moments); optim::AdamW says so by its name, with torch.optim.AdamW's defaults.
 struct AdamOptions {
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
-  bool decoupled = true;  // true: AdamW (decay the weights), false: Adam (L2 added to the gradient)
+  bool decoupled = false;  // false: Adam (L2 added to the gradient), true: AdamW (decay the weights)
 };
 
-// Adam and AdamW (decoupled = true).
+// Adam (torch.optim.Adam) and, with decoupled = true, AdamW.
 template <Backend B> class Adam : public Optimizer<B> {
  public:
   Adam(std::vector<ParamGroup<B>> groups, AdamOptions o);
@@ -142,6 +145,26 @@ template <Backend B> class Adam : public Optimizer<B> {
   std::string legacy_kind() const override { return "adam"; }  // both, until 2026-11-26
   std::vector<std::string> buffer_names() const override;
   AdamOptions o_;
+};
+
+// torch.optim.AdamW's defaults (weight_decay 0.01, unlike Adam's 0).
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;  // decoupled: w ← w·(1 − lr·weight_decay)
+};
+
+// AdamW (torch.optim.AdamW): Adam with decoupled weight decay; its checkpoints record "adamw".
+template <Backend B> class AdamW : public Adam<B> {
+ public:
+  AdamW(std::vector<ParamGroup<B>> groups, AdamWOptions o) : Adam<B>(std::move(groups), adam_options(o)) {}
+  AdamW(const NamedParams<B>& params, AdamWOptions o) : AdamW(decay_groups(params, o.lr, o.weight_decay), o) {}
+
+ private:
+  static AdamOptions adam_options(const AdamWOptions& o) {
+    return {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay, .decoupled = true};
+  }
 };
 
 // The stable kind (Optimizer::kind) of a kiln optimizer recorded by its Itanium-mangled typeid name

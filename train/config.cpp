@@ -26,6 +26,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   f.get("grad_clip", c.grad_clip);
   f.get("eval_every", c.eval_every);
   f.get("eval_batches", c.eval_batches);
+  f.get("eval_at_start", c.eval_at_start);
   f.get("checkpoint_every", c.checkpoint_every);
   f.get("grad_accum", c.grad_accum);
   f.get("on_nonfinite", c.on_nonfinite);
@@ -264,6 +265,7 @@ json TrainConfig::to_json() const {
               {"schedule", s},
               {"eval_every", eval_every},
               {"eval_batches", eval_batches},
+              {"eval_at_start", eval_at_start},
               {"checkpoint_every", checkpoint_every},
               {"grad_accum", grad_accum},
               {"on_nonfinite", on_nonfinite},

@@ -132,6 +132,8 @@ template <Backend B> class Engine {
   json step_record(int64_t step, const StepSums& sums, double lr, double norm, double ms, double loss_scale, Update u) const;
   void after_update(int64_t step, int64_t epoch, json& rec, FitState& st);
   double evaluate(std::map<std::string, double>& metrics);
+  double evaluate_weights(std::map<std::string, double>& metrics);  // the EMA's when there is one
+  void evaluate_at_start(FitResult& res, std::FILE* log, ProgressBar* bar);
   void save_checkpoint(int64_t step_count);
   [[noreturn]] void fail_nonfinite(int64_t step, double loss, double norm, double loss_scale);
 
@@ -342,6 +344,49 @@ template <Backend B> double Engine<B>::evaluate(std::map<std::string, double>& m
   return mean(losses);
 }
 
+template <Backend B> double Engine<B>::evaluate_weights(std::map<std::string, double>& metrics) {
+  if (!ema_) return evaluate(metrics);
+  ema_->swap();  // evaluate the averages; swapped back even if the step function throws
+  struct Back {
+    optim::EMA<B>* e;
+    ~Back() { e->swap(); }
+  } back{ema_};
+  return evaluate(metrics);
+}
+
+// The evaluation before the first step (eval_at_start): a record {"step": -1, "eval_loss": ...} (the
+// weights "after step -1"), the on_eval callbacks with FitState::step = -1, and the first entry of
+// FitResult::eval_losses (eval_steps 0). No scheduler steps on it.
+template <Backend B> void Engine<B>::evaluate_at_start(FitResult& res, std::FILE* log, ProgressBar* bar) {
+  FitState st;
+  st.step = -1;
+  st.total_steps = total_;
+  st.epoch = train_.epoch();
+  st.lr = opt_.groups().empty() ? 0.0 : opt_.groups()[0].lr;
+  st.eval_loss = evaluate_weights(st.metrics);
+  st.evaluated = true;
+  json rec = {{"step", -1}, {"eval_loss", st.eval_loss}};
+  for (const auto& cb : o_.callbacks)
+    if (cb.on_eval) cb.on_eval(st);
+  for (const auto& [k, v] : st.metrics) {
+    KILN_CHECK(!rec.contains(k), "fit: metric '{}' at the evaluation before training has the name of a built-in log key", k);
+    rec[k] = v;
+  }
+  if (log) {
+    fmt::print(log, "{}\n", rec.dump());
+    std::fflush(log);
+  }
+  if (bar) bar->message(fmt::format("before training: eval {:.4f}", st.eval_loss));
+  for (const std::string& line : st.messages) {  // what the callbacks print(), as after a step
+    if (bar)
+      bar->message(line);
+    else
+      fmt::print("{}\n", line);
+  }
+  res.eval_losses.push_back(st.eval_loss);
+  res.eval_steps.push_back(0);
+}
+
 template <Backend B> void Engine<B>::save_checkpoint(int64_t step_count) {
   // Never replace a good checkpoint with a diverged model: every parameter must be finite.
   {
@@ -364,14 +409,7 @@ template <Backend B> void Engine<B>::save_checkpoint(int64_t step_count) {
     for (auto& [n, v] : ema_->state_dict()) ts.emplace_back("ema." + n, v);
   if (!o_.hooks.main_process) return;  // rank 0 writes
   std::map<std::string, std::string> meta = o_.metadata;
-  const Generator& g = default_generator();
-  meta["kiln_checkpoint"] = "1";
-  meta["step"] = std::to_string(step_count);
-  meta["rng_seed"] = std::to_string(g.seed());
-  meta["rng_offset"] = std::to_string(g.offset());
-  meta["grad_accum"] = std::to_string(k_);
-  meta["optimizer"] = opt_.kind();
-  meta["optimizer_kinds"] = "2";  // stable names, AdamW apart from Adam (Optimizer::reads_kind)
+  for (auto& [k, v] : checkpoint_metadata(step_count, k_, opt_.kind())) meta[k] = v;
   meta["skipped_steps"] = std::to_string(skipped_);
   if (o_.scheduler) {
     meta["scheduler"] = o_.scheduler->kind();
@@ -413,13 +451,17 @@ template <Backend B> FitResult Engine<B>::run() {
   FitResult res;
   res.start_step = start_;
   int64_t step = start_, last_checkpoint = -1;
+  if (eval_ && o_.eval_at_start && start_ == 0 && end_ > 0 && main) evaluate_at_start(res, log, show ? &bar : nullptr);
   bool stop = false;
   while (step < end_ && !stop) {
     json rec;
     FitState st;
     one_step(step, rec, st);
     res.losses.push_back(st.loss);
-    if (st.evaluated) res.eval_losses.push_back(st.eval_loss);
+    if (st.evaluated) {
+      res.eval_losses.push_back(st.eval_loss);
+      res.eval_steps.push_back(step + 1);
+    }
     report(step, rec, st, log, show ? &bar : nullptr);
     ++step;
     if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
@@ -689,16 +731,7 @@ template <Backend B> void Engine<B>::after_update(int64_t step, int64_t epoch, j
   if (o_.scheduler && !o_.scheduler->needs_metric()) o_.scheduler->step();
   const bool eval_now = eval_ && ((o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == total_);
   if (eval_now && o_.hooks.main_process) {
-    if (ema_) {
-      ema_->swap();  // evaluate the averages; swapped back even if the step function throws
-      struct Back {
-        optim::EMA<B>* e;
-        ~Back() { e->swap(); }
-      } back{ema_};
-      st.eval_loss = evaluate(st.metrics);
-    } else {
-      st.eval_loss = evaluate(st.metrics);
-    }
+    st.eval_loss = evaluate_weights(st.metrics);
     st.evaluated = true;
     rec["eval_loss"] = st.eval_loss;
   }
@@ -720,6 +753,20 @@ template <Backend B> void Engine<B>::after_update(int64_t step, int64_t epoch, j
 }
 
 }  // namespace
+
+std::map<std::string, std::string> checkpoint_metadata(int64_t step, int64_t grad_accum, const std::string& optimizer_kind) {
+  const Generator& g = default_generator();
+  std::map<std::string, std::string> meta{{"kiln_checkpoint", "1"},
+                                          {"step", std::to_string(step)},
+                                          {"rng_seed", std::to_string(g.seed())},
+                                          {"rng_offset", std::to_string(g.offset())},
+                                          {"grad_accum", std::to_string(grad_accum)}};
+  if (!optimizer_kind.empty()) {
+    meta["optimizer"] = optimizer_kind;
+    meta["optimizer_kinds"] = "2";  // stable names, AdamW apart from Adam (Optimizer::reads_kind)
+  }
+  return meta;
+}
 
 namespace fit_detail {
 

@@ -47,7 +47,10 @@
 //      (also after a skipped step);
 //   7. evaluation when (s + 1) % eval_every == 0 or s is the run's last step (eval_every = 0: the
 //      last step only), on the EMA weights when options.ema is set; a ReduceLROnPlateau scheduler
-//      steps with its loss; then the on_eval callbacks;
+//      steps with its loss; then the on_eval callbacks. With eval_at_start (the default) a fresh run
+//      also evaluates before step 0 (nanoGPT's and llm.c's step-0 evaluation, transformers'
+//      eval_on_start): logged as a record {"step": -1, "eval_loss": ...}, the first of
+//      FitResult::eval_losses, on_eval called with FitState::step = -1; no scheduler steps on it;
 //   8. the on_step callbacks; at the end of a DataLoader epoch the loader moves to the next epoch,
 //      then the on_epoch callbacks;
 //   9. one JSONL record: step, loss (mean over the micro-batches), lr (group 0), grad_norm, ms (wall
@@ -143,7 +146,7 @@ enum class NonFinite { error, skip };
 
 // What callbacks see (after step `step`) and how they talk back.
 struct FitState {
-  int64_t step = 0;         // the optimizer step just completed (0-based)
+  int64_t step = 0;         // the optimizer step just completed (0-based); -1 at the evaluation before training
   int64_t total_steps = 0;  // of the whole run
   int64_t epoch = 0;        // DataLoader: the epoch this step belongs to (0 for IndexedBatches)
   double loss = 0, lr = 0, grad_norm = 0;
@@ -186,6 +189,7 @@ struct FitOptions {
   DType precision = DType::f32;                   // f32 (off), bf16 or f16: the autocast dtype of the step function
   autocast::LossScaleOptions loss_scale{};        // precision f16 only
   int64_t eval_every = 0;                         // evaluate every this many steps and after the last (0: the last only)
+  bool eval_at_start = true;                      // and before the first step (a fresh run, not a resumed one)
   std::string checkpoint_path{};                  // "" = no checkpoints
   int64_t checkpoint_every = 0;                   // 0 = only when the run ends
   std::string resume_path{};                      // a checkpoint of this loop to continue from
@@ -217,9 +221,15 @@ struct FitResult {
   int64_t skipped = 0;                // non-finite steps skipped, in total
   std::vector<double> losses{};       // of the steps run in this call
   std::vector<double> eval_losses{};  // of the evaluations run in this call
+  std::vector<int64_t> eval_steps{};  // for each: the optimizer steps done (0: before training, s + 1: after step s)
   bool interrupted = false;           // SIGINT/SIGTERM
   bool stopped = false;               // a callback or stop_after ended the run before total_steps
 };
+
+// The metadata every kiln checkpoint starts from (fit's, and save_checkpoint's in train/trainer.hpp):
+// kiln_checkpoint = "1", step, rng_seed / rng_offset (the default generator now), grad_accum, and with
+// an optimizer kind (Optimizer::kind(); "" = no optimizer state) optimizer and optimizer_kinds = "2".
+KILN_API std::map<std::string, std::string> checkpoint_metadata(int64_t step, int64_t grad_accum, const std::string& optimizer_kind);
 
 namespace fit_detail {
 

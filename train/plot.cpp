@@ -127,7 +127,8 @@ LogSeries read_log(const std::string& path, const std::string& label) {
     KILN_CHECK(!j.is_discarded(), "plot: {}: not a JSON object: {}", where, printable(line, 80));
     KILN_CHECK(j.is_object(), "plot: {}: not a JSON object: {}", where, printable(line, 80));
     const auto st = j.find("step");
-    KILN_CHECK(st != j.end() && st->is_number_integer() && st->get<int64_t>() >= 0, "plot: {}: needs an integer \"step\" >= 0, got {}",
+    // step -1: kiln::fit's evaluation before training (an eval point only)
+    KILN_CHECK(st != j.end() && st->is_number_integer() && st->get<int64_t>() >= -1, "plot: {}: needs an integer \"step\" >= -1, got {}",
                where, st == j.end() ? "none" : st->dump());
     Record r{.loss = number(j, "loss", where), .lr = number(j, "lr", where), .grad_norm = number(j, "grad_norm", where)};
     for (const char* key : {"tokens_per_s", "samples_per_s"}) {
@@ -141,16 +142,18 @@ LogSeries read_log(const std::string& path, const std::string& label) {
   KILN_CHECK(!in.bad(), "plot: reading '{}' failed", path);
   KILN_CHECK(!recs.empty(), "plot: '{}' holds no records", path);
   for (const auto& [step, r] : recs) {
+    if (std::isfinite(r.eval_loss)) {
+      s.eval_step.push_back(step);
+      s.eval_loss.push_back(r.eval_loss);
+    }
+    if (step < 0) continue;  // the evaluation before training: no training values
     s.step.push_back(step);
     s.loss.push_back(r.loss);
     s.lr.push_back(r.lr);
     s.grad_norm.push_back(r.grad_norm);
     s.throughput.push_back(r.throughput);
-    if (std::isfinite(r.eval_loss)) {
-      s.eval_step.push_back(step);
-      s.eval_loss.push_back(r.eval_loss);
-    }
   }
+  KILN_CHECK(!s.step.empty(), "plot: '{}' holds no records of training steps (only the evaluation before training)", path);
   return s;
 }
 

@@ -6,7 +6,8 @@
 //   kiln::plot_logs({.logs = {"a/log.jsonl", "b/log.jsonl"}, .labels = {"mha", "diff"}, .out = "curves.png"});
 //   kiln plot --log a/log.jsonl --label mha --log b/log.jsonl --label diff --out curves.png
 //
-// A log line is one JSON object with an integer "step"; the keys used are "loss", "eval_loss", "lr",
+// A log line is one JSON object with an integer "step" (-1: kiln::fit's evaluation before training, an
+// eval point only); the keys used are "loss", "eval_loss", "lr",
 // "grad_norm" and "tokens_per_s" (else "samples_per_s"); others are ignored. A resumed run that
 // re-logged steps keeps the last record of each step. The PNG is written to a temporary file and
 // renamed, so a failed plot never leaves a half-written image.
@@ -29,9 +30,9 @@ struct PlotOptions {
 // One run's records, as plot_logs reads them (exposed for tests and for users' own reports).
 struct LogSeries {
   std::string label;
-  std::vector<int64_t> step;                            // every record, ascending, unique
+  std::vector<int64_t> step;                            // every record of a step >= 0, ascending, unique
   std::vector<double> loss, lr, grad_norm, throughput;  // NaN where a record lacks the key
-  std::vector<int64_t> eval_step;                       // records with "eval_loss"
+  std::vector<int64_t> eval_step;                       // records with "eval_loss" (-1 first: before training)
   std::vector<double> eval_loss;
   std::string throughput_key;  // "tokens_per_s", "samples_per_s" or "" (none in the log)
 };

@@ -10,6 +10,7 @@
 #include "kiln/dist/zero.hpp"
 #include "kiln/formats/printable.hpp"
 #include "kiln/formats/safetensors.hpp"
+#include "kiln/nn/hf/causal_lm.hpp"
 #include "kiln/nn/init.hpp"
 #include "kiln/nn/lora.hpp"
 #include "kiln/nn/loss.hpp"
@@ -102,16 +103,34 @@ template <Backend B> std::shared_ptr<optim::EMA<B>> make_ema(const nn::Module<B>
   return std::make_shared<optim::EMA<B>>(model.named_parameters(), optim::EMAOptions{.decay = tc.ema->decay, .warmup = tc.ema->warmup});
 }
 
-template <Backend B>
-double evaluate(const nn::GPT<B>& model, const TokenData& data, int64_t batches, int64_t batch_size, int64_t seq_len, DType precision) {
+namespace {
+
+// Mean cross-entropy of batches 0..batches-1 of `data` under a model whose forward(ids) gives logits [B, T, vocab].
+template <Backend B, class Model> double mean_lm_loss(const Model& model, int64_t vocab, const TokenData& data, int64_t batches,
+                                                      int64_t batch_size, int64_t seq_len, DType precision) {
+  KILN_CHECK(batches >= 1 && batch_size >= 1 && seq_len >= 1, "evaluate: batches {}, batch_size {} and seq_len {} must be >= 1", batches,
+             batch_size, seq_len);
   NoGrad ng;
   double total = 0;
   for (int64_t i = 0; i < batches; ++i) {
     const auto [x, y] = data.batch<B>(i, batch_size, seq_len);
     const autocast::Scope ac(precision);
-    total += item<double>(lm_loss(model, x, y).value());
+    const Var<B> logits = model.forward(x);
+    total += item<double>(nn::cross_entropy(logits.reshape({-1, vocab}), y.reshape({-1})).value());
   }
   return total / static_cast<double>(batches);
+}
+
+}  // namespace
+
+template <Backend B>
+double evaluate(const nn::GPT<B>& model, const TokenData& data, int64_t batches, int64_t batch_size, int64_t seq_len, DType precision) {
+  return mean_lm_loss<B>(model, model.config().vocab_size, data, batches, batch_size, seq_len, precision);
+}
+
+template <Backend B> double evaluate(const hf::CausalLM<B>& model, const TokenData& data, int64_t batches, int64_t batch_size,
+                                     int64_t seq_len, DType precision) {
+  return mean_lm_loss<B>(model, model.spec().vocab, data, batches, batch_size, seq_len, precision);
 }
 
 template <Backend B> void save_checkpoint(const std::string& path, const nn::GPT<B>& model, const optim::Optimizer<B>* opt, int64_t step,
@@ -120,15 +139,15 @@ template <Backend B> void save_checkpoint(const std::string& path, const nn::GPT
   for (auto& [n, v] : model.state_dict()) ts.emplace_back("model." + n, v);
   if (opt)
     for (auto& [n, v] : opt->state_dict()) ts.emplace_back("optim." + n, v);
-  const Generator& g = default_generator();
-  safetensors::save<B>(path, ts,
-                       {{"kiln_checkpoint", "1"},
-                        {"step", std::to_string(step)},
-                        {"rng_seed", std::to_string(g.seed())},
-                        {"rng_offset", std::to_string(g.offset())},
-                        {"model_config", model.config().to_json().dump()},
-                        {"train_config", t.to_json().dump()},
-                        {"data", data_path}});
+  // What kiln::fit's checkpoints hold (train/loop.hpp), so `kiln train --resume` continues from it:
+  // the optimizer's kind beside its state (a run with another optimizer is refused), grad_accum,
+  // IndexedBatches data.
+  std::map<std::string, std::string> meta = checkpoint_metadata(step, t.grad_accum, opt ? opt->kind() : std::string());
+  meta["data.kind"] = "indexed";
+  meta["model_config"] = model.config().to_json().dump();
+  meta["train_config"] = t.to_json().dump();
+  meta["data"] = data_path;
+  safetensors::save<B>(path, ts, meta);
 }
 
 template <Backend B> std::shared_ptr<nn::GPT<B>> load_gpt(const std::string& path, const std::string& model_json) {
@@ -269,6 +288,7 @@ FitOptions fit_options(const TrainOptions& o, const TrainConfig& tc, bool main, 
                     .on_nonfinite = tc.on_nonfinite == "skip" ? NonFinite::skip : NonFinite::error,
                     .precision = parse_dtype(tc.precision),
                     .eval_every = tc.eval_every,
+                    .eval_at_start = tc.eval_at_start,
                     .checkpoint_path = o.checkpoint_path,
                     .checkpoint_every = tc.checkpoint_every,
                     .resume_path = o.resume_path,
@@ -357,6 +377,7 @@ TrainResult train_gpt(const TrainOptions& o) {
                                    const std::string&);                                                                            \
   template std::shared_ptr<nn::GPT<B>> load_gpt<B>(const std::string&, const std::string&);                                        \
   template double evaluate<B>(const nn::GPT<B>&, const TokenData&, int64_t, int64_t, int64_t, DType);                              \
+  template double evaluate<B>(const hf::CausalLM<B>&, const TokenData&, int64_t, int64_t, int64_t, DType);                         \
   template std::unique_ptr<optim::Optimizer<B>> make_optimizer<B>(const nn::Module<B>&, const OptimizerConfig&, bool);             \
   template std::shared_ptr<optim::LRScheduler> make_scheduler<B>(optim::Optimizer<B>&, const TrainConfig&);                        \
   template std::shared_ptr<optim::EMA<B>> make_ema<B>(const nn::Module<B>&, const TrainConfig&);                                   \

@@ -27,6 +27,10 @@
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
 namespace kiln {
 
+namespace hf {
+template <Backend B> class CausalLM;  // nn/hf/causal_lm.hpp
+}
+
 struct TrainOptions {
   std::string model_path;       // model.json ("" = defaults)
   std::string train_path;       // train.json ("" = defaults)
@@ -71,7 +75,9 @@ KILN_API std::unique_ptr<optim::Optimizer<B>> make_optimizer(const nn::Module<B>
 template <Backend B> KILN_API std::shared_ptr<optim::LRScheduler> make_scheduler(optim::Optimizer<B>& opt, const TrainConfig& tc);
 template <Backend B> KILN_API std::shared_ptr<optim::EMA<B>> make_ema(const nn::Module<B>& model, const TrainConfig& tc);
 
-// Checkpoint I/O, for `kiln train --resume`, `kiln sample` and `kiln inspect`.
+// Checkpoint I/O, for `kiln train --resume`, `kiln sample` and `kiln inspect`. save_checkpoint writes
+// what kiln::fit's checkpoints of IndexedBatches data hold (checkpoint_metadata in train/loop.hpp: the
+// optimizer's kind beside its state, grad_accum), so `kiln train --resume` continues from it bit for bit.
 template <Backend B> KILN_API void save_checkpoint(const std::string& path, const nn::GPT<B>& model, const optim::Optimizer<B>* opt,
                                                    int64_t step, const TrainConfig& t, const std::string& data_path);
 
@@ -82,6 +88,10 @@ template <Backend B> KILN_API std::shared_ptr<nn::GPT<B>> load_gpt(const std::st
 // to `precision` (f32: none), as kiln::fit evaluates a model trained with "precision".
 template <Backend B> KILN_API double evaluate(const nn::GPT<B>& model, const class TokenData& data, int64_t batches, int64_t batch_size,
                                               int64_t seq_len, DType precision = DType::f32);
+// The same for a Hugging Face model (hf::load_causal_lm, with a LoRA adapter loaded or not): `kiln eval`
+// on a model directory.
+template <Backend B> KILN_API double evaluate(const hf::CausalLM<B>& model, const class TokenData& data, int64_t batches,
+                                              int64_t batch_size, int64_t seq_len, DType precision = DType::f32);
 
 }  // namespace kiln
 #pragma GCC visibility pop

@@ -78,6 +78,7 @@ def main():
     a = ap.parse_args()
     tc = dict(kiln_ref.TRAIN_DEFAULTS, **json.load(open(a.train)))
     tc["steps"] = a.steps
+    tc["shuffle"] = False  # the reference reads consecutive windows (kiln_ref.batch): the same batches for both
     tc.setdefault("eval_batches", 8)
     tokens = kiln_ref.load_safetensors(a.data)["tokens"]
     eval_tokens = kiln_ref.load_safetensors(a.eval_data)["tokens"]

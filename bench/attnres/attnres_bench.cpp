@@ -77,7 +77,8 @@ struct Bench {
   explicit Bench(const std::string& v) : name(v), c(config_for(v)) {
     model = std::make_unique<nn::GPT<Cpu>>(c);
     model->init_weights(0);
-    opt = std::make_unique<optim::Adam<Cpu>>(model->named_parameters(), optim::AdamOptions{.lr = 1e-3, .weight_decay = 0.1});
+    opt = std::make_unique<optim::Adam<Cpu>>(model->named_parameters(),
+                                             optim::AdamOptions{.lr = 1e-3, .weight_decay = 0.1, .decoupled = true});  // AdamW
     const int64_t B = 8, T = 128;
     Generator g(1);
     const Tensor<Cpu> ids = Tensor<Cpu>::uniform({B, T + 1}, 0.0, static_cast<double>(c.vocab_size), DType::f64, &g).to(DType::i64);

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   if (mode == "lora") nn::apply_lora(*model, {.r = 8, .alpha = 16, .target_modules = {"q_proj", "v_proj"}});
   int64_t trainable = 0;
   for (const auto& [n, p] : model->named_parameters()) trainable += p.requires_grad() ? p.numel() : 0;
-  optim::Adam<Cpu> opt(model->named_parameters(), {.lr = 1e-4, .weight_decay = 0.01});
+  optim::AdamW<Cpu> opt(model->named_parameters(), {.lr = 1e-4, .weight_decay = 0.01});
   std::mt19937_64 gen(0);
   std::vector<int64_t> tokens(static_cast<size_t>(Bn * T));
   for (auto& t : tokens) t = static_cast<int64_t>(gen() % static_cast<uint64_t>(model->spec().vocab));

@@ -201,8 +201,8 @@ struct Bench {
     model = std::make_unique<nn::GPT<Cpu>>(m.c);
     model->init_weights(0);
     for (auto& [n, p] : model->named_parameters()) params.push_back(p);
-    opt = std::make_unique<optim::Adam<Cpu>>(model->named_parameters(),
-                                             optim::AdamOptions{.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1});
+    opt = std::make_unique<optim::Adam<Cpu>>(
+        model->named_parameters(), optim::AdamOptions{.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1, .decoupled = true});
     Generator g(1);
     const Tensor<Cpu> ids = Tensor<Cpu>::uniform({m.B, m.T + 1}, 0.0, static_cast<double>(m.c.vocab_size), DType::f64, &g).to(DType::i64);
     x = ids.narrow(1, 0, m.T).contiguous();

@@ -137,7 +137,7 @@ TEST_CASE("emulated device: a GPT training step waits for the GPU a fixed, small
     c.residual = residual;
     c.attnres_block_size = 2;
     nn::GPT<Cuda> model(c.resolved());
-    optim::Adam<Cuda> opt(model.named_parameters(), optim::AdamOptions{.lr = 1e-3, .weight_decay = 0.1});
+    optim::AdamW<Cuda> opt(model.named_parameters(), optim::AdamWOptions{.lr = 1e-3, .weight_decay = 0.1});
     const std::vector<Var<Cuda>> params = model.parameters();
     Generator g(5);
     const Tensor<Cpu> toks = Tensor<Cpu>::rand({2, 17}, DType::f32, &g).mul(50.0).to(DType::i64);  // [0, 50), truncated

@@ -97,7 +97,7 @@ TEST_CASE("lora: three AdamW steps match PEFT (losses 1e-5, adapter weights 1e-4
       model->eval();
       CHECK(max_abs_diff(first_row_logits(*model, ids), doubles(e["logits_init"])) < 1e-5);
       model->train();
-      optim::Adam<Cpu> opt(model->named_parameters(), {.lr = e["lr"].get<double>(), .weight_decay = e["weight_decay"].get<double>()});
+      optim::AdamW<Cpu> opt(model->named_parameters(), {.lr = e["lr"].get<double>(), .weight_decay = e["weight_decay"].get<double>()});
       const auto want = doubles(e["losses"]);
       for (size_t s = 0; s < want.size(); ++s) {
         opt.zero_grad();

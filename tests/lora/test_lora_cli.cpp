@@ -126,6 +126,7 @@ TEST_CASE("lora cli: kiln train --init-from MODEL_DIR --lora-r fine-tunes a text
   for (std::string line; std::getline(lion_log, line);) {
     if (line.empty()) continue;
     const json rec = json::parse(line);
+    if (rec["step"].get<int64_t>() < 0) continue;  // the evaluation before training (kiln::fit's eval_at_start)
     lr.push_back(rec["lr"].get<double>());
     evals += rec.contains("eval_loss") && rec["eval_loss"].get<double>() > 0;
   }

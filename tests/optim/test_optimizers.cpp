@@ -4,6 +4,7 @@
 // continues the same trajectory; bad options are Errors.
 #include <catch2/catch.hpp>
 
+#include <fstream>
 #include <memory>
 #include <typeinfo>
 
@@ -208,6 +209,12 @@ TEST_CASE("optimizers: stable kinds, the same from every compiler, and the names
     CHECK(opt->reads_kind("adam", true) == (old == "adam"));
     CHECK(opt->reads_kind("adam", false) == (kind == "adam"));
   }
+  // AdamW (its own class): "adamw"; an older kiln's AdamW recorded "adam" or optim::Adam's typeid name.
+  AdamW<Cpu> aw(ps.groups(0.1), AdamWOptions{});
+  CHECK(aw.kind() == "adamw");
+  CHECK(aw.reads_kind("adam", true));
+  CHECK(aw.reads_kind("N4kiln5optim4AdamINS_3CpuEEE", true));
+  CHECK(!aw.reads_kind("adam", false));
   // GCC's manglings, written out: any backend, any optimizer of kiln's; the rest is left as it is.
   CHECK(legacy_optimizer_kind("N4kiln5optim4LionINS_3CpuEEE") == "lion");
   CHECK(legacy_optimizer_kind("N4kiln5optim7RMSpropINS_4CudaEEE") == "rmsprop");
@@ -216,4 +223,45 @@ TEST_CASE("optimizers: stable kinds, the same from every compiler, and the names
   for (const std::string same :
        {"adam", "N4kiln5optim6MyAdamINS_3CpuEEE", "N4kiln5optim4Adam", "N4kiln5optim99999", "N4kiln5optim", "N2me6MyOptimE", ""})
     CHECK(legacy_optimizer_kind(same) == same);
+}
+
+TEST_CASE("optimizers: Adam is torch.optim.Adam and AdamW is torch.optim.AdamW by default, weight decay in the gradient or on the weights",
+          "[optim]") {
+  // adam_torch.json (make_adam_fixture.py, PyTorch 1.13): 5 float64 steps of each; the named-parameter
+  // constructors decay p (rank 2) and not q, as the fixture's two groups.
+  std::ifstream f(std::string(KILN_SOURCE_DIR) + "/tests/optim/adam_torch.json");
+  REQUIRE(f.good());
+  const nlohmann::json c = nlohmann::json::parse(f);
+  using namespace optim;
+  for (const std::string name : {"adam_wd", "adamw_wd", "adam_defaults", "adamw_defaults"}) {
+    INFO(name);
+    Params<Cpu> ps = params<Cpu>(c, DType::f64);
+    const NamedParams<Cpu> named{{"p", ps.p}, {"q", ps.q}};
+    std::unique_ptr<Optimizer<Cpu>> opt;
+    if (name == "adam_wd") opt = std::make_unique<Adam<Cpu>>(named, AdamOptions{.lr = 0.01, .weight_decay = 0.1});
+    if (name == "adamw_wd") opt = std::make_unique<AdamW<Cpu>>(named, AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
+    if (name == "adam_defaults") opt = std::make_unique<Adam<Cpu>>(named, AdamOptions{});
+    if (name == "adamw_defaults") opt = std::make_unique<AdamW<Cpu>>(named, AdamWOptions{});
+    CHECK(opt->kind() == (name.starts_with("adamw") ? "adamw" : "adam"));
+    const auto& want = c["cases"][name];
+    for (size_t s = 0; s < c["steps"].get<size_t>(); ++s) {
+      INFO("step " << s);
+      set_grads(ps, c, s, DType::f64);
+      opt->step();
+      check_close(values(ps.p), want["p"][s].get<std::vector<double>>(), 1e-12, 1e-14, "p");
+      check_close(values(ps.q), want["q"][s].get<std::vector<double>>(), 1e-12, 1e-14, "q");
+    }
+  }
+  // AdamW is Adam with decoupled = true, bit for bit.
+  Params<Cpu> a = params<Cpu>(c, DType::f64), b = params<Cpu>(c, DType::f64);
+  AdamW<Cpu> w({{"p", a.p}, {"q", a.q}}, AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
+  Adam<Cpu> d({{"p", b.p}, {"q", b.q}}, AdamOptions{.lr = 0.01, .weight_decay = 0.1, .decoupled = true});
+  for (size_t s = 0; s < 3; ++s) {
+    set_grads(a, c, s, DType::f64);
+    set_grads(b, c, s, DType::f64);
+    w.step();
+    d.step();
+  }
+  CHECK(values(a.p) == values(b.p));
+  CHECK(d.kind() == "adamw");
 }

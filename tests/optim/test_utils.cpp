@@ -204,7 +204,10 @@ struct FitSetup {
 std::vector<double> logged_lrs(const std::filesystem::path& log) {
   std::ifstream in(log);
   std::vector<double> out;
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line)["lr"].get<double>());
+  for (std::string line; std::getline(in, line);) {
+    const auto rec = nlohmann::json::parse(line);
+    if (rec["step"].get<int64_t>() >= 0) out.push_back(rec["lr"].get<double>());  // step -1: the evaluation before training
+  }
   return out;
 }
 
@@ -298,12 +301,13 @@ TEST_CASE("fit: evaluation runs on the EMA weights, and ReduceLROnPlateau steps 
   o.scheduler = plateau;
   o.ema = ema;
   fit(f.model, opt, f.batches(), f.batches(), f.step(), o);
-  REQUIRE(seen_eval.size() == 3);
-  for (size_t i = 0; i < 3; ++i) CHECK(seen_eval[i] == Approx(averaged_eval[i]).epsilon(1e-12));
-  // mode max on a falling loss: the first evaluation sets the best, each later one is worse: lr × 0.1 each time
+  REQUIRE(seen_eval.size() == 4);  // before training (the plateau does not step on it), after steps 1, 3 and 5
+  for (size_t i = 0; i < 4; ++i) CHECK(seen_eval[i] == Approx(averaged_eval[i]).epsilon(1e-12));
+  // mode max on a falling loss: the first evaluation after a step sets the best, each later one is worse: lr × 0.1 each time
   CHECK(lrs_after[0] == 0.05);
-  CHECK(lrs_after[1] == Approx(0.005).epsilon(1e-15));
-  CHECK(lrs_after[2] == Approx(0.0005).epsilon(1e-15));
+  CHECK(lrs_after[1] == 0.05);
+  CHECK(lrs_after[2] == Approx(0.005).epsilon(1e-15));
+  CHECK(lrs_after[3] == Approx(0.0005).epsilon(1e-15));
   CHECK(plateau->num_bad_epochs() == 0);
 }
 

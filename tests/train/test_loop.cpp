@@ -144,7 +144,9 @@ TEST_CASE("fit: a run stopped and resumed is bit-identical to one that never sto
   REQUIRE(full.result.steps_done == 12);
   REQUIRE(full.result.losses.size() == 12);
   const auto full_log = read_log(dir / "full.jsonl");
-  REQUIRE(full_log.size() == 12);
+  REQUIRE(full_log.size() == 13);  // the evaluation before training, and 12 steps
+  CHECK(full_log[0]["step"] == -1);
+  CHECK(full.result.eval_steps.front() == 0);
 
   // 6: mid-epoch (epoch 1, batch 4 of 7); 4: exactly at the first epoch boundary; 7: after the
   // short window that ends epoch 1.
@@ -162,6 +164,7 @@ TEST_CASE("fit: a run stopped and resumed is bit-identical to one that never sto
       const Run b = run_points(77, {.checkpoint_path = ck, .resume_path = ck, .log_path = log});
       CHECK(b.result.start_step == stop);
       CHECK(b.result.steps_done == 12);
+      CHECK(b.result.eval_steps.front() > stop);  // a resumed run does not evaluate "before training" again
       std::vector<double> losses = a.result.losses;
       losses.insert(losses.end(), b.result.losses.begin(), b.result.losses.end());
       CHECK(losses == full.result.losses);  // bit for bit
@@ -171,8 +174,8 @@ TEST_CASE("fit: a run stopped and resumed is bit-identical to one that never sto
       for (size_t i = 0; i < part.size(); ++i) {
         INFO("step " << i);
         CHECK(part[i]["step"] == full_log[i]["step"]);
-        CHECK(part[i]["loss"] == full_log[i]["loss"]);
-        CHECK(part[i]["grad_norm"] == full_log[i]["grad_norm"]);
+        CHECK(part[i].value("loss", json()) == full_log[i].value("loss", json()));  // none in the evaluation before training
+        CHECK(part[i].value("grad_norm", json()) == full_log[i].value("grad_norm", json()));
         CHECK(part[i].contains("eval_loss") == full_log[i].contains("eval_loss"));
         if (part[i].contains("eval_loss")) CHECK(part[i]["eval_loss"] == full_log[i]["eval_loss"]);
       }
@@ -202,8 +205,8 @@ TEST_CASE("fit: a run stopped and resumed is bit-identical to one that never sto
                                       << R"({"step": 6, "lo)";  // a torn line
     run_points(0, {.checkpoint_path = ck, .resume_path = ck, .log_path = log});
     const auto part = read_log(log);
-    REQUIRE(part.size() == 12);
-    for (size_t i = 0; i < part.size(); ++i) CHECK(part[i]["loss"] == full_log[i]["loss"]);
+    REQUIRE(part.size() == 13);  // the evaluation before training (kept), 12 steps
+    for (size_t i = 0; i < part.size(); ++i) CHECK(part[i].value("loss", json()) == full_log[i].value("loss", json()));
   }
   fs::remove_all(dir);
 }
@@ -462,12 +465,9 @@ TEST_CASE("fit: callbacks record metrics in the log and can stop the run", "[fit
   fs::remove_all(dir);
 }
 
-TEST_CASE("fit: evaluation runs exactly every eval_every steps and after the last, with the model in eval mode", "[fit]") {
+TEST_CASE("fit: evaluation runs before the first step, exactly every eval_every steps and after the last, with the model in eval mode",
+          "[fit]") {
   const fs::path dir = temp_dir();
-  manual_seed(6);
-  Net<C> model(8, 0.5);
-  optim::Adam<C> opt(model.named_parameters(), {.lr = 1e-2});
-  DataLoader train(points(48, 8), {.batch_size = 8, .shuffle = true, .seed = 2});
   const TensorDataset<C> eval_set = points(40, 9);
   const IndexedBatches eval{.batch =
                                 [&](int64_t i) {
@@ -475,41 +475,73 @@ TEST_CASE("fit: evaluation runs exactly every eval_every steps and after the las
                                                        i * 10 + 7, i * 10 + 8, i * 10 + 9});
                                 },
                             .count = 4};
-  std::vector<int64_t> eval_calls_at;  // training steps at which evaluation batches ran
-  int64_t steps_seen = 0;
-  auto step = [&](const std::pair<Tensor<C>, Tensor<C>>& b) {
-    if (!model.is_training()) {
-      CHECK_FALSE(grad_enabled());
-      eval_calls_at.push_back(steps_seen - 1);
-    } else {
-      ++steps_seen;
+  // The mean loss of the 4 evaluation batches, by hand.
+  auto eval_by_hand = [&](Net<C>& model) {
+    NoGrad ng;
+    const bool was = model.is_training();
+    model.eval();
+    double sum = 0;
+    for (int64_t i = 0; i < 4; ++i) {
+      const auto b = eval.batch(i);
+      sum += item<double>(nn::cross_entropy(model.forward(b.first), b.second).value());
     }
-    return nn::cross_entropy(model.forward(b.first), b.second);
+    model.train(was);
+    return sum / 4;
   };
-  std::vector<double> eval_losses;
-  FitOptions o{.steps = 10, .eval_every = 3, .log_path = (dir / "log.jsonl").string(), .progress = 0};
-  o.callbacks.push_back({.on_step = nullptr, .on_eval = [&](FitState& s) { eval_losses.push_back(s.eval_loss); }, .on_epoch = nullptr});
-  const FitResult r = fit(model, opt, train, eval, step, o);
-  const std::vector<int64_t> at{2, 5, 8, 9};
-  std::vector<int64_t> expect_calls;
-  for (int64_t s : at)
-    for (int i = 0; i < 4; ++i) expect_calls.push_back(s);
-  CHECK(eval_calls_at == expect_calls);
-  const auto log = read_log(dir / "log.jsonl");
-  REQUIRE(log.size() == 10);
-  for (int64_t s = 0; s < 10; ++s) CHECK(log[s].contains("eval_loss") == (std::find(at.begin(), at.end(), s) != at.end()));
-  CHECK(r.eval_losses == eval_losses);
-  REQUIRE(eval_losses.size() == 4);
-  // the last evaluation, by hand on the final model
-  NoGrad ng;
-  model.eval();
-  double sum = 0;
-  for (int64_t i = 0; i < 4; ++i) {
-    const auto b = eval.batch(i);
-    sum += item<double>(nn::cross_entropy(model.forward(b.first), b.second).value());
+  for (const bool at_start : {true, false}) {
+    INFO("eval_at_start " << at_start);
+    manual_seed(6);
+    Net<C> model(8, 0.5);
+    const double before = eval_by_hand(model);
+    optim::Adam<C> opt(model.named_parameters(), {.lr = 1e-2});
+    DataLoader train(points(48, 8), {.batch_size = 8, .shuffle = true, .seed = 2});
+    std::vector<int64_t> eval_calls_at;  // training steps at which evaluation batches ran (-1: before the first)
+    int64_t steps_seen = 0;
+    auto step = [&](const std::pair<Tensor<C>, Tensor<C>>& b) {
+      if (!model.is_training()) {
+        CHECK_FALSE(grad_enabled());
+        eval_calls_at.push_back(steps_seen - 1);
+      } else {
+        ++steps_seen;
+      }
+      return nn::cross_entropy(model.forward(b.first), b.second);
+    };
+    std::vector<double> eval_losses;
+    std::vector<int64_t> eval_at;
+    FitOptions o{.steps = 10, .eval_every = 3, .eval_at_start = at_start, .log_path = (dir / "log.jsonl").string(), .progress = 0};
+    o.callbacks.push_back({.on_step = nullptr,
+                           .on_eval =
+                               [&](FitState& s) {
+                                 eval_losses.push_back(s.eval_loss);
+                                 eval_at.push_back(s.step);
+                               },
+                           .on_epoch = nullptr});
+    const FitResult r = fit(model, opt, train, eval, step, o);
+    std::vector<int64_t> at{2, 5, 8, 9};
+    if (at_start) at.insert(at.begin(), -1);
+    std::vector<int64_t> expect_calls;
+    for (int64_t s : at)
+      for (int i = 0; i < 4; ++i) expect_calls.push_back(s);
+    CHECK(eval_calls_at == expect_calls);
+    CHECK(eval_at == at);
+    auto log = read_log(dir / "log.jsonl");
+    REQUIRE(log.size() == (at_start ? 11 : 10));
+    if (at_start) {
+      // the first record: the evaluation of the initial weights, and nothing of a training step
+      CHECK(log[0] == json{{"step", -1}, {"eval_loss", before}});
+      log.erase(log.begin());
+    }
+    for (int64_t s = 0; s < 10; ++s) {
+      CHECK(log[s]["step"] == s);
+      CHECK(log[s].contains("eval_loss") == (std::find(at.begin(), at.end(), s) != at.end()));
+    }
+    CHECK(r.eval_losses == eval_losses);
+    CHECK(r.eval_steps == (at_start ? std::vector<int64_t>{0, 3, 6, 9, 10} : std::vector<int64_t>{3, 6, 9, 10}));
+    if (at_start) CHECK(r.eval_losses.front() == before);
+    // the last evaluation, by hand on the final model
+    CHECK(r.eval_losses.back() == eval_by_hand(model));
+    CHECK(log[9]["eval_loss"].get<double>() == r.eval_losses.back());
   }
-  CHECK(eval_losses.back() == sum / 4);
-  CHECK(log[9]["eval_loss"].get<double>() == sum / 4);
   fs::remove_all(dir);
 }
 
@@ -517,7 +549,7 @@ TEST_CASE("fit: bad options and mismatched resume checkpoints are kiln::Errors n
   const fs::path dir = temp_dir();
   const std::string log = (dir / "log.jsonl").string(), ck = (dir / "ck.safetensors").string();
   const TensorDataset<C> data = points(40, 10);
-  // A checkpoint to resume from: Net(16), Adam, batches of 8 with seed 1, grad_accum 1, 3 steps.
+  // A checkpoint to resume from: Net(16), Adam (kind "adam"), batches of 8 with seed 1, grad_accum 1, 3 steps.
   {
     manual_seed(0);
     Net<C> model;
@@ -582,7 +614,9 @@ TEST_CASE("fit: bad options and mismatched resume checkpoints are kiln::Errors n
       {"eval IndexedBatches without a count", [&] { indexed({.steps = 2}, 0); }, {"evaluation data has no batches", "count"}},
       {"a missing resume file", [&] { plain({.steps = 4, .resume_path = (dir / "nope.safetensors").string()}); }, {"nope.safetensors"}},
       {"resume: another model", [&] { plain({.steps = 4, .resume_path = ck}, 12); }, {"fc1.weight", "ck.safetensors"}},
-      {"resume: another optimizer", [&] { plain({.steps = 4, .resume_path = ck}, 16, true); }, {"'adamw'", "'sgd'"}},
+      {"resume: another optimizer",
+       [&] { plain({.steps = 4, .resume_path = ck}, 16, true); },
+       {"holds the state of optimizer 'adam'", "'sgd'"}},
       {"resume: another batch size",
        [&] { plain({.steps = 4, .resume_path = ck}, 16, false, {.batch_size = 4, .shuffle = true, .seed = 1}); },
        {"batch_size 8", "4"}},

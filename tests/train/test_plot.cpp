@@ -75,6 +75,12 @@ TEST_CASE("plot: read_log takes every record by step, the last of a repeated ste
   CHECK(std::isnan(s.throughput[2]));
   CHECK(s.eval_step == std::vector<int64_t>{1});
   CHECK(s.eval_loss == std::vector<double>{5.1});
+  // kiln::fit's evaluation before training (step -1): an eval point, no training values
+  const LogSeries e = kiln::read_log(write(d / "e.jsonl", std::string("{\"step\":-1,\"eval_loss\":6.0}\n") + kLog));
+  CHECK(e.step == std::vector<int64_t>{0, 1, 2});
+  CHECK(e.loss == s.loss);
+  CHECK(e.eval_step == std::vector<int64_t>{-1, 1});
+  CHECK(e.eval_loss == std::vector<double>{6.0, 5.1});
   CHECK(kiln::read_log(write(d / "x.jsonl", "{\"step\":3,\"samples_per_s\":7}\n"), "mine").label == "mine");
   CHECK(kiln::read_log((d / "x.jsonl").string()).throughput_key == "samples_per_s");
 }
@@ -94,7 +100,8 @@ TEST_CASE("plot: bad logs name the file, the line and the problem", "[plot]") {
              Catch::Contains("bad.jsonl' line 2") && Catch::Contains("not a JSON object"));
   CHECK_THAT(error_of("[1, 2]\n"), Catch::Contains("line 1") && Catch::Contains("not a JSON object"));
   CHECK_THAT(error_of("{\"loss\":1}\n"), Catch::Contains("line 1") && Catch::Contains("\"step\""));
-  CHECK_THAT(error_of("{\"step\":-1}\n"), Catch::Contains("\"step\" >= 0"));
+  CHECK_THAT(error_of("{\"step\":-2}\n"), Catch::Contains("\"step\" >= -1"));
+  CHECK_THAT(error_of("{\"step\":-1,\"eval_loss\":2}\n"), Catch::Contains("holds no records of training steps"));
   CHECK_THAT(error_of("{\"step\":0,\"loss\":\"low\"}\n"), Catch::Contains("\"loss\" is \"low\", not a number"));
   CHECK_THAT(error_of("\n\n"), Catch::Contains("holds no records"));
   CHECK_THROWS_WITH(kiln::read_log((d / "missing.jsonl").string()), Catch::Contains("missing.jsonl") && Catch::Contains("cannot open"));

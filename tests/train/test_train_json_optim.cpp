@@ -200,3 +200,55 @@ TEST_CASE("kiln train steps a train.json scheduler object, and resumes a OneCycl
                {"scheduler", {{"type", "onecycle"}, {"pct_start", 0.4}}}};
   CHECK(check_resume(run, t, "oc", 10, 5, "optim.") > 2);
 }
+
+TEST_CASE("kiln train resumes bit for bit from a checkpoint of save_checkpoint, which records the optimizer's kind",
+          "[fit][gpt][checkpoint]") {
+  const Run run;
+  const json t{{"batch_size", 2}, {"seq_len", 8}, {"steps", 6}, {"optimizer", {{"name", "adamw"}, {"lr", 1e-2}, {"weight_decay", 0.1}}}};
+  const auto full = run.train(t, "full");
+  const auto first = run.train(t, "first", 3);  // fit's checkpoint of step 3: first.ck.safetensors
+  REQUIRE(first.losses.size() == 3);
+  // The model and optimizer of step 3 (read from fit's checkpoint), written again by save_checkpoint.
+  const std::string ck = (run.dir / "first.ck.safetensors").string(), own = (run.dir / "own.safetensors").string();
+  const std::string data = (run.dir / "tokens.safetensors").string();
+  const TrainConfig tc = TrainConfig::load((run.dir / "first.json").string());
+  const auto model = load_gpt<Cpu>(ck);
+  const auto opt = make_optimizer<Cpu>(*model, tc.optimizer, false);
+  const auto f = safetensors::File::open(ck);
+  std::map<std::string, Tensor<Cpu>> osd;
+  for (const std::string& n : f.names())
+    if (n.rfind("optim.", 0) == 0) osd.emplace(n.substr(6), f.load<Cpu>(n));
+  opt->load_state_dict(osd);
+  default_generator().set_state(std::stoull(f.metadata().at("rng_seed")), std::stoull(f.metadata().at("rng_offset")));
+  save_checkpoint<Cpu>(own, *model, opt.get(), 3, tc, data);
+  const auto meta = safetensors::File::open(own).metadata();
+  CHECK(meta.at("optimizer") == "adamw");
+  CHECK(meta.at("optimizer_kinds") == "2");
+  CHECK(meta.at("step") == "3");
+  auto resume = [&](const std::string& train_json) {
+    TrainOptions o;
+    o.model_path = (run.dir / "model.json").string();
+    o.train_path = (run.dir / train_json).string();
+    o.data_path = data;
+    o.resume_path = own;
+    o.checkpoint_path = (run.dir / "rest.ck.safetensors").string();
+    o.quiet = true;
+    return train_gpt(o);
+  };
+  const auto rest = resume("first.json");
+  REQUIRE(rest.losses.size() == 3);
+  for (size_t i = 0; i < 6; ++i) CHECK(full.losses[i] == (i < 3 ? first.losses[i] : rest.losses[i - 3]));
+  // The final weights and optimizer state, bit for bit.
+  const auto a = safetensors::load<Cpu>((run.dir / "full.ck.safetensors").string());
+  const auto b = safetensors::load<Cpu>((run.dir / "rest.ck.safetensors").string());
+  REQUIRE(a.size() == b.size());
+  for (const auto& [key, v] : a) {
+    INFO(key);
+    CHECK(to_vector<double>(b.at(key)) == to_vector<double>(v));
+  }
+  // Adam's update on AdamW's state is refused, as for fit's checkpoints.
+  json adam = t;
+  adam["optimizer"]["name"] = "adam";
+  std::ofstream(run.dir / "adam.json") << adam.dump();
+  CHECK_THROWS_WITH(resume("adam.json"), Catch::Contains("holds the state of optimizer 'adamw', this run uses 'adam'"));
+}

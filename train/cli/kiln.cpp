@@ -28,6 +28,7 @@
 #include "kiln/nn/generate.hpp"
 #include "kiln/nn/hf/causal_lm.hpp"
 #include "kiln/nn/hf/export.hpp"
+#include "kiln/nn/lora.hpp"
 #include "kiln/text/tokenizer.hpp"
 #include "kiln/train/data.hpp"
 #include "kiln/train/finetune.hpp"
@@ -139,7 +140,7 @@ commands:
   train      train a GPT on a token file (checkpoints, resume, JSONL log)
   sample     generate text from a checkpoint (KV cache, temperature, top-k)
   generate   generate from a Hugging Face model directory or a kiln checkpoint (ids or text)
-  eval       mean cross-entropy of a checkpoint on a token file
+  eval       mean cross-entropy of a checkpoint or Hugging Face model directory (+ a LoRA adapter) on a token file
   export     write a Hugging Face model directory (transformers loads it) from a checkpoint or model dir
   tokenize   turn a text file into a token file (bytes, characters with --chars, or a model's own
              tokenizer with --tokenizer: tokenizer.json / tokenizer.model); --print-ids prints the ids
@@ -594,21 +595,41 @@ int cmd_export(int argc, char** argv) {
 }
 
 int cmd_eval(int argc, char** argv) {
-  Args a("eval", "kiln eval --checkpoint ckpt.safetensors --data tokens.safetensors [flags]",
-         {{"checkpoint", "checkpoint or weights file (required)"},
+  Args a("eval",
+         "kiln eval --checkpoint CKPT_OR_MODEL_DIR --data tokens.safetensors [--adapter ADAPTER_DIR] [flags]\n\n"
+         "Prints the mean cross-entropy of --batches batches (batch i, row r: the seq-len tokens from ((i·batch-size + r)·seq-len)\n"
+         "mod (N − seq-len)) and its exp as JSON. The model is a kiln checkpoint or weights file, or a Hugging Face model directory\n"
+         "(what kiln generate and kiln train --init-from read); --adapter puts a PEFT LoRA adapter on it.",
+         {{"checkpoint", "kiln checkpoint or weights file, or a Hugging Face model directory (required)"},
           {"model", "model config JSON (needed for a plain weights file)"},
+          {"adapter", "a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) applied to the model"},
           {"data", "token file (required)"},
           {"batches", "number of batches (default 16)"},
           {"batch-size", "rows per batch (default 8)"},
           {"seq-len", "tokens per row (default 64)"},
           {"device", "cpu (default), reference, or cuda"}});
   a.parse(argc, argv, 2);
+  const std::string path = a.required("checkpoint");
+  const bool hf_dir = hf::is_model_dir(path);
+  KILN_CHECK(!hf_dir || !a.has("model"), "kiln eval: --model is for a plain kiln weights file, not a Hugging Face directory ({})", path);
   const TokenData data = TokenData::load(a.required("data"));
+  const int64_t batches = a.integer("batches", 16), bs = a.integer("batch-size", 8), T = a.integer("seq-len", 64);
   const double loss = dispatch(a.str("device", "cpu"), [&]<Backend B>() {
-    auto model = load_gpt<B>(a.required("checkpoint"), a.str("model"));
-    data.check_vocab(model->config().vocab_size);
-    model->eval();
-    return evaluate<B>(*model, data, a.integer("batches", 16), a.integer("batch-size", 8), a.integer("seq-len", 64));
+    auto run = [&](auto& model, int64_t vocab) {
+      if (a.has("adapter")) nn::load_lora(model, a.str("adapter"));
+      data.check_vocab(vocab);
+      model.eval();
+      return evaluate<B>(model, data, batches, bs, T);
+    };
+    if (hf_dir) {
+      auto model = hf::load_causal_lm<B>(path);
+      const int64_t positions = model->max_positions();
+      KILN_CHECK(positions == 0 || T <= positions, "kiln eval: --seq-len {} exceeds the {} positions of {} ({})", T, positions,
+                 model->spec().architecture, path);
+      return run(*model, model->spec().vocab);
+    }
+    auto model = load_gpt<B>(path, a.str("model"));
+    return run(*model, model->config().vocab_size);
   });
   fmt::print("{}\n", nlohmann::json{{"loss", loss}, {"perplexity", std::exp(loss)}}.dump());
   return 0;
