@@ -92,7 +92,7 @@ struct TrainConfig {
   // kiln's own keys (the reference ignores none of these because it has none of them)
   int64_t eval_every = 0;  // 0 = never
   int64_t eval_batches = 8;
-  bool eval_at_start = true;           // with eval_every > 0: also evaluate before the first step (FitOptions::eval_at_start)
+  bool eval_at_start = false;          // with eval_every > 0: also evaluate before the first step (FitOptions::eval_at_start)
   int64_t checkpoint_every = 0;        // 0 = only at the end (when --checkpoint is given)
   int64_t grad_accum = 1;              // micro-batches of batch_size per step (batch s·grad_accum + j of the data)
   std::string on_nonfinite = "error";  // a non-finite loss or gradient: "error" stops, "skip" skips the step

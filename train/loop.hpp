@@ -47,9 +47,9 @@
 //      (also after a skipped step);
 //   7. evaluation when (s + 1) % eval_every == 0 or s is the run's last step (eval_every = 0: the
 //      last step only), on the EMA weights when options.ema is set; a ReduceLROnPlateau scheduler
-//      steps with its loss; then the on_eval callbacks. With eval_at_start (the default) a fresh run
-//      also evaluates before step 0 (nanoGPT's and llm.c's step-0 evaluation, transformers'
-//      eval_on_start): logged as a record {"step": -1, "eval_loss": ...}, the first of
+//      steps with its loss; then the on_eval callbacks. With eval_at_start (off by default, as
+//      transformers' eval_on_start; nanoGPT and llm.c evaluate at step 0) a fresh run also
+//      evaluates before step 0: logged as a record {"step": -1, "eval_loss": ...}, the first of
 //      FitResult::eval_losses, on_eval called with FitState::step = -1; no scheduler steps on it;
 //   8. the on_step callbacks; at the end of a DataLoader epoch the loader moves to the next epoch,
 //      then the on_epoch callbacks;
@@ -189,7 +189,7 @@ struct FitOptions {
   DType precision = DType::f32;                   // f32 (off), bf16 or f16: the autocast dtype of the step function
   autocast::LossScaleOptions loss_scale{};        // precision f16 only
   int64_t eval_every = 0;                         // evaluate every this many steps and after the last (0: the last only)
-  bool eval_at_start = true;                      // and before the first step (a fresh run, not a resumed one)
+  bool eval_at_start = false;                     // and before the first step (a fresh run, not a resumed one)
   std::string checkpoint_path{};                  // "" = no checkpoints
   int64_t checkpoint_every = 0;                   // 0 = only when the run ends
   std::string resume_path{};                      // a checkpoint of this loop to continue from
