@@ -5,7 +5,7 @@
 # recall and needle in context. One driver for every table and figure:
 #   scripts/attention_study.sh                           the full study (default scale, seeds 0,1,2;
 #                                                        under an hour on 2 idle cores)
-#   scripts/attention_study.sh --scale reduced           the reduced scale (docs say which was committed)
+#   scripts/attention_study.sh --scale reduced           the reduced scale (about a sixth of the FLOPs; the committed run is the full one)
 #   scripts/attention_study.sh --seeds 0,1,2,3,4 ...     more seeds; every other flag goes to
 #                                                        example_attention_study (--help lists them)
 #   OUT=dir PNG=prefix scripts/attention_study.sh        results folder (default examples/attention_study/results)
