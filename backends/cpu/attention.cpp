@@ -4,7 +4,7 @@
 // spread over the OpenMP threads with a dynamic schedule (heaviest causal tiles first). A unit walks
 // the key tiles of kBc keys its rows can see (causal: tiles entirely above the diagonal are never
 // visited) and keeps, per query row, the running max m and sum l of the online softmax:
-//   S = scale · Q_i K_jᵀ (sgemm/dgemm, kBr × kBc, in a thread-local buffer), the user's attention
+//   S = scale · Q_i K_jᵀ (a tile product, kBr × kBc, in a thread-local buffer), the user's attention
 //   mask added (additive) or applied (bool), mask (causal, padding, bool mask) to −inf,
 //   m' = max(m, rowmax S), P = exp(S − m'), l = l·e^(m−m') + ΣP, O = O·e^(m−m') + P V_j.
 // At the end O /= l and LSE = m + log l. The [T, S] matrix never exists; per thread the scratch is one
