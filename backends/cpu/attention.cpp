@@ -4,7 +4,7 @@
 // spread over the OpenMP threads with a dynamic schedule (heaviest causal tiles first). A unit walks
 // the key tiles of kBc keys its rows can see (causal: tiles entirely above the diagonal are never
 // visited) and keeps, per query row, the running max m and sum l of the online softmax:
-//   S = scale · Q_i K_jᵀ (sgemm/dgemm, kBr × kBc, in a thread-local buffer), the user's attention
+//   S = scale · Q_i K_jᵀ (a tile product, kBr × kBc, in a thread-local buffer), the user's attention
 //   mask added (additive) or applied (bool), mask (causal, padding, bool mask) to −inf,
 //   m' = max(m, rowmax S), P = exp(S − m'), l = l·e^(m−m') + ΣP, O = O·e^(m−m') + P V_j.
 // At the end O /= l and LSE = m + log l. The [T, S] matrix never exists; per thread the scratch is one
@@ -27,13 +27,15 @@
 // A causal tile that crosses the diagonal is cut into blocks of query rows, each multiplied against
 // only the keys its last row can see (for_diag_blocks), so the products skip most of the hidden triangle.
 //
-// The tile products go to OpenBLAS (single-threaded inside the parallel region) with the operands'
-// row strides as leading dimensions, so strided q/k/v/dO views (heads interleaved, a sliced KV cache)
-// cost no copy. The two products against a transposed tile, S = Q Kᵀ and dP = dO Vᵀ, would be
-// OpenBLAS's row-major NT case, which at these sizes takes its packing path at about half the rate of
-// its small-matrix kernels; so a key tile of K (and V) is transposed once into a thread-local buffer
-// (8×8 register transposes) and the products run as NN, reused by every query tile and GQA head that
-// sees the tile. Tiles of fewer than kMinRowsT query rows (decoding) keep the NT form. f32 rows use
+// The f32 tile products run in this file's register-blocked kernels (AVX2 + FMA or AVX-512, "tile
+// products" below; no library call per tile), f64 and the baseline ISA in OpenBLAS (single-threaded
+// inside the parallel region), both with the operands' row strides as leading dimensions, so strided
+// q/k/v/dO views (heads interleaved, a sliced KV cache) cost no copy. The two products against a
+// transposed tile, S = Q Kᵀ and dP = dO Vᵀ, would be dot products along rows (and OpenBLAS's row-major
+// NT case, which at these sizes takes its packing path at about half the rate of its small-matrix
+// kernels); so a key tile of K (and V) is transposed once into a thread-local buffer (8×8 register
+// transposes) and the products run as NN, reused by every query tile and GQA head that sees the tile.
+// Tiles of fewer than kMinRowsT query rows (decoding) keep the NT form, in OpenBLAS. f32 rows use
 // the exp of vecmath.hpp (AVX2/AVX-512, or libm's at baseline); f64 uses std::exp.
 // The row work between the products (mask, online softmax, dS) runs as kernel variants chosen per call
 // for the instruction set (common.hpp), one call per tile.
@@ -75,6 +77,199 @@ template <class T> void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
   else
     cblas_dgemm(CblasRowMajor, TA, TB, m, n, k, alpha, a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
                 static_cast<blasint>(ldc));
+}
+
+// ---------------------------------------------------------------------------------- tile products (f32)
+// C [M, N] = alpha · op(A) · B + beta · C for the f32 tile products of the AVX2 and AVX-512 kernels, in
+// place of an OpenBLAS call per tile (whose call and packing overhead is a large part of a 64 × 64 × 64
+// product): B row-major [K, N] with row stride ldb (a transposed key tile, a V or dO tile, rows of q or
+// k), op(A) = A [M, K] with row stride lda, or with ta, Aᵀ of an A stored [K, M] (dV += Pᵀ dO,
+// dK += dSᵀ Q). beta is 0 (C is not read: it may be uninitialised) or 1. No packing: at tile sizes B's
+// rows stay in L1/L2, and the micro-kernel holds an MR × (NV vectors) block of C in registers over the
+// whole K loop, broadcasting one A element per row and loading NV vectors of B's row per step. The
+// ragged right edge is a masked last vector, the ragged bottom edge runs blocks of 4, 2 and 1 rows.
+// Each product of the sum is one fused multiply-add in K order, so results differ from OpenBLAS's
+// (another summation order) by rounding only.
+#if KILN_CPU_X86
+KILN_CPU_AVX512_BEGIN
+template <int MR, int NV, bool TA> [[gnu::always_inline]] inline void tile_ukr_avx512(int64_t K, float alpha, const float* A, int64_t lda,
+                                                                                      const float* B, int64_t ldb, float beta, float* C,
+                                                                                      int64_t ldc, __mmask16 tail) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const float* b = B + k * ldb;
+    __m512 bv[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j + 1 < NV; ++j) bv[j] = _mm512_loadu_ps(b + 16 * j);
+    bv[NV - 1] = _mm512_maskz_loadu_ps(tail, b + 16 * (NV - 1));
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512 a = _mm512_set1_ps(TA ? A[k * lda + i] : A[i * lda + k]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_fmadd_ps(a, bv[j], acc[i][j]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      float* c = C + i * ldc + 16 * j;
+      const __mmask16 m = j + 1 < NV ? __mmask16(0xffff) : tail;
+      __m512 r = _mm512_mul_ps(va, acc[i][j]);
+      if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, c), r);
+      _mm512_mask_storeu_ps(c, m, r);
+    }
+}
+
+// Columns [0, 16·NV) of C (the last vector masked by tail), every row.
+template <int NV, bool TA> void tile_cols_avx512(int64_t M, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                                                 int64_t ldb, float beta, float* C, int64_t ldc, __mmask16 tail) {
+  constexpr int MR = NV == 4 ? 6 : 8;  // MR · NV accumulators + NV vectors of B + a broadcast within 32 registers
+  auto a_at = [&](int64_t i) { return TA ? A + i : A + i * lda; };
+  int64_t i = 0;
+  for (; i + MR <= M; i += MR) tile_ukr_avx512<MR, NV, TA>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+  if (M - i >= 4) {
+    tile_ukr_avx512<4, NV, TA>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+    i += 4;
+  }
+  if (M - i >= 2) {
+    tile_ukr_avx512<2, NV, TA>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+    i += 2;
+  }
+  if (M - i >= 1) tile_ukr_avx512<1, NV, TA>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+}
+
+template <bool TA> void tile_gemm_avx512_t(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                                           int64_t ldb, float beta, float* C, int64_t ldc) {
+  for (int64_t j = 0; j < N; j += 64) {
+    const int64_t w = std::min<int64_t>(64, N - j), nv = (w + 15) / 16;
+    const auto tail = static_cast<__mmask16>((1u << (w - 16 * (nv - 1))) - 1u);
+    const float* b = B + j;
+    float* c = C + j;
+    switch (nv) {
+      case 1:
+        tile_cols_avx512<1, TA>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+        break;
+      case 2:
+        tile_cols_avx512<2, TA>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+        break;
+      case 3:
+        tile_cols_avx512<3, TA>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+        break;
+      default:
+        tile_cols_avx512<4, TA>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+        break;
+    }
+  }
+}
+void tile_gemm_avx512(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+                      float beta, float* C, int64_t ldc) {
+  if (ta)
+    tile_gemm_avx512_t<true>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    tile_gemm_avx512_t<false>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+KILN_CPU_AVX512_END
+
+KILN_CPU_AVX2_BEGIN
+// The AVX2 + FMA form (16 registers): blocks of up to 2 vectors (16 columns); a ragged last vector
+// (Tail) goes through maskload / maskstore with the lanes in `tail`.
+template <int MR, int NV, bool TA, bool Tail>
+[[gnu::always_inline]] inline void tile_ukr_avx2(int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+                                                 float beta, float* C, int64_t ldc, __m256i tail) {
+  __m256 acc[MR][NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < NV; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const float* b = B + k * ldb;
+    __m256 bv[NV];
+#pragma GCC unroll 2
+    for (int j = 0; j < NV; ++j) bv[j] = Tail && j + 1 == NV ? _mm256_maskload_ps(b + 8 * j, tail) : _mm256_loadu_ps(b + 8 * j);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m256 a = _mm256_broadcast_ss(TA ? A + k * lda + i : A + i * lda + k);
+#pragma GCC unroll 2
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm256_fmadd_ps(a, bv[j], acc[i][j]);
+    }
+  }
+  const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < NV; ++j) {
+      float* c = C + i * ldc + 8 * j;
+      const bool masked = Tail && j + 1 == NV;
+      __m256 r = _mm256_mul_ps(va, acc[i][j]);
+      if (beta != 0.0f) r = _mm256_fmadd_ps(vb, masked ? _mm256_maskload_ps(c, tail) : _mm256_loadu_ps(c), r);
+      if (masked)
+        _mm256_maskstore_ps(c, tail, r);
+      else
+        _mm256_storeu_ps(c, r);
+    }
+}
+
+template <int NV, bool TA, bool Tail> void tile_cols_avx2(int64_t M, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                                                          int64_t ldb, float beta, float* C, int64_t ldc, __m256i tail) {
+  constexpr int MR = NV == 2 ? 6 : 8;  // MR · NV accumulators + NV vectors of B + a broadcast within 16 registers
+  auto a_at = [&](int64_t i) { return TA ? A + i : A + i * lda; };
+  int64_t i = 0;
+  for (; i + MR <= M; i += MR) tile_ukr_avx2<MR, NV, TA, Tail>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+  if (M - i >= 4) {
+    tile_ukr_avx2<4, NV, TA, Tail>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+    i += 4;
+  }
+  if (M - i >= 2) {
+    tile_ukr_avx2<2, NV, TA, Tail>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+    i += 2;
+  }
+  if (M - i >= 1) tile_ukr_avx2<1, NV, TA, Tail>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+}
+
+template <bool TA> void tile_gemm_avx2_t(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                                         int64_t ldb, float beta, float* C, int64_t ldc) {
+  for (int64_t j = 0; j < N; j += 16) {
+    const int64_t w = std::min<int64_t>(16, N - j), nv = (w + 7) / 8, lanes = w - 8 * (nv - 1);
+    const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lanes)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const float* b = B + j;
+    float* c = C + j;
+    if (lanes == 8) {
+      if (nv == 2)
+        tile_cols_avx2<2, TA, false>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+      else
+        tile_cols_avx2<1, TA, false>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+    } else if (nv == 2) {
+      tile_cols_avx2<2, TA, true>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+    } else {
+      tile_cols_avx2<1, TA, true>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+    }
+  }
+}
+void tile_gemm_avx2(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+                    float beta, float* C, int64_t ldc) {
+  if (ta)
+    tile_gemm_avx2_t<true>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    tile_gemm_avx2_t<false>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+KILN_CPU_AVX2_END
+#endif
+
+using TileGemmF32 = void (*)(bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float, float*, int64_t);
+
+// The f32 tile product for isa(): nullptr at baseline (OpenBLAS then).
+inline TileGemmF32 pick_tile_gemm() {
+#if KILN_CPU_X86
+  if (isa() == Isa::avx512) return &tile_gemm_avx512;
+  if (isa() == Isa::avx2) return &tile_gemm_avx2;
+#endif
+  return nullptr;
 }
 
 // dst (8 rows, stride ldd) = the transpose of the 8×8 block at src (row stride lds).
@@ -299,6 +494,19 @@ template <class T> struct TileKernels {
   decltype(&tile_combine<Baseline, T>) combine = pick<tile_combine<Baseline, T>, tile_combine<Avx2, T>, tile_combine<Avx512, T>>();
   decltype(&rows_dot<Baseline, T>) dot = pick<rows_dot<Baseline, T>, rows_dot<Avx2, T>, rows_dot<Avx512, T>>();
   decltype(&transpose_tile<Baseline, T>) transpose = pick<transpose_tile<Baseline, T>, transpose_tile<Avx2, T>>();
+  TileGemmF32 f32_gemm = std::is_same_v<T, float> ? pick_tile_gemm() : nullptr;
+  // A tile product C = alpha · op(A) · op(B) + beta · C: the f32 kernels above where B is not
+  // transposed and the ISA has them, else OpenBLAS (f64, baseline, the NT form of decoding tiles).
+  void mm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
+          int64_t ldc) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (f32_gemm && !tb) {
+        f32_gemm(ta, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+      }
+    }
+    gemm<T>(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
 };
 
 // ---------------------------------------------------------------------------------- problem
@@ -375,14 +583,14 @@ template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse
         for_diag_blocks(P, kDiagRows, i0, br, j0, bc, [&](int64_t r0, int64_t rb, int64_t bcs) {
           const int64_t ii = i0 + r0;
           if (nn)
-            gemm<T>(false, false, rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, kt, kBc, T(0), s, kBc);
+            K.mm(false, false, rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, kt, kBc, T(0), s, kBc);
           else
-            gemm<T>(false, true, rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBc);
+            K.mm(false, true, rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBc);
           const bool diag = P.causal && j0 + bcs - 1 > P.pos0 + ii;  // some key of the block is hidden from its row 0
           T* ob = orow + r0 * o.ld;
           const bool first = j0 == 0;  // every block of key tile 0 sees a key: its product writes the rows
           K.softmax(s, kBc, rb, bcs, ii, j0, diag, P.pos0, kp, P.tile_mask(b, h, ii, j0), m + r0, l + r0, first ? nullptr : ob, o.ld, P.dv);
-          gemm<T>(false, false, rb, P.dv, bcs, T(1), s, kBc, P.v.row(b, hk, j0), P.v.ld, T(first ? 0 : 1), ob, o.ld);
+          K.mm(false, false, rb, P.dv, bcs, T(1), s, kBc, P.v.row(b, hk, j0), P.v.ld, T(first ? 0 : 1), ob, o.ld);
         });
       }
       K.finish(orow, o.ld, lse + bh * P.T_ + i0, m, l, br, P.dv);
@@ -452,9 +660,9 @@ template <class T> void backward_key_tile(const Branches<T>& X, const TileKernel
         for (int x = 0; x < X.n; ++x) {  // P_x = exp(S_x − LSE_x)
           const Problem<T>& Px = *X.P[x];
           if (nn)
-            gemm<T>(false, false, br, n, P.d, P.scale, Px.q.row(b, h, i0), Px.q.ld, w.kt[x], kBcB, T(0), w.s[x], kBcB);
+            K.mm(false, false, br, n, P.d, P.scale, Px.q.row(b, h, i0), Px.q.ld, w.kt[x], kBcB, T(0), w.s[x], kBcB);
           else
-            gemm<T>(false, true, br, n, P.d, P.scale, Px.q.row(b, h, i0), Px.q.ld, Px.k.row(b, hk, j0), Px.k.ld, T(0), w.s[x], kBcB);
+            K.mm(false, true, br, n, P.d, P.scale, Px.q.row(b, h, i0), Px.q.ld, Px.k.row(b, hk, j0), Px.k.ld, T(0), w.s[x], kBcB);
           K.probs(w.s[x], kBcB, br, n, X.lse[x] + bh * P.T_ + i0, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0));
         }
         const T* grow = g.row(b, h, i0);
@@ -463,18 +671,18 @@ template <class T> void backward_key_tile(const Branches<T>& X, const TileKernel
           K.combine(w.s[0], w.s[1], w.dp, kBcB, br, n, X.lam);
           pv = w.dp;
         }
-        gemm<T>(true, false, n, P.dv, br, T(1), pv, kBcB, grow, g.ld, kv_beta, dv_t, dv.ld);  // dV += Pᵀ dO
+        K.mm(true, false, n, P.dv, br, T(1), pv, kBcB, grow, g.ld, kv_beta, dv_t, dv.ld);  // dV += Pᵀ dO
         if (nn)
-          gemm<T>(false, false, br, n, P.dv, T(1), grow, g.ld, w.vt, kBcB, T(0), w.dp, kBcB);  // dP = dO Vᵀ
+          K.mm(false, false, br, n, P.dv, T(1), grow, g.ld, w.vt, kBcB, T(0), w.dp, kBcB);  // dP = dO Vᵀ
         else
-          gemm<T>(false, true, br, n, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), w.dp, kBcB);
+          K.mm(false, true, br, n, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), w.dp, kBcB);
         for (int x = 0; x < X.n; ++x) {
           const Problem<T>& Px = *X.P[x];
           K.ds(w.s[x], w.dp, kBcB, br, n, X.D[x] + bh * P.T_ + i0, X.dsf[x] * P.scale);  // dS (scaled)
-          gemm<T>(true, false, n, P.d, br, T(1), w.s[x], kBcB, Px.q.row(b, h, i0), Px.q.ld, kv_beta, X.dk[x].row(b, hk, j0),
-                  X.dk[x].ld);  // dK += dSᵀ Q
-          gemm<T>(false, false, br, P.d, n, T(1), w.s[x], kBcB, Px.k.row(b, hk, j0), Px.k.ld, T(dq_first ? 0 : 1), dq[x].row(b, h, i0),
-                  dq[x].ld);  // dQ += dS K
+          K.mm(true, false, n, P.d, br, T(1), w.s[x], kBcB, Px.q.row(b, h, i0), Px.q.ld, kv_beta, X.dk[x].row(b, hk, j0),
+               X.dk[x].ld);  // dK += dSᵀ Q
+          K.mm(false, false, br, P.d, n, T(1), w.s[x], kBcB, Px.k.row(b, hk, j0), Px.k.ld, T(dq_first ? 0 : 1), dq[x].row(b, h, i0),
+               dq[x].ld);  // dQ += dS K
         }
       });
     }

@@ -3,6 +3,7 @@
 // backward through autograd, f32, causal:
 //   MHA:  B = 8, H = 4, d = 64 (d_model 256, 4 heads) at T = 128, 512, 1024
 //   Diff: B = 8, h = 4, d = 32, dv = 2d = 64 (d_model 256): O = FA(q1, k1, v) − λ FA(q2, k2, v)
+//   MHA_hd (fused only): d_model 256 at head dim 32 / 128 / 64 and T 64..2048 (B 2 from T 1024)
 // Counters: saved_MiB = bytes the autograd graph keeps for backward (fused: q, k, v, O, LSE; decomposed:
 // q, k, v and the [B, H, T, S] probabilities, which both softmax and the P·V matmul keep), and
 // transient_MiB = the largest [B, H, T, S]-sized buffers the decomposed forward allocates
@@ -48,6 +49,24 @@ void BM_MHA(benchmark::State& st, bool fused) {
   set_counters(st, Tn, d, d, 1, fused);
 }
 
+// Fused MHA fwd+bwd at other head dims and lengths (args: T, head dim; H = 256 / head dim heads, so
+// d_model 256; causal): the tile products' register blocks at 32, 64, 128 columns, T 64..2048.
+void BM_MHA_hd(benchmark::State& st) {
+  const int64_t Tn = st.range(0), d = st.range(1), H = 256 / d, B = Tn >= 1024 ? 2 : kB;
+  Generator gen(4);
+  V q(T::randn({B, H, Tn, d}, DType::f32, &gen), true), k(T::randn({B, H, Tn, d}, DType::f32, &gen), true),
+      v(T::randn({B, H, Tn, d}, DType::f32, &gen), true);
+  const T g = T::randn({B, H, Tn, d}, DType::f32, &gen);
+  for (auto _ : st) {
+    const V o = nn::attention(q, k, v, true, 0);
+    o.backward(g);
+    benchmark::DoNotOptimize(q.grad().storage().get());
+    q.zero_grad();
+    k.zero_grad();
+    v.zero_grad();
+  }
+}
+
 void BM_Diff(benchmark::State& st, bool fused) {
   const int64_t Tn = st.range(0), d = 32;
   Generator gen(2);
@@ -81,6 +100,7 @@ void BM_MHA_forward(benchmark::State& st, bool fused) {  // inference: no graph
 
 BENCHMARK_CAPTURE(BM_MHA, fused, true)->Arg(128)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MHA, decomposed, false)->Arg(128)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_MHA_hd)->Args({64, 32})->Args({128, 32})->Args({512, 128})->Args({2048, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_Diff, fused, true)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_Diff, decomposed, false)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MHA_forward, fused, true)->Arg(128)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();

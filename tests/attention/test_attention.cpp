@@ -219,6 +219,27 @@ TEMPLATE_TEST_CASE("attention: fused forward and backward match the decomposed o
   for (const Case& c : kCases) check_case<TestType>(c, DType::f32, seed++);
 }
 
+// ---- the Cpu kernel's own f32 tile products (backends/cpu/attention.cpp, "tile products"): the edges
+// of their register blocks. Head dims 32, 64, 80 (AVX-512: 4 + 1 vectors; AVX2: 2 blocks of 16, then
+// 16), 128 (two column blocks) and odd dv (a masked last vector); T odd and not a multiple of the 64-row
+// tile (row blocks of 6 or 8, then 4, 2, 1); causal diagonal blocks (every key count 1..64, so every
+// tail mask); GQA; q/k/v as strided views (heads interleaved, a sliced cache). Run at the best ISA here,
+// at AVX2 by the isa-avx2 entry (tests/CMakeLists.txt) and at baseline (OpenBLAS) by isa-baseline.
+const std::vector<Case> kTileCases = {
+    {1, 2, 2, 67, 67, 32, 32, true, 0},
+    {1, 4, 2, 131, 131, 64, 64, true, 0},             // GQA 2, T = 2 · 64 + 3
+    {2, 2, 2, 77, 77, 80, 80, false, 0, false, 1},    // heads interleaved: row stride H · d
+    {1, 2, 2, 70, 83, 128, 128, true, 13, false, 2},  // a sliced cache, a stepped q
+    {1, 4, 2, 45, 109, 80, 47, true, 64},             // KV-cache chunk, d != dv, odd dv
+    {1, 1, 1, 193, 193, 64, 64, false, 0, true},      // three full tiles + 1 row, key padding
+    {1, 2, 1, 29, 29, 128, 40, true, 0, false, 1},
+};
+
+TEMPLATE_TEST_CASE("attention: the f32 tile products at the edges of their register blocks (f32 vs f64 oracle)", "[attention][tile]", Cpu) {
+  uint64_t seed = 900;
+  for (const Case& c : kTileCases) check_case<TestType>(c, DType::f32, seed++);
+}
+
 TEMPLATE_TEST_CASE("attention: masks (bool, additive, every broadcast shape) match the decomposed oracle (f64)", "[attention][mask]",
                    KILN_BACKEND_TYPES) {
   uint64_t seed = 400;
