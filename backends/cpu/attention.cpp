@@ -662,73 +662,88 @@ template <class T> struct NormOut {
   double eps = 0;
 };
 
-// O = O1 − λ O2 row by row (out holds O1, out2 O2), then the norm's rows where nrm is given.
+// Rows [rb, re) of O = O1 − λ O2 (out holds O1, out2 O2), then the norm's rows where nrm is given.
+template <class I, class T>
+void combine_chunk(const Problem<T>* P, const OutRows<T>* out, const OutRows<T>* out2, T l, const NormOut<T>* nrm, int64_t rb, int64_t re) {
+  const int64_t dv = P->dv;
+  for (int64_t x = rb; x < re; ++x) {
+    const int64_t t = x % P->T_, bh = x / P->T_, b = bh / P->H, h = bh % P->H;
+    T* a = out->row(b, h, t);
+    const T* c = out2->row(b, h, t);
+    for (int64_t i = 0; i < dv; ++i) a[i] -= l * c[i];
+    if (!nrm) continue;
+    const T r = T(1) / std::sqrt(dot(I{}, a, a, dv) / static_cast<T>(dv) + static_cast<T>(nrm->eps));
+    nrm->rstd[x] = r;
+    T* y = nrm->y.row(b, h, t);
+    const T* w = nrm->wc;
+    for (int64_t i = 0; i < dv; ++i) y[i] = a[i] * r * w[i];
+  }
+}
+
 template <class T> void combine_rows(const Problem<T>& P, const OutRows<T>& out, const OutRows<T>& out2, T l, const NormOut<T>* nrm) {
+  const auto k = pick<combine_chunk<Baseline, T>, combine_chunk<Avx2, T>, combine_chunk<Avx512, T>>();
   parallel_for(
       P.B * P.H * P.T_, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(P.dv, 1)),
-      [&](int64_t rb, int64_t re) {
-        for (int64_t x = rb; x < re; ++x) {
-          const int64_t t = x % P.T_, bh = x / P.T_, b = bh / P.H, h = bh % P.H;
-          T* a = out.row(b, h, t);
-          const T* c = out2.row(b, h, t);
-          double ss = 0;
-          for (int64_t i = 0; i < P.dv; ++i) {
-            a[i] -= l * c[i];
-            ss += static_cast<double>(a[i]) * a[i];
-          }
-          if (!nrm) continue;
-          const T r = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(P.dv) + nrm->eps));
-          nrm->rstd[x] = r;
-          T* y = nrm->y.row(b, h, t);
-          for (int64_t i = 0; i < P.dv; ++i) y[i] = a[i] * r * nrm->wc[i];
-        }
-      },
-      1);
+      [&](int64_t rb, int64_t re) { k(&P, &out, &out2, l, nrm, rb, re); }, 1);
+}
+
+// The operands of the norm's backward (norm_rows_backward below).
+template <class T> struct NormBwd {
+  const Problem<T>* P;
+  Rows<T> o, o2, dy;
+  const T *rstd, *wc, *lse;
+  T lam;
+  OutRows<T> go;
+  T *D1, *D2;
+  static constexpr int64_t kBlock = 64;  // rows per partial sum
+};
+
+// Block k of kBlock rows: dO, D1, D2 per row, and the block's sums of dY ⊙ O·r (part[0, dv)) and of the
+// live rows' E (part[dv]).
+template <class I, class T> void norm_bwd_block(const NormBwd<T>* A, int64_t k, T* part) {
+  const Problem<T>& P = *A->P;
+  const int64_t rows = P.B * P.H * P.T_, dv = P.dv;
+  std::fill(part, part + dv + 1, T(0));
+  for (int64_t x = k * A->kBlock; x < std::min(rows, (k + 1) * A->kBlock); ++x) {
+    const int64_t t = x % P.T_, bh = x / P.T_, b = bh / P.H, h = bh % P.H;
+    const T *a = A->o.row(b, h, t), *a2 = A->o2.row(b, h, t), *gy = A->dy.row(b, h, t), *w = A->wc;
+    T* d = A->go.row(b, h, t);
+    const T r = A->rstd[x];
+    for (int64_t i = 0; i < dv; ++i) {
+      d[i] = gy[i] * w[i];
+      part[i] += gy[i] * a[i] * r;
+    }
+    const T f = r * r * r * dot(I{}, d, a, dv) / static_cast<T>(dv);
+    for (int64_t i = 0; i < dv; ++i) d[i] = r * d[i] - a[i] * f;
+    T d1, e;
+    dot2(I{}, d, a, a2, dv, d1, e);
+    const bool live = A->lse[x] != -std::numeric_limits<T>::infinity();
+    A->D1[x] = live ? d1 + A->lam * e : T(0);
+    A->D2[x] = live ? e : T(0);
+    if (live) part[dv] += e;
+  }
 }
 
 // The norm's backward with the differential backward's row pass, for every row x of [B·H·T]:
 //   g = dY ⊙ wc, m = mean(g ⊙ O), dO = r·g − O·r³·m (into go, a contiguous [B, H, T, dv]),
 //   E = rowsum(dO ⊙ O2), D1 = rowsum(dO ⊙ O) + λ E, D2 = E (0 for rows with no visible key),
 //   dwc = Σ_x dY ⊙ O·r,  dλ = −Σ_x E.
-// The sums over rows go through fixed blocks of rows, so they do not depend on the thread count.
-template <class T> void norm_rows_backward(const Problem<T>& P, const Rows<T>& o, const Rows<T>& o2, const Rows<T>& dy, const T* rstd,
-                                           const T* wc, const T* lse, T lam, const OutRows<T>& go, T* D1, T* D2, T* dwc, T* dlam) {
-  constexpr int64_t kBlock = 64;
-  const int64_t rows = P.B * P.H * P.T_, nblk = (rows + kBlock - 1) / kBlock, dv = P.dv;
-  std::vector<double> part(static_cast<size_t>(nblk * (dv + 1)), 0.0);  // per block: dwc's sums, then E's
+// The sums over rows go through fixed blocks of rows (summed in order, in f64), so they do not depend
+// on the thread count.
+template <class T> void norm_rows_backward(const NormBwd<T>& A, T* dwc, T* dlam) {
+  const Problem<T>& P = *A.P;
+  const int64_t rows = P.B * P.H * P.T_, nblk = (rows + A.kBlock - 1) / A.kBlock, dv = P.dv;
+  std::vector<T> part(static_cast<size_t>(nblk * (dv + 1)));
+  const auto k = pick<norm_bwd_block<Baseline, T>, norm_bwd_block<Avx2, T>, norm_bwd_block<Avx512, T>>();
   parallel_for(
-      nblk, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(kBlock * dv, 1)),
+      nblk, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(A.kBlock * dv, 1)),
       [&](int64_t kb, int64_t ke) {
-        for (int64_t k = kb; k < ke; ++k) {
-          double* pw = part.data() + k * (dv + 1);
-          for (int64_t x = k * kBlock; x < std::min(rows, (k + 1) * kBlock); ++x) {
-            const int64_t t = x % P.T_, bh = x / P.T_, b = bh / P.H, h = bh % P.H;
-            const T *a = o.row(b, h, t), *a2 = o2.row(b, h, t), *gy = dy.row(b, h, t);
-            T* d = go.row(b, h, t);
-            const double r = rstd[x];
-            double m = 0;
-            for (int64_t i = 0; i < dv; ++i) {
-              m += static_cast<double>(gy[i]) * wc[i] * a[i];
-              pw[i] += static_cast<double>(gy[i]) * a[i] * r;
-            }
-            const T f = static_cast<T>(r * r * r * m / static_cast<double>(dv)), rt = static_cast<T>(r);
-            double d1 = 0, e = 0;
-            for (int64_t i = 0; i < dv; ++i) {
-              d[i] = rt * gy[i] * wc[i] - a[i] * f;
-              d1 += static_cast<double>(d[i]) * a[i];
-              e += static_cast<double>(d[i]) * a2[i];
-            }
-            const bool live = lse[x] != -std::numeric_limits<T>::infinity();
-            D1[x] = live ? static_cast<T>(d1 + static_cast<double>(lam) * e) : T(0);
-            D2[x] = live ? static_cast<T>(e) : T(0);
-            if (live) pw[dv] += e;
-          }
-        }
+        for (int64_t j = kb; j < ke; ++j) k(&A, j, part.data() + j * (dv + 1));
       },
       1);
   std::vector<double> acc(static_cast<size_t>(dv + 1), 0.0);
-  for (int64_t k = 0; k < nblk; ++k)
-    for (int64_t i = 0; i <= dv; ++i) acc[static_cast<size_t>(i)] += part[static_cast<size_t>(k * (dv + 1) + i)];
+  for (int64_t j = 0; j < nblk; ++j)
+    for (int64_t i = 0; i <= dv; ++i) acc[static_cast<size_t>(i)] += part[static_cast<size_t>(j * (dv + 1) + i)];
   for (int64_t i = 0; i < dv; ++i) dwc[i] = static_cast<T>(acc[static_cast<size_t>(i)]);
   *dlam = static_cast<T>(-acc[static_cast<size_t>(dv)]);
 }
@@ -871,15 +886,27 @@ void Cpu::diff_attention_norm_backward(M dq1, M dq2, M dk1, M dk2, M dv, M dlam,
     Branches<T> X = D.branches(dq1, dq2, dk1, dk2, lse1, lse2, lam);
     const Problem<T>& P = D.P1;
     const int64_t rows = P.B * P.H * P.T_;
-    std::vector<T> go(static_cast<size_t>(rows * P.dv)), rowvals(static_cast<size_t>(2 * rows));
-    const OutRows<T> gout(go.data(), P.H * P.T_ * P.dv, P.T_ * P.dv, P.dv, P.dv);
-    norm_rows_backward<T>(P, Rows<T>(o), Rows<T>(o2), Rows<T>(dy), rstd.storage.as<T>() + rstd.layout.offset,
-                          wc.storage.as<T>() + wc.layout.offset, X.lse[0], X.lam, gout, rowvals.data(), rowvals.data() + rows,
-                          dwc.storage.as<T>() + dwc.layout.offset, dlam.storage.as<T>() + dlam.layout.offset);
+    // dO: every element written below; from the host cache (a std::vector would zero it and, at 1 MiB
+    // and up, fault in fresh pages every call)
+    HostStorage go(static_cast<size_t>(rows * P.dv) * sizeof(T));
+    std::vector<T> rowvals(static_cast<size_t>(2 * rows));
+    const OutRows<T> gout(go.as<T>(), P.H * P.T_ * P.dv, P.T_ * P.dv, P.dv, P.dv);
+    const NormBwd<T> A{&P,
+                       Rows<T>(o),
+                       Rows<T>(o2),
+                       Rows<T>(dy),
+                       rstd.storage.as<T>() + rstd.layout.offset,
+                       wc.storage.as<T>() + wc.layout.offset,
+                       X.lse[0],
+                       X.lam,
+                       gout,
+                       rowvals.data(),
+                       rowvals.data() + rows};
+    norm_rows_backward<T>(A, dwc.storage.as<T>() + dwc.layout.offset, dlam.storage.as<T>() + dlam.layout.offset);
     X.D[0] = rowvals.data();
     X.D[1] = rowvals.data() + rows;
     X.dsf[1] = -X.lam;
-    const Rows<T> g(go.data(), P.H * P.T_ * P.dv, P.T_ * P.dv, P.dv, P.dv);
+    const Rows<T> g(go.as<T>(), P.H * P.T_ * P.dv, P.T_ * P.dv, P.dv, P.dv);
     backward<T>(X, Rows<T>(o), nullptr, g, OutRows<T>(dv), nullptr);
   });
 }
