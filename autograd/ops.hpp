@@ -139,9 +139,24 @@ template <Backend B> struct DiffAttentionBackward {
   Grads<B> operator()(const Tensor<B>& grad_out) const;
   std::vector<Tensor<B>> saved() const { return {q, k, v, lam, o, o2, lse1, lse2, key_padding, mask}; }
 };
+// With the head-wise norm and output scale in its epilogue: Y = RMSNorm(O)·c·weight per head (weight
+// [dv] or undefined), Y [B, H, T, dv] (on Cpu a [B, T, H, dv] block). The node saves what
+// DiffAttentionBackward does plus the weight and the rows' rstd [B, H, T]; its backward runs the norm's
+// backward and the attention's in one op (fused::diff_attention_norm_backward).
+template <Backend B> struct DiffAttentionNormBackward {
+  Tensor<B> q, k, v, lam, w, o, o2, lse1, lse2, rstd, key_padding, mask;
+  double c = 1, scale = 1;
+  bool causal = false;
+  int64_t pos0 = 0;
+  Grads<B> operator()(const Tensor<B>& grad_out) const;
+  std::vector<Tensor<B>> saved() const { return {q, k, v, lam, w, o, o2, lse1, lse2, rstd, key_padding, mask}; }
+};
 template <Backend B> struct DiffAttentionOps {
   static Var<B> diff_attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, const Var<B>& lambda, double scale, bool causal,
                                int64_t pos0, const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
+  static Var<B> diff_attention_norm(const Var<B>& q, const Var<B>& k, const Var<B>& v, const Var<B>& lambda, const Var<B>& weight,
+                                    double eps, double c, double scale, bool causal, int64_t pos0, const Tensor<B>& key_padding = {},
+                                    const Tensor<B>& mask = {});
 };
 
 // autograd/ops/conv.cpp

@@ -76,11 +76,17 @@
                                  bool causal, int64_t pos0);
 
 // differential attention, both branches in one op (core/fused_diff_attention.hpp)
-#define KILN_FUSED_DIFF_ATTENTION                                                                                                        \
-  static void diff_attention_forward(M o, M o2, M lse1, M lse2, V q1, V q2, V k1, V k2, V v, V lam, const V* key_padding, const V* mask, \
-                                     double scale, bool causal, int64_t pos0);                                                           \
-  static void diff_attention_backward(M dq1, M dq2, M dk1, M dk2, M dv, M dlam, V q1, V q2, V k1, V k2, V v, V lam, V o, V o2, V lse1,   \
-                                      V lse2, V dout, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0);
+#define KILN_FUSED_DIFF_ATTENTION                                                                                                          \
+  static void diff_attention_forward(M o, M o2, M lse1, M lse2, V q1, V q2, V k1, V k2, V v, V lam, const V* key_padding, const V* mask,   \
+                                     double scale, bool causal, int64_t pos0);                                                             \
+  static void diff_attention_backward(M dq1, M dq2, M dk1, M dk2, M dv, M dlam, V q1, V q2, V k1, V k2, V v, V lam, V o, V o2, V lse1,     \
+                                      V lse2, V dout, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0);       \
+  /* with the head-wise norm in the epilogue */                                                                                            \
+  static void diff_attention_norm_forward(M y, M rstd, M o, M o2, M lse1, M lse2, V q1, V q2, V k1, V k2, V v, V lam, V wc,                \
+                                          const V* key_padding, const V* mask, double eps, double scale, bool causal, int64_t pos0);       \
+  static void diff_attention_norm_backward(M dq1, M dq2, M dk1, M dk2, M dv, M dlam, M dwc, V q1, V q2, V k1, V k2, V v, V lam, V wc, V o, \
+                                           V o2, V lse1, V lse2, V rstd, V dy, const V* key_padding, const V* mask, double scale,          \
+                                           bool causal, int64_t pos0);
 
 // convolution and pooling; false: this layout is not handled, the composite runs (core/fused_conv.hpp)
 #define KILN_FUSED_CONV_POOL                                                         \

@@ -61,6 +61,8 @@ KILN_DECLARES(rms_norm_backward)
 KILN_DECLARES(diff2_combine_forward)
 KILN_DECLARES(diff_attention_forward)
 KILN_DECLARES(diff_attention_backward)
+KILN_DECLARES(diff_attention_norm_forward)
+KILN_DECLARES(diff_attention_norm_backward)
 KILN_DECLARES(diff2_combine_backward)
 #undef KILN_DECLARES
 }  // namespace declares
@@ -81,6 +83,8 @@ template <class B> consteval bool overrides_checked() {
   static_assert(!d::sum_squares<B> || HasSumSquares<B>, "sum_squares does not match HasSumSquares (core/fused_optim.hpp)");
   static_assert(!(d::diff_attention_forward<B> || d::diff_attention_backward<B>) || HasDiffAttention<B>,
                 "diff_attention_forward/backward do not match HasDiffAttention (core/fused_diff_attention.hpp)");
+  static_assert(!(d::diff_attention_norm_forward<B> || d::diff_attention_norm_backward<B>) || HasDiffAttentionNorm<B>,
+                "diff_attention_norm_forward/backward do not match HasDiffAttentionNorm (core/fused_diff_attention.hpp)");
   static_assert(!(d::diff2_combine_forward<B> || d::diff2_combine_backward<B>) || HasDiff2Combine<B>,
                 "diff2_combine_forward/backward do not match HasDiff2Combine (core/fused_diff2.hpp)");
   static_assert(!(d::swiglu_forward<B> || d::swiglu_backward<B>) || HasSwiGLU<B>,

@@ -16,6 +16,14 @@ template <Backend B> Var<B> diff_attention(const Var<B>& q, const Var<B>& k, con
                                                        key_padding, mask);
 }
 
+template <Backend B> Var<B> diff_attention_norm(const Var<B>& q, const Var<B>& k, const Var<B>& v, const Var<B>& lambda,
+                                                const Var<B>& weight, double eps, double out_scale, bool causal, int64_t pos0,
+                                                const Tensor<B>& key_padding, const Tensor<B>& mask) {
+  KILN_CHECK(q.dim() == 5, "diff_attention_norm: q {} must be [B, H, 2, T, d]", shape_str(q.shape()));
+  return autograd::DiffAttentionOps<B>::diff_attention_norm(
+      q, k, v, lambda, weight, eps, out_scale, 1.0 / std::sqrt(static_cast<double>(q.size(4))), causal, pos0, key_padding, mask);
+}
+
 template <Backend B> DifferentialAttention<B>::DifferentialAttention(DiffAttentionOptions o) : o_(o) {
   if (o_.n_kv_heads == 0) o_.n_kv_heads = o_.n_heads;
   KILN_CHECK(o_.n_heads >= 1 && o_.d_model % (2 * o_.n_heads) == 0, "DifferentialAttention: d_model {} must be divisible by 2·n_heads = {}",
@@ -79,17 +87,24 @@ template <Backend B> Var<B> DifferentialAttention<B>::forward(const Var<B>& x, c
       v = Var<B>(vc);
     }
   }
-  // FA(Q1, K1, V) − λ·FA(Q2, K2, V) [B, h, T, 2d]: both branches in one fused op
-  Var<B> o = diff_attention(q, k, v, lambda(), o_.causal, pos0, in.key_padding, in.mask);
-  if (o_.subln) o = subln_->forward(o);
-  o = o.mul(1.0 - lambda_init_);
+  // FA(Q1, K1, V) − λ·FA(Q2, K2, V) [B, h, T, 2d]: both branches in one fused op, with the head-wise
+  // norm and the (1 − λ_init) scale in its epilogue (its output a [B, T, h, 2d] block on Cpu, so the
+  // head merge below is a view)
+  Var<B> o;
+  if (o_.subln)
+    o = diff_attention_norm(q, k, v, lambda(), o_.subln_affine ? subln_->parameter("weight") : Var<B>(), o_.norm_eps, 1.0 - lambda_init_,
+                            o_.causal, pos0, in.key_padding, in.mask);
+  else
+    o = diff_attention(q, k, v, lambda(), o_.causal, pos0, in.key_padding, in.mask).mul(1.0 - lambda_init_);
   return out_->forward(o.transpose(1, 2).reshape({Bn, T, h * 2 * d}));
 }
 
-#define KILN_INST(B)                                                                                                          \
-  template class DifferentialAttention<B>;                                                                                    \
-  template Var<B> diff_attention(const Var<B>&, const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&, \
-                                 const Tensor<B>&);
+#define KILN_INST(B)                                                                                                                   \
+  template class DifferentialAttention<B>;                                                                                             \
+  template Var<B> diff_attention(const Var<B>&, const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&,          \
+                                 const Tensor<B>&);                                                                                    \
+  template Var<B> diff_attention_norm(const Var<B>&, const Var<B>&, const Var<B>&, const Var<B>&, const Var<B>&, double, double, bool, \
+                                      int64_t, const Tensor<B>&, const Tensor<B>&);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST
 

@@ -32,6 +32,17 @@ double diff_lambda_init(int64_t depth);
 template <Backend B> KILN_API Var<B> diff_attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, const Var<B>& lambda, bool causal,
                                                     int64_t pos0, const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
 
+// diff_attention followed by DifferentialAttention's head-wise norm and output scale, as one fused op
+// (core/fused_diff_attention.hpp's diff_attention_norm_forward: on Cpu the norm runs in the kernel's
+// epilogue and its backward in the kernel's row pass):
+//   O = diff_attention(q, k, v, lambda, ...);  Y = O / √(mean(O²) + eps) · weight · out_scale  per row
+// of O (its dv channels), weight [dv] or undefined (1). Y [B, H, T, dv]; on Cpu its memory is a
+// [B, T, H, dv] block, so Y.transpose(1, 2).reshape({B, T, H·dv}) is a view. Differentiable in q, k,
+// v, lambda and weight.
+template <Backend B> KILN_API Var<B> diff_attention_norm(const Var<B>& q, const Var<B>& k, const Var<B>& v, const Var<B>& lambda,
+                                                         const Var<B>& weight, double eps, double out_scale, bool causal, int64_t pos0,
+                                                         const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
+
 struct DiffAttentionOptions {
   int64_t d_model = 0;
   int64_t n_heads = 0;     // differential heads

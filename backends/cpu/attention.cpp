@@ -697,20 +697,24 @@ template <class T> void backward_key_tile(const Branches<T>& X, const TileKernel
 // visible key: their O is NaN); with two branches o is the combined O = O1 − λ O2 and o2 is O2, so
 // D_1 = rowsum(dO ⊙ O) + λ E, D_2 = E = rowsum(dO ⊙ O2) (dO2 = −λ dO is folded into dsf[1] = −λ), and
 // *dlam = −Σ E.
+// (X.D already set: the caller ran that pass, as the head-wise norm's backward does with its own, and
+// set dsf[1] and *dlam; o, o2 and dlam are then unused.)
 template <class T> void backward(Branches<T> X, const Rows<T>& o, const Rows<T>* o2, const Rows<T>& g, const OutRows<T>& dv, T* dlam) {
   const Problem<T>& P = *X.P[0];
   const int64_t rows = P.B * P.H * P.T_;
-  std::vector<T> D(static_cast<size_t>(X.n * rows));
+  std::vector<T> D(X.D[0] ? 0 : static_cast<size_t>(X.n * rows));
   const TileKernels<T> K;
-  parallel_for(
-      rows, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(P.dv, 1)),
-      [&](int64_t rb, int64_t re) {
-        K.dot(D.data(), X.lse[0], rb, re - rb, o, g, P.H, P.T_, P.dv);
-        if (X.n == 2) K.dot(D.data() + rows, X.lse[1], rb, re - rb, *o2, g, P.H, P.T_, P.dv);
-      },
-      1);
-  for (int x = 0; x < X.n; ++x) X.D[x] = D.data() + x * rows;
-  if (X.n == 2) {
+  if (!X.D[0]) {
+    parallel_for(
+        rows, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(P.dv, 1)),
+        [&](int64_t rb, int64_t re) {
+          K.dot(D.data(), X.lse[0], rb, re - rb, o, g, P.H, P.T_, P.dv);
+          if (X.n == 2) K.dot(D.data() + rows, X.lse[1], rb, re - rb, *o2, g, P.H, P.T_, P.dv);
+        },
+        1);
+    for (int x = 0; x < X.n; ++x) X.D[x] = D.data() + x * rows;
+  }
+  if (X.n == 2 && !D.empty()) {
     T e = 0;
     for (int64_t x = 0; x < rows; ++x) {
       D[static_cast<size_t>(x)] += X.lam * D[static_cast<size_t>(rows + x)];
@@ -857,6 +861,135 @@ template <class T> T scalar_of(const Cpu::V& x) {
   return x.storage.as<T>()[x.layout.offset];
 }
 
+// ------------------------------------------------------------------- differential attention's epilogue
+// The head-wise norm (core/fused_diff_attention.hpp): Y = O·r·wc per row of O, r = 1/√(mean(O²) + eps).
+template <class T> struct NormOut {
+  OutRows<T> y;
+  T* rstd = nullptr;  // [B, H, T]
+  const T* wc = nullptr;
+  double eps = 0;
+};
+
+// Rows [rb, re) of O = O1 − λ O2 (out holds O1, out2 O2), then the norm's rows where nrm is given.
+template <class I, class T>
+void combine_chunk(const Problem<T>* P, const OutRows<T>* out, const OutRows<T>* out2, T l, const NormOut<T>* nrm, int64_t rb, int64_t re) {
+  const int64_t dv = P->dv;
+  for (int64_t x = rb; x < re; ++x) {
+    const int64_t t = x % P->T_, bh = x / P->T_, b = bh / P->H, h = bh % P->H;
+    T* a = out->row(b, h, t);
+    const T* c = out2->row(b, h, t);
+    for (int64_t i = 0; i < dv; ++i) a[i] -= l * c[i];
+    if (!nrm) continue;
+    const T r = T(1) / std::sqrt(dot(I{}, a, a, dv) / static_cast<T>(dv) + static_cast<T>(nrm->eps));
+    nrm->rstd[x] = r;
+    T* y = nrm->y.row(b, h, t);
+    const T* w = nrm->wc;
+    for (int64_t i = 0; i < dv; ++i) y[i] = a[i] * r * w[i];
+  }
+}
+
+template <class T> void combine_rows(const Problem<T>& P, const OutRows<T>& out, const OutRows<T>& out2, T l, const NormOut<T>* nrm) {
+  const auto k = pick<combine_chunk<Baseline, T>, combine_chunk<Avx2, T>, combine_chunk<Avx512, T>>();
+  parallel_for(
+      P.B * P.H * P.T_, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(P.dv, 1)),
+      [&](int64_t rb, int64_t re) { k(&P, &out, &out2, l, nrm, rb, re); }, 1);
+}
+
+// The operands of the norm's backward (norm_rows_backward below).
+template <class T> struct NormBwd {
+  const Problem<T>* P;
+  Rows<T> o, o2, dy;
+  const T *rstd, *wc, *lse;
+  T lam;
+  OutRows<T> go;
+  T *D1, *D2;
+  static constexpr int64_t kBlock = 64;  // rows per partial sum
+};
+
+// Block k of kBlock rows: dO, D1, D2 per row, and the block's sums of dY ⊙ O·r (part[0, dv)) and of the
+// live rows' E (part[dv]).
+template <class I, class T> void norm_bwd_block(const NormBwd<T>* A, int64_t k, T* part) {
+  const Problem<T>& P = *A->P;
+  const int64_t rows = P.B * P.H * P.T_, dv = P.dv;
+  std::fill(part, part + dv + 1, T(0));
+  for (int64_t x = k * A->kBlock; x < std::min(rows, (k + 1) * A->kBlock); ++x) {
+    const int64_t t = x % P.T_, bh = x / P.T_, b = bh / P.H, h = bh % P.H;
+    const T *a = A->o.row(b, h, t), *a2 = A->o2.row(b, h, t), *gy = A->dy.row(b, h, t), *w = A->wc;
+    T* d = A->go.row(b, h, t);
+    const T r = A->rstd[x];
+    for (int64_t i = 0; i < dv; ++i) {
+      d[i] = gy[i] * w[i];
+      part[i] += gy[i] * a[i] * r;
+    }
+    const T f = r * r * r * dot(I{}, d, a, dv) / static_cast<T>(dv);
+    for (int64_t i = 0; i < dv; ++i) d[i] = r * d[i] - a[i] * f;
+    T d1, e;
+    dot2(I{}, d, a, a2, dv, d1, e);
+    const bool live = A->lse[x] != -std::numeric_limits<T>::infinity();
+    A->D1[x] = live ? d1 + A->lam * e : T(0);
+    A->D2[x] = live ? e : T(0);
+    if (live) part[dv] += e;
+  }
+}
+
+// The norm's backward with the differential backward's row pass, for every row x of [B·H·T]:
+//   g = dY ⊙ wc, m = mean(g ⊙ O), dO = r·g − O·r³·m (into go, a contiguous [B, H, T, dv]),
+//   E = rowsum(dO ⊙ O2), D1 = rowsum(dO ⊙ O) + λ E, D2 = E (0 for rows with no visible key),
+//   dwc = Σ_x dY ⊙ O·r,  dλ = −Σ_x E.
+// The sums over rows go through fixed blocks of rows (summed in order, in f64), so they do not depend
+// on the thread count.
+template <class T> void norm_rows_backward(const NormBwd<T>& A, T* dwc, T* dlam) {
+  const Problem<T>& P = *A.P;
+  const int64_t rows = P.B * P.H * P.T_, nblk = (rows + A.kBlock - 1) / A.kBlock, dv = P.dv;
+  std::vector<T> part(static_cast<size_t>(nblk * (dv + 1)));
+  const auto k = pick<norm_bwd_block<Baseline, T>, norm_bwd_block<Avx2, T>, norm_bwd_block<Avx512, T>>();
+  parallel_for(
+      nblk, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(A.kBlock * dv, 1)),
+      [&](int64_t kb, int64_t ke) {
+        for (int64_t j = kb; j < ke; ++j) k(&A, j, part.data() + j * (dv + 1));
+      },
+      1);
+  std::vector<double> acc(static_cast<size_t>(dv + 1), 0.0);
+  for (int64_t j = 0; j < nblk; ++j)
+    for (int64_t i = 0; i <= dv; ++i) acc[static_cast<size_t>(i)] += part[static_cast<size_t>(j * (dv + 1) + i)];
+  for (int64_t i = 0; i < dv; ++i) dwc[i] = static_cast<T>(acc[static_cast<size_t>(i)]);
+  *dlam = static_cast<T>(-acc[static_cast<size_t>(dv)]);
+}
+
+// The checks and problems both differential entries share.
+template <class T> struct DiffProblems {
+  Problem<T> P1, P2;
+  DiffProblems(const char* op, Cpu::V q1, Cpu::V q2, Cpu::V k1, Cpu::V k2, Cpu::V v, const Cpu::V* key_padding, const Cpu::V* mask,
+               double scale, bool causal, int64_t pos0)
+      : P1(make_problem<T>(q1, k1, v, key_padding, mask, scale, causal, pos0)),
+        P2(make_problem<T>(q2, k2, v, key_padding, mask, scale, causal, pos0)) {
+    check_views(op, {q1, q2, k1, k2, v}, q1.dtype);
+    check_branches(op, q1, q2);
+    check_branches(op, k1, k2);
+  }
+  // Both branches of the backward, writing dq1, dq2, dk1, dk2.
+  Branches<T> branches(Cpu::M dq1, Cpu::M dq2, Cpu::M dk1, Cpu::M dk2, Cpu::V lse1, Cpu::V lse2, Cpu::V lam) const {
+    Branches<T> X;
+    X.n = 2;
+    X.P[0] = &P1;
+    X.P[1] = &P2;
+    X.lse[0] = lse1.storage.as<T>() + lse1.layout.offset;
+    X.lse[1] = lse2.storage.as<T>() + lse2.layout.offset;
+    X.lam = scalar_of<T>(lam);
+    X.dq[0] = OutRows<T>(dq1);
+    X.dq[1] = OutRows<T>(dq2);
+    X.dk[0] = OutRows<T>(dk1);
+    X.dk[1] = OutRows<T>(dk2);
+    return X;
+  }
+};
+
+// A contiguous f32/f64 [n] vector (the norm's weight and its gradient).
+void check_vector(const char* op, const char* what, const Cpu::V& x, DType dt, int64_t n) {
+  KILN_CHECK(x.dtype == dt && x.layout.is_contiguous() && x.layout.shape == Shape({n}), "{}: {} must be a contiguous {} [{}], got {} {}",
+             op, what, dt, n, x.dtype, shape_str(x.layout.shape));
+}
+
 }  // namespace
 
 void Cpu::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0) {
@@ -892,39 +1025,20 @@ void Cpu::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout
 }
 
 // Differential attention (core/fused_diff_attention.hpp): the two branches' flash forwards, then
-// O = O1 − λ O2 row by row; the backward runs both branches in one pass over the key tiles (one
-// dV and one dP product for both).
+// O = O1 − λ O2 row by row (and the head-wise norm in the same pass); the backward runs both branches
+// in one pass over the key tiles (one dV and one dP product for both).
 void Cpu::diff_attention_forward(M o, M o2, M lse1, M lse2, V q1, V q2, V k1, V k2, V v, V lam, const V* key_padding, const V* mask,
                                  double scale, bool causal, int64_t pos0) {
   const char* op = "diff_attention_forward";
   check_forward_outputs(op, o, lse1, q1, v);
   check_forward_outputs(op, o2, lse2, q1, v);
-  check_views(op, {q1, q2, k1, k2, v}, q1.dtype);
-  check_branches(op, q1, q2);
-  check_branches(op, k1, k2);
-  auto run = [&]<class T>(type_tag<T>) {
-    const Problem<T> P1 = make_problem<T>(q1, k1, v, key_padding, mask, scale, causal, pos0);
-    const Problem<T> P2 = make_problem<T>(q2, k2, v, key_padding, mask, scale, causal, pos0);
+  float_types(q1.dtype, op, [&]<class T>(type_tag<T>) {
+    const DiffProblems<T> X(op, q1, q2, k1, k2, v, key_padding, mask, scale, causal, pos0);
     const OutRows<T> out(o), out2(o2);
-    forward(P1, out, lse1.storage.as<T>() + lse1.layout.offset);
-    forward(P2, out2, lse2.storage.as<T>() + lse2.layout.offset);
-    const T l = scalar_of<T>(lam);
-    parallel_for(
-        P1.B * P1.H * P1.T_, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(P1.dv, 1)),
-        [&](int64_t rb, int64_t re) {
-          for (int64_t x = rb; x < re; ++x) {
-            const int64_t t = x % P1.T_, bh = x / P1.T_, b = bh / P1.H, h = bh % P1.H;
-            T* a = out.row(b, h, t);
-            const T* c = out2.row(b, h, t);
-            for (int64_t i = 0; i < P1.dv; ++i) a[i] -= l * c[i];
-          }
-        },
-        1);
-  };
-  if (q1.dtype == DType::f32)
-    run(type_tag<float>{});
-  else
-    run(type_tag<double>{});
+    forward(X.P1, out, lse1.storage.as<T>() + lse1.layout.offset);
+    forward(X.P2, out2, lse2.storage.as<T>() + lse2.layout.offset);
+    combine_rows<T>(X.P1, out, out2, scalar_of<T>(lam), nullptr);
+  });
 }
 
 void Cpu::diff_attention_backward(M dq1, M dq2, M dk1, M dk2, M dv, M dlam, V q1, V q2, V k1, V k2, V v, V lam, V o, V o2, V lse1, V lse2,
@@ -932,32 +1046,77 @@ void Cpu::diff_attention_backward(M dq1, M dq2, M dk1, M dk2, M dv, M dlam, V q1
   const char* op = "diff_attention_backward";
   check_backward_outputs(op, dq1, dk1, dv, q1, k1, v, o, dout, lse1);
   check_backward_outputs(op, dq2, dk2, dv, q2, k2, v, o2, dout, lse2);
-  check_views(op, {q1, q2, k1, k2, v, o, o2, dout}, q1.dtype);
-  check_branches(op, q1, q2);
-  check_branches(op, k1, k2);
+  check_views(op, {o, o2, dout}, q1.dtype);
   KILN_CHECK(dlam.layout.numel() == 1 && dlam.dtype == q1.dtype, "{}: dlam must be one {} element, got {} {}", op, q1.dtype, dlam.dtype,
              shape_str(dlam.layout.shape));
-  auto run = [&]<class T>(type_tag<T>) {
-    const Problem<T> P1 = make_problem<T>(q1, k1, v, key_padding, mask, scale, causal, pos0);
-    const Problem<T> P2 = make_problem<T>(q2, k2, v, key_padding, mask, scale, causal, pos0);
-    Branches<T> X;
-    X.n = 2;
-    X.P[0] = &P1;
-    X.P[1] = &P2;
-    X.lse[0] = lse1.storage.as<T>() + lse1.layout.offset;
-    X.lse[1] = lse2.storage.as<T>() + lse2.layout.offset;
-    X.lam = scalar_of<T>(lam);
-    X.dq[0] = OutRows<T>(dq1);
-    X.dq[1] = OutRows<T>(dq2);
-    X.dk[0] = OutRows<T>(dk1);
-    X.dk[1] = OutRows<T>(dk2);
+  float_types(q1.dtype, op, [&]<class T>(type_tag<T>) {
+    const DiffProblems<T> D(op, q1, q2, k1, k2, v, key_padding, mask, scale, causal, pos0);
     const Rows<T> r2(o2);
-    backward(X, Rows<T>(o), &r2, Rows<T>(dout), OutRows<T>(dv), dlam.storage.as<T>() + dlam.layout.offset);
-  };
-  if (q1.dtype == DType::f32)
-    run(type_tag<float>{});
-  else
-    run(type_tag<double>{});
+    backward(D.branches(dq1, dq2, dk1, dk2, lse1, lse2, lam), Rows<T>(o), &r2, Rows<T>(dout), OutRows<T>(dv),
+             dlam.storage.as<T>() + dlam.layout.offset);
+  });
+}
+
+void Cpu::diff_attention_norm_forward(M y, M rstd, M o, M o2, M lse1, M lse2, V q1, V q2, V k1, V k2, V v, V lam, V wc,
+                                      const V* key_padding, const V* mask, double eps, double scale, bool causal, int64_t pos0) {
+  const char* op = "diff_attention_norm_forward";
+  check_forward_outputs(op, o, lse1, q1, v);
+  check_forward_outputs(op, o2, lse2, q1, v);
+  check_forward_outputs(op, y, rstd, q1, v);
+  check_vector(op, "the norm's weight", wc, q1.dtype, v.layout.shape[3]);
+  float_types(q1.dtype, op, [&]<class T>(type_tag<T>) {
+    const DiffProblems<T> X(op, q1, q2, k1, k2, v, key_padding, mask, scale, causal, pos0);
+    const OutRows<T> out(o), out2(o2);
+    forward(X.P1, out, lse1.storage.as<T>() + lse1.layout.offset);
+    forward(X.P2, out2, lse2.storage.as<T>() + lse2.layout.offset);
+    const NormOut<T> nrm{OutRows<T>(y), rstd.storage.as<T>() + rstd.layout.offset, wc.storage.as<T>() + wc.layout.offset, eps};
+    combine_rows<T>(X.P1, out, out2, scalar_of<T>(lam), &nrm);
+  });
+}
+
+void Cpu::diff_attention_norm_backward(M dq1, M dq2, M dk1, M dk2, M dv, M dlam, M dwc, V q1, V q2, V k1, V k2, V v, V lam, V wc, V o, V o2,
+                                       V lse1, V lse2, V rstd, V dy, const V* key_padding, const V* mask, double scale, bool causal,
+                                       int64_t pos0) {
+  const char* op = "diff_attention_norm_backward";
+  check_backward_outputs(op, dq1, dk1, dv, q1, k1, v, o, dy, lse1);
+  check_backward_outputs(op, dq2, dk2, dv, q2, k2, v, o2, dy, rstd);
+  check_views(op, {o, o2, dy}, q1.dtype);
+  KILN_CHECK(dlam.layout.numel() == 1 && dlam.dtype == q1.dtype, "{}: dlam must be one {} element, got {} {}", op, q1.dtype, dlam.dtype,
+             shape_str(dlam.layout.shape));
+  const int64_t width = v.layout.shape[3];
+  check_vector(op, "the norm's weight", wc, q1.dtype, width);
+  KILN_CHECK(dwc.dtype == q1.dtype && dwc.layout.is_contiguous() && dwc.layout.shape == Shape({width}),
+             "{}: dwc must be a contiguous {} [{}], got {} {}", op, q1.dtype, width, dwc.dtype, shape_str(dwc.layout.shape));
+  KILN_CHECK(rstd.layout.shape == lse2.layout.shape && lse2.layout.is_contiguous(), "{}: rstd {} and lse2 {} must be contiguous [B, H, T]",
+             op, shape_str(rstd.layout.shape), shape_str(lse2.layout.shape));
+  float_types(q1.dtype, op, [&]<class T>(type_tag<T>) {
+    const DiffProblems<T> D(op, q1, q2, k1, k2, v, key_padding, mask, scale, causal, pos0);
+    Branches<T> X = D.branches(dq1, dq2, dk1, dk2, lse1, lse2, lam);
+    const Problem<T>& P = D.P1;
+    const int64_t rows = P.B * P.H * P.T_;
+    // dO: every element written below; from the host cache (a std::vector would zero it and, at 1 MiB
+    // and up, fault in fresh pages every call)
+    HostStorage go(static_cast<size_t>(rows * P.dv) * sizeof(T));
+    std::vector<T> rowvals(static_cast<size_t>(2 * rows));
+    const OutRows<T> gout(go.as<T>(), P.H * P.T_ * P.dv, P.T_ * P.dv, P.dv, P.dv);
+    const NormBwd<T> A{&P,
+                       Rows<T>(o),
+                       Rows<T>(o2),
+                       Rows<T>(dy),
+                       rstd.storage.as<T>() + rstd.layout.offset,
+                       wc.storage.as<T>() + wc.layout.offset,
+                       X.lse[0],
+                       X.lam,
+                       gout,
+                       rowvals.data(),
+                       rowvals.data() + rows};
+    norm_rows_backward<T>(A, dwc.storage.as<T>() + dwc.layout.offset, dlam.storage.as<T>() + dlam.layout.offset);
+    X.D[0] = rowvals.data();
+    X.D[1] = rowvals.data() + rows;
+    X.dsf[1] = -X.lam;
+    const Rows<T> g(go.as<T>(), P.H * P.T_ * P.dv, P.T_ * P.dv, P.dv, P.dv);
+    backward<T>(X, Rows<T>(o), nullptr, g, OutRows<T>(dv), nullptr);
+  });
 }
 
 }  // namespace kiln
@@ -966,5 +1125,5 @@ void Cpu::diff_attention_backward(M dq1, M dq2, M dk1, M dk2, M dv, M dlam, V q1
 #include "kiln/core/fused_diff_attention.hpp"
 static_assert(kiln::fused::HasAttention<kiln::Cpu> && kiln::fused::HasAttentionBackward<kiln::Cpu>,
               "Cpu's flash attention must match the override signatures of core/fused.hpp");
-static_assert(kiln::fused::HasDiffAttention<kiln::Cpu>,
+static_assert(kiln::fused::HasDiffAttention<kiln::Cpu> && kiln::fused::HasDiffAttentionNorm<kiln::Cpu>,
               "Cpu's differential attention must match the override signatures of core/fused_diff_attention.hpp");

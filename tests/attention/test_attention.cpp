@@ -24,6 +24,7 @@
 #include <kiln/core/fused_diff_attention.hpp>
 #include <kiln/nn/attention.hpp>
 #include <kiln/nn/diff_attention.hpp>
+#include <kiln/nn/norm.hpp>
 #include "common/kiln_test.hpp"
 
 using namespace kiln;
@@ -727,4 +728,204 @@ TEMPLATE_TEST_CASE("diff_attention: bad shapes and dtypes throw kiln::Error nami
                     Catch::Contains("diff_attention_backward") && Catch::Contains("[1, 2, 5, 8]"));
   CHECK_THROWS_AS(nn::diff_attention(Var<TestType>(T::randn({2, 2, 5, 8})), Var<TestType>(k), Var<TestType>(v), Var<TestType>(l), true, 0),
                   kiln::Error);
+}
+
+// ------------------------------------------------- differential attention with the head-wise norm
+// nn::diff_attention_norm (core/fused_diff_attention.hpp: on Cpu the norm and the (1 − λ_init) scale in
+// the fused op's epilogue, its backward in the kernel's row pass; the composite elsewhere) against the
+// unfused form diff_attention → rms_norm → scale, in the same dtype: Y, dq, dk, dv, dλ and the norm
+// weight's gradient, with and without a weight. Both sides run the same attention kernels, so the
+// difference is the epilogue's rounding: a few ulps of the norm's output (|Y| ~ |w|·c·√dv at most).
+namespace {
+
+struct DiffNormResult {
+  std::vector<double> y, dq, dk, dv, dlam, dw;
+};
+
+template <Backend B>
+DiffNormResult run_diff_norm(const Inputs<B>& in, const Case& c, double lam, bool affine, double c_out, DType dt, bool fused) {
+  Var<B> q(in.q.to(dt), true), k(in.k.to(dt), true), v(in.v.to(dt), true), l(Tensor<B>::scalar(lam, dt), true);
+  Generator gen(c.T * 131 + c.dv);
+  Var<B> w = affine ? Var<B>(Tensor<B>::rand({c.dv}, DType::f32, &gen).add(0.5).to(dt), true) : Var<B>();
+  const Tensor<B> mask = in.mask.defined() && in.mask.dtype() != DType::boolean ? in.mask.to(dt) : in.mask;
+  const double eps = 1e-5;
+  Var<B> y;
+  if (fused) {
+    y = nn::diff_attention_norm(q, k, v, l, w, eps, c_out, c.causal, c.pos0, in.kp, mask);
+    CHECK(std::string(y.grad_fn()) == "diff_attention_norm");
+  } else {
+    y = nn::functional::rms_norm(nn::diff_attention(q, k, v, l, c.causal, c.pos0, in.kp, mask), w, eps).mul(c_out);
+  }
+  y.backward(in.dout.to(dt));
+  return {kt::host(y.value()), kt::host(q.grad()), kt::host(k.grad()),
+          kt::host(v.grad()),  kt::host(l.grad()), affine ? kt::host(w.grad()) : std::vector<double>{}};
+}
+
+template <Backend B> void check_diff_norm_case(const Case& c, DType dt, uint64_t seed, double lam, bool affine) {
+  INFO(c.str() << " dtype " << dtype_name(dt) << " lambda " << lam << " affine " << affine);
+  const Inputs<B> in = make_diff_inputs<B>(c, dt, seed).second;
+  const double c_out = 0.65;
+  const DiffNormResult got = run_diff_norm(in, c, lam, affine, c_out, dt, true);
+  const DiffNormResult want = run_diff_norm(in, c, lam, affine, c_out, dt, false);
+  // ulps of the compute dtype times the reductions' lengths (the norm's dv, the attention's S and d)
+  const double u = kt::u_acc(dt) * static_cast<double>(4 * (c.dv + c.d + c.S));
+  auto tol = [&](const std::vector<double>& w) { return kt::Tol{0.0, u * std::max(1.0, max_abs(w))}; };
+  compare(got.y, want.y, tol(want.y), "Y");
+  compare(got.dq, want.dq, tol(want.dq), "dq (both branches)");
+  compare(got.dk, want.dk, tol(want.dk), "dk (both branches)");
+  compare(got.dv, want.dv, tol(want.dv), "dv");
+  const double rows = static_cast<double>(c.B * c.H * c.T);
+  compare(got.dlam, want.dlam, kt::Tol{0.0, rows * tol(want.dlam).atol}, "dλ");
+  if (affine) compare(got.dw, want.dw, kt::Tol{0.0, rows * tol(want.dw).atol}, "dw (the norm's weight)");
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("diff_attention_norm: fused norm epilogue matches diff_attention, rms_norm and the scale", "[attention][diff]",
+                   KILN_BACKEND_TYPES) {
+  uint64_t seed = 500;
+  double lam = 0.8;
+  bool affine = true;
+  for (DType dt : {DType::f64, DType::f32}) {
+    for (const Case& c : diff_cases()) {
+      check_diff_norm_case<TestType>(c, dt, seed++, lam, affine);
+      lam = -0.6 * lam + 0.1;
+      affine = !affine;
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("diff_attention_norm: gradcheck in q, k, v, lambda and the norm weight (f64 finite differences)", "[attention][diff]",
+                   KILN_BACKEND_TYPES) {
+  Generator gen(37);
+  using T = Tensor<TestType>;
+  T kp = T::ones({2, 7}, DType::boolean);
+  kp.narrow(1, 3, 1).fill_(0);
+  for (bool causal : {true, false}) {
+    INFO("causal " << causal);
+    const auto r = gradcheck<TestType>(
+        [&](const std::vector<Var<TestType>>& x) {
+          return nn::diff_attention_norm(x[0], x[1], x[2], x[3], x[4], 1e-5, 0.7, causal, 2, kp);
+        },
+        {T::randn({2, 5, 4, 2, 3}, DType::f64, &gen).permute({0, 2, 3, 1, 4}), T::randn({2, 2, 2, 7, 3}, DType::f64, &gen),
+         T::randn({2, 2, 7, 6}, DType::f64, &gen), T::scalar(0.3, DType::f64), T::rand({6}, DType::f64, &gen).add(0.5)});
+    INFO(r.message);
+    CHECK(r.ok);
+  }
+  // without a weight
+  const auto r = gradcheck<TestType>(
+      [&](const std::vector<Var<TestType>>& x) {
+        return nn::diff_attention_norm(x[0], x[1], x[2], x[3], Var<TestType>(), 1e-5, 0.4, true, 0);
+      },
+      {T::randn({1, 2, 2, 6, 4}, DType::f64, &gen), T::randn({1, 1, 2, 6, 4}, DType::f64, &gen), T::randn({1, 1, 6, 8}, DType::f64, &gen),
+       T::scalar(-0.2, DType::f64)});
+  INFO(r.message);
+  CHECK(r.ok);
+}
+
+TEMPLATE_TEST_CASE("diff_attention_norm: the output is a [B, T, H, dv] block and the node saves no T x S map", "[attention][diff]",
+                   KILN_BACKEND_TYPES) {
+  using T = Tensor<TestType>;
+  Generator gen(43);
+  Var<TestType> q(T::randn({2, 9, 3, 2, 4}, DType::f32, &gen).permute({0, 2, 3, 1, 4}), true);
+  Var<TestType> k(T::randn({2, 9, 3, 2, 4}, DType::f32, &gen).permute({0, 2, 3, 1, 4}), true);
+  Var<TestType> v(T::randn({2, 9, 3, 8}, DType::f32, &gen).transpose(1, 2), true), l(T::scalar(0.5), true);
+  Var<TestType> w(T::ones({8}), true);
+  const Var<TestType> y = nn::diff_attention_norm(q, k, v, l, w, 1e-5, 0.8, true, 0);
+  const auto* saved = y.node()->backward.template target<autograd::DiffAttentionNormBackward<TestType>>();
+  REQUIRE(saved != nullptr);
+  for (const T& t : saved->saved())
+    if (t.defined()) CHECK(t.numel() < 9 * 9 * 3 * 2);  // nothing of size T·S per head
+  if constexpr (std::is_same_v<TestType, Cpu>) {
+    CHECK(y.value().transpose(1, 2).is_contiguous());  // the head merge is a view
+    const Var<TestType> merged = y.transpose(1, 2).reshape({2, 9, 24});
+    CHECK(merged.value().storage() == y.value().storage());
+  }
+  const autograd::DiffAttentionNormBackward<TestType> node = *saved;      // (backward frees the closure)
+  const T dy = T::randn({2, 9, 3, 8}, DType::f32, &gen).transpose(1, 2);  // as the head merge's backward gives it
+  y.backward(dy);
+  for (const Var<TestType>* x : {&q, &k, &v, &l, &w}) {
+    REQUIRE(x->grad().defined());
+    CHECK(std::isfinite(x->grad().abs().sum().template item<double>()));
+  }
+  if constexpr (std::is_same_v<TestType, Cpu>) {  // dq, dk come back in the projections' layout
+    auto [dq, dk, dv, dlam, dw] = fused::diff_attention_norm_backward(node.q, node.k, node.v, node.lam, node.w, node.o, node.o2, node.lse1,
+                                                                      node.lse2, node.rstd, dy, node.c, node.scale, true, 0);
+    CHECK(dq.permute({0, 3, 1, 2, 4}).is_contiguous());
+    CHECK(dk.permute({0, 3, 1, 2, 4}).is_contiguous());
+    compare(kt::host(dq), kt::host(q.grad()), {0.0, 0.0}, "dq as the node's");
+    compare(kt::host(dw), kt::host(w.grad()), {0.0, 0.0}, "dw as the node's");
+  }
+}
+
+TEMPLATE_TEST_CASE("diff_attention_norm: bad weights, eps and scales throw kiln::Error naming the op", "[attention][diff][errors]",
+                   KILN_BACKEND_TYPES) {
+  using T = Tensor<TestType>;
+  const T q = T::randn({1, 2, 2, 5, 8}), k = T::randn({1, 1, 2, 6, 8}), v = T::randn({1, 1, 6, 16}), l = T::scalar(0.5);
+  CHECK_THROWS_WITH(fused::diff_attention_norm_forward(q, k, v, l, T::ones({8}), 1e-5, 0.8, 1.0, true, 0),
+                    Catch::Contains("diff_attention_norm_forward") && Catch::Contains("[8]") && Catch::Contains("16"));
+  CHECK_THROWS_WITH(fused::diff_attention_norm_forward(q, k, v, l, T::ones({16}, DType::f64), 1e-5, 0.8, 1.0, true, 0),
+                    Catch::Contains("diff_attention_norm_forward") && Catch::Contains("f64"));
+  CHECK_THROWS_WITH(fused::diff_attention_norm_forward(q, k, v, l, T(), -1.0, 0.8, 1.0, true, 0), Catch::Contains("eps"));
+  CHECK_THROWS_WITH(fused::diff_attention_norm_forward(q, k, v, l, T(), 1e-5, INFINITY, 1.0, true, 0), Catch::Contains("scale"));
+  CHECK_THROWS_WITH(fused::diff_attention_norm_forward(T::randn({1, 2, 5, 8}), k, v, l, T(), 1e-5, 0.8, 1.0, true, 0),
+                    Catch::Contains("diff_attention_norm_forward") && Catch::Contains("[1, 2, 5, 8]"));
+  auto [y, o, o2, l1, l2, r] = fused::diff_attention_norm_forward(q, k, v, l, T(), 1e-5, 0.8, 1.0, true, 0);
+  CHECK_THROWS_WITH(fused::diff_attention_norm_backward(q, k, v, l, T(), o, o2, l1, l2, T::ones({1, 2}), y, 0.8, 1.0, true, 0),
+                    Catch::Contains("diff_attention_norm_backward") && Catch::Contains("rstd"));
+  CHECK_THROWS_WITH(fused::diff_attention_norm_backward(q, k, v, l, T(), o, o2, l1, l2, r, T::randn({1, 2, 5, 8}), 0.8, 1.0, true, 0),
+                    Catch::Contains("diff_attention_norm_backward") && Catch::Contains("[1, 2, 5, 8]"));
+}
+
+// DifferentialAttention runs its norm in the fused op; the module's output and every parameter's
+// gradient equal the unfused sublayer (diff_attention → subln → (1 − λ_init) → out_proj) built from the
+// same parameters, with the parameter names of docs/specs.md, subln affine or not.
+TEMPLATE_TEST_CASE("diff_attention_norm: DifferentialAttention equals its unfused sublayer, names unchanged", "[attention][diff]",
+                   KILN_BACKEND_TYPES) {
+  using T = Tensor<TestType>;
+  for (bool affine : {false, true}) {
+    INFO("diff_subln_affine " << affine);
+    manual_seed(11);
+    nn::DifferentialAttention<TestType> m({.d_model = 32, .n_heads = 2, .n_kv_heads = 1, .depth = 2, .subln_affine = affine});
+    Generator gen(5);
+    if (affine) {
+      T w = m.parameter("subln.weight").value();
+      w.copy_(T::rand({16}, DType::f32, &gen).add(0.5));
+    }
+    std::vector<std::string> names;
+    for (auto& [n, p] : m.named_parameters()) names.push_back(n);
+    std::vector<std::string> want{"lambda_q1",     "lambda_k1",     "lambda_q2",     "lambda_k2",
+                                  "q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight"};
+    if (affine) want.push_back("subln.weight");
+    CHECK(names == want);
+    const T x = T::randn({2, 7, 32}, DType::f32, &gen), dy = T::randn({2, 7, 32}, DType::f32, &gen);
+    auto grads = [&]() {
+      std::vector<std::vector<double>> g;
+      for (auto& [n, p] : m.named_parameters()) {
+        g.push_back(kt::host(p.grad()));
+        p.zero_grad();
+      }
+      return g;
+    };
+    const Var<TestType> y = m.forward(Var<TestType>(x));
+    y.backward(dy);
+    const std::vector<std::vector<double>> got = grads();
+    // the unfused sublayer from the module's own parameters (RoPE as the module applies it)
+    const int64_t d = 8;
+    Var<TestType> q = m.parameter("q_proj.weight"), k = m.parameter("k_proj.weight"), v = m.parameter("v_proj.weight");
+    Var<TestType> xq = Var<TestType>(x).matmul(q.t()).view({2, 7, 2, 2, d}).permute({0, 2, 3, 1, 4});
+    Var<TestType> xk = Var<TestType>(x).matmul(k.t()).view({2, 7, 1, 2, d}).permute({0, 2, 3, 1, 4});
+    Var<TestType> xv = Var<TestType>(x).matmul(v.t()).view({2, 7, 1, 2 * d}).transpose(1, 2);
+    nn::RopeTable<TestType> rope;
+    xq = nn::rope_at(xq, 0, T(), 10000.0, &rope);
+    xk = nn::rope_at(xk, 0, T(), 10000.0, &rope);
+    Var<TestType> o = nn::diff_attention(xq, xk, xv, m.lambda(), true, 0);
+    o = nn::functional::rms_norm(o, affine ? m.parameter("subln.weight") : Var<TestType>(), 1e-5).mul(1.0 - m.lambda_init());
+    const Var<TestType> y2 = o.transpose(1, 2).reshape({2, 7, 32}).matmul(m.parameter("out_proj.weight").t());
+    y2.backward(dy);
+    const std::vector<std::vector<double>> want_g = grads();
+    compare(kt::host(y.value()), kt::host(y2.value()), {0.0, 2e-6 * std::max(1.0, max_abs(kt::host(y2.value())))}, "y");
+    for (size_t i = 0; i < got.size(); ++i)
+      compare(got[i], want_g[i], {0.0, 1e-5 * std::max(1.0, max_abs(want_g[i]))}, "grad of " + names[i]);
+  }
 }
