@@ -297,7 +297,7 @@ TEST_CASE("fit: evaluation runs on the EMA weights, and ReduceLROnPlateau steps 
     averaged_eval.push_back(sum / 2);
     lrs_after.push_back(opt.groups()[0].lr);
   }};
-  FitOptions o{.steps = 6, .eval_every = 2, .progress = 0, .callbacks = {cb}};
+  FitOptions o{.steps = 6, .eval_every = 2, .eval_at_start = true, .progress = 0, .callbacks = {cb}};
   o.scheduler = plateau;
   o.ema = ema;
   fit(f.model, opt, f.batches(), f.batches(), f.step(), o);

@@ -127,6 +127,7 @@ Run run_points(uint64_t init_seed, FitOptions o, const std::function<void(int64_
   o.epochs = 3;
   o.grad_accum = 2;
   o.eval_every = 5;
+  o.eval_at_start = true;  // the evaluation before training is part of what must resume bit for bit
   o.progress = 0;
   o.schedule = {.name = "cosine", .warmup_steps = 2, .min_lr_ratio = 0.1};
   Run r;
