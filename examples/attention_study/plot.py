@@ -108,7 +108,7 @@ if ("bpe", "val_loss_per_byte") in curves:
     vals = [agg[(t, v, m)][1] for v in vs for t, m in (("lm", "val_loss"), ("bpe", "val_loss_per_byte")) if (t, v, m) in agg]
     axes[1].set_ylim(min(vals) - 0.1, max(vals) + 0.1)
     axes[1].set_ylabel("nats/byte", fontsize=8)
-    axes[1].set_title("final held-out loss per byte: char (plain) vs BPE (dotted), equal FLOPs", fontsize=9)
+    axes[1].set_title("final held-out loss per byte: char (plain) vs BPE (dotted), each at its task's budget", fontsize=9)
     axes[1].legend(fontsize=7)
     axes[1].grid(alpha=0.3, axis="y")
     fig.tight_layout()
