@@ -21,24 +21,18 @@
 
 #include "common/kiln_test.hpp"
 #include "common/run.hpp"
+#include "text_test.hpp"
 
 using kiln::text::BpeTrainOptions;
 using kiln::text::Tokenizer;
 using kt::error_of;
+using kt::slurp;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
 
 const std::string kDir = std::string(KILN_SOURCE_DIR) + "/tests/text/fixtures/bpe_train/";
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // A fresh temporary directory, removed with everything in it at the end of the scope.
 struct TempDir {
