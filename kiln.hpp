@@ -48,6 +48,7 @@
 #include "kiln/formats/idx.hpp"
 #include "kiln/formats/safetensors.hpp"
 
+#include "kiln/text/bpe_trainer.hpp"
 #include "kiln/text/tokenizer.hpp"
 
 #include "kiln/train/config.hpp"

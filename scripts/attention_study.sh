@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The attention study (docs/attention_study.md): MHA, Diff and Diff V2 attention × standard and Block
 # AttnRes residuals at equal parameters and equal training FLOPs, over seeds: char-level LM on fortunes
-# (loss vs FLOPs, compute advantage, activation outliers, generation time), multi-query associative
-# recall and needle in context. One driver for every table and figure:
+# (loss vs FLOPs, compute advantage, activation outliers, generation time), the same LM on a BPE
+# tokenization kiln trains (task bpe), the lm bases trained to several budgets (task budgets: the
+# compute advantage from several budgets), multi-query associative recall and needle in context.
+# One driver for every table and figure:
 #   scripts/attention_study.sh                           the full study (default scale, seeds 0,1,2;
 #                                                        under an hour on 2 idle cores)
 #   scripts/attention_study.sh --scale reduced           the reduced scale (about a sixth of the FLOPs; the committed run is the full one)

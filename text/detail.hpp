@@ -2,6 +2,7 @@
 // kiln::text internals (not installed): the interface both tokenizer kinds implement, and the helpers
 // they share. Users see text/tokenizer.hpp only.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -46,6 +47,12 @@ uint32_t next_code_point(std::string_view s, size_t& i);
 
 // The file's bytes; a kiln::Error naming it when it cannot be read.
 std::string read_file(const std::string& path);
+
+// GPT-2's byte-level pre-tokenization (tokenizers' ByteLevel with use_regex and no prefix space), for
+// the BPE trainer: the pieces of valid UTF-8 `text` as the GPT-2 regex splits it, in order.
+void byte_level_pieces(std::string_view text, const std::function<void(std::string_view)>& piece);
+// GPT-2's stand-in code point for byte b (the alphabet of byte-level vocabularies: "Ġ" for ' ').
+uint32_t byte_level_char(uint8_t b);
 
 }  // namespace detail
 }  // namespace kiln::text

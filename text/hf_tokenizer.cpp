@@ -666,6 +666,30 @@ class SplitPre : public PreTokenizer {
 
 const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
+}  // namespace
+
+void byte_level_pieces(std::string_view text, const std::function<void(std::string_view)>& piece) {
+  static const Regex re(kGpt2Pattern, Ctx{"(GPT-2 pre-tokenizer)"}, "pattern");
+  // as split_pieces with Behavior::Isolated: the matches and the text between them (the GPT-2 regex
+  // leaves none, but a gap would be a piece of its own there too)
+  size_t pos = 0, at = 0, begin = 0, end = 0;
+  while (at < text.size() && re.find(text, at, begin, end)) {
+    if (end == begin) {  // empty match: no split here
+      at = begin;
+      if (at >= text.size()) break;
+      next_code_point(text, at);
+      continue;
+    }
+    if (begin > pos) piece(text.substr(pos, begin - pos));
+    piece(text.substr(begin, end - begin));
+    pos = at = end;
+  }
+  if (pos < text.size()) piece(text.substr(pos));
+}
+uint32_t byte_level_char(uint8_t b) { return byte_map().to_char[b]; }
+
+namespace {
+
 class ByteLevelPre : public PreTokenizer {
  public:
   ByteLevelPre(bool add_prefix_space, bool use_regex, const Ctx& ctx, const std::string& field) : add_prefix_space_(add_prefix_space) {

@@ -6,6 +6,12 @@
 //           scripts/train_demo.sh does; the last 5% held out). Held-out loss against training FLOPs
 //           (nn::gpt_flops), the AttnRes "compute advantage", then on the trained models: activation
 //           outliers (probe.hpp) and per-token generation time with the KV cache (nn::generate).
+//   bpe     the same LM task on a byte-level BPE tokenization of the same split: the tokenizer is
+//           trained by kiln (text::train_bpe_json) on the training part only; held-out loss per token
+//           and per byte (= per character of the char task: the corpus is ASCII).
+//   budgets the base variants (mha, diff, diff2) of the lm task trained again to several budgets
+//           (--budgets, × the lm budget, each with its own full cosine schedule); the compute at which
+//           a base reaches each model's final loss, interpolated linearly in log FLOPs between budgets.
 //   recall  multi-query associative recall: K key→value pairs among distractor tokens, then Q < K
 //           queries (a key, then its value); loss and accuracy only where a queried value is next.
 //   needle  needle in context: one queried pair among decoy pairs at a random depth of a sequence of
@@ -23,7 +29,9 @@
 //
 // Writes to DIR: curves.csv (task,variant,seed,step,flops,metric,value; train loss every 10th step), runs.csv and summary.json (one
 // row per run, every metric), aggregate.csv (task,variant,metric,n,mean,std over seeds), advantage.csv
-// (compute advantage per seed), gen.csv (every generation timing) and configs.json (the exact configs).
+// (compute advantage per seed), gen.csv (every generation timing) and configs.json (the exact configs);
+// with budgets: budgets.csv (base, seed, scale, steps, FLOPs, final held-out loss) and
+// budget_advantage.csv (the several-budget compute advantage per seed); with bpe: bpe_tokenizer.json.
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
@@ -42,11 +50,14 @@
 
 #include <kiln/autograd/var.hpp>
 #include <kiln/backends/backends.hpp>
+#include <kiln/core/atomic_file.hpp>
 #include <kiln/nn/generate.hpp>
 #include <kiln/nn/gpt.hpp>
 #include <kiln/nn/loss.hpp>
 #include <kiln/optim/optimizer.hpp>
 #include <kiln/optim/schedule.hpp>
+#include <kiln/text/bpe_trainer.hpp>
+#include <kiln/text/tokenizer.hpp>
 #include <kiln/train/data.hpp>
 #include <kiln/train/text.hpp>
 #include <kiln/train/trainer.hpp>
@@ -69,7 +80,7 @@ struct TaskSizes {
 
 struct Options {
   std::string scale = "full";
-  std::vector<std::string> tasks = {"lm", "recall", "needle"};
+  std::vector<std::string> tasks = {"lm", "bpe", "budgets", "recall", "needle"};
   std::vector<std::string> variants = {"mha", "diff", "diff2", "mha+attnres_block", "diff+attnres_block", "diff2+attnres_block"};
   std::vector<int64_t> seeds = {0, 1, 2};
   std::string out = "examples/attention_study/results";
@@ -77,6 +88,11 @@ struct Options {
   bool match_flops = true;
   // lm: d 128, 4 layers, MHA 8 heads of 16; steps are the plain MHA model's (the FLOPs budget).
   TaskSizes lm{128, 4, 8, 0, 128, 16, 300, 30, 50, 2, 3e-3};
+  // bpe: the lm sizes (T 128 BPE tokens hold about 3.7× the text of 128 characters).
+  TaskSizes bp = lm;
+  int64_t bpe_vocab = 1024;
+  // budgets: the lm base variants trained to these multiples of the lm budget (1 = the lm runs themselves)
+  std::vector<double> budget_scales = {0.5, 0.75, 1.0, 1.5};
   // recall: d 64, 2 layers, MHA 4 heads, T 48 (8 pairs, 4 queries).
   TaskSizes rc{64, 2, 4, 0, 48, 32, 600, 50, 100, 2, 5e-3};
   // needle: d 64, 2 layers, MHA 4 heads; seq_len is the longest context length.
@@ -99,6 +115,7 @@ void apply_scale(Options& o, const std::string& s) {
   o.scale = s;
   if (s == "reduced") {
     o.lm = {64, 2, 4, 0, 64, 16, 200, 20, 25, 2, 3e-3};
+    o.bp = o.lm;
     o.rc = {64, 2, 4, 0, 48, 32, 300, 30, 50, 2, 5e-3};
     o.nd = {64, 2, 4, 0, 64, 32, 300, 30, 50, 2, 3e-3};
     o.needle_lengths = {24, 40, 64};
@@ -110,6 +127,9 @@ void apply_scale(Options& o, const std::string& s) {
     o.probe_seqs = 4;
   } else if (s == "tiny") {
     o.lm = {32, 2, 4, 0, 16, 4, 6, 2, 3, 2, 3e-3};
+    o.bp = o.lm;
+    o.bpe_vocab = 300;
+    o.budget_scales = {0.5, 1.0, 1.5};
     o.rc = {32, 2, 4, 0, 24, 4, 6, 2, 3, 2, 5e-3};
     o.nd = {32, 2, 4, 0, 16, 4, 6, 2, 3, 2, 3e-3};
     o.needle_lengths = {12, 16};
@@ -163,7 +183,7 @@ double parse_double(const std::string& flag, const std::string& v) {
 const char* kHelp = R"(example_attention_study: MHA vs Diff vs Diff V2 attention, standard vs Block AttnRes residuals,
 at equal parameters and equal training FLOPs, over seeds.
   --scale full|reduced|tiny   size preset (default full, the study of docs/attention_study.md); flags after it override
-  --task LIST                 all, or a comma list of lm, recall, needle (default all)
+  --task LIST                 all, or a comma list of lm, bpe, budgets, recall, needle (default all; budgets runs lm too)
   --variants LIST             comma-separated, each ATTN[+RESIDUAL] with ATTN mha|diff|diff2 and RESIDUAL
                               standard|attnres_block|attnres_full (default: the three attentions × standard, attnres_block)
   --seeds LIST                seeds (model init and data order; default 0,1,2)
@@ -180,7 +200,10 @@ at equal parameters and equal training FLOPs, over seeds.
   --{lm,recall,needle}-warmup N      warmup steps of the cosine schedule (30 / 50 / 50)
   --{lm,recall,needle}-eval-every N  evaluation interval in steps (50 / 100 / 100)
   --{lm,recall,needle}-block-size N  attnres_block_size (2)
-  --lm-eval-batches N         held-out batches per evaluation (8)
+  --lm-eval-batches N         held-out batches per evaluation (8; the bpe task's too)
+  --bpe-vocab N               the bpe task's vocabulary size: 256 bytes + merges (1024)
+  --bpe-STEPS... --bpe-d-model N ...  the bpe task's sizes, as --lm-* (default: the lm task's)
+  --budgets LIST              the budgets task's multiples of the lm budget (0.5,0.75,1,1.5)
   --pairs N --queries N --keys N --values N --distractors N --eval-seqs N --eval-data-seed N
                               recall data (8, 4, 16, 16, 8, 512, 12345); --eval-seqs also sets the needle's per length
   --needle-lengths LIST       context lengths of the needle task (32,64,128)
@@ -190,6 +213,16 @@ at equal parameters and equal training FLOPs, over seeds.
   --self-test                 check the statistics on known samples and exit
   --smoke                     self-test, then the whole study at --scale tiny in a temporary folder, check its outputs, remove it
 )";
+
+// The budgets task compares with the lm task's runs (its models' final losses, and its bases at 1×), so
+// it runs the lm task too; the scales are sorted.
+void check_budgets(Options& o) {
+  std::sort(o.budget_scales.begin(), o.budget_scales.end());
+  o.budget_scales.erase(std::unique(o.budget_scales.begin(), o.budget_scales.end()), o.budget_scales.end());
+  KILN_CHECK(o.budget_scales.size() >= 2, "attention_study: --budgets needs at least two scales, got {}", o.budget_scales.size());
+  const bool budgets = std::find(o.tasks.begin(), o.tasks.end(), "budgets") != o.tasks.end();
+  if (budgets && std::find(o.tasks.begin(), o.tasks.end(), "lm") == o.tasks.end()) o.tasks.insert(o.tasks.begin(), "lm");
+}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -239,10 +272,10 @@ Options parse(int argc, char** argv) {
     if (f == "--scale") {
       // applied above
     } else if (f == "--task") {
-      o.tasks = v == "all" ? std::vector<std::string>{"lm", "recall", "needle"} : split(v, ',');
+      o.tasks = v == "all" ? std::vector<std::string>{"lm", "bpe", "budgets", "recall", "needle"} : split(v, ',');
       for (const auto& t : o.tasks)
-        KILN_CHECK(t == "lm" || t == "recall" || t == "needle", "attention_study: --task is all or a list of lm, recall, needle; got '{}'",
-                   v);
+        KILN_CHECK(t == "lm" || t == "bpe" || t == "budgets" || t == "recall" || t == "needle",
+                   "attention_study: --task is all or a list of lm, bpe, budgets, recall, needle; got '{}'", v);
     } else if (f == "--variants") {
       o.variants = split(v, ',');
     } else if (f == "--seeds") {
@@ -254,6 +287,11 @@ Options parse(int argc, char** argv) {
     } else if (f == "--match") {
       KILN_CHECK(v == "flops" || v == "steps", "attention_study: --match is flops or steps, got '{}'", v);
       o.match_flops = v == "flops";
+    } else if (f == "--bpe-vocab") {
+      o.bpe_vocab = parse_int(f, v, 256);
+    } else if (f == "--budgets") {
+      o.budget_scales.clear();
+      for (const auto& x : split(v, ',')) o.budget_scales.push_back(parse_double(f, x));
     } else if (f == "--lm-eval-batches") {
       o.lm_eval_batches = parse_int(f, v, 1);
     } else if (f == "--pairs") {
@@ -282,7 +320,7 @@ Options parse(int argc, char** argv) {
       o.gen_tokens = parse_int(f, v, 1);
     } else if (f == "--gen-rounds") {
       o.gen_rounds = parse_int(f, v, 1);
-    } else if (!sizes("--lm-", o.lm) && !sizes("--recall-", o.rc) && !sizes("--needle-", o.nd)) {
+    } else if (!sizes("--lm-", o.lm) && !sizes("--bpe-", o.bp) && !sizes("--recall-", o.rc) && !sizes("--needle-", o.nd)) {
       throw Error(fmt::format("attention_study: unknown flag '{}' (see --help)", f));
     }
   }
@@ -300,6 +338,7 @@ Options parse(int argc, char** argv) {
   KILN_CHECK(o.gen_prompt + o.gen_tokens <= o.lm.seq_len, "attention_study: --gen-prompt + --gen-tokens ({}) must fit --lm-seq ({})",
              o.gen_prompt + o.gen_tokens, o.lm.seq_len);
   KILN_CHECK(!o.seeds.empty(), "attention_study: empty seed list");
+  check_budgets(o);
   return o;
 }
 
@@ -615,21 +654,75 @@ template <Backend B> void generation_time(const Options& o, const std::vector<st
 // ---------------------------------------------------------------------------------------------
 // The study
 
+// One point of the budgets task: a base variant's final held-out loss after `steps` steps (`flops`).
+struct BudgetPoint {
+  std::string base;
+  int64_t seed = 0;
+  double scale = 0, flops = 0, val_loss = 0;
+  int64_t steps = 0;
+  bool from_lm = false;
+};
+
 struct Outputs {
   std::vector<RunResult> runs;
+  std::vector<BudgetPoint> budgets;
   nlohmann::json configs;
 };
 
+// The lm text and its split: the last 5% of the bytes held out (the char task's ids are its bytes).
+struct LmText {
+  std::string text;
+  size_t cut = 0;
+};
+LmText lm_text(const Options& o) {
+  LmText t{o.corpus.empty() ? fortunes_corpus("/usr/share/games/fortunes") : read_text_file(o.corpus), 0};
+  t.cut = static_cast<size_t>(static_cast<double>(t.text.size()) * 0.95);
+  return t;
+}
+
+// The char task's tokens: the corpus's bytes, split as LmText says.
+struct CharData {
+  CharTokenizer tok;
+  TokenData train, eval;
+};
+CharData char_data(const LmText& lt) {
+  CharTokenizer tok = CharTokenizer::fit(lt.text);
+  const std::vector<int64_t> ids = tok.encode(lt.text);
+  const auto cut = static_cast<std::ptrdiff_t>(lt.cut);
+  return {std::move(tok), TokenData(std::vector<int64_t>(ids.begin(), ids.begin() + cut), "train"),
+          TokenData(std::vector<int64_t>(ids.begin() + cut, ids.end()), "eval")};
+}
+
+// One LM run on (train, eval): the held-out loss every eval_every steps and after the last, per token,
+// and per byte too when tokens_per_byte > 0 (the evaluated targets' tokens over their bytes).
+template <Backend B> RunResult lm_run(const Options& o, const std::string& task, const TaskSizes& t, const Variant& v, int64_t seed,
+                                      const Sized& sz, nn::GPT<B>& model, const TokenData& train, const TokenData& eval,
+                                      double tokens_per_byte, Curves& curves) {
+  const int64_t offset = seed * 7919;  // the seed offsets the batch stream
+  return train_run<B>(
+      task, v, seed, sz, t, model, curves, [&](int64_t s) { return train.batch<B>(s + offset, t.batch, t.seq_len); },
+      [&](int64_t step, double flops, RunResult& res) {
+        const double ev = evaluate(model, eval, o.lm_eval_batches, t.batch, t.seq_len);
+        curves.add(task, v.name, seed, step, flops, "val_loss", ev);
+        res.eval_flops.push_back(flops);
+        res.eval_values.push_back(ev);
+        res.metrics["val_loss"] = ev;
+        if (tokens_per_byte <= 0) return fmt::format("val {:.4f}", ev);
+        const double pb = ev * tokens_per_byte;
+        curves.add(task, v.name, seed, step, flops, "val_loss_per_byte", pb);
+        res.metrics["val_loss_per_byte"] = pb;
+        return fmt::format("val {:.4f}/token {:.4f}/byte", ev, pb);
+      });
+}
+
 template <Backend B> void run_lm(const Options& o, const std::vector<Variant>& variants, Curves& curves, Outputs& out) {
-  const std::string text = o.corpus.empty() ? fortunes_corpus("/usr/share/games/fortunes") : read_text_file(o.corpus);
-  const CharTokenizer tok = CharTokenizer::fit(text);
-  const std::vector<int64_t> ids = tok.encode(text);
-  const auto cut = static_cast<std::ptrdiff_t>(static_cast<double>(ids.size()) * 0.95);
-  const TokenData train_data(std::vector<int64_t>(ids.begin(), ids.begin() + cut), "train");
-  const TokenData eval(std::vector<int64_t>(ids.begin() + cut, ids.end()), "eval");
-  fmt::print("[lm] corpus {} characters (train {}, held out {}), vocabulary {}\n", ids.size(), train_data.size(), eval.size(),
+  const LmText lt = lm_text(o);
+  const CharData cd = char_data(lt);
+  const CharTokenizer& tok = cd.tok;
+  const TokenData &train_data = cd.train, &eval = cd.eval;
+  fmt::print("[lm] corpus {} characters (train {}, held out {}), vocabulary {}\n", lt.text.size(), train_data.size(), eval.size(),
              tok.vocab_size());
-  out.configs["lm_data"] = {{"characters", ids.size()},
+  out.configs["lm_data"] = {{"characters", lt.text.size()},
                             {"train", train_data.size()},
                             {"eval", eval.size()},
                             {"vocab", tok.vocab_size()},
@@ -643,19 +736,8 @@ template <Backend B> void run_lm(const Options& o, const std::vector<Variant>& v
       const Sized sz = size_variant(o, o.lm, v, tok.vocab_size(), {o.lm.seq_len});
       out.configs["lm"][v.name] = sz.config.to_json();
       models.push_back(std::make_unique<nn::GPT<B>>(sz.config));
-      auto& model = *models.back();
-      const int64_t offset = seed * 7919;  // the seed offsets the batch stream
-      RunResult r = train_run<B>(
-          "lm", v, seed, sz, o.lm, model, curves, [&](int64_t s) { return train_data.batch<B>(s + offset, o.lm.batch, o.lm.seq_len); },
-          [&](int64_t step, double flops, RunResult& res) {
-            const double ev = evaluate(model, eval, o.lm_eval_batches, o.lm.batch, o.lm.seq_len);
-            curves.add("lm", v.name, seed, step, flops, "val_loss", ev);
-            res.eval_flops.push_back(flops);
-            res.eval_values.push_back(ev);
-            res.metrics["val_loss"] = ev;
-            return fmt::format("val {:.4f}", ev);
-          });
-      outliers(o, model, eval, r);
+      RunResult r = lm_run<B>(o, "lm", o.lm, v, seed, sz, *models.back(), train_data, eval, 0, curves);
+      outliers(o, *models.back(), eval, r);
       idx.push_back(out.runs.size());
       out.runs.push_back(std::move(r));
     }
@@ -663,6 +745,97 @@ template <Backend B> void run_lm(const Options& o, const std::vector<Variant>& v
     for (size_t i : idx) rs.push_back(&out.runs[i]);
     generation_time(o, models, rs, eval, gen_csv);
   }
+}
+
+text::BpeTrainOptions bpe_options(const Options& o) {
+  text::BpeTrainOptions b;
+  b.vocab_size = o.bpe_vocab;
+  return b;
+}
+
+// The bpe task: a byte-level BPE tokenizer (vocabulary --bpe-vocab) trained by kiln on the training
+// bytes of the lm split only, then the lm method on its tokens.
+template <Backend B> void run_bpe(const Options& o, const std::vector<Variant>& variants, Curves& curves, Outputs& out) {
+  const LmText lt = lm_text(o);
+  size_t cut = lt.cut;  // on a character boundary (a no-op for the ASCII fortunes)
+  while (cut > 0 && (static_cast<unsigned char>(lt.text[cut]) & 0xC0) == 0x80) --cut;
+  const std::string train_text = lt.text.substr(0, cut), eval_text = lt.text.substr(cut);
+  const auto t0 = Clock::now();
+  const std::string json = text::train_bpe_json(std::vector<std::string>{train_text}, bpe_options(o));
+  const double train_tok_s = seconds_since(t0);
+  const std::string tok_path = (fs::path(o.out) / "bpe_tokenizer.json").string();
+  write_atomically(tok_path, {{json.data(), json.size()}});
+  const text::Tokenizer tok = text::Tokenizer::load(tok_path);
+  auto encode = [&](const std::string& s) {
+    const std::vector<int32_t> v = tok.encode(s, false);
+    return std::vector<int64_t>(v.begin(), v.end());
+  };
+  const TokenData train_data(encode(train_text), "bpe train"), eval(encode(eval_text), "bpe eval");
+  // the bytes of each token (its GPT-2 stand-in characters, one per byte), and of the evaluated targets
+  std::vector<int64_t> token_bytes(static_cast<size_t>(tok.vocab_size()));
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    const std::string piece = tok.token(id);
+    for (unsigned char c : piece) token_bytes[static_cast<size_t>(id)] += (c & 0xC0) != 0x80;
+  }
+  int64_t eval_targets = 0, eval_bytes = 0;
+  for (int64_t i = 0; i < o.lm_eval_batches; ++i)
+    for (int64_t y : eval.batch<Cpu>(i, o.bp.batch, o.bp.seq_len).second.to_vector<int64_t>()) {
+      ++eval_targets;
+      eval_bytes += token_bytes[static_cast<size_t>(y)];
+    }
+  const double tokens_per_byte = double(eval_targets) / double(eval_bytes);
+  fmt::print(
+      "[bpe] tokenizer: vocabulary {} trained on {} bytes in {:.2f} s; train {} tokens ({:.3f} bytes/token), held out {} tokens; "
+      "evaluated targets {:.3f} bytes/token\n",
+      tok.vocab_size(), train_text.size(), train_tok_s, train_data.size(), double(train_text.size()) / double(train_data.size()),
+      eval.size(), 1 / tokens_per_byte);
+  out.configs["bpe_data"] = {{"bytes", lt.text.size()},
+                             {"train_bytes", train_text.size()},
+                             {"eval_bytes", eval_text.size()},
+                             {"vocab", tok.vocab_size()},
+                             {"vocab_requested", o.bpe_vocab},
+                             {"tokenizer", "bpe_tokenizer.json (kiln::text::train_bpe_json on the training bytes, min_frequency 0)"},
+                             {"tokenizer_train_s", train_tok_s},
+                             {"train_tokens", train_data.size()},
+                             {"eval_tokens", eval.size()},
+                             {"eval_targets_per_eval", eval_targets},
+                             {"eval_bytes_per_eval", eval_bytes}};
+  for (int64_t seed : o.seeds)
+    for (const auto& v : variants) {
+      const Sized sz = size_variant(o, o.bp, v, tok.vocab_size(), {o.bp.seq_len});
+      out.configs["bpe"][v.name] = sz.config.to_json();
+      nn::GPT<B> model(sz.config);
+      out.runs.push_back(lm_run<B>(o, "bpe", o.bp, v, seed, sz, model, train_data, eval, tokens_per_byte, curves));
+      out.runs.back().metrics["eval_bytes_per_token"] = 1 / tokens_per_byte;
+    }
+}
+
+// The budgets task: each base variant of the lm task (mha, diff, diff2, standard residual) trained to
+// scale × the lm budget, with its own full cosine schedule (same warmup, same data stream), evaluated
+// once at the end on the lm held-out batches. Scale 1 is the lm run itself.
+template <Backend B> void run_budgets(const Options& o, const std::vector<Variant>& variants, Curves& curves, Outputs& out) {
+  const CharData cd = char_data(lm_text(o));
+  for (int64_t seed : o.seeds)
+    for (const auto& v : variants) {
+      if (v.residual != "standard") continue;
+      for (double k : o.budget_scales) {
+        const RunResult* lm = nullptr;
+        for (const auto& r : out.runs)
+          if (r.task == "lm" && r.variant == v.name && r.seed == seed) lm = &r;
+        KILN_CHECK(lm, "attention_study: budgets: no lm run of {} seed {}", v.name, seed);
+        if (k == 1.0) {
+          out.budgets.push_back({v.name, seed, k, lm->metrics.at("train_flops"), lm->metrics.at("val_loss"), lm->steps, true});
+          continue;
+        }
+        TaskSizes t = o.lm;
+        t.steps = std::max<int64_t>(2, std::llround(k * double(o.lm.steps)));
+        t.eval_every = std::numeric_limits<int64_t>::max() / 2;  // once, after the last step
+        const Sized sz = size_variant(o, t, v, cd.tok.vocab_size(), {o.lm.seq_len});
+        nn::GPT<B> model(sz.config);
+        const RunResult r = lm_run<B>(o, fmt::format("budget_{:g}x", k), t, v, seed, sz, model, cd.train, cd.eval, 0, curves);
+        out.budgets.push_back({v.name, seed, k, r.metrics.at("train_flops"), r.metrics.at("val_loss"), r.steps, false});
+      }
+    }
 }
 
 template <Backend B> void run_recall(const Options& o, const std::vector<Variant>& variants, Curves& curves, Outputs& out) {
@@ -767,6 +940,97 @@ std::vector<Advantage> advantages(const std::vector<RunResult>& runs) {
   return out;
 }
 
+// The compute advantage from several budgets: for each seed, the FLOPs at which `base` reaches
+// `model`'s final held-out loss on the curve through the base's budget runs (final loss against
+// FLOPs), linear in log FLOPs between neighbouring budgets (the first crossing from the smallest), over
+// the model's training FLOPs. No extrapolation: a loss the base already beats at its smallest budget
+// gives only an upper bound on the ratio (status below_smallest), one it never reaches a lower bound
+// (beyond_largest); both have ratio NaN and the bound in `bound`.
+struct BudgetAdvantage {
+  std::string base, model, status;
+  int64_t seed;
+  double model_flops, model_loss, base_flops, ratio, bound;
+};
+
+std::vector<BudgetAdvantage> budget_advantages(const Outputs& out) {
+  std::vector<BudgetAdvantage> res;
+  if (out.budgets.empty()) return res;
+  for (const Advantage& a : advantages(out.runs)) {  // the pairs and the models' final losses
+    std::vector<const BudgetPoint*> pts;
+    for (const auto& p : out.budgets)
+      if (p.base == a.base && p.seed == a.seed) pts.push_back(&p);
+    std::sort(pts.begin(), pts.end(), [](auto* x, auto* y) { return x->flops < y->flops; });
+    BudgetAdvantage b{a.base, a.model, "", a.seed, a.model_flops, a.model_loss, std::nan(""), std::nan(""), std::nan("")};
+    std::vector<double> logc, loss;
+    for (auto* p : pts) logc.push_back(std::log(p->flops)), loss.push_back(p->val_loss);
+    if (pts.empty()) continue;
+    if (loss[0] <= a.model_loss) {
+      b.status = "below_smallest";
+      b.bound = pts[0]->flops / a.model_flops;
+    } else if (const double lc = study::flops_to_reach(logc, loss, a.model_loss); std::isnan(lc)) {
+      b.status = "beyond_largest";
+      b.bound = pts.back()->flops / a.model_flops;
+    } else {
+      b.status = "interpolated";
+      b.base_flops = std::exp(lc);
+      b.ratio = b.base_flops / a.model_flops;
+    }
+    res.push_back(b);
+  }
+  return res;
+}
+
+// budgets.csv, budget_advantage.csv, and their rows of aggregate.csv (`f`, `agg`): per base and scale
+// (task lm_budgets, variant BASE@SCALEx) and per pair (task lm_budget_advantage: the mean ± std of the
+// interpolated ratios, and how many seeds fell below or beyond the budgets).
+void write_budgets(const fs::path& dir, const Outputs& out, std::ofstream& f, nlohmann::json& agg) {
+  std::ofstream b(dir / "budgets.csv");
+  b << "base,seed,scale,steps,flops,val_loss,source\n";
+  std::vector<std::pair<std::string, double>> keys;
+  for (const auto& p : out.budgets) {
+    b << fmt::format("{},{},{:g},{},{:.6g},{:.6f},{}\n", p.base, p.seed, p.scale, p.steps, p.flops, p.val_loss,
+                     p.from_lm ? "lm run" : "trained");
+    if (std::find(keys.begin(), keys.end(), std::pair{p.base, p.scale}) == keys.end()) keys.emplace_back(p.base, p.scale);
+  }
+  auto put = [&](const std::string& task, const std::string& variant, const std::string& metric, const std::vector<double>& v) {
+    const study::MeanStd m = study::mean_std(v);
+    f << fmt::format("{},{},{},{},{:.6g},{:.6g}\n", task, variant, metric, m.n, m.mean, m.std);
+    agg.push_back({{"task", task}, {"variant", variant}, {"metric", metric}, {"n", m.n}, {"mean", m.mean}, {"std", m.std}});
+  };
+  for (const auto& [base, scale] : keys) {
+    std::vector<double> loss, flops, steps;
+    for (const auto& p : out.budgets)
+      if (p.base == base && p.scale == scale) loss.push_back(p.val_loss), flops.push_back(p.flops), steps.push_back(double(p.steps));
+    const std::string v = fmt::format("{}@{:g}x", base, scale);
+    put("lm_budgets", v, "val_loss", loss);
+    put("lm_budgets", v, "train_flops", flops);
+    put("lm_budgets", v, "steps", steps);
+  }
+  const std::vector<BudgetAdvantage> adv = budget_advantages(out);
+  std::ofstream a(dir / "budget_advantage.csv");
+  a << "base,model,seed,model_flops,model_val_loss,base_flops_to_reach,ratio,status,bound\n";
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (const auto& x : adv) {
+    a << fmt::format("{},{},{},{:.6g},{:.6f},{:.6g},{:.6g},{},{:.6g}\n", x.base, x.model, x.seed, x.model_flops, x.model_loss, x.base_flops,
+                     x.ratio, x.status, x.bound);
+    if (std::find(pairs.begin(), pairs.end(), std::pair{x.base, x.model}) == pairs.end()) pairs.emplace_back(x.base, x.model);
+  }
+  for (const auto& [bs, m] : pairs) {
+    std::vector<double> ratios;
+    double below = 0, beyond = 0;
+    for (const auto& x : adv)
+      if (x.base == bs && x.model == m) {
+        ratios.push_back(x.ratio);
+        below += x.status == "below_smallest";
+        beyond += x.status == "beyond_largest";
+      }
+    const std::string v = m + " vs " + bs;
+    put("lm_budget_advantage", v, "compute_ratio", ratios);  // NaN (bounded) seeds are left out of n
+    put("lm_budget_advantage", v, "below_smallest", {below});
+    put("lm_budget_advantage", v, "beyond_largest", {beyond});
+  }
+}
+
 void write_outputs(const Options& o, Outputs& out, double total_s) {
   const fs::path dir(o.out);
   // One row per run.
@@ -832,6 +1096,7 @@ void write_outputs(const Options& o, Outputs& out, double total_s) {
                      {"mean", s.mean},
                      {"std", s.std}});
     }
+    if (!out.budgets.empty()) write_budgets(dir, out, f, agg);
   }
   nlohmann::json js = nlohmann::json::array();
   for (const auto& r : out.runs) {
@@ -876,6 +1141,8 @@ template <Backend B> int study_main(const Options& o) {
   const auto t0 = Clock::now();
   auto has = [&](const char* t) { return std::find(o.tasks.begin(), o.tasks.end(), t) != o.tasks.end(); };
   if (has("lm")) run_lm<B>(o, variants, curves, out);
+  if (has("bpe")) run_bpe<B>(o, variants, curves, out);
+  if (has("budgets")) run_budgets<B>(o, variants, curves, out);
   if (has("recall")) run_recall<B>(o, variants, curves, out);
   if (has("needle")) run_needle<B>(o, variants, curves, out);
   auto sizes_json = [](const TaskSizes& t) {
@@ -896,13 +1163,15 @@ template <Backend B> int study_main(const Options& o) {
   out.configs["match"] = o.match_flops ? "flops" : "steps";
   out.configs["seeds"] = o.seeds;
   out.configs["lm_sizes"] = sizes_json(o.lm);
+  out.configs["bpe_sizes"] = sizes_json(o.bp);
+  out.configs["budget_scales"] = o.budget_scales;
   out.configs["recall_sizes"] = sizes_json(o.rc);
   out.configs["needle_sizes"] = sizes_json(o.nd);
   out.configs["probe"] = {{"seqs", o.probe_seqs}, {"seq_len", o.lm.seq_len}};
   out.configs["generation"] = {{"prompt", o.gen_prompt}, {"tokens", o.gen_tokens}, {"rounds", o.gen_rounds}};
   const double total_s = seconds_since(t0);
   write_outputs(o, out, total_s);
-  for (const char* t : {"lm", "recall", "needle"}) check_spread(out.runs, t);
+  for (const char* t : {"lm", "bpe", "recall", "needle"}) check_spread(out.runs, t);
   fmt::print("study wall time {:.1f} s; results in {}\n", total_s, o.out);
   return 0;
 }
@@ -939,7 +1208,44 @@ void self_test() {
   expect(near(study::flops_to_reach({10, 20, 30}, {3, 2.5, 2.4}, 2.75), 15), "crossing 2.75 between (10, 3) and (20, 2.5) is 15");
   expect(near(study::flops_to_reach({10, 20}, {1, 0.5}, 2), 10), "a curve below the target from the start reaches it at its first point");
   expect(std::isnan(study::flops_to_reach({10, 20}, {3, 2.5}, 2)), "a curve that never reaches the target gives NaN");
+  {  // the several-budget advantage: base budgets at 1, 2, 4 FLOPs with final losses 3, 2, 1
+    Outputs out;
+    for (const char* v : {"mha", "mha+attnres_block"}) {
+      RunResult r;
+      r.task = "lm", r.variant = v, r.seed = 0;
+      r.metrics = {{"train_flops", 2.0}, {"val_loss", 2.0}};
+      out.runs.push_back(r);
+    }
+    for (int i = 0; i < 3; ++i) out.budgets.push_back({"mha", 0, 0.5 * (1 << i), double(1 << i), 3.0 - i, 10, i == 1});
+    auto at = [&](double loss) {
+      out.runs[1].metrics["val_loss"] = loss;
+      const auto adv = budget_advantages(out);
+      expect(adv.size() == 1 && adv[0].model == "mha+attnres_block", "one budget advantage for one pair and seed");
+      return adv[0];
+    };
+    const BudgetAdvantage a = at(1.5);
+    expect(a.status == "interpolated" && near(a.base_flops, std::sqrt(8.0)) && near(a.ratio, std::sqrt(2.0)),
+           "loss 1.5 between (2 FLOPs, 2) and (4, 1) is reached at sqrt(8) FLOPs (linear in log FLOPs): ratio sqrt(2)");
+    const BudgetAdvantage lo = at(3.5), hi = at(0.5);
+    expect(lo.status == "below_smallest" && std::isnan(lo.ratio) && near(lo.bound, 0.5), "a loss the smallest budget beats: ratio ≤ 1/2");
+    expect(hi.status == "beyond_largest" && std::isnan(hi.ratio) && near(hi.bound, 2), "a loss beyond the largest budget: ratio ≥ 4/2");
+  }
   fmt::print("attention_study self-test: statistics OK\n");
+}
+
+// The rows of a results CSV after its header, split at commas, each `width` fields wide.
+std::vector<std::vector<std::string>> csv_rows(const fs::path& path, size_t width) {
+  std::ifstream f(path);
+  expect(f.good(), fmt::format("cannot read {}", path.string()));
+  std::string line;
+  std::getline(f, line);
+  std::vector<std::vector<std::string>> rows;
+  while (std::getline(f, line)) {
+    rows.push_back(split(line, ','));
+    expect(rows.back().size() == width,
+           fmt::format("{}: row '{}' has {} fields, not {}", path.filename().string(), line, rows.back().size(), width));
+  }
+  return rows;
 }
 
 // The whole study at --scale tiny in a fresh temporary folder; checks every output, then removes it.
@@ -968,18 +1274,20 @@ int smoke(const std::string& argv0) {
   study_main<Cpu>(o);
   const auto js = nlohmann::json::parse(std::ifstream(dir / "results" / "summary.json"));
   const size_t nv = o.variants.size(), ns = o.seeds.size();
-  expect(js["runs"].size() == 3 * nv * ns,
-         fmt::format("summary.json has {} runs, not 3 tasks × {} variants × {} seeds", js["runs"].size(), nv, ns));
+  expect(
+      js["runs"].size() == 4 * nv * ns,
+      fmt::format("summary.json has {} runs, not 4 tasks (lm, bpe, recall, needle) × {} variants × {} seeds", js["runs"].size(), nv, ns));
   // Every run has its task's metrics, finite; parameters equal to within one SwiGLU unit; FLOPs to within one step.
   std::map<std::string, std::pair<double, double>> params, flops;
   std::map<std::string, std::map<std::string, std::vector<double>>> by_variant;  // "task/variant" -> metric -> values
   for (const auto& r : js["runs"]) {
     const std::string task = r["task"];
     std::vector<std::string> need = {"train_flops", "train_loss_ema"};
+    if (task == "bpe") need.insert(need.end(), {"val_loss", "val_loss_per_byte", "eval_bytes_per_token"});
     if (task == "lm")
       need.insert(need.end(), {"val_loss", "hidden_top1", "hidden_top10", "hidden_median", "hidden_kurtosis", "logit_top1", "logit_top10",
                                "logit_median", "logit_kurtosis", "gen_ms_per_token", "probe_rebuild_error"});
-    else
+    else if (task != "bpe")
       need.push_back("accuracy");
     if (task == "needle")
       for (int64_t L : o.needle_lengths) need.push_back(fmt::format("acc_L{}", L));
@@ -988,6 +1296,12 @@ int smoke(const std::string& argv0) {
       const double v = r["metrics"][n];
       expect(std::isfinite(v), fmt::format("{} {}: {} is {}", task, std::string(r["variant"]), n, v));
       by_variant[task + "/" + std::string(r["variant"])][n].push_back(v);
+    }
+    if (task == "bpe") {
+      const auto& m = r["metrics"];
+      expect(m["eval_bytes_per_token"] > 1, "bpe: a token holds more than one byte on average");
+      expect(near(m["val_loss_per_byte"], double(m["val_loss"]) / double(m["eval_bytes_per_token"]), 1e-5),
+             "bpe: the loss per byte is the loss per token over the bytes per token");
     }
     if (task == "lm") {
       const auto& m = r["metrics"];
@@ -1000,7 +1314,7 @@ int smoke(const std::string& argv0) {
     f = {std::min(f.first, double(r["metrics"]["train_flops"])), std::max(f.second, double(r["metrics"]["train_flops"]))};
   }
   for (const auto& [task, p] : params) {
-    const TaskSizes& t = task == "lm" ? o.lm : task == "recall" ? o.rc : o.nd;
+    const TaskSizes& t = task == "lm" ? o.lm : task == "bpe" ? o.bp : task == "recall" ? o.rc : o.nd;
     expect(p.second - p.first <= 3.0 * double(t.d_model * t.n_layers),
            fmt::format("{}: parameters {}..{} differ by more than one SwiGLU unit", task, p.first, p.second));
     const double step_share = 1.0 / double(t.steps);  // rounding to whole steps
@@ -1027,19 +1341,44 @@ int smoke(const std::string& argv0) {
   }
   expect(checked >= int64_t(nv) * 3, fmt::format("aggregate.csv: only {} rows checked", checked));
   // advantage.csv: one row per seed and pair; the ratio is base_flops / model_flops.
-  std::ifstream adv(dir / "results" / "advantage.csv");
-  std::getline(adv, line);
   int64_t adv_rows = 0;
-  while (std::getline(adv, line)) {
-    const auto c = split(line, ',');
-    expect(c.size() == 7, "advantage.csv row width");
+  for (const auto& c : csv_rows(dir / "results" / "advantage.csv", 7)) {
     const double ratio = std::stod(c[6]), want = std::stod(c[5]) / std::stod(c[3]);
     expect(std::isnan(want) ? std::isnan(ratio) : near(ratio, want, 1e-4),
-           fmt::format("advantage row '{}': ratio is not base/model FLOPs", line));
+           fmt::format("advantage row '{}': ratio is not base/model FLOPs", fmt::join(c, ",")));
     ++adv_rows;
   }
   expect(adv_rows == 5 * int64_t(ns), fmt::format("advantage.csv has {} rows, not 5 pairs × {} seeds", adv_rows, ns));
-  for (const char* f : {"curves.csv", "runs.csv", "gen.csv", "configs.json"})
+  // budgets.csv: every base × seed × scale; scale 1 is the lm run; the others train scale × its FLOPs.
+  std::map<std::pair<std::string, int64_t>, std::pair<double, double>> lm_final;  // (variant, seed) -> (FLOPs, loss)
+  for (const auto& r : js["runs"])
+    if (r["task"] == "lm") lm_final[{r["variant"], r["seed"]}] = {r["metrics"]["train_flops"], r["metrics"]["val_loss"]};
+  int64_t bud_rows = 0;
+  for (const auto& c : csv_rows(dir / "results" / "budgets.csv", 7)) {
+    const std::string row = fmt::format("{}", fmt::join(c, ","));
+    const auto [f1, l1] = lm_final.at({c[0], std::stoll(c[1])});
+    const double scale = std::stod(c[2]), bflops = std::stod(c[4]);
+    if (scale == 1.0) expect(c[6] == "lm run" && near(std::stod(c[5]), l1, 1e-5), fmt::format("budgets row '{}' is not the lm run", row));
+    expect(std::fabs(bflops / f1 - scale) <= 2.0 / double(o.lm.steps) + 1e-9,
+           fmt::format("budgets row '{}': not {} × the lm FLOPs", row, scale));
+    ++bud_rows;
+  }
+  expect(bud_rows == 3 * int64_t(ns * o.budget_scales.size()),
+         fmt::format("budgets.csv has {} rows, not 3 bases × seeds × scales", bud_rows));
+  int64_t badv_rows = 0;
+  for (const auto& c : csv_rows(dir / "results" / "budget_advantage.csv", 9)) {
+    const std::string row = fmt::format("{}", fmt::join(c, ","));
+    const double ratio = std::stod(c[6]);
+    if (c[7] == "interpolated")
+      expect(near(ratio, std::stod(c[5]) / std::stod(c[3]), 1e-4),
+             fmt::format("budget advantage '{}': ratio is not base/model FLOPs", row));
+    else
+      expect((c[7] == "below_smallest" || c[7] == "beyond_largest") && std::isnan(ratio) && std::isfinite(std::stod(c[8])),
+             fmt::format("budget advantage '{}': a bounded row has ratio NaN and a bound", row));
+    ++badv_rows;
+  }
+  expect(badv_rows == 5 * int64_t(ns), fmt::format("budget_advantage.csv has {} rows, not 5 pairs × {} seeds", badv_rows, ns));
+  for (const char* f : {"curves.csv", "runs.csv", "gen.csv", "configs.json", "bpe_tokenizer.json"})
     expect(fs::file_size(dir / "results" / f) > 0, fmt::format("{} is empty", f));
   fmt::print("attention_study smoke test: OK ({} runs, {} aggregate rows checked)\n", js["runs"].size(), checked);
   return 0;

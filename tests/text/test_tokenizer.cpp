@@ -16,10 +16,12 @@
 #include <kiln/text/tokenizer.hpp>
 
 #include "common/kiln_test.hpp"
+#include "text_test.hpp"
 
 using kiln::text::TextStream;
 using kiln::text::Tokenizer;
 using kt::error_of;
+using kt::slurp;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
@@ -29,14 +31,6 @@ const std::string kFixtures = std::string(KILN_SOURCE_DIR) + "/tests/text/fixtur
 const std::vector<std::string> kNames{
     "gpt2",       "llama3",       "qwen2",      "sp_llama2_json", "sp_metaspace_json", "sp_bpe",
     "sp_unigram", "bert_uncased", "bert_cased", "unigram_t5",     "unigram_bytes",     "unigram_precompiled"};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::vector<std::string> corpus_lines() { return json::parse(slurp(kFixtures + "corpus.json")).get<std::vector<std::string>>(); }
 

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -29,6 +30,7 @@
 #include "kiln/nn/hf/causal_lm.hpp"
 #include "kiln/nn/hf/export.hpp"
 #include "kiln/nn/lora.hpp"
+#include "kiln/text/bpe_trainer.hpp"
 #include "kiln/text/tokenizer.hpp"
 #include "kiln/train/data.hpp"
 #include "kiln/train/finetune.hpp"
@@ -144,6 +146,8 @@ commands:
   export     write a Hugging Face model directory (transformers loads it) from a checkpoint or model dir
   tokenize   turn a text file into a token file (bytes, characters with --chars, or a model's own
              tokenizer with --tokenizer: tokenizer.json / tokenizer.model); --print-ids prints the ids
+  tokenizer  `kiln tokenizer train`: train a byte-level BPE tokenizer (GPT-2 layout) on text files and
+             write its tokenizer.json (Hugging Face `tokenizers` loads it)
   inspect    list the tensors and metadata of a safetensors file or checkpoint
   plot       draw loss, eval loss, lr, grad norm and tokens/s of JSONL logs into a PNG (gnuplot))";
 
@@ -716,6 +720,35 @@ int cmd_tokenize(int argc, char** argv) {
   return 0;
 }
 
+// `kiln tokenizer train`: kiln::text::train_bpe (text/bpe_trainer.hpp), flags named as `tokenizers`'
+// BpeTrainer (vocab_size, min_frequency, special_tokens).
+int cmd_tokenizer(int argc, char** argv) {
+  KILN_CHECK(argc >= 3 && (std::string(argv[2]) == "train" || std::string(argv[2]) == "--help"),
+             "kiln tokenizer: expected a subcommand: train (kiln tokenizer train --help)");
+  Args a("tokenizer train",
+         "kiln tokenizer train --data corpus.txt [--data more.txt ...] --vocab-size N [--min-frequency N] [--special-token TOK ...] "
+         "--out DIR|tokenizer.json",
+         {{"data", "a UTF-8 text file to train on (repeat for several; read line by line, as `tokenizers` reads files)"},
+          {"vocab-size", "the vocabulary size: special tokens + 256 bytes + merges (required)"},
+          {"min-frequency", "merge only pairs seen at least this often (default 0: every pair)"},
+          {"special-token", "an added special token, ids 0, 1, ... in the order given (repeat for several)"},
+          {"out", "a directory (gets tokenizer.json) or a path ending in .json (required)"}});
+  a.parse(argc, argv, std::string(argv[2]) == "train" ? 3 : 2);
+  const std::vector<std::string> files = a.list("data");
+  KILN_CHECK(!files.empty(), "kiln tokenizer train: --data is required (see kiln tokenizer train --help)");
+  text::BpeTrainOptions o;
+  o.vocab_size = a.integer("vocab-size", 0);
+  KILN_CHECK(a.has("vocab-size"), "kiln tokenizer train: --vocab-size is required");
+  o.min_frequency = a.integer("min-frequency", 0);
+  o.special_tokens = a.list("special-token");
+  const std::string out = a.required("out");
+  const auto t0 = std::chrono::steady_clock::now();
+  const text::Tokenizer tok = text::train_bpe(files, o, out);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("{}\n", nlohmann::json{{"tokenizer", tok.path()}, {"vocab_size", tok.vocab_size()}, {"seconds", s}}.dump());
+  return 0;
+}
+
 int cmd_plot(int argc, char** argv) {
   Args a("plot", "kiln plot --log a.jsonl [--label A] [--log b.jsonl [--label B] ...] --out curves.png",
          {{"log", "a JSONL log (kiln train --log); repeat for several runs, overlaid"},
@@ -793,9 +826,11 @@ int main(int argc, char** argv) {
     if (cmd == "eval") return cmd_eval(argc, argv);
     if (cmd == "export") return cmd_export(argc, argv);
     if (cmd == "tokenize") return cmd_tokenize(argc, argv);
+    if (cmd == "tokenizer") return cmd_tokenizer(argc, argv);
     if (cmd == "inspect") return cmd_inspect(argc, argv);
     if (cmd == "plot") return cmd_plot(argc, argv);
-    fmt::print(stderr, "kiln: unknown command '{}' (valid: train, sample, generate, eval, export, tokenize, inspect, plot)\n", cmd);
+    fmt::print(stderr, "kiln: unknown command '{}' (valid: train, sample, generate, eval, export, tokenize, tokenizer, inspect, plot)\n",
+               cmd);
     return 2;
   } catch (const Error& e) {
     // In a job of several ranks, say which one (each rank reports its own errors).
