@@ -185,8 +185,11 @@ TEMPLATE_TEST_CASE("nn: attention modules' errors name the op and shapes", "[nn]
     CHECK_THROWS_WITH(plain(x, {.memory = Var<B>(T::randn({2, 5, 8}))}), Catch::Contains(op) && Catch::Contains("[2, 5, 8]"));
     KVCache<B> c;
     CHECK_THROWS_WITH(plain(x, {.memory = Var<B>(T::randn({2, 5, 16})), .cache = &c}), Catch::Contains("causal cross-attention"));
+    // the fused op that runs the module names itself: attention_forward, or diff_attention_norm_forward
+    // (differential attention with its head-wise norm in the op's epilogue)
     CHECK_THROWS_WITH(plain(x, {.mask = T::ones({4, 3}, DType::boolean)}),
-                      Catch::Contains("attention_forward") && Catch::Contains("mask [4, 3]") && Catch::Contains("[2, 2, 3, 3]"));
+                      Catch::Contains(diff ? "diff_attention_norm_forward" : "attention_forward") && Catch::Contains("mask [4, 3]") &&
+                          Catch::Contains("[2, 2, 3, 3]"));
     CHECK_THROWS_WITH(plain(x, {.mask = T::ones({3, 3}, DType::i32)}), Catch::Contains("mask") && Catch::Contains("i32"));
     CHECK_THROWS_WITH(plain(x, {.mask = T::zeros({3, 3}, DType::f64)}), Catch::Contains("mask") && Catch::Contains("f64"));
     CHECK_THROWS_WITH(plain(x, {.key_padding = T::ones({2, 4}, DType::boolean)}), Catch::Contains("key_padding"));
