@@ -325,7 +325,7 @@ void exit_report() {
   }
 }
 
-[[maybe_unused]] const bool g_env_started = [] {
+const bool g_env_started = [] {
   const char* e = std::getenv("KILN_PROFILE");
   if (!e || !*e || std::string_view(e) == "0") return false;
   start();
@@ -334,6 +334,20 @@ void exit_report() {
 }();
 
 }  // namespace
+
+namespace detail {
+// A device runtime registers its own teardown at exit when it initialises (the CUDA runtime does: after
+// it, cudaEventSynchronize answers cudaErrorCudartUnloading), which is after this library's static
+// start-up registered exit_report; exit handlers run last-registered first, so the report would find the
+// device's events gone and drop every device time. Registering the report again once the first device
+// event exists, i.e. after the runtime's initialisation, runs it before the teardown; the earlier
+// registration then finds the profiler stopped and does nothing.
+void rearm_exit_report_after_device_init() noexcept {
+  static std::atomic<bool> done{false};
+  if (!g_env_started || done.exchange(true)) return;
+  std::atexit(exit_report);
+}
+}  // namespace detail
 
 // ------------------------------------------------------------------------------------------ control
 void start() {
@@ -428,6 +442,7 @@ void begin_op(const char* name, double flops, const Operand* ops, int n, const D
   if (dev) {
     r->timer = dev;
     r->dev0 = dev->record();
+    if (r->dev0) rearm_exit_report_after_device_init();
     r->t0 = now_ns();  // (not charging the host with the event record)
   }
 }

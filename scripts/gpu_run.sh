@@ -16,6 +16,14 @@
 #             amp, train, profile, hf, loss, lora, cuda, torch, text) and nn, autograd (new cases since): a short
 #             lease runs these first
 #   racecheck compute-sanitizer racecheck over test_attention's Cuda cases, to its end
+#   lease3    what had never run on a GPU before the third lease (2026-11-26): test_attention's Cuda cases
+#             (diff_attention_norm, new) and memcheck over diff_attention_norm; the GPT-2-small step in
+#             f32, bf16 and f16 (autocast, loss scaling) against PyTorch's autocast; KILN_PROFILE=1's exit
+#             report on Cuda; test_nn's Cuda cases (DifferentialAttention now goes through
+#             diff_attention_norm)
+#   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
+#
+# KILN_GPU_TARGETS="t1 t2 ...": build only these targets (default: all), to save a short lease's minutes.
 #
 # KILN_GPU_DEADLINE_S=N: every phase runs under `timeout` so that the whole script ends N seconds after it
 # began (a phase cut short is reported as such); a device call's own limit then never loses the logs.
@@ -60,7 +68,7 @@ phase_info() {
 phase_build() {
   cmake -S . -B build-gpu "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKILN_DEPS_ROOT="$deps" -DKILN_WITH_CUDA=ON -DKILN_WITH_ONEDNN=OFF \
     -DKILN_BUILD_TESTS=ON -DKILN_BUILD_EXAMPLES=OFF -DKILN_BUILD_BENCH=ON -DKILN_BUILD_BENCH_CPU=OFF -DKILN_BUILD_CUDA_EMU=OFF -DCMAKE_CUDA_ARCHITECTURES=90 &&
-    cmake --build build-gpu -j"$jobs"
+    cmake --build build-gpu -j"$jobs" ${KILN_GPU_TARGETS:+--target $KILN_GPU_TARGETS}
 }
 
 phase_test() {
@@ -85,6 +93,44 @@ phase_rest() {
     --output-on-failure -j4 --timeout 900
 }
 
+phase_lease3() {
+  local rc=0 t0=$SECONDS
+  build-gpu/tests/test_attention "*Cuda*" || rc=1
+  echo "--- test_attention Cuda: $((SECONDS - t0)) s"
+  KILN_CUDA_NO_CACHE=1 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/test_attention "diff_attention_norm*" ||
+    rc=1
+  echo "--- memcheck: $((SECONDS - t0)) s"
+  PYTHONUNBUFFERED=1 "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln --only gpt --precisions f32,bf16,f16 --steps 12 ||
+    rc=1
+  echo "--- gpt steps: $((SECONDS - t0)) s"
+  phase_profile_exit || rc=1
+  echo "--- profile: $((SECONDS - t0)) s"
+  build-gpu/tests/test_nn "*Cuda*" || rc=1
+  echo "--- test_nn Cuda: $((SECONDS - t0)) s"
+  return $rc
+}
+
+phase_profile() {
+  build-gpu/tests/test_profile "[cuda]" && phase_profile_exit
+}
+
+# KILN_PROFILE=1's report, made in an exit handler: does it still read the device times on a GPU?
+phase_profile_exit() {
+  local d
+  d="$(mktemp -d)" || return 1
+  echo '{"vocab_size": 256, "d_model": 256, "n_layers": 2, "n_heads": 4, "max_seq_len": 128, "attention": "diff"}' > "$d/m.json"
+  echo '{"batch_size": 8, "seq_len": 128, "steps": 5}' > "$d/t.json"
+  "$KILN_PYTHON" tests/reference/kiln_ref.py tokens --vocab 256 --n 20000 --out "$d/tok.safetensors" &&
+    KILN_PROFILE=1 KILN_PROFILE_OUT="$d/trace.json" build-gpu/kiln train --model "$d/m.json" --train "$d/t.json" \
+      --data "$d/tok.safetensors" --device cuda --log "$d/log.jsonl" --progress off 2> "$d/err.txt"
+  local rc=$?
+  head -30 "$d/err.txt"
+  grep -c '"device stream' "$d/trace.json" || true
+  grep -q "device ms" "$d/err.txt" || { echo "profile_exit: no device ms column in the exit report"; rc=1; }
+  rm -rf "$d"
+  return $rc
+}
+
 phase_racecheck() {
   compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_attention "*Cuda*"
 }
@@ -93,6 +139,7 @@ phase_bench() {
   build-gpu/bench/bench_cuda && "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln
 }
 
+export -f phase_profile_exit
 start=$SECONDS
 deadline="${KILN_GPU_DEADLINE_S:-0}"
 for p in "$@"; do

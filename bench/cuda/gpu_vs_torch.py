@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """The PyTorch side of the GPU benchmarks, and kiln train --device cuda against PyTorch eager.
 
-  bench/cuda/gpu_vs_torch.py [--kiln build/kiln] [--steps 20]
+  bench/cuda/gpu_vs_torch.py [--kiln build/kiln] [--steps 20] [--only gpt] [--precisions f32,bf16,f16]
+      [--attention mha,diff]
   bench/cuda/gpu_vs_torch.py --smoke --kiln KILN [--kiln-device cuda]   tiny shapes, torch on the CPU if
       it has no GPU: checks that the script runs end to end (the emulated device's CTest does this)
 
 Prints JSON lines: torch.matmul GEMMs (same shapes as bench_cuda), scaled_dot_product_attention
 forward+backward (same shapes), elementwise add and index_add / embedding backward (same sizes), and a GPT-2-small-sized training step (d_model 768, 12 layers,
 T 1024, AdamW) for attention mha and diff, as tokens/s of kiln_ref.py's model in eager mode on the GPU
-and of `kiln train --device cuda` on the same model config.
+and of `kiln train --device cuda` on the same model config. `--precisions` runs that step in each of
+f32, bf16 and f16 (PyTorch: `torch.autocast`, and a `GradScaler` for f16; kiln: train.json's
+"precision"), and prints both frameworks' first and last losses, so a real-sized model's mixed-precision
+training is seen to train as its f32 run does. `--only gpt` skips the kernel benchmarks.
 """
 import argparse, importlib.util, json, math, os, statistics, subprocess, sys, tempfile, time
 
@@ -56,6 +60,9 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--kiln-device", default="cuda")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--only", choices=["all", "gpt"], default="all")
+    ap.add_argument("--precisions", default="f32")
+    ap.add_argument("--attention", default="mha,diff")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type != "cuda" and not a.smoke:
@@ -70,6 +77,12 @@ def main():
         gemms, atts = [(24, 40, 16)], [(1, 2, 2, 24, 16, 16), (1, 2, 1, 24, 16, 32)]
         T, B, V, d_model, n_layers, heads, reps = 16, 2, 64, 32, 2, 4, 2
         a.steps = 5
+    precisions = a.precisions.split(",")
+    for p in precisions:
+        if p not in ("f32", "bf16", "f16"):
+            sys.exit(f"gpu_vs_torch.py: --precisions: {p!r} is not f32, bf16 or f16")
+    if a.only == "gpt":
+        gemms, atts = [], []
     for M, N, K in gemms:
         for dt, tf32 in [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)]:
             torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -91,14 +104,21 @@ def main():
         print(json.dumps({"bench": "attention", "B": Ba, "H": H, "Hkv": Hkv, "T": Ta, "d": d, "dv": dv, "torch_fwd_ms": fwd,
                           "torch_bwd_ms": bwd}), flush=True)
     # elementwise add and a device copy (bench_cuda's "add"), as bandwidth
-    for n in ([1000] if a.smoke else [1 << 20, 1 << 26]):
+    for n in ([] if a.only == "gpt" else [1000] if a.smoke else [1 << 20, 1 << 26]):
         x, y = torch.randn(n, device=dev), torch.randn(n, device=dev)
         add = timed(lambda: x + y, reps)
         dst = torch.empty_like(x)
         cp = timed(lambda: dst.copy_(x), reps)
         print(json.dumps({"bench": "add", "n": n, "torch_gbps": 12 * n / add / 1e6, "copy_gbps": 8 * n / cp / 1e6}), flush=True)
     # the embedding gradient on bench_cuda's ids: index_add_ (atomics) and embedding backward (sorted)
-    Vi, Ni, Di = (50, 300, 8) if a.smoke else (50304, 8 * 1024, 768)
+    if a.only != "gpt":
+        index_add_bench(dev, a.smoke, reps)
+    gpt_steps(a, dev, T, B, V, d_model, n_layers, heads, precisions)
+
+
+def index_add_bench(dev, smoke, reps):
+    F = torch.nn.functional
+    Vi, Ni, Di = (50, 300, 8) if smoke else (50304, 8 * 1024, 768)
     ids = torch.tensor([min(Vi - 1, math.floor(Vi ** math.fmod(i * 0.6180339887498949, 1.0)) - 1) for i in range(Ni)], device=dev)
     src = torch.randn(Ni, Di, device=dev)
     base = torch.zeros(Vi, Di, device=dev)
@@ -108,7 +128,12 @@ def main():
     eb = timed(lambda: torch.autograd.grad(e, (w,), src, retain_graph=True), reps)
     print(json.dumps({"bench": "index_add", "vocab": Vi, "n": Ni, "dim": Di, "torch_index_add_ms": ia, "torch_embedding_backward_ms": eb}),
           flush=True)
-    # training step, GPT-2 small shape (smoke: tiny)
+
+
+def gpt_steps(a, dev, T, B, V, d_model, n_layers, heads, precisions):
+    """The GPT-2-small-shaped training step (smoke: tiny) in each precision, PyTorch eager against
+    `kiln train`."""
+    F = torch.nn.functional
     spec = importlib.util.spec_from_file_location("kiln_ref", REF)
     ref = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ref)
@@ -117,9 +142,11 @@ def main():
     tok = os.path.join(tmp, "tokens.safetensors")
     n_tok = max(20000, B * (T + 1) * (a.steps + 5))  # kiln_ref.py's generator is a Python loop: no more than needed
     subprocess.check_call([sys.executable, REF, "tokens", "--vocab", str(V), "--n", str(n_tok), "--out", tok])
-    train = {"batch_size": B, "seq_len": T, "steps": a.steps, "optimizer": {"name": "adamw", "lr": 3e-4, "weight_decay": 0.1}}
-    json.dump(train, open(os.path.join(tmp, "train.json"), "w"))
-    for att in ["mha", "diff"]:
+    for att, prec in [(t, p) for t in a.attention.split(",") for p in precisions]:
+        train = {"batch_size": B, "seq_len": T, "steps": a.steps, "precision": prec,
+                 "optimizer": {"name": "adamw", "lr": 3e-4, "weight_decay": 0.1}}
+        tpath = os.path.join(tmp, f"train_{prec}.json")
+        json.dump(train, open(tpath, "w"))
         model = {"vocab_size": V, "d_model": d_model, "n_layers": n_layers, "n_heads": heads if att == "mha" else heads // 2,
                  "max_seq_len": T, "attention": att}
         mpath = os.path.join(tmp, f"{att}.json")
@@ -128,25 +155,41 @@ def main():
         net = ref.GPT(c).to(dev)
         opt = torch.optim.AdamW(net.parameters(), lr=3e-4, weight_decay=0.1)
         idx = torch.randint(0, V, (B, T + 1), device=dev)
+        # autocast as PyTorch users write it; the CPU autocast of older torch has no f16 (smoke only)
+        low = {"bf16": torch.bfloat16, "f16": torch.float16}.get(prec)
+        use_ac = low is not None and (dev.type == "cuda" or low == torch.bfloat16)
+        scaler = torch.cuda.amp.GradScaler() if prec == "f16" and dev.type == "cuda" else None
+        losses = []
 
         def step():
-            logits = net(idx[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), idx[:, 1:].reshape(-1))
+            with torch.autocast(dev.type, dtype=low if use_ac else torch.bfloat16, enabled=use_ac):
+                logits = net(idx[:, :-1])
+                loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), idx[:, 1:].reshape(-1))
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            if scaler:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+            losses.append(loss.detach())
 
         ms = timed(step, reps=a.steps)
+        torch_losses = [float(l) for l in losses]
         del net, opt
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-        log = os.path.join(tmp, f"{att}.kiln.jsonl")
-        subprocess.check_call([a.kiln, "train", "--model", mpath, "--train", os.path.join(tmp, "train.json"), "--data", tok,
+        log = os.path.join(tmp, f"{att}_{prec}.kiln.jsonl")
+        subprocess.check_call([a.kiln, "train", "--model", mpath, "--train", tpath, "--data", tok,
                                "--device", a.kiln_device, "--log", log, "--progress", "off"])
         rows = [json.loads(l) for l in open(log) if l.strip()]
         kms = statistics.median(r["ms"] for r in rows[3:])  # after warm-up
-        print(json.dumps({"bench": "gpt_step", "attention": att, "B": B, "T": T, "torch_eager_tok_s": B * T / ms * 1e3,
-                          "kiln_tok_s": B * T / kms * 1e3, "speedup": ms / kms}), flush=True)
+        print(json.dumps({"bench": "gpt_step", "attention": att, "precision": prec, "B": B, "T": T,
+                          "torch_eager_tok_s": B * T / ms * 1e3, "kiln_tok_s": B * T / kms * 1e3, "speedup": ms / kms,
+                          "torch_autocast": use_ac, "torch_loss_first_last": [torch_losses[0], torch_losses[-1]],
+                          "kiln_loss_first_last": [rows[0]["loss"], rows[-1]["loss"]],
+                          "kiln_loss_scale_last": rows[-1].get("loss_scale")}), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@
 //    after naming the call and the range on stderr (real CUDA would fault or corrupt memory).
 //  * Streams are handles; work runs synchronously on the calling thread, so "stream order" is trivial.
 //  * The last error is per host thread, as in CUDA. Sticky (context-corrupting) errors are not modelled.
+//  * The runtime's teardown at exit: CUDA's runtime registers it when it initialises (the first call that
+//    needs the device), so it runs before exit handlers registered earlier (at the program's static
+//    start-up), and events then answer cudaErrorCudartUnloading. Modelled for events only: an H100 run
+//    showed KILN_PROFILE=1's exit report losing every device time to it (docs/profiling.md).
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -43,6 +47,21 @@ Registry& reg() {
 
 thread_local cudaError_t t_last = cudaSuccess;
 thread_local int t_device = 0;
+
+std::atomic<bool> g_unloading{false};
+// Called by the calls that initialise the real runtime (device selection, allocation, streams, events).
+void init_runtime() {
+  static const bool once = [] {
+    std::atexit([] { g_unloading = true; });
+    return true;
+  }();
+  (void)once;
+}
+// After the teardown: the error, without the emulator's message (a real runtime prints nothing).
+cudaError_t unloading() {
+  t_last = cudaErrorCudartUnloading;
+  return cudaErrorCudartUnloading;
+}
 
 cudaError_t fail(cudaError_t e, const std::string& what) {
   std::fprintf(stderr, "emu cuda: %s\n", what.c_str());
@@ -138,6 +157,8 @@ const char* CUDARTAPI cudaGetErrorName(cudaError_t e) {
       return "cudaErrorInvalidConfiguration";
     case cudaErrorNoDevice:
       return "cudaErrorNoDevice";
+    case cudaErrorCudartUnloading:
+      return "cudaErrorCudartUnloading";
     default:
       return "cudaErrorUnknown";
   }
@@ -158,6 +179,8 @@ const char* CUDARTAPI cudaGetErrorString(cudaError_t e) {
       return "invalid configuration argument";
     case cudaErrorNoDevice:
       return "no CUDA-capable device is detected";
+    case cudaErrorCudartUnloading:
+      return "driver shutting down";
     default:
       return "unknown error";
   }
@@ -170,6 +193,7 @@ cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
   return cudaSuccess;
 }
 cudaError_t CUDARTAPI cudaSetDevice(int device) {
+  init_runtime();
   if (device != 0) return fail(cudaErrorInvalidDevice, "cudaSetDevice: device " + std::to_string(device) + " (the emulator has one)");
   t_device = device;
   return cudaSuccess;
@@ -198,6 +222,7 @@ cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free_b, size_t* total) {
 
 // ------------------------------------------------------------------------------------ streams
 cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
+  init_runtime();
   if (!s) return fail(cudaErrorInvalidValue, "cudaStreamCreateWithFlags: null pointer");
   *s = reinterpret_cast<cudaStream_t>(new char[1]);
   std::lock_guard<std::mutex> lk(reg().mu);
@@ -211,6 +236,7 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t s) {
 
 // ------------------------------------------------------------------------------------ memory
 cudaError_t CUDARTAPI cudaMalloc(void** p, size_t bytes) {
+  init_runtime();
   if (!p) return fail(cudaErrorInvalidValue, "cudaMalloc: null pointer");
   *p = nullptr;
   {
@@ -303,6 +329,8 @@ struct CUevent_st {
   bool recorded = false;
 };
 cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t* e) {
+  init_runtime();
+  if (g_unloading) return unloading();
   if (!e) return fail(cudaErrorInvalidValue, "cudaEventCreate: null pointer");
   *e = new CUevent_st;
   return cudaSuccess;
@@ -313,6 +341,7 @@ cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t e) {
   return cudaSuccess;
 }
 cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (g_unloading) return unloading();
   if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: null event");
   if (const cudaError_t r = check_stream(s, "cudaEventRecord"); r != cudaSuccess) return r;
   e->t = std::chrono::steady_clock::now();
@@ -320,6 +349,7 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t e) {
+  if (g_unloading) return unloading();
   ++emu::device::g_host_waits;
   return e ? cudaSuccess : fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: null event");
 }
@@ -334,6 +364,7 @@ cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigne
   return check_stream(s, "cudaStreamWaitEvent");
 }
 cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  if (g_unloading) return unloading();
   if (!ms || !a || !b) return fail(cudaErrorInvalidValue, "cudaEventElapsedTime: null argument");
   if (!a->recorded || !b->recorded) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was never recorded");
   *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
