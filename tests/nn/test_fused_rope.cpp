@@ -108,3 +108,82 @@ TEMPLATE_TEST_CASE("fused rope: odd widths, table shapes and dtypes are errors n
   CHECK_THROWS_WITH(fused::rope_forward(x.to(DType::i32), c, c), Catch::Contains("rope: needs float dtypes"));
   CHECK_THROWS_WITH(nn::rope(Var<B>(Tensor<B>::zeros({2, 3, 5})), 0, 10000.0), Catch::Contains("rope: width 5 must be even"));
 }
+
+namespace {
+
+// The Cpu kernel's arithmetic, element by element, as the compiler contracts the scalar formula and the
+// AVX2 / AVX-512 variants spell it (backends/cpu/rope.cpp): the first product of each output fused
+// with the rounded second one. `fused` false: both products rounded (no FMA: the baseline kernels of a
+// portable build). volatile keeps this file's compiler from contracting the rounded products itself.
+template <class T> T rope_fma(T a, T b, T rounded, bool fused) {
+  if (fused) return std::fma(a, b, rounded);
+  volatile T p = a * b;
+  return p + rounded;
+}
+template <class T> std::vector<T> rope_expected(const std::vector<T>& x, const std::vector<T>& c, const std::vector<T>& s, int64_t T_,
+                                                int64_t d, bool inverse, bool fused) {
+  std::vector<T> y(x.size());
+  const int64_t h = d / 2, rows = static_cast<int64_t>(x.size()) / d;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < h; ++k) {
+      const auto i = static_cast<size_t>(r * d + 2 * k), t = static_cast<size_t>((r % T_) * h + k);
+      const T x0 = x[i], x1 = x[i + 1];
+      volatile T x1s = x1 * s[t], x1c = x1 * c[t], x0s = x0 * s[t];
+      if (inverse) {  // x0·c + x1·s, x1·c − x0·s
+        y[i] = rope_fma<T>(x0, c[t], x1s, fused);
+        y[i + 1] = rope_fma<T>(x1, c[t], -x0s, fused);
+      } else {  // x0·c − x1·s, x0·s + x1·c
+        y[i] = rope_fma<T>(x0, c[t], -x1s, fused);
+        y[i + 1] = rope_fma<T>(x0, s[t], x1c, fused);
+      }
+    }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("fused rope: the cpu kernel gives the bits of its scalar formula on every layout, width and table offset", "[rope][fused]") {
+  // The AVX2 and AVX-512 variants fuse exactly the products the compiler fuses in the scalar loop, so
+  // a run's results do not depend on KILN_CPU_ISA (this case runs at the best ISA, and again at avx2
+  // and baseline under isa-baseline: / KILN_CPU_ISA). Layouts: attention's [B, H, T, hd] view of
+  // [B, T, H, hd]; a decoding step (T = 1, tables from position 37 on); rows narrowed out of wider
+  // ones (odd row stride, unaligned start); T outermost in memory ([T, B, H, d] seen as [B, H, T, d]);
+  // plain [T, d]. Widths from 2 (no full vector) through 80 (a 16-lane vector and a tail) to 128.
+  const std::string isa(cpu_isa());
+  Generator gen(41);
+  for (DType dt : {DType::f32, DType::f64})
+    for (int64_t d : {2, 4, 6, 14, 16, 24, 32, 64, 80, 128})
+      for (const char* layout : {"attention", "decode", "narrowed", "t-outer", "plain"}) {
+        const std::string l(layout);
+        const int64_t T = l == "decode" ? 1 : 7, pos0 = l == "decode" ? 37 : (l == "plain" ? 3 : 0);
+        INFO("layout " << l << " width " << d << " dtype " << dtype_name(dt) << " isa " << isa);
+        Tensor<Cpu> x;
+        if (l == "attention" || l == "decode")
+          x = Tensor<Cpu>::randn({2, T, 3, d}, dt, &gen).transpose(1, 2);
+        else if (l == "narrowed")
+          x = Tensor<Cpu>::randn({2, 3, T, d + 5}, dt, &gen).narrow(-1, 3, d);
+        else if (l == "t-outer")
+          x = Tensor<Cpu>::randn({T, 2, 3, d}, dt, &gen).permute({1, 2, 0, 3});
+        else
+          x = Tensor<Cpu>::randn({T, d}, dt, &gen);
+        const Tensor<Cpu> ang = Tensor<Cpu>::uniform({pos0 + T, d / 2}, -4.0, 4.0, dt, &gen);
+        const Tensor<Cpu> c = ang.cos().narrow(0, pos0, T), s = ang.sin().narrow(0, pos0, T);
+        const auto check = [&]<class T_>(type_tag<T_>) {
+          const std::vector<T_> xv = to_vector<T_>(x), cv = to_vector<T_>(c), sv = to_vector<T_>(s);
+          for (bool inverse : {false, true}) {
+            INFO((inverse ? "backward" : "forward"));
+            const Tensor<Cpu> y = inverse ? fused::rope_backward(x, c, s) : fused::rope_forward(x, c, s);
+            const std::vector<T_> got = to_vector<T_>(y);
+            const std::vector<T_> fused_form = rope_expected(xv, cv, sv, T, d, inverse, true);
+            if (isa == "baseline" && got != fused_form)  // a portable build's baseline kernels have no FMA
+              CHECK(got == rope_expected(xv, cv, sv, T, d, inverse, false));
+            else
+              CHECK(got == fused_form);
+          }
+        };
+        if (dt == DType::f32)
+          check(type_tag<float>{});
+        else
+          check(type_tag<double>{});
+      }
+}
