@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <kiln/autograd/gradcheck.hpp>
+#include <kiln/autograd/layer_ops.hpp>
 #include <kiln/backends/backends.hpp>
 #include <kiln/core/fused_rope.hpp>
 #include <kiln/nn/attention.hpp>
@@ -60,6 +61,9 @@ TEMPLATE_TEST_CASE("fused rope: forward and backward equal the float64 composite
                       bs = rounded(ang.sin()).to(d).template to<B>().narrow(0, cs.pos0, T);
       kt::check_close(fused::rope_forward(bx, bc, bs), fused::rope_forward(x, c, sn).to(d), rope_tol(d), "y");
       kt::check_close(fused::rope_backward(bg, bc, bs), fused::rope_backward(g, c, sn).to(d), rope_tol(d), "dx");
+      Tensor<B> gi = bg.empty_like_layout(bg.shape(), bg.dtype());  // in place, in the gradient's layout
+      gi.copy_(bg);
+      kt::check_close(fused::rope_backward_(gi, bc, bs), fused::rope_backward(g, c, sn).to(d), rope_tol(d), "dx in place");
       if (fused::HasRope<B> && cs.swap && d != DType::bf16) {  // the kernel's output keeps the input's memory order
         CHECK(fused::rope_forward(bx, bc, bs).transpose(1, 2).is_contiguous());
         CHECK(fused::rope_backward(bg, bc, bs).transpose(1, 2).is_contiguous());
@@ -107,6 +111,9 @@ TEMPLATE_TEST_CASE("fused rope: odd widths, table shapes and dtypes are errors n
   CHECK_THROWS_WITH(fused::rope_forward(Tensor<B>::zeros({4}), c, c), Catch::Contains("rope: input [4] must be [..., T, d]"));
   CHECK_THROWS_WITH(fused::rope_forward(x.to(DType::i32), c, c), Catch::Contains("rope: needs float dtypes"));
   CHECK_THROWS_WITH(nn::rope(Var<B>(Tensor<B>::zeros({2, 3, 5})), 0, 10000.0), Catch::Contains("rope: width 5 must be even"));
+  Tensor<B> shared = Tensor<B>::zeros({1, 3, 4}).expand({2, 3, 4});  // two rows on one memory
+  CHECK_THROWS_WITH(fused::rope_backward_(shared, c, c),
+                    Catch::Contains("rope_backward_: the gradient [2, 3, 4] (strides [0, 4, 1]) has elements sharing memory"));
 }
 
 namespace {
@@ -181,9 +188,63 @@ TEST_CASE("fused rope: the cpu kernel gives the bits of its scalar formula on ev
               CHECK(got == fused_form);
           }
         };
-        if (dt == DType::f32)
+        const auto check_in_place = [&]<class T_>(type_tag<T_>) {  // last: x itself becomes dx
+          const std::vector<T_> xv = to_vector<T_>(x), cv = to_vector<T_>(c), sv = to_vector<T_>(s);
+          const Tensor<Cpu> whole(x.storage(), Layout({static_cast<int64_t>(x.storage()->bytes() / sizeof(T_))}), dt);
+          std::vector<T_> want_whole = to_vector<T_>(whole);  // the storage after: x's elements turned, the rest as they were
+          const std::vector<T_> fused_form = rope_expected(xv, cv, sv, T, d, true, true);
+          fused::rope_backward_(x, c, s);
+          const std::vector<T_> got = to_vector<T_>(x);
+          const std::vector<T_>& want = isa == "baseline" && got != fused_form ? rope_expected(xv, cv, sv, T, d, true, false) : fused_form;
+          CHECK(got == want);
+          Shape idx(x.shape().size(), 0);  // x's elements in logical order, placed by its strides
+          for (size_t e = 0; e < want.size(); ++e) {
+            int64_t at = x.offset();
+            for (size_t a = 0; a < idx.size(); ++a) at += idx[a] * x.strides()[a];
+            want_whole[static_cast<size_t>(at)] = want[e];
+            for (size_t a = idx.size(); a-- > 0 && ++idx[a] == x.shape()[a];) idx[a] = 0;
+          }
+          CHECK(to_vector<T_>(whole) == want_whole);  // nothing beside x's elements (a narrowed row's neighbours) written
+        };
+        if (dt == DType::f32) {
           check(type_tag<float>{});
-        else
+          check_in_place(type_tag<float>{});
+        } else {
           check(type_tag<double>{});
+          check_in_place(type_tag<double>{});
+        }
       }
+}
+
+TEMPLATE_TEST_CASE("fused rope: the backward turns its incoming gradient in place only when nothing else holds it", "[rope][fused]",
+                   KILN_BACKEND_TYPES) {
+  // autograd/ops/rope.cpp writes dx over dy when the pass holds the only handle on dy's storage: a
+  // gradient the caller passed in (y.backward(gy)) must stay as it was, an expanded one (sum's ones,
+  // stride 0) takes the out-of-place path, a fresh one (mul's) the in-place one; all give the bits
+  // of rope_backward on the same backend.
+  using B = TestType;
+  Generator gen(43);
+  const Tensor<B> base = Tensor<B>::randn({2, 6, 3, 16}, DType::f32, &gen);  // [B, T, H, hd], seen as [B, H, T, hd]
+  const Tensor<B> ang = Tensor<B>::uniform({6, 8}, -4.0, 4.0, DType::f32, &gen);
+  const Tensor<B> c = ang.cos(), s = ang.sin();
+  const Tensor<B> gy = Tensor<B>::randn({2, 3, 6, 16}, DType::f32, &gen);
+  const std::vector<float> gy_before = to_vector<float>(gy);
+  const auto turn = [&](const Var<B>& x) { return autograd::RopeOps<B>::rope(x.transpose(1, 2), c, s); };
+  {
+    const Var<B> x(base, true);
+    turn(x).backward(gy);
+    CHECK(to_vector<float>(gy) == gy_before);
+    CHECK(to_vector<float>(x.grad()) == to_vector<float>(fused::rope_backward(gy, c, s).transpose(1, 2)));
+  }
+  {
+    const Var<B> x(base, true);
+    turn(x).sum().backward();
+    CHECK(to_vector<float>(x.grad()) == to_vector<float>(fused::rope_backward(Tensor<B>::ones({2, 3, 6, 16}), c, s).transpose(1, 2)));
+  }
+  {
+    const Var<B> x(base, true), w(gy);
+    turn(x).mul(w).sum().backward();
+    CHECK(to_vector<float>(gy) == gy_before);
+    CHECK(to_vector<float>(x.grad()) == to_vector<float>(fused::rope_backward(gy, c, s).transpose(1, 2)));
+  }
 }
