@@ -11,7 +11,8 @@
 // receiving f32/f64 tensors of one dtype: x of rank >= 2 whose last axis has stride 1 (the leading axes
 // may be strided, e.g. a transposed [B, H, T, hd] view of [B, T, H, hd]), y of x's shape laid out in
 // x's memory order (Tensor::empty_like_layout: for that view, a [B, T, H, hd] block seen as
-// [B, H, T, hd], so the head split and merge around attention stay views), or y = x itself (the same
+// [B, H, T, hd], so the head split and merge around attention stay views; contiguous when x has an
+// expanded, stride-0 axis, which that order would put innermost), or y = x itself (the same
 // storage and layout: rope_backward_, in place; the kernel reads each pair before it writes it), cos and
 // sin contiguous [T, d/2]; `inverse` turns by −angle (the backward). Half types are converted here.
 // Without an override (Reference, Cuda) the composite below runs.
@@ -70,6 +71,7 @@ template <Backend B> Tensor<B> rope_apply(const char* op, const Tensor<B>& x, co
     if (xc.strides().back() != 1) xc = xc.contiguous();
     const Tensor<B> cc = c.contiguous(), sc = s.contiguous();
     Tensor<B> y = xc.empty_like_layout(xc.shape(), cd);
+    if (y.strides().back() != 1) y = Tensor<B>::empty(xc.shape(), cd);  // x had a stride-0 (expanded) axis
     if (y.numel()) KILN_PROFILED("rope", y, xc, cc, sc) B::rope(y.mview(), xc.cview(), cc.cview(), sc.cview(), inverse);
     return y.to(dt);
   } else {

@@ -169,12 +169,12 @@ void Cpu::rope(M y, V x, V cos, V sin, bool inverse) {
              "rope: the Cpu kernel takes x and y of one shape with unit-stride last axes and contiguous cos, sin of one dtype "
              "(x {}, y {}, cos {})",
              shape_str(x.layout.shape), shape_str(y.layout.shape), shape_str(cos.layout.shape));
+  if (x.layout.numel() == 0) return;
   const int64_t d = x.layout.shape.back(), h = d / 2;
   // The rows: x's and y's leading axes, and a third operand counting the position (stride 1 on the T
-  // axis, 0 elsewhere) that picks the table row.
-  // The row axes are walked in x's memory order (largest stride outermost), which is y's too: for
-  // attention's [B, H, T, hd] view of [B, T, H, hd] both are then read and written front to back, the H
-  // rows of one position forming a run that shares a table row, rather than hd-wide rows H·hd apart.
+  // axis, 0 elsewhere) that picks the table row. They are walked in x's memory order (largest stride
+  // outermost), which is y's too: for attention's [B, H, T, hd] view of [B, T, H, hd] both are then read
+  // and written front to back, the H rows of a position in turn, rather than hd-wide rows H·hd apart.
   const int64_t nr = rank - 1;
   std::vector<int64_t> order(static_cast<size_t>(nr));
   for (int64_t i = 0; i < nr; ++i) order[static_cast<size_t>(i)] = i;

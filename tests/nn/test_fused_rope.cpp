@@ -151,16 +151,17 @@ template <class T> std::vector<T> rope_expected(const std::vector<T>& x, const s
 
 TEST_CASE("fused rope: the cpu kernel gives the bits of its scalar formula on every layout, width and table offset", "[rope][fused]") {
   // The AVX2 and AVX-512 variants fuse exactly the products the compiler fuses in the scalar loop, so
-  // a run's results do not depend on KILN_CPU_ISA (this case runs at the best ISA, and again at avx2
-  // and baseline under isa-baseline: / KILN_CPU_ISA). Layouts: attention's [B, H, T, hd] view of
-  // [B, T, H, hd]; a decoding step (T = 1, tables from position 37 on); rows narrowed out of wider
-  // ones (odd row stride, unaligned start); T outermost in memory ([T, B, H, d] seen as [B, H, T, d]);
-  // plain [T, d]. Widths from 2 (no full vector) through 80 (a 16-lane vector and a tail) to 128.
+  // a run's results do not depend on KILN_CPU_ISA (the plain run takes the best ISA, ctest's
+  // isa-baseline: run the baseline; KILN_CPU_ISA=avx2 by hand). Layouts: attention's [B, H, T, hd]
+  // view of [B, T, H, hd]; a decoding step (T = 1, tables from position 37 on); rows narrowed out of
+  // wider ones (odd row stride, unaligned start); T outermost in memory ([T, B, H, d] seen as
+  // [B, H, T, d]); plain [T, d]; an expanded head axis (stride 0; in place, an error). Widths from 2
+  // (no full vector) through 80 (a 16-lane vector and a tail) to 128.
   const std::string isa(cpu_isa());
   Generator gen(41);
   for (DType dt : {DType::f32, DType::f64})
     for (int64_t d : {2, 4, 6, 14, 16, 24, 32, 64, 80, 128})
-      for (const char* layout : {"attention", "decode", "narrowed", "t-outer", "plain"}) {
+      for (const char* layout : {"attention", "decode", "narrowed", "t-outer", "plain", "expanded"}) {
         const std::string l(layout);
         const int64_t T = l == "decode" ? 1 : 7, pos0 = l == "decode" ? 37 : (l == "plain" ? 3 : 0);
         INFO("layout " << l << " width " << d << " dtype " << dtype_name(dt) << " isa " << isa);
@@ -169,6 +170,8 @@ TEST_CASE("fused rope: the cpu kernel gives the bits of its scalar formula on ev
           x = Tensor<Cpu>::randn({2, T, 3, d}, dt, &gen).transpose(1, 2);
         else if (l == "narrowed")
           x = Tensor<Cpu>::randn({2, 3, T, d + 5}, dt, &gen).narrow(-1, 3, d);
+        else if (l == "expanded")  // one row of heads read three times (stride 0)
+          x = Tensor<Cpu>::randn({2, 1, T, d}, dt, &gen).expand({2, 3, T, d});
         else if (l == "t-outer")
           x = Tensor<Cpu>::randn({T, 2, 3, d}, dt, &gen).permute({1, 2, 0, 3});
         else
@@ -189,6 +192,10 @@ TEST_CASE("fused rope: the cpu kernel gives the bits of its scalar formula on ev
           }
         };
         const auto check_in_place = [&]<class T_>(type_tag<T_>) {  // last: x itself becomes dx
+          if (l == "expanded") {
+            CHECK_THROWS_WITH(fused::rope_backward_(x, c, s), Catch::Contains("has elements sharing memory"));
+            return;
+          }
           const std::vector<T_> xv = to_vector<T_>(x), cv = to_vector<T_>(c), sv = to_vector<T_>(s);
           const Tensor<Cpu> whole(x.storage(), Layout({static_cast<int64_t>(x.storage()->bytes() / sizeof(T_))}), dt);
           std::vector<T_> want_whole = to_vector<T_>(whole);  // the storage after: x's elements turned, the rest as they were
