@@ -6,15 +6,18 @@
 // innermost dimensions as a block of rows (there: T positions of H rows), so the ISA variant is called
 // once per block, not once per row.
 //
-// Arithmetic: GCC contracts a·b ± c·d in C++ whenever FMA is available (-ffp-contract=fast is its C++
-// default even with -std=c++20), fusing the first product with the rounded second one:
+// Arithmetic: GCC contracts a·b ± c·d in C++ where FMA is available, at -O2 and above (-ffp-contract=fast
+// is its C++ default even with -std=c++20), fusing the first product with the rounded second one:
 //   forward  y0 = fma(x0, c, −(x1·s)),  y1 = fma(x0, s, x1·c)
 //   inverse  y0 = fma(x0, c, x1·s),     y1 = fma(x1, c, −(x0·s))
-// The scalar loop (rope_tail) is that source; the AVX2 and AVX-512 variants spell the same fused forms
-// with intrinsics, so every ISA gives the bits the scalar loop gives where it is compiled with FMA (a
-// native build, and the AVX variants of a portable one; a portable build's baseline rounds both
-// products). tests/nn/test_fused_rope.cpp checks those bits on every ISA.
+// The AVX2 and AVX-512 variants spell these fused forms (intrinsics, std::fma for a row's last pairs),
+// so they give the bits the scalar formula gives in a native optimised build, which is what the kernel
+// computed before it had vectors of its own; the baseline kernel is the scalar formula as compiled (the
+// same bits there; a portable build's baseline, or an -O0/-O1 one, rounds both products).
+// tests/nn/test_fused_rope.cpp checks those bits on every ISA.
 #include <algorithm>
+#include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "kiln/backends/cpu/common.hpp"
@@ -131,17 +134,33 @@ struct RopeBlock {
   int64_t n1, y1, x1, t1, n0, y0, x0, t0;
 };
 
-// One row's pairs [k0, h), as the scalar formula.
-template <class T, bool Inv> inline void rope_tail(T* y, const T* x, const T* c, const T* s, int64_t k0, int64_t h) {
+// One row's pairs [k0, h) as the scalar formula: the baseline kernel's whole row, contracted as the
+// compiler does it (fused where it may use FMA and does at -O2 and above; a portable build's baseline
+// and an -O0/-O1 build round both products); the AVX variants' last pairs, fused explicitly as their
+// vectors are, so that a row never mixes the two forms whatever the build's flags.
+template <class I, class T, bool Inv> inline void rope_tail(T* y, const T* x, const T* c, const T* s, int64_t k0, int64_t h) {
+  if constexpr (std::is_same_v<I, Baseline>) {
 #pragma omp simd
-  for (int64_t k = k0; k < h; ++k) {
-    const T x0 = x[2 * k], x1 = x[2 * k + 1];
-    if constexpr (Inv) {
-      y[2 * k] = x0 * c[k] + x1 * s[k];
-      y[2 * k + 1] = x1 * c[k] - x0 * s[k];
-    } else {
-      y[2 * k] = x0 * c[k] - x1 * s[k];
-      y[2 * k + 1] = x0 * s[k] + x1 * c[k];
+    for (int64_t k = k0; k < h; ++k) {
+      const T x0 = x[2 * k], x1 = x[2 * k + 1];
+      if constexpr (Inv) {
+        y[2 * k] = x0 * c[k] + x1 * s[k];
+        y[2 * k + 1] = x1 * c[k] - x0 * s[k];
+      } else {
+        y[2 * k] = x0 * c[k] - x1 * s[k];
+        y[2 * k + 1] = x0 * s[k] + x1 * c[k];
+      }
+    }
+  } else {
+    for (int64_t k = k0; k < h; ++k) {
+      const T x0 = x[2 * k], x1 = x[2 * k + 1];
+      if constexpr (Inv) {
+        y[2 * k] = std::fma(x0, c[k], x1 * s[k]);
+        y[2 * k + 1] = std::fma(x1, c[k], -(x0 * s[k]));
+      } else {
+        y[2 * k] = std::fma(x0, c[k], -(x1 * s[k]));
+        y[2 * k + 1] = std::fma(x0, s[k], x1 * c[k]);
+      }
     }
   }
 }
@@ -153,7 +172,7 @@ template <class I, class T, bool Inv> void rope_rows(T* y, const T* x, const T* 
       T* yr = y + i1 * b.y1 + i0 * b.y0;
       const T* xr = x + i1 * b.x1 + i0 * b.x0;
       const int64_t t = (i1 * b.t1 + i0 * b.t0) * h;
-      rope_tail<T, Inv>(yr, xr, c + t, s + t, rope_vec<Inv>(I{}, yr, xr, c + t, s + t, h), h);
+      rope_tail<I, T, Inv>(yr, xr, c + t, s + t, rope_vec<Inv>(I{}, yr, xr, c + t, s + t, h), h);
     }
 }
 template <class T, bool Inv> auto pick_rope() {
