@@ -8,8 +8,10 @@
 // A backend overrides with
 //   swiglu_forward(MutView y, View a, View b)
 //   swiglu_backward(MutView da, MutView db, View a, View b, View dy)
-// receiving contiguous f32/f64 tensors of one shape (half types are converted here). Without an
-// override (Reference, Cuda) the composite below runs.
+// receiving contiguous f32/f64 tensors of one shape (half types are converted here). The outputs may
+// be the very memory of an input (same offset and layout: every element is read before it is written);
+// swiglu_backward_reusing below writes db over dy. Without an override (Reference, Cuda) the composite
+// below runs.
 #include <utility>
 
 #include "kiln/core/tensor.hpp"
@@ -61,6 +63,28 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> swiglu_backward(const Tenso
     const Tensor<B> da = g.mul(bf).mul(s.mul(af.mul(s.neg().add(Scalar(1.0))).add(Scalar(1.0))));
     return {da.to(dt), g.mul(af.mul(s)).to(dt)};
   }
+}
+
+// swiglu_backward writing db over dy's memory when the override runs, dy is contiguous in the compute
+// dtype and its storage has no other handle than `dy` itself (the autograd op: the engine hands a
+// backward the gradient it owns and drops it afterwards): one fresh [rows, hidden] buffer instead of
+// two, and db's stores land on lines of dy the kernel has just read rather than on lines the cache must
+// first fetch (issue 26: the MLP's backward streams a and b from DRAM, so the fetch showed).
+// Otherwise (a shared, strided or converted dy, no override) exactly swiglu_backward; the values are the
+// same bits either way.
+template <Backend B> std::pair<Tensor<B>, Tensor<B>> swiglu_backward_reusing(const Tensor<B>& a, const Tensor<B>& b, const Tensor<B>& dy) {
+  if constexpr (HasSwiGLU<B>) {
+    const DType cd = detail::swiglu_compute(a.dtype());
+    if (a.dtype() == cd && b.dtype() == cd && dy.dtype() == cd && dy.shape() == a.shape() && dy.numel() && dy.is_contiguous() &&
+        dy.storage().use_count() == 1) {
+      detail::swiglu_check("swiglu_backward", a.shape(), b.shape(), a.dtype(), b.dtype());
+      const Tensor<B> ac = a.contiguous(), bc = b.contiguous();
+      Tensor<B> da = Tensor<B>::empty(a.shape(), cd), db = dy;
+      KILN_PROFILED("swiglu_backward", da, db, ac, bc, dy) B::swiglu_backward(da.mview(), db.mview(), ac.cview(), bc.cview(), dy.cview());
+      return {da, db};
+    }
+  }
+  return swiglu_backward(a, b, dy);
 }
 
 }  // namespace kiln::fused

@@ -83,3 +83,62 @@ TEMPLATE_TEST_CASE("fused swiglu: nn::functional::swiglu and the SwiGLU module p
   const std::vector<double> want = to_vector<double>(composite.value()), got = to_vector<double>(m.forward(X).value());
   for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12).margin(1e-14));
 }
+
+// The backward the autograd op runs writes db over the incoming gradient when nothing else holds it
+// (core/fused_swiglu.hpp, swiglu_backward_reusing): the same bits as swiglu_backward, and a gradient
+// held elsewhere (shared, or strided) is never written.
+TEST_CASE("fused swiglu: the backward reuses dy's memory only when dy alone holds it, with the same bits", "[swiglu][fused]") {
+  Generator gen(29);
+  for (DType d : {DType::f32, DType::f64}) {
+    INFO("dtype " << dtype_name(d));
+    const Tensor<Cpu> a = Tensor<Cpu>::randn({2, 5, 704}, d, &gen).mul(4.0), b = Tensor<Cpu>::randn({2, 5, 704}, d, &gen);
+    const Tensor<Cpu> g = Tensor<Cpu>::randn({2, 5, 704}, d, &gen);
+    const auto [wda, wdb] = fused::swiglu_backward(a, b, g);
+    {  // dy alone: db is dy's memory
+      const Tensor<Cpu> dy = g.clone();
+      const auto [da, db] = fused::swiglu_backward_reusing(a, b, dy);
+      CHECK(db.storage() == dy.storage());
+      CHECK(da.storage() != dy.storage());
+      kt::check_bits(da, wda, "d gate (reused dy)");
+      kt::check_bits(db, wdb, "d up (reused dy)");
+    }
+    {  // dy shared with another handle: left alone
+      const Tensor<Cpu> dy = g.clone(), other = dy;
+      const auto [da, db] = fused::swiglu_backward_reusing(a, b, dy);
+      CHECK(db.storage() != dy.storage());
+      kt::check_bits(other, g, "the shared dy");
+      kt::check_bits(da, wda, "d gate (shared dy)");
+      kt::check_bits(db, wdb, "d up (shared dy)");
+    }
+  }
+  // A strided dy (alone) is not written either, and the gate and up may be strided.
+  const Tensor<Cpu> a = Tensor<Cpu>::randn({9, 6}, DType::f32, &gen), b = Tensor<Cpu>::randn({6, 9}, DType::f32, &gen).t();
+  const Tensor<Cpu> dy = Tensor<Cpu>::randn({6, 9}, DType::f32, &gen).t(), keep = dy.clone();
+  const auto [wda, wdb] = fused::swiglu_backward(a, b.contiguous(), dy.contiguous());
+  const auto [da, db] = fused::swiglu_backward_reusing(a, b, dy);
+  CHECK(db.storage() != dy.storage());
+  kt::check_bits(dy, keep, "the strided dy");
+  kt::check_bits(da, wda, "d gate (strided)");
+  kt::check_bits(db, wdb, "d up (strided)");
+}
+
+TEST_CASE("fused swiglu: the recorded op gives the kernel's bits and leaves a gradient the caller holds intact", "[swiglu][fused]") {
+  Generator gen(31);
+  const Tensor<Cpu> a = Tensor<Cpu>::randn({3, 4, 128}, DType::f32, &gen).mul(3.0), b = Tensor<Cpu>::randn({3, 4, 128}, DType::f32, &gen);
+  const Tensor<Cpu> w = Tensor<Cpu>::randn({3, 4, 128}, DType::f32, &gen);
+  const auto [wda, wdb] = fused::swiglu_backward(a, b, w);
+  {  // backward(grad_output): the caller's tensor is the op's incoming gradient, and must survive
+    Var<Cpu> A(a, true), Bv(b, true);
+    const Tensor<Cpu> seed = w.clone();
+    nn::functional::swiglu(A, Bv).backward(seed);
+    kt::check_bits(seed, w, "the caller's gradient");
+    kt::check_bits(A.grad(), wda, "gate grad");
+    kt::check_bits(Bv.grad(), wdb, "up grad");
+  }
+  {  // inside a graph: the incoming gradient (w, from mul's backward) is the engine's own
+    Var<Cpu> A(a, true), Bv(b, true);
+    (nn::functional::swiglu(A, Bv) * Var<Cpu>(w)).sum().backward();
+    kt::check_bits(A.grad(), wda, "gate grad (in a graph)");
+    kt::check_bits(Bv.grad(), wdb, "up grad (in a graph)");
+  }
+}
