@@ -65,22 +65,33 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> swiglu_backward(const Tenso
   }
 }
 
-// swiglu_backward writing db over dy's memory when the override runs, dy is contiguous in the compute
-// dtype and its storage has no other handle than `dy` itself (the autograd op: the engine hands a
-// backward the gradient it owns and drops it afterwards): one fresh [rows, hidden] buffer instead of
-// two, and db's stores land on lines of dy the kernel has just read rather than on lines the cache must
-// first fetch (issue 26: the MLP's backward streams a and b from DRAM, so the fetch showed).
-// Otherwise (a shared, strided or converted dy, no override) exactly swiglu_backward; the values are the
-// same bits either way.
-template <Backend B> std::pair<Tensor<B>, Tensor<B>> swiglu_backward_reusing(const Tensor<B>& a, const Tensor<B>& b, const Tensor<B>& dy) {
+// swiglu_backward writing its results over memory the caller gives up, when the override runs: da over
+// a if `a_free`, db over b if `b_free` (the caller vouches that nothing reads a or b afterwards: the
+// autograd op asks autograd::saved_input_is_dead), and a result without its own over dy when dy is
+// contiguous and its storage has no handle but `dy` itself (the engine hands a backward the gradient it
+// owns and drops it afterwards). Each place needs the compute dtype and a contiguous layout; the rest
+// are fresh. The MLP's backward streams a and b back from DRAM (issue 26): a result stored over lines
+// the kernel has just read saves the fetch of a fresh buffer's lines. The values are swiglu_backward's,
+// bit for bit, whatever the places.
+template <Backend B> std::pair<Tensor<B>, Tensor<B>> swiglu_backward_reusing(const Tensor<B>& a, const Tensor<B>& b, const Tensor<B>& dy,
+                                                                             bool a_free = false, bool b_free = false) {
+  detail::swiglu_check("swiglu_backward", a.shape(), b.shape(), a.dtype(), b.dtype());
+  KILN_CHECK(dy.shape() == a.shape(), "swiglu_backward: dy {} differs from the inputs {}", shape_str(dy.shape()), shape_str(a.shape()));
   if constexpr (HasSwiGLU<B>) {
     const DType cd = detail::swiglu_compute(a.dtype());
-    if (a.dtype() == cd && b.dtype() == cd && dy.dtype() == cd && dy.shape() == a.shape() && dy.numel() && dy.is_contiguous() &&
-        dy.storage().use_count() == 1) {
-      detail::swiglu_check("swiglu_backward", a.shape(), b.shape(), a.dtype(), b.dtype());
-      const Tensor<B> ac = a.contiguous(), bc = b.contiguous();
-      Tensor<B> da = Tensor<B>::empty(a.shape(), cd), db = dy;
-      KILN_PROFILED("swiglu_backward", da, db, ac, bc, dy) B::swiglu_backward(da.mview(), db.mview(), ac.cview(), bc.cview(), dy.cview());
+    if (a.dtype() == cd && dy.dtype() == cd && a.numel()) {
+      bool dy_free = dy.is_contiguous() && dy.storage().use_count() == 1;
+      const auto place = [&](const Tensor<B>& own, bool own_free) {
+        if (own_free && own.is_contiguous()) return own;
+        if (dy_free) {
+          dy_free = false;
+          return dy;
+        }
+        return Tensor<B>::empty(a.shape(), cd);
+      };
+      Tensor<B> da = place(a, a_free), db = place(b, b_free);
+      const Tensor<B> ac = a.contiguous(), bc = b.contiguous(), gc = dy.contiguous();
+      KILN_PROFILED("swiglu_backward", da, db, ac, bc, gc) B::swiglu_backward(da.mview(), db.mview(), ac.cview(), bc.cview(), gc.cview());
       return {da, db};
     }
   }
