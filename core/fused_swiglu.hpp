@@ -10,8 +10,8 @@
 //   swiglu_backward(MutView da, MutView db, View a, View b, View dy)
 // receiving contiguous f32/f64 tensors of one shape (half types are converted here). The outputs may
 // be the very memory of an input (same offset and layout: every element is read before it is written);
-// swiglu_backward_reusing below writes db over dy. Without an override (Reference, Cuda) the composite
-// below runs.
+// swiglu_backward_reusing below writes da and db over a, b or dy. Without an override (Reference,
+// Cuda) the composite below runs.
 #include <utility>
 
 #include "kiln/core/tensor.hpp"

@@ -106,8 +106,8 @@ template <class Op> void Cpu::unary(M out, V in) {
 
 // Fused SwiGLU (contract in core/fused_swiglu.hpp): s = sigmoid(a) through the vector math, a chunk
 // of kSwigluBuf at a time in a stack buffer, then one fused loop; doubles use the scalar formula. An
-// output may be an input's memory (db over dy, core/fused_swiglu.hpp): each element's inputs are
-// loaded before its outputs are stored.
+// output may be an input's memory (da over a, db over b or dy, core/fused_swiglu.hpp): each
+// element's inputs are loaded before its outputs are stored.
 namespace {
 constexpr int64_t kSwigluBuf = 256;
 
