@@ -19,6 +19,8 @@ std::atomic<int64_t> g_hook_handle{0};
 // The callbacks queued during the backward pass running on this thread (nullptr outside one).
 thread_local std::vector<std::function<void()>>* t_pass_callbacks = nullptr;
 thread_local uint64_t t_passes = 0;
+// True while a backward pass that frees the graph (retain_graph false) runs on this thread.
+thread_local bool t_frees_graph = false;
 }  // namespace
 
 bool grad_enabled() { return t_grad_enabled; }
@@ -325,10 +327,41 @@ template <Backend B> class Pass {
 
 template <Backend B> void run_backward(const std::shared_ptr<Node<B>>& root, Tensor<B> seed, bool retain_graph) {
   PassScope pass;
+  struct FreesGraph {  // restored on exit (a hook may run a nested pass)
+    bool prev = t_frees_graph;
+    explicit FreesGraph(bool on) { t_frees_graph = on; }
+    ~FreesGraph() { t_frees_graph = prev; }
+    FreesGraph(const FreesGraph&) = delete;
+    FreesGraph& operator=(const FreesGraph&) = delete;
+  } frees(!retain_graph);
   Pass<B>(retain_graph).run(root, std::move(seed));
   pass.finish();
 }
 }  // namespace
+
+// The holders of an interior node not yet replayed: the pass (its tape, or a checkpoint replay's list
+// of recomputed nodes) and the `inputs` of the node that consumes it. The walk follows the storage
+// down the chain of nodes whose values share it; every storage handle must be one of those values or
+// the closure's `saved`, so any other tensor, closure or pending gradient using the memory says no.
+template <Backend B> bool saved_input_is_dead(const Var<B>& input, const Tensor<B>& saved) {
+  if (!t_frees_graph || !saved.defined() || !saved.is_contiguous()) return false;
+  const auto& st = saved.storage();
+  if (input.node().use_count() != 3) return false;  // the pass, the consumer's inputs, the closure's capture
+  long handles = 1;                                 // the closure's `saved`
+  for (const Node<B>* n = input.node().get(); n;) {
+    if (n->is_leaf() || n->released || !n->requires_grad || n->value.storage() != st) return false;
+    ++handles;
+    const Node<B>* next = nullptr;
+    for (const auto& in : n->inputs)
+      if (in && in->value.storage() == st) {
+        if (next || in.use_count() != 2) return false;  // the pass and n's inputs, nothing else
+        next = in.get();
+      }
+    n = next;
+  }
+  return st.use_count() == handles;
+}
+
 }  // namespace autograd
 
 // ---------------------------------------------------------------------------------- Var
@@ -401,11 +434,12 @@ template <Backend B> void Var<B>::backward(const Tensor<B>& grad_output, bool re
   autograd::run_backward<B>(n_, grad_output, retain_graph);
 }
 
-#define KILN_AUTOGRAD_INSTANTIATE(B)             \
-  template class Var<B>;                         \
-  template struct autograd::Node<B>;             \
-  template struct autograd::SegmentCollector<B>; \
-  template autograd::SegmentCollector<B>*& autograd::active_collector<B>();
+#define KILN_AUTOGRAD_INSTANTIATE(B)                                        \
+  template class Var<B>;                                                    \
+  template struct autograd::Node<B>;                                        \
+  template struct autograd::SegmentCollector<B>;                            \
+  template autograd::SegmentCollector<B>*& autograd::active_collector<B>(); \
+  template bool autograd::saved_input_is_dead<B>(const Var<B>&, const Tensor<B>&);
 KILN_FOR_EACH_BACKEND(KILN_AUTOGRAD_INSTANTIATE)
 
 }  // namespace kiln

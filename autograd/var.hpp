@@ -129,6 +129,16 @@ bool in_backward();
 // Backward passes started on this thread so far (tells whether the latest one reached a given hook).
 uint64_t backward_pass_count();
 
+// For a backward closure, while it runs: may it overwrite `saved`, the value of its input `input` that
+// it saved (say with that input's gradient, of the same shape)? A closure that asks captures `input`.
+// True only in a backward pass that frees the graph (retain_graph false), for a contiguous `saved`
+// whose storage has no handle but the closure's `saved` and the values of `input`'s node and of the
+// view nodes below it that share the memory (Linear's reshape of its product), where each of those
+// nodes is interior (never a leaf: no parameter, no user tensor), not yet replayed, and held by nothing
+// but the pass, the one node above it in the chain (for `input`: the consumer and the closure's
+// capture). Then no Var, tensor or closure can read that memory again. False whenever in doubt.
+template <Backend B> KILN_API bool saved_input_is_dead(const Var<B>& input, const Tensor<B>& saved);
+
 // Family structs: each op family's forward and backward live in autograd/ops/<family>.cpp.
 template <Backend B> struct Elementwise;
 template <Backend B> struct Reduce;

@@ -8,8 +8,10 @@
 // A backend overrides with
 //   swiglu_forward(MutView y, View a, View b)
 //   swiglu_backward(MutView da, MutView db, View a, View b, View dy)
-// receiving contiguous f32/f64 tensors of one shape (half types are converted here). Without an
-// override (Reference, Cuda) the composite below runs.
+// receiving contiguous f32/f64 tensors of one shape (half types are converted here). The outputs may
+// be the very memory of an input (same offset and layout: every element is read before it is written);
+// swiglu_backward_reusing below writes da and db over a, b or dy. Without an override (Reference,
+// Cuda) the composite below runs.
 #include <utility>
 
 #include "kiln/core/tensor.hpp"
@@ -61,6 +63,39 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> swiglu_backward(const Tenso
     const Tensor<B> da = g.mul(bf).mul(s.mul(af.mul(s.neg().add(Scalar(1.0))).add(Scalar(1.0))));
     return {da.to(dt), g.mul(af.mul(s)).to(dt)};
   }
+}
+
+// swiglu_backward writing its results over memory the caller gives up, when the override runs: da over
+// a if `a_free`, db over b if `b_free` (the caller vouches that nothing reads a or b afterwards: the
+// autograd op asks autograd::saved_input_is_dead), and a result without its own over dy when dy is
+// contiguous and its storage has no handle but `dy` itself (the engine hands a backward the gradient it
+// owns and drops it afterwards). Each place needs the compute dtype and a contiguous layout; the rest
+// are fresh. The MLP's backward streams a and b back from DRAM (issue 26): a result stored over lines
+// the kernel has just read saves the fetch of a fresh buffer's lines. The values are swiglu_backward's,
+// bit for bit, whatever the places.
+template <Backend B> std::pair<Tensor<B>, Tensor<B>> swiglu_backward_reusing(const Tensor<B>& a, const Tensor<B>& b, const Tensor<B>& dy,
+                                                                             bool a_free = false, bool b_free = false) {
+  detail::swiglu_check("swiglu_backward", a.shape(), b.shape(), a.dtype(), b.dtype());
+  KILN_CHECK(dy.shape() == a.shape(), "swiglu_backward: dy {} differs from the inputs {}", shape_str(dy.shape()), shape_str(a.shape()));
+  if constexpr (HasSwiGLU<B>) {
+    const DType cd = detail::swiglu_compute(a.dtype());
+    if (a.dtype() == cd && dy.dtype() == cd && a.numel()) {
+      bool dy_free = dy.is_contiguous() && dy.storage().use_count() == 1;
+      const auto place = [&](const Tensor<B>& own, bool own_free) {
+        if (own_free && own.is_contiguous()) return own;
+        if (dy_free) {
+          dy_free = false;
+          return dy;
+        }
+        return Tensor<B>::empty(a.shape(), cd);
+      };
+      Tensor<B> da = place(a, a_free), db = place(b, b_free);
+      const Tensor<B> ac = a.contiguous(), bc = b.contiguous(), gc = dy.contiguous();
+      KILN_PROFILED("swiglu_backward", da, db, ac, bc, gc) B::swiglu_backward(da.mview(), db.mview(), ac.cview(), bc.cview(), gc.cview());
+      return {da, db};
+    }
+  }
+  return swiglu_backward(a, b, dy);
 }
 
 }  // namespace kiln::fused

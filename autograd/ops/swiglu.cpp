@@ -9,8 +9,10 @@ namespace kiln::autograd {
 
 template <Backend B> Var<B> SwiGLUOps<B>::swiglu(const Var<B>& gate, const Var<B>& up) {
   const Tensor<B> a = gate.value(), b = up.value();
-  return record<B>("swiglu", fused::swiglu_forward(a, b), {&gate, &up}, [a, b](const Tensor<B>& g) {
-    auto [da, db] = fused::swiglu_backward(a, b, g);
+  // The backward writes da over a, db over b when nothing can read them again, else over g when the
+  // engine alone holds it (core/fused_swiglu.hpp): the captured Vars let it ask.
+  return record<B>("swiglu", fused::swiglu_forward(a, b), {&gate, &up}, [a, b, gate, up](const Tensor<B>& g) {
+    auto [da, db] = fused::swiglu_backward_reusing(a, b, g, saved_input_is_dead(gate, a), saved_input_is_dead(up, b));
     return Grads<B>{da, db};
   });
 }

@@ -105,7 +105,9 @@ template <class Op> void Cpu::unary(M out, V in) {
 }
 
 // Fused SwiGLU (contract in core/fused_swiglu.hpp): s = sigmoid(a) through the vector math, a chunk
-// of kSwigluBuf at a time in a stack buffer, then one fused loop; doubles use the scalar formula.
+// of kSwigluBuf at a time in a stack buffer, then one fused loop; doubles use the scalar formula. An
+// output may be an input's memory (da over a, db over b or dy, core/fused_swiglu.hpp): each
+// element's inputs are loaded before its outputs are stored.
 namespace {
 constexpr int64_t kSwigluBuf = 256;
 
@@ -133,9 +135,9 @@ template <class I, class T> void swiglu_bwd_range(T* da, T* db, const T* a, cons
     sigmoid_chunk<I>(a + c, s, m);
 #pragma omp simd
     for (int64_t i = 0; i < m; ++i) {
-      const T x = a[c + i], si = s[i], g = dy[c + i];
+      const T x = a[c + i], bi = b[c + i], si = s[i], g = dy[c + i];
       db[c + i] = g * x * si;
-      da[c + i] = g * b[c + i] * si * (T(1) + x * (T(1) - si));
+      da[c + i] = g * bi * si * (T(1) + x * (T(1) - si));
     }
   }
 }
