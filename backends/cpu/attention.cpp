@@ -153,6 +153,7 @@ template <int NV>
     const int64_t n = lanes_in(vis, j, 16);
     const auto v = static_cast<__mmask16>(n >= 16 ? 0xffffu : (1u << n) - 1u);
     __m512 y = _mm512_setzero_ps();  // hidden lanes: exp of 0, then zeroed (no −∞ through the exp)
+    // (a masked difference: GCC does not fuse it with the product, so S is rounded first, as tile_probs)
     if (n > 0) y = _mm512_maskz_mov_ps(v, vm::avx512::exp16(_mm512_maskz_sub_ps(v, _mm512_mul_ps(va, acc[j]), vl)));
     _mm512_mask_storeu_ps(c + 16 * j, j + 1 < NV ? __mmask16(0xffff) : tail, y);
   }
@@ -342,7 +343,10 @@ template <bool Tail, int NV>
     if (n > 0) {
       const __m256 v =
           _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-      y = _mm256_and_ps(v, vm::avx2::exp8(_mm256_and_ps(v, _mm256_sub_ps(_mm256_mul_ps(va, acc[j]), vl))));
+      // (the `and` between the product and the difference keeps GCC, whose C++ default is
+      // -ffp-contract=fast, from fusing them into one rounding: tile_probs rounds S first)
+      const __m256 x = _mm256_and_ps(v, _mm256_sub_ps(_mm256_and_ps(v, _mm256_mul_ps(va, acc[j])), vl));
+      y = _mm256_and_ps(v, vm::avx2::exp8(x));
     }
     store_row256<Tail>(c + 8 * j, j + 1 == NV, tail, y);
   }
