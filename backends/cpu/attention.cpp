@@ -818,23 +818,35 @@ int threads_for(int64_t units) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads(), units)));
 }
 
+// The forward keeps the key tiles it transposed (for the NN form of S = Q Kᵀ) in up to kKtSlots
+// slots per thread, tagged with (batch, kv head, tile), so the query tiles and GQA heads of one kv
+// head transpose each key tile once (a thread takes all query tiles of a (batch, head) together when
+// there are enough of those to go round).
+constexpr int64_t kKtSlots = 16;
+
 template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
-  const int64_t nqt = (P.T_ + kBr - 1) / kBr;
+  const int64_t nqt = (P.T_ + kBr - 1) / kBr, nkt = (P.S + kBc - 1) / kBc;
   const int64_t units = P.B * P.H * nqt;
   const int nt = threads_for(units);
+  const int64_t chunk = P.B * P.H >= 2 * nt ? nqt : 1;  // units per grab: a whole (batch, head)
+  const int64_t slots = std::clamp<int64_t>(nkt, 1, kKtSlots);
   const TileKernels<T> K;
-  const size_t per_thread = static_cast<size_t>(kBr * kBc + 4 * kBr + P.d * kBc);
-  std::vector<T> scratch(static_cast<size_t>(nt) * per_thread);
+  const size_t per_thread = static_cast<size_t>(kBr * kBc + 4 * kBr + slots * P.d * kBc);
+  // scratch: every element is written before it is read (from the host cache, not zeroed)
+  HostStorage scratch(static_cast<size_t>(nt) * per_thread * sizeof(T));
+  std::vector<int64_t> tags(static_cast<size_t>(nt * slots), -1);
 #pragma omp parallel num_threads(nt)
   {
-    T* s = scratch.data() + static_cast<size_t>(omp_get_thread_num()) * per_thread;
+    const int tid = omp_get_thread_num();
+    T* s = scratch.as<T>() + static_cast<size_t>(tid) * per_thread;
     T* m = s + kBr * kBc;
     T* l = m + kBr;
     T* mn = l + kBr;  // a block's new row maxima and sums of P (mm_softmax)
     T* rsum = mn + kBr;
-    T* kt = rsum + kBr;  // a key tile transposed: [d, kBc]
-#pragma omp for schedule(dynamic, 1)
+    T* kts = rsum + kBr;  // transposed key tiles: slots × [d, kBc]
+    int64_t* tag = tags.data() + static_cast<size_t>(tid) * static_cast<size_t>(slots);
+#pragma omp for schedule(dynamic, chunk)
     for (int64_t u = 0; u < units; ++u) {
       const int64_t qt = nqt - 1 - u % nqt, bh = u / nqt, b = bh / P.H, h = bh % P.H, hk = h / P.rep;
       const int64_t i0 = qt * kBr, br = std::min(kBr, P.T_ - i0);
@@ -848,7 +860,12 @@ template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse
         const int64_t bc = std::min(kBc, kend - j0);
         const bool nn = br >= kMinRowsT;
         const bool fused = nn && !kp && !P.madd && !P.mkeep;  // the softmax step in the S product's epilogue
-        if (nn) K.transpose(P.k.row(b, hk, j0), P.k.ld, kt, kBc, bc, P.d);
+        const int64_t jt = j0 / kBc;
+        T* kt = kts + (jt % slots) * P.d * kBc;
+        if (nn && tag[jt % slots] != (b * P.Hkv + hk) * nkt + jt) {  // the whole tile, whatever this query tile sees of it
+          K.transpose(P.k.row(b, hk, j0), P.k.ld, kt, kBc, std::min(kBc, P.S - j0), P.d);
+          tag[jt % slots] = (b * P.Hkv + hk) * nkt + jt;
+        }
         for_diag_blocks(P, kDiagRows, i0, br, j0, bc, [&](int64_t r0, int64_t rb, int64_t bcs) {
           const int64_t ii = i0 + r0;
           const bool diag = P.causal && j0 + bcs - 1 > P.pos0 + ii;  // some key of the block is hidden from its row 0
@@ -1023,13 +1040,13 @@ template <class T> void backward(Branches<T> X, const Rows<T>& o, const Rows<T>*
   const bool per_unit = units >= nt_max;  // enough (batch, kv head) units: no shared dQ rows
   const int nt = per_unit ? threads_for(units) : nt_max;
   const size_t tile = BwdScratch<T>::size(X.n, P.d, P.dv);
-  std::vector<T> scratch(static_cast<size_t>(nt) * tile);
+  HostStorage scratch(static_cast<size_t>(nt) * tile * sizeof(T));  // written before read: not zeroed
   const size_t nq = static_cast<size_t>(rows * P.d);
   std::vector<T> priv(per_unit ? 0 : static_cast<size_t>(nt * X.n) * nq, T(0));
 #pragma omp parallel num_threads(nt)
   {
     const int tid = omp_get_thread_num();
-    const BwdScratch<T> w(scratch.data() + static_cast<size_t>(tid) * tile, X.n, P.d);
+    const BwdScratch<T> w(scratch.as<T>() + static_cast<size_t>(tid) * tile, X.n, P.d);
     if (per_unit) {  // a unit owns dk, dv of (b, hk) and dq of its group's query heads, written by its first products
 #pragma omp for schedule(dynamic, 1)
       for (int64_t u = 0; u < units; ++u) {
