@@ -34,11 +34,16 @@
 // transposed tile, S = Q Kᵀ and dP = dO Vᵀ, would be dot products along rows (and OpenBLAS's row-major
 // NT case, which at these sizes takes its packing path at about half the rate of its small-matrix
 // kernels); so a key tile of K (and V) is transposed once into a thread-local buffer (8×8 register
-// transposes) and the products run as NN, reused by every query tile and GQA head that sees the tile.
+// transposes) and the products run as NN, reused by every query tile and GQA head that sees the tile
+// (the forward keeps a thread's transposed key tiles tagged by (batch, kv head, tile): kKtSlots).
 // Tiles of fewer than kMinRowsT query rows (decoding) keep the NT form, in OpenBLAS. f32 rows use
 // the exp of vecmath.hpp (AVX2/AVX-512, or libm's at baseline); f64 uses std::exp.
-// The row work between the products (mask, online softmax, dS) runs as kernel variants chosen per call
-// for the instruction set (common.hpp), one call per tile.
+// The row work between the f32 products runs in their micro-kernels' epilogues ("epilogues" below) on
+// the accumulators in registers: the backward's P = exp(S − LSE) (EpProbs) and dS (EpDs), and on
+// AVX-512 the forward's online-softmax step (EpSoftmax; a 64-key row is 4 registers). Tiles with key
+// padding or a user mask, f64 and the baseline ISA run the same formulas as separate row passes,
+// kernel variants chosen per call for the instruction set (common.hpp), one call per tile; both
+// forms give the same floats (test_attention checks it bit for bit).
 #include <cblas.h>
 
 #include <cmath>
