@@ -521,10 +521,21 @@ KILN_CPU_AVX2_END
 #endif
 
 // Kernel: dst (cols rows, row stride ldd) = the transpose of src (rows rows of cols, row stride lds).
+// Prefetches rows [r0, r1) of an operand (row stride ld elements, w wide) into the caches: q, k, v and
+// dO rows arrive from the projections' outputs, heads interleaved (row strides of H·d or 3·H·d floats,
+// so each row starts on another page, where the hardware's stream prefetchers do not follow).
+template <class T> inline void prefetch_rows(const T* p, int64_t ld, int64_t r0, int64_t r1, int64_t w) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c = 0; c < w; c += 64 / static_cast<int64_t>(sizeof(T))) __builtin_prefetch(p + r * ld + c, 0, 3);
+}
+
 template <class I, class T> void transpose_tile(const T* src, int64_t lds, T* dst, int64_t ldd, int64_t rows, int64_t cols) {
   const int64_t r8 = rows / 8 * 8, c8 = cols / 8 * 8;
-  for (int64_t r0 = 0; r0 < r8; r0 += 8)
+  prefetch_rows(src, lds, 0, std::min<int64_t>(rows, 16), cols);
+  for (int64_t r0 = 0; r0 < r8; r0 += 8) {
+    prefetch_rows(src, lds, std::min(rows, r0 + 16), std::min(rows, r0 + 24), cols);  // 16 rows ahead
     for (int64_t c0 = 0; c0 < c8; c0 += 8) transpose8(I{}, src + r0 * lds + c0, lds, dst + c0 * ldd + r0, ldd);
+  }
   for (int64_t c = 0; c < cols; ++c)  // the ragged edges
     for (int64_t r = (c < c8 ? r8 : 0); r < rows; ++r) dst[c * ldd + r] = src[r * lds + c];
 }
@@ -857,7 +868,8 @@ template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse
       const int64_t i0 = qt * kBr, br = std::min(kBr, P.T_ - i0);
       T* orow = o.row(b, h, i0);
       const int64_t kend = P.key_end(i0, br);
-      if (kend <= 0) o.zero(b, h, i0, br, P.dv);  // else the first key tile's P·V writes every row (beta 0)
+      if (kend <= 0) o.zero(b, h, i0, br, P.dv);             // else the first key tile's P·V writes every row (beta 0)
+      prefetch_rows(P.q.row(b, h, i0), P.q.ld, 0, br, P.d);  // (read by the first S product, after K's transpose)
       std::fill(m, m + br, ninf);
       std::fill(l, l + br, T(0));
       const bool* kp = P.kp_row(b);
@@ -871,6 +883,7 @@ template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse
           K.transpose(P.k.row(b, hk, j0), P.k.ld, kt, kBc, std::min(kBc, P.S - j0), P.d);
           tag[jt % slots] = (b * P.Hkv + hk) * nkt + jt;
         }
+        prefetch_rows(P.v.row(b, hk, j0), P.v.ld, 0, bc, P.dv);  // (read by the P·V products, after S)
         for_diag_blocks(P, kDiagRows, i0, br, j0, bc, [&](int64_t r0, int64_t rb, int64_t bcs) {
           const int64_t ii = i0 + r0;
           const bool diag = P.causal && j0 + bcs - 1 > P.pos0 + ii;  // some key of the block is hidden from its row 0
@@ -937,6 +950,8 @@ template <class T> void backward_key_tile(const Branches<T>& X, const TileKernel
   T* dv_t = dv.row(b, hk, j0);
   const int64_t i_first = P.causal ? std::max<int64_t>(0, j0 - P.pos0) : 0;  // queries that see key j0 or later
   const bool nn = P.rep * (P.T_ - i_first) >= kMinRowsT;                     // enough query rows: Kᵀ and Vᵀ of the tile, NN products
+  for (int x = 0; x < X.n; ++x)                                              // the first block's q rows (read after the transposes)
+    prefetch_rows(X.P[x]->q.row(b, hk * P.rep, 0), X.P[x]->q.ld, i_first, std::min(P.T_, i_first + 16), P.d);
   if (nn) {
     for (int x = 0; x < X.n; ++x) K.transpose(X.P[x]->k.row(b, hk, j0), X.P[x]->k.ld, w.kt[x], kBcB, bc, P.d);
     K.transpose(P.v.row(b, hk, j0), P.v.ld, w.vt, kBcB, bc, P.dv);
@@ -956,6 +971,9 @@ template <class T> void backward_key_tile(const Branches<T>& X, const TileKernel
           kv_written = true;
         }
         const bool diag = P.causal && j0 + n - 1 > P.pos0 + i0;
+        prefetch_rows(g.row(b, h, i0), g.ld, 0, br, P.dv);  // (dO: read by dV += Pᵀ dO, after the S products)
+        for (int x = 0; x < X.n; ++x)                       // the next 16 rows of q (the next block's S product)
+          prefetch_rows(X.P[x]->q.row(b, h, 0), X.P[x]->q.ld, std::min(P.T_, i0 + br), std::min(P.T_, i0 + br + 16), P.d);
         for (int x = 0; x < X.n; ++x) {  // P_x = exp(S_x − LSE_x)
           const Problem<T>& Px = *X.P[x];
           const T* lse = X.lse[x] + bh * P.T_ + i0;
