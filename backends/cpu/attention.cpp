@@ -837,7 +837,7 @@ int threads_for(int64_t units) {
 // The forward keeps the key tiles it transposed (for the NN form of S = Q Kᵀ) in up to kKtSlots
 // slots per thread, tagged with (batch, kv head, tile), so the query tiles and GQA heads of one kv
 // head transpose each key tile once (a thread takes all query tiles of a (batch, head) together when
-// there are enough of those to go round).
+// the (batch, head) pairs share out evenly over the threads).
 constexpr int64_t kKtSlots = 16;
 
 template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse) {
@@ -845,7 +845,8 @@ template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse
   const int64_t nqt = (P.T_ + kBr - 1) / kBr, nkt = (P.S + kBc - 1) / kBc;
   const int64_t units = P.B * P.H * nqt;
   const int nt = threads_for(units);
-  const int64_t chunk = P.B * P.H >= 2 * nt ? nqt : 1;  // units per grab: a whole (batch, head)
+  // units per grab: a whole (batch, head) where those share out evenly (or nearly: 8 per thread)
+  const int64_t chunk = P.B * P.H % nt == 0 || P.B * P.H >= 8 * nt ? nqt : 1;
   const int64_t slots = std::clamp<int64_t>(nkt, 1, kKtSlots);
   const TileKernels<T> K;
   const size_t per_thread = static_cast<size_t>(kBr * kBc + 4 * kBr + slots * P.d * kBc);
