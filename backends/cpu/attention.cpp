@@ -34,11 +34,16 @@
 // transposed tile, S = Q Kᵀ and dP = dO Vᵀ, would be dot products along rows (and OpenBLAS's row-major
 // NT case, which at these sizes takes its packing path at about half the rate of its small-matrix
 // kernels); so a key tile of K (and V) is transposed once into a thread-local buffer (8×8 register
-// transposes) and the products run as NN, reused by every query tile and GQA head that sees the tile.
+// transposes) and the products run as NN, reused by every query tile and GQA head that sees the tile
+// (the forward keeps a thread's transposed key tiles tagged by (batch, kv head, tile): kKtSlots).
 // Tiles of fewer than kMinRowsT query rows (decoding) keep the NT form, in OpenBLAS. f32 rows use
 // the exp of vecmath.hpp (AVX2/AVX-512, or libm's at baseline); f64 uses std::exp.
-// The row work between the products (mask, online softmax, dS) runs as kernel variants chosen per call
-// for the instruction set (common.hpp), one call per tile.
+// The row work between the f32 products runs in their micro-kernels' epilogues ("epilogues" below) on
+// the accumulators in registers: the backward's P = exp(S − LSE) (EpProbs) and dS (EpDs), and on
+// AVX-512 the forward's online-softmax step (EpSoftmax; a 64-key row is 4 registers). Tiles with key
+// padding or a user mask, f64 and the baseline ISA run the same formulas as separate row passes,
+// kernel variants chosen per call for the instruction set (common.hpp), one call per tile; both
+// forms give the same floats (test_attention checks it bit for bit).
 #include <cblas.h>
 
 #include <cmath>
@@ -63,9 +68,10 @@ constexpr int64_t kMinRowsT = 16;  // query rows per key tile from which the key
 // A causal tile on the diagonal runs as blocks of query rows, each against only the keys its last row
 // can see, so the products skip most of the hidden upper triangle (a 64 × 64 tile in 32-row blocks
 // does 3/4 of its work, in 16-row blocks 5/8). Measured at T = 128 and 512 (bench/attention): 16 rows
-// for the forward, 32 for the backward, whose five products per block lose more to smaller shapes.
+// for both passes (the backward took 32 while its row work ran as separate passes per block; with
+// that work in the products' epilogues, 16 is 4% faster at T = 128 and even at T = 512).
 constexpr int64_t kDiagRows = 16;
-constexpr int64_t kDiagRowsB = 32;
+constexpr int64_t kDiagRowsB = 16;
 
 template <class T> void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
                              T beta, T* c, int64_t ldc) {
@@ -90,11 +96,138 @@ template <class T> void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
 // ragged right edge is a masked last vector, the ragged bottom edge runs blocks of 4, 2 and 1 rows.
 // Each product of the sum is one fused multiply-add in K order, so results differ from OpenBLAS's
 // (another summation order) by rounding only.
+// Epilogues: what the micro-kernel does with a finished row r of its block (acc: the sums for columns
+// [c0, c0 + width) of C, the last vector masked by tail; c: the row's first element of the block).
+struct EpPlain {  // C = alpha · acc + beta · C (beta 0: C is not read)
+  float alpha, beta;
+};
+// The backward's P = exp(alpha · acc − lse[r]) (tile_probs' formula, bit for bit) for the columns
+// c < vis0 + r (a causal row's visible prefix; vis0 >= the width: every column), 0 beyond them and in
+// rows whose lse is −inf. Only for tiles without padding or a user mask.
+struct EpProbs {
+  float alpha;
+  const float* lse;
+  int64_t vis0;
+};
+// The backward's dS = f0 · C ⊙ (acc − D0[r]) in place of C (which holds P), and with c1 set the second
+// branch's f1 · C1 ⊙ (acc − D1[r]) in place of C1 (row stride ld, same columns): tile_ds for dP = acc.
+struct EpDs {
+  const float* D0;
+  float f0;
+  float* c1;
+  const float* D1;
+  float f1;
+  int64_t ld;
+};
+// The forward's online-softmax step on a tile of S = alpha · acc whose rows are whole in the block
+// (AVX-512, at most 64 columns), tile_softmax's formulas bit for bit over the columns c < vis0 + r
+// (vis0 >= the width: every column): the new max mn[r] = max(m[r], the row's max) and
+// P = exp(S − mn[r]) in place of S, its sum in sum[r] (0 beyond the visible columns; a row with
+// nothing visible yet, mn[r] = −∞, becomes zeros). The scalar rest of the step (e^(m − m'), l, O's
+// rescale: softmax_update) runs after the product, so no libm call sits among the live accumulators.
+// Only for tiles without padding or a user mask.
+struct EpSoftmax {
+  float alpha;
+  const float* m;
+  float *mn, *sum;
+  int64_t vis0;
+};
+// The visible columns of a row from c0 on, where there are at most w: lanes [0, n) of each vector.
+inline int64_t lanes_in(int64_t vis, int64_t j, int64_t w) { return std::clamp<int64_t>(vis - j * w, 0, w); }
+
 #if KILN_CPU_X86
 KILN_CPU_AVX512_BEGIN
-template <int MR, int NV, bool TA> [[gnu::always_inline]] inline void tile_ukr_avx512(int64_t K, float alpha, const float* A, int64_t lda,
-                                                                                      const float* B, int64_t ldb, float beta, float* C,
-                                                                                      int64_t ldc, __mmask16 tail) {
+template <int NV>
+[[gnu::always_inline]] inline void ep_row512(const EpPlain& e, __m512 (&acc)[NV], __mmask16 tail, float* c, int64_t, int64_t) {
+  const __m512 va = _mm512_set1_ps(e.alpha), vb = _mm512_set1_ps(e.beta);
+#pragma GCC unroll 4
+  for (int j = 0; j < NV; ++j) {
+    const __mmask16 m = j + 1 < NV ? __mmask16(0xffff) : tail;
+    __m512 r = _mm512_mul_ps(va, acc[j]);
+    if (e.beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, c + 16 * j), r);
+    _mm512_mask_storeu_ps(c + 16 * j, m, r);
+  }
+}
+template <int NV>
+[[gnu::always_inline]] inline void ep_row512(const EpProbs& e, __m512 (&acc)[NV], __mmask16 tail, float* c, int64_t r, int64_t c0) {
+  const float L = e.lse[r];
+  const int64_t vis = L == -std::numeric_limits<float>::infinity() ? 0 : e.vis0 + r - c0;
+  const __m512 va = _mm512_set1_ps(e.alpha), vl = _mm512_set1_ps(L);
+#pragma GCC unroll 4
+  for (int j = 0; j < NV; ++j) {
+    const int64_t n = lanes_in(vis, j, 16);
+    const auto v = static_cast<__mmask16>(n >= 16 ? 0xffffu : (1u << n) - 1u);
+    __m512 y = _mm512_setzero_ps();  // hidden lanes: exp of 0, then zeroed (no −∞ through the exp)
+    // (a masked difference: GCC does not fuse it with the product, so S is rounded first, as tile_probs)
+    if (n > 0) y = _mm512_maskz_mov_ps(v, vm::avx512::exp16(_mm512_maskz_sub_ps(v, _mm512_mul_ps(va, acc[j]), vl)));
+    _mm512_mask_storeu_ps(c + 16 * j, j + 1 < NV ? __mmask16(0xffff) : tail, y);
+  }
+}
+template <int NV>
+[[gnu::always_inline]] inline void ep_row512(const EpDs& e, __m512 (&acc)[NV], __mmask16 tail, float* c, int64_t r, int64_t c0) {
+  const __m512 d0 = _mm512_set1_ps(e.D0[r]), f0 = _mm512_set1_ps(e.f0);
+  float* c1 = e.c1 ? e.c1 + r * e.ld + c0 : nullptr;
+#pragma GCC unroll 4
+  for (int j = 0; j < NV; ++j) {
+    const __mmask16 m = j + 1 < NV ? __mmask16(0xffff) : tail;
+    _mm512_mask_storeu_ps(c + 16 * j, m, _mm512_mul_ps(_mm512_mul_ps(f0, _mm512_maskz_loadu_ps(m, c + 16 * j)), _mm512_sub_ps(acc[j], d0)));
+  }
+  if (!c1) return;
+  const __m512 d1 = _mm512_set1_ps(e.D1[r]), f1 = _mm512_set1_ps(e.f1);
+#pragma GCC unroll 4
+  for (int j = 0; j < NV; ++j) {
+    const __mmask16 m = j + 1 < NV ? __mmask16(0xffff) : tail;
+    _mm512_mask_storeu_ps(c1 + 16 * j, m,
+                          _mm512_mul_ps(_mm512_mul_ps(f1, _mm512_maskz_loadu_ps(m, c1 + 16 * j)), _mm512_sub_ps(acc[j], d1)));
+  }
+}
+
+template <int NV>
+[[gnu::always_inline]] inline void ep_row512(const EpSoftmax& e, __m512 (&acc)[NV], __mmask16 tail, float* c, int64_t r, int64_t) {
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  const int64_t n = std::clamp<int64_t>(e.vis0 + r, 0, 16 * (NV - 1) + __builtin_popcount(tail));  // visible columns
+  const __m512 va = _mm512_set1_ps(e.alpha);
+  __m512 x[NV], mx = _mm512_set1_ps(ninf);
+  __mmask16 v[NV];
+#pragma GCC unroll 4
+  for (int j = 0; j < NV; ++j) {
+    x[j] = _mm512_mul_ps(va, acc[j]);
+    const int64_t nl = lanes_in(n, j, 16);
+    v[j] = static_cast<__mmask16>(nl >= 16 ? 0xffffu : (1u << nl) - 1u);
+    mx = _mm512_mask_max_ps(mx, v[j], mx, x[j]);
+  }
+  const float mnew = std::max(e.m[r], _mm512_reduce_max_ps(mx));
+  e.mn[r] = mnew;
+  if (mnew == ninf) {  // nothing visible yet
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) _mm512_mask_storeu_ps(c + 16 * j, j + 1 < NV ? __mmask16(0xffff) : tail, _mm512_setzero_ps());
+    return;
+  }
+  const __m512 vmax = _mm512_set1_ps(mnew);
+  __m512 y[NV], s = _mm512_setzero_ps();
+  const int64_t nfull = n / 16, rem = n - 16 * nfull;
+#pragma GCC unroll 4
+  for (int j = 0; j < NV; ++j) {
+    y[j] = _mm512_setzero_ps();  // hidden lanes: exp of 0, then zeroed (no −∞ through the exp)
+    if (v[j]) y[j] = _mm512_maskz_mov_ps(v[j], vm::avx512::exp16(_mm512_maskz_sub_ps(v[j], x[j], vmax)));
+    _mm512_mask_storeu_ps(c + 16 * j, j + 1 < NV ? __mmask16(0xffff) : tail, y[j]);
+    if (j < nfull) s = _mm512_add_ps(s, y[j]);
+  }
+  // Σ P in vm::exp_shift_sum's order: 16-lane blocks, then 8 lanes, the halves added, then one by one
+  __m256 lo = vm::avx512::lo8(s);
+  int64_t t = 0;
+  if (rem >= 8) {
+    lo = _mm256_add_ps(lo, vm::avx512::lo8(y[nfull]));
+    t = 8;
+  }
+  float sum = vm::avx2::hsum8(_mm256_add_ps(lo, vm::avx512::hi8(s)));
+  for (; t < rem; ++t) sum += c[16 * nfull + t];
+  e.sum[r] = sum;
+}
+
+template <int MR, int NV, bool TA, class E>
+[[gnu::always_inline]] inline void tile_ukr_avx512(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
+                                                   int64_t ldc, __mmask16 tail, const E& ep, int64_t r0, int64_t c0) {
   __m512 acc[MR][NV];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
@@ -113,39 +246,31 @@ template <int MR, int NV, bool TA> [[gnu::always_inline]] inline void tile_ukr_a
       for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_fmadd_ps(a, bv[j], acc[i][j]);
     }
   }
-  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) {
-      float* c = C + i * ldc + 16 * j;
-      const __mmask16 m = j + 1 < NV ? __mmask16(0xffff) : tail;
-      __m512 r = _mm512_mul_ps(va, acc[i][j]);
-      if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, c), r);
-      _mm512_mask_storeu_ps(c, m, r);
-    }
+  for (int i = 0; i < MR; ++i) ep_row512(ep, acc[i], tail, C + i * ldc, r0 + i, c0);
 }
 
 // Columns [0, 16·NV) of C (the last vector masked by tail), every row.
-template <int NV, bool TA> void tile_cols_avx512(int64_t M, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
-                                                 int64_t ldb, float beta, float* C, int64_t ldc, __mmask16 tail) {
+// Columns [0, 16·NV) of C (the last vector masked by tail), every row; c0: the block's first column in C.
+template <int NV, bool TA, class E> void tile_cols_avx512(int64_t M, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+                                                          float* C, int64_t ldc, __mmask16 tail, const E& ep, int64_t c0) {
   constexpr int MR = NV == 4 ? 6 : 8;  // MR · NV accumulators + NV vectors of B + a broadcast within 32 registers
   auto a_at = [&](int64_t i) { return TA ? A + i : A + i * lda; };
   int64_t i = 0;
-  for (; i + MR <= M; i += MR) tile_ukr_avx512<MR, NV, TA>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+  for (; i + MR <= M; i += MR) tile_ukr_avx512<MR, NV, TA>(K, a_at(i), lda, B, ldb, C + i * ldc, ldc, tail, ep, i, c0);
   if (M - i >= 4) {
-    tile_ukr_avx512<4, NV, TA>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+    tile_ukr_avx512<4, NV, TA>(K, a_at(i), lda, B, ldb, C + i * ldc, ldc, tail, ep, i, c0);
     i += 4;
   }
   if (M - i >= 2) {
-    tile_ukr_avx512<2, NV, TA>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+    tile_ukr_avx512<2, NV, TA>(K, a_at(i), lda, B, ldb, C + i * ldc, ldc, tail, ep, i, c0);
     i += 2;
   }
-  if (M - i >= 1) tile_ukr_avx512<1, NV, TA>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+  if (M - i >= 1) tile_ukr_avx512<1, NV, TA>(K, a_at(i), lda, B, ldb, C + i * ldc, ldc, tail, ep, i, c0);
 }
 
-template <bool TA> void tile_gemm_avx512_t(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
-                                           int64_t ldb, float beta, float* C, int64_t ldc) {
+template <bool TA, class E> void tile_gemm_avx512_t(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                                                    int64_t ldb, float* C, int64_t ldc, const E& ep) {
   for (int64_t j = 0; j < N; j += 64) {
     const int64_t w = std::min<int64_t>(64, N - j), nv = (w + 15) / 16;
     const auto tail = static_cast<__mmask16>((1u << (w - 16 * (nv - 1))) - 1u);
@@ -153,35 +278,109 @@ template <bool TA> void tile_gemm_avx512_t(int64_t M, int64_t N, int64_t K, floa
     float* c = C + j;
     switch (nv) {
       case 1:
-        tile_cols_avx512<1, TA>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+        tile_cols_avx512<1, TA>(M, K, A, lda, b, ldb, c, ldc, tail, ep, j);
         break;
       case 2:
-        tile_cols_avx512<2, TA>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+        tile_cols_avx512<2, TA>(M, K, A, lda, b, ldb, c, ldc, tail, ep, j);
         break;
       case 3:
-        tile_cols_avx512<3, TA>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+        tile_cols_avx512<3, TA>(M, K, A, lda, b, ldb, c, ldc, tail, ep, j);
         break;
       default:
-        tile_cols_avx512<4, TA>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+        tile_cols_avx512<4, TA>(M, K, A, lda, b, ldb, c, ldc, tail, ep, j);
         break;
     }
   }
 }
 void tile_gemm_avx512(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
                       float beta, float* C, int64_t ldc) {
+  const EpPlain ep{alpha, beta};
   if (ta)
-    tile_gemm_avx512_t<true>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    tile_gemm_avx512_t<true>(M, N, K, A, lda, B, ldb, C, ldc, ep);
   else
-    tile_gemm_avx512_t<false>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    tile_gemm_avx512_t<false>(M, N, K, A, lda, B, ldb, C, ldc, ep);
+}
+void tile_probs_avx512(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                       const EpProbs& ep) {
+  tile_gemm_avx512_t<false>(M, N, K, A, lda, B, ldb, C, ldc, ep);
+}
+void tile_softmax_avx512(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                         const EpSoftmax& ep) {
+  tile_gemm_avx512_t<false>(M, N, K, A, lda, B, ldb, C, ldc, ep);
+}
+void tile_ds_avx512(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                    const EpDs& ep) {
+  tile_gemm_avx512_t<false>(M, N, K, A, lda, B, ldb, C, ldc, ep);
 }
 KILN_CPU_AVX512_END
 
 KILN_CPU_AVX2_BEGIN
+// The epilogues on 8 lanes; Tail: the last vector is masked by tail (maskload / maskstore).
+template <bool Tail> [[gnu::always_inline]] inline __m256 load_row256(const float* c, bool masked, __m256i tail) {
+  return Tail && masked ? _mm256_maskload_ps(c, tail) : _mm256_loadu_ps(c);
+}
+template <bool Tail> [[gnu::always_inline]] inline void store_row256(float* c, bool masked, __m256i tail, __m256 x) {
+  if (Tail && masked)
+    _mm256_maskstore_ps(c, tail, x);
+  else
+    _mm256_storeu_ps(c, x);
+}
+template <bool Tail, int NV>
+[[gnu::always_inline]] inline void ep_row256(const EpPlain& e, __m256 (&acc)[NV], __m256i tail, float* c, int64_t, int64_t) {
+  const __m256 va = _mm256_set1_ps(e.alpha), vb = _mm256_set1_ps(e.beta);
+#pragma GCC unroll 2
+  for (int j = 0; j < NV; ++j) {
+    const bool masked = j + 1 == NV;
+    __m256 r = _mm256_mul_ps(va, acc[j]);
+    if (e.beta != 0.0f) r = _mm256_fmadd_ps(vb, load_row256<Tail>(c + 8 * j, masked, tail), r);
+    store_row256<Tail>(c + 8 * j, masked, tail, r);
+  }
+}
+template <bool Tail, int NV>
+[[gnu::always_inline]] inline void ep_row256(const EpProbs& e, __m256 (&acc)[NV], __m256i tail, float* c, int64_t r, int64_t c0) {
+  const float L = e.lse[r];
+  const int64_t vis = L == -std::numeric_limits<float>::infinity() ? 0 : e.vis0 + r - c0;
+  const __m256 va = _mm256_set1_ps(e.alpha), vl = _mm256_set1_ps(L);
+#pragma GCC unroll 2
+  for (int j = 0; j < NV; ++j) {
+    const int64_t n = lanes_in(vis, j, 8);
+    __m256 y = _mm256_setzero_ps();  // hidden lanes: exp of 0, then zeroed (no −∞ through the exp)
+    if (n > 0) {
+      const __m256 v =
+          _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+      // (the `and` between the product and the difference keeps GCC, whose C++ default is
+      // -ffp-contract=fast, from fusing them into one rounding: tile_probs rounds S first)
+      const __m256 x = _mm256_and_ps(v, _mm256_sub_ps(_mm256_and_ps(v, _mm256_mul_ps(va, acc[j])), vl));
+      y = _mm256_and_ps(v, vm::avx2::exp8(x));
+    }
+    store_row256<Tail>(c + 8 * j, j + 1 == NV, tail, y);
+  }
+}
+template <bool Tail, int NV>
+[[gnu::always_inline]] inline void ep_row256(const EpDs& e, __m256 (&acc)[NV], __m256i tail, float* c, int64_t r, int64_t c0) {
+  const __m256 d0 = _mm256_set1_ps(e.D0[r]), f0 = _mm256_set1_ps(e.f0);
+#pragma GCC unroll 2
+  for (int j = 0; j < NV; ++j) {
+    const bool masked = j + 1 == NV;
+    const __m256 p = load_row256<Tail>(c + 8 * j, masked, tail);
+    store_row256<Tail>(c + 8 * j, masked, tail, _mm256_mul_ps(_mm256_mul_ps(f0, p), _mm256_sub_ps(acc[j], d0)));
+  }
+  if (!e.c1) return;
+  float* c1 = e.c1 + r * e.ld + c0;
+  const __m256 d1 = _mm256_set1_ps(e.D1[r]), f1 = _mm256_set1_ps(e.f1);
+#pragma GCC unroll 2
+  for (int j = 0; j < NV; ++j) {
+    const bool masked = j + 1 == NV;
+    const __m256 p = load_row256<Tail>(c1 + 8 * j, masked, tail);
+    store_row256<Tail>(c1 + 8 * j, masked, tail, _mm256_mul_ps(_mm256_mul_ps(f1, p), _mm256_sub_ps(acc[j], d1)));
+  }
+}
+
 // The AVX2 + FMA form (16 registers): blocks of up to 2 vectors (16 columns); a ragged last vector
 // (Tail) goes through maskload / maskstore with the lanes in `tail`.
-template <int MR, int NV, bool TA, bool Tail>
-[[gnu::always_inline]] inline void tile_ukr_avx2(int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
-                                                 float beta, float* C, int64_t ldc, __m256i tail) {
+template <int MR, int NV, bool TA, bool Tail, class E>
+[[gnu::always_inline]] inline void tile_ukr_avx2(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                                                 __m256i tail, const E& ep, int64_t r0, int64_t c0) {
   __m256 acc[MR][NV];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
@@ -199,41 +398,30 @@ template <int MR, int NV, bool TA, bool Tail>
       for (int j = 0; j < NV; ++j) acc[i][j] = _mm256_fmadd_ps(a, bv[j], acc[i][j]);
     }
   }
-  const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 2
-    for (int j = 0; j < NV; ++j) {
-      float* c = C + i * ldc + 8 * j;
-      const bool masked = Tail && j + 1 == NV;
-      __m256 r = _mm256_mul_ps(va, acc[i][j]);
-      if (beta != 0.0f) r = _mm256_fmadd_ps(vb, masked ? _mm256_maskload_ps(c, tail) : _mm256_loadu_ps(c), r);
-      if (masked)
-        _mm256_maskstore_ps(c, tail, r);
-      else
-        _mm256_storeu_ps(c, r);
-    }
+  for (int i = 0; i < MR; ++i) ep_row256<Tail>(ep, acc[i], tail, C + i * ldc, r0 + i, c0);
 }
 
-template <int NV, bool TA, bool Tail> void tile_cols_avx2(int64_t M, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
-                                                          int64_t ldb, float beta, float* C, int64_t ldc, __m256i tail) {
+template <int NV, bool TA, bool Tail, class E> void tile_cols_avx2(int64_t M, int64_t K, const float* A, int64_t lda, const float* B,
+                                                                   int64_t ldb, float* C, int64_t ldc, __m256i tail, const E& ep,
+                                                                   int64_t c0) {
   constexpr int MR = NV == 2 ? 6 : 8;  // MR · NV accumulators + NV vectors of B + a broadcast within 16 registers
   auto a_at = [&](int64_t i) { return TA ? A + i : A + i * lda; };
   int64_t i = 0;
-  for (; i + MR <= M; i += MR) tile_ukr_avx2<MR, NV, TA, Tail>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+  for (; i + MR <= M; i += MR) tile_ukr_avx2<MR, NV, TA, Tail>(K, a_at(i), lda, B, ldb, C + i * ldc, ldc, tail, ep, i, c0);
   if (M - i >= 4) {
-    tile_ukr_avx2<4, NV, TA, Tail>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+    tile_ukr_avx2<4, NV, TA, Tail>(K, a_at(i), lda, B, ldb, C + i * ldc, ldc, tail, ep, i, c0);
     i += 4;
   }
   if (M - i >= 2) {
-    tile_ukr_avx2<2, NV, TA, Tail>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+    tile_ukr_avx2<2, NV, TA, Tail>(K, a_at(i), lda, B, ldb, C + i * ldc, ldc, tail, ep, i, c0);
     i += 2;
   }
-  if (M - i >= 1) tile_ukr_avx2<1, NV, TA, Tail>(K, alpha, a_at(i), lda, B, ldb, beta, C + i * ldc, ldc, tail);
+  if (M - i >= 1) tile_ukr_avx2<1, NV, TA, Tail>(K, a_at(i), lda, B, ldb, C + i * ldc, ldc, tail, ep, i, c0);
 }
 
-template <bool TA> void tile_gemm_avx2_t(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
-                                         int64_t ldb, float beta, float* C, int64_t ldc) {
+template <bool TA, class E> void tile_gemm_avx2_t(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+                                                  float* C, int64_t ldc, const E& ep) {
   for (int64_t j = 0; j < N; j += 16) {
     const int64_t w = std::min<int64_t>(16, N - j), nv = (w + 7) / 8, lanes = w - 8 * (nv - 1);
     const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lanes)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -241,33 +429,64 @@ template <bool TA> void tile_gemm_avx2_t(int64_t M, int64_t N, int64_t K, float 
     float* c = C + j;
     if (lanes == 8) {
       if (nv == 2)
-        tile_cols_avx2<2, TA, false>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+        tile_cols_avx2<2, TA, false>(M, K, A, lda, b, ldb, c, ldc, tail, ep, j);
       else
-        tile_cols_avx2<1, TA, false>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+        tile_cols_avx2<1, TA, false>(M, K, A, lda, b, ldb, c, ldc, tail, ep, j);
     } else if (nv == 2) {
-      tile_cols_avx2<2, TA, true>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+      tile_cols_avx2<2, TA, true>(M, K, A, lda, b, ldb, c, ldc, tail, ep, j);
     } else {
-      tile_cols_avx2<1, TA, true>(M, K, alpha, A, lda, b, ldb, beta, c, ldc, tail);
+      tile_cols_avx2<1, TA, true>(M, K, A, lda, b, ldb, c, ldc, tail, ep, j);
     }
   }
 }
 void tile_gemm_avx2(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
                     float beta, float* C, int64_t ldc) {
+  const EpPlain ep{alpha, beta};
   if (ta)
-    tile_gemm_avx2_t<true>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    tile_gemm_avx2_t<true>(M, N, K, A, lda, B, ldb, C, ldc, ep);
   else
-    tile_gemm_avx2_t<false>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    tile_gemm_avx2_t<false>(M, N, K, A, lda, B, ldb, C, ldc, ep);
+}
+void tile_probs_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                     const EpProbs& ep) {
+  tile_gemm_avx2_t<false>(M, N, K, A, lda, B, ldb, C, ldc, ep);
+}
+void tile_ds_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                  const EpDs& ep) {
+  tile_gemm_avx2_t<false>(M, N, K, A, lda, B, ldb, C, ldc, ep);
 }
 KILN_CPU_AVX2_END
 #endif
 
 using TileGemmF32 = void (*)(bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float, float*, int64_t);
+template <class E>
+using TileEpF32 = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t, const E&);
 
-// The f32 tile product for isa(): nullptr at baseline (OpenBLAS then).
+// The f32 tile products for isa(): nullptr at baseline (OpenBLAS then).
 inline TileGemmF32 pick_tile_gemm() {
 #if KILN_CPU_X86
   if (isa() == Isa::avx512) return &tile_gemm_avx512;
   if (isa() == Isa::avx2) return &tile_gemm_avx2;
+#endif
+  return nullptr;
+}
+inline TileEpF32<EpProbs> pick_tile_probs() {
+#if KILN_CPU_X86
+  if (isa() == Isa::avx512) return &tile_probs_avx512;
+  if (isa() == Isa::avx2) return &tile_probs_avx2;
+#endif
+  return nullptr;
+}
+inline TileEpF32<EpSoftmax> pick_tile_softmax() {  // AVX-512 only: 64 columns in one register block
+#if KILN_CPU_X86
+  if (isa() == Isa::avx512) return &tile_softmax_avx512;
+#endif
+  return nullptr;
+}
+inline TileEpF32<EpDs> pick_tile_ds() {
+#if KILN_CPU_X86
+  if (isa() == Isa::avx512) return &tile_ds_avx512;
+  if (isa() == Isa::avx2) return &tile_ds_avx2;
 #endif
   return nullptr;
 }
@@ -302,10 +521,21 @@ KILN_CPU_AVX2_END
 #endif
 
 // Kernel: dst (cols rows, row stride ldd) = the transpose of src (rows rows of cols, row stride lds).
+// Prefetches rows [r0, r1) of an operand (row stride ld elements, w wide) into the caches: q, k, v and
+// dO rows arrive from the projections' outputs, heads interleaved (row strides of H·d or 3·H·d floats,
+// so each row starts on another page, where the hardware's stream prefetchers do not follow).
+template <class T> inline void prefetch_rows(const T* p, int64_t ld, int64_t r0, int64_t r1, int64_t w) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c = 0; c < w; c += 64 / static_cast<int64_t>(sizeof(T))) __builtin_prefetch(p + r * ld + c, 0, 3);
+}
+
 template <class I, class T> void transpose_tile(const T* src, int64_t lds, T* dst, int64_t ldd, int64_t rows, int64_t cols) {
   const int64_t r8 = rows / 8 * 8, c8 = cols / 8 * 8;
-  for (int64_t r0 = 0; r0 < r8; r0 += 8)
+  prefetch_rows(src, lds, 0, std::min<int64_t>(rows, 16), cols);
+  for (int64_t r0 = 0; r0 < r8; r0 += 8) {
+    prefetch_rows(src, lds, std::min(rows, r0 + 16), std::min(rows, r0 + 24), cols);  // 16 rows ahead
     for (int64_t c0 = 0; c0 < c8; c0 += 8) transpose8(I{}, src + r0 * lds + c0, lds, dst + c0 * ldd + r0, ldd);
+  }
   for (int64_t c = 0; c < cols; ++c)  // the ragged edges
     for (int64_t r = (c < c8 ? r8 : 0); r < rows; ++r) dst[c * ldd + r] = src[r * lds + c];
 }
@@ -436,6 +666,23 @@ template <class I, class T> void tile_finish(T* orow, int64_t ldo, T* lse, const
   }
 }
 
+// Forward, after a product with the EpSoftmax epilogue: the rest of tile_softmax's step for br rows
+// from their new max mn and the sum of their P: l = l·e^(m−m') + ΣP, m = m', the output rows orow
+// rescaled by e^(m−m') (orow null: the first key tile). Rows with nothing visible yet stay as they are.
+template <class I, class T> void softmax_update(T* m, T* l, const T* mn, const T* sum, T* orow, int64_t ldo, int64_t br, int64_t dv) {
+  constexpr T ninf = -std::numeric_limits<T>::infinity();
+  for (int64_t r = 0; r < br; ++r) {
+    if (mn[r] == ninf) continue;
+    const T alpha = m[r] == ninf ? T(0) : std::exp(m[r] - mn[r]);
+    l[r] = l[r] * alpha + sum[r];
+    m[r] = mn[r];
+    if (orow && alpha != T(1)) {
+      T* orr = orow + r * ldo;
+      for (int64_t c = 0; c < dv; ++c) orr[c] *= alpha;
+    }
+  }
+}
+
 // Backward: P = exp(S − LSE) in place after the mask (the visible prefix, as the forward); rows whose
 // LSE is −inf (no visible key) become zeros.
 template <class I, class T> void tile_probs(T* s, int64_t ld, int64_t br, int64_t bc, const T* lse, int64_t i0, int64_t j0, bool diag,
@@ -488,6 +735,7 @@ void rows_dot(T* D, const T* lse, int64_t x0, int64_t n, const Rows<T>& o, const
 // The variants for this call.
 template <class T> struct TileKernels {
   decltype(&tile_softmax<Baseline, T>) softmax = pick<tile_softmax<Baseline, T>, tile_softmax<Avx2, T>, tile_softmax<Avx512, T>>();
+  decltype(&softmax_update<Baseline, T>) update = pick<softmax_update<Baseline, T>, softmax_update<Avx2, T>, softmax_update<Avx512, T>>();
   decltype(&tile_finish<Baseline, T>) finish = pick<tile_finish<Baseline, T>, tile_finish<Avx2, T>, tile_finish<Avx512, T>>();
   decltype(&tile_probs<Baseline, T>) probs = pick<tile_probs<Baseline, T>, tile_probs<Avx2, T>, tile_probs<Avx512, T>>();
   decltype(&tile_ds<Baseline, T>) ds = pick<tile_ds<Baseline, T>, tile_ds<Avx2, T>, tile_ds<Avx512, T>>();
@@ -495,6 +743,40 @@ template <class T> struct TileKernels {
   decltype(&rows_dot<Baseline, T>) dot = pick<rows_dot<Baseline, T>, rows_dot<Avx2, T>, rows_dot<Avx512, T>>();
   decltype(&transpose_tile<Baseline, T>) transpose = pick<transpose_tile<Baseline, T>, transpose_tile<Avx2, T>>();
   TileGemmF32 f32_gemm = std::is_same_v<T, float> ? pick_tile_gemm() : nullptr;
+  TileEpF32<EpProbs> f32_probs = std::is_same_v<T, float> ? pick_tile_probs() : nullptr;
+  TileEpF32<EpDs> f32_ds = std::is_same_v<T, float> ? pick_tile_ds() : nullptr;
+  TileEpF32<EpSoftmax> f32_softmax = std::is_same_v<T, float> ? pick_tile_softmax() : nullptr;
+  // The forward's S = alpha · A B with the online-softmax step in the epilogue (tile_softmax; rows of at
+  // most 64 keys, no padding, no user mask); false: not available here.
+  bool mm_softmax(int64_t M, int64_t N, int64_t K, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc, const T* m,
+                  T* mn, T* sum, int64_t vis0) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!f32_softmax || N > 64) return false;
+      f32_softmax(M, N, K, a, lda, b, ldb, c, ldc, EpSoftmax{alpha, m, mn, sum, vis0});
+      return true;
+    }
+    return false;
+  }
+  // The backward's products with their row work in the epilogue (f32 kernels only, NN form): P = exp(S −
+  // LSE) straight from S = alpha · A B (tile_probs: no padding, no user mask), and dS from dP = A B
+  // (tile_ds). False: not available here, the caller runs the product and the row pass.
+  bool mm_probs(int64_t M, int64_t N, int64_t K, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc, const T* lse,
+                int64_t vis0) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!f32_probs) return false;
+      f32_probs(M, N, K, a, lda, b, ldb, c, ldc, EpProbs{alpha, lse, vis0});
+      return true;
+    }
+    return false;
+  }
+  bool mm_ds(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc, const EpDs& ep) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!f32_ds) return false;
+      f32_ds(M, N, K, a, lda, b, ldb, c, ldc, ep);
+      return true;
+    }
+    return false;
+  }
   // A tile product C = alpha · op(A) · op(B) + beta · C: the f32 kernels above where B is not
   // transposed and the ISA has them, else OpenBLAS (f64, baseline, the NT form of decoding tiles).
   void mm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
@@ -552,44 +834,73 @@ int threads_for(int64_t units) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads(), units)));
 }
 
+// The forward keeps the key tiles it transposed (for the NN form of S = Q Kᵀ) in up to kKtSlots
+// slots per thread, tagged with (batch, kv head, tile), so the query tiles and GQA heads of one kv
+// head transpose each key tile once (a thread takes all query tiles of a (batch, head) together when
+// the (batch, head) pairs share out evenly over the threads).
+constexpr int64_t kKtSlots = 16;
+
 template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
-  const int64_t nqt = (P.T_ + kBr - 1) / kBr;
+  const int64_t nqt = (P.T_ + kBr - 1) / kBr, nkt = (P.S + kBc - 1) / kBc;
   const int64_t units = P.B * P.H * nqt;
   const int nt = threads_for(units);
+  // units per grab: a whole (batch, head) where those share out evenly (or nearly: 8 per thread)
+  const int64_t chunk = P.B * P.H % nt == 0 || P.B * P.H >= 8 * nt ? nqt : 1;
+  const int64_t slots = std::clamp<int64_t>(nkt, 1, kKtSlots);
   const TileKernels<T> K;
-  const size_t per_thread = static_cast<size_t>(kBr * kBc + 2 * kBr + P.d * kBc);
-  std::vector<T> scratch(static_cast<size_t>(nt) * per_thread);
+  const size_t per_thread = static_cast<size_t>(kBr * kBc + 4 * kBr + slots * P.d * kBc);
+  // scratch: every element is written before it is read (from the host cache, not zeroed)
+  HostStorage scratch(static_cast<size_t>(nt) * per_thread * sizeof(T));
+  std::vector<int64_t> tags(static_cast<size_t>(nt * slots), -1);
 #pragma omp parallel num_threads(nt)
   {
-    T* s = scratch.data() + static_cast<size_t>(omp_get_thread_num()) * per_thread;
+    const int tid = omp_get_thread_num();
+    T* s = scratch.as<T>() + static_cast<size_t>(tid) * per_thread;
     T* m = s + kBr * kBc;
     T* l = m + kBr;
-    T* kt = l + kBr;  // a key tile transposed: [d, kBc]
-#pragma omp for schedule(dynamic, 1)
+    T* mn = l + kBr;  // a block's new row maxima and sums of P (mm_softmax)
+    T* rsum = mn + kBr;
+    T* kts = rsum + kBr;  // transposed key tiles: slots × [d, kBc]
+    int64_t* tag = tags.data() + static_cast<size_t>(tid) * static_cast<size_t>(slots);
+#pragma omp for schedule(dynamic, chunk)
     for (int64_t u = 0; u < units; ++u) {
       const int64_t qt = nqt - 1 - u % nqt, bh = u / nqt, b = bh / P.H, h = bh % P.H, hk = h / P.rep;
       const int64_t i0 = qt * kBr, br = std::min(kBr, P.T_ - i0);
       T* orow = o.row(b, h, i0);
       const int64_t kend = P.key_end(i0, br);
-      if (kend <= 0) o.zero(b, h, i0, br, P.dv);  // else the first key tile's P·V writes every row (beta 0)
+      if (kend <= 0) o.zero(b, h, i0, br, P.dv);             // else the first key tile's P·V writes every row (beta 0)
+      prefetch_rows(P.q.row(b, h, i0), P.q.ld, 0, br, P.d);  // (read by the first S product, after K's transpose)
       std::fill(m, m + br, ninf);
       std::fill(l, l + br, T(0));
       const bool* kp = P.kp_row(b);
       for (int64_t j0 = 0; j0 < kend; j0 += kBc) {
         const int64_t bc = std::min(kBc, kend - j0);
         const bool nn = br >= kMinRowsT;
-        if (nn) K.transpose(P.k.row(b, hk, j0), P.k.ld, kt, kBc, bc, P.d);
+        const bool fused = nn && !kp && !P.madd && !P.mkeep;  // the softmax step in the S product's epilogue
+        const int64_t jt = j0 / kBc;
+        T* kt = kts + (jt % slots) * P.d * kBc;
+        if (nn && tag[jt % slots] != (b * P.Hkv + hk) * nkt + jt) {  // the whole tile, whatever this query tile sees of it
+          K.transpose(P.k.row(b, hk, j0), P.k.ld, kt, kBc, std::min(kBc, P.S - j0), P.d);
+          tag[jt % slots] = (b * P.Hkv + hk) * nkt + jt;
+        }
+        prefetch_rows(P.v.row(b, hk, j0), P.v.ld, 0, bc, P.dv);  // (read by the P·V products, after S)
         for_diag_blocks(P, kDiagRows, i0, br, j0, bc, [&](int64_t r0, int64_t rb, int64_t bcs) {
           const int64_t ii = i0 + r0;
-          if (nn)
-            K.mm(false, false, rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, kt, kBc, T(0), s, kBc);
-          else
-            K.mm(false, true, rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBc);
           const bool diag = P.causal && j0 + bcs - 1 > P.pos0 + ii;  // some key of the block is hidden from its row 0
           T* ob = orow + r0 * o.ld;
           const bool first = j0 == 0;  // every block of key tile 0 sees a key: its product writes the rows
-          K.softmax(s, kBc, rb, bcs, ii, j0, diag, P.pos0, kp, P.tile_mask(b, h, ii, j0), m + r0, l + r0, first ? nullptr : ob, o.ld, P.dv);
+          if (fused && K.mm_softmax(rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, kt, kBc, s, kBc, m + r0, mn, rsum,
+                                    diag ? P.pos0 + ii - j0 + 1 : bcs)) {
+            K.update(m + r0, l + r0, mn, rsum, first ? nullptr : ob, o.ld, rb, P.dv);
+          } else {
+            if (nn)
+              K.mm(false, false, rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, kt, kBc, T(0), s, kBc);
+            else
+              K.mm(false, true, rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBc);
+            K.softmax(s, kBc, rb, bcs, ii, j0, diag, P.pos0, kp, P.tile_mask(b, h, ii, j0), m + r0, l + r0, first ? nullptr : ob, o.ld,
+                      P.dv);
+          }
           K.mm(false, false, rb, P.dv, bcs, T(1), s, kBc, P.v.row(b, hk, j0), P.v.ld, T(first ? 0 : 1), ob, o.ld);
         });
       }
@@ -640,10 +951,14 @@ template <class T> void backward_key_tile(const Branches<T>& X, const TileKernel
   T* dv_t = dv.row(b, hk, j0);
   const int64_t i_first = P.causal ? std::max<int64_t>(0, j0 - P.pos0) : 0;  // queries that see key j0 or later
   const bool nn = P.rep * (P.T_ - i_first) >= kMinRowsT;                     // enough query rows: Kᵀ and Vᵀ of the tile, NN products
+  for (int x = 0; x < X.n; ++x)                                              // the first block's q rows (read after the transposes)
+    prefetch_rows(X.P[x]->q.row(b, hk * P.rep, 0), X.P[x]->q.ld, i_first, std::min(P.T_, i_first + 16), P.d);
   if (nn) {
     for (int x = 0; x < X.n; ++x) K.transpose(X.P[x]->k.row(b, hk, j0), X.P[x]->k.ld, w.kt[x], kBcB, bc, P.d);
     K.transpose(P.v.row(b, hk, j0), P.v.ld, w.vt, kBcB, bc, P.dv);
   }
+  // The row work in the products' epilogues where the f32 kernels run them (NN form, no padding, no user mask).
+  const bool fused = nn && !kp && !P.madd && !P.mkeep;
   bool kv_written = false;
   for (int64_t hr = 0; hr < P.rep; ++hr) {
     const int64_t h = hk * P.rep + hr, bh = b * P.H + h;
@@ -657,13 +972,20 @@ template <class T> void backward_key_tile(const Branches<T>& X, const TileKernel
           kv_written = true;
         }
         const bool diag = P.causal && j0 + n - 1 > P.pos0 + i0;
+        prefetch_rows(g.row(b, h, i0), g.ld, 0, br, P.dv);  // (dO: read by dV += Pᵀ dO, after the S products)
+        for (int x = 0; x < X.n; ++x)                       // the next 16 rows of q (the next block's S product)
+          prefetch_rows(X.P[x]->q.row(b, h, 0), X.P[x]->q.ld, std::min(P.T_, i0 + br), std::min(P.T_, i0 + br + 16), P.d);
         for (int x = 0; x < X.n; ++x) {  // P_x = exp(S_x − LSE_x)
           const Problem<T>& Px = *X.P[x];
+          const T* lse = X.lse[x] + bh * P.T_ + i0;
+          if (fused && K.mm_probs(br, n, P.d, P.scale, Px.q.row(b, h, i0), Px.q.ld, w.kt[x], kBcB, w.s[x], kBcB, lse,
+                                  diag ? P.pos0 + i0 - j0 + 1 : n))
+            continue;
           if (nn)
             K.mm(false, false, br, n, P.d, P.scale, Px.q.row(b, h, i0), Px.q.ld, w.kt[x], kBcB, T(0), w.s[x], kBcB);
           else
             K.mm(false, true, br, n, P.d, P.scale, Px.q.row(b, h, i0), Px.q.ld, Px.k.row(b, hk, j0), Px.k.ld, T(0), w.s[x], kBcB);
-          K.probs(w.s[x], kBcB, br, n, X.lse[x] + bh * P.T_ + i0, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0));
+          K.probs(w.s[x], kBcB, br, n, lse, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0));
         }
         const T* grow = g.row(b, h, i0);
         const T* pv = w.s[0];
@@ -672,13 +994,25 @@ template <class T> void backward_key_tile(const Branches<T>& X, const TileKernel
           pv = w.dp;
         }
         K.mm(true, false, n, P.dv, br, T(1), pv, kBcB, grow, g.ld, kv_beta, dv_t, dv.ld);  // dV += Pᵀ dO
-        if (nn)
+        bool ds_done = false;  // dS (scaled) of every branch, from dP = dO Vᵀ in the product's epilogue
+        if constexpr (std::is_same_v<T, float>) {
+          if (fused) {
+            const bool two = X.n == 2;
+            const EpDs e{X.D[0] + bh * P.T_ + i0,         X.dsf[0] * P.scale,
+                         two ? w.s[1] : nullptr,          two ? X.D[1] + bh * P.T_ + i0 : nullptr,
+                         two ? X.dsf[1] * P.scale : 0.0f, kBcB};
+            ds_done = K.mm_ds(br, n, P.dv, grow, g.ld, w.vt, kBcB, w.s[0], kBcB, e);
+          }
+        }
+        if (ds_done) {
+        } else if (nn) {
           K.mm(false, false, br, n, P.dv, T(1), grow, g.ld, w.vt, kBcB, T(0), w.dp, kBcB);  // dP = dO Vᵀ
-        else
+        } else {
           K.mm(false, true, br, n, P.dv, T(1), grow, g.ld, P.v.row(b, hk, j0), P.v.ld, T(0), w.dp, kBcB);
+        }
         for (int x = 0; x < X.n; ++x) {
           const Problem<T>& Px = *X.P[x];
-          K.ds(w.s[x], w.dp, kBcB, br, n, X.D[x] + bh * P.T_ + i0, X.dsf[x] * P.scale);  // dS (scaled)
+          if (!ds_done) K.ds(w.s[x], w.dp, kBcB, br, n, X.D[x] + bh * P.T_ + i0, X.dsf[x] * P.scale);  // dS (scaled)
           K.mm(true, false, n, P.d, br, T(1), w.s[x], kBcB, Px.q.row(b, h, i0), Px.q.ld, kv_beta, X.dk[x].row(b, hk, j0),
                X.dk[x].ld);  // dK += dSᵀ Q
           K.mm(false, false, br, P.d, n, T(1), w.s[x], kBcB, Px.k.row(b, hk, j0), Px.k.ld, T(dq_first ? 0 : 1), dq[x].row(b, h, i0),
@@ -730,13 +1064,13 @@ template <class T> void backward(Branches<T> X, const Rows<T>& o, const Rows<T>*
   const bool per_unit = units >= nt_max;  // enough (batch, kv head) units: no shared dQ rows
   const int nt = per_unit ? threads_for(units) : nt_max;
   const size_t tile = BwdScratch<T>::size(X.n, P.d, P.dv);
-  std::vector<T> scratch(static_cast<size_t>(nt) * tile);
+  HostStorage scratch(static_cast<size_t>(nt) * tile * sizeof(T));  // written before read: not zeroed
   const size_t nq = static_cast<size_t>(rows * P.d);
   std::vector<T> priv(per_unit ? 0 : static_cast<size_t>(nt * X.n) * nq, T(0));
 #pragma omp parallel num_threads(nt)
   {
     const int tid = omp_get_thread_num();
-    const BwdScratch<T> w(scratch.data() + static_cast<size_t>(tid) * tile, X.n, P.d);
+    const BwdScratch<T> w(scratch.as<T>() + static_cast<size_t>(tid) * tile, X.n, P.d);
     if (per_unit) {  // a unit owns dk, dv of (b, hk) and dq of its group's query heads, written by its first products
 #pragma omp for schedule(dynamic, 1)
       for (int64_t u = 0; u < units; ++u) {

@@ -4,6 +4,7 @@
 //   MHA:  B = 8, H = 4, d = 64 (d_model 256, 4 heads) at T = 128, 512, 1024
 //   Diff: B = 8, h = 4, d = 32, dv = 2d = 64 (d_model 256): O = FA(q1, k1, v) − λ FA(q2, k2, v)
 //   MHA_hd (fused only): d_model 256 at head dim 32 / 128 / 64 and T 64..2048 (B 2 from T 1024)
+//   DiffNorm (fused only): nn::diff_attention_norm as the d256 diff model runs it (h = 2, d = 64, dv = 128)
 // Counters: saved_MiB = bytes the autograd graph keeps for backward (fused: q, k, v, O, LSE; decomposed:
 // q, k, v and the [B, H, T, S] probabilities, which both softmax and the P·V matmul keep), and
 // transient_MiB = the largest [B, H, T, S]-sized buffers the decomposed forward allocates
@@ -14,6 +15,7 @@
 #include <kiln/autograd/var.hpp>
 #include <kiln/backends/cpu/cpu.hpp>
 #include <kiln/nn/attention.hpp>
+#include <kiln/nn/diff_attention.hpp>
 
 using namespace kiln;
 using T = Tensor<Cpu>;
@@ -84,6 +86,22 @@ void BM_Diff(benchmark::State& st, bool fused) {
   set_counters(st, Tn, d, 2 * d, 2, fused);
 }
 
+// The d256 diff model's attention (kiln train, attention "diff", n_heads 2): nn::diff_attention_norm,
+// the one fused op for both softmax maps and the head-wise norm; B = 8, h = 2, d = 64, dv = 128, causal.
+void BM_DiffNorm(benchmark::State& st) {
+  const int64_t Tn = st.range(0), h = 2, d = 64, dv = 128;
+  Generator gen(5);
+  V q(T::randn({kB, h, 2, Tn, d}, DType::f32, &gen), true), k(T::randn({kB, h, 2, Tn, d}, DType::f32, &gen), true);
+  V v(T::randn({kB, h, Tn, dv}, DType::f32, &gen), true), lam(T::scalar(0.3), true), w(T::ones({dv}, DType::f32), true);
+  const T g = T::randn({kB, h, Tn, dv}, DType::f32, &gen);
+  for (auto _ : st) {
+    const V o = nn::diff_attention_norm(q, k, v, lam, w, 1e-5, 0.2, true, 0);
+    o.backward(g);
+    benchmark::DoNotOptimize(q.grad().storage().get());
+    for (V* x : {&q, &k, &v, &lam, &w}) x->zero_grad();
+  }
+}
+
 void BM_MHA_forward(benchmark::State& st, bool fused) {  // inference: no graph
   const int64_t Tn = st.range(0), d = 64;
   Generator gen(3);
@@ -103,6 +121,7 @@ BENCHMARK_CAPTURE(BM_MHA, decomposed, false)->Arg(128)->Arg(512)->Arg(1024)->Uni
 BENCHMARK(BM_MHA_hd)->Args({64, 32})->Args({128, 32})->Args({512, 128})->Args({2048, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_Diff, fused, true)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_Diff, decomposed, false)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_DiffNorm)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MHA_forward, fused, true)->Arg(128)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MHA_forward, decomposed, false)->Arg(128)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
 

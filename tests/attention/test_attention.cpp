@@ -665,6 +665,52 @@ TEMPLATE_TEST_CASE("diff_attention: fused forward and backward match two decompo
   for (const Case& c : diff_cases()) check_diff_case<TestType>(c, DType::f32, seed++, 0.45);
 }
 
+// ---- the Cpu kernel's row work in its tile products' epilogues (backends/cpu/attention.cpp: the
+// backward's P = exp(S − LSE) and dS, and on AVX-512 the forward's online-softmax step) runs the
+// formulas of the row passes that tiles with key padding or a mask take, in the same order. An
+// all-true key padding sends the same inputs through those passes: every output and gradient must
+// come out bit for bit the same. The tile cases (ragged tiles, every causal key count, KV-cache
+// offsets, GQA, strided views) for attention and for both branches of differential attention; at the
+// best ISA here, at AVX2 by the isa-avx2 entry and at baseline (no epilogues: trivially equal).
+// One thread: with fewer (batch, kv head) units than threads the backward sums dQ from per-thread
+// buffers whose share of the key tiles depends on timing, which changes dq's last bits between runs.
+TEMPLATE_TEST_CASE("attention: the tile products' epilogues equal the separate row passes bit for bit (f32)", "[attention][tile]", Cpu) {
+  using T = Tensor<TestType>;
+  const kt::Tol exact{0.0, 0.0};
+  struct OneThread {
+    int n0 = num_threads();
+    OneThread() { set_num_threads(1); }
+    ~OneThread() { set_num_threads(n0); }
+  } one_thread;
+  uint64_t seed = 950;
+  for (Case c : kTileCases) {
+    c.padding = false;
+    INFO(c.str());
+    Inputs<TestType> in = make_inputs<TestType>(c, DType::f32, seed++);
+    const Result fused = run(in, c, DType::f32, true);
+    in.kp = T::ones({c.B, c.S}, DType::boolean);
+    const Result passes = run(in, c, DType::f32, true);
+    compare(fused.o, passes.o, exact, "O");
+    compare(fused.dq, passes.dq, exact, "dq");
+    compare(fused.dk, passes.dk, exact, "dk");
+    compare(fused.dv, passes.dv, exact, "dv");
+  }
+  for (Case c : kTileCases) {
+    if (c.layout == 2) c.layout = 0;
+    c.padding = false;
+    INFO("differential " << c.str());
+    Inputs<TestType> in = make_diff_inputs<TestType>(c, DType::f32, seed++).second;
+    const DiffResult fused = run_diff(in, c, 0.45, DType::f32, true);
+    in.kp = T::ones({c.B, c.S}, DType::boolean);
+    const DiffResult passes = run_diff(in, c, 0.45, DType::f32, true);
+    compare(fused.o, passes.o, exact, "O");
+    compare(fused.dq, passes.dq, exact, "dq (both branches)");
+    compare(fused.dk, passes.dk, exact, "dk (both branches)");
+    compare(fused.dv, passes.dv, exact, "dv");
+    compare(fused.dlam, passes.dlam, exact, "dλ");
+  }
+}
+
 TEMPLATE_TEST_CASE("diff_attention: gradcheck in q, k, v and lambda (f64 finite differences)", "[attention][diff]", KILN_BACKEND_TYPES) {
   Generator gen(31);
   using T = Tensor<TestType>;
