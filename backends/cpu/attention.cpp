@@ -21,8 +21,9 @@
 // tile 0 reaches every query row), and only rows no product reaches are zeroed. The forward's O rows
 // likewise come from key tile 0's P V with beta 0, not from a memset. When
 // there are fewer (batch, kv head) units than threads (e.g. B = 1, one kv head, long sequences), the
-// units become (batch, kv head, key tile) and each thread accumulates dQ in a private buffer that is
-// summed at the end.
+// units become (batch, kv head, key tile), dealt to the threads round robin (not dynamically, so that
+// the result does not depend on timing), and each thread accumulates dQ in a private buffer; the
+// buffers are summed in thread order at the end.
 //
 // A causal tile that crosses the diagonal is cut into blocks of query rows, each multiplied against
 // only the keys its last row can see (for_diag_blocks), so the products skip most of the hidden triangle.
@@ -1084,7 +1085,9 @@ template <class T> void backward(Branches<T> X, const Rows<T>& o, const Rows<T>*
       OutRows<T> mine[2];
       for (int x = 0; x < X.n; ++x)
         mine[x] = OutRows<T>(priv.data() + static_cast<size_t>(tid * X.n + x) * nq, P.H * P.T_ * P.d, P.T_ * P.d, P.d, P.d);
-#pragma omp for schedule(dynamic, 1)
+        // static: which key tiles a thread adds into its dQ buffer must not depend on timing, or dq's
+        // last bits would change from run to run (the buffers are summed in thread order below)
+#pragma omp for schedule(static, 1)
       for (int64_t wi = 0; wi < units * nkt; ++wi) {
         const int64_t u = wi / nkt, jt = wi % nkt, b = u / P.Hkv, hk = u % P.Hkv;
         backward_key_tile(X, K, g, b, hk, jt * kBcB, dv, mine, false, w);
