@@ -344,7 +344,8 @@ namespace detail {
 // registration then finds the profiler stopped and does nothing.
 void rearm_exit_report_after_device_init() noexcept {
   static std::atomic<bool> done{false};
-  if (!g_env_started || done.exchange(true)) return;
+  // (a plain load first: this runs for every timed device op, the exchange only until it has happened)
+  if (!g_env_started || done.load(std::memory_order_relaxed) || done.exchange(true)) return;
   std::atexit(exit_report);
 }
 }  // namespace detail
