@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace kt {
@@ -23,5 +24,14 @@ inline CommandResult run_command(const std::string& cmd) {
   const int st = ::pclose(p);
   return {WEXITSTATUS(st), out};
 }
+
+#ifdef KILN_CLI
+// The `kiln` binary: KILN_TEST_CLI where set (the emulated-device build runs its own, tests/cuda_emu),
+// else the one built beside the tests.
+inline std::string kiln_cli() {
+  const char* e = std::getenv("KILN_TEST_CLI");
+  return e && *e ? e : KILN_CLI;
+}
+#endif
 
 }  // namespace kt

@@ -13,6 +13,7 @@
 
 #include <kiln/backends/backends.hpp>
 #include <kiln/formats/safetensors.hpp>
+#include "common/run.hpp"
 #include "ref.hpp"
 
 using namespace kiln;
@@ -29,12 +30,7 @@ std::vector<json> read_log(const fs::path& p) {
   return out;
 }
 
-// The `kiln` binary: KILN_TEST_CLI where set (the emulated-device build runs its own, tests/cuda_emu),
-// else the one built beside this test.
-std::string kiln_cli() {
-  const char* e = std::getenv("KILN_TEST_CLI");
-  return e && *e ? e : KILN_CLI;
-}
+using kt::kiln_cli;
 
 int run_kiln(const std::string& args) {
   const std::string cmd = fmt::format("KILN_NUM_THREADS=2 {} {} >/dev/null", kiln_cli(), args);

@@ -356,8 +356,7 @@ TEST_CASE("profile: Cuda ops are timed by events on kiln's stream, resolved when
 // emulated device models that teardown (tests/cuda_emu/emu_cudart.cpp), so this fails there as well
 // when the report is not re-armed after the runtime's initialisation (core/profile.cpp).
 TEST_CASE("profile: KILN_PROFILE=1's exit report keeps the device times of Cuda ops", "[profile][cuda]") {
-  const char* cli_env = std::getenv("KILN_TEST_CLI");  // the emulated-device build's own `kiln`
-  const std::string cli = cli_env && *cli_env ? cli_env : KILN_CLI;
+  const std::string cli = kt::kiln_cli();  // the emulated-device build's own `kiln` there
   const std::string dir = temp_path("cuda-exit");
   std::filesystem::create_directories(dir);
   const std::string text = dir + "/text.txt", tok = dir + "/tok.safetensors", trace = dir + "/env.json";
