@@ -12,7 +12,7 @@ namespace kiln {
 namespace {
 
 constexpr size_t kAlign = 64;
-constexpr size_t kLarge = size_t{1} << 20;  // blocks from here on are cached
+constexpr size_t kLarge = size_t{64} << 10;  // blocks from here on are cached (host_alloc.hpp)
 
 // The size class of a large request: rounded up to a quarter of its power of two.
 size_t size_class(size_t bytes) {

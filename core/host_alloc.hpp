@@ -2,13 +2,15 @@
 // Host memory for the Reference and Cpu backends' storages: 64-byte aligned blocks, with a cache of
 // freed large blocks.
 //
-// A training step allocates and frees the same large activations and gradients every time. Handed
-// back to the C library, a block of megabytes goes back to the kernel (munmap, or a trim of the heap)
+// A training step allocates and frees the same activations and gradients every time. Handed back to
+// the C library, a block of hundreds of KiB goes back to the kernel (munmap, or a trim of the heap)
 // and the next step pays a page fault and a zeroed page for every 4 KiB of it again: a third of a small
-// CNN's step went there. So blocks of at least 1 MiB are rounded up to a size class (4 per power of
-// two: at most 25% more than asked) and, when freed, kept for the next request of their class, up to
-// a cap on the bytes kept (KILN_HOST_CACHE_MB, default 2048; 0 turns the cache off). Smaller blocks go
-// straight to aligned_alloc/free. A failed allocation empties the cache and tries once more.
+// CNN's step went there, and a d256 GPT step still took ~400 faults per step in blocks under 1 MiB
+// while the cache started at 1 MiB. So blocks of at least 64 KiB are rounded up to a size
+// class (4 per power of two: at most 25% more than asked) and, when freed, kept for the next request
+// of their class, up to a cap on the bytes kept (KILN_HOST_CACHE_MB, default 2048; 0 turns the cache
+// off). Smaller blocks go straight to aligned_alloc/free. A failed allocation empties the cache and
+// tries once more.
 // Thread-safe. Memory from the cache is not zeroed (neither is aligned_alloc's); KILN_HOST_POISON=1
 // fills every block with 0xFF bytes (NaN floats) instead, which the tests use to catch outputs a kernel
 // leaves partly unwritten.
