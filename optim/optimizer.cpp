@@ -58,6 +58,17 @@ template <Backend B> void Optimizer<B>::zero_grad() {
     for (auto& [n, p] : g.params) p.zero_grad();
 }
 
+template <Backend B> void Optimizer<B>::step_scaled(double grad_scale) {
+  KILN_CHECK(std::isfinite(grad_scale), "optimizer: step_scaled needs a finite grad_scale, got {}", grad_scale);
+  if (grad_scale != 1) {
+    NoGrad ng;
+    for (auto& g : groups_)
+      for (auto& [n, p] : g.params)
+        if (Tensor<B> grad = p.grad(); grad.defined()) grad.mul_(grad_scale);
+  }
+  step();
+}
+
 template <Backend B> void Optimizer<B>::set_lr(double lr) {
   KILN_CHECK(lr >= 0, "optimizer: lr must be >= 0, got {}", lr);
   for (auto& g : groups_) g.lr = lr;
@@ -151,11 +162,15 @@ template <Backend B> Adam<B>::Adam(std::vector<ParamGroup<B>> groups, AdamOption
 
 template <Backend B> std::vector<std::string> Adam<B>::buffer_names() const { return {"exp_avg", "exp_avg_sq"}; }
 
-template <Backend B> void Adam<B>::step() {
+// step() and step_scaled(): the gradient scale goes to the fused update (core/fused_optim.hpp), which
+// stores g·grad_scale back into each gradient as it reads it.
+template <Backend B> void Adam<B>::update(double grad_scale) {
+  KILN_CHECK(std::isfinite(grad_scale), "optimizer: step_scaled needs a finite grad_scale, got {}", grad_scale);
   const profile::Scope prof(o_.decoupled ? "optimizer.step(AdamW)" : "optimizer.step(Adam)", "optim");
   NoGrad ng;
   const int64_t t = ++this->steps_;
   fused::AdamHyper h{.beta1 = o_.beta1, .beta2 = o_.beta2, .eps = o_.eps, .decoupled = o_.decoupled};
+  h.grad_scale = grad_scale;
   h.bc2_sqrt = std::sqrt(1.0 - std::pow(o_.beta2, static_cast<double>(t)));
   for (auto& g : this->groups_) {
     // the group's beta1 when a scheduler cycles it, in the bias correction too (as PyTorch)

@@ -45,6 +45,12 @@ template <Backend B> class Optimizer {
 
   // One update of every parameter that has a gradient (parameters without one are skipped, as in PyTorch).
   virtual void step() = 0;
+  // step() on scaled gradients (kiln::fit's gradient clip): every gradient of this optimizer's parameters
+  // is multiplied in place, as g.mul_(grad_scale) would, and the update reads the product. Afterwards
+  // .grad() holds the scaled gradient, as after clip_grad_norm and step(). The default runs exactly
+  // those muls, then step(); Adam and AdamW apply the scale inside their fused update (one pass over the
+  // gradients, not one mul per parameter; the same floats, bit for bit).
+  virtual void step_scaled(double grad_scale);
   void zero_grad();
   void set_lr(double lr);  // every group
   std::vector<ParamGroup<B>>& groups() { return groups_; }
@@ -136,7 +142,8 @@ template <Backend B> class Adam : public Optimizer<B> {
  public:
   Adam(std::vector<ParamGroup<B>> groups, AdamOptions o);
   Adam(const NamedParams<B>& params, AdamOptions o) : Adam(decay_groups(params, o.lr, o.weight_decay), o) {}
-  void step() override;
+  void step() override { update(1.0); }
+  void step_scaled(double grad_scale) override { update(grad_scale); }
   // AdamW records "adamw", Adam "adam": their state is the same, their updates are not.
   std::string kind() const override { return o_.decoupled ? "adamw" : "adam"; }
   std::string momentum_kind() const override { return "beta1"; }
@@ -144,6 +151,7 @@ template <Backend B> class Adam : public Optimizer<B> {
  private:
   std::string legacy_kind() const override { return "adam"; }  // both, until 2026-11-26
   std::vector<std::string> buffer_names() const override;
+  void update(double grad_scale);
   AdamOptions o_;
 };
 

@@ -43,8 +43,9 @@
 //      non-finite gradient; skip zeroes the gradients, makes no update, counts the step and logs it
 //      ("skipped": true), and the weights stay as they were;
 //   6. otherwise clipping (grad_clip > 0: gradients × min(1, clip / (norm + 1e-6)), exactly
-//      optim::clip_grad_norm), opt.step() and options.ema->update(); then options.scheduler->step()
-//      (also after a skipped step);
+//      optim::clip_grad_norm: opt.step_scaled(coef), which Adam/AdamW fold into their fused update;
+//      .grad() holds the clipped gradients afterwards either way), opt.step() and
+//      options.ema->update(); then options.scheduler->step() (also after a skipped step);
 //   7. evaluation when (s + 1) % eval_every == 0 or s is the run's last step (eval_every = 0: the
 //      last step only), on the EMA weights when options.ema is set; a ReduceLROnPlateau scheduler
 //      steps with its loss; then the on_eval callbacks. With eval_at_start (off by default, as
