@@ -18,6 +18,8 @@
 //   sum_squares(MutView out, const std::vector<View>& xs)
 // writing the f64 scalar out from contiguous f32/f64 tensors; the composite is to(f64).square().sum()
 // per tensor (five passes over each gradient and an f64 copy of it, where the kernel reads it once).
+// Either way the tensors' own sums are added in list order, so the sum over a list of fusable tensors
+// equals, bit for bit, the in-order sum of sum_squares of each alone (optim::GradNormHooks relies on it).
 #include <cmath>
 #include <vector>
 

@@ -207,6 +207,41 @@ template <Backend B> double grad_norm(const std::vector<Var<B>>& params) {
   return std::sqrt(item<double>(fused::sum_squares(grads)));
 }
 
+template <Backend B> GradNormHooks<B>::GradNormHooks(std::vector<Var<B>> params) : params_(std::move(params)), squares_(params_.size()) {
+  for (size_t i = 0; i < params_.size(); ++i)
+    hooks_.push_back(params_[i].register_post_accumulate_hook([this, i](const Tensor<B>& g) {
+      if (pass_ != 0 && autograd::backward_pass_count() == pass_ && g.defined() && g.numel())
+        squares_[i] = fused::sum_squares(std::vector<Tensor<B>>{g});
+    }));
+}
+
+template <Backend B> GradNormHooks<B>::~GradNormHooks() {
+  for (size_t i = 0; i < hooks_.size(); ++i) params_[i].remove_post_accumulate_hook(hooks_[i]);
+}
+
+template <Backend B> void GradNormHooks<B>::arm() {
+  for (auto& sq : squares_) sq = Tensor<B>();
+  pass_ = autograd::backward_pass_count() + 1;
+  for (const auto& p : params_)
+    if (p.node()->post_accumulate_hooks.size() != 1) pass_ = 0;  // another hook (or this parameter twice)
+}
+
+template <Backend B> double GradNormHooks<B>::norm() {
+  const bool taken = pass_ != 0 && autograd::backward_pass_count() == pass_;
+  pass_ = 0;
+  if (!taken) return grad_norm(params_);
+  Tensor<B> total;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor<B> g = params_[i].grad();
+    if (!g.defined() || !g.numel()) continue;
+    if ((g.dtype() != DType::f32 && g.dtype() != DType::f64) || !g.is_contiguous()) return grad_norm(params_);
+    const Tensor<B> sq = squares_[i].defined() ? squares_[i] : fused::sum_squares(std::vector<Tensor<B>>{g});
+    total = total.defined() ? total.add(sq) : sq;
+  }
+  for (auto& sq : squares_) sq = Tensor<B>();
+  return total.defined() ? std::sqrt(item<double>(total)) : 0.0;
+}
+
 template <Backend B> double clip_grad_norm(const std::vector<Var<B>>& params, double max_norm) {
   KILN_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got {}", max_norm);
   const double norm = grad_norm(params);
@@ -249,6 +284,7 @@ template <Backend B> void clip_grad_value(const std::vector<Var<B>>& params, dou
   template class Optimizer<B>;                                                                                        \
   template class SGD<B>;                                                                                              \
   template class Adam<B>;                                                                                             \
+  template class GradNormHooks<B>;                                                                                    \
   template double grad_norm<B>(const std::vector<Var<B>>&);                                                           \
   template double clip_grad_norm<B>(const std::vector<Var<B>>&, double);                                              \
   template std::vector<double> clip_grad_norm_per_group<B>(Optimizer<B>&, const std::vector<double>&);                \

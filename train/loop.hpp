@@ -37,7 +37,9 @@
 //      when m = 1). m = grad_accum, except at the end of a DataLoader epoch, where the window is
 //      the batches left (windows never straddle epochs). With equal-sized micro-batches and mean
 //      losses, k micro-batches of n give the gradient of one batch of k·n;
-//   4. hooks.after_backward; the global L2 norm of the gradients (before clipping, in double);
+//   4. hooks.after_backward; the global L2 norm of the gradients (before clipping, in double; taken
+//      in the window's last backward by optim::GradNormHooks, bit for bit optim::grad_norm's, unless
+//      f16 loss scaling or hooks.after_backward change the gradients after it);
 //   5. a non-finite loss or norm (with f16 loss scaling: unless it is an overflow, below): on_nonfinite
 //      = error throws a kiln::Error naming the step and the first parameter (dotted name) with a
 //      non-finite gradient; skip zeroes the gradients, makes no update, counts the step and logs it

@@ -5,9 +5,12 @@
 // 8 (AVX2 + FMA) or 16 (AVX-512) lanes of intrinsics, f64 and the baseline element by element (a kernel
 // with variants per instruction set, common.hpp).
 //
-// Sum of squares (the squared global gradient norm): the tensors' elements, concatenated logically,
-// are cut into fixed chunks of kSumChunk elements; each chunk's Σ x² is taken in f64 and the chunk sums
-// are added in chunk order. The chunks do not depend on the thread count, so neither does the result.
+// Sum of squares (the squared global gradient norm): each tensor is cut into chunks of kSumChunk
+// elements from its own start; each chunk's Σ x² is taken in f64 (the chunks split over the threads),
+// a tensor's chunk sums are added in order into its own sum, and the tensors' sums in tensor order.
+// The chunks do not depend on the thread count, so neither does the result; and the sum over a list
+// equals, bit for bit, the in-order sum of the tensors' sums taken one call each (kiln::fit takes each
+// gradient's in the backward, while it is still in cache: train/loop.cpp).
 #include <algorithm>
 #include <cmath>
 
@@ -126,6 +129,7 @@ template <class I, class T> double sumsq_range(const T* x, int64_t n) {
 }
 
 constexpr int64_t kSumChunk = 1 << 16;
+constexpr int64_t kSumGrain = 4;  // chunks
 
 // Calls f(i, lo, hi) for the pieces [lo, hi) of tensor i that make up [b, e) of the concatenation
 // (start: the prefix sums of the tensors' sizes).
@@ -143,32 +147,36 @@ template <class F> void for_pieces(const std::vector<int64_t>& start, int64_t b,
 void Cpu::sum_squares(M out, const std::vector<V>& xs) {
   KILN_CHECK(out.dtype == DType::f64 && out.layout.numel() == 1, "sum_squares: out must be one f64, got {} {}", out.dtype,
              shape_str(out.layout.shape));
-  std::vector<int64_t> start(xs.size() + 1, 0);
+  std::vector<int64_t> first(xs.size() + 1, 0);  // tensor i owns chunks [first[i], first[i + 1])
   for (size_t i = 0; i < xs.size(); ++i) {
     KILN_CHECK((xs[i].dtype == DType::f32 || xs[i].dtype == DType::f64) && xs[i].layout.is_contiguous(),
                "sum_squares: contiguous f32/f64 tensors only, got {} {} (tensor {})", xs[i].dtype, shape_str(xs[i].layout.shape), i);
-    start[i + 1] = start[i] + xs[i].layout.numel();
+    first[i + 1] = first[i] + (xs[i].layout.numel() + kSumChunk - 1) / kSumChunk;
   }
   const auto f32 = pick<sumsq_range<Baseline, float>, sumsq_range<Avx2, float>, sumsq_range<Avx512, float>>();
   const auto f64 = pick<sumsq_range<Baseline, double>, sumsq_range<Avx2, double>, sumsq_range<Avx512, double>>();
-  const int64_t chunks = (start.back() + kSumChunk - 1) / kSumChunk;
-  std::vector<double> part(static_cast<size_t>(chunks), 0.0);
+  std::vector<double> part(static_cast<size_t>(first.back()), 0.0);
+  // threads only from kSumGrain chunks each: one gradient's sum (kiln::fit takes them one by one in
+  // the backward, hot in cache) runs on the calling thread, not in a parallel region per parameter
   parallel_for(
-      chunks, std::max<int64_t>(1, kGrainCheap / kSumChunk),
+      first.back(), kSumGrain,
       [&](int64_t cb, int64_t ce) {
+        size_t i = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), cb) - first.begin()) - 1;
         for (int64_t c = cb; c < ce; ++c) {
-          double acc = 0;
-          for_pieces(start, c * kSumChunk, std::min(start.back(), (c + 1) * kSumChunk), [&](size_t i, int64_t lo, int64_t hi) {
-            const V& x = xs[i];
-            acc += x.dtype == DType::f32 ? f32(x.storage.as<float>() + x.layout.offset + lo, hi - lo)
-                                         : f64(x.storage.as<double>() + x.layout.offset + lo, hi - lo);
-          });
-          part[static_cast<size_t>(c)] = acc;
+          while (first[i + 1] <= c) ++i;
+          const V& x = xs[i];
+          const int64_t lo = (c - first[i]) * kSumChunk, n = std::min(kSumChunk, x.layout.numel() - lo);
+          part[static_cast<size_t>(c)] = x.dtype == DType::f32 ? f32(x.storage.as<float>() + x.layout.offset + lo, n)
+                                                               : f64(x.storage.as<double>() + x.layout.offset + lo, n);
         }
       },
       1);
   double total = 0;
-  for (double p : part) total += p;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    double s = 0;
+    for (int64_t c = first[i]; c < first[i + 1]; ++c) s += part[static_cast<size_t>(c)];
+    total += s;
+  }
   out.storage.as<double>()[out.layout.offset] = total;
 }
 

@@ -133,3 +133,80 @@ TEMPLATE_TEST_CASE("optimizers: step_scaled equals a mul_ per gradient then step
                         Catch::Contains("step_scaled") && Catch::Contains("nan"));
     }
 }
+
+TEMPLATE_TEST_CASE("sum_squares: a list's sum is the in-order sum of each tensor's own bit for bit", "[optim][fused][clip]",
+                   KILN_BACKEND_TYPES) {
+  using B = TestType;
+  Generator gen(9);
+  // sizes across the Cpu kernel's 65536-element chunks, f32 and f64, an empty tensor
+  std::vector<Tensor<B>> xs;
+  // (several multi-chunk tensors after the first: a sum that adds chunk sums straight into the running
+  // total, not each tensor's own sum, rounds differently)
+  for (int64_t n : {70000, 3, 65536, 0, 131073, 65535, 200000, 140001, 262144, 196608, 300001})
+    xs.push_back(Tensor<B>::randn({n}, n % 2 ? DType::f64 : DType::f32, &gen));
+  double want = 0;
+  for (const auto& x : xs) want += item<double>(fused::sum_squares(std::vector<Tensor<B>>{x}));
+  CHECK(item<double>(fused::sum_squares(xs)) == want);
+}
+
+namespace {
+
+// Two Linear-like layers on a leaf each, the loss a function of both, or of the second only.
+template <Backend B> struct TwoLayers {
+  Var<B> w1, w2, b2;
+  explicit TwoLayers(Generator& g)
+      : w1(Tensor<B>::randn({300, 260}, DType::f32, &g).mul(0.05), true),
+        w2(Tensor<B>::randn({260, 70}, DType::f32, &g).mul(0.05), true),
+        b2(Tensor<B>::randn({70}, DType::f32, &g), true) {}
+  std::vector<Var<B>> params() const { return {w1, w2, b2}; }
+  Var<B> loss(const Tensor<B>& x, bool first_layer) const {
+    const Var<B> h = first_layer ? Var<B>(x).matmul(w1).tanh() : Var<B>(x.narrow(1, 0, 260));
+    return h.matmul(w2).add(b2).square().mean();
+  }
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("GradNormHooks: the norm taken in the backward equals grad_norm bit for bit", "[optim][clip]", KILN_BACKEND_TYPES) {
+  using B = TestType;
+  Generator gen(4);
+  TwoLayers<B> net(gen);
+  const Tensor<B> x = Tensor<B>::randn({16, 300}, DType::f32, &gen);
+  optim::GradNormHooks<B> hooks(net.params());
+  SECTION("one backward") {
+    hooks.arm();
+    net.loss(x, true).backward();
+    const double want = optim::grad_norm(net.params());
+    CHECK(hooks.norm() == want);
+    // read in the backward: a gradient changed afterwards is not seen (fit takes grad_norm then)
+    hooks.arm();
+    for (auto& p : net.params()) p.zero_grad();
+    net.loss(x, true).backward();
+    Tensor<B>(net.w1.grad()).mul_(2.0);
+    CHECK(hooks.norm() == want);
+    CHECK(optim::grad_norm(net.params()) != want);
+  }
+  SECTION("micro-batches: the last backward reaches only some parameters") {
+    net.loss(x, true).backward();  // w1's gradient comes from this one only
+    hooks.arm();
+    net.loss(x, false).backward();
+    CHECK(hooks.norm() == optim::grad_norm(net.params()));
+  }
+  SECTION("not armed, two backward passes since arm(), another hook: grad_norm itself") {
+    net.loss(x, true).backward();
+    CHECK(hooks.norm() == optim::grad_norm(net.params()));
+    hooks.arm();
+    net.loss(x, true).backward();
+    net.loss(x, false).backward();
+    CHECK(hooks.norm() == optim::grad_norm(net.params()));
+    const int64_t h = net.w2.register_post_accumulate_hook([](const Tensor<B>&) {});
+    for (auto& p : net.params()) p.zero_grad();
+    hooks.arm();
+    net.loss(x, true).backward();
+    const double want = optim::grad_norm(net.params());
+    Tensor<B>(net.w1.grad()).mul_(2.0);
+    CHECK(hooks.norm() == optim::grad_norm(net.params()));  // read now, not in the backward
+    CHECK(hooks.norm() != want);
+    net.w2.remove_post_accumulate_hook(h);
+  }
+}
