@@ -63,7 +63,7 @@
 
 // multi-tensor Adam/AdamW step (core/fused_optim.hpp)
 #define KILN_FUSED_ADAM                                                                                                     \
-  static void adam_step(const std::vector<M>& w, const std::vector<M>& m, const std::vector<M>& v, const std::vector<M>& g, \
+  static void adam_step(const std::vector<M>& w, const std::vector<M>& m, const std::vector<M>& v, const std::vector<V>& g, \
                         const fused::AdamHyper& h);
 
 // Σ x² over a list of tensors, in f64 (core/fused_optim.hpp)

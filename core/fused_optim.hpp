@@ -2,15 +2,14 @@
 // Multi-tensor Adam/AdamW step (see core/fused.hpp for the override pattern): one call updates every
 // parameter of a group, element by element in one pass over w, g, m, v (the composite takes eight
 // tensor ops per parameter, each a kernel launch or a parallel region):
-//   grad_scale ≠ 1: g ← g·grad_scale, stored back into g (kiln::fit's clip: the product g.mul_ stores)
-//   decoupled (AdamW): w ← w·(1 − lr·wd);   else (Adam): g ← g + wd·w   (this g is not stored)
+//   decoupled (AdamW): w ← w·(1 − lr·wd);   else (Adam): g ← g + wd·w
 //   m ← β1·m + (1 − β1)·g;   v ← β2·v + (1 − β2)·g²
 //   w ← w − (lr / bc1) · m / (√v / √bc2 + eps),   bc1 = 1 − β1^t, bc2 = 1 − β2^t
 // A backend overrides with
 //   adam_step(const std::vector<MutView>& w, const std::vector<MutView>& m, const std::vector<MutView>& v,
-//             const std::vector<MutView>& g, const AdamHyper& h)
-// receiving contiguous tensors, each quadruple of one shape and one dtype (f32 or f64); g is written
-// only when h.grad_scale ≠ 1. Others (half types, strided) take the composite path here.
+//             const std::vector<View>& g, const AdamHyper& h)
+// receiving contiguous tensors, each quadruple of one shape and one dtype (f32 or f64). Others (half
+// types, strided) take the composite path here.
 //
 // Multi-tensor sum of squares (the squared global norm of clip_grad_norm_): Σ over every tensor of
 // Σ x², each square and the sum in f64, returned as a [] f64 tensor on the device (nothing is read
@@ -18,8 +17,6 @@
 //   sum_squares(MutView out, const std::vector<View>& xs)
 // writing the f64 scalar out from contiguous f32/f64 tensors; the composite is to(f64).square().sum()
 // per tensor (five passes over each gradient and an f64 copy of it, where the kernel reads it once).
-// Either way the tensors' own sums are added in list order, so the sum over a list of fusable tensors
-// equals, bit for bit, the in-order sum of sum_squares of each alone (optim::GradNormHooks relies on it).
 #include <cmath>
 #include <vector>
 
@@ -30,8 +27,9 @@
 namespace kiln::fused {
 
 template <class B>
-concept HasAdam = requires(const std::vector<MutView<typename B::Storage>>& w, const AdamHyper& h) {
-  B::adam_step(w, w, w, w, h);
+concept HasAdam = requires(const std::vector<MutView<typename B::Storage>>& w, const std::vector<View<typename B::Storage>>& g,
+                           const AdamHyper& h) {
+  B::adam_step(w, w, w, g, h);
 };
 
 template <class B>
@@ -41,7 +39,6 @@ concept HasSumSquares = requires(MutView<typename B::Storage> out, const std::ve
 
 // The composite update of one parameter (also the oracle of the fused kernels).
 template <Backend B> void adam_step_composite(Tensor<B>& w, Tensor<B>& m, Tensor<B>& v, Tensor<B> grad, const AdamHyper& h) {
-  if (h.grad_scale != 1) grad.mul_(h.grad_scale);  // in place: the caller's gradient holds the scaled one after the step
   if (h.weight_decay != 0) {
     if (h.decoupled)
       w.mul_(1.0 - h.lr * h.weight_decay);
@@ -54,7 +51,7 @@ template <Backend B> void adam_step_composite(Tensor<B>& w, Tensor<B>& m, Tensor
   w.sub_(m.div(denom).mul(h.lr / h.bc1));
 }
 
-// Updates w[i], m[i], v[i] in place from g[i], for every i (and g[i] ← g[i]·h.grad_scale when that is not 1).
+// Updates w[i], m[i], v[i] in place from g[i], for every i.
 template <Backend B> void adam_step(const std::vector<Tensor<B>*>& w, const std::vector<Tensor<B>*>& m, const std::vector<Tensor<B>*>& v,
                                     const std::vector<Tensor<B>>& g, const AdamHyper& h) {
   KILN_CHECK(w.size() == m.size() && w.size() == v.size() && w.size() == g.size(), "adam_step: {} weights, {} m, {} v, {} gradients",
@@ -78,13 +75,14 @@ template <Backend B> void adam_step(const std::vector<Tensor<B>*>& w, const std:
   }
   if constexpr (HasAdam<B>) {
     if (fused_idx.empty()) return;
-    std::vector<MutView<typename B::Storage>> wv, mv, vv, gv;
+    std::vector<MutView<typename B::Storage>> wv, mv, vv;
+    std::vector<View<typename B::Storage>> gv;
     for (size_t i : fused_idx) {
       if (w[i]->numel() == 0) continue;
       wv.push_back(w[i]->mview());
       mv.push_back(m[i]->mview());
       vv.push_back(v[i]->mview());
-      gv.push_back(g[i].mview());  // the kernel stores g·grad_scale there (grad_scale ≠ 1)
+      gv.push_back(g[i].cview());
     }
     if (!wv.empty()) KILN_PROFILED("adam_step", wv, mv, vv, gv) B::adam_step(wv, mv, vv, gv, h);
   }

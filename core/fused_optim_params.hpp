@@ -8,9 +8,6 @@ struct AdamHyper {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   bool decoupled = true;
   double bc1 = 1, bc2_sqrt = 1;  // 1 − β1^t and √(1 − β2^t)
-  // Every gradient is first scaled in place, g ← g·grad_scale in g's dtype (the product g.mul_(grad_scale)
-  // stores: kiln::fit's gradient clip), and the step reads the scaled g; 1: g is read as it is and not written.
-  double grad_scale = 1;
 };
 
 }  // namespace kiln::fused

@@ -58,17 +58,6 @@ template <Backend B> void Optimizer<B>::zero_grad() {
     for (auto& [n, p] : g.params) p.zero_grad();
 }
 
-template <Backend B> void Optimizer<B>::step_scaled(double grad_scale) {
-  KILN_CHECK(std::isfinite(grad_scale), "optimizer: step_scaled needs a finite grad_scale, got {}", grad_scale);
-  if (grad_scale != 1) {
-    NoGrad ng;
-    for (auto& g : groups_)
-      for (auto& [n, p] : g.params)
-        if (Tensor<B> grad = p.grad(); grad.defined()) grad.mul_(grad_scale);
-  }
-  step();
-}
-
 template <Backend B> void Optimizer<B>::set_lr(double lr) {
   KILN_CHECK(lr >= 0, "optimizer: lr must be >= 0, got {}", lr);
   for (auto& g : groups_) g.lr = lr;
@@ -162,15 +151,11 @@ template <Backend B> Adam<B>::Adam(std::vector<ParamGroup<B>> groups, AdamOption
 
 template <Backend B> std::vector<std::string> Adam<B>::buffer_names() const { return {"exp_avg", "exp_avg_sq"}; }
 
-// step() and step_scaled(): the gradient scale goes to the fused update (core/fused_optim.hpp), which
-// stores g·grad_scale back into each gradient as it reads it.
-template <Backend B> void Adam<B>::update(double grad_scale) {
-  KILN_CHECK(std::isfinite(grad_scale), "optimizer: step_scaled needs a finite grad_scale, got {}", grad_scale);
+template <Backend B> void Adam<B>::step() {
   const profile::Scope prof(o_.decoupled ? "optimizer.step(AdamW)" : "optimizer.step(Adam)", "optim");
   NoGrad ng;
   const int64_t t = ++this->steps_;
   fused::AdamHyper h{.beta1 = o_.beta1, .beta2 = o_.beta2, .eps = o_.eps, .decoupled = o_.decoupled};
-  h.grad_scale = grad_scale;
   h.bc2_sqrt = std::sqrt(1.0 - std::pow(o_.beta2, static_cast<double>(t)));
   for (auto& g : this->groups_) {
     // the group's beta1 when a scheduler cycles it, in the bias correction too (as PyTorch)
@@ -205,41 +190,6 @@ template <Backend B> double grad_norm(const std::vector<Var<B>>& params) {
   grads.reserve(params.size());
   for (const auto& p : params) grads.push_back(p.grad());
   return std::sqrt(item<double>(fused::sum_squares(grads)));
-}
-
-template <Backend B> GradNormHooks<B>::GradNormHooks(std::vector<Var<B>> params) : params_(std::move(params)), squares_(params_.size()) {
-  for (size_t i = 0; i < params_.size(); ++i)
-    hooks_.push_back(params_[i].register_post_accumulate_hook([this, i](const Tensor<B>& g) {
-      if (pass_ != 0 && autograd::backward_pass_count() == pass_ && g.defined() && g.numel())
-        squares_[i] = fused::sum_squares(std::vector<Tensor<B>>{g});
-    }));
-}
-
-template <Backend B> GradNormHooks<B>::~GradNormHooks() {
-  for (size_t i = 0; i < hooks_.size(); ++i) params_[i].remove_post_accumulate_hook(hooks_[i]);
-}
-
-template <Backend B> void GradNormHooks<B>::arm() {
-  for (auto& sq : squares_) sq = Tensor<B>();
-  pass_ = autograd::backward_pass_count() + 1;
-  for (const auto& p : params_)
-    if (p.node()->post_accumulate_hooks.size() != 1) pass_ = 0;  // another hook (or this parameter twice)
-}
-
-template <Backend B> double GradNormHooks<B>::norm() {
-  const bool taken = pass_ != 0 && autograd::backward_pass_count() == pass_;
-  pass_ = 0;
-  if (!taken) return grad_norm(params_);
-  Tensor<B> total;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor<B> g = params_[i].grad();
-    if (!g.defined() || !g.numel()) continue;
-    if ((g.dtype() != DType::f32 && g.dtype() != DType::f64) || !g.is_contiguous()) return grad_norm(params_);
-    const Tensor<B> sq = squares_[i].defined() ? squares_[i] : fused::sum_squares(std::vector<Tensor<B>>{g});
-    total = total.defined() ? total.add(sq) : sq;
-  }
-  for (auto& sq : squares_) sq = Tensor<B>();
-  return total.defined() ? std::sqrt(item<double>(total)) : 0.0;
 }
 
 template <Backend B> double clip_grad_norm(const std::vector<Var<B>>& params, double max_norm) {
@@ -284,7 +234,6 @@ template <Backend B> void clip_grad_value(const std::vector<Var<B>>& params, dou
   template class Optimizer<B>;                                                                                        \
   template class SGD<B>;                                                                                              \
   template class Adam<B>;                                                                                             \
-  template class GradNormHooks<B>;                                                                                    \
   template double grad_norm<B>(const std::vector<Var<B>>&);                                                           \
   template double clip_grad_norm<B>(const std::vector<Var<B>>&, double);                                              \
   template std::vector<double> clip_grad_norm_per_group<B>(Optimizer<B>&, const std::vector<double>&);                \

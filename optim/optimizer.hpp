@@ -45,12 +45,6 @@ template <Backend B> class Optimizer {
 
   // One update of every parameter that has a gradient (parameters without one are skipped, as in PyTorch).
   virtual void step() = 0;
-  // step() on scaled gradients (kiln::fit's gradient clip): every gradient of this optimizer's parameters
-  // is multiplied in place, as g.mul_(grad_scale) would, and the update reads the product. Afterwards
-  // .grad() holds the scaled gradient, as after clip_grad_norm and step(). The default runs exactly
-  // those muls, then step(); Adam and AdamW apply the scale inside their fused update (one pass over the
-  // gradients, not one mul per parameter; the same floats, bit for bit).
-  virtual void step_scaled(double grad_scale);
   void zero_grad();
   void set_lr(double lr);  // every group
   std::vector<ParamGroup<B>>& groups() { return groups_; }
@@ -142,8 +136,7 @@ template <Backend B> class Adam : public Optimizer<B> {
  public:
   Adam(std::vector<ParamGroup<B>> groups, AdamOptions o);
   Adam(const NamedParams<B>& params, AdamOptions o) : Adam(decay_groups(params, o.lr, o.weight_decay), o) {}
-  void step() override { update(1.0); }
-  void step_scaled(double grad_scale) override { update(grad_scale); }
+  void step() override;
   // AdamW records "adamw", Adam "adam": their state is the same, their updates are not.
   std::string kind() const override { return o_.decoupled ? "adamw" : "adam"; }
   std::string momentum_kind() const override { return "beta1"; }
@@ -151,7 +144,6 @@ template <Backend B> class Adam : public Optimizer<B> {
  private:
   std::string legacy_kind() const override { return "adam"; }  // both, until 2026-11-26
   std::vector<std::string> buffer_names() const override;
-  void update(double grad_scale);
   AdamOptions o_;
 };
 
@@ -187,41 +179,13 @@ template <Backend B> KILN_API double clip_grad_norm(const std::vector<Var<B>>& p
 // min(1, max_norms[g] / (norm_g + 1e-6)), norm_g the L2 norm of that group's gradients alone. One
 // max_norm for every group, or one per group. Returns the norms before clipping, one per group.
 template <Backend B> KILN_API std::vector<double> clip_grad_norm_per_group(Optimizer<B>& opt, const std::vector<double>& max_norms);
-// The global gradient norm taken during the backward (what kiln::fit uses): a post-accumulate hook on
-// each parameter reads its gradient right after the pass's last accumulation into it, while it is
-// still in cache, so the norm needs no pass over every gradient from memory after the backward (on a
-// 2-core VM that pass is memory-bound, and a second thread does not speed it up). Usage: arm() just
-// before the backward whose gradients are final (the last micro-batch's), norm() after it. norm() is
-// grad_norm(params) bit for bit (the multi-tensor pass adds each gradient's own sum of squares in
-// parameter order, core/fused_optim.hpp): a gradient that pass did not reach is read then, and when the
-// armed pass did not run exactly once since arm(), another hook sits on a parameter (it might change
-// the gradient after ours read it), or a gradient is one the fused pass would not take (half type,
-// strided), norm() is grad_norm(params) itself. Gradients changed after the backward (an f16 unscale,
-// an all-reduce) are not seen: take grad_norm then. The hooks go with the object.
-template <Backend B> class GradNormHooks {
- public:
-  explicit GradNormHooks(std::vector<Var<B>> params);
-  ~GradNormHooks();
-  GradNormHooks(const GradNormHooks&) = delete;
-  GradNormHooks& operator=(const GradNormHooks&) = delete;
-  void arm();
-  double norm();
-
- private:
-  std::vector<Var<B>> params_;
-  std::vector<int64_t> hooks_;
-  std::vector<Tensor<B>> squares_;  // [] f64 per parameter, from the armed pass
-  uint64_t pass_ = 0;               // the armed pass's number (autograd::backward_pass_count); 0: none
-};
-
 // PyTorch's clip_grad_value_: every gradient element clamped to [-clip_value, clip_value].
 template <Backend B> KILN_API void clip_grad_value(const std::vector<Var<B>>& params, double clip_value);
 
 #define KILN_EXTERN(B)                \
   extern template class Optimizer<B>; \
   extern template class SGD<B>;       \
-  extern template class Adam<B>;      \
-  extern template class GradNormHooks<B>;
+  extern template class Adam<B>;
 KILN_FOR_EACH_BACKEND(KILN_EXTERN)
 #undef KILN_EXTERN
 

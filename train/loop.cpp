@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -148,10 +147,6 @@ template <Backend B> class Engine {
 
   std::vector<std::pair<std::string, Var<B>>> named_;
   std::vector<Var<B>> params_;
-  std::vector<Var<B>> outside_opt_;  // model parameters no optimizer group holds: the clip scales them itself
-  // The global norm taken in the window's last backward, each gradient read while it is in cache (off
-  // with f16 loss scaling and with an after_backward hook: the gradients change after the backward)
-  std::optional<optim::GradNormHooks<B>> norm_hooks_;
   std::vector<double> peaks_;
   int64_t k_ = 1, spe_ = 0, total_ = 0, start_ = 0, end_ = 0, skipped_ = 0;
   int64_t last_samples_ = 0, last_tokens_ = 0;  // of the last step, for the progress bar
@@ -491,13 +486,7 @@ template <Backend B> void Engine<B>::prepare() {
   if (o_.precision == DType::f16) scaler_.emplace(o_.loss_scale);
   named_ = model_.named_parameters();
   for (const auto& [n, p] : named_) params_.push_back(p);
-  std::set<const void*> held;
-  for (const auto& g : opt_.groups())
-    for (const auto& [n, p] : g.params) held.insert(p.node().get());
-  for (const auto& p : params_)
-    if (!held.count(p.node().get())) outside_opt_.push_back(p);
   for (const auto& g : opt_.groups()) peaks_.push_back(o_.lr > 0 ? o_.lr : g.lr);
-  if (!scaler_ && !o_.hooks.after_backward) norm_hooks_.emplace(params_);
 
   if (!o_.resume_path.empty()) {
     resume();
@@ -632,7 +621,6 @@ template <Backend B> typename Engine<B>::StepSums Engine<B>::run_window(int64_t 
       {
         const profile::Scope prof_bwd("fit.backward", "step");
         const double factor = (m == 1 ? 1.0 : 1.0 / static_cast<double>(m)) * (scaler_ ? scaler_->scale() : 1.0);
-        if (norm_hooks_ && j == m - 1) norm_hooks_->arm();  // the window's gradients are final after this backward
         if (factor == 1.0)
           out.loss.backward();
         else
@@ -661,7 +649,7 @@ template <Backend B> double Engine<B>::finish_gradients(double loss_scale) {
       Tensor<B> g = p.grad();
       if (g.defined()) g.mul_(1.0 / loss_scale);
     }
-  return norm_hooks_ ? norm_hooks_->norm() : optim::grad_norm(params_);  // the same bits either way
+  return optim::grad_norm(params_);
 }
 
 // The window's mean loss; with several processes the global loss, metrics and counts, the same on
@@ -694,18 +682,15 @@ template <Backend B> typename Engine<B>::Update Engine<B>::update(int64_t step, 
   const bool overflow = scaler_ && !finite && std::isfinite(loss) && scaler_->can_back_off();
   if (scaler_ && (finite || overflow)) scaler_->update(overflow);
   if (finite) {
-    // optim::clip_grad_norm's formula; the optimizer applies the scale as it reads the gradients
-    // (Optimizer::step_scaled: the same products as a mul_ per gradient, stored back into .grad())
-    const double coef = o_.grad_clip > 0 ? std::min(1.0, o_.grad_clip / (norm + 1e-6)) : 1.0;
-    if (coef < 1.0) {
-      for (const auto& p : outside_opt_) {
-        Tensor<B> g = p.grad();
-        if (g.defined()) g.mul_(coef);
-      }
-      opt_.step_scaled(coef);
-    } else {
-      opt_.step();
+    if (o_.grad_clip > 0) {
+      const double coef = std::min(1.0, o_.grad_clip / (norm + 1e-6));  // optim::clip_grad_norm's formula
+      if (coef < 1.0)
+        for (const auto& p : params_) {
+          Tensor<B> g = p.grad();
+          if (g.defined()) g.mul_(coef);
+        }
     }
+    opt_.step();
     if (ema_) ema_->update();
   } else if (o_.on_nonfinite == NonFinite::error && !overflow) {
     fail_nonfinite(step, loss, norm, loss_scale);

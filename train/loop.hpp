@@ -37,17 +37,14 @@
 //      when m = 1). m = grad_accum, except at the end of a DataLoader epoch, where the window is
 //      the batches left (windows never straddle epochs). With equal-sized micro-batches and mean
 //      losses, k micro-batches of n give the gradient of one batch of k·n;
-//   4. hooks.after_backward; the global L2 norm of the gradients (before clipping, in double; taken
-//      in the window's last backward by optim::GradNormHooks, bit for bit optim::grad_norm's, unless
-//      f16 loss scaling or hooks.after_backward change the gradients after it);
+//   4. hooks.after_backward; the global L2 norm of the gradients (before clipping, in double);
 //   5. a non-finite loss or norm (with f16 loss scaling: unless it is an overflow, below): on_nonfinite
 //      = error throws a kiln::Error naming the step and the first parameter (dotted name) with a
 //      non-finite gradient; skip zeroes the gradients, makes no update, counts the step and logs it
 //      ("skipped": true), and the weights stay as they were;
 //   6. otherwise clipping (grad_clip > 0: gradients × min(1, clip / (norm + 1e-6)), exactly
-//      optim::clip_grad_norm: opt.step_scaled(coef), which Adam/AdamW fold into their fused update;
-//      .grad() holds the clipped gradients afterwards either way), opt.step() and
-//      options.ema->update(); then options.scheduler->step() (also after a skipped step);
+//      optim::clip_grad_norm), opt.step() and options.ema->update(); then options.scheduler->step()
+//      (also after a skipped step);
 //   7. evaluation when (s + 1) % eval_every == 0 or s is the run's last step (eval_every = 0: the
 //      last step only), on the EMA weights when options.ema is set; a ReduceLROnPlateau scheduler
 //      steps with its loss; then the on_eval callbacks. With eval_at_start (off by default, as

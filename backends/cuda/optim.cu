@@ -2,7 +2,7 @@
 // are packed, up to kMaxTensors at a time, into one kernel argument block: each thread block updates
 // one tile of kTile elements of one tensor, so a model's hundreds of parameters take a handful of
 // launches instead of eight per parameter. Elementwise math in the tensor's dtype (f32 or f64), like
-// the Cpu backend's fused loop, with the gradient scale (fit's clip) applied and stored in the same pass.
+// the Cpu backend's fused loop.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -21,34 +21,16 @@ template <class T> struct AdamPack {
   T* w[kMaxTensors];
   T* m[kMaxTensors];
   T* v[kMaxTensors];
-  T* g[kMaxTensors];
+  const T* g[kMaxTensors];
   int64_t n[kMaxTensors];
   int64_t first_tile[kMaxTensors + 1];  // tile prefix sums: tensor i owns tiles [first_tile[i], first_tile[i+1])
   int count;
 };
 
 template <class T> struct AdamScalars {
-  T b1, b2, ob1, ob2, decay, wd, step, inv_bc2, eps, scale;
-  bool l2, dec, scaled;
+  T b1, b2, ob1, ob2, decay, wd, step, inv_bc2, eps;
+  bool l2, dec;
 };
-
-// g·scale rounded once, as the Cuda backend's mul stores it: never contracted into a later FMA (on the
-// device nvcc may fuse a product into an add it feeds; the emulator's host compiler keeps the stored
-// product apart).
-__device__ inline float mul_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-__device__ inline double mul_rn(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
 
 template <class T> __global__ void adam_kernel(const AdamPack<T> p, const AdamScalars<T> s) {
   const int64_t tile = blockIdx.x;
@@ -58,13 +40,9 @@ template <class T> __global__ void adam_kernel(const AdamPack<T> p, const AdamSc
   T* w = p.w[i];
   T* m = p.m[i];
   T* v = p.v[i];
-  T* g = p.g[i];
+  const T* g = p.g[i];
   for (int64_t k = lo + threadIdx.x; k < hi; k += blockDim.x) {
     T wi = w[k], gi = g[k];
-    if (s.scaled) {
-      gi = mul_rn(gi, s.scale);
-      g[k] = gi;
-    }
     if (s.dec) wi *= s.decay;
     if (s.l2) gi += s.wd * wi;
     const T mi = s.b1 * m[k] + s.ob1 * gi;
@@ -76,7 +54,7 @@ template <class T> __global__ void adam_kernel(const AdamPack<T> p, const AdamSc
 }
 
 template <class T> void launch_adam(const std::vector<size_t>& idx, const std::vector<Cuda::M>& w, const std::vector<Cuda::M>& m,
-                                    const std::vector<Cuda::M>& v, const std::vector<Cuda::M>& g, const fused::AdamHyper& h) {
+                                    const std::vector<Cuda::M>& v, const std::vector<Cuda::V>& g, const fused::AdamHyper& h) {
   AdamScalars<T> s{};
   s.b1 = static_cast<T>(h.beta1);
   s.b2 = static_cast<T>(h.beta2);
@@ -89,8 +67,6 @@ template <class T> void launch_adam(const std::vector<size_t>& idx, const std::v
   s.eps = static_cast<T>(h.eps);
   s.l2 = !h.decoupled && h.weight_decay != 0;
   s.dec = h.decoupled && h.weight_decay != 0;
-  s.scale = static_cast<T>(h.grad_scale);
-  s.scaled = h.grad_scale != 1;
   for (size_t at = 0; at < idx.size();) {
     AdamPack<T> p{};
     p.count = 0;
@@ -118,7 +94,7 @@ template <class T> void launch_adam(const std::vector<size_t>& idx, const std::v
 
 }  // namespace
 
-void Cuda::adam_step(const std::vector<M>& w, const std::vector<M>& m, const std::vector<M>& v, const std::vector<M>& g,
+void Cuda::adam_step(const std::vector<M>& w, const std::vector<M>& m, const std::vector<M>& v, const std::vector<V>& g,
                      const fused::AdamHyper& h) {
   std::vector<size_t> f32, f64;
   for (size_t i = 0; i < w.size(); ++i) {

@@ -251,7 +251,8 @@ void attention_backward(const Buf& dq, const Buf& dk, const Buf& dv, const Buf& 
 
 void adam_step(const std::vector<Buf>& w, const std::vector<Buf>& m, const std::vector<Buf>& v, const std::vector<Buf>& g, const Adam& h) {
   guarded([&] {
-    Many ww(w), mm(m), vv(v), gg(g);
+    Many ww(w), mm(m), vv(v);
+    const Many gg(g);
     kiln::fused::AdamHyper k;
     k.lr = h.lr;
     k.beta1 = h.beta1;
@@ -261,8 +262,7 @@ void adam_step(const std::vector<Buf>& w, const std::vector<Buf>& m, const std::
     k.decoupled = h.decoupled;
     k.bc1 = h.bc1;
     k.bc2_sqrt = h.bc2_sqrt;
-    k.grad_scale = h.grad_scale;
-    Cuda::adam_step(ww.muts(), mm.muts(), vv.muts(), gg.muts(), k);
+    Cuda::adam_step(ww.muts(), mm.muts(), vv.muts(), gg.views(), k);
   });
 }
 

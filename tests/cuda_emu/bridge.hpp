@@ -54,7 +54,6 @@ struct Adam {
   double lr, beta1, beta2, eps, weight_decay;
   bool decoupled;
   double bc1, bc2_sqrt;
-  double grad_scale = 1;  // g ← g·grad_scale, stored, when not 1
 };
 void adam_step(const std::vector<Buf>& w, const std::vector<Buf>& m, const std::vector<Buf>& v, const std::vector<Buf>& g, const Adam& h);
 
