@@ -377,6 +377,59 @@ template <bool Tail, int NV>
   }
 }
 
+// The forward's online-softmax step (EpSoftmax) on 8 lanes, for row r of a finished tile of S (N <= 64
+// columns at c, already scaled: S = alpha · acc was rounded in the plain product's epilogue, so
+// e.alpha is not applied again). A 64-key row is 8 registers here, more than a 16-register micro-kernel
+// can keep beside its accumulators, so this runs right after the product, on the tile in L1, with the
+// row in registers and every lane masked in vector form: tile_softmax's formulas bit for bit (the
+// exps of vm::exp_shift_sum lane for lane, its sum's order: 16-lane blocks in two 8-lane halves, an
+// 8-lane block, the halves added, then the last lanes one by one), where the row pass takes scalar
+// loops and a store-forwarded buffer for every causal row's ragged end.
+[[gnu::always_inline]] inline void softmax_row256(const EpSoftmax& e, float* c, int64_t r, int64_t N) {
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  const int64_t n = std::clamp<int64_t>(e.vis0 + r, 0, N), nv = (N + 7) / 8;  // visible columns, vectors
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i ntail = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(N - 8 * (nv - 1))), lane);
+  __m256 x[8], v[8], mx = _mm256_set1_ps(ninf);
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    if (j >= nv) break;
+    x[j] = j + 1 < nv ? _mm256_loadu_ps(c + 8 * j) : _mm256_maskload_ps(c + 8 * j, ntail);
+    v[j] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lanes_in(n, j, 8))), lane));
+    mx = _mm256_max_ps(mx, _mm256_blendv_ps(mx, x[j], v[j]));
+  }
+  const float mnew = std::max(e.m[r], vm::avx2::hmax8(mx));
+  e.mn[r] = mnew;
+  const __m256 vmax = _mm256_set1_ps(mnew);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  const int64_t nfull = n / 16, rem = n - 16 * nfull;
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    if (j >= nv) break;
+    __m256 y = _mm256_setzero_ps();  // hidden lanes (and every lane of a row with nothing visible yet): 0
+    const int64_t nl = lanes_in(n, j, 8);
+    if (nl == 8 && mnew != ninf)
+      y = vm::avx2::exp8(_mm256_sub_ps(x[j], vmax));
+    else if (nl > 0 && mnew != ninf)  // hidden lanes: exp of 0, then zeroed (no −∞ or garbage through the exp)
+      y = _mm256_and_ps(v[j], vm::avx2::exp8(_mm256_and_ps(v[j], _mm256_sub_ps(x[j], vmax))));
+    if (j + 1 < nv)
+      _mm256_storeu_ps(c + 8 * j, y);
+    else
+      _mm256_maskstore_ps(c + 8 * j, ntail, y);
+    if (j < 2 * nfull) {
+      if (j % 2 == 0)
+        s0 = _mm256_add_ps(s0, y);
+      else
+        s1 = _mm256_add_ps(s1, y);
+    } else if (j == 2 * nfull && rem >= 8) {
+      s0 = _mm256_add_ps(s0, y);
+    }
+  }
+  float sum = vm::avx2::hsum8(_mm256_add_ps(s0, s1));
+  for (int64_t t = 16 * nfull + (rem >= 8 ? 8 : 0); t < n; ++t) sum += c[t];
+  e.sum[r] = sum;
+}
+
 // The AVX2 + FMA form (16 registers): blocks of up to 2 vectors (16 columns); a ragged last vector
 // (Tail) goes through maskload / maskstore with the lanes in `tail`.
 template <int MR, int NV, bool TA, bool Tail, class E>
@@ -456,6 +509,12 @@ void tile_ds_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, 
                   const EpDs& ep) {
   tile_gemm_avx2_t<false>(M, N, K, A, lda, B, ldb, C, ldc, ep);
 }
+// S = alpha · A B (the plain epilogue), then the online-softmax step row by row on the tile in L1.
+void tile_softmax_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                       const EpSoftmax& ep) {
+  tile_gemm_avx2_t<false>(M, N, K, A, lda, B, ldb, C, ldc, EpPlain{ep.alpha, 0.0f});
+  for (int64_t r = 0; r < M; ++r) softmax_row256(ep, C + r * ldc, r, N);
+}
 KILN_CPU_AVX2_END
 #endif
 
@@ -478,9 +537,10 @@ inline TileEpF32<EpProbs> pick_tile_probs() {
 #endif
   return nullptr;
 }
-inline TileEpF32<EpSoftmax> pick_tile_softmax() {  // AVX-512 only: 64 columns in one register block
+inline TileEpF32<EpSoftmax> pick_tile_softmax() {  // rows of at most 64 columns
 #if KILN_CPU_X86
   if (isa() == Isa::avx512) return &tile_softmax_avx512;
+  if (isa() == Isa::avx2) return &tile_softmax_avx2;
 #endif
   return nullptr;
 }
@@ -1037,27 +1097,35 @@ template <class T> void backward_key_tile(const Branches<T>& X, const TileKernel
 template <class T> void backward(Branches<T> X, const Rows<T>& o, const Rows<T>* o2, const Rows<T>& g, const OutRows<T>& dv, T* dlam) {
   const Problem<T>& P = *X.P[0];
   const int64_t rows = P.B * P.H * P.T_;
+  // D's rows pass runs in the key tiles' parallel region below (one fork and join per call, not two:
+  // with libgomp's short spin, each region wakes the sleeping threads again), before its first barrier.
   std::vector<T> D(X.D[0] ? 0 : static_cast<size_t>(X.n * rows));
   const TileKernels<T> K;
-  if (!X.D[0]) {
-    parallel_for(
-        rows, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(P.dv, 1)),
-        [&](int64_t rb, int64_t re) {
-          K.dot(D.data(), X.lse[0], rb, re - rb, o, g, P.H, P.T_, P.dv);
-          if (X.n == 2) K.dot(D.data() + rows, X.lse[1], rb, re - rb, *o2, g, P.H, P.T_, P.dv);
-        },
-        1);
+  if (!D.empty()) {
     for (int x = 0; x < X.n; ++x) X.D[x] = D.data() + x * rows;
+    if (X.n == 2) X.dsf[1] = -X.lam;
   }
-  if (X.n == 2 && !D.empty()) {
-    T e = 0;
-    for (int64_t x = 0; x < rows; ++x) {
-      D[static_cast<size_t>(x)] += X.lam * D[static_cast<size_t>(rows + x)];
-      e += D[static_cast<size_t>(rows + x)];
+  constexpr int64_t kDotRows = 64;  // rows per share of D's pass (each row's D is one dot product: any split gives its bits)
+  auto rows_pass = [&] {
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < (rows + kDotRows - 1) / kDotRows; ++c) {
+      const int64_t rb = c * kDotRows, n = std::min(kDotRows, rows - rb);
+      K.dot(D.data(), X.lse[0], rb, n, o, g, P.H, P.T_, P.dv);
+      if (X.n == 2) K.dot(D.data() + rows, X.lse[1], rb, n, *o2, g, P.H, P.T_, P.dv);
     }
-    *dlam = -e;
-    X.dsf[1] = -X.lam;
-  }
+    // (implicit barrier) the two branches' D1 += λ E and dλ = −Σ E, in row order on one thread
+    if (X.n == 2) {
+#pragma omp single
+      {
+        T e = 0;
+        for (int64_t x = 0; x < rows; ++x) {
+          D[static_cast<size_t>(x)] += X.lam * D[static_cast<size_t>(rows + x)];
+          e += D[static_cast<size_t>(rows + x)];
+        }
+        *dlam = -e;
+      }
+    }
+  };
 
   const int64_t nkt = (P.S + kBcB - 1) / kBcB;
   const int64_t units = P.B * P.Hkv;
@@ -1072,6 +1140,7 @@ template <class T> void backward(Branches<T> X, const Rows<T>& o, const Rows<T>*
   {
     const int tid = omp_get_thread_num();
     const BwdScratch<T> w(scratch.as<T>() + static_cast<size_t>(tid) * tile, X.n, P.d);
+    if (!D.empty()) rows_pass();
     if (per_unit) {  // a unit owns dk, dv of (b, hk) and dq of its group's query heads, written by its first products
 #pragma omp for schedule(dynamic, 1)
       for (int64_t u = 0; u < units; ++u) {
