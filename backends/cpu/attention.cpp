@@ -41,8 +41,9 @@
 // the exp of vecmath.hpp (AVX2/AVX-512, or libm's at baseline); f64 uses std::exp.
 // The row work between the f32 products runs in their micro-kernels' epilogues ("epilogues" below) on
 // the accumulators in registers: the backward's P = exp(S − LSE) (EpProbs) and dS (EpDs), and on
-// AVX-512 the forward's online-softmax step (EpSoftmax; a 64-key row is 4 registers). Tiles with key
-// padding or a user mask, f64 and the baseline ISA run the same formulas as separate row passes,
+// AVX-512 the forward's online-softmax step (EpSoftmax; a 64-key row is 4 registers; on AVX2, where
+// it is 8 of 16, the same step right after the product on the tile in L1: softmax_row256). Tiles with
+// key padding or a user mask, f64 and the baseline ISA run the same formulas as separate row passes,
 // kernel variants chosen per call for the instruction set (common.hpp), one call per tile; both
 // forms give the same floats (test_attention checks it bit for bit).
 #include <cblas.h>
@@ -121,12 +122,12 @@ struct EpDs {
   int64_t ld;
 };
 // The forward's online-softmax step on a tile of S = alpha · acc whose rows are whole in the block
-// (AVX-512, at most 64 columns), tile_softmax's formulas bit for bit over the columns c < vis0 + r
-// (vis0 >= the width: every column): the new max mn[r] = max(m[r], the row's max) and
-// P = exp(S − mn[r]) in place of S, its sum in sum[r] (0 beyond the visible columns; a row with
-// nothing visible yet, mn[r] = −∞, becomes zeros). The scalar rest of the step (e^(m − m'), l, O's
-// rescale: softmax_update) runs after the product, so no libm call sits among the live accumulators.
-// Only for tiles without padding or a user mask.
+// (AVX-512, at most 64 columns; on AVX2, softmax_row256 on the finished tile), tile_softmax's
+// formulas bit for bit over the columns c < vis0 + r (vis0 >= the width: every column): the new max
+// mn[r] = max(m[r], the row's max) and P = exp(S − mn[r]) in place of S, its sum in sum[r] (0 beyond
+// the visible columns; a row with nothing visible yet, mn[r] = −∞, becomes zeros). The scalar rest of
+// the step (e^(m − m'), l, O's rescale: softmax_update) runs after the product, so no libm call sits
+// among the live accumulators. Only for tiles without padding or a user mask.
 struct EpSoftmax {
   float alpha;
   const float* m;
