@@ -784,12 +784,27 @@ template <class I, class T> void tile_combine(const T* p1, const T* p2, T* out, 
   }
 }
 
-// Backward: D[x] = Σ_c o[x, c] · g[x, c] for rows [x0, x0 + n) of the [B·H·T] row space, through
-// common.hpp's row dot product (0 for rows with no visible key: their O is NaN).
+// Backward: D[x] = Σ_c o[x, c] · g[x, c] over the rows x of the [B·H·T] row space, through common.hpp's
+// row dot product (0 for rows with no visible key: their O is NaN), for positions [y0, y0 + n) of o's
+// memory order: with the heads interleaved ([B, T, H, w] memory, as the projections hand q over and O
+// follows it), y runs (b, t, h), so consecutive rows are adjacent in memory; else (b, h, t). (Taken in
+// (b, h, t) order, those rows lie H·w apart, and each w-wide piece of a page is read at another time:
+// the pass ran at a quarter of its speed on contiguous rows.) Any order gives each D the same bits.
 template <class I, class T>
-void rows_dot(T* D, const T* lse, int64_t x0, int64_t n, const Rows<T>& o, const Rows<T>& g, int64_t H, int64_t Tn, int64_t w) {
-  for (int64_t x = x0; x < x0 + n; ++x) {
-    const int64_t t = x % Tn, bh = x / Tn, b = bh / H, h = bh % H;
+void rows_dot(T* D, const T* lse, int64_t y0, int64_t n, const Rows<T>& o, const Rows<T>& g, int64_t H, int64_t Tn, int64_t w) {
+  const bool heads_inner = H > 1 && Tn > 1 && o.sh < o.st;
+  for (int64_t y = y0; y < y0 + n; ++y) {
+    int64_t b, h, t;
+    if (heads_inner) {
+      h = y % H;
+      t = y / H % Tn;
+      b = y / (H * Tn);
+    } else {
+      t = y % Tn;
+      h = y / Tn % H;
+      b = y / (Tn * H);
+    }
+    const int64_t x = (b * H + h) * Tn + t;
     D[x] = lse[x] == -std::numeric_limits<T>::infinity() ? T(0) : dot(I{}, o.row(b, h, t), g.row(b, h, t), w);
   }
 }
