@@ -789,7 +789,7 @@ template <class I, class T> void tile_combine(const T* p1, const T* p2, T* out, 
 // memory order: with the heads interleaved ([B, T, H, w] memory, as the projections hand q over and O
 // follows it), y runs (b, t, h), so consecutive rows are adjacent in memory; else (b, h, t). (Taken in
 // (b, h, t) order, those rows lie H·w apart, and each w-wide piece of a page is read at another time:
-// the pass ran at a quarter of its speed on contiguous rows.) Any order gives each D the same bits.
+// the pass took ~3× its time on contiguous operands.) Any order gives each D the same bits.
 template <class I, class T>
 void rows_dot(T* D, const T* lse, int64_t y0, int64_t n, const Rows<T>& o, const Rows<T>& g, int64_t H, int64_t Tn, int64_t w) {
   const bool heads_inner = H > 1 && Tn > 1 && o.sh < o.st;
