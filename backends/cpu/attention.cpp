@@ -41,8 +41,9 @@
 // the exp of vecmath.hpp (AVX2/AVX-512, or libm's at baseline); f64 uses std::exp.
 // The row work between the f32 products runs in their micro-kernels' epilogues ("epilogues" below) on
 // the accumulators in registers: the backward's P = exp(S − LSE) (EpProbs) and dS (EpDs), and on
-// AVX-512 the forward's online-softmax step (EpSoftmax; a 64-key row is 4 registers). Tiles with key
-// padding or a user mask, f64 and the baseline ISA run the same formulas as separate row passes,
+// AVX-512 the forward's online-softmax step (EpSoftmax; a 64-key row is 4 registers; on AVX2, where
+// it is 8 of 16, the same step right after the product on the tile in L1: softmax_row256). Tiles with
+// key padding or a user mask, f64 and the baseline ISA run the same formulas as separate row passes,
 // kernel variants chosen per call for the instruction set (common.hpp), one call per tile; both
 // forms give the same floats (test_attention checks it bit for bit).
 #include <cblas.h>
@@ -121,12 +122,12 @@ struct EpDs {
   int64_t ld;
 };
 // The forward's online-softmax step on a tile of S = alpha · acc whose rows are whole in the block
-// (AVX-512, at most 64 columns), tile_softmax's formulas bit for bit over the columns c < vis0 + r
-// (vis0 >= the width: every column): the new max mn[r] = max(m[r], the row's max) and
-// P = exp(S − mn[r]) in place of S, its sum in sum[r] (0 beyond the visible columns; a row with
-// nothing visible yet, mn[r] = −∞, becomes zeros). The scalar rest of the step (e^(m − m'), l, O's
-// rescale: softmax_update) runs after the product, so no libm call sits among the live accumulators.
-// Only for tiles without padding or a user mask.
+// (AVX-512, at most 64 columns; on AVX2, softmax_row256 on the finished tile), tile_softmax's
+// formulas bit for bit over the columns c < vis0 + r (vis0 >= the width: every column): the new max
+// mn[r] = max(m[r], the row's max) and P = exp(S − mn[r]) in place of S, its sum in sum[r] (0 beyond
+// the visible columns; a row with nothing visible yet, mn[r] = −∞, becomes zeros). The scalar rest of
+// the step (e^(m − m'), l, O's rescale: softmax_update) runs after the product, so no libm call sits
+// among the live accumulators. Only for tiles without padding or a user mask.
 struct EpSoftmax {
   float alpha;
   const float* m;
@@ -377,6 +378,59 @@ template <bool Tail, int NV>
   }
 }
 
+// The forward's online-softmax step (EpSoftmax) on 8 lanes, for row r of a finished tile of S (N <= 64
+// columns at c, already scaled: S = alpha · acc was rounded in the plain product's epilogue, so
+// e.alpha is not applied again). A 64-key row is 8 registers here, more than a 16-register micro-kernel
+// can keep beside its accumulators, so this runs right after the product, on the tile in L1, with the
+// row in registers and every lane masked in vector form: tile_softmax's formulas bit for bit (the
+// exps of vm::exp_shift_sum lane for lane, its sum's order: 16-lane blocks in two 8-lane halves, an
+// 8-lane block, the halves added, then the last lanes one by one), where the row pass takes scalar
+// loops and a store-forwarded buffer for every causal row's ragged end.
+[[gnu::always_inline]] inline void softmax_row256(const EpSoftmax& e, float* c, int64_t r, int64_t N) {
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  const int64_t n = std::clamp<int64_t>(e.vis0 + r, 0, N), nv = (N + 7) / 8;  // visible columns, vectors
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i ntail = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(N - 8 * (nv - 1))), lane);
+  __m256 x[8], v[8], mx = _mm256_set1_ps(ninf);
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    if (j >= nv) break;
+    x[j] = j + 1 < nv ? _mm256_loadu_ps(c + 8 * j) : _mm256_maskload_ps(c + 8 * j, ntail);
+    v[j] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lanes_in(n, j, 8))), lane));
+    mx = _mm256_max_ps(mx, _mm256_blendv_ps(mx, x[j], v[j]));
+  }
+  const float mnew = std::max(e.m[r], vm::avx2::hmax8(mx));
+  e.mn[r] = mnew;
+  const __m256 vmax = _mm256_set1_ps(mnew);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  const int64_t nfull = n / 16, rem = n - 16 * nfull;
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    if (j >= nv) break;
+    __m256 y = _mm256_setzero_ps();  // hidden lanes (and every lane of a row with nothing visible yet): 0
+    const int64_t nl = lanes_in(n, j, 8);
+    if (nl == 8 && mnew != ninf)
+      y = vm::avx2::exp8(_mm256_sub_ps(x[j], vmax));
+    else if (nl > 0 && mnew != ninf)  // hidden lanes: exp of 0, then zeroed (no −∞ or garbage through the exp)
+      y = _mm256_and_ps(v[j], vm::avx2::exp8(_mm256_and_ps(v[j], _mm256_sub_ps(x[j], vmax))));
+    if (j + 1 < nv)
+      _mm256_storeu_ps(c + 8 * j, y);
+    else
+      _mm256_maskstore_ps(c + 8 * j, ntail, y);
+    if (j < 2 * nfull) {
+      if (j % 2 == 0)
+        s0 = _mm256_add_ps(s0, y);
+      else
+        s1 = _mm256_add_ps(s1, y);
+    } else if (j == 2 * nfull && rem >= 8) {
+      s0 = _mm256_add_ps(s0, y);
+    }
+  }
+  float sum = vm::avx2::hsum8(_mm256_add_ps(s0, s1));
+  for (int64_t t = 16 * nfull + (rem >= 8 ? 8 : 0); t < n; ++t) sum += c[t];
+  e.sum[r] = sum;
+}
+
 // The AVX2 + FMA form (16 registers): blocks of up to 2 vectors (16 columns); a ragged last vector
 // (Tail) goes through maskload / maskstore with the lanes in `tail`.
 template <int MR, int NV, bool TA, bool Tail, class E>
@@ -456,6 +510,12 @@ void tile_ds_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, 
                   const EpDs& ep) {
   tile_gemm_avx2_t<false>(M, N, K, A, lda, B, ldb, C, ldc, ep);
 }
+// S = alpha · A B (the plain epilogue), then the online-softmax step row by row on the tile in L1.
+void tile_softmax_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                       const EpSoftmax& ep) {
+  tile_gemm_avx2_t<false>(M, N, K, A, lda, B, ldb, C, ldc, EpPlain{ep.alpha, 0.0f});
+  for (int64_t r = 0; r < M; ++r) softmax_row256(ep, C + r * ldc, r, N);
+}
 KILN_CPU_AVX2_END
 #endif
 
@@ -478,9 +538,10 @@ inline TileEpF32<EpProbs> pick_tile_probs() {
 #endif
   return nullptr;
 }
-inline TileEpF32<EpSoftmax> pick_tile_softmax() {  // AVX-512 only: 64 columns in one register block
+inline TileEpF32<EpSoftmax> pick_tile_softmax() {  // rows of at most 64 columns
 #if KILN_CPU_X86
   if (isa() == Isa::avx512) return &tile_softmax_avx512;
+  if (isa() == Isa::avx2) return &tile_softmax_avx2;
 #endif
   return nullptr;
 }
@@ -723,12 +784,27 @@ template <class I, class T> void tile_combine(const T* p1, const T* p2, T* out, 
   }
 }
 
-// Backward: D[x] = Σ_c o[x, c] · g[x, c] for rows [x0, x0 + n) of the [B·H·T] row space, through
-// common.hpp's row dot product (0 for rows with no visible key: their O is NaN).
+// Backward: D[x] = Σ_c o[x, c] · g[x, c] over the rows x of the [B·H·T] row space, through common.hpp's
+// row dot product (0 for rows with no visible key: their O is NaN), for positions [y0, y0 + n) of o's
+// memory order: with the heads interleaved ([B, T, H, w] memory, as the projections hand q over and O
+// follows it), y runs (b, t, h), so consecutive rows are adjacent in memory; else (b, h, t). (Taken in
+// (b, h, t) order, those rows lie H·w apart, and each w-wide piece of a page is read at another time:
+// the pass took ~3× its time on contiguous operands.) Any order gives each D the same bits.
 template <class I, class T>
-void rows_dot(T* D, const T* lse, int64_t x0, int64_t n, const Rows<T>& o, const Rows<T>& g, int64_t H, int64_t Tn, int64_t w) {
-  for (int64_t x = x0; x < x0 + n; ++x) {
-    const int64_t t = x % Tn, bh = x / Tn, b = bh / H, h = bh % H;
+void rows_dot(T* D, const T* lse, int64_t y0, int64_t n, const Rows<T>& o, const Rows<T>& g, int64_t H, int64_t Tn, int64_t w) {
+  const bool heads_inner = H > 1 && Tn > 1 && o.sh < o.st;
+  for (int64_t y = y0; y < y0 + n; ++y) {
+    int64_t b, h, t;
+    if (heads_inner) {
+      h = y % H;
+      t = y / H % Tn;
+      b = y / (H * Tn);
+    } else {
+      t = y % Tn;
+      h = y / Tn % H;
+      b = y / (Tn * H);
+    }
+    const int64_t x = (b * H + h) * Tn + t;
     D[x] = lse[x] == -std::numeric_limits<T>::infinity() ? T(0) : dot(I{}, o.row(b, h, t), g.row(b, h, t), w);
   }
 }
@@ -1037,27 +1113,35 @@ template <class T> void backward_key_tile(const Branches<T>& X, const TileKernel
 template <class T> void backward(Branches<T> X, const Rows<T>& o, const Rows<T>* o2, const Rows<T>& g, const OutRows<T>& dv, T* dlam) {
   const Problem<T>& P = *X.P[0];
   const int64_t rows = P.B * P.H * P.T_;
+  // D's rows pass runs in the key tiles' parallel region below (one fork and join per call, not two:
+  // with libgomp's short spin, each region wakes the sleeping threads again), before its first barrier.
   std::vector<T> D(X.D[0] ? 0 : static_cast<size_t>(X.n * rows));
   const TileKernels<T> K;
-  if (!X.D[0]) {
-    parallel_for(
-        rows, std::max<int64_t>(1, kGrainCheap / std::max<int64_t>(P.dv, 1)),
-        [&](int64_t rb, int64_t re) {
-          K.dot(D.data(), X.lse[0], rb, re - rb, o, g, P.H, P.T_, P.dv);
-          if (X.n == 2) K.dot(D.data() + rows, X.lse[1], rb, re - rb, *o2, g, P.H, P.T_, P.dv);
-        },
-        1);
+  if (!D.empty()) {
     for (int x = 0; x < X.n; ++x) X.D[x] = D.data() + x * rows;
+    if (X.n == 2) X.dsf[1] = -X.lam;
   }
-  if (X.n == 2 && !D.empty()) {
-    T e = 0;
-    for (int64_t x = 0; x < rows; ++x) {
-      D[static_cast<size_t>(x)] += X.lam * D[static_cast<size_t>(rows + x)];
-      e += D[static_cast<size_t>(rows + x)];
+  constexpr int64_t kDotRows = 64;  // rows per share of D's pass (each row's D is one dot product: any split gives its bits)
+  auto rows_pass = [&] {
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < (rows + kDotRows - 1) / kDotRows; ++c) {
+      const int64_t rb = c * kDotRows, n = std::min(kDotRows, rows - rb);
+      K.dot(D.data(), X.lse[0], rb, n, o, g, P.H, P.T_, P.dv);
+      if (X.n == 2) K.dot(D.data() + rows, X.lse[1], rb, n, *o2, g, P.H, P.T_, P.dv);
     }
-    *dlam = -e;
-    X.dsf[1] = -X.lam;
-  }
+    // (implicit barrier) the two branches' D1 += λ E and dλ = −Σ E, in row order on one thread
+    if (X.n == 2) {
+#pragma omp single
+      {
+        T e = 0;
+        for (int64_t x = 0; x < rows; ++x) {
+          D[static_cast<size_t>(x)] += X.lam * D[static_cast<size_t>(rows + x)];
+          e += D[static_cast<size_t>(rows + x)];
+        }
+        *dlam = -e;
+      }
+    }
+  };
 
   const int64_t nkt = (P.S + kBcB - 1) / kBcB;
   const int64_t units = P.B * P.Hkv;
@@ -1072,6 +1156,7 @@ template <class T> void backward(Branches<T> X, const Rows<T>& o, const Rows<T>*
   {
     const int tid = omp_get_thread_num();
     const BwdScratch<T> w(scratch.as<T>() + static_cast<size_t>(tid) * tile, X.n, P.d);
+    if (!D.empty()) rows_pass();
     if (per_unit) {  // a unit owns dk, dv of (b, hk) and dq of its group's query heads, written by its first products
 #pragma omp for schedule(dynamic, 1)
       for (int64_t u = 0; u < units; ++u) {

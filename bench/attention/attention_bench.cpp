@@ -12,6 +12,8 @@
 // Run with KILN_NUM_THREADS set (results in RESULTS.md).
 #include <benchmark/benchmark.h>
 
+#include <vector>
+
 #include <kiln/autograd/var.hpp>
 #include <kiln/backends/cpu/cpu.hpp>
 #include <kiln/nn/attention.hpp>
@@ -102,6 +104,38 @@ void BM_DiffNorm(benchmark::State& st) {
   }
 }
 
+// Fused MHA fwd+bwd (T 128, d 64) with the operands as the training step hands them over (args: layout,
+// cold): layout 1 = q, k, v and dO as [B, H, T, d] views of [B, T, H, d] tensors (the projections'
+// outputs, rows 1 KiB apart, heads interleaved), 0 = contiguous [B, H, T, d] as BM_MHA; cold 1 = a
+// 64 MiB buffer is written between iterations (untimed), so the operands come from memory as they do
+// after the rest of a training step, 0 = warm as BM_MHA.
+void BM_MHA_layout(benchmark::State& st) {
+  const int64_t Tn = 128, d = 64;
+  const bool heads_inner = st.range(0) != 0, cold = st.range(1) != 0;
+  Generator gen(6);
+  auto make = [&](bool grad) {
+    return heads_inner ? V(T::randn({kB, Tn, kH, d}, DType::f32, &gen), grad) : V(T::randn({kB, kH, Tn, d}, DType::f32, &gen), grad);
+  };
+  V q = make(true), k = make(true), v = make(true);
+  const T g = heads_inner ? T::randn({kB, Tn, kH, d}, DType::f32, &gen).transpose(1, 2) : T::randn({kB, kH, Tn, d}, DType::f32, &gen);
+  std::vector<float> flush(cold ? (64u << 20) / sizeof(float) : 0);
+  for (auto _ : st) {
+    if (cold) {
+      st.PauseTiming();
+      for (size_t i = 0; i < flush.size(); i += 16) flush[i] += 1.0f;
+      benchmark::ClobberMemory();
+      st.ResumeTiming();
+    }
+    auto view = [&](const V& x) { return heads_inner ? x.transpose(1, 2) : x; };
+    const V o = nn::attention(view(q), view(k), view(v), true, 0);
+    o.backward(g);
+    benchmark::DoNotOptimize(q.grad().storage().get());
+    q.zero_grad();
+    k.zero_grad();
+    v.zero_grad();
+  }
+}
+
 void BM_MHA_forward(benchmark::State& st, bool fused) {  // inference: no graph
   const int64_t Tn = st.range(0), d = 64;
   Generator gen(3);
@@ -121,6 +155,7 @@ BENCHMARK_CAPTURE(BM_MHA, decomposed, false)->Arg(128)->Arg(512)->Arg(1024)->Uni
 BENCHMARK(BM_MHA_hd)->Args({64, 32})->Args({128, 32})->Args({512, 128})->Args({2048, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_Diff, fused, true)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_Diff, decomposed, false)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_MHA_layout)->Args({0, 0})->Args({1, 0})->Args({0, 1})->Args({1, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DiffNorm)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MHA_forward, fused, true)->Arg(128)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MHA_forward, decomposed, false)->Arg(128)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();

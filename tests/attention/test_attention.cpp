@@ -666,7 +666,8 @@ TEMPLATE_TEST_CASE("diff_attention: fused forward and backward match two decompo
 }
 
 // ---- the Cpu kernel's row work in its tile products' epilogues (backends/cpu/attention.cpp: the
-// backward's P = exp(S − LSE) and dS, and on AVX-512 the forward's online-softmax step) runs the
+// backward's P = exp(S − LSE) and dS, and the forward's online-softmax step: on AVX-512 in the
+// epilogue, on AVX2 row by row in registers right after the product) runs the
 // formulas of the row passes that tiles with key padding or a mask take, in the same order. An
 // all-true key padding sends the same inputs through those passes: every output and gradient must
 // come out bit for bit the same. The tile cases (ragged tiles, every causal key count, KV-cache
