@@ -91,7 +91,7 @@ namespace {
 // else shares, so optimizers and clipping may update .grad in place.
 template <Backend B> void accumulate_leaf(Node<B>& n, Tensor<B> g) {
   if (!n.grad.defined()) {
-    if (!g.is_contiguous() || g.storage().use_count() > 1) g = g.clone();
+    if (!g.is_contiguous() || !g.sole_owner()) g = g.clone();
     n.grad = std::move(g);
   } else {
     n.grad = n.grad.add(g);
@@ -231,7 +231,7 @@ template <Backend B> class Pass {
     auto [slot, fresh] = pending_.try_emplace(&in, std::move(g));
     if (!fresh) {  // in place when nothing else holds the running sum (no new buffer per residual fork)
       Tensor<B>& sum = slot->second;
-      if (sum.is_contiguous() && sum.storage().use_count() == 1)
+      if (sum.is_contiguous() && sum.sole_owner())
         sum.add_(g);  // try_emplace left g alone
       else
         sum = sum.add(g);

@@ -80,7 +80,7 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> swiglu_backward_reusing(con
   if constexpr (HasSwiGLU<B>) {
     const DType cd = detail::swiglu_compute(a.dtype());
     if (a.dtype() == cd && dy.dtype() == cd && a.numel()) {
-      bool dy_free = dy.is_contiguous() && dy.storage().use_count() == 1;
+      bool dy_free = dy.is_contiguous() && dy.sole_owner();
       const auto place = [&](const Tensor<B>& own, bool own_free) {
         if (own_free && own.is_contiguous()) return own;
         if (dy_free) {

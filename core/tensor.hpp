@@ -73,6 +73,10 @@ template <Backend B> class Tensor {
   bool is_contiguous() const { return layout_.is_contiguous(); }
   const Layout& layout() const { return layout_; }
   const std::shared_ptr<Storage>& storage() const { return storage_; }
+  // Whether this handle is the only one on its storage: no other tensor, view or closure can read or
+  // write the memory, so an op may write over it. The autograd pass hands a backward the gradient it
+  // owns this way and drops its own handle first (autograd/var.cpp).
+  bool sole_owner() const { return storage_ && storage_.use_count() == 1; }
   View<Storage> cview() const { return {*storage_, layout_, dtype_}; }
   MutView<Storage> mview() const { return {*storage_, layout_, dtype_}; }
   std::string str() const;  // what fmt prints

@@ -14,8 +14,8 @@ template <Backend B> Var<B> RopeOps<B>::rope(const Var<B>& x, const Tensor<B>& c
     // it (autograd/var.cpp); then dx is written over dy by the kernel (f32/f64, unit-stride rows, no
     // shared elements), sparing a fresh buffer, whose first writes cost more than the turn (a cold
     // 1 MiB block per call in the d256 model).
-    if (fused::HasRope<B> && g.storage().use_count() == 1 && (g.dtype() == DType::f32 || g.dtype() == DType::f64) &&
-        g.strides().back() == 1 && fused::detail::non_overlapping(g.shape(), g.strides())) {
+    if (fused::HasRope<B> && g.sole_owner() && (g.dtype() == DType::f32 || g.dtype() == DType::f64) && g.strides().back() == 1 &&
+        fused::detail::non_overlapping(g.shape(), g.strides())) {
       Tensor<B> dx = g;
       return Grads<B>{fused::rope_backward_(dx, c, s)};
     }

@@ -247,6 +247,16 @@ TEMPLATE_TEST_CASE("views share storage, reshape copies only when it must", "[co
   CHECK(Tensor<B>::scalar(2).flatten().shape() == Shape{1});
   CHECK(Tensor<B>::ones({1, 1, 1}).squeeze().dim() == 0);
   CHECK(Tensor<B>::ones({3}).t().shape() == Shape{3});
+  // sole_owner: no other handle (tensor or view) on the storage
+  auto own = Tensor<B>::zeros({2, 3});
+  CHECK(own.sole_owner());
+  {
+    const auto alias = own.narrow(0, 0, 1);
+    CHECK_FALSE(own.sole_owner());
+    CHECK_FALSE(alias.sole_owner());
+  }
+  CHECK(own.sole_owner());
+  CHECK_FALSE(Tensor<B>().sole_owner());
 }
 
 TEMPLATE_TEST_CASE("element access and backend transfer", "[core][conformance]", KILN_TEST_BACKENDS) {
