@@ -263,8 +263,8 @@ TEST_CASE("checkpoint: NoGrad, inputs without grad, outputs passed through, the 
   auto mixed = [&](bool ckpt) {
     Var<Cpu> leaf(x0, true);
     const Var<Cpu> h = leaf * 1.5;
-    auto f = [](const Var<Cpu>& v) { return v.exp() + v.sin() * 3.0 + v.square() * v; };
-    const Var<Cpu> out = ckpt ? kiln::checkpoint<Cpu>(f, h) : f(h);
+    auto layer = [](const Var<Cpu>& v) { return v.exp() + v.sin() * 3.0 + v.square() * v; };
+    const Var<Cpu> out = ckpt ? kiln::checkpoint<Cpu>(layer, h) : layer(h);
     ((out * Var<Cpu>(c1)).sum() + (h * Var<Cpu>(c1)).sum() + h.cos().sum()).backward();
     return to_vector<float>(leaf.grad());
   };
