@@ -21,6 +21,11 @@
 #             f32, bf16 and f16 (autocast, loss scaling) against PyTorch's autocast; KILN_PROFILE=1's exit
 #             report on Cuda; test_nn's Cuda cases (DifferentialAttention now goes through
 #             diff_attention_norm)
+#   lease4    the tensor-core flash attention kernels (new at the fourth lease, 2026-11-26): test_attention's
+#             Cuda cases (tensor-core and FMA kernels), the attention benchmarks (bench_cuda attention,
+#             gpu_vs_torch.py --only attention), the GPT-2-small step in f32 and bf16 against PyTorch eager,
+#             memcheck over the tile cases and racecheck over three small cases (targets kiln_cli
+#             test_attention bench_cuda)
 #   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
 #
 # KILN_GPU_TARGETS="t1 t2 ...": build only these targets (default: all), to save a short lease's minutes.
@@ -107,6 +112,24 @@ phase_lease3() {
   echo "--- profile: $((SECONDS - t0)) s"
   build-gpu/tests/test_nn "*Cuda*" || rc=1
   echo "--- test_nn Cuda: $((SECONDS - t0)) s"
+  return $rc
+}
+
+phase_lease4() {
+  local rc=0 t0=$SECONDS
+  build-gpu/tests/test_attention "*Cuda*" || rc=1
+  echo "--- test_attention Cuda: $((SECONDS - t0)) s"
+  build-gpu/bench/bench_cuda attention || rc=1
+  PYTHONUNBUFFERED=1 "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --only attention || rc=1
+  echo "--- attention benchmarks: $((SECONDS - t0)) s"
+  PYTHONUNBUFFERED=1 "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln --only gpt --precisions f32,bf16 --steps 12 || rc=1
+  echo "--- gpt steps: $((SECONDS - t0)) s"
+  KILN_CUDA_NO_CACHE=1 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/test_attention "attention: Cuda's f32 tile*" ||
+    rc=1
+  echo "--- memcheck: $((SECONDS - t0)) s"
+  compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_attention \
+    "attention: f32 fused equals the f32 decomposed path within the same bound*" || rc=1
+  echo "--- racecheck: $((SECONDS - t0)) s"
   return $rc
 }
 

@@ -34,7 +34,9 @@
 // 48 KiB default a kernel opts in (cudaFuncSetAttribute) up to the device's per-block maximum, and
 // beyond that (large d with f64 on small GPUs) throws kiln::Error naming the shapes. Largest case,
 // d = dv = 256: forward 84 KiB (f32) / 98 KiB (f64), dK/dV 66 / 133 KiB, dQ 98 / 131 KiB.
+#include "kiln/backends/cuda/cuda.hpp"
 #include "kiln/backends/cuda/dense_common.cuh"
+#include "kiln/backends/cuda/mma.cuh"
 
 namespace kiln {
 
@@ -485,6 +487,389 @@ template <class T, int NC> __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ------------------------------------------------------------------------- tensor-core kernels (f32)
+// The same algorithm with every tile product on the tensor cores (mma.cuh: m16n8k8 TF32 products in
+// the 3xTF32 split, so f32 accuracy is kept). Four warps per block; a warp owns 16 rows of a 64-row
+// tile (query rows: forward, dQ; keys: dK/dV) and holds its products in mma fragments: a lane holds
+// rows g and g + 8 (g = lane / 4) of its warp's block, columns 2t, 2t + 1 of every 8-column piece
+// (t = lane % 4), so a row's statistics are reduced over the 4 lanes of a quad. P and dS go through a
+// warp-private shared buffer to become the next product's A operand. Taken for f32 with d and dv
+// multiples of 8 up to 128 (tc_fits), unless cuda::set_attention_tensor_cores(false).
+constexpr int kTcRows = 64;          // rows per block (4 warps x 16)
+constexpr int kTcCols = 64;          // keys per tile (forward, dQ), query rows per tile (dK/dV)
+constexpr int kTcLdP = kTcCols + 4;  // the P/dS buffer's leading dimension
+constexpr int kTcMaxHead = 128;
+static_assert(kTcRows == 16 * (kThreads / kWarp) && kTcCols % 8 == 0);
+
+bool tc_fits(int64_t d, int64_t dv) { return d % 8 == 0 && dv % 8 == 0 && d > 0 && dv > 0 && d <= kTcMaxHead && dv <= kTcMaxHead; }
+
+// Four [kTcRows, ld] tiles, the P/dS buffer [kTcRows, kTcLdP], two [kTcRows] row vectors, the key
+// flags. Leading dimensions w + 4 (conflict-free fragment reads of X and Xᵀ rows), w + 8 for a tile read
+// as a B operand down its columns; all offsets 16-byte aligned.
+struct TcSmem {
+  int off[4], ld[4], p, l, dd, kval;
+  size_t bytes;
+};
+__host__ __device__ constexpr TcSmem tc_smem(int ld0, int ld1, int ld2, int ld3) {
+  TcSmem s{};
+  const int lds[4] = {ld0, ld1, ld2, ld3};
+  int at = 0;
+  for (int x = 0; x < 4; ++x) {
+    s.off[x] = at;
+    s.ld[x] = lds[x];
+    at += kTcRows * lds[x];
+  }
+  s.p = at;
+  at += kTcRows * kTcLdP;
+  s.l = at;
+  at += kTcRows;
+  s.dd = at;
+  at += kTcRows;
+  s.kval = at;
+  s.bytes = static_cast<size_t>(at) * sizeof(float) + kTcRows * sizeof(int);
+  return s;
+}
+__host__ __device__ constexpr TcSmem tc_fwd_smem(int d, int dv) { return tc_smem(d + 4, d + 4, dv + 8, 0); }  // Q, K, V
+__host__ __device__ constexpr TcSmem tc_bwd_smem(int d, int dv) {
+  return tc_smem(d + 4, dv + 4, d + 4, dv + 4);
+}  // dK/dV: K, V, Q, dO; dQ: Q, dO, K, V
+
+// Max and sum over the 4 lanes of a quad (one row of a fragment).
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Writes a warp's 16 x 8nt fragments into the warp's rows of a row-major buffer (ld).
+template <int NT> __device__ __forceinline__ void store_frags(float* W, int ld, const float (&c)[NT][4], int g, int t) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    W[g * ld + 8 * n + 2 * t] = c[n][0];
+    W[g * ld + 8 * n + 2 * t + 1] = c[n][1];
+    W[(g + 8) * ld + 8 * n + 2 * t] = c[n][2];
+    W[(g + 8) * ld + 8 * n + 2 * t + 1] = c[n][3];
+  }
+}
+
+// Forward. Grid as attn_fwd's with kTcRows-row tiles. NV = the O accumulator's 8-column pieces.
+template <int NV> __global__ void __launch_bounds__(kThreads)
+    attn_fwd_tc(const Params<float> P, float* __restrict__ o, float* __restrict__ lse, int64_t nqt) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* const sm = reinterpret_cast<float*>(smem_raw);
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  const int d = P.d, dv = P.dv;
+  const TcSmem L = tc_fwd_smem(d, dv);
+  float* const Qs = sm + L.off[0];
+  float* const Ks = sm + L.off[1];
+  float* const Vs = sm + L.off[2];
+  int* const kval = reinterpret_cast<int*>(sm + L.kval);
+  const int ldq = L.ld[0], ldk = L.ld[1], ldv = L.ld[2];
+
+  const int64_t BH = P.nb * P.nh;
+  const int64_t unit = blockIdx.x;
+  const int64_t qt = nqt - 1 - unit / BH, bh = unit % BH;
+  const int64_t b = bh / P.nh, h = bh % P.nh, hk = h / P.rep;
+  const int64_t i0 = qt * kTcRows;
+  const int br = static_cast<int>(P.tq - i0 < kTcRows ? P.tq - i0 : kTcRows);
+  const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
+  float* const Pw = sm + L.p + r0 * kTcLdP;
+  const int64_t irow[2] = {i0 + r0 + g, i0 + r0 + g + 8};  // this lane's query rows (>= T: a last tile's padding)
+
+  load_tile(Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, i0, br, d);
+  const float* const kb = P.k.row(b, hk, 0);
+  const float* const vb = P.v.row(b, hk, 0);
+  const unsigned char* const kpb = P.kp ? P.kp + b * P.sk : nullptr;
+  const int64_t kend = P.causal ? (P.pos0 + i0 + br < P.sk ? P.pos0 + i0 + br : P.sk) : P.sk;
+  // keys [0, wend) are visible to some row of this warp
+  const int64_t wend = P.causal ? (P.pos0 + i0 + r0 + 16 < kend ? P.pos0 + i0 + r0 + 16 : kend) : kend;
+  const int nv = dv / 8;
+
+  float m[2] = {ninf, ninf}, l[2] = {0, 0};
+  float acc[NV][4];
+#pragma unroll
+  for (int n = 0; n < NV; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
+
+  for (int64_t j0 = 0; j0 < kend; j0 += kTcCols) {
+    const int bc = static_cast<int>(kend - j0 < kTcCols ? kend - j0 : kTcCols);
+    __syncthreads();  // the previous tile's reads of Ks, Vs are done
+    load_tile(Ks, ldk, kTcCols, kb, P.k.st, j0, bc, d);
+    load_tile(Vs, ldv, kTcCols, vb, P.v.st, j0, bc, dv);
+    load_kval(kval, kTcCols, kpb, j0, bc);
+    __syncthreads();
+    if (j0 >= wend) continue;  // (warp-uniform) no row of this warp sees these keys
+
+    float s[kTcCols / 8][4];
+#pragma unroll
+    for (int n = 0; n < kTcCols / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
+    mma::warp_gemm<kTcCols / 8, true>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, kTcCols / 8, g, t);
+
+    float mx[2] = {ninf, ninf};
+#pragma unroll
+    for (int n = 0; n < kTcCols / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = 8 * n + 2 * t + (e & 1), rr = e >> 1;
+        bool vis = kval[c] != 0 && (!P.causal || j0 + c <= P.pos0 + irow[rr]);
+        const float madd = user_mask(P, b, h, irow[rr], j0 + c, vis);
+        s[n][e] = vis ? P.scale * s[n][e] + madd : ninf;
+        mx[rr] = s[n][e] > mx[rr] ? s[n][e] : mx[rr];
+      }
+    }
+    float alpha[2], mnew[2], psum[2] = {0, 0};
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const float tmax = quad_max(mx[rr]);
+      mnew[rr] = tmax > m[rr] ? tmax : m[rr];
+      alpha[rr] = mnew[rr] == ninf ? 1.f : (m[rr] == ninf ? 0.f : dexp(m[rr] - mnew[rr]));
+    }
+#pragma unroll
+    for (int n = 0; n < kTcCols / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int rr = e >> 1;
+        s[n][e] = mnew[rr] == ninf ? 0.f : dexp(s[n][e] - mnew[rr]);  // exp(−inf) = 0 for masked keys
+        psum[rr] += s[n][e];
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      l[rr] = l[rr] * alpha[rr] + quad_sum(psum[rr]);
+      m[rr] = mnew[rr];
+    }
+#pragma unroll
+    for (int n = 0; n < NV; ++n) {
+      acc[n][0] *= alpha[0], acc[n][1] *= alpha[0];
+      acc[n][2] *= alpha[1], acc[n][3] *= alpha[1];
+    }
+    store_frags(Pw, kTcLdP, s, g, t);
+    __syncwarp();
+    mma::warp_gemm<NV, false>(acc, Pw, kTcLdP, Vs, ldv, (bc + 7) & ~7, nv, g, t);  // O += P V (keys past bc are zero)
+    __syncwarp();                                                                  // the reads of Pw are done before the next tile's writes
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    if (irow[rr] >= P.tq) continue;
+    const float inv = 1.f / l[rr];  // l = 0 (no visible key): 0 · inf = NaN, as PyTorch
+    float* const orow = o + (bh * P.tq + irow[rr]) * dv;
+#pragma unroll
+    for (int n = 0; n < NV; ++n) {
+      if (n < nv) {
+        orow[8 * n + 2 * t] = acc[n][2 * rr] * inv;
+        orow[8 * n + 2 * t + 1] = acc[n][2 * rr + 1] * inv;
+      }
+    }
+    if (t == 0) lse[bh * P.tq + irow[rr]] = m[rr] + dlog(l[rr]);  // −inf + log 0 = −inf
+  }
+}
+
+// dK and dV. Grid as attn_bwd_dkdv's with kTcRows-key tiles; warp w owns keys j0 + 16w ..; per query
+// tile Sᵀ = K Qᵀ, Pᵀ = exp(scale Sᵀ − LSE), dPᵀ = V dOᵀ, dSᵀ = scale Pᵀ ⊙ (dPᵀ − D), then dV += Pᵀ dO and
+// dK += dSᵀ Q. ND, NV = dK's and dV's 8-column pieces.
+template <int ND, int NV> __global__ void __launch_bounds__(kThreads)
+    attn_bwd_dkdv_tc(const Params<float> P, const float* __restrict__ lse, const float* __restrict__ D, float* __restrict__ dk,
+                     float* __restrict__ dvo) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* const sm = reinterpret_cast<float*>(smem_raw);
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  const int d = P.d, dv = P.dv;
+  const TcSmem L = tc_bwd_smem(d, dv);
+  float* const Ks = sm + L.off[0];
+  float* const Vs = sm + L.off[1];
+  float* const Qs = sm + L.off[2];
+  float* const Gs = sm + L.off[3];
+  float* const Ls = sm + L.l;
+  float* const Ds = sm + L.dd;
+  int* const kval = reinterpret_cast<int*>(sm + L.kval);
+  const int ldk = L.ld[0], ldv = L.ld[1], ldq = L.ld[2], ldg = L.ld[3];
+
+  const int64_t BHk = P.nb * P.nhkv;
+  const int64_t unit = blockIdx.x;
+  const int64_t kt = unit / BHk, bk = unit % BHk;
+  const int64_t b = bk / P.nhkv, hk = bk % P.nhkv;
+  const int64_t j0 = kt * kTcRows;
+  const int bkn = static_cast<int>(P.sk - j0 < kTcRows ? P.sk - j0 : kTcRows);
+  const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
+  float* const Pw = sm + L.p + r0 * kTcLdP;
+  const int krow[2] = {r0 + g, r0 + g + 8};  // this lane's keys in the tile (j0 + krow >= S: padding)
+  const int nd = d / 8, nv = dv / 8;
+
+  load_tile(Ks, ldk, kTcRows, P.k.row(b, hk, 0), P.k.st, j0, bkn, d);
+  load_tile(Vs, ldv, kTcRows, P.v.row(b, hk, 0), P.v.st, j0, bkn, dv);
+  load_kval(kval, kTcRows, P.kp ? P.kp + b * P.sk : nullptr, j0, bkn);
+
+  float dka[ND][4], dva[NV][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) dka[n][0] = dka[n][1] = dka[n][2] = dka[n][3] = 0;
+#pragma unroll
+  for (int n = 0; n < NV; ++n) dva[n][0] = dva[n][1] = dva[n][2] = dva[n][3] = 0;
+
+  const int64_t i_first = P.causal ? (j0 - P.pos0 > 0 ? j0 - P.pos0 : 0) : 0;  // queries before see no key of the tile
+  for (int hr = 0; hr < P.rep; ++hr) {
+    const int64_t h = hk * P.rep + hr, bh = b * P.nh + h;
+    for (int64_t i0 = i_first; i0 < P.tq; i0 += kTcCols) {
+      const int bq = static_cast<int>(P.tq - i0 < kTcCols ? P.tq - i0 : kTcCols);
+      __syncthreads();  // the previous tile's reads are done (and, the first time, Ks/Vs/kval are visible after the next one)
+      load_tile(Qs, ldq, kTcCols, P.q.row(b, h, 0), P.q.st, i0, bq, d);
+      load_tile(Gs, ldg, kTcCols, P.g.row(b, h, 0), P.g.st, i0, bq, dv);
+      for (int e = tid; e < kTcCols; e += kThreads) {
+        Ls[e] = e < bq ? lse[bh * P.tq + i0 + e] : ninf;  // padding rows: "no visible key"
+        Ds[e] = e < bq ? D[bh * P.tq + i0 + e] : 0.f;
+      }
+      __syncthreads();
+
+      float s[kTcCols / 8][4], dp[kTcCols / 8][4];
+#pragma unroll
+      for (int n = 0; n < kTcCols / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0;
+      mma::warp_gemm<kTcCols / 8, true>(s, Ks + r0 * ldk, ldk, Qs, ldq, d, kTcCols / 8, g, t);    // Sᵀ = K Qᵀ
+      mma::warp_gemm<kTcCols / 8, true>(dp, Vs + r0 * ldv, ldv, Gs, ldg, dv, kTcCols / 8, g, t);  // dPᵀ = V dOᵀ
+#pragma unroll
+      for (int n = 0; n < kTcCols / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = 8 * n + 2 * t + (e & 1), kr = krow[e >> 1];
+          const int64_t i = i0 + c, j = j0 + kr;
+          const float li = Ls[c];
+          bool vis = kval[kr] != 0 && li != ninf && (!P.causal || j <= P.pos0 + i);
+          const float madd = user_mask(P, b, h, i, j, vis);
+          const float p = vis ? dexp(P.scale * s[n][e] + madd - li) : 0.f;
+          s[n][e] = p;
+          dp[n][e] = vis ? P.scale * p * (dp[n][e] - Ds[c]) : 0.f;
+        }
+      }
+      const int kq = (bq + 7) & ~7;  // query rows past bq are zero
+      store_frags(Pw, kTcLdP, s, g, t);
+      __syncwarp();
+      mma::warp_gemm<NV, false>(dva, Pw, kTcLdP, Gs, ldg, kq, nv, g, t);  // dV += Pᵀ dO
+      __syncwarp();
+      store_frags(Pw, kTcLdP, dp, g, t);
+      __syncwarp();
+      mma::warp_gemm<ND, false>(dka, Pw, kTcLdP, Qs, ldq, kq, nd, g, t);  // dK += dSᵀ Q
+      __syncwarp();
+    }
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    if (krow[rr] >= bkn) continue;
+    const int64_t j = j0 + krow[rr];
+    float* const dkr = dk + ((b * P.nhkv + hk) * P.sk + j) * d;
+    float* const dvr = dvo + ((b * P.nhkv + hk) * P.sk + j) * dv;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      if (n < nd) {
+        dkr[8 * n + 2 * t] = dka[n][2 * rr];
+        dkr[8 * n + 2 * t + 1] = dka[n][2 * rr + 1];
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NV; ++n) {
+      if (n < nv) {
+        dvr[8 * n + 2 * t] = dva[n][2 * rr];
+        dvr[8 * n + 2 * t + 1] = dva[n][2 * rr + 1];
+      }
+    }
+  }
+}
+
+// dQ. Grid as the forward's; warp w owns query rows i0 + 16w ..; per key tile S = Q Kᵀ, dP = dO Vᵀ,
+// dS = scale P ⊙ (dP − D), dQ += dS K. ND = dQ's 8-column pieces.
+template <int ND> __global__ void __launch_bounds__(kThreads)
+    attn_bwd_dq_tc(const Params<float> P, const float* __restrict__ lse, const float* __restrict__ D, float* __restrict__ dq, int64_t nqt) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* const sm = reinterpret_cast<float*>(smem_raw);
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  const int d = P.d, dv = P.dv;
+  const TcSmem L = tc_bwd_smem(d, dv);
+  float* const Qs = sm + L.off[0];
+  float* const Gs = sm + L.off[1];
+  float* const Ks = sm + L.off[2];
+  float* const Vs = sm + L.off[3];
+  int* const kval = reinterpret_cast<int*>(sm + L.kval);
+  const int ldq = L.ld[0], ldg = L.ld[1], ldk = L.ld[2], ldv = L.ld[3];
+
+  const int64_t BH = P.nb * P.nh;
+  const int64_t unit = blockIdx.x;
+  const int64_t qt = nqt - 1 - unit / BH, bh = unit % BH;
+  const int64_t b = bh / P.nh, h = bh % P.nh, hk = h / P.rep;
+  const int64_t i0 = qt * kTcRows;
+  const int br = static_cast<int>(P.tq - i0 < kTcRows ? P.tq - i0 : kTcRows);
+  const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
+  float* const Pw = sm + L.p + r0 * kTcLdP;
+  const int64_t irow[2] = {i0 + r0 + g, i0 + r0 + g + 8};
+  float li[2], di[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    li[rr] = irow[rr] < P.tq ? lse[bh * P.tq + irow[rr]] : ninf;  // padding rows: "no visible key"
+    di[rr] = irow[rr] < P.tq ? D[bh * P.tq + irow[rr]] : 0.f;
+  }
+
+  load_tile(Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, i0, br, d);
+  load_tile(Gs, ldg, kTcRows, P.g.row(b, h, 0), P.g.st, i0, br, dv);
+  const float* const kb = P.k.row(b, hk, 0);
+  const float* const vb = P.v.row(b, hk, 0);
+  const unsigned char* const kpb = P.kp ? P.kp + b * P.sk : nullptr;
+  const int64_t kend = P.causal ? (P.pos0 + i0 + br < P.sk ? P.pos0 + i0 + br : P.sk) : P.sk;
+  const int64_t wend = P.causal ? (P.pos0 + i0 + r0 + 16 < kend ? P.pos0 + i0 + r0 + 16 : kend) : kend;
+  const int nd = d / 8;
+
+  float dqa[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0;
+
+  for (int64_t j0 = 0; j0 < kend; j0 += kTcCols) {
+    const int bc = static_cast<int>(kend - j0 < kTcCols ? kend - j0 : kTcCols);
+    __syncthreads();  // the previous tile's reads of Ks, Vs are done
+    load_tile(Ks, ldk, kTcCols, kb, P.k.st, j0, bc, d);
+    load_tile(Vs, ldv, kTcCols, vb, P.v.st, j0, bc, dv);
+    load_kval(kval, kTcCols, kpb, j0, bc);
+    __syncthreads();
+    if (j0 >= wend) continue;  // (warp-uniform) no row of this warp sees these keys
+
+    float s[kTcCols / 8][4], dp[kTcCols / 8][4];
+#pragma unroll
+    for (int n = 0; n < kTcCols / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0;
+    mma::warp_gemm<kTcCols / 8, true>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, kTcCols / 8, g, t);    // S = Q Kᵀ
+    mma::warp_gemm<kTcCols / 8, true>(dp, Gs + r0 * ldg, ldg, Vs, ldv, dv, kTcCols / 8, g, t);  // dP = dO Vᵀ
+#pragma unroll
+    for (int n = 0; n < kTcCols / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = 8 * n + 2 * t + (e & 1), rr = e >> 1;
+        bool vis = kval[c] != 0 && li[rr] != ninf && (!P.causal || j0 + c <= P.pos0 + irow[rr]);
+        const float madd = user_mask(P, b, h, irow[rr], j0 + c, vis);
+        const float p = vis ? dexp(P.scale * s[n][e] + madd - li[rr]) : 0.f;
+        dp[n][e] = vis ? P.scale * p * (dp[n][e] - di[rr]) : 0.f;
+      }
+    }
+    store_frags(Pw, kTcLdP, dp, g, t);
+    __syncwarp();
+    mma::warp_gemm<ND, false>(dqa, Pw, kTcLdP, Ks, ldk, (bc + 7) & ~7, nd, g, t);  // dQ += dS K (keys past bc are zero)
+    __syncwarp();
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    if (irow[rr] >= P.tq) continue;
+    float* const dqr = dq + (bh * P.tq + irow[rr]) * d;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      if (n < nd) {
+        dqr[8 * n + 2 * t] = dqa[n][2 * rr];
+        dqr[8 * n + 2 * t + 1] = dqa[n][2 * rr + 1];
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------ host side
 struct Shapes {
   int64_t B, H, Hkv, T, S, d, dv;
@@ -584,6 +969,13 @@ template <class F> void with_nc(int64_t width, F&& f) {
   }
 }
 
+// Calls f(std::integral_constant<int, N>) for the tensor-core kernels' 8-column pieces of a head dim
+// (8 up to 64, else 16).
+template <class F> void with_pieces(int64_t width, F&& f) {
+  if (width <= 64) return f(std::integral_constant<int, 8>{});
+  return f(std::integral_constant<int, 16>{});
+}
+
 unsigned grid_of(const char* op, int64_t units, const std::string& shapes) {
   KILN_CHECK(units <= 0x7fffffff, "{}: {} thread blocks exceed CUDA's grid limit ({})", op, units, shapes);
   return static_cast<unsigned>(units);
@@ -613,6 +1005,17 @@ template <class T> void forward(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cu
   check_output(op, "o", o, dtype_of<T>, {s.B, s.H, s.T, s.dv}, shapes);
   check_output(op, "lse", lse, dtype_of<T>, {s.B, s.H, s.T}, shapes);
   if (s.B * s.H * s.T == 0) return;  // nothing to write (S = 0 is handled by the kernel: O = NaN, LSE = −inf)
+  if constexpr (std::is_same_v<T, float>) {
+    if (cuda::attention_tensor_cores() && tc_fits(s.d, s.dv)) {
+      const int64_t nqt = ceil_div(s.T, kTcRows);
+      const unsigned grid = grid_of(op, nqt * s.B * s.H, shapes);
+      const size_t smem = tc_fwd_smem(P.d, P.dv).bytes;
+      float* const op_ = o.storage.as<float>() + o.layout.offset;
+      float* const lp = lse.storage.as<float>() + lse.layout.offset;
+      with_pieces(s.dv, [&](auto nv) { launch(op, attn_fwd_tc<decltype(nv)::value>, grid, smem, shapes, P, op_, lp, nqt); });
+      return;
+    }
+  }
   const int64_t nqt = ceil_div(s.T, kRows);
   const unsigned grid = grid_of(op, nqt * s.B * s.H, shapes);
   T* const op_ = o.storage.as<T>() + o.layout.offset;
@@ -656,6 +1059,22 @@ template <class T> void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, 
   T* const Dp = dbuf->as<T>();
   attn_bwd_delta<T><<<grid_for(rows_n, kDeltaWarps), kDeltaWarps * kWarp, 0, st>>>(P, lp, Dp);
   KILN_CUDA_LAUNCHED(op);
+
+  if constexpr (std::is_same_v<T, float>) {
+    if (cuda::attention_tensor_cores() && tc_fits(s.d, s.dv)) {
+      const size_t smem = tc_bwd_smem(P.d, P.dv).bytes;
+      const unsigned grid_kv = grid_of(op, ceil_div(s.S, kTcRows) * s.B * s.Hkv, shapes);
+      with_pieces(s.d, [&](auto nd) {
+        with_pieces(s.dv, [&](auto nv) {
+          launch(op, attn_bwd_dkdv_tc<decltype(nd)::value, decltype(nv)::value>, grid_kv, smem, shapes, P, lp, Dp, dkp, dvp);
+        });
+      });
+      const int64_t nqt = ceil_div(s.T, kTcRows);
+      const unsigned grid_q = grid_of(op, nqt * s.B * s.H, shapes);
+      with_pieces(s.d, [&](auto nd) { launch(op, attn_bwd_dq_tc<decltype(nd)::value>, grid_q, smem, shapes, P, lp, Dp, dqp, nqt); });
+      return;
+    }
+  }
 
   // 2. dK, dV
   const int64_t nkt = ceil_div(s.S, kRows);

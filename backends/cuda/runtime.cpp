@@ -66,6 +66,7 @@ const Probe& probe() {
 
 thread_local int t_device = 0;
 std::atomic<bool> g_tf32{false};
+std::atomic<bool> g_attention_tc{true};
 
 // One device's state, created on first use and never destroyed: storage freed during static
 // destruction still finds its allocator, and the driver reclaims everything at exit.
@@ -232,6 +233,8 @@ void empty_cache() {
 }
 void set_allow_tf32(bool allow) { g_tf32 = allow; }
 bool allow_tf32() { return g_tf32; }
+void set_attention_tensor_cores(bool on) { g_attention_tc = on; }
+bool attention_tensor_cores() { return g_attention_tc; }
 
 }  // namespace kiln::cuda
 

@@ -90,13 +90,21 @@ void attention(int64_t Bt, int64_t H, int64_t Hkv, int64_t Tn, int64_t d, int64_
   const T q = T::randn({Bt, H, Tn, d}, DType::f32, &g), k = T::randn({Bt, Hkv, Tn, d}, DType::f32, &g),
           v = T::randn({Bt, Hkv, Tn, dv}, DType::f32, &g), dout = T::randn({Bt, H, Tn, dv}, DType::f32, &g);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  std::pair<T, T> fwd;
-  const double f_ms = median_ms([&] { fwd = fused::attention_forward(q, k, v, scale, true, 0); });
-  const double b_ms = median_ms([&] { (void)fused::attention_backward(q, k, v, fwd.first, fwd.second, dout, scale, true, 0); });
+  // the default kernels (tensor cores where the head dims fit), then the FMA kernels
+  auto time = [&](bool tc) {
+    cuda::set_attention_tensor_cores(tc);
+    std::pair<T, T> fwd;
+    const double f_ms = median_ms([&] { fwd = fused::attention_forward(q, k, v, scale, true, 0); });
+    const double b_ms = median_ms([&] { (void)fused::attention_backward(q, k, v, fwd.first, fwd.second, dout, scale, true, 0); });
+    return std::pair{f_ms, b_ms};
+  };
+  const auto [f_ms, b_ms] = time(true);
+  const auto [f_fma, b_fma] = time(false);
+  cuda::set_attention_tensor_cores(true);
   std::printf(
       "{\"bench\": \"attention\", \"B\": %ld, \"H\": %ld, \"Hkv\": %ld, \"T\": %ld, \"d\": %ld, \"dv\": %ld, \"fwd_ms\": %.3f, "
-      "\"bwd_ms\": %.3f}\n",
-      Bt, H, Hkv, Tn, d, dv, f_ms, b_ms);
+      "\"bwd_ms\": %.3f, \"fma_fwd_ms\": %.3f, \"fma_bwd_ms\": %.3f}\n",
+      Bt, H, Hkv, Tn, d, dv, f_ms, b_ms, f_fma, b_fma);
 }
 
 void elementwise(int64_t n) {
@@ -138,7 +146,9 @@ void index_add(int64_t vocab, int64_t n, int64_t dim) {
 
 int main(int argc, char** argv) {
   // --smoke: tiny sizes, a few repetitions (checks that the program runs: the emulated device's CTest)
+  // attention: the attention cases alone
   const bool smoke = argc > 1 && std::string(argv[1]) == "--smoke";
+  const bool only_attention = argc > 1 && std::string(argv[1]) == "attention";
   if (!cuda::available()) {
     std::printf("no CUDA device (%s)\n", cuda::unavailable_reason().c_str());
     return 77;
@@ -154,13 +164,16 @@ int main(int argc, char** argv) {
     index_add(50, 300, 8);
     return 0;
   }
-  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{
-           {1024, 1024, 1024}, {4096, 4096, 4096}, {8192, 768, 768}, {8192, 3072, 768}, {8192, 768, 3072}, {8192, 50304, 768}})
-    for (auto [d, tf32] : std::vector<std::pair<DType, bool>>{{DType::f32, false}, {DType::f32, true}, {DType::bf16, false}})
-      gemm(M, N, K, d, tf32);
-  attention(4, 12, 12, 1024, 64, 64);  // GPT-2 small, MHA
-  attention(4, 6, 6, 1024, 64, 128);   // Diff: half the heads, value width 2d
-  attention(4, 12, 4, 1024, 64, 64);   // GQA 3:1
+  if (!only_attention)
+    for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{
+             {1024, 1024, 1024}, {4096, 4096, 4096}, {8192, 768, 768}, {8192, 3072, 768}, {8192, 768, 3072}, {8192, 50304, 768}})
+      for (auto [d, tf32] : std::vector<std::pair<DType, bool>>{{DType::f32, false}, {DType::f32, true}, {DType::bf16, false}})
+        gemm(M, N, K, d, tf32);
+  attention(4, 12, 12, 1024, 64, 64);    // GPT-2 small, MHA
+  attention(4, 6, 6, 1024, 64, 128);     // Diff: half the heads, value width 2d
+  attention(4, 12, 4, 1024, 64, 64);     // GQA 3:1
+  attention(2, 16, 16, 2048, 128, 128);  // head dim 128 (Llama-style)
+  if (only_attention) return 0;
   for (const int64_t n : {int64_t{1} << 20, int64_t{1} << 26}) elementwise(n);
   index_add(50304, 8 * 1024, 768);  // GPT-2 small: the token embedding's gradient for B=8, T=1024
   return 0;

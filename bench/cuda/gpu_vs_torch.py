@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The PyTorch side of the GPU benchmarks, and kiln train --device cuda against PyTorch eager.
 
-  bench/cuda/gpu_vs_torch.py [--kiln build/kiln] [--steps 20] [--only gpt] [--precisions f32,bf16,f16]
+  bench/cuda/gpu_vs_torch.py [--kiln build/kiln] [--steps 20] [--only gpt|attention] [--precisions f32,bf16,f16]
       [--attention mha,diff]
   bench/cuda/gpu_vs_torch.py --smoke --kiln KILN [--kiln-device cuda]   tiny shapes, torch on the CPU if
       it has no GPU: checks that the script runs end to end (the emulated device's CTest does this)
@@ -12,7 +12,7 @@ T 1024, AdamW) for attention mha and diff, as tokens/s of kiln_ref.py's model in
 and of `kiln train --device cuda` on the same model config. `--precisions` runs that step in each of
 f32, bf16 and f16 (PyTorch: `torch.autocast`, and a `GradScaler` for f16; kiln: train.json's
 "precision"), and prints both frameworks' first and last losses, so a real-sized model's mixed-precision
-training is seen to train as its f32 run does. `--only gpt` skips the kernel benchmarks.
+training is seen to train as its f32 run does. `--only gpt` skips the kernel benchmarks, `--only attention` runs the attention cases alone.
 """
 import argparse, importlib.util, json, math, os, statistics, subprocess, sys, tempfile, time
 
@@ -60,7 +60,7 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--kiln-device", default="cuda")
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--only", choices=["all", "gpt"], default="all")
+    ap.add_argument("--only", choices=["all", "gpt", "attention"], default="all")
     ap.add_argument("--precisions", default="f32")
     ap.add_argument("--attention", default="mha,diff")
     a = ap.parse_args()
@@ -70,7 +70,7 @@ def main():
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
     print(json.dumps({"device": name, "torch": torch.__version__}), flush=True)
     gemms = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 768, 768), (8192, 3072, 768), (8192, 768, 3072), (8192, 50304, 768)]
-    atts = [(4, 12, 12, 1024, 64, 64), (4, 6, 6, 1024, 64, 128), (4, 12, 4, 1024, 64, 64)]
+    atts = [(4, 12, 12, 1024, 64, 64), (4, 6, 6, 1024, 64, 128), (4, 12, 4, 1024, 64, 64), (2, 16, 16, 2048, 128, 128)]
     T, B, V, d_model, n_layers, heads = 1024, a.batch, 50304, 768, 12, 12
     reps = 20
     if a.smoke:
@@ -83,6 +83,8 @@ def main():
             sys.exit(f"gpu_vs_torch.py: --precisions: {p!r} is not f32, bf16 or f16")
     if a.only == "gpt":
         gemms, atts = [], []
+    if a.only == "attention":
+        gemms = []
     for M, N, K in gemms:
         for dt, tf32 in [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)]:
             torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -104,6 +106,8 @@ def main():
         print(json.dumps({"bench": "attention", "B": Ba, "H": H, "Hkv": Hkv, "T": Ta, "d": d, "dv": dv, "torch_fwd_ms": fwd,
                           "torch_bwd_ms": bwd}), flush=True)
     # elementwise add and a device copy (bench_cuda's "add"), as bandwidth
+    if a.only == "attention":
+        return
     for n in ([] if a.only == "gpt" else [1000] if a.smoke else [1 << 20, 1 << 26]):
         x, y = torch.randn(n, device=dev), torch.randn(n, device=dev)
         add = timed(lambda: x + y, reps)

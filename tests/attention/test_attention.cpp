@@ -1,6 +1,7 @@
 // Fused attention (core/fused.hpp attention_forward/backward, the Cpu flash kernel, the autograd op,
 // nn::attention) against the decomposed oracle nn::attention_decomposed (scores, softmax, matmul
-// through autograd ops), on Reference (composite default) and Cpu (flash kernel).
+// through autograd ops), on Reference (composite default), Cpu (flash kernel) and Cuda (tensor-core and
+// FMA flash kernels).
 //
 // Tolerances. f64 runs compare fused f64 with decomposed f64; f32 runs compare fused f32 with the
 // decomposed path evaluated in f64 on the same (f32-representable) inputs, so the whole difference is
@@ -16,6 +17,7 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <kiln/autograd/gradcheck.hpp>
@@ -208,6 +210,26 @@ template <Backend B> void check_case(const Case& c, DType dt, uint64_t seed) {
   compare(got.dv, want.dv, bound(c, dt, ms, max_abs(want.dv)), "dv");
 }
 
+// f32 cases on each of a backend's f32 kernels: on Cuda the tensor-core kernels (taken where the head
+// dims fit) and the FMA kernels.
+template <Backend B> void check_f32_cases(const std::vector<Case>& cases, uint64_t seed) {
+#if defined(KILN_HAVE_CUDA_BACKEND)
+  if constexpr (std::is_same_v<B, Cuda>) {
+    struct Restore {
+      ~Restore() { cuda::set_attention_tensor_cores(true); }
+    } restore;
+    for (const bool tc : {true, false}) {
+      INFO((tc ? "Cuda: tensor-core kernels where the head dims fit" : "Cuda: FMA kernels"));
+      cuda::set_attention_tensor_cores(tc);
+      uint64_t s = seed;
+      for (const Case& c : cases) check_case<B>(c, DType::f32, s++);
+    }
+    return;
+  }
+#endif
+  for (const Case& c : cases) check_case<B>(c, DType::f32, seed++);
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("attention: fused forward and backward match the decomposed oracle (f64)", "[attention]", KILN_BACKEND_TYPES) {
@@ -215,9 +237,9 @@ TEMPLATE_TEST_CASE("attention: fused forward and backward match the decomposed o
   for (const Case& c : kCases) check_case<TestType>(c, DType::f64, seed++);
 }
 
-TEMPLATE_TEST_CASE("attention: fused forward and backward match the decomposed oracle (f32 vs f64 oracle)", "[attention]", Reference, Cpu) {
-  uint64_t seed = 200;
-  for (const Case& c : kCases) check_case<TestType>(c, DType::f32, seed++);
+TEMPLATE_TEST_CASE("attention: fused forward and backward match the decomposed oracle (f32 vs f64 oracle)", "[attention]",
+                   KILN_BACKEND_TYPES) {
+  check_f32_cases<TestType>(kCases, 200);
 }
 
 // ---- the Cpu kernel's own f32 tile products (backends/cpu/attention.cpp, "tile products"): the edges
@@ -241,15 +263,22 @@ TEMPLATE_TEST_CASE("attention: the f32 tile products at the edges of their regis
   for (const Case& c : kTileCases) check_case<TestType>(c, DType::f32, seed++);
 }
 
+#if defined(KILN_HAVE_CUDA_BACKEND)
+// The same cases on Cuda's f32 kernels: the tensor-core tiles (64 rows, 4 warps of 16, 8-column mma
+// pieces) at their edges too, head dims 32 to 128, and the FMA kernels where dv = 47.
+TEST_CASE("attention: Cuda's f32 tile products at the edges of their tiles (f32 vs f64 oracle)", "[attention][tile]") {
+  check_f32_cases<Cuda>(kTileCases, 950);
+}
+#endif
+
 TEMPLATE_TEST_CASE("attention: masks (bool, additive, every broadcast shape) match the decomposed oracle (f64)", "[attention][mask]",
                    KILN_BACKEND_TYPES) {
   uint64_t seed = 400;
   for (const Case& c : mask_cases()) check_case<TestType>(c, DType::f64, seed++);
 }
 
-TEMPLATE_TEST_CASE("attention: masks match the decomposed oracle (f32 vs f64 oracle)", "[attention][mask]", Reference, Cpu) {
-  uint64_t seed = 500;
-  for (const Case& c : mask_cases()) check_case<TestType>(c, DType::f32, seed++);
+TEMPLATE_TEST_CASE("attention: masks match the decomposed oracle (f32 vs f64 oracle)", "[attention][mask]", KILN_BACKEND_TYPES) {
+  check_f32_cases<TestType>(mask_cases(), 500);
 }
 
 TEMPLATE_TEST_CASE("attention: f32 fused equals the f32 decomposed path within the same bound", "[attention]", KILN_BACKEND_TYPES) {

@@ -5,6 +5,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include <kiln/backends/cuda/cuda.hpp>
 #include <kiln/backends/cuda/cuda_backend.hpp>
 #include "emu.hpp"
 
@@ -225,6 +226,8 @@ void depth_attention_merge(const Buf& h, const Buf& m, const Buf& l, const Buf& 
   });
 }
 #endif
+
+void set_attention_tensor_cores(bool on) { kiln::cuda::set_attention_tensor_cores(on); }
 
 void attention_forward(const Buf& o, const Buf& lse, const Buf& q, const Buf& k, const Buf& v, const Buf* key_padding, const Buf* mask,
                        double scale, bool causal, int64_t pos0) {

@@ -43,7 +43,9 @@ void depth_attention_backward(const std::vector<Buf>& dv, const Buf& dq, const s
 void depth_attention_phase1(const Buf& m, const Buf& l, const Buf& acc, const std::vector<Buf>& v, const Buf& Q, double eps);
 void depth_attention_merge(const Buf& h, const Buf& m, const Buf& l, const Buf& acc, const Buf* p, const Buf& q, double eps);
 // flash attention (attention.cu): q [B, H, T, d], k [B, Hkv, S, d], v [B, Hkv, S, dv]; outputs contiguous;
-// mask: nullptr or a bool / additive [B, H, T, S] view (any strides)
+// mask: nullptr or a bool / additive [B, H, T, S] view (any strides); f32 on the tensor-core kernels
+// where the head dims allow, unless set_attention_tensor_cores(false) (as cuda::set_attention_tensor_cores)
+void set_attention_tensor_cores(bool on);
 void attention_forward(const Buf& o, const Buf& lse, const Buf& q, const Buf& k, const Buf& v, const Buf* key_padding, const Buf* mask,
                        double scale, bool causal, int64_t pos0);
 void attention_backward(const Buf& dq, const Buf& dk, const Buf& dv, const Buf& q, const Buf& k, const Buf& v, const Buf& o, const Buf& lse,

@@ -75,7 +75,7 @@ template <class Arr, int ID> Arr& block_shared() {
 void sync_warp(unsigned mask);
 int lane_id();                       // linear thread index % 32
 unsigned char* warp_slot(int lane);  // 16 bytes for `lane` of the caller's warp
-constexpr size_t kSlotBytes = 16;
+constexpr size_t kSlotBytes = 32;    // a shuffled value (<= 16 bytes) or a lane's tensor-core fragments
 
 template <class T> T shfl_from(unsigned mask, T v, int src) {
   static_assert(sizeof(T) <= kSlotBytes && std::is_trivially_copyable_v<T>, "emu shuffle: type too large");
@@ -178,6 +178,61 @@ template <class T> T __shfl_up_sync(unsigned mask, T v, unsigned delta, int widt
   const int src = (lane % width) >= static_cast<int>(delta) ? lane - static_cast<int>(delta) : lane;
   return ::emu::shfl_from(mask, v, src);
 }
+
+// ------------------------------------------------------------------------------ tensor cores
+// Defined for backends/cuda/mma.cuh, which calls the functions below instead of its PTX.
+#define KILN_CUDA_EMU 1
+namespace emu {
+// A float's TF32 value as the tensor cores read it: the low 13 mantissa bits ignored.
+inline float tf32_operand(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u &= 0xffffe000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+// cvt.rna.tf32.f32: to 10 mantissa bits, nearest with ties away from zero; NaN and infinities kept.
+inline float tf32_round(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;
+  u = (u + 0x1000u) & 0xffffe000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, d += A B, for the calling lane's warp, with PTX's
+// fragment layout (g = lane / 4, t = lane % 4): a = A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4);
+// b = B(t, g), B(t + 4, g); d = D(g, 2t), D(g, 2t + 1), D(g + 8, 2t), D(g + 8, 2t + 1). Every lane of the
+// warp must call it (a warp-synchronous instruction: a missing lane is an error). Products of two TF32
+// values are exact in f32; they are added to d in k order.
+inline void mma_m16n8k8_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+  struct Frag {
+    float a[4], b[2];
+  };
+  static_assert(sizeof(Frag) <= kSlotBytes);
+  const int lane = lane_id(), g = lane / 4, t = lane % 4;
+  const Frag mine{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}};
+  std::memcpy(warp_slot(lane), &mine, sizeof mine);
+  sync_warp(0xffffffffu);
+  float arow[2][8], bcol[2][8];
+  for (int kk = 0; kk < 4; ++kk) {
+    Frag f;
+    std::memcpy(&f, warp_slot(g * 4 + kk), sizeof f);
+    arow[0][kk] = f.a[0], arow[1][kk] = f.a[1], arow[0][kk + 4] = f.a[2], arow[1][kk + 4] = f.a[3];
+    for (int e = 0; e < 2; ++e) {
+      std::memcpy(&f, warp_slot((2 * t + e) * 4 + kk), sizeof f);
+      bcol[e][kk] = f.b[0], bcol[e][kk + 4] = f.b[1];
+    }
+  }
+  sync_warp(0xffffffffu);  // nobody overwrites a slot before every lane has read
+  for (int r = 0; r < 2; ++r)
+    for (int e = 0; e < 2; ++e) {
+      float s = d[2 * r + e];
+      for (int k = 0; k < 8; ++k) s += tf32_operand(arow[r][k]) * tf32_operand(bcol[e][k]);
+      d[2 * r + e] = s;
+    }
+}
+}  // namespace emu
 
 // ------------------------------------------------------------------------------ atomics
 // One fiber runs at a time and never yields inside these: a plain read-modify-write is atomic.

@@ -6,6 +6,7 @@
 #include <memory>
 #include <new>
 
+#include <kiln/backends/cuda/cuda.hpp>
 #include <kiln/backends/cuda/runtime.hpp>
 #include <kiln/core/error.hpp>
 
@@ -26,6 +27,11 @@ int require_device(std::string_view) { return 0; }
 void check_device(const CudaStorage&, std::string_view) {}
 cudaStream_t stream() { return nullptr; }
 const cudaDeviceProp& device_properties() { return ::emu::device_properties(); }
+namespace {
+bool g_attention_tc = true;
+}  // namespace
+void set_attention_tensor_cores(bool on) { g_attention_tc = on; }
+bool attention_tensor_cores() { return g_attention_tc; }
 
 }  // namespace kiln::cuda
 

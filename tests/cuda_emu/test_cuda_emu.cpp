@@ -717,7 +717,8 @@ TEST_CASE("emu: multi-tensor Adam and AdamW steps", "[cuda-emu]") {
 // value width = key width and 2x (differential attention's), causal with a KV-cache offset, key
 // padding (a fully padded batch row gives NaN / -inf like the Cpu), an attention mask (none, bool
 // [T, S] broadcast over B and H, additive [B, 1, 1, S] with −inf entries, read through zero strides),
-// forward and backward; tiles cross the 64-row boundaries (T, S up to 70).
+// forward and backward; tiles cross the 64-row boundaries (T, S up to 130); f32 on the tensor-core
+// kernels (head dims 8 to 128) and on the FMA kernels.
 TEST_CASE("emu: flash attention forward and backward", "[cuda-emu]") {
   kt::Gen g(26);
   struct Case {
@@ -727,61 +728,69 @@ TEST_CASE("emu: flash attention forward and backward", "[cuda-emu]") {
     int64_t pos0;
     bool padding;
   };
-  const std::vector<Case> cases{{DType::f32, 1, 2, 2, 5, 5, 8, 8, true, 0, false},
-                                {DType::f64, 2, 4, 2, 7, 9, 16, 32, true, 2, true},
-                                {DType::f32, 1, 2, 1, 70, 70, 32, 64, true, 0, false},
-                                {DType::f32, 1, 1, 1, 3, 66, 64, 64, false, 0, true},
-                                {DType::f64, 1, 2, 1, 1, 40, 128, 128, true, 39, false}};
-  for (const auto& [dt, B, H, Hkv, T, S, d, dv, causal, pos0, padding] : cases) {
-    INFO(kiln::dtype_name(dt) << " B " << B << " H " << H << "/" << Hkv << " T " << T << " S " << S << " d " << d << " dv " << dv
-                              << (causal ? " causal" : "") << " pos0 " << pos0 << (padding ? " padding" : ""));
-    const CT q = input(g, {B, H, T, d}, dt, Lay::contiguous, -1, 1), k = input(g, {B, Hkv, S, d}, dt, Lay::contiguous, -1, 1),
-             v = input(g, {B, Hkv, S, dv}, dt, Lay::contiguous, -1, 1), dout = input(g, {B, H, T, dv}, dt, Lay::contiguous, -1, 1);
-    std::vector<uint8_t> pad(static_cast<size_t>(B * S), 0);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t s = 0; s < S; ++s) pad[static_cast<size_t>(b * S + s)] = padding && (s % 3 == 1 || (B > 1 && b == 1 && s < S));
-    CT kp = CT::empty({B, S}, DType::boolean);
-    std::memcpy(kp.storage()->data(), pad.data(), pad.size());
-    const auto kpv = kp.cview();
-    const cuda_emu::Buf kpb = buf(kp);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    const DType ld = dt == DType::f64 ? DType::f64 : DType::f32;
-    // the mask kind cycles with the case: 0 none, 1 bool [T, S], 2 additive [B, 1, 1, S]
-    const int mkind = static_cast<int>((T + S) % 3);
-    CT mask;
-    if (mkind == 1) {
-      std::vector<uint8_t> m(static_cast<size_t>(T * S));
-      for (int64_t i = 0; i < T; ++i)
-        for (int64_t j = 0; j < S; ++j) m[static_cast<size_t>(i * S + j)] = (i + 2 * j) % 5 != 3 || j == 0;
-      mask = CT::empty({T, S}, DType::boolean);
-      std::memcpy(mask.storage()->data(), m.data(), m.size());
-      mask = mask.unsqueeze(0).unsqueeze(0).expand({B, H, T, S});
-    } else if (mkind == 2) {
-      mask = input(g, {B, 1, 1, S}, dt, Lay::contiguous, -2, 1);
-      mask.narrow(3, S / 2, 1).fill_(-INFINITY);
-      mask = mask.expand({B, H, T, S});
+  const std::vector<Case> cases{
+      {DType::f32, 1, 2, 2, 5, 5, 8, 8, true, 0, false},       {DType::f64, 2, 4, 2, 7, 9, 16, 32, true, 2, true},
+      {DType::f32, 1, 2, 1, 70, 70, 32, 64, true, 0, false},   {DType::f32, 1, 1, 1, 3, 66, 64, 64, false, 0, true},
+      {DType::f64, 1, 2, 1, 1, 40, 128, 128, true, 39, false}, {DType::f32, 1, 2, 1, 67, 75, 16, 128, true, 8, true},
+      {DType::f32, 1, 1, 1, 9, 130, 128, 8, false, 0, false},  {DType::f32, 1, 2, 2, 20, 20, 12, 8, true, 0, false}};
+  // f32 with head dims that are multiples of 8 up to 128 runs on the tensor-core kernels, and once more
+  // on the FMA kernels
+  for (int pass = 0; pass < 2; ++pass)
+    for (const auto& [dt, B, H, Hkv, T, S, d, dv, causal, pos0, padding] : cases) {
+      const bool tc = pass == 0;
+      if (!tc && dt != DType::f32) continue;
+      cuda_emu::set_attention_tensor_cores(tc);
+      INFO((tc ? "tensor cores where they fit, " : "FMA kernels, ")
+           << kiln::dtype_name(dt) << " B " << B << " H " << H << "/" << Hkv << " T " << T << " S " << S << " d " << d << " dv " << dv
+           << (causal ? " causal" : "") << " pos0 " << pos0 << (padding ? " padding" : ""));
+      const CT q = input(g, {B, H, T, d}, dt, Lay::contiguous, -1, 1), k = input(g, {B, Hkv, S, d}, dt, Lay::contiguous, -1, 1),
+               v = input(g, {B, Hkv, S, dv}, dt, Lay::contiguous, -1, 1), dout = input(g, {B, H, T, dv}, dt, Lay::contiguous, -1, 1);
+      std::vector<uint8_t> pad(static_cast<size_t>(B * S), 0);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t s = 0; s < S; ++s) pad[static_cast<size_t>(b * S + s)] = padding && (s % 3 == 1 || (B > 1 && b == 1 && s < S));
+      CT kp = CT::empty({B, S}, DType::boolean);
+      std::memcpy(kp.storage()->data(), pad.data(), pad.size());
+      const auto kpv = kp.cview();
+      const cuda_emu::Buf kpb = buf(kp);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      const DType ld = dt == DType::f64 ? DType::f64 : DType::f32;
+      // the mask kind cycles with the case: 0 none, 1 bool [T, S], 2 additive [B, 1, 1, S]
+      const int mkind = static_cast<int>((T + S) % 3);
+      CT mask;
+      if (mkind == 1) {
+        std::vector<uint8_t> m(static_cast<size_t>(T * S));
+        for (int64_t i = 0; i < T; ++i)
+          for (int64_t j = 0; j < S; ++j) m[static_cast<size_t>(i * S + j)] = (i + 2 * j) % 5 != 3 || j == 0;
+        mask = CT::empty({T, S}, DType::boolean);
+        std::memcpy(mask.storage()->data(), m.data(), m.size());
+        mask = mask.unsqueeze(0).unsqueeze(0).expand({B, H, T, S});
+      } else if (mkind == 2) {
+        mask = input(g, {B, 1, 1, S}, dt, Lay::contiguous, -2, 1);
+        mask.narrow(3, S / 2, 1).fill_(-INFINITY);
+        mask = mask.expand({B, H, T, S});
+      }
+      const auto mv = mkind ? mask.cview() : q.cview();
+      const cuda_emu::Buf mb = mkind ? buf(mask) : buf(q);
+      INFO("mask kind " << mkind);
+      CT wo = garbage({B, H, T, dv}, dt), go = garbage({B, H, T, dv}, dt), wl = garbage({B, H, T}, ld), gl = garbage({B, H, T}, ld);
+      Cpu::attention_forward(wo.mview(), wl.mview(), q.cview(), k.cview(), v.cview(), padding ? &kpv : nullptr, mkind ? &mv : nullptr,
+                             scale, causal, pos0);
+      cuda_emu::attention_forward(buf(go), buf(gl), buf(q), buf(k), buf(v), padding ? &kpb : nullptr, mkind ? &mb : nullptr, scale, causal,
+                                  pos0);
+      const double u = kt::u_acc(dt), n = static_cast<double>(S + d + dv);
+      const kt::Tol tol{32 * n * u, 32 * n * u};
+      kt::check_close(gl, wl, tol, "lse");
+      kt::check_close(go, wo, tol, "o");
+      CT wdq = CT::zeros({B, H, T, d}, dt), gdq = CT::zeros({B, H, T, d}, dt), wdk = CT::zeros({B, Hkv, S, d}, dt),
+         gdk = CT::zeros({B, Hkv, S, d}, dt), wdv = CT::zeros({B, Hkv, S, dv}, dt), gdv = CT::zeros({B, Hkv, S, dv}, dt);
+      Cpu::attention_backward(wdq.mview(), wdk.mview(), wdv.mview(), q.cview(), k.cview(), v.cview(), wo.cview(), wl.cview(), dout.cview(),
+                              padding ? &kpv : nullptr, mkind ? &mv : nullptr, scale, causal, pos0);
+      cuda_emu::attention_backward(buf(gdq), buf(gdk), buf(gdv), buf(q), buf(k), buf(v), buf(wo), buf(wl), buf(dout),
+                                   padding ? &kpb : nullptr, mkind ? &mb : nullptr, scale, causal, pos0);
+      const kt::Tol btol{64 * n * u * (H / Hkv), 64 * n * u * static_cast<double>(T) * (H / Hkv)};
+      kt::check_close(gdq, wdq, btol, "dq");
+      kt::check_close(gdk, wdk, btol, "dk");
+      kt::check_close(gdv, wdv, btol, "dv");
     }
-    const auto mv = mkind ? mask.cview() : q.cview();
-    const cuda_emu::Buf mb = mkind ? buf(mask) : buf(q);
-    INFO("mask kind " << mkind);
-    CT wo = garbage({B, H, T, dv}, dt), go = garbage({B, H, T, dv}, dt), wl = garbage({B, H, T}, ld), gl = garbage({B, H, T}, ld);
-    Cpu::attention_forward(wo.mview(), wl.mview(), q.cview(), k.cview(), v.cview(), padding ? &kpv : nullptr, mkind ? &mv : nullptr, scale,
-                           causal, pos0);
-    cuda_emu::attention_forward(buf(go), buf(gl), buf(q), buf(k), buf(v), padding ? &kpb : nullptr, mkind ? &mb : nullptr, scale, causal,
-                                pos0);
-    const double u = kt::u_acc(dt), n = static_cast<double>(S + d + dv);
-    const kt::Tol tol{32 * n * u, 32 * n * u};
-    kt::check_close(gl, wl, tol, "lse");
-    kt::check_close(go, wo, tol, "o");
-    CT wdq = CT::zeros({B, H, T, d}, dt), gdq = CT::zeros({B, H, T, d}, dt), wdk = CT::zeros({B, Hkv, S, d}, dt),
-       gdk = CT::zeros({B, Hkv, S, d}, dt), wdv = CT::zeros({B, Hkv, S, dv}, dt), gdv = CT::zeros({B, Hkv, S, dv}, dt);
-    Cpu::attention_backward(wdq.mview(), wdk.mview(), wdv.mview(), q.cview(), k.cview(), v.cview(), wo.cview(), wl.cview(), dout.cview(),
-                            padding ? &kpv : nullptr, mkind ? &mv : nullptr, scale, causal, pos0);
-    cuda_emu::attention_backward(buf(gdq), buf(gdk), buf(gdv), buf(q), buf(k), buf(v), buf(wo), buf(wl), buf(dout),
-                                 padding ? &kpb : nullptr, mkind ? &mb : nullptr, scale, causal, pos0);
-    const kt::Tol btol{64 * n * u * (H / Hkv), 64 * n * u * static_cast<double>(T) * (H / Hkv)};
-    kt::check_close(gdq, wdq, btol, "dq");
-    kt::check_close(gdk, wdk, btol, "dk");
-    kt::check_close(gdv, wdv, btol, "dv");
-  }
+  cuda_emu::set_attention_tensor_cores(true);
 }
