@@ -26,6 +26,9 @@
 #             gpu_vs_torch.py --only attention), the GPT-2-small step in f32 and bf16 against PyTorch eager,
 #             memcheck over the tile cases and racecheck over three small cases (targets kiln_cli
 #             test_attention bench_cuda)
+#   lease4b   the same kernels with float4 tile loads, each at 64 and at 32 columns per step
+#             (KILN_CUDA_ATTENTION_COLS): test_attention's Cuda cases, bench_cuda attention, the GPT-2-small
+#             f32 step (mha, diff) against PyTorch eager
 #   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
 #
 # KILN_GPU_TARGETS="t1 t2 ...": build only these targets (default: all), to save a short lease's minutes.
@@ -130,6 +133,24 @@ phase_lease4() {
   compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_attention \
     "attention: f32 fused equals the f32 decomposed path within the same bound*" || rc=1
   echo "--- racecheck: $((SECONDS - t0)) s"
+  return $rc
+}
+
+phase_lease4b() {
+  local rc=0 t0=$SECONDS cols
+  for cols in 64 32; do
+    export KILN_CUDA_ATTENTION_COLS=$cols
+    build-gpu/tests/test_attention "*Cuda*" || rc=1
+    echo "--- cols $cols: test_attention Cuda: $((SECONDS - t0)) s"
+    build-gpu/bench/bench_cuda attention || rc=1
+    echo "--- cols $cols: bench_cuda attention: $((SECONDS - t0)) s"
+  done
+  for cols in 64 32; do
+    export KILN_CUDA_ATTENTION_COLS=$cols
+    PYTHONUNBUFFERED=1 "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln --only gpt --precisions f32 --steps 12 || rc=1
+    echo "--- cols $cols: gpt steps: $((SECONDS - t0)) s"
+  done
+  unset KILN_CUDA_ATTENTION_COLS
   return $rc
 }
 

@@ -1,6 +1,8 @@
 // Flash attention on the Cuda backend, forward and backward (contract: core/fused.hpp; the same
-// algorithm and formulas as backends/cpu/attention.cpp). Plain SIMT FMA code (no tensor cores), f32 in
-// f32 and f64 in f64, head dims d, dv up to 256.
+// algorithm and formulas as backends/cpu/attention.cpp). Two kernel sets: the tensor-core kernels
+// (below, "tensor-core kernels") for f32 with head dims that are multiples of 8 up to 128, and plain
+// SIMT FMA kernels for everything else: f32 in f32 and f64 in f64, head dims d, dv up to 256. The FMA
+// kernels first:
 //
 // Every kernel runs 128 threads as 16 groups of 8 consecutive lanes (a group never straddles a warp).
 // A group owns one query row (forward, dQ) or one key (dK/dV); its 8 threads split that row's keys
@@ -34,6 +36,9 @@
 // 48 KiB default a kernel opts in (cudaFuncSetAttribute) up to the device's per-block maximum, and
 // beyond that (large d with f64 on small GPUs) throws kiln::Error naming the shapes. Largest case,
 // d = dv = 256: forward 84 KiB (f32) / 98 KiB (f64), dK/dV 66 / 133 KiB, dQ 98 / 131 KiB.
+#include <cstdlib>
+#include <string_view>
+
 #include "kiln/backends/cuda/cuda.hpp"
 #include "kiln/backends/cuda/dense_common.cuh"
 #include "kiln/backends/cuda/mma.cuh"
@@ -78,6 +83,7 @@ template <class T> struct Params {
   T scale;
   bool causal;
   int64_t pos0;
+  bool v4;  // q, k, v (and o, dO) rows start 16-byte aligned: the tensor-core kernels load them as float4
 };
 
 // Group (8 lanes) reductions: every lane of the group gets the result. Must be reached by all 32
@@ -493,46 +499,70 @@ template <class T, int NC> __global__ void __launch_bounds__(kThreads)
 // tile (query rows: forward, dQ; keys: dK/dV) and holds its products in mma fragments: a lane holds
 // rows g and g + 8 (g = lane / 4) of its warp's block, columns 2t, 2t + 1 of every 8-column piece
 // (t = lane % 4), so a row's statistics are reduced over the 4 lanes of a quad. P and dS go through a
-// warp-private shared buffer to become the next product's A operand. Taken for f32 with d and dv
-// multiples of 8 up to 128 (tc_fits), unless cuda::set_attention_tensor_cores(false).
-constexpr int kTcRows = 64;          // rows per block (4 warps x 16)
-constexpr int kTcCols = 64;          // keys per tile (forward, dQ), query rows per tile (dK/dV)
-constexpr int kTcLdP = kTcCols + 4;  // the P/dS buffer's leading dimension
+// warp-private shared buffer to become the next product's A operand. A step takes BC = 32 or 64
+// columns (keys forward and dQ, query rows dK/dV; with_tc_cols chooses). Tiles come from global memory
+// as float4 where rows are 16-byte aligned, eight loads in flight per thread (load_rows). Same
+// determinism as the FMA kernels (no atomics; the dK/dV and dQ passes recompute P). Taken for f32 with d
+// and dv multiples of 8 up to 128 (tc_fits), unless cuda::set_attention_tensor_cores(false).
+constexpr int kTcRows = 64;  // rows per block (4 warps x 16)
 constexpr int kTcMaxHead = 128;
-static_assert(kTcRows == 16 * (kThreads / kWarp) && kTcCols % 8 == 0);
+static_assert(kTcRows == 16 * (kThreads / kWarp));
 
 bool tc_fits(int64_t d, int64_t dv) { return d % 8 == 0 && dv % 8 == 0 && d > 0 && dv > 0 && d <= kTcMaxHead && dv <= kTcMaxHead; }
 
-// Four [kTcRows, ld] tiles, the P/dS buffer [kTcRows, kTcLdP], two [kTcRows] row vectors, the key
-// flags. Leading dimensions w + 4 (conflict-free fragment reads of X and Xᵀ rows), w + 8 for a tile read
-// as a B operand down its columns; all offsets 16-byte aligned.
+// Four tiles of kTcRows rows (the first `rows` of them) or BC rows (the others), the P/dS buffer
+// [kTcRows, BC + 4], two [BC] row vectors, the key flags [kTcRows]. BC = the columns of a step: keys per
+// tile (forward, dQ), query rows per tile (dK/dV). Leading dimensions w + 4 (conflict-free fragment reads
+// of X and Xᵀ rows), w + 8 for a tile read as a B operand down its columns; all offsets 16-byte aligned.
 struct TcSmem {
   int off[4], ld[4], p, l, dd, kval;
   size_t bytes;
 };
-__host__ __device__ constexpr TcSmem tc_smem(int ld0, int ld1, int ld2, int ld3) {
+__host__ __device__ constexpr TcSmem tc_smem(int bc, int rows, int ld0, int ld1, int ld2, int ld3) {
   TcSmem s{};
   const int lds[4] = {ld0, ld1, ld2, ld3};
   int at = 0;
   for (int x = 0; x < 4; ++x) {
     s.off[x] = at;
     s.ld[x] = lds[x];
-    at += kTcRows * lds[x];
+    at += (x < rows ? kTcRows : bc) * lds[x];
   }
   s.p = at;
-  at += kTcRows * kTcLdP;
+  at += kTcRows * (bc + 4);
   s.l = at;
-  at += kTcRows;
+  at += bc;
   s.dd = at;
-  at += kTcRows;
+  at += bc;
+  at = (at + 3) & ~3;
   s.kval = at;
   s.bytes = static_cast<size_t>(at) * sizeof(float) + kTcRows * sizeof(int);
   return s;
 }
-__host__ __device__ constexpr TcSmem tc_fwd_smem(int d, int dv) { return tc_smem(d + 4, d + 4, dv + 8, 0); }  // Q, K, V
-__host__ __device__ constexpr TcSmem tc_bwd_smem(int d, int dv) {
-  return tc_smem(d + 4, dv + 4, d + 4, dv + 4);
-}  // dK/dV: K, V, Q, dO; dQ: Q, dO, K, V
+__host__ __device__ constexpr TcSmem tc_fwd_smem(int bc, int d, int dv) { return tc_smem(bc, 1, d + 4, d + 4, dv + 8, 0); }  // Q, K, V
+// dK/dV: K, V, Q, dO; dQ: Q, dO, K, V
+__host__ __device__ constexpr TcSmem tc_bwd_smem(int bc, int d, int dv) { return tc_smem(bc, 2, d + 4, dv + 4, d + 4, dv + 4); }
+
+// load_tile for the tensor-core kernels: rows [t0, t0 + n) of one (b, h) into a [R, ld] shared tile
+// (rows >= n zero), as float4 where the rows allow it (P.v4; ld and width multiples of 4), kBatch loads
+// in flight per thread before their stores, so a tile's global reads overlap.
+__device__ __forceinline__ void load_rows(bool v4, float* dst, int ld, int R, const float* src, int64_t st, int64_t t0, int n, int width) {
+  if (!v4) return load_tile(dst, ld, R, src, st, t0, n, width);
+  constexpr int kBatch = 8;
+  const int vpr = width / 4, total = R * vpr;
+  for (int e0 = static_cast<int>(threadIdx.x); e0 < total; e0 += kBatch * kThreads) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int e = e0 + u * kThreads, r = e / vpr, c = 4 * (e - r * vpr);
+      v[u] = e < total && r < n ? *reinterpret_cast<const float4*>(src + (t0 + r) * st + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int e = e0 + u * kThreads, r = e / vpr, c = 4 * (e - r * vpr);
+      if (e < total) *reinterpret_cast<float4*>(dst + r * ld + c) = v[u];
+    }
+  }
+}
 
 // Max and sum over the 4 lanes of a quad (one row of a fragment).
 __device__ __forceinline__ float quad_max(float v) {
@@ -556,13 +586,13 @@ template <int NT> __device__ __forceinline__ void store_frags(float* W, int ld, 
 }
 
 // Forward. Grid as attn_fwd's with kTcRows-row tiles. NV = the O accumulator's 8-column pieces.
-template <int NV> __global__ void __launch_bounds__(kThreads)
+template <int BC, int NV> __global__ void __launch_bounds__(kThreads)
     attn_fwd_tc(const Params<float> P, float* __restrict__ o, float* __restrict__ lse, int64_t nqt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* const sm = reinterpret_cast<float*>(smem_raw);
   constexpr float ninf = -std::numeric_limits<float>::infinity();
   const int d = P.d, dv = P.dv;
-  const TcSmem L = tc_fwd_smem(d, dv);
+  const TcSmem L = tc_fwd_smem(BC, d, dv);
   float* const Qs = sm + L.off[0];
   float* const Ks = sm + L.off[1];
   float* const Vs = sm + L.off[2];
@@ -576,10 +606,10 @@ template <int NV> __global__ void __launch_bounds__(kThreads)
   const int64_t i0 = qt * kTcRows;
   const int br = static_cast<int>(P.tq - i0 < kTcRows ? P.tq - i0 : kTcRows);
   const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
-  float* const Pw = sm + L.p + r0 * kTcLdP;
+  float* const Pw = sm + L.p + r0 * (BC + 4);
   const int64_t irow[2] = {i0 + r0 + g, i0 + r0 + g + 8};  // this lane's query rows (>= T: a last tile's padding)
 
-  load_tile(Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, i0, br, d);
+  load_rows(P.v4, Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, i0, br, d);
   const float* const kb = P.k.row(b, hk, 0);
   const float* const vb = P.v.row(b, hk, 0);
   const unsigned char* const kpb = P.kp ? P.kp + b * P.sk : nullptr;
@@ -593,23 +623,23 @@ template <int NV> __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int n = 0; n < NV; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
 
-  for (int64_t j0 = 0; j0 < kend; j0 += kTcCols) {
-    const int bc = static_cast<int>(kend - j0 < kTcCols ? kend - j0 : kTcCols);
+  for (int64_t j0 = 0; j0 < kend; j0 += BC) {
+    const int bc = static_cast<int>(kend - j0 < BC ? kend - j0 : BC);
     __syncthreads();  // the previous tile's reads of Ks, Vs are done
-    load_tile(Ks, ldk, kTcCols, kb, P.k.st, j0, bc, d);
-    load_tile(Vs, ldv, kTcCols, vb, P.v.st, j0, bc, dv);
-    load_kval(kval, kTcCols, kpb, j0, bc);
+    load_rows(P.v4, Ks, ldk, BC, kb, P.k.st, j0, bc, d);
+    load_rows(P.v4, Vs, ldv, BC, vb, P.v.st, j0, bc, dv);
+    load_kval(kval, BC, kpb, j0, bc);
     __syncthreads();
     if (j0 >= wend) continue;  // (warp-uniform) no row of this warp sees these keys
 
-    float s[kTcCols / 8][4];
+    float s[BC / 8][4];
 #pragma unroll
-    for (int n = 0; n < kTcCols / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
-    mma::warp_gemm<kTcCols / 8, true>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, kTcCols / 8, g, t);
+    for (int n = 0; n < BC / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
+    mma::warp_gemm<BC / 8, true>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);
 
     float mx[2] = {ninf, ninf};
 #pragma unroll
-    for (int n = 0; n < kTcCols / 8; ++n) {
+    for (int n = 0; n < BC / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = 8 * n + 2 * t + (e & 1), rr = e >> 1;
@@ -627,7 +657,7 @@ template <int NV> __global__ void __launch_bounds__(kThreads)
       alpha[rr] = mnew[rr] == ninf ? 1.f : (m[rr] == ninf ? 0.f : dexp(m[rr] - mnew[rr]));
     }
 #pragma unroll
-    for (int n = 0; n < kTcCols / 8; ++n) {
+    for (int n = 0; n < BC / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int rr = e >> 1;
@@ -645,10 +675,10 @@ template <int NV> __global__ void __launch_bounds__(kThreads)
       acc[n][0] *= alpha[0], acc[n][1] *= alpha[0];
       acc[n][2] *= alpha[1], acc[n][3] *= alpha[1];
     }
-    store_frags(Pw, kTcLdP, s, g, t);
+    store_frags(Pw, (BC + 4), s, g, t);
     __syncwarp();
-    mma::warp_gemm<NV, false>(acc, Pw, kTcLdP, Vs, ldv, (bc + 7) & ~7, nv, g, t);  // O += P V (keys past bc are zero)
-    __syncwarp();                                                                  // the reads of Pw are done before the next tile's writes
+    mma::warp_gemm<NV, false>(acc, Pw, (BC + 4), Vs, ldv, (bc + 7) & ~7, nv, g, t);  // O += P V (keys past bc are zero)
+    __syncwarp();  // the reads of Pw are done before the next tile's writes
   }
 
 #pragma unroll
@@ -670,14 +700,14 @@ template <int NV> __global__ void __launch_bounds__(kThreads)
 // dK and dV. Grid as attn_bwd_dkdv's with kTcRows-key tiles; warp w owns keys j0 + 16w ..; per query
 // tile Sᵀ = K Qᵀ, Pᵀ = exp(scale Sᵀ − LSE), dPᵀ = V dOᵀ, dSᵀ = scale Pᵀ ⊙ (dPᵀ − D), then dV += Pᵀ dO and
 // dK += dSᵀ Q. ND, NV = dK's and dV's 8-column pieces.
-template <int ND, int NV> __global__ void __launch_bounds__(kThreads)
+template <int BC, int ND, int NV> __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkdv_tc(const Params<float> P, const float* __restrict__ lse, const float* __restrict__ D, float* __restrict__ dk,
                      float* __restrict__ dvo) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* const sm = reinterpret_cast<float*>(smem_raw);
   constexpr float ninf = -std::numeric_limits<float>::infinity();
   const int d = P.d, dv = P.dv;
-  const TcSmem L = tc_bwd_smem(d, dv);
+  const TcSmem L = tc_bwd_smem(BC, d, dv);
   float* const Ks = sm + L.off[0];
   float* const Vs = sm + L.off[1];
   float* const Qs = sm + L.off[2];
@@ -694,12 +724,12 @@ template <int ND, int NV> __global__ void __launch_bounds__(kThreads)
   const int64_t j0 = kt * kTcRows;
   const int bkn = static_cast<int>(P.sk - j0 < kTcRows ? P.sk - j0 : kTcRows);
   const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
-  float* const Pw = sm + L.p + r0 * kTcLdP;
+  float* const Pw = sm + L.p + r0 * (BC + 4);
   const int krow[2] = {r0 + g, r0 + g + 8};  // this lane's keys in the tile (j0 + krow >= S: padding)
   const int nd = d / 8, nv = dv / 8;
 
-  load_tile(Ks, ldk, kTcRows, P.k.row(b, hk, 0), P.k.st, j0, bkn, d);
-  load_tile(Vs, ldv, kTcRows, P.v.row(b, hk, 0), P.v.st, j0, bkn, dv);
+  load_rows(P.v4, Ks, ldk, kTcRows, P.k.row(b, hk, 0), P.k.st, j0, bkn, d);
+  load_rows(P.v4, Vs, ldv, kTcRows, P.v.row(b, hk, 0), P.v.st, j0, bkn, dv);
   load_kval(kval, kTcRows, P.kp ? P.kp + b * P.sk : nullptr, j0, bkn);
 
   float dka[ND][4], dva[NV][4];
@@ -711,26 +741,26 @@ template <int ND, int NV> __global__ void __launch_bounds__(kThreads)
   const int64_t i_first = P.causal ? (j0 - P.pos0 > 0 ? j0 - P.pos0 : 0) : 0;  // queries before see no key of the tile
   for (int hr = 0; hr < P.rep; ++hr) {
     const int64_t h = hk * P.rep + hr, bh = b * P.nh + h;
-    for (int64_t i0 = i_first; i0 < P.tq; i0 += kTcCols) {
-      const int bq = static_cast<int>(P.tq - i0 < kTcCols ? P.tq - i0 : kTcCols);
+    for (int64_t i0 = i_first; i0 < P.tq; i0 += BC) {
+      const int bq = static_cast<int>(P.tq - i0 < BC ? P.tq - i0 : BC);
       __syncthreads();  // the previous tile's reads are done (and, the first time, Ks/Vs/kval are visible after the next one)
-      load_tile(Qs, ldq, kTcCols, P.q.row(b, h, 0), P.q.st, i0, bq, d);
-      load_tile(Gs, ldg, kTcCols, P.g.row(b, h, 0), P.g.st, i0, bq, dv);
-      for (int e = tid; e < kTcCols; e += kThreads) {
+      load_rows(P.v4, Qs, ldq, BC, P.q.row(b, h, 0), P.q.st, i0, bq, d);
+      load_rows(P.v4, Gs, ldg, BC, P.g.row(b, h, 0), P.g.st, i0, bq, dv);
+      for (int e = tid; e < BC; e += kThreads) {
         Ls[e] = e < bq ? lse[bh * P.tq + i0 + e] : ninf;  // padding rows: "no visible key"
         Ds[e] = e < bq ? D[bh * P.tq + i0 + e] : 0.f;
       }
       __syncthreads();
 
-      float s[kTcCols / 8][4], dp[kTcCols / 8][4];
+      float s[BC / 8][4], dp[BC / 8][4];
 #pragma unroll
-      for (int n = 0; n < kTcCols / 8; ++n)
+      for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0;
-      mma::warp_gemm<kTcCols / 8, true>(s, Ks + r0 * ldk, ldk, Qs, ldq, d, kTcCols / 8, g, t);    // Sᵀ = K Qᵀ
-      mma::warp_gemm<kTcCols / 8, true>(dp, Vs + r0 * ldv, ldv, Gs, ldg, dv, kTcCols / 8, g, t);  // dPᵀ = V dOᵀ
+      mma::warp_gemm<BC / 8, true>(s, Ks + r0 * ldk, ldk, Qs, ldq, d, BC / 8, g, t);    // Sᵀ = K Qᵀ
+      mma::warp_gemm<BC / 8, true>(dp, Vs + r0 * ldv, ldv, Gs, ldg, dv, BC / 8, g, t);  // dPᵀ = V dOᵀ
 #pragma unroll
-      for (int n = 0; n < kTcCols / 8; ++n) {
+      for (int n = 0; n < BC / 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = 8 * n + 2 * t + (e & 1), kr = krow[e >> 1];
@@ -744,13 +774,13 @@ template <int ND, int NV> __global__ void __launch_bounds__(kThreads)
         }
       }
       const int kq = (bq + 7) & ~7;  // query rows past bq are zero
-      store_frags(Pw, kTcLdP, s, g, t);
+      store_frags(Pw, (BC + 4), s, g, t);
       __syncwarp();
-      mma::warp_gemm<NV, false>(dva, Pw, kTcLdP, Gs, ldg, kq, nv, g, t);  // dV += Pᵀ dO
+      mma::warp_gemm<NV, false>(dva, Pw, (BC + 4), Gs, ldg, kq, nv, g, t);  // dV += Pᵀ dO
       __syncwarp();
-      store_frags(Pw, kTcLdP, dp, g, t);
+      store_frags(Pw, (BC + 4), dp, g, t);
       __syncwarp();
-      mma::warp_gemm<ND, false>(dka, Pw, kTcLdP, Qs, ldq, kq, nd, g, t);  // dK += dSᵀ Q
+      mma::warp_gemm<ND, false>(dka, Pw, (BC + 4), Qs, ldq, kq, nd, g, t);  // dK += dSᵀ Q
       __syncwarp();
     }
   }
@@ -780,13 +810,13 @@ template <int ND, int NV> __global__ void __launch_bounds__(kThreads)
 
 // dQ. Grid as the forward's; warp w owns query rows i0 + 16w ..; per key tile S = Q Kᵀ, dP = dO Vᵀ,
 // dS = scale P ⊙ (dP − D), dQ += dS K. ND = dQ's 8-column pieces.
-template <int ND> __global__ void __launch_bounds__(kThreads)
+template <int BC, int ND> __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_tc(const Params<float> P, const float* __restrict__ lse, const float* __restrict__ D, float* __restrict__ dq, int64_t nqt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* const sm = reinterpret_cast<float*>(smem_raw);
   constexpr float ninf = -std::numeric_limits<float>::infinity();
   const int d = P.d, dv = P.dv;
-  const TcSmem L = tc_bwd_smem(d, dv);
+  const TcSmem L = tc_bwd_smem(BC, d, dv);
   float* const Qs = sm + L.off[0];
   float* const Gs = sm + L.off[1];
   float* const Ks = sm + L.off[2];
@@ -801,7 +831,7 @@ template <int ND> __global__ void __launch_bounds__(kThreads)
   const int64_t i0 = qt * kTcRows;
   const int br = static_cast<int>(P.tq - i0 < kTcRows ? P.tq - i0 : kTcRows);
   const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
-  float* const Pw = sm + L.p + r0 * kTcLdP;
+  float* const Pw = sm + L.p + r0 * (BC + 4);
   const int64_t irow[2] = {i0 + r0 + g, i0 + r0 + g + 8};
   float li[2], di[2];
 #pragma unroll
@@ -810,8 +840,8 @@ template <int ND> __global__ void __launch_bounds__(kThreads)
     di[rr] = irow[rr] < P.tq ? D[bh * P.tq + irow[rr]] : 0.f;
   }
 
-  load_tile(Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, i0, br, d);
-  load_tile(Gs, ldg, kTcRows, P.g.row(b, h, 0), P.g.st, i0, br, dv);
+  load_rows(P.v4, Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, i0, br, d);
+  load_rows(P.v4, Gs, ldg, kTcRows, P.g.row(b, h, 0), P.g.st, i0, br, dv);
   const float* const kb = P.k.row(b, hk, 0);
   const float* const vb = P.v.row(b, hk, 0);
   const unsigned char* const kpb = P.kp ? P.kp + b * P.sk : nullptr;
@@ -823,24 +853,24 @@ template <int ND> __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int n = 0; n < ND; ++n) dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0;
 
-  for (int64_t j0 = 0; j0 < kend; j0 += kTcCols) {
-    const int bc = static_cast<int>(kend - j0 < kTcCols ? kend - j0 : kTcCols);
+  for (int64_t j0 = 0; j0 < kend; j0 += BC) {
+    const int bc = static_cast<int>(kend - j0 < BC ? kend - j0 : BC);
     __syncthreads();  // the previous tile's reads of Ks, Vs are done
-    load_tile(Ks, ldk, kTcCols, kb, P.k.st, j0, bc, d);
-    load_tile(Vs, ldv, kTcCols, vb, P.v.st, j0, bc, dv);
-    load_kval(kval, kTcCols, kpb, j0, bc);
+    load_rows(P.v4, Ks, ldk, BC, kb, P.k.st, j0, bc, d);
+    load_rows(P.v4, Vs, ldv, BC, vb, P.v.st, j0, bc, dv);
+    load_kval(kval, BC, kpb, j0, bc);
     __syncthreads();
     if (j0 >= wend) continue;  // (warp-uniform) no row of this warp sees these keys
 
-    float s[kTcCols / 8][4], dp[kTcCols / 8][4];
+    float s[BC / 8][4], dp[BC / 8][4];
 #pragma unroll
-    for (int n = 0; n < kTcCols / 8; ++n)
+    for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0;
-    mma::warp_gemm<kTcCols / 8, true>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, kTcCols / 8, g, t);    // S = Q Kᵀ
-    mma::warp_gemm<kTcCols / 8, true>(dp, Gs + r0 * ldg, ldg, Vs, ldv, dv, kTcCols / 8, g, t);  // dP = dO Vᵀ
+    mma::warp_gemm<BC / 8, true>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);    // S = Q Kᵀ
+    mma::warp_gemm<BC / 8, true>(dp, Gs + r0 * ldg, ldg, Vs, ldv, dv, BC / 8, g, t);  // dP = dO Vᵀ
 #pragma unroll
-    for (int n = 0; n < kTcCols / 8; ++n) {
+    for (int n = 0; n < BC / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = 8 * n + 2 * t + (e & 1), rr = e >> 1;
@@ -850,9 +880,9 @@ template <int ND> __global__ void __launch_bounds__(kThreads)
         dp[n][e] = vis ? P.scale * p * (dp[n][e] - di[rr]) : 0.f;
       }
     }
-    store_frags(Pw, kTcLdP, dp, g, t);
+    store_frags(Pw, (BC + 4), dp, g, t);
     __syncwarp();
-    mma::warp_gemm<ND, false>(dqa, Pw, kTcLdP, Ks, ldk, (bc + 7) & ~7, nd, g, t);  // dQ += dS K (keys past bc are zero)
+    mma::warp_gemm<ND, false>(dqa, Pw, (BC + 4), Ks, ldk, (bc + 7) & ~7, nd, g, t);  // dQ += dS K (keys past bc are zero)
     __syncwarp();
   }
 
@@ -889,6 +919,12 @@ void check_output(const char* op, const char* name, const Cuda::M& x, DType dt, 
   KILN_CHECK(x.dtype == dt && x.layout.shape == want && x.layout.is_contiguous(), "{}: {} must be a contiguous {} {}, got {} {} ({})", op,
              name, dt, shape_str(want), x.dtype, shape_str(x.layout.shape), shapes);
   cuda::check_device(x.storage, op);
+}
+
+// Rows of x start 16-byte aligned (every (b, h, t) row, for any index).
+template <class T> bool aligned4(const Rows4<T>& x) {
+  return reinterpret_cast<uintptr_t>(x.p) % 16 == 0 && (x.sb * sizeof(T)) % 16 == 0 && (x.sh * sizeof(T)) % 16 == 0 &&
+         (x.st * sizeof(T)) % 16 == 0;
 }
 
 // Validates q, k, v and key_padding; fills the common part of the kernel parameters.
@@ -951,6 +987,7 @@ template <class T> Params<T> make_params(const char* op, Shapes& s, Cuda::V q, C
   P.scale = static_cast<T>(scale);
   P.causal = causal;
   P.pos0 = pos0;
+  P.v4 = aligned4(P.q) && aligned4(P.k) && aligned4(P.v) && s.d % 4 == 0 && s.dv % 4 == 0;
   return P;
 }
 
@@ -967,6 +1004,22 @@ template <class F> void with_nc(int64_t width, F&& f) {
     default:
       return f(std::integral_constant<int, 32>{});
   }
+}
+
+// Calls f(std::integral_constant<int, BC>) for the tensor-core kernels' columns per step (keys per tile
+// forward and dQ, query rows per tile dK/dV), 32 or 64. Chosen from an H100's timings (bench/RESULTS.md,
+// "Tensor-core flash attention"): 32 columns halve the shared memory per block, so more blocks fit an SM;
+// 64 reuse each loaded Q row (forward) or K/V row (GQA's dK/dV, which walks the group's heads) over more
+// products. Forward: 64 up to d = 64; backward: 32, but 64 for GQA up to d = dv = 64.
+// KILN_CUDA_ATTENTION_COLS=32|64 (read once) overrides it, for the benchmarks.
+template <class F> void with_tc_cols(bool backward, const Shapes& s, F&& f) {
+  static const int forced = [] {
+    const char* e = std::getenv("KILN_CUDA_ATTENTION_COLS");
+    return e && std::string_view(e) == "32" ? 32 : e && std::string_view(e) == "64" ? 64 : 0;
+  }();
+  const bool wide = forced ? forced == 64 : backward ? s.H > s.Hkv && s.d <= 64 && s.dv <= 64 : s.d <= 64;
+  if (wide) return f(std::integral_constant<int, 64>{});
+  return f(std::integral_constant<int, 32>{});
 }
 
 // Calls f(std::integral_constant<int, N>) for the tensor-core kernels' 8-column pieces of a head dim
@@ -1009,10 +1062,13 @@ template <class T> void forward(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cu
     if (cuda::attention_tensor_cores() && tc_fits(s.d, s.dv)) {
       const int64_t nqt = ceil_div(s.T, kTcRows);
       const unsigned grid = grid_of(op, nqt * s.B * s.H, shapes);
-      const size_t smem = tc_fwd_smem(P.d, P.dv).bytes;
       float* const op_ = o.storage.as<float>() + o.layout.offset;
       float* const lp = lse.storage.as<float>() + lse.layout.offset;
-      with_pieces(s.dv, [&](auto nv) { launch(op, attn_fwd_tc<decltype(nv)::value>, grid, smem, shapes, P, op_, lp, nqt); });
+      with_tc_cols(false, s, [&](auto bc) {
+        const size_t smem = tc_fwd_smem(bc, P.d, P.dv).bytes;
+        with_pieces(
+            s.dv, [&](auto nv) { launch(op, attn_fwd_tc<decltype(bc)::value, decltype(nv)::value>, grid, smem, shapes, P, op_, lp, nqt); });
+      });
       return;
     }
   }
@@ -1047,6 +1103,7 @@ template <class T> void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, 
   };
   P.o = rows(o);
   P.g = rows(dout);
+  P.v4 = P.v4 && aligned4(P.o) && aligned4(P.g);
   const T* const lp = lse.storage.as<T>() + lse.layout.offset;
   T* const dqp = dq.storage.as<T>() + dq.layout.offset;
   T* const dkp = dk.storage.as<T>() + dk.layout.offset;
@@ -1062,16 +1119,19 @@ template <class T> void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, 
 
   if constexpr (std::is_same_v<T, float>) {
     if (cuda::attention_tensor_cores() && tc_fits(s.d, s.dv)) {
-      const size_t smem = tc_bwd_smem(P.d, P.dv).bytes;
       const unsigned grid_kv = grid_of(op, ceil_div(s.S, kTcRows) * s.B * s.Hkv, shapes);
-      with_pieces(s.d, [&](auto nd) {
-        with_pieces(s.dv, [&](auto nv) {
-          launch(op, attn_bwd_dkdv_tc<decltype(nd)::value, decltype(nv)::value>, grid_kv, smem, shapes, P, lp, Dp, dkp, dvp);
-        });
-      });
       const int64_t nqt = ceil_div(s.T, kTcRows);
       const unsigned grid_q = grid_of(op, nqt * s.B * s.H, shapes);
-      with_pieces(s.d, [&](auto nd) { launch(op, attn_bwd_dq_tc<decltype(nd)::value>, grid_q, smem, shapes, P, lp, Dp, dqp, nqt); });
+      with_tc_cols(true, s, [&](auto bc) {
+        const size_t smem = tc_bwd_smem(bc, P.d, P.dv).bytes;
+        with_pieces(s.d, [&](auto nd) {
+          with_pieces(s.dv, [&](auto nv) {
+            launch(op, attn_bwd_dkdv_tc<decltype(bc)::value, decltype(nd)::value, decltype(nv)::value>, grid_kv, smem, shapes, P, lp, Dp,
+                   dkp, dvp);
+          });
+          launch(op, attn_bwd_dq_tc<decltype(bc)::value, decltype(nd)::value>, grid_q, smem, shapes, P, lp, Dp, dqp, nqt);
+        });
+      });
       return;
     }
   }

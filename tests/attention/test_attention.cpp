@@ -38,7 +38,8 @@ struct Case {
   bool causal;
   int64_t pos0;
   bool padding = false;   // random key padding (every row keeps a visible key)
-  int layout = 0;         // 0 contiguous, 1 q/k/v transposed views [B, T, H, d], 2 sliced cache + strided last dim
+  int layout = 0;         // 0 contiguous, 1 q/k/v transposed views [B, T, H, d], 2 sliced cache + strided last dim,
+                          // 3 rows at an odd element offset (not 16-byte aligned)
   std::string mask{};     // the attention mask's shape (kMaskShapes), "" for none
   bool additive = false;  // additive float mask (with −inf entries) rather than bool
   std::string str() const {
@@ -100,6 +101,10 @@ template <Backend B> Inputs<B> make_inputs(const Case& c, DType dt, uint64_t see
     in.q = rnd({c.B, c.T, c.H, c.d}).transpose(1, 2);
     in.k = rnd({c.B, c.S, c.Hkv, c.d}).transpose(1, 2);
     in.v = rnd({c.B, c.S, c.Hkv, c.dv}).transpose(1, 2);
+  } else if (c.layout == 3) {  // rows one element into a wider buffer: unit stride, rows not 16-byte aligned
+    in.q = rnd({c.B, c.H, c.T, c.d + 1}).narrow(3, 1, c.d);
+    in.k = rnd({c.B, c.Hkv, c.S, c.d + 1}).narrow(3, 1, c.d);
+    in.v = rnd({c.B, c.Hkv, c.S, c.dv + 1}).narrow(3, 1, c.dv);
   } else {  // a sliced KV cache, a stepped q, a v with stride 2 in the last dim
     in.q = rnd({c.B, c.H, c.T + 3, c.d}).narrow(2, 3, c.T);
     in.k = rnd({c.B, c.Hkv, c.S + 10, c.d}).narrow(2, 0, c.S);
@@ -256,6 +261,7 @@ const std::vector<Case> kTileCases = {
     {1, 4, 2, 45, 109, 80, 47, true, 64},             // KV-cache chunk, d != dv, odd dv
     {1, 1, 1, 193, 193, 64, 64, false, 0, true},      // three full tiles + 1 row, key padding
     {1, 2, 1, 29, 29, 128, 40, true, 0, false, 1},
+    {1, 2, 1, 70, 70, 32, 48, true, 0, true, 3},  // rows not 16-byte aligned (Cuda: scalar tile loads)
 };
 
 TEMPLATE_TEST_CASE("attention: the f32 tile products at the edges of their register blocks (f32 vs f64 oracle)", "[attention][tile]", Cpu) {
