@@ -585,6 +585,41 @@ template <int NT> __device__ __forceinline__ void store_frags(float* W, int ld, 
   }
 }
 
+template <int N> __device__ __forceinline__ void zero(float (&c)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0;
+}
+
+// The block of the forward and the dQ pass: (b, h), its tile of kTcRows query rows from i0 (br of them
+// real), the keys [0, kend) some row of the tile sees, and [0, wend) some row of warp `r0 / 16` sees.
+struct QueryTile {
+  int64_t bh, b, h, hk, i0, kend, wend;
+  int br;
+  __device__ QueryTile(const Params<float>& P, int64_t nqt, int r0) {
+    const int64_t BH = P.nb * P.nh, unit = blockIdx.x;
+    bh = unit % BH;
+    b = bh / P.nh, h = bh % P.nh, hk = h / P.rep;
+    i0 = (nqt - 1 - unit / BH) * kTcRows;
+    br = static_cast<int>(P.tq - i0 < kTcRows ? P.tq - i0 : kTcRows);
+    kend = P.causal ? (P.pos0 + i0 + br < P.sk ? P.pos0 + i0 + br : P.sk) : P.sk;
+    wend = P.causal ? (P.pos0 + i0 + r0 + 16 < kend ? P.pos0 + i0 + r0 + 16 : kend) : kend;
+  }
+};
+
+// Stages the key tile [j0, j0 + BC) of a QueryTile's (b, kv head): K, V and the key flags (keys past the
+// tile's end zero / invisible); returns how many keys are real. All threads of the block take part,
+// between two barriers.
+template <int BC> __device__ __forceinline__ int stage_keys(const Params<float>& P, const QueryTile& q, int64_t j0, float* Ks, int ldk,
+                                                            float* Vs, int ldv, int* kval) {
+  const int bc = static_cast<int>(q.kend - j0 < BC ? q.kend - j0 : BC);
+  __syncthreads();  // the previous tile's reads of Ks, Vs are done
+  load_rows(P.v4, Ks, ldk, BC, P.k.row(q.b, q.hk, 0), P.k.st, j0, bc, P.d);
+  load_rows(P.v4, Vs, ldv, BC, P.v.row(q.b, q.hk, 0), P.v.st, j0, bc, P.dv);
+  load_kval(kval, BC, P.kp ? P.kp + q.b * P.sk : nullptr, j0, bc);
+  __syncthreads();
+  return bc;
+}
+
 // Forward. Grid as attn_fwd's with kTcRows-row tiles. NV = the O accumulator's 8-column pieces.
 template <int BC, int NV> __global__ void __launch_bounds__(kThreads)
     attn_fwd_tc(const Params<float> P, float* __restrict__ o, float* __restrict__ lse, int64_t nqt) {
@@ -599,42 +634,23 @@ template <int BC, int NV> __global__ void __launch_bounds__(kThreads)
   int* const kval = reinterpret_cast<int*>(sm + L.kval);
   const int ldq = L.ld[0], ldk = L.ld[1], ldv = L.ld[2];
 
-  const int64_t BH = P.nb * P.nh;
-  const int64_t unit = blockIdx.x;
-  const int64_t qt = nqt - 1 - unit / BH, bh = unit % BH;
-  const int64_t b = bh / P.nh, h = bh % P.nh, hk = h / P.rep;
-  const int64_t i0 = qt * kTcRows;
-  const int br = static_cast<int>(P.tq - i0 < kTcRows ? P.tq - i0 : kTcRows);
   const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
+  const QueryTile q(P, nqt, r0);
+  const int64_t bh = q.bh, b = q.b, h = q.h;
   float* const Pw = sm + L.p + r0 * (BC + 4);
-  const int64_t irow[2] = {i0 + r0 + g, i0 + r0 + g + 8};  // this lane's query rows (>= T: a last tile's padding)
-
-  load_rows(P.v4, Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, i0, br, d);
-  const float* const kb = P.k.row(b, hk, 0);
-  const float* const vb = P.v.row(b, hk, 0);
-  const unsigned char* const kpb = P.kp ? P.kp + b * P.sk : nullptr;
-  const int64_t kend = P.causal ? (P.pos0 + i0 + br < P.sk ? P.pos0 + i0 + br : P.sk) : P.sk;
-  // keys [0, wend) are visible to some row of this warp
-  const int64_t wend = P.causal ? (P.pos0 + i0 + r0 + 16 < kend ? P.pos0 + i0 + r0 + 16 : kend) : kend;
+  const int64_t irow[2] = {q.i0 + r0 + g, q.i0 + r0 + g + 8};  // this lane's query rows (>= T: a last tile's padding)
+  load_rows(P.v4, Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
   const int nv = dv / 8;
 
   float m[2] = {ninf, ninf}, l[2] = {0, 0};
   float acc[NV][4];
-#pragma unroll
-  for (int n = 0; n < NV; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
-
-  for (int64_t j0 = 0; j0 < kend; j0 += BC) {
-    const int bc = static_cast<int>(kend - j0 < BC ? kend - j0 : BC);
-    __syncthreads();  // the previous tile's reads of Ks, Vs are done
-    load_rows(P.v4, Ks, ldk, BC, kb, P.k.st, j0, bc, d);
-    load_rows(P.v4, Vs, ldv, BC, vb, P.v.st, j0, bc, dv);
-    load_kval(kval, BC, kpb, j0, bc);
-    __syncthreads();
-    if (j0 >= wend) continue;  // (warp-uniform) no row of this warp sees these keys
+  zero(acc);
+  for (int64_t j0 = 0; j0 < q.kend; j0 += BC) {
+    const int bc = stage_keys<BC>(P, q, j0, Ks, ldk, Vs, ldv, kval);
+    if (j0 >= q.wend) continue;  // (warp-uniform) no row of this warp sees these keys
 
     float s[BC / 8][4];
-#pragma unroll
-    for (int n = 0; n < BC / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
+    zero(s);
     mma::warp_gemm<BC / 8, true>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);
 
     float mx[2] = {ninf, ninf};
@@ -733,10 +749,8 @@ template <int BC, int ND, int NV> __global__ void __launch_bounds__(kThreads)
   load_kval(kval, kTcRows, P.kp ? P.kp + b * P.sk : nullptr, j0, bkn);
 
   float dka[ND][4], dva[NV][4];
-#pragma unroll
-  for (int n = 0; n < ND; ++n) dka[n][0] = dka[n][1] = dka[n][2] = dka[n][3] = 0;
-#pragma unroll
-  for (int n = 0; n < NV; ++n) dva[n][0] = dva[n][1] = dva[n][2] = dva[n][3] = 0;
+  zero(dka);
+  zero(dva);
 
   const int64_t i_first = P.causal ? (j0 - P.pos0 > 0 ? j0 - P.pos0 : 0) : 0;  // queries before see no key of the tile
   for (int hr = 0; hr < P.rep; ++hr) {
@@ -753,10 +767,8 @@ template <int BC, int ND, int NV> __global__ void __launch_bounds__(kThreads)
       __syncthreads();
 
       float s[BC / 8][4], dp[BC / 8][4];
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0;
+      zero(s);
+      zero(dp);
       mma::warp_gemm<BC / 8, true>(s, Ks + r0 * ldk, ldk, Qs, ldq, d, BC / 8, g, t);    // Sᵀ = K Qᵀ
       mma::warp_gemm<BC / 8, true>(dp, Vs + r0 * ldv, ldv, Gs, ldg, dv, BC / 8, g, t);  // dPᵀ = V dOᵀ
 #pragma unroll
@@ -824,15 +836,11 @@ template <int BC, int ND> __global__ void __launch_bounds__(kThreads)
   int* const kval = reinterpret_cast<int*>(sm + L.kval);
   const int ldq = L.ld[0], ldg = L.ld[1], ldk = L.ld[2], ldv = L.ld[3];
 
-  const int64_t BH = P.nb * P.nh;
-  const int64_t unit = blockIdx.x;
-  const int64_t qt = nqt - 1 - unit / BH, bh = unit % BH;
-  const int64_t b = bh / P.nh, h = bh % P.nh, hk = h / P.rep;
-  const int64_t i0 = qt * kTcRows;
-  const int br = static_cast<int>(P.tq - i0 < kTcRows ? P.tq - i0 : kTcRows);
   const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
+  const QueryTile q(P, nqt, r0);
+  const int64_t bh = q.bh, b = q.b, h = q.h;
   float* const Pw = sm + L.p + r0 * (BC + 4);
-  const int64_t irow[2] = {i0 + r0 + g, i0 + r0 + g + 8};
+  const int64_t irow[2] = {q.i0 + r0 + g, q.i0 + r0 + g + 8};
   float li[2], di[2];
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -840,33 +848,19 @@ template <int BC, int ND> __global__ void __launch_bounds__(kThreads)
     di[rr] = irow[rr] < P.tq ? D[bh * P.tq + irow[rr]] : 0.f;
   }
 
-  load_rows(P.v4, Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, i0, br, d);
-  load_rows(P.v4, Gs, ldg, kTcRows, P.g.row(b, h, 0), P.g.st, i0, br, dv);
-  const float* const kb = P.k.row(b, hk, 0);
-  const float* const vb = P.v.row(b, hk, 0);
-  const unsigned char* const kpb = P.kp ? P.kp + b * P.sk : nullptr;
-  const int64_t kend = P.causal ? (P.pos0 + i0 + br < P.sk ? P.pos0 + i0 + br : P.sk) : P.sk;
-  const int64_t wend = P.causal ? (P.pos0 + i0 + r0 + 16 < kend ? P.pos0 + i0 + r0 + 16 : kend) : kend;
+  load_rows(P.v4, Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
+  load_rows(P.v4, Gs, ldg, kTcRows, P.g.row(b, h, 0), P.g.st, q.i0, q.br, dv);
   const int nd = d / 8;
 
   float dqa[ND][4];
-#pragma unroll
-  for (int n = 0; n < ND; ++n) dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0;
-
-  for (int64_t j0 = 0; j0 < kend; j0 += BC) {
-    const int bc = static_cast<int>(kend - j0 < BC ? kend - j0 : BC);
-    __syncthreads();  // the previous tile's reads of Ks, Vs are done
-    load_rows(P.v4, Ks, ldk, BC, kb, P.k.st, j0, bc, d);
-    load_rows(P.v4, Vs, ldv, BC, vb, P.v.st, j0, bc, dv);
-    load_kval(kval, BC, kpb, j0, bc);
-    __syncthreads();
-    if (j0 >= wend) continue;  // (warp-uniform) no row of this warp sees these keys
+  zero(dqa);
+  for (int64_t j0 = 0; j0 < q.kend; j0 += BC) {
+    const int bc = stage_keys<BC>(P, q, j0, Ks, ldk, Vs, ldv, kval);
+    if (j0 >= q.wend) continue;  // (warp-uniform) no row of this warp sees these keys
 
     float s[BC / 8][4], dp[BC / 8][4];
-#pragma unroll
-    for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0;
+    zero(s);
+    zero(dp);
     mma::warp_gemm<BC / 8, true>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);    // S = Q Kᵀ
     mma::warp_gemm<BC / 8, true>(dp, Gs + r0 * ldg, ldg, Vs, ldv, dv, BC / 8, g, t);  // dP = dO Vᵀ
 #pragma unroll
