@@ -500,10 +500,11 @@ template <class T, int NC> __global__ void __launch_bounds__(kThreads)
 // rows g and g + 8 (g = lane / 4) of its warp's block, columns 2t, 2t + 1 of every 8-column piece
 // (t = lane % 4), so a row's statistics are reduced over the 4 lanes of a quad. P and dS go through a
 // warp-private shared buffer to become the next product's A operand. A step takes BC = 32 or 64
-// columns (keys forward and dQ, query rows dK/dV; with_tc_cols chooses). Tiles come from global memory
+// columns (keys forward and dQ, query rows dK/dV; tc_cols chooses). Tiles come from global memory
 // as float4 where rows are 16-byte aligned, eight loads in flight per thread (load_rows). Same
 // determinism as the FMA kernels (no atomics; the dK/dV and dQ passes recompute P). Taken for f32 with d
-// and dv multiples of 8 up to 128 (tc_fits), unless cuda::set_attention_tensor_cores(false).
+// and dv multiples of 8 up to 128 whose tiles fit the device's shared memory (use_tc), unless
+// cuda::set_attention_tensor_cores(false).
 constexpr int kTcRows = 64;  // rows per block (4 warps x 16)
 constexpr int kTcMaxHead = 128;
 static_assert(kTcRows == 16 * (kThreads / kWarp));
@@ -1000,19 +1001,31 @@ template <class F> void with_nc(int64_t width, F&& f) {
   }
 }
 
-// Calls f(std::integral_constant<int, BC>) for the tensor-core kernels' columns per step (keys per tile
-// forward and dQ, query rows per tile dK/dV), 32 or 64. Chosen from an H100's timings (bench/RESULTS.md,
-// "Tensor-core flash attention"): 32 columns halve the shared memory per block, so more blocks fit an SM;
-// 64 reuse each loaded Q row (forward) or K/V row (GQA's dK/dV, which walks the group's heads) over more
-// products. Forward: 64 up to d = 64; backward: 32, but 64 for GQA up to d = dv = 64.
-// KILN_CUDA_ATTENTION_COLS=32|64 (read once) overrides it, for the benchmarks.
-template <class F> void with_tc_cols(bool backward, const Shapes& s, F&& f) {
+// The tensor-core kernels' columns per step (keys per tile forward and dQ, query rows per tile dK/dV),
+// 32 or 64, chosen from an H100's timings (bench/RESULTS.md, "Tensor-core flash attention"): 32 columns
+// halve the shared memory per block, so more blocks fit an SM; 64 reuse each loaded Q row (forward) or
+// K/V row (GQA's dK/dV, which walks the group's heads) over more products. Forward: 64 up to d = 64;
+// backward: 32, but 64 for GQA up to d = dv = 64. KILN_CUDA_ATTENTION_COLS=32|64 (read once) overrides
+// it, for the benchmarks.
+int tc_cols(bool backward, const Shapes& s) {
   static const int forced = [] {
     const char* e = std::getenv("KILN_CUDA_ATTENTION_COLS");
     return e && std::string_view(e) == "32" ? 32 : e && std::string_view(e) == "64" ? 64 : 0;
   }();
-  const bool wide = forced ? forced == 64 : backward ? s.H > s.Hkv && s.d <= 64 && s.dv <= 64 : s.d <= 64;
-  if (wide) return f(std::integral_constant<int, 64>{});
+  if (forced) return forced;
+  return (backward ? s.H > s.Hkv && s.d <= 64 && s.dv <= 64 : s.d <= 64) ? 64 : 32;
+}
+
+// Whether the tensor-core kernels take a case: f32 (the caller's), head dims they handle, not switched
+// off, and their shared memory within the device's per-block limit (GPUs with less than an H100's, e.g.
+// 99 KiB, run the FMA kernels at d = 128).
+bool use_tc(const Shapes& s, size_t smem) {
+  return cuda::attention_tensor_cores() && tc_fits(s.d, s.dv) && smem <= cuda::device_properties().sharedMemPerBlockOptin;
+}
+
+// Calls f(std::integral_constant<int, BC>) for bc = 32 or 64.
+template <class F> void with_cols(int bc, F&& f) {
+  if (bc == 64) return f(std::integral_constant<int, 64>{});
   return f(std::integral_constant<int, 32>{});
 }
 
@@ -1053,12 +1066,13 @@ template <class T> void forward(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cu
   check_output(op, "lse", lse, dtype_of<T>, {s.B, s.H, s.T}, shapes);
   if (s.B * s.H * s.T == 0) return;  // nothing to write (S = 0 is handled by the kernel: O = NaN, LSE = −inf)
   if constexpr (std::is_same_v<T, float>) {
-    if (cuda::attention_tensor_cores() && tc_fits(s.d, s.dv)) {
+    const int cols = tc_cols(false, s);
+    if (use_tc(s, tc_fwd_smem(cols, P.d, P.dv).bytes)) {
       const int64_t nqt = ceil_div(s.T, kTcRows);
       const unsigned grid = grid_of(op, nqt * s.B * s.H, shapes);
       float* const op_ = o.storage.as<float>() + o.layout.offset;
       float* const lp = lse.storage.as<float>() + lse.layout.offset;
-      with_tc_cols(false, s, [&](auto bc) {
+      with_cols(cols, [&](auto bc) {
         const size_t smem = tc_fwd_smem(bc, P.d, P.dv).bytes;
         with_pieces(
             s.dv, [&](auto nv) { launch(op, attn_fwd_tc<decltype(bc)::value, decltype(nv)::value>, grid, smem, shapes, P, op_, lp, nqt); });
@@ -1112,11 +1126,12 @@ template <class T> void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, 
   KILN_CUDA_LAUNCHED(op);
 
   if constexpr (std::is_same_v<T, float>) {
-    if (cuda::attention_tensor_cores() && tc_fits(s.d, s.dv)) {
+    const int cols = tc_cols(true, s);
+    if (use_tc(s, tc_bwd_smem(cols, P.d, P.dv).bytes)) {
       const unsigned grid_kv = grid_of(op, ceil_div(s.S, kTcRows) * s.B * s.Hkv, shapes);
       const int64_t nqt = ceil_div(s.T, kTcRows);
       const unsigned grid_q = grid_of(op, nqt * s.B * s.H, shapes);
-      with_tc_cols(true, s, [&](auto bc) {
+      with_cols(cols, [&](auto bc) {
         const size_t smem = tc_bwd_smem(bc, P.d, P.dv).bytes;
         with_pieces(s.d, [&](auto nd) {
           with_pieces(s.dv, [&](auto nv) {
