@@ -43,8 +43,9 @@ void set_allow_tf32(bool allow);
 bool allow_tf32();
 
 // f32 flash attention on the tensor cores where the head dims allow it (d and dv multiples of 8, at
-// most 128): TF32 products in the 3xTF32 split, so f32 accuracy is kept, whatever allow_tf32 says. On
-// by default; off, every f32 case runs the FMA kernels (for comparisons).
+// most 128, and tiles within the device's shared memory per block): TF32 products in the 3xTF32 split,
+// so f32 accuracy is kept, whatever allow_tf32 says. On by default; off, every f32 case runs the FMA
+// kernels (for comparisons).
 void set_attention_tensor_cores(bool on);
 bool attention_tensor_cores();
 

@@ -74,7 +74,7 @@ template <class Arr, int ID> Arr& block_shared() {
 // warp-synchronous operation whose mask names an exited lane is undefined): throws naming the kernel.
 void sync_warp(unsigned mask);
 int lane_id();                       // linear thread index % 32
-unsigned char* warp_slot(int lane);  // 16 bytes for `lane` of the caller's warp
+unsigned char* warp_slot(int lane);  // kSlotBytes for `lane` of the caller's warp
 constexpr size_t kSlotBytes = 32;    // a shuffled value (<= 16 bytes) or a lane's tensor-core fragments
 
 template <class T> T shfl_from(unsigned mask, T v, int src) {
