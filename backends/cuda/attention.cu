@@ -1005,12 +1005,15 @@ template <class F> void with_nc(int64_t width, F&& f) {
 // 32 or 64, chosen from an H100's timings (bench/RESULTS.md, "Tensor-core flash attention"): 32 columns
 // halve the shared memory per block, so more blocks fit an SM; 64 reuse each loaded Q row (forward) or
 // K/V row (GQA's dK/dV, which walks the group's heads) over more products. Forward: 64 up to d = 64;
-// backward: 32, but 64 for GQA up to d = dv = 64. KILN_CUDA_ATTENTION_COLS=32|64 (read once) overrides
-// it, for the benchmarks.
+// backward: 32, but 64 for GQA up to d = dv = 64. KILN_CUDA_ATTENTION_COLS=32|64 (read once; any other
+// value is an error) overrides it, for the benchmarks.
 int tc_cols(bool backward, const Shapes& s) {
   static const int forced = [] {
     const char* e = std::getenv("KILN_CUDA_ATTENTION_COLS");
-    return e && std::string_view(e) == "32" ? 32 : e && std::string_view(e) == "64" ? 64 : 0;
+    if (!e || !*e) return 0;
+    const std::string_view v(e);
+    KILN_CHECK(v == "32" || v == "64", "attention: KILN_CUDA_ATTENTION_COLS must be 32 or 64, got '{}'", v);
+    return v == "32" ? 32 : 64;
   }();
   if (forced) return forced;
   return (backward ? s.H > s.Hkv && s.d <= 64 && s.dv <= 64 : s.d <= 64) ? 64 : 32;
