@@ -108,9 +108,17 @@ template <Backend B> Tensor<B> softmax_backward(const Tensor<B>& y, const Tensor
 // dv like v; for the transposed [B, H, T, hd] views of a [B, T, H, hd] projection that MultiHeadAttention
 // passes, [B, T, H, hd] blocks, so the head merge after attention and the head split's backward stay
 // views), each with unit-stride rows, and dq, dk, dv uninitialised: it writes every element.
+// A backend that declares `static constexpr bool attention_half = true` receives bf16/f16 q, k, v, o,
+// dout as they are (not converted here) and writes O, dq, dk, dv in that dtype; LSE and an additive
+// mask are f32. It must compute as the conversion would: in f32 on the widened values, each output
+// rounded once (tests/attention checks it bit for bit).
 template <class B>
 concept AttentionAnyLayout = requires {
   requires B::attention_any_layout;
+};
+template <class B>
+concept AttentionHalf = requires {
+  requires B::attention_half;
 };
 template <class B>
 concept HasAttention = requires(MutView<typename B::Storage> out, View<typename B::Storage> in, const View<typename B::Storage>* kp,
@@ -294,8 +302,8 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> attention_forward(const Ten
                                                                        const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}) {
   const detail::AttnDims a = detail::attention_check("attention_forward", q, k, v, key_padding, pos0, mask);
   if constexpr (HasAttention<B>) {
-    const DType dt = q.dtype();
-    if (dt == DType::bf16 || dt == DType::f16) {
+    const DType dt = q.dtype(), ct = detail::lse_dtype(dt);  // ct: the compute dtype, f32 for half types
+    if ((dt == DType::bf16 || dt == DType::f16) && !AttentionHalf<B>) {
       const Tensor<B> m32 = mask.defined() && mask.dtype() != DType::boolean ? mask.to(DType::f32) : mask;
       auto [o, lse] = attention_forward(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), scale, causal, pos0, key_padding, m32);
       return {o.to(dt), lse};
@@ -304,10 +312,10 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> attention_forward(const Ten
     const Tensor<B> qc = detail::attn_rows(q), kc = detail::attn_rows(k), vc = detail::attn_rows(v);
     const Shape os{a.B, a.H, a.T, a.dv};
     Tensor<B> o = AttentionAnyLayout<B> ? qc.empty_like_layout(os, dt) : Tensor<B>::empty(os, dt);
-    Tensor<B> lse = Tensor<B>::empty({a.B, a.H, a.T}, dt);
+    Tensor<B> lse = Tensor<B>::empty({a.B, a.H, a.T}, ct);
     const Tensor<B> kp = key_padding.defined() ? key_padding.contiguous() : Tensor<B>();
     const View<typename B::Storage> kpv = kp.defined() ? kp.cview() : qc.cview();
-    const Tensor<B> mv = mask.defined() ? detail::mask_view(a, mask, dt) : Tensor<B>();
+    const Tensor<B> mv = mask.defined() ? detail::mask_view(a, mask, ct) : Tensor<B>();
     const View<typename B::Storage> mvv = mv.defined() ? mv.cview() : qc.cview();
     KILN_PROFILED_FLOPS("attention_forward", detail::attention_flops(a, causal, false), o, lse, qc, kc, vc)
     B::attention_forward(o.mview(), lse.mview(), qc.cview(), kc.cview(), vc.cview(), kp.defined() ? &kpv : nullptr,
@@ -333,8 +341,8 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward(const Tensor<B>& 
              shape_str(dout.shape()), dout.dtype(), shape_str(lse.shape()), lse.dtype(), shape_str(q.shape()), q.dtype(),
              shape_str(v.shape()));
   if constexpr (HasAttentionBackward<B>) {
-    const DType dt = q.dtype();
-    if (dt == DType::bf16 || dt == DType::f16) {
+    const DType dt = q.dtype(), ct = detail::lse_dtype(dt);
+    if ((dt == DType::bf16 || dt == DType::f16) && !AttentionHalf<B>) {
       const DType f = DType::f32;
       const Tensor<B> m32 = mask.defined() && mask.dtype() != DType::boolean ? mask.to(f) : mask;
       auto [dq, dk, dv] = attention_backward(q.to(f), k.to(f), v.to(f), o.to(f), lse, dout.to(f), scale, causal, pos0, key_padding, m32);
@@ -351,7 +359,7 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward(const Tensor<B>& 
     const Tensor<B> oc = detail::attn_rows(o), gc = detail::attn_rows(dout), lc = lse.contiguous();
     const Tensor<B> kp = key_padding.defined() ? key_padding.contiguous() : Tensor<B>();
     const View<typename B::Storage> kpv = kp.defined() ? kp.cview() : qc.cview();
-    const Tensor<B> mv = mask.defined() ? detail::mask_view(a, mask, dt) : Tensor<B>();
+    const Tensor<B> mv = mask.defined() ? detail::mask_view(a, mask, ct) : Tensor<B>();
     const View<typename B::Storage> mvv = mv.defined() ? mv.cview() : qc.cview();
     KILN_PROFILED_FLOPS("attention_backward", detail::attention_flops(a, causal, true), dq, qc, kc, vc, dk, dv, oc, lc, gc)
     B::attention_backward(dq.mview(), dk.mview(), dv.mview(), qc.cview(), kc.cview(), vc.cview(), oc.cview(), lc.cview(), gc.cview(),

@@ -36,7 +36,9 @@
 // 48 KiB default a kernel opts in (cudaFuncSetAttribute) up to the device's per-block maximum, and
 // beyond that (large d with f64 on small GPUs) throws kiln::Error naming the shapes. Largest case,
 // d = dv = 256: forward 84 KiB (f32) / 98 KiB (f64), dK/dV 66 / 133 KiB, dQ 98 / 131 KiB.
+#include <algorithm>
 #include <cstdlib>
+#include <initializer_list>
 #include <string_view>
 
 #include "kiln/backends/cuda/cuda.hpp"
@@ -621,8 +623,10 @@ template <int BC> __device__ __forceinline__ int stage_keys(const Params<float>&
   return bc;
 }
 
-// Forward. Grid as attn_fwd's with kTcRows-row tiles. NV = the O accumulator's 8-column pieces.
-template <int BC, int NV> __global__ void __launch_bounds__(kThreads)
+// Forward. Grid as attn_fwd's with kTcRows-row tiles. NV = the O accumulator's 8-column pieces. kExact
+// (this and the backward kernels): q, k, v (and dO) hold bf16/f16 values, exact TF32 operands, so their
+// products skip the split's zero low parts (mma.cuh): the same results in fewer products.
+template <int BC, int NV, bool kExact> __global__ void __launch_bounds__(kThreads)
     attn_fwd_tc(const Params<float> P, float* __restrict__ o, float* __restrict__ lse, int64_t nqt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* const sm = reinterpret_cast<float*>(smem_raw);
@@ -652,7 +656,7 @@ template <int BC, int NV> __global__ void __launch_bounds__(kThreads)
 
     float s[BC / 8][4];
     zero(s);
-    mma::warp_gemm<BC / 8, true>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);
+    mma::warp_gemm<BC / 8, true, kExact, kExact>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);
 
     float mx[2] = {ninf, ninf};
 #pragma unroll
@@ -694,7 +698,7 @@ template <int BC, int NV> __global__ void __launch_bounds__(kThreads)
     }
     store_frags(Pw, (BC + 4), s, g, t);
     __syncwarp();
-    mma::warp_gemm<NV, false>(acc, Pw, (BC + 4), Vs, ldv, (bc + 7) & ~7, nv, g, t);  // O += P V (keys past bc are zero)
+    mma::warp_gemm<NV, false, false, kExact>(acc, Pw, (BC + 4), Vs, ldv, (bc + 7) & ~7, nv, g, t);  // O += P V (keys past bc are zero)
     __syncwarp();  // the reads of Pw are done before the next tile's writes
   }
 
@@ -717,7 +721,7 @@ template <int BC, int NV> __global__ void __launch_bounds__(kThreads)
 // dK and dV. Grid as attn_bwd_dkdv's with kTcRows-key tiles; warp w owns keys j0 + 16w ..; per query
 // tile Sᵀ = K Qᵀ, Pᵀ = exp(scale Sᵀ − LSE), dPᵀ = V dOᵀ, dSᵀ = scale Pᵀ ⊙ (dPᵀ − D), then dV += Pᵀ dO and
 // dK += dSᵀ Q. ND, NV = dK's and dV's 8-column pieces.
-template <int BC, int ND, int NV> __global__ void __launch_bounds__(kThreads)
+template <int BC, int ND, int NV, bool kExact> __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkdv_tc(const Params<float> P, const float* __restrict__ lse, const float* __restrict__ D, float* __restrict__ dk,
                      float* __restrict__ dvo) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -770,8 +774,8 @@ template <int BC, int ND, int NV> __global__ void __launch_bounds__(kThreads)
       float s[BC / 8][4], dp[BC / 8][4];
       zero(s);
       zero(dp);
-      mma::warp_gemm<BC / 8, true>(s, Ks + r0 * ldk, ldk, Qs, ldq, d, BC / 8, g, t);    // Sᵀ = K Qᵀ
-      mma::warp_gemm<BC / 8, true>(dp, Vs + r0 * ldv, ldv, Gs, ldg, dv, BC / 8, g, t);  // dPᵀ = V dOᵀ
+      mma::warp_gemm<BC / 8, true, kExact, kExact>(s, Ks + r0 * ldk, ldk, Qs, ldq, d, BC / 8, g, t);    // Sᵀ = K Qᵀ
+      mma::warp_gemm<BC / 8, true, kExact, kExact>(dp, Vs + r0 * ldv, ldv, Gs, ldg, dv, BC / 8, g, t);  // dPᵀ = V dOᵀ
 #pragma unroll
       for (int n = 0; n < BC / 8; ++n) {
 #pragma unroll
@@ -789,11 +793,11 @@ template <int BC, int ND, int NV> __global__ void __launch_bounds__(kThreads)
       const int kq = (bq + 7) & ~7;  // query rows past bq are zero
       store_frags(Pw, (BC + 4), s, g, t);
       __syncwarp();
-      mma::warp_gemm<NV, false>(dva, Pw, (BC + 4), Gs, ldg, kq, nv, g, t);  // dV += Pᵀ dO
+      mma::warp_gemm<NV, false, false, kExact>(dva, Pw, (BC + 4), Gs, ldg, kq, nv, g, t);  // dV += Pᵀ dO
       __syncwarp();
       store_frags(Pw, (BC + 4), dp, g, t);
       __syncwarp();
-      mma::warp_gemm<ND, false>(dka, Pw, (BC + 4), Qs, ldq, kq, nd, g, t);  // dK += dSᵀ Q
+      mma::warp_gemm<ND, false, false, kExact>(dka, Pw, (BC + 4), Qs, ldq, kq, nd, g, t);  // dK += dSᵀ Q
       __syncwarp();
     }
   }
@@ -823,7 +827,7 @@ template <int BC, int ND, int NV> __global__ void __launch_bounds__(kThreads)
 
 // dQ. Grid as the forward's; warp w owns query rows i0 + 16w ..; per key tile S = Q Kᵀ, dP = dO Vᵀ,
 // dS = scale P ⊙ (dP − D), dQ += dS K. ND = dQ's 8-column pieces.
-template <int BC, int ND> __global__ void __launch_bounds__(kThreads)
+template <int BC, int ND, bool kExact> __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_tc(const Params<float> P, const float* __restrict__ lse, const float* __restrict__ D, float* __restrict__ dq, int64_t nqt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* const sm = reinterpret_cast<float*>(smem_raw);
@@ -862,8 +866,8 @@ template <int BC, int ND> __global__ void __launch_bounds__(kThreads)
     float s[BC / 8][4], dp[BC / 8][4];
     zero(s);
     zero(dp);
-    mma::warp_gemm<BC / 8, true>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);    // S = Q Kᵀ
-    mma::warp_gemm<BC / 8, true>(dp, Gs + r0 * ldg, ldg, Vs, ldv, dv, BC / 8, g, t);  // dP = dO Vᵀ
+    mma::warp_gemm<BC / 8, true, kExact, kExact>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);    // S = Q Kᵀ
+    mma::warp_gemm<BC / 8, true, kExact, kExact>(dp, Gs + r0 * ldg, ldg, Vs, ldv, dv, BC / 8, g, t);  // dP = dO Vᵀ
 #pragma unroll
     for (int n = 0; n < BC / 8; ++n) {
 #pragma unroll
@@ -877,7 +881,7 @@ template <int BC, int ND> __global__ void __launch_bounds__(kThreads)
     }
     store_frags(Pw, (BC + 4), dp, g, t);
     __syncwarp();
-    mma::warp_gemm<ND, false>(dqa, Pw, (BC + 4), Ks, ldk, (bc + 7) & ~7, nd, g, t);  // dQ += dS K (keys past bc are zero)
+    mma::warp_gemm<ND, false, false, kExact>(dqa, Pw, (BC + 4), Ks, ldk, (bc + 7) & ~7, nd, g, t);  // dQ += dS K (keys past bc are zero)
     __syncwarp();
   }
 
@@ -1032,6 +1036,12 @@ template <class F> void with_cols(int bc, F&& f) {
   return f(std::integral_constant<int, 32>{});
 }
 
+// Calls f(std::bool_constant<on>).
+template <class F> void with_flag(bool on, F&& f) {
+  if (on) return f(std::true_type{});
+  return f(std::false_type{});
+}
+
 // Calls f(std::integral_constant<int, N>) for the tensor-core kernels' 8-column pieces of a head dim
 // (8 up to 64, else 16).
 template <class F> void with_pieces(int64_t width, F&& f) {
@@ -1059,8 +1069,10 @@ void launch(const char* op, void (*kernel)(KArgs...), unsigned grid, size_t smem
   KILN_CUDA_LAUNCHED(op);
 }
 
+// exact: q, k, v hold bf16/f16 values (the half entry points below), which the tensor-core kernels take
+// as exact TF32 operands.
 template <class T> void forward(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cuda::V v, const Cuda::V* kp, const Cuda::V* mask,
-                                double scale, bool causal, int64_t pos0) {
+                                double scale, bool causal, int64_t pos0, bool exact = false) {
   const char* op = "attention_forward";
   Shapes s{};
   const Params<T> P = make_params<T>(op, s, q, k, v, kp, mask, scale, causal, pos0);
@@ -1077,8 +1089,11 @@ template <class T> void forward(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cu
       float* const lp = lse.storage.as<float>() + lse.layout.offset;
       with_cols(cols, [&](auto bc) {
         const size_t smem = tc_fwd_smem(bc, P.d, P.dv).bytes;
-        with_pieces(
-            s.dv, [&](auto nv) { launch(op, attn_fwd_tc<decltype(bc)::value, decltype(nv)::value>, grid, smem, shapes, P, op_, lp, nqt); });
+        with_pieces(s.dv, [&](auto nv) {
+          with_flag(exact, [&](auto ex) {
+            launch(op, attn_fwd_tc<decltype(bc)::value, decltype(nv)::value, decltype(ex)::value>, grid, smem, shapes, P, op_, lp, nqt);
+          });
+        });
       });
       return;
     }
@@ -1091,8 +1106,9 @@ template <class T> void forward(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cu
   with_nc(s.dv, [&](auto nc) { launch(op, attn_fwd<T, decltype(nc)::value>, grid, smem, shapes, P, op_, lp, nqt); });
 }
 
+// exact: q, k, v and dout hold bf16/f16 values (as forward's).
 template <class T> void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, Cuda::V k, Cuda::V v, Cuda::V o, Cuda::V lse, Cuda::V dout,
-                                 const Cuda::V* kp, const Cuda::V* mask, double scale, bool causal, int64_t pos0) {
+                                 const Cuda::V* kp, const Cuda::V* mask, double scale, bool causal, int64_t pos0, bool exact = false) {
   const char* op = "attention_backward";
   Shapes s{};
   Params<T> P = make_params<T>(op, s, q, k, v, kp, mask, scale, causal, pos0);
@@ -1136,12 +1152,15 @@ template <class T> void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, 
       const unsigned grid_q = grid_of(op, nqt * s.B * s.H, shapes);
       with_cols(cols, [&](auto bc) {
         const size_t smem = tc_bwd_smem(bc, P.d, P.dv).bytes;
-        with_pieces(s.d, [&](auto nd) {
-          with_pieces(s.dv, [&](auto nv) {
-            launch(op, attn_bwd_dkdv_tc<decltype(bc)::value, decltype(nd)::value, decltype(nv)::value>, grid_kv, smem, shapes, P, lp, Dp,
-                   dkp, dvp);
+        with_flag(exact, [&](auto ex) {
+          constexpr int kBc = decltype(bc)::value;
+          constexpr bool kEx = decltype(ex)::value;
+          with_pieces(s.d, [&](auto nd) {
+            with_pieces(s.dv, [&](auto nv) {
+              launch(op, attn_bwd_dkdv_tc<kBc, decltype(nd)::value, decltype(nv)::value, kEx>, grid_kv, smem, shapes, P, lp, Dp, dkp, dvp);
+            });
+            launch(op, attn_bwd_dq_tc<kBc, decltype(nd)::value, kEx>, grid_q, smem, shapes, P, lp, Dp, dqp, nqt);
           });
-          launch(op, attn_bwd_dq_tc<decltype(bc)::value, decltype(nd)::value>, grid_q, smem, shapes, P, lp, Dp, dqp, nqt);
         });
       });
       return;
@@ -1162,15 +1181,68 @@ template <class T> void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, 
   with_nc(s.d, [&](auto nc) { launch(op, attn_bwd_dq<T, decltype(nc)::value>, grid_q, smem_q, shapes, P, lp, Dp, dqp, nqt); });
 }
 
+// bf16 / f16 (Cuda::attention_half): the operands widened to contiguous f32 device copies, the f32
+// kernels told that they hold half values (exact), the outputs rounded once to the half dtype. LSE and
+// an additive mask are f32 already (core/fused.hpp).
+bool is_half(DType dt) { return dt == DType::bf16 || dt == DType::f16; }
+
+struct Wide {
+  std::shared_ptr<CudaStorage> s;
+  Layout l;
+  explicit Wide(const Shape& shape)
+      : s(Cuda::allocate(static_cast<size_t>(std::max<int64_t>(numel(shape), 1)) * sizeof(float))), l(shape) {}
+  Cuda::V in() const { return {*s, l, DType::f32}; }
+  Cuda::M out() { return {*s, l, DType::f32}; }
+};
+Wide widen(const Cuda::V& x) {
+  Wide w(x.layout.shape);
+  Cuda::copy(w.out(), x);
+  return w;
+}
+// A zero-filled f32 output for a half one (the backward's outputs arrive zero-filled).
+Wide zeros_for(const Cuda::M& x) {
+  Wide w(x.layout.shape);
+  Cuda::fill(w.out(), Scalar(0.0));
+  return w;
+}
+
+struct Named {
+  const char* name;
+  DType dtype;
+};
+void check_half(const char* op, DType dt, std::initializer_list<Named> xs, DType lse) {
+  for (const Named& x : xs) KILN_CHECK(x.dtype == dt, "{}: {} must be {} like q, got {}", op, x.name, dt, x.dtype);
+  KILN_CHECK(lse == DType::f32, "{}: lse must be f32 for {} operands, got {}", op, dt, lse);
+}
+
 }  // namespace
 
 void Cuda::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0) {
+  if (is_half(q.dtype)) {
+    check_half("attention_forward", q.dtype, {{"k", k.dtype}, {"v", v.dtype}, {"o", o.dtype}}, lse.dtype);
+    const Wide q32 = widen(q), k32 = widen(k), v32 = widen(v);
+    Wide o32(o.layout.shape);
+    forward<float>(o32.out(), lse, q32.in(), k32.in(), v32.in(), key_padding, mask, scale, causal, pos0, true);
+    return copy(o, o32.in());
+  }
   visit_f32_f64(q.dtype, "attention_forward", q.layout.shape,
                 [&]<class T>(type_tag<T>) { forward<T>(o, lse, q, k, v, key_padding, mask, scale, causal, pos0); });
 }
 
 void Cuda::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, const V* mask, double scale,
                               bool causal, int64_t pos0) {
+  if (is_half(q.dtype)) {
+    check_half("attention_backward", q.dtype,
+               {{"k", k.dtype}, {"v", v.dtype}, {"o", o.dtype}, {"dout", dout.dtype}, {"dq", dq.dtype}, {"dk", dk.dtype}, {"dv", dv.dtype}},
+               lse.dtype);
+    const Wide q32 = widen(q), k32 = widen(k), v32 = widen(v), o32 = widen(o), g32 = widen(dout);
+    Wide dq32 = zeros_for(dq), dk32 = zeros_for(dk), dv32 = zeros_for(dv);
+    backward<float>(dq32.out(), dk32.out(), dv32.out(), q32.in(), k32.in(), v32.in(), o32.in(), lse, g32.in(), key_padding, mask, scale,
+                    causal, pos0, true);
+    copy(dq, dq32.in());
+    copy(dk, dk32.in());
+    return copy(dv, dv32.in());
+  }
   visit_f32_f64(q.dtype, "attention_backward", q.layout.shape,
                 [&]<class T>(type_tag<T>) { backward<T>(dq, dk, dv, q, k, v, o, lse, dout, key_padding, mask, scale, causal, pos0); });
 }

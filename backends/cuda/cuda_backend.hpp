@@ -32,6 +32,9 @@ struct Cuda {
   // backends/primitives.hpp: elementwise.cu (fill, copy, unary, binary, where), reduce.cu, matmul.cpp
   // (cuBLAS), index.cu (gather, scatter_add), random.cu (the Philox stream of core/rng.hpp:
   // bit-identical to the CPU backends)
+  // attention.cu takes bf16/f16 q, k, v as they are (core/fused.hpp): its tensor-core kernels save the
+  // products that half inputs make redundant
+  static constexpr bool attention_half = true;
   KILN_BACKEND_PRIMITIVES
   KILN_FUSED_SOFTMAX                                // softmax.cu
       KILN_FUSED_RMS_NORM                           // norm.cu

@@ -3,7 +3,8 @@
 // mma.sync m16n8k8 with TF32 operands and f32 accumulation (sm_80 and later), and the split form
 // ("3xTF32") that keeps f32 accuracy: x = hi + lo with hi = tf32(x), lo = tf32(x − hi), and
 // a·b ≈ lo_a·hi_b + hi_a·lo_b + hi_a·hi_b (the dropped lo_a·lo_b is below f32's roundoff). Three
-// tensor-core products in place of one, still several times the FMA units' f32 rate.
+// tensor-core products in place of one, still several times the FMA units' f32 rate; two or one where
+// an operand is already TF32 (bf16/f16 data).
 //
 // Fragments (g = lane / 4, t = lane % 4), for a 16 x 8 (A), 8 x 8 (B) and 16 x 8 (C) block:
 //   A: A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4)
@@ -44,54 +45,59 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const float (&a)[4], con
 #endif
 }
 
-// x split into hi + lo, both TF32.
+// x split into hi + lo, both TF32. kExact: x is already a TF32 value (bf16 or f16 data widened to f32:
+// TF32 keeps f32's 8 exponent bits and 10 mantissa bits, so it holds both exactly), hi = x and lo = 0,
+// which the products below skip.
 template <int N> struct Split { float hi[N], lo[N]; };
-template <int N> __device__ __forceinline__ Split<N> split(const float (&x)[N]) {
+template <bool kExact, int N> __device__ __forceinline__ Split<N> split(const float (&x)[N]) {
   Split<N> s;
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    s.hi[i] = to_tf32(x[i]);
-    s.lo[i] = to_tf32(x[i] - s.hi[i]);
+    s.hi[i] = kExact ? x[i] : to_tf32(x[i]);
+    s.lo[i] = kExact ? 0.f : to_tf32(x[i] - s.hi[i]);
   }
   return s;
 }
 
-// c += a b to f32 accuracy (three TF32 products, the small ones first).
-__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const Split<4>& a, const Split<2>& b) {
-  mma_tf32(c, a.lo, b.hi);
-  mma_tf32(c, a.hi, b.lo);
+// c += a b to f32 accuracy (three TF32 products, the small ones first), without the products of an
+// exact operand's zero low part (kExactA, kExactB: the same sum, as those products add zeros).
+template <bool kExactA, bool kExactB> __device__ __forceinline__ void mma_3xtf32(float (&c)[4], const Split<4>& a, const Split<2>& b) {
+  if constexpr (!kExactA) mma_tf32(c, a.lo, b.hi);
+  if constexpr (!kExactB) mma_tf32(c, a.hi, b.lo);
   mma_tf32(c, a.hi, b.hi);
 }
 
 // The A fragment of the 16 x 8 block at column k0 of a row-major array X (leading dimension ld) whose
 // first row is the block's.
-__device__ __forceinline__ Split<4> load_a(const float* X, int ld, int k0, int g, int t) {
+template <bool kExact> __device__ __forceinline__ Split<4> load_a(const float* X, int ld, int k0, int g, int t) {
   const float x[4] = {X[g * ld + k0 + t], X[(g + 8) * ld + k0 + t], X[g * ld + k0 + t + 4], X[(g + 8) * ld + k0 + t + 4]};
-  return split(x);
+  return split<kExact>(x);
 }
 // The B fragment of the 8 x 8 block (k0, n0) of B = Xᵀ: B(k, n) = X[n ld + k] (X's rows are B's columns).
-__device__ __forceinline__ Split<2> load_bt(const float* X, int ld, int k0, int n0, int g, int t) {
+template <bool kExact> __device__ __forceinline__ Split<2> load_bt(const float* X, int ld, int k0, int n0, int g, int t) {
   const float x[2] = {X[(n0 + g) * ld + k0 + t], X[(n0 + g) * ld + k0 + t + 4]};
-  return split(x);
+  return split<kExact>(x);
 }
 // The B fragment of the 8 x 8 block (k0, n0) of B = X: B(k, n) = X[k ld + n].
-__device__ __forceinline__ Split<2> load_b(const float* X, int ld, int k0, int n0, int g, int t) {
+template <bool kExact> __device__ __forceinline__ Split<2> load_b(const float* X, int ld, int k0, int n0, int g, int t) {
   const float x[2] = {X[(k0 + t) * ld + n0 + g], X[(k0 + t + 4) * ld + n0 + g]};
-  return split(x);
+  return split<kExact>(x);
 }
 
 // c[n] += A B[:, 8n : 8n + 8] for n < nt (<= NT): A is 16 x K (row-major from A, leading dimension lda),
 // B is K x 8nt, read as Xᵀ (kTransposed: B(k, n) = X[n ldb + k]) or as X (B(k, n) = X[k ldb + n]).
-// K a multiple of 8. One warp, every lane.
-template <int NT, bool kTransposed> __device__ __forceinline__ void warp_gemm(float (&c)[NT][4], const float* A, int lda, const float* X,
-                                                                              int ldb, int K, int nt, int g, int t) {
+// K a multiple of 8. kExactA, kExactB: that operand's values are TF32 values (see split). One warp,
+// every lane.
+template <int NT, bool kTransposed, bool kExactA = false, bool kExactB = false>
+__device__ __forceinline__ void warp_gemm(float (&c)[NT][4], const float* A, int lda, const float* X, int ldb, int K, int nt, int g,
+                                          int t) {
   for (int k0 = 0; k0 < K; k0 += 8) {
-    const Split<4> a = load_a(A, lda, k0, g, t);
+    const Split<4> a = load_a<kExactA>(A, lda, k0, g, t);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       if (n < nt) {
-        const Split<2> b = kTransposed ? load_bt(X, ldb, k0, 8 * n, g, t) : load_b(X, ldb, k0, 8 * n, g, t);
-        mma_3xtf32(c[n], a, b);
+        const Split<2> b = kTransposed ? load_bt<kExactB>(X, ldb, k0, 8 * n, g, t) : load_b<kExactB>(X, ldb, k0, 8 * n, g, t);
+        mma_3xtf32<kExactA, kExactB>(c[n], a, b);
       }
     }
   }

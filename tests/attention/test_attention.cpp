@@ -327,6 +327,55 @@ TEMPLATE_TEST_CASE("attention: bf16 and f16 compute in f32 and round once", "[at
   }
 }
 
+// Half inputs are computed as their f32 widening would be: every output equals the f32 path's on the
+// widened inputs, rounded once to the half dtype, bit for bit. On Cpu and Reference the core widens
+// (core/fused.hpp); Cuda takes half inputs itself (attention_half) and runs its tensor-core kernels
+// without the products of the operands' zero low parts (backends/cuda/mma.cuh), which must add nothing.
+// Head dims 32 to 128 (tensor-core tiles), dv = 47 (FMA kernels), GQA, key padding, additive masks.
+TEMPLATE_TEST_CASE("attention: bf16 and f16 equal the f32 path on their widened values, rounded once", "[attention]", KILN_BACKEND_TYPES) {
+  using T = Tensor<TestType>;
+  std::vector<Case> cases{kTileCases[0], kTileCases[1], kTileCases[4], kTileCases[5], kTileCases[6], kCases[1]};
+  for (const Case& c : mask_cases())
+    if (c.additive && cases.size() < 9) cases.push_back(c);
+  Case masked{1, 2, 1, 70, 83, 64, 64, true, 13};  // an additive mask on the tensor-core tiles
+  masked.mask = "B1TS";
+  masked.additive = true;
+  cases.push_back(masked);
+  if constexpr (std::is_same_v<TestType, Reference>) cases = {kCases[1], masked};  // the naive oracle: small cases
+  const DType f = DType::f32;
+  auto same = [](const T& got, const T& want, const char* what) {
+    const std::vector<double> a = kt::host(got), b = kt::host(want);
+    REQUIRE(a.size() == b.size());
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i]))) && bad++ == 0) first = i;
+    INFO(what << ": " << bad << " of " << a.size() << " differ, first at " << first << ": " << (bad ? a[first] : 0.0) << " vs "
+              << (bad ? b[first] : 0.0));
+    CHECK(bad == 0);
+  };
+  uint64_t seed = 1300;
+  for (const Case& c : cases) {
+    for (DType dt : {DType::bf16, DType::f16}) {
+      INFO(c.str() << " " << dtype_name(dt));
+      const Inputs<TestType> in = make_inputs<TestType>(c, dt, seed++);
+      const T m32 = in.mask.defined() && in.mask.dtype() != DType::boolean ? in.mask.to(f) : in.mask;
+      auto [o, lse] = fused::attention_forward(in.q, in.k, in.v, 0.2, c.causal, c.pos0, in.kp, in.mask);
+      auto [o32, lse32] = fused::attention_forward(in.q.to(f), in.k.to(f), in.v.to(f), 0.2, c.causal, c.pos0, in.kp, m32);
+      REQUIRE(o.dtype() == dt);
+      REQUIRE(lse.dtype() == f);
+      same(o, o32.to(dt), "O");
+      same(lse, lse32, "LSE");
+      auto [dq, dk, dv] = fused::attention_backward(in.q, in.k, in.v, o, lse, in.dout, 0.2, c.causal, c.pos0, in.kp, in.mask);
+      auto [dq32, dk32, dv32] =
+          fused::attention_backward(in.q.to(f), in.k.to(f), in.v.to(f), o.to(f), lse, in.dout.to(f), 0.2, c.causal, c.pos0, in.kp, m32);
+      REQUIRE(dq.dtype() == dt);
+      same(dq, dq32.to(dt), "dq");
+      same(dk, dk32.to(dt), "dk");
+      same(dv, dv32.to(dt), "dv");
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("attention: outputs come in their inputs' memory order where the backend writes any layout", "[attention]",
                    KILN_BACKEND_TYPES) {
   using B = TestType;
