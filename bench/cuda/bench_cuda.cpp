@@ -2,6 +2,7 @@
 //  * GEMM: kiln's matmul (Tensor<Cuda>::matmul: layout analysis, allocation from the caching allocator,
 //    cuBLAS) against a raw cublasGemmEx call on preallocated buffers (target >= 95%).
 //  * Flash attention forward + backward (fused::attention_forward/backward), B=4 H=12 T=1024 d=64 causal,
+//    f32 on both kernel sets and bf16 inputs,
 //    for the PyTorch side see gpu_vs_torch.py (scaled_dot_product_attention on the same device).
 //  * Elementwise add (16-byte vectorised kernels) against a device-to-device cudaMemcpyAsync, as
 //    bandwidth (add moves three arrays, the copy two).
@@ -90,21 +91,24 @@ void attention(int64_t Bt, int64_t H, int64_t Hkv, int64_t Tn, int64_t d, int64_
   const T q = T::randn({Bt, H, Tn, d}, DType::f32, &g), k = T::randn({Bt, Hkv, Tn, d}, DType::f32, &g),
           v = T::randn({Bt, Hkv, Tn, dv}, DType::f32, &g), dout = T::randn({Bt, H, Tn, dv}, DType::f32, &g);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  // the default kernels (tensor cores where the head dims fit), then the FMA kernels
-  auto time = [&](bool tc) {
+  // f32 on the default kernels (tensor cores where the head dims fit), then on the FMA kernels; bf16
+  // inputs (the same values rounded) on the default kernels, conversions included
+  auto time = [&](bool tc, DType dt) {
     cuda::set_attention_tensor_cores(tc);
+    const T qt = q.to(dt), kt = k.to(dt), vt = v.to(dt), gt = dout.to(dt);
     std::pair<T, T> fwd;
-    const double f_ms = median_ms([&] { fwd = fused::attention_forward(q, k, v, scale, true, 0); });
-    const double b_ms = median_ms([&] { (void)fused::attention_backward(q, k, v, fwd.first, fwd.second, dout, scale, true, 0); });
+    const double f_ms = median_ms([&] { fwd = fused::attention_forward(qt, kt, vt, scale, true, 0); });
+    const double b_ms = median_ms([&] { (void)fused::attention_backward(qt, kt, vt, fwd.first, fwd.second, gt, scale, true, 0); });
     return std::pair{f_ms, b_ms};
   };
-  const auto [f_ms, b_ms] = time(true);
-  const auto [f_fma, b_fma] = time(false);
+  const auto [f_ms, b_ms] = time(true, DType::f32);
+  const auto [f_fma, b_fma] = time(false, DType::f32);
+  const auto [f_bf16, b_bf16] = time(true, DType::bf16);
   cuda::set_attention_tensor_cores(true);
   std::printf(
       "{\"bench\": \"attention\", \"B\": %ld, \"H\": %ld, \"Hkv\": %ld, \"T\": %ld, \"d\": %ld, \"dv\": %ld, \"fwd_ms\": %.3f, "
-      "\"bwd_ms\": %.3f, \"fma_fwd_ms\": %.3f, \"fma_bwd_ms\": %.3f}\n",
-      Bt, H, Hkv, Tn, d, dv, f_ms, b_ms, f_fma, b_fma);
+      "\"bwd_ms\": %.3f, \"fma_fwd_ms\": %.3f, \"fma_bwd_ms\": %.3f, \"bf16_fwd_ms\": %.3f, \"bf16_bwd_ms\": %.3f}\n",
+      Bt, H, Hkv, Tn, d, dv, f_ms, b_ms, f_fma, b_fma, f_bf16, b_bf16);
 }
 
 void elementwise(int64_t n) {

@@ -103,8 +103,14 @@ def main():
         o = sdpa(q, kk, vv)
         g = torch.randn_like(o)
         bwd = timed(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True), reps)
+        # bf16 inputs (bench_cuda's bf16_*): PyTorch's own bf16 kernels where it has them (FlashAttention-2)
+        qb, kb, vb = (x.detach().bfloat16().requires_grad_() for x in (q, k, v))
+        kkb, vvb = (kb.repeat_interleave(rep, 1), vb.repeat_interleave(rep, 1)) if rep > 1 else (kb, vb)
+        fwd_b = timed(lambda: sdpa(qb, kkb.detach(), vvb.detach()), reps)
+        ob = sdpa(qb, kkb, vvb)
+        bwd_b = timed(lambda: torch.autograd.grad(ob, (qb, kb, vb), g.bfloat16(), retain_graph=True), reps)
         print(json.dumps({"bench": "attention", "B": Ba, "H": H, "Hkv": Hkv, "T": Ta, "d": d, "dv": dv, "torch_fwd_ms": fwd,
-                          "torch_bwd_ms": bwd}), flush=True)
+                          "torch_bwd_ms": bwd, "torch_bf16_fwd_ms": fwd_b, "torch_bf16_bwd_ms": bwd_b}), flush=True)
     # elementwise add and a device copy (bench_cuda's "add"), as bandwidth
     if a.only == "attention":
         return
