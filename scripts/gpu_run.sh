@@ -29,6 +29,14 @@
 #   lease4b   the same kernels with float4 tile loads, each at 64 and at 32 columns per step
 #             (KILN_CUDA_ATTENTION_COLS): test_attention's Cuda cases, bench_cuda attention, the GPT-2-small
 #             f32 step (mha, diff) against PyTorch eager
+#   lease5    bf16/f16 attention on the tensor-core kernels without the redundant products (fifth lease,
+#             2026-11-26): test_attention's Cuda cases, memcheck and racecheck over the half-input cases
+#             (which run every tensor-core kernel, f32 and half, and the FMA kernels), the attention
+#             benchmarks in f32 and bf16, the GPT-2-small step in bf16 and f32 against PyTorch eager
+#             (targets kiln_cli test_attention bench_cuda)
+#   lease5b   mixed precision beyond 12 steps: the GPT-2-small model trained 400 steps in f16 (dynamic loss
+#             scaling) and in bf16 from the same initialisation and tokens; the loss curves side by side,
+#             the f16 run's overflows and loss scales (target kiln_cli)
 #   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
 #
 # KILN_GPU_TARGETS="t1 t2 ...": build only these targets (default: all), to save a short lease's minutes.
@@ -118,15 +126,23 @@ phase_lease3() {
   return $rc
 }
 
+# The attention benchmarks (bench_cuda attention, gpu_vs_torch.py --only attention), then the GPT-2-small
+# step against PyTorch eager in the precisions $1, 12 steps each.
+attention_benchmarks() {
+  local rc=0 t0=$SECONDS
+  build-gpu/bench/bench_cuda attention || rc=1
+  PYTHONUNBUFFERED=1 "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --only attention || rc=1
+  echo "--- attention benchmarks: $((SECONDS - t0)) s"
+  PYTHONUNBUFFERED=1 "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln --only gpt --precisions "$1" --steps 12 || rc=1
+  echo "--- gpt steps: $((SECONDS - t0)) s"
+  return $rc
+}
+
 phase_lease4() {
   local rc=0 t0=$SECONDS
   build-gpu/tests/test_attention "*Cuda*" || rc=1
   echo "--- test_attention Cuda: $((SECONDS - t0)) s"
-  build-gpu/bench/bench_cuda attention || rc=1
-  PYTHONUNBUFFERED=1 "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --only attention || rc=1
-  echo "--- attention benchmarks: $((SECONDS - t0)) s"
-  PYTHONUNBUFFERED=1 "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln --only gpt --precisions f32,bf16 --steps 12 || rc=1
-  echo "--- gpt steps: $((SECONDS - t0)) s"
+  attention_benchmarks f32,bf16 || rc=1
   KILN_CUDA_NO_CACHE=1 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/test_attention "attention: Cuda's f32 tile*" ||
     rc=1
   echo "--- memcheck: $((SECONDS - t0)) s"
@@ -151,6 +167,47 @@ phase_lease4b() {
     echo "--- cols $cols: gpt steps: $((SECONDS - t0)) s"
   done
   unset KILN_CUDA_ATTENTION_COLS
+  return $rc
+}
+
+phase_lease5() {
+  local rc=0 t0=$SECONDS half="attention: bf16 and f16 equal the f32 path*"
+  build-gpu/tests/test_attention "*Cuda*" || rc=1
+  echo "--- test_attention Cuda: $((SECONDS - t0)) s"
+  KILN_CUDA_NO_CACHE=1 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/test_attention "$half" || rc=1
+  echo "--- memcheck: $((SECONDS - t0)) s"
+  timeout 150 compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_attention "$half" || rc=1
+  echo "--- racecheck: $((SECONDS - t0)) s"
+  attention_benchmarks bf16,f32 || rc=1
+  return $rc
+}
+
+phase_lease5b() {
+  local d rc=0 p
+  d="$(mktemp -d)" || return 1
+  echo '{"vocab_size": 50304, "d_model": 768, "n_layers": 12, "n_heads": 12, "max_seq_len": 1024, "attention": "mha"}' > "$d/m.json"
+  "$KILN_PYTHON" tests/reference/kiln_ref.py tokens --vocab 50304 --n 1700000 --out "$d/tok.safetensors" || rc=1
+  for p in f16 bf16; do
+    echo "{\"batch_size\": 4, \"seq_len\": 1024, \"steps\": 400, \"precision\": \"$p\", \"optimizer\": {\"name\": \"adamw\", \"lr\": 6e-4, \"weight_decay\": 0.1}}" > "$d/t_$p.json"
+    build-gpu/kiln train --model "$d/m.json" --train "$d/t_$p.json" --data "$d/tok.safetensors" --device cuda --log "$d/$p.jsonl" \
+      --progress off || rc=1
+    cp "$d/$p.jsonl" "$OUT/lease5b_$p.jsonl"
+  done
+  "$KILN_PYTHON" - "$d" <<'PY' || rc=1
+import json, os, statistics, sys
+runs = {}
+for p in ("f16", "bf16"):
+    rows = [json.loads(l) for l in open(os.path.join(sys.argv[1], p + ".jsonl")) if l.strip() and '"loss"' in l]
+    runs[p] = rows
+    over = [r["step"] for r in rows if r.get("overflow")]
+    scales = [r["loss_scale"] for r in rows if "loss_scale" in r]
+    print(json.dumps({"precision": p, "steps": len(rows), "overflow_steps": over, "skipped": sum(1 for r in rows if r.get("skipped")),
+                      "loss_scale_first_min_last": [scales[0], min(scales), scales[-1]] if scales else None,
+                      "median_ms": statistics.median(r["ms"] for r in rows[3:])}))
+for a in range(0, 400, 50):
+    print(json.dumps({"steps": [a, a + 49], **{p: statistics.mean(r["loss"] for r in runs[p][a:a + 50]) for p in runs}}))
+PY
+  rm -rf "$d"
   return $rc
 }
 
@@ -183,7 +240,7 @@ phase_bench() {
   build-gpu/bench/bench_cuda && "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln
 }
 
-export -f phase_profile_exit
+export -f phase_profile_exit attention_benchmarks
 start=$SECONDS
 deadline="${KILN_GPU_DEADLINE_S:-0}"
 for p in "$@"; do
