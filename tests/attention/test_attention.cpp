@@ -331,7 +331,8 @@ TEMPLATE_TEST_CASE("attention: bf16 and f16 compute in f32 and round once", "[at
 // widened inputs, rounded once to the half dtype, bit for bit. On Cpu and Reference the core widens
 // (core/fused.hpp); Cuda takes half inputs itself (attention_half) and runs its tensor-core kernels
 // without the products of the operands' zero low parts (backends/cuda/mma.cuh), which must add nothing.
-// Head dims 32 to 128 (tensor-core tiles), dv = 47 (FMA kernels), GQA, key padding, additive masks.
+// Head dims 32 to 128 (tensor-core tiles), dv = 47 (FMA kernels), GQA, key padding, additive and bool
+// masks.
 TEMPLATE_TEST_CASE("attention: bf16 and f16 equal the f32 path on their widened values, rounded once", "[attention]", KILN_BACKEND_TYPES) {
   using T = Tensor<TestType>;
   std::vector<Case> cases{kTileCases[0], kTileCases[1], kTileCases[4], kTileCases[5], kTileCases[6], kCases[1]};
@@ -341,6 +342,9 @@ TEMPLATE_TEST_CASE("attention: bf16 and f16 equal the f32 path on their widened 
   masked.mask = "B1TS";
   masked.additive = true;
   cases.push_back(masked);
+  Case bool_masked{2, 4, 2, 37, 53, 16, 16, false, 0, true};  // a bool mask (transposed view) with key padding
+  bool_masked.mask = "TS^T";
+  cases.push_back(bool_masked);
   if constexpr (std::is_same_v<TestType, Reference>) cases = {kCases[1], masked};  // the naive oracle: small cases
   const DType f = DType::f32;
   auto same = [](const T& got, const T& want, const char* what) {
