@@ -27,7 +27,6 @@ void clear_caches() {
 #undef KILN_CLEAR
 }
 
-bool is_half(DType d) { return d == DType::bf16 || d == DType::f16; }
 }  // namespace
 
 namespace detail {

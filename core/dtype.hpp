@@ -140,6 +140,7 @@ constexpr size_t dtype_size(DType d) {
   return 0;
 }
 constexpr bool is_floating(DType d) { return d == DType::f32 || d == DType::f64 || d == DType::bf16 || d == DType::f16; }
+constexpr bool is_half(DType d) { return d == DType::bf16 || d == DType::f16; }  // the 16-bit floats
 constexpr bool is_integral(DType d) { return d == DType::i32 || d == DType::i64; }
 std::string_view dtype_name(DType d);
 // Parses "f32", "float32", "bf16", ... ; throws kiln::Error naming the valid names.

@@ -303,7 +303,7 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> attention_forward(const Ten
   const detail::AttnDims a = detail::attention_check("attention_forward", q, k, v, key_padding, pos0, mask);
   if constexpr (HasAttention<B>) {
     const DType dt = q.dtype(), ct = detail::lse_dtype(dt);  // ct: the compute dtype, f32 for half types
-    if ((dt == DType::bf16 || dt == DType::f16) && !AttentionHalf<B>) {
+    if (is_half(dt) && !AttentionHalf<B>) {
       const Tensor<B> m32 = mask.defined() && mask.dtype() != DType::boolean ? mask.to(DType::f32) : mask;
       auto [o, lse] = attention_forward(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), scale, causal, pos0, key_padding, m32);
       return {o.to(dt), lse};
@@ -342,7 +342,7 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward(const Tensor<B>& 
              shape_str(v.shape()));
   if constexpr (HasAttentionBackward<B>) {
     const DType dt = q.dtype(), ct = detail::lse_dtype(dt);
-    if ((dt == DType::bf16 || dt == DType::f16) && !AttentionHalf<B>) {
+    if (is_half(dt) && !AttentionHalf<B>) {
       const DType f = DType::f32;
       const Tensor<B> m32 = mask.defined() && mask.dtype() != DType::boolean ? mask.to(f) : mask;
       auto [dq, dk, dv] = attention_backward(q.to(f), k.to(f), v.to(f), o.to(f), lse, dout.to(f), scale, causal, pos0, key_padding, m32);

@@ -141,8 +141,6 @@ inline Shape pool2d_shape(const char* op, const Shape& x, const Pool2dParams& p,
   return {x[0], x[1], ho, wo};
 }
 
-inline bool is_half(DType d) { return d == DType::bf16 || d == DType::f16; }
-
 // x [N, C, H, W] placed at (ph, pw) in a [N, C, hp, wp] tensor filled with `fill`.
 template <Backend B> Tensor<B> padded(const Tensor<B>& x, int64_t ph, int64_t pw, int64_t hp, int64_t wp, double fill) {
   if (ph == 0 && pw == 0 && hp == x.size(2) && wp == x.size(3)) return x;
@@ -198,7 +196,7 @@ inline std::vector<double> avg_divisors(int64_t H, int64_t W, int64_t ho, int64_
 // Composite conv2d forward: y [N, O, Ho, Wo] (bias optional: an undefined tensor).
 template <Backend B> Tensor<B> conv2d_composite(const Tensor<B>& x, const Tensor<B>& w, const Tensor<B>& bias, const Conv2dParams& p) {
   const Shape ys = detail::conv2d_shape("conv2d", x.shape(), w.shape(), bias.defined() ? &bias.shape() : nullptr, p);
-  if (detail::is_half(x.dtype()))
+  if (is_half(x.dtype()))
     return conv2d_composite(x.to(DType::f32), w.to(DType::f32), bias.defined() ? bias.to(DType::f32) : bias, p).to(x.dtype());
   const int64_t N = x.size(0), O = w.size(0), g = p.groups, K = w.size(1) * w.size(2) * w.size(3), L = ys[2] * ys[3];
   if (kiln::numel(ys) == 0) return Tensor<B>::zeros(ys, x.dtype());
@@ -211,7 +209,7 @@ template <Backend B> Tensor<B> conv2d_composite(const Tensor<B>& x, const Tensor
 // Composite gradient of conv2d with respect to its input (of shape xs): col2im of wᵀ dy.
 template <Backend B>
 Tensor<B> conv2d_backward_input_composite(const Tensor<B>& dy, const Tensor<B>& w, const Shape& xs, const Conv2dParams& p) {
-  if (detail::is_half(dy.dtype())) return conv2d_backward_input_composite(dy.to(DType::f32), w.to(DType::f32), xs, p).to(dy.dtype());
+  if (is_half(dy.dtype())) return conv2d_backward_input_composite(dy.to(DType::f32), w.to(DType::f32), xs, p).to(dy.dtype());
   const int64_t N = xs[0], C = xs[1], O = w.size(0), g = p.groups, kh = w.size(2), kw = w.size(3), K = w.size(1) * kh * kw;
   const int64_t ho = dy.size(2), wo = dy.size(3);
   if (kiln::numel(xs) == 0 || dy.numel() == 0) return Tensor<B>::zeros(xs, dy.dtype());
@@ -229,7 +227,7 @@ Tensor<B> conv2d_backward_input_composite(const Tensor<B>& dy, const Tensor<B>& 
 // Composite gradients of conv2d with respect to its weight (of shape ws) and bias: {dw, db}.
 template <Backend B> std::pair<Tensor<B>, Tensor<B>> conv2d_backward_weight_composite(const Tensor<B>& dy, const Tensor<B>& x,
                                                                                       const Shape& ws, const Conv2dParams& p, bool bias) {
-  if (detail::is_half(dy.dtype())) {
+  if (is_half(dy.dtype())) {
     auto [dw, db] = conv2d_backward_weight_composite(dy.to(DType::f32), x.to(DType::f32), ws, p, bias);
     return {dw.to(dy.dtype()), bias ? db.to(dy.dtype()) : db};
   }
@@ -274,7 +272,7 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> max_pool2d_composite(const 
 
 // Composite gradient of max pooling: dy scattered to the saved indices of each plane.
 template <Backend B> Tensor<B> max_pool2d_backward_composite(const Tensor<B>& dy, const Tensor<B>& idx, const Shape& xs) {
-  if (detail::is_half(dy.dtype())) return max_pool2d_backward_composite(dy.to(DType::f32), idx, xs).to(dy.dtype());
+  if (is_half(dy.dtype())) return max_pool2d_backward_composite(dy.to(DType::f32), idx, xs).to(dy.dtype());
   const int64_t N = xs[0], C = xs[1], L = dy.size(2) * dy.size(3);
   const Tensor<B> z = Tensor<B>::zeros({N, C, xs[2] * xs[3]}, dy.dtype());
   if (dy.numel() == 0) return z.reshape(xs);
@@ -284,7 +282,7 @@ template <Backend B> Tensor<B> max_pool2d_backward_composite(const Tensor<B>& dy
 // Composite average pooling.
 template <Backend B> Tensor<B> avg_pool2d_composite(const Tensor<B>& x, const Pool2dParams& p) {
   const Shape ys = detail::pool2d_shape("avg_pool2d", x.shape(), p, false);
-  if (detail::is_half(x.dtype())) return avg_pool2d_composite(x.to(DType::f32), p).to(x.dtype());
+  if (is_half(x.dtype())) return avg_pool2d_composite(x.to(DType::f32), p).to(x.dtype());
   const int64_t H = x.size(2), W = x.size(3), ho = ys[2], wo = ys[3];
   if (ys[0] == 0) return Tensor<B>::empty(ys, x.dtype());
   const Tensor<B> xp = detail::padded(x, p.padding.h, p.padding.w, detail::pool_extent(H, ho, p.kernel.h, p.stride.h, p.padding.h, 1),
@@ -297,7 +295,7 @@ template <Backend B> Tensor<B> avg_pool2d_composite(const Tensor<B>& x, const Po
 
 // Composite gradient of average pooling (input shape xs).
 template <Backend B> Tensor<B> avg_pool2d_backward_composite(const Tensor<B>& dy, const Shape& xs, const Pool2dParams& p) {
-  if (detail::is_half(dy.dtype())) return avg_pool2d_backward_composite(dy.to(DType::f32), xs, p).to(dy.dtype());
+  if (is_half(dy.dtype())) return avg_pool2d_backward_composite(dy.to(DType::f32), xs, p).to(dy.dtype());
   const int64_t H = xs[2], W = xs[3], ho = dy.size(2), wo = dy.size(3);
   if (xs[0] == 0) return Tensor<B>::zeros(xs, dy.dtype());
   const Tensor<B> g = dy.div(Tensor<B>::from_vector(detail::avg_divisors(H, W, ho, wo, p), {ho, wo}).to(dy.dtype()));
@@ -321,8 +319,7 @@ template <Backend B> Tensor<B> conv2d(const Tensor<B>& x, const Tensor<B>& w, co
              shape_str(w.shape()), w.dtype(), bias.defined() ? fmt::format(", bias {}", bias.dtype()) : std::string());
   const Shape ys = detail::conv2d_shape("conv2d", x.shape(), w.shape(), bias.defined() ? &bias.shape() : nullptr, p);
   if constexpr (HasConv2d<B>) {
-    if (detail::is_half(x.dtype()))
-      return conv2d(x.to(DType::f32), w.to(DType::f32), bias.defined() ? bias.to(DType::f32) : bias, p).to(x.dtype());
+    if (is_half(x.dtype())) return conv2d(x.to(DType::f32), w.to(DType::f32), bias.defined() ? bias.to(DType::f32) : bias, p).to(x.dtype());
     if (kiln::numel(ys) > 0 && x.numel() > 0) {
       const Tensor<B> xc = x.contiguous(), wc = w.contiguous(), bc = bias.defined() ? bias.contiguous() : Tensor<B>();
       Tensor<B> y = Tensor<B>::empty(ys, x.dtype());
@@ -342,7 +339,7 @@ template <Backend B> Tensor<B> conv2d_backward_input(const Tensor<B>& dy, const 
   KILN_CHECK(dy.shape() == ys && dy.dtype() == w.dtype(), "conv2d_backward_input: dy {} {} does not fit output {} {}",
              shape_str(dy.shape()), dy.dtype(), shape_str(ys), w.dtype());
   if constexpr (HasConv2d<B>) {
-    if (detail::is_half(dy.dtype())) return conv2d_backward_input(dy.to(DType::f32), w.to(DType::f32), xs, p).to(dy.dtype());
+    if (is_half(dy.dtype())) return conv2d_backward_input(dy.to(DType::f32), w.to(DType::f32), xs, p).to(dy.dtype());
     if (dy.numel() > 0 && kiln::numel(xs) > 0) {
       const Tensor<B> dyc = dy.contiguous(), wc = w.contiguous();
       Tensor<B> dx = Tensor<B>::empty(xs, dy.dtype());
@@ -362,7 +359,7 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> conv2d_backward_weight(cons
   KILN_CHECK(dy.shape() == ys && dy.dtype() == x.dtype(), "conv2d_backward_weight: dy {} {} does not fit output {} {}",
              shape_str(dy.shape()), dy.dtype(), shape_str(ys), x.dtype());
   if constexpr (HasConv2d<B>) {
-    if (detail::is_half(dy.dtype())) {
+    if (is_half(dy.dtype())) {
       auto [dw, db] = conv2d_backward_weight(dy.to(DType::f32), x.to(DType::f32), ws, p, bias);
       return {dw.to(dy.dtype()), bias ? db.to(dy.dtype()) : db};
     }
@@ -389,7 +386,7 @@ Tensor<B> conv_transpose2d(const Tensor<B>& x, const Tensor<B>& w, const Tensor<
   const Shape ys =
       detail::conv_transpose2d_shape("conv_transpose2d", x.shape(), w.shape(), bias.defined() ? &bias.shape() : nullptr, p, output_padding);
   // bf16/f16: computed in f32 with the bias and rounded once (as conv2d), not rounded before the bias.
-  if (detail::is_half(x.dtype()))
+  if (is_half(x.dtype()))
     return conv_transpose2d(x.to(DType::f32), w.to(DType::f32), bias.defined() ? bias.to(DType::f32) : bias, p, output_padding)
         .to(x.dtype());
   // conv2d(y, w) has x's size, or one more row/column where output_padding >= stride (allowed when it
@@ -410,7 +407,7 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> max_pool2d(const Tensor<B>&
   KILN_CHECK(x.defined() && is_floating(x.dtype()), "max_pool2d: needs a float tensor, got {} {}", shape_str(x.shape()), x.dtype());
   const Shape ys = detail::pool2d_shape("max_pool2d", x.shape(), p, true);
   if constexpr (HasMaxPool2d<B>) {
-    if (detail::is_half(x.dtype())) {
+    if (is_half(x.dtype())) {
       auto [y, idx] = max_pool2d(x.to(DType::f32), p);
       return {y.to(x.dtype()), idx};
     }
@@ -430,7 +427,7 @@ template <Backend B> Tensor<B> max_pool2d_backward(const Tensor<B>& dy, const Te
              "max_pool2d_backward: dy {} {} and indices {} {} must be float and i64 {}", shape_str(dy.shape()), dy.dtype(),
              shape_str(idx.shape()), idx.dtype(), shape_str(ys));
   if constexpr (HasMaxPool2d<B>) {
-    if (detail::is_half(dy.dtype())) return max_pool2d_backward(dy.to(DType::f32), idx, xs, p).to(dy.dtype());
+    if (is_half(dy.dtype())) return max_pool2d_backward(dy.to(DType::f32), idx, xs, p).to(dy.dtype());
     if (dy.numel() > 0) {
       const Tensor<B> dyc = dy.contiguous(), ic = idx.contiguous();
       Tensor<B> dx = Tensor<B>::zeros(xs, dy.dtype());
@@ -445,7 +442,7 @@ template <Backend B> Tensor<B> avg_pool2d(const Tensor<B>& x, const Pool2dParams
   KILN_CHECK(x.defined() && is_floating(x.dtype()), "avg_pool2d: needs a float tensor, got {} {}", shape_str(x.shape()), x.dtype());
   const Shape ys = detail::pool2d_shape("avg_pool2d", x.shape(), p, false);
   if constexpr (HasAvgPool2d<B>) {
-    if (detail::is_half(x.dtype())) return avg_pool2d(x.to(DType::f32), p).to(x.dtype());
+    if (is_half(x.dtype())) return avg_pool2d(x.to(DType::f32), p).to(x.dtype());
     if (ys[0] > 0) {
       const Tensor<B> xc = x.contiguous();
       Tensor<B> y = Tensor<B>::empty(ys, x.dtype());
@@ -461,7 +458,7 @@ template <Backend B> Tensor<B> avg_pool2d_backward(const Tensor<B>& dy, const Sh
   KILN_CHECK(dy.shape() == ys && is_floating(dy.dtype()), "avg_pool2d_backward: dy {} {} must be float {}", shape_str(dy.shape()),
              dy.dtype(), shape_str(ys));
   if constexpr (HasAvgPool2d<B>) {
-    if (detail::is_half(dy.dtype())) return avg_pool2d_backward(dy.to(DType::f32), xs, p).to(dy.dtype());
+    if (is_half(dy.dtype())) return avg_pool2d_backward(dy.to(DType::f32), xs, p).to(dy.dtype());
     if (dy.numel() > 0) {
       const Tensor<B> dyc = dy.contiguous();
       Tensor<B> dx = Tensor<B>::empty(xs, dy.dtype());
@@ -516,7 +513,7 @@ template <Backend B> Tensor<B> adaptive_avg_pool2d(const Tensor<B>& x, Size2 out
     const Size2 k{x.size(2) / out.h, x.size(3) / out.w};
     return avg_pool2d(x, Pool2dParams{.kernel = k, .stride = k});
   }
-  if (detail::is_half(x.dtype())) return adaptive_avg_pool2d(x.to(DType::f32), out).to(x.dtype());
+  if (is_half(x.dtype())) return adaptive_avg_pool2d(x.to(DType::f32), out).to(x.dtype());
   if (x.size(0) == 0) return Tensor<B>::empty({0, x.size(1), out.h, out.w}, x.dtype());
   return detail::adaptive_mean(detail::adaptive_mean(x, 3, out.w), 2, out.h);
 }
@@ -531,7 +528,7 @@ template <Backend B> Tensor<B> adaptive_avg_pool2d_backward(const Tensor<B>& dy,
     const Size2 k{xs[2] / out.h, xs[3] / out.w};
     return avg_pool2d_backward(dy, xs, Pool2dParams{.kernel = k, .stride = k});
   }
-  if (detail::is_half(dy.dtype())) return adaptive_avg_pool2d_backward(dy.to(DType::f32), xs).to(dy.dtype());
+  if (is_half(dy.dtype())) return adaptive_avg_pool2d_backward(dy.to(DType::f32), xs).to(dy.dtype());
   if (xs[0] == 0) return Tensor<B>::zeros(xs, dy.dtype());
   return detail::adaptive_mean_backward(detail::adaptive_mean_backward(dy, 2, xs[2]), 3, xs[3]);
 }

@@ -14,7 +14,6 @@ namespace kiln::dist {
 
 namespace {
 
-bool is_half(DType d) { return d == DType::bf16 || d == DType::f16; }
 DType wire_dtype(DType d) { return is_half(d) ? DType::f32 : d; }
 
 template <Backend B> bool writable(const Tensor<B>& t) {

@@ -1184,8 +1184,6 @@ template <class T> void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, 
 // bf16 / f16 (Cuda::attention_half): the operands widened to contiguous f32 device copies, the f32
 // kernels told that they hold half values (exact), the outputs rounded once to the half dtype. LSE and
 // an additive mask are f32 already (core/fused.hpp).
-bool is_half(DType dt) { return dt == DType::bf16 || dt == DType::f16; }
-
 struct Wide {
   std::shared_ptr<CudaStorage> s;
   Layout l;
