@@ -10,9 +10,16 @@
 //   A: A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4)
 //   B: B(t, g), B(t + 4, g)
 //   C: C(g, 2t), C(g, 2t + 1), C(g + 8, 2t), C(g + 8, 2t + 1)
-// Under the host emulator (tests/cuda_emu, which defines KILN_CUDA_EMU) the instruction and the
-// conversion are emulated lane by lane with this layout.
+// bf16/f16 operands (m16n8k16, f32 accumulation; mma_h below): each 32-bit register holds two values,
+// the lower column (A) or row (B) in its low 16 bits, for a 16 x 16 (A) and 16 x 8 (B) block:
+//   A: A(g, 2t..2t+1), A(g + 8, 2t..2t+1), A(g, 2t+8..2t+9), A(g + 8, 2t+8..2t+9)
+//   B: B(2t..2t+1, g), B(2t+8..2t+9, g)
+//   C: as above
+// Under the host emulator (tests/cuda_emu, which defines KILN_CUDA_EMU) the instructions and the
+// conversion are emulated lane by lane with these layouts.
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "kiln/backends/cuda/device.cuh"
 
@@ -101,6 +108,42 @@ __device__ __forceinline__ void warp_gemm(float (&c)[NT][4], const float* A, int
       }
     }
   }
+}
+
+// ------------------------------------------------------------------------------ bf16 / f16 operands
+// c += a b for one warp (every lane calls it): A 16 x 16, B 16 x 8 of H = kiln::bf16 or kiln::f16 values
+// in the register layout above, f32 accumulation (a product of two such values is exact in f32).
+template <class H> __device__ __forceinline__ void mma_h(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  static_assert(std::is_same_v<H, bf16> || std::is_same_v<H, f16>);
+#if defined(KILN_CUDA_EMU)
+  ::emu::mma_m16n8k16<std::is_same_v<H, bf16>>(c, a, b);
+#elif defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<H, bf16>)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  (void)c, (void)a, (void)b;
+#endif
+}
+
+// Two H values as one register: x0 (the lower index) in the low 16 bits. From f32 values, rounded to
+// nearest even (pack_h), or two consecutive values in memory (ld_h2: p 4-byte aligned).
+template <class H> __device__ __forceinline__ uint32_t pack_h(float x0, float x1) {
+  const H a = from_compute<H>(x0), b = from_compute<H>(x1);
+  uint16_t u0, u1;
+  memcpy(&u0, &a, 2);
+  memcpy(&u1, &b, 2);
+  return static_cast<uint32_t>(u0) | (static_cast<uint32_t>(u1) << 16);
+}
+__device__ __forceinline__ uint32_t ld_h2(const uint16_t* p) {
+  uint32_t r;
+  memcpy(&r, __builtin_assume_aligned(p, 4), 4);  // one 32-bit load (a plain uint32_t read would break aliasing rules)
+  return r;
 }
 
 }  // namespace kiln::cuda::mma

@@ -232,6 +232,57 @@ inline void mma_m16n8k8_tf32(float (&d)[4], const float (&a)[4], const float (&b
       d[2 * r + e] = s;
     }
 }
+// A bf16 (kBf16) or f16 value from its 16 bits.
+template <bool kBf16> inline float half_value(uint16_t u) {
+  if constexpr (kBf16) {
+    const uint32_t w = static_cast<uint32_t>(u) << 16;
+    float x;
+    std::memcpy(&x, &w, 4);
+    return x;
+  } else {
+    __half_raw r;
+    r.x = u;
+    return __half2float(__half(r));
+  }
+}
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32, d += A B, with PTX's fragment layout
+// (g = lane / 4, t = lane % 4; each register holds two values, the lower column or row in its low 16
+// bits): a = {A(g, 2t..2t+1)}, {A(g + 8, 2t..2t+1)}, {A(g, 2t+8..2t+9)}, {A(g + 8, 2t+8..2t+9)};
+// b = {B(2t..2t+1, g)}, {B(2t+8..2t+9, g)}; d as m16n8k8's. Every lane of the warp must call it.
+// Products of two bf16 or two f16 values are exact in f32; they are added to d in k order.
+template <bool kBf16> inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  struct Frag {
+    uint32_t a[4], b[2];
+  };
+  static_assert(sizeof(Frag) <= kSlotBytes);
+  const int lane = lane_id(), g = lane / 4, t = lane % 4;
+  const Frag mine{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}};
+  std::memcpy(warp_slot(lane), &mine, sizeof mine);
+  sync_warp(0xffffffffu);
+  auto lo = [](uint32_t r) { return half_value<kBf16>(static_cast<uint16_t>(r & 0xffffu)); };
+  auto hi = [](uint32_t r) { return half_value<kBf16>(static_cast<uint16_t>(r >> 16)); };
+  float arow[2][16], bcol[2][16];
+  for (int kk = 0; kk < 4; ++kk) {  // the lanes g * 4 + kk hold columns 2kk, 2kk + 1, 2kk + 8, 2kk + 9 of rows g, g + 8
+    Frag f;
+    std::memcpy(&f, warp_slot(g * 4 + kk), sizeof f);
+    for (int r = 0; r < 2; ++r) {
+      arow[r][2 * kk] = lo(f.a[r]), arow[r][2 * kk + 1] = hi(f.a[r]);
+      arow[r][2 * kk + 8] = lo(f.a[r + 2]), arow[r][2 * kk + 9] = hi(f.a[r + 2]);
+    }
+    for (int e = 0; e < 2; ++e) {  // column 2t + e of B is held by the lanes (2t + e) * 4 + kk
+      std::memcpy(&f, warp_slot((2 * t + e) * 4 + kk), sizeof f);
+      bcol[e][2 * kk] = lo(f.b[0]), bcol[e][2 * kk + 1] = hi(f.b[0]);
+      bcol[e][2 * kk + 8] = lo(f.b[1]), bcol[e][2 * kk + 9] = hi(f.b[1]);
+    }
+  }
+  sync_warp(0xffffffffu);  // nobody overwrites a slot before every lane has read
+  for (int r = 0; r < 2; ++r)
+    for (int e = 0; e < 2; ++e) {
+      float s = d[2 * r + e];
+      for (int k = 0; k < 16; ++k) s += arow[r][k] * bcol[e][k];
+      d[2 * r + e] = s;
+    }
+}
 }  // namespace emu
 
 // ------------------------------------------------------------------------------ atomics

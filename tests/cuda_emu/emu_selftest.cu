@@ -1,6 +1,8 @@
 // Deliberately wrong kernels for test_emu_device: the emulator must refuse each, as a GPU would fail or
 // misbehave on it. Transformed by transform.py and compiled with emu.hpp like the backend's kernels
 // (never by nvcc).
+#include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -40,6 +42,39 @@ __global__ void block_tickets(int* counter, int* ticket) {
 __global__ void atomic_float_sum(float* sum, const float* x) { atomicAdd(sum, x[blockIdx.x * blockDim.x + threadIdx.x]); }
 
 __global__ void uses_dynamic_smem(int* out) { out[threadIdx.x] = static_cast<int>(::emu::dynamic_smem()[0]); }
+
+// One warp: D = A B through ::emu::mma_m16n8k16, the registers packed by PTX's tables ("Matrix Fragments
+// for mma.m16n8k16 with floating point type"; g = lane / 4, t = lane % 4): a_i (i < 8, two per register,
+// the even i in the low half) at row g for i in {0, 1, 4, 5}, else g + 8, column 2t + (i & 1), + 8 for
+// i >= 4; b_i (i < 4) at row 2t + (i & 1), + 8 for i >= 2, column g; c_i at row g for i < 2, else g + 8,
+// column 2t + (i & 1).
+template <bool kBf16> uint32_t operand_bits(float x) {
+  if constexpr (kBf16) {
+    uint32_t w;
+    std::memcpy(&w, &x, 4);
+    return w >> 16;  // exact values: the high half is the bf16
+  } else {
+    const __half h = __float2half_rn(x);
+    uint16_t u;
+    std::memcpy(&u, &h, 2);
+    return u;
+  }
+}
+template <bool kBf16> __global__ void mma_16816(const float* A, const float* B, float* D) {
+  const int lane = static_cast<int>(threadIdx.x), g = lane / 4, t = lane % 4;
+  uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+  for (int i = 0; i < 8; ++i) {
+    const int row = i < 2 || (i >= 4 && i < 6) ? g : g + 8, col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+    a[i / 2] |= operand_bits<kBf16>(A[row * 16 + col]) << (16 * (i & 1));
+  }
+  for (int i = 0; i < 4; ++i) {
+    const int row = 2 * t + (i & 1) + (i >= 2 ? 8 : 0), col = g;
+    b[i / 2] |= operand_bits<kBf16>(B[row * 8 + col]) << (16 * (i & 1));
+  }
+  float d[4] = {0, 0, 0, 0};
+  ::emu::mma_m16n8k16<kBf16>(d, a, b);
+  for (int i = 0; i < 4; ++i) D[(i < 2 ? g : g + 8) * 8 + 2 * t + (i & 1)] = d[i];
+}
 
 template <class F> std::string error_of(F&& f) {
   try {
@@ -97,6 +132,15 @@ float atomic_sum(uint64_t schedule) {
   ::atomic_float_sum<<<64, 128>>>(&sum, x.data());
   ::emu::set_schedule(saved);
   return sum;
+}
+
+std::vector<float> mma_m16n8k16(bool bf16, const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> d(16 * 8, -1.0f);
+  if (bf16)
+    ::mma_16816<true><<<1, 32>>>(a.data(), b.data(), d.data());
+  else
+    ::mma_16816<false><<<1, 32>>>(a.data(), b.data(), d.data());
+  return d;
 }
 
 std::string smem_without_optin() {

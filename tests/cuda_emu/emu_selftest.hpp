@@ -18,5 +18,10 @@ std::string too_many_threads();             // 2048 threads per block
 std::vector<int> block_order(uint64_t schedule, int blocks);
 // A float sum by atomicAdd from 64 x 128 threads, under a schedule seed.
 float atomic_sum(uint64_t schedule);
+// D = A B by one emulated mma.sync m16n8k16 with bf16 (or f16) operands and f32 accumulation, A [16, 16]
+// and B [16, 8] row-major (values exact in the operand type). Each lane fills its registers from PTX's
+// fragment tables as the kernel writes them out, apart from emu.hpp's own reading of those tables; D
+// [16, 8] row-major from the lanes' accumulator fragments.
+std::vector<float> mma_m16n8k16(bool bf16, const std::vector<float>& a, const std::vector<float>& b);
 
 }  // namespace emu_selftest

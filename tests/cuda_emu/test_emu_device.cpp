@@ -104,6 +104,20 @@ TEST_CASE("emulator: kernels that would fail or race on a GPU are refused", "[cu
   CHECK_THAT(emu_selftest::too_many_threads(), Catch::Contains("invalid launch configuration"));
 }
 
+TEST_CASE("emulator: mma.sync m16n8k16 (bf16, f16) computes A B with PTX's fragment layout", "[cuda-emu]") {
+  std::vector<float> a(16 * 16), b(16 * 8), want(16 * 8, 0.0f);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(static_cast<int>((i * 37 + 11) % 17) - 8) * 0.5f;  // distinct, exact
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(static_cast<int>((i * 53 + 5) % 13) - 6);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 8; ++c)
+      for (int k = 0; k < 16; ++k)
+        want[static_cast<size_t>(r * 8 + c)] += a[static_cast<size_t>(r * 16 + k)] * b[static_cast<size_t>(k * 8 + c)];
+  for (bool bf16 : {true, false}) {
+    INFO((bf16 ? "bf16" : "f16"));
+    CHECK(emu_selftest::mma_m16n8k16(bf16, a, b) == want);  // small integers and halves: every sum exact
+  }
+}
+
 TEST_CASE("emulator: a schedule seed shuffles the blocks (and threads), so order-dependent results show", "[cuda-emu]") {
   std::vector<int> grid(40);
   for (int b = 0; b < 40; ++b) grid[static_cast<size_t>(b)] = b;
