@@ -37,6 +37,10 @@
 #   lease5b   mixed precision beyond 12 steps: the GPT-2-small model trained 400 steps in f16 (dynamic loss
 #             scaling) and in bf16 from the same initialisation and tokens; the loss curves side by side,
 #             the f16 run's overflows and loss scales (target kiln_cli)
+#   lease6    the half-precision attention forward (attn_fwd_h, bf16/f16 m16n8k16 products; written after the
+#             fifth lease, never run on a GPU before): test_attention's Cuda cases, memcheck and racecheck over
+#             its bounded test, the attention benchmarks in bf16 and f32 (targets kiln_cli test_attention
+#             bench_cuda)
 #   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
 #
 # KILN_GPU_TARGETS="t1 t2 ...": build only these targets (default: all), to save a short lease's minutes.
@@ -170,8 +174,10 @@ phase_lease4b() {
   return $rc
 }
 
-phase_lease5() {
-  local rc=0 t0=$SECONDS half="attention: bf16 and f16 equal the f32 path*"
+# test_attention's Cuda cases, memcheck and racecheck over the cases named by $1, the attention benchmarks
+# in bf16 and f32 (lease5, lease6).
+half_attention_checks() {
+  local rc=0 t0=$SECONDS half="$1"
   build-gpu/tests/test_attention "*Cuda*" || rc=1
   echo "--- test_attention Cuda: $((SECONDS - t0)) s"
   KILN_CUDA_NO_CACHE=1 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/test_attention "$half" || rc=1
@@ -181,6 +187,9 @@ phase_lease5() {
   attention_benchmarks bf16,f32 || rc=1
   return $rc
 }
+
+phase_lease5() { half_attention_checks "attention: bf16 and f16 equal the f32 path*"; }
+phase_lease6() { half_attention_checks "attention: the bf16/f16 forward is within its bound*"; }
 
 phase_lease5b() {
   local d rc=0 p
@@ -240,7 +249,7 @@ phase_bench() {
   build-gpu/bench/bench_cuda && "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln
 }
 
-export -f phase_profile_exit attention_benchmarks
+export -f phase_profile_exit attention_benchmarks half_attention_checks
 start=$SECONDS
 deadline="${KILN_GPU_DEADLINE_S:-0}"
 for p in "$@"; do

@@ -1,7 +1,9 @@
 // Flash attention on the Cuda backend, forward and backward (contract: core/fused.hpp; the same
 // algorithm and formulas as backends/cpu/attention.cpp). Two kernel sets: the tensor-core kernels
 // (below, "tensor-core kernels") for f32 with head dims that are multiples of 8 up to 128, and plain
-// SIMT FMA kernels for everything else: f32 in f32 and f64 in f64, head dims d, dv up to 256. The FMA
+// SIMT FMA kernels for everything else: f32 in f32 and f64 in f64, head dims d, dv up to 256. bf16/f16
+// inputs run the f32 kernels on their widened values, except the forward where d is a multiple of 16
+// (below, "half-precision forward": bf16/f16 products, P rounded to the inputs' dtype). The FMA
 // kernels first:
 //
 // Every kernel runs 128 threads as 16 groups of 8 consecutive lanes (a group never straddles a warp).
@@ -82,7 +84,7 @@ template <class T> struct Params {
   int64_t msb, msh, mst, mss;    // the mask view's strides
   int64_t nb, nh, nhkv, tq, sk;  // B, H, Hkv, T, S
   int d, dv, rep;                // head dims, H / Hkv
-  T scale;
+  compute_t<T> scale;            // (f32 for bf16/f16 operands, as an additive mask's values)
   bool causal;
   int64_t pos0;
   bool v4;  // q, k, v (and o, dO) rows start 16-byte aligned: the tensor-core kernels load them as float4
@@ -117,14 +119,16 @@ __device__ __forceinline__ void load_tile(T* dst, int ld, int R, const T* src, i
 // The user's mask at (b, h, i, j) for a score that is otherwise visible (vis): a bool mask clears vis,
 // an additive one is returned (0 when there is none). Rows i >= T (a last tile's padding rows) read
 // nothing.
-template <class T> __device__ __forceinline__ T user_mask(const Params<T>& P, int64_t b, int64_t h, int64_t i, int64_t j, bool& vis) {
-  if (P.mkind == 0 || !vis || i >= P.tq) return T(0);
+template <class T>
+__device__ __forceinline__ compute_t<T> user_mask(const Params<T>& P, int64_t b, int64_t h, int64_t i, int64_t j, bool& vis) {
+  using C = compute_t<T>;
+  if (P.mkind == 0 || !vis || i >= P.tq) return C(0);
   const int64_t off = b * P.msb + h * P.msh + i * P.mst + j * P.mss;
   if (P.mkind == 1) {
     vis = static_cast<const unsigned char*>(P.mask)[off] != 0;
-    return T(0);
+    return C(0);
   }
-  return static_cast<const T*>(P.mask)[off];
+  return static_cast<const C*>(P.mask)[off];
 }
 
 // ------------------------------------------------------------------------------- shared memory plans
@@ -598,7 +602,7 @@ template <int N> __device__ __forceinline__ void zero(float (&c)[N][4]) {
 struct QueryTile {
   int64_t bh, b, h, hk, i0, kend, wend;
   int br;
-  __device__ QueryTile(const Params<float>& P, int64_t nqt, int r0) {
+  template <class T> __device__ QueryTile(const Params<T>& P, int64_t nqt, int r0) {
     const int64_t BH = P.nb * P.nh, unit = blockIdx.x;
     bh = unit % BH;
     b = bh / P.nh, h = bh % P.nh, hk = h / P.rep;
@@ -621,6 +625,76 @@ template <int BC> __device__ __forceinline__ int stage_keys(const Params<float>&
   load_kval(kval, BC, P.kp ? P.kp + q.b * P.sk : nullptr, j0, bc);
   __syncthreads();
   return bc;
+}
+
+// The forward's online-softmax step on a warp's score fragments s (16 rows x BC keys from j0, this
+// lane's rows irow): scale, the causal and key masks and the user's mask, the new row maxima m, P =
+// exp(S − m) in place of s, the row sums l and O's accumulators acc rescaled. Shared by the f32 and the
+// half-precision kernels.
+template <class T, int NB, int NV>
+__device__ __forceinline__ void softmax_step(const Params<T>& P, int64_t b, int64_t h, const int64_t (&irow)[2], int64_t j0,
+                                             const int* kval, int t, float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&acc)[NV][4]) {
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  float mx[2] = {ninf, ninf};
+#pragma unroll
+  for (int n = 0; n < NB; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = 8 * n + 2 * t + (e & 1), rr = e >> 1;
+      bool vis = kval[c] != 0 && (!P.causal || j0 + c <= P.pos0 + irow[rr]);
+      const float madd = user_mask(P, b, h, irow[rr], j0 + c, vis);
+      s[n][e] = vis ? P.scale * s[n][e] + madd : ninf;
+      mx[rr] = s[n][e] > mx[rr] ? s[n][e] : mx[rr];
+    }
+  }
+  float alpha[2], mnew[2], psum[2] = {0, 0};
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const float tmax = quad_max(mx[rr]);
+    mnew[rr] = tmax > m[rr] ? tmax : m[rr];
+    alpha[rr] = mnew[rr] == ninf ? 1.f : (m[rr] == ninf ? 0.f : dexp(m[rr] - mnew[rr]));
+  }
+#pragma unroll
+  for (int n = 0; n < NB; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int rr = e >> 1;
+      s[n][e] = mnew[rr] == ninf ? 0.f : dexp(s[n][e] - mnew[rr]);  // exp(−inf) = 0 for masked keys
+      psum[rr] += s[n][e];
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    l[rr] = l[rr] * alpha[rr] + quad_sum(psum[rr]);
+    m[rr] = mnew[rr];
+  }
+#pragma unroll
+  for (int n = 0; n < NV; ++n) {
+    acc[n][0] *= alpha[0], acc[n][1] *= alpha[0];
+    acc[n][2] *= alpha[1], acc[n][3] *= alpha[1];
+  }
+}
+
+// The forward's last step for this lane's rows: O = acc / l stored as O's type (rounded once for
+// bf16/f16) and LSE = m + log l.
+template <class T, int NV, class O>
+__device__ __forceinline__ void finish_rows(const Params<T>& P, int64_t bh, const int64_t (&irow)[2], int t, const float (&acc)[NV][4],
+                                            const float (&m)[2], const float (&l)[2], O* __restrict__ o, float* __restrict__ lse) {
+  const int dv = P.dv, nv = dv / 8;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    if (irow[rr] >= P.tq) continue;
+    const float inv = 1.f / l[rr];  // l = 0 (no visible key): 0 · inf = NaN, as PyTorch
+    O* const orow = o + (bh * P.tq + irow[rr]) * dv;
+#pragma unroll
+    for (int n = 0; n < NV; ++n) {
+      if (n < nv) {
+        st(orow + 8 * n + 2 * t, acc[n][2 * rr] * inv);
+        st(orow + 8 * n + 2 * t + 1, acc[n][2 * rr + 1] * inv);
+      }
+    }
+    if (t == 0) lse[bh * P.tq + irow[rr]] = m[rr] + dlog(l[rr]);  // −inf + log 0 = −inf
+  }
 }
 
 // Forward. Grid as attn_fwd's with kTcRows-row tiles. NV = the O accumulator's 8-column pieces. kExact
@@ -658,64 +732,127 @@ template <int BC, int NV, bool kExact> __global__ void __launch_bounds__(kThread
     zero(s);
     mma::warp_gemm<BC / 8, true, kExact, kExact>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);
 
-    float mx[2] = {ninf, ninf};
-#pragma unroll
-    for (int n = 0; n < BC / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = 8 * n + 2 * t + (e & 1), rr = e >> 1;
-        bool vis = kval[c] != 0 && (!P.causal || j0 + c <= P.pos0 + irow[rr]);
-        const float madd = user_mask(P, b, h, irow[rr], j0 + c, vis);
-        s[n][e] = vis ? P.scale * s[n][e] + madd : ninf;
-        mx[rr] = s[n][e] > mx[rr] ? s[n][e] : mx[rr];
-      }
-    }
-    float alpha[2], mnew[2], psum[2] = {0, 0};
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const float tmax = quad_max(mx[rr]);
-      mnew[rr] = tmax > m[rr] ? tmax : m[rr];
-      alpha[rr] = mnew[rr] == ninf ? 1.f : (m[rr] == ninf ? 0.f : dexp(m[rr] - mnew[rr]));
-    }
-#pragma unroll
-    for (int n = 0; n < BC / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int rr = e >> 1;
-        s[n][e] = mnew[rr] == ninf ? 0.f : dexp(s[n][e] - mnew[rr]);  // exp(−inf) = 0 for masked keys
-        psum[rr] += s[n][e];
-      }
-    }
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      l[rr] = l[rr] * alpha[rr] + quad_sum(psum[rr]);
-      m[rr] = mnew[rr];
-    }
-#pragma unroll
-    for (int n = 0; n < NV; ++n) {
-      acc[n][0] *= alpha[0], acc[n][1] *= alpha[0];
-      acc[n][2] *= alpha[1], acc[n][3] *= alpha[1];
-    }
+    softmax_step(P, b, h, irow, j0, kval, t, s, m, l, acc);
     store_frags(Pw, (BC + 4), s, g, t);
     __syncwarp();
     mma::warp_gemm<NV, false, false, kExact>(acc, Pw, (BC + 4), Vs, ldv, (bc + 7) & ~7, nv, g, t);  // O += P V (keys past bc are zero)
     __syncwarp();  // the reads of Pw are done before the next tile's writes
   }
 
+  finish_rows(P, bh, irow, t, acc, m, l, o, lse);
+}
+
+// ------------------------------------------------------------------------- half-precision forward
+// bf16/f16 q, k, v on the tensor cores in their own precision (cuda::set_attention_half_products):
+// S = Q·Kᵀ and O += P·V as m16n8k16 products of H values with f32 accumulation (mma::mma_h), the softmax
+// in f32 (softmax_step), P rounded to H for its product, as FlashAttention-2 does; O rounded once to H,
+// LSE f32. Tiles in shared memory as H bits: Q [kTcRows, d + 8], K [BC, d + 8] and V transposed
+// [dv, BC + 8] (a B operand's two values of a register are consecutive keys); leading dimensions of
+// 8 H values more than the width keep a fragment's 32 lanes on distinct banks. d a multiple of 16, dv
+// of 8, both at most kTcMaxHead. Grid and blocks as attn_fwd_tc's.
+struct HSmem {
+  int k, vt, kval;
+  size_t bytes;
+};
+__host__ __device__ constexpr HSmem h_fwd_smem(int bc, int d, int dv) {
+  const int k = kTcRows * (d + 8), vt = k + bc * (d + 8), kval = vt + dv * (bc + 8);  // in H values (kval: 4-byte aligned)
+  return {k, vt, kval, static_cast<size_t>(kval) * 2 + static_cast<size_t>(bc) * sizeof(int)};
+}
+bool h_fits(int64_t d, int64_t dv) { return d % 16 == 0 && dv % 8 == 0 && d > 0 && dv > 0 && d <= kTcMaxHead && dv <= kTcMaxHead; }
+
+template <class H> __device__ __forceinline__ uint16_t h_bits(H x) {
+  uint16_t u;
+  memcpy(&u, &x, 2);
+  return u;
+}
+// Rows [t0, t0 + n) of one (b, h) of a bf16/f16 operand into [R, ld] shared H bits (rows >= n zero), 8
+// values (16 bytes) at a time where v8 (rows 16-byte aligned, width a multiple of 8). All threads.
+template <class H>
+__device__ __forceinline__ void load_h_rows(bool v8, uint16_t* dst, int ld, int R, const H* src, int64_t st, int64_t t0, int n, int width) {
+  if (v8) {
+    const int vpr = width / 8;
+    for (int e = static_cast<int>(threadIdx.x); e < R * vpr; e += kThreads) {
+      const int r = e / vpr, c = 8 * (e - r * vpr);
+      const uint4 v = r < n ? *reinterpret_cast<const uint4*>(src + (t0 + r) * st + c) : make_uint4(0, 0, 0, 0);
+      memcpy(dst + r * ld + c, &v, 16);
+    }
+    return;
+  }
+  for (int e = static_cast<int>(threadIdx.x); e < R * width; e += kThreads) {
+    const int r = e / width, x = e - r * width;
+    dst[r * ld + x] = r < n ? h_bits(src[(t0 + r) * st + x]) : uint16_t{0};
+  }
+}
+
+template <class H, int BC, int NV> __global__ void __launch_bounds__(kThreads)
+    attn_fwd_h(const Params<H> P, H* __restrict__ o, float* __restrict__ lse, int64_t nqt) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint16_t* const sm = reinterpret_cast<uint16_t*>(smem_raw);
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  const int d = P.d, dv = P.dv, ldq = d + 8, ldk = d + 8, ldv = BC + 8, nv = dv / 8;
+  const HSmem L = h_fwd_smem(BC, d, dv);
+  uint16_t* const Qs = sm;
+  uint16_t* const Ks = sm + L.k;
+  uint16_t* const Vt = sm + L.vt;
+  int* const kval = reinterpret_cast<int*>(sm + L.kval);
+
+  const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
+  const QueryTile q(P, nqt, r0);
+  const int64_t bh = q.bh, b = q.b, h = q.h;
+  const int64_t irow[2] = {q.i0 + r0 + g, q.i0 + r0 + g + 8};  // this lane's query rows (>= T: a last tile's padding)
+  const bool v8 = P.v4 && dv % 8 == 0;                         // (d is a multiple of 16)
+  load_h_rows(v8, Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
+  const uint16_t* const qa = Qs + (r0 + g) * ldq + 2 * t;  // this lane's A values: rows g, g + 8 of the warp's 16
+
+  float m[2] = {ninf, ninf}, l[2] = {0, 0};
+  float acc[NV][4];
+  zero(acc);
+  for (int64_t j0 = 0; j0 < q.kend; j0 += BC) {
+    const int bc = static_cast<int>(q.kend - j0 < BC ? q.kend - j0 : BC);
+    __syncthreads();  // the previous tile's reads of Ks, Vt are done
+    load_h_rows(v8, Ks, ldk, BC, P.k.row(b, q.hk, 0), P.k.st, j0, bc, d);
+    const H* const vsrc = P.v.row(b, q.hk, 0);
+    for (int e = tid; e < BC * dv; e += kThreads) {  // V transposed: coalesced reads along a row
+      const int r = e / dv, x = e - r * dv;
+      Vt[x * ldv + r] = r < bc ? h_bits(vsrc[(j0 + r) * P.v.st + x]) : uint16_t{0};
+    }
+    load_kval(kval, BC, P.kp ? P.kp + b * P.sk : nullptr, j0, bc);
+    __syncthreads();
+    if (j0 >= q.wend) continue;  // (warp-uniform) no row of this warp sees these keys
+
+    float s[BC / 8][4];
+    zero(s);
+    for (int k0 = 0; k0 < d; k0 += 16) {
+      const uint32_t a[4] = {mma::ld_h2(qa + k0), mma::ld_h2(qa + 8 * ldq + k0), mma::ld_h2(qa + k0 + 8),
+                             mma::ld_h2(qa + 8 * ldq + k0 + 8)};
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    if (irow[rr] >= P.tq) continue;
-    const float inv = 1.f / l[rr];  // l = 0 (no visible key): 0 · inf = NaN, as PyTorch
-    float* const orow = o + (bh * P.tq + irow[rr]) * dv;
-#pragma unroll
-    for (int n = 0; n < NV; ++n) {
-      if (n < nv) {
-        orow[8 * n + 2 * t] = acc[n][2 * rr] * inv;
-        orow[8 * n + 2 * t + 1] = acc[n][2 * rr + 1] * inv;
+      for (int n = 0; n < BC / 8; ++n) {
+        const uint16_t* const kb = Ks + (8 * n + g) * ldk + k0 + 2 * t;
+        const uint32_t bb[2] = {mma::ld_h2(kb), mma::ld_h2(kb + 8)};
+        mma::mma_h<H>(s[n], a, bb);
       }
     }
-    if (t == 0) lse[bh * P.tq + irow[rr]] = m[rr] + dlog(l[rr]);  // −inf + log 0 = −inf
+
+    softmax_step(P, b, h, irow, j0, kval, t, s, m, l, acc);
+    // O += P V: P's fragments (this lane's rows g, g + 8; keys 2t.., 2t + 8.. of each 16) are the
+    // A operand as they stand, rounded to H; keys past bc have P = 0 and V = 0
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+      if (16 * kk >= bc) break;
+      const uint32_t a[4] = {mma::pack_h<H>(s[2 * kk][0], s[2 * kk][1]), mma::pack_h<H>(s[2 * kk][2], s[2 * kk][3]),
+                             mma::pack_h<H>(s[2 * kk + 1][0], s[2 * kk + 1][1]), mma::pack_h<H>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int n = 0; n < NV; ++n) {
+        if (n < nv) {
+          const uint16_t* const vb = Vt + (8 * n + g) * ldv + 16 * kk + 2 * t;
+          const uint32_t bb[2] = {mma::ld_h2(vb), mma::ld_h2(vb + 8)};
+          mma::mma_h<H>(acc[n], a, bb);
+        }
+      }
+    }
   }
+
+  finish_rows(P, bh, irow, t, acc, m, l, o, lse);
 }
 
 // dK and dV. Grid as attn_bwd_dkdv's with kTcRows-key tiles; warp w owns keys j0 + 16w ..; per query
@@ -962,12 +1099,12 @@ template <class T> Params<T> make_params(const char* op, Shapes& s, Cuda::V q, C
   P.mkind = 0;
   P.msb = P.msh = P.mst = P.mss = 0;
   if (mask) {
-    KILN_CHECK((mask->dtype == DType::boolean || mask->dtype == dtype_of<T>)&&mask->layout.shape == Shape({s.B, s.H, s.T, s.S}),
-               "{}: mask must be a bool or {} [{}, {}, {}, {}] view, got {} {} ({})", op, dtype_of<T>, s.B, s.H, s.T, s.S, mask->dtype,
-               shape_str(mask->layout.shape), shapes);
+    KILN_CHECK((mask->dtype == DType::boolean || mask->dtype == dtype_of<compute_t<T>>)&&mask->layout.shape == Shape({s.B, s.H, s.T, s.S}),
+               "{}: mask must be a bool or {} [{}, {}, {}, {}] view, got {} {} ({})", op, dtype_of<compute_t<T>>, s.B, s.H, s.T, s.S,
+               mask->dtype, shape_str(mask->layout.shape), shapes);
     cuda::check_device(mask->storage, op);
     const Layout& l = mask->layout;
-    const size_t esz = mask->dtype == DType::boolean ? 1 : sizeof(T);
+    const size_t esz = mask->dtype == DType::boolean ? 1 : sizeof(compute_t<T>);
     P.mask = static_cast<const unsigned char*>(mask->storage.data()) + static_cast<size_t>(l.offset) * esz;
     P.mkind = mask->dtype == DType::boolean ? 1 : 2;
     P.msb = l.strides[0];
@@ -983,7 +1120,7 @@ template <class T> Params<T> make_params(const char* op, Shapes& s, Cuda::V q, C
   P.d = static_cast<int>(s.d);
   P.dv = static_cast<int>(s.dv);
   P.rep = static_cast<int>(s.H / s.Hkv);
-  P.scale = static_cast<T>(scale);
+  P.scale = static_cast<compute_t<T>>(scale);
   P.causal = causal;
   P.pos0 = pos0;
   P.v4 = aligned4(P.q) && aligned4(P.k) && aligned4(P.v) && s.d % 4 == 0 && s.dv % 4 == 0;
@@ -1204,6 +1341,39 @@ Wide zeros_for(const Cuda::M& x) {
   return w;
 }
 
+// bf16/f16 q, k, v on attn_fwd_h where it takes them (tensor cores and half products on, head dims
+// h_fits, tiles within the device's shared memory); false otherwise (the caller widens).
+template <class H> bool forward_half(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cuda::V v, const Cuda::V* kp, const Cuda::V* mask,
+                                     double scale, bool causal, int64_t pos0) {
+  const char* op = "attention_forward";
+  Shapes s{};
+  const Params<H> P = make_params<H>(op, s, q, k, v, kp, mask, scale, causal, pos0);
+  const int cols = tc_cols(false, s);
+  if (!cuda::attention_tensor_cores() || !cuda::attention_half_products() || !h_fits(s.d, s.dv) ||
+      h_fwd_smem(cols, P.d, P.dv).bytes > cuda::device_properties().sharedMemPerBlockOptin)
+    return false;
+  const std::string shapes = s.str(q, k, v);
+  check_output(op, "o", o, dtype_of<H>, {s.B, s.H, s.T, s.dv}, shapes);
+  check_output(op, "lse", lse, DType::f32, {s.B, s.H, s.T}, shapes);
+  if (s.B * s.H * s.T == 0) return true;
+  const int64_t nqt = ceil_div(s.T, kTcRows);
+  const unsigned grid = grid_of(op, nqt * s.B * s.H, shapes);
+  H* const op_ = o.storage.as<H>() + o.layout.offset;
+  float* const lp = lse.storage.as<float>() + lse.layout.offset;
+  with_cols(cols, [&](auto bc) {
+    const size_t smem = h_fwd_smem(bc, P.d, P.dv).bytes;
+    with_pieces(s.dv,
+                [&](auto nv) { launch(op, attn_fwd_h<H, decltype(bc)::value, decltype(nv)::value>, grid, smem, shapes, P, op_, lp, nqt); });
+  });
+  return true;
+}
+
+// Calls f(type_tag<H>) for a half dtype.
+template <class F> void visit_half(DType dt, F&& f) {
+  if (dt == DType::bf16) return f(type_tag<bf16>{});
+  return f(type_tag<f16>{});
+}
+
 struct Named {
   const char* name;
   DType dtype;
@@ -1218,6 +1388,9 @@ void check_half(const char* op, DType dt, std::initializer_list<Named> xs, DType
 void Cuda::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0) {
   if (is_half(q.dtype)) {
     check_half("attention_forward", q.dtype, {{"k", k.dtype}, {"v", v.dtype}, {"o", o.dtype}}, lse.dtype);
+    bool done = false;
+    visit_half(q.dtype, [&]<class H>(type_tag<H>) { done = forward_half<H>(o, lse, q, k, v, key_padding, mask, scale, causal, pos0); });
+    if (done) return;
     const Wide q32 = widen(q), k32 = widen(k), v32 = widen(v);
     Wide o32(o.layout.shape);
     forward<float>(o32.out(), lse, q32.in(), k32.in(), v32.in(), key_padding, mask, scale, causal, pos0, true);

@@ -67,6 +67,7 @@ const Probe& probe() {
 thread_local int t_device = 0;
 std::atomic<bool> g_tf32{false};
 std::atomic<bool> g_attention_tc{true};
+std::atomic<bool> g_attention_half{true};
 
 // One device's state, created on first use and never destroyed: storage freed during static
 // destruction still finds its allocator, and the driver reclaims everything at exit.
@@ -235,6 +236,8 @@ void set_allow_tf32(bool allow) { g_tf32 = allow; }
 bool allow_tf32() { return g_tf32; }
 void set_attention_tensor_cores(bool on) { g_attention_tc = on; }
 bool attention_tensor_cores() { return g_attention_tc; }
+void set_attention_half_products(bool on) { g_attention_half = on; }
+bool attention_half_products() { return g_attention_half; }
 
 }  // namespace kiln::cuda
 

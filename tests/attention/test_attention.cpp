@@ -18,6 +18,7 @@
 #include <cmath>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <kiln/autograd/gradcheck.hpp>
@@ -47,6 +48,13 @@ struct Case {
                        d, dv, causal, pos0, padding, layout, mask, additive);
   }
 };
+
+// c with an attention mask of shape m (kMaskShapes), bool or additive.
+Case with_mask(Case c, std::string m, bool additive) {
+  c.mask = std::move(m);
+  c.additive = additive;
+  return c;
+}
 
 // Mask shapes, each broadcast to [B, H, T, S]: "TS^T" is a transposed (non-contiguous) view of an
 // [S, T] tensor, "T1" broadcasts along the keys (zero stride in the kernels' innermost loop).
@@ -193,7 +201,7 @@ void compare(const std::vector<double>& got, const std::vector<double>& want, kt
   int64_t bad = 0, first = -1;
   for (size_t i = 0; i < got.size(); ++i) {
     const double a = got[i], b = want[i];
-    const bool ok = std::isnan(b) ? std::isnan(a) : std::abs(a - b) <= tol.atol + tol.rtol * std::abs(b);
+    const bool ok = std::isnan(b) ? std::isnan(a) : a == b || std::abs(a - b) <= tol.atol + tol.rtol * std::abs(b);  // (a == b: infinities)
     if (!ok && bad++ == 0) first = static_cast<int64_t>(i);
   }
   INFO("tolerance " << tol.atol << "; mismatches " << bad
@@ -233,6 +241,40 @@ template <Backend B> void check_f32_cases(const std::vector<Case>& cases, uint64
   }
 #endif
   for (const Case& c : cases) check_case<B>(c, DType::f32, seed++);
+}
+
+// Whether backend B's bf16/f16 forward rounds P to the inputs' dtype before P·V (Cuda's half products on
+// the tensor cores, cuda::set_attention_half_products) rather than computing as the f32 widening would.
+template <Backend B> bool rounds_p() {
+#if defined(KILN_HAVE_CUDA_BACKEND)
+  if constexpr (std::is_same_v<B, Cuda>) return cuda::attention_half_products();
+#endif
+  return false;
+}
+
+// The bf16/f16 forward's O against the f64 oracle `want` (O's values), the inputs of dtype dt: f32
+// roundoff (bound) and the output's rounding to dt (2 u_store, relative), and where B rounds P to dt,
+// u_store(dt) · max|v| more: each P_ij is then off by at most u P_ij, so O's row i by at most
+// u Σ_j P_ij |v_j| / l_i <= u max|v|.
+template <Backend B> kt::Tol half_forward_tol(const Case& c, const Inputs<B>& in, DType dt, const std::vector<double>& want) {
+  double atol = bound(c, DType::f32, max_score(in, c), max_abs(want)).atol;
+  if (rounds_p<B>()) atol += kt::u_store(dt) * max_abs(kt::host(in.v.to(DType::f64)));
+  return {2 * kt::u_store(dt), atol};
+}
+
+// Runs f with Cuda's half products off (the exact path for half inputs), restoring them after.
+template <Backend B, class F> void exact_half_path(F&& f) {
+#if defined(KILN_HAVE_CUDA_BACKEND)
+  if constexpr (std::is_same_v<B, Cuda>) {
+    struct Restore {
+      ~Restore() { cuda::set_attention_half_products(true); }
+    } restore;
+    cuda::set_attention_half_products(false);
+    f();
+    return;
+  }
+#endif
+  f();
 }
 
 }  // namespace
@@ -316,9 +358,7 @@ TEMPLATE_TEST_CASE("attention: bf16 and f16 compute in f32 and round once", "[at
     auto [o64, lse64] =
         fused::attention_forward_composite(in.q.to(DType::f64), in.k.to(DType::f64), in.v.to(DType::f64), 0.25, c.causal, c.pos0);
     const std::vector<double> want = kt::host(o64);
-    // f32 roundoff (bound above) plus one rounding to the storage type
-    const kt::Tol tol{2 * kt::u_store(dt), bound(c, DType::f32, max_score(in, c), max_abs(want)).atol};
-    compare(kt::host(o), want, tol, "O");
+    compare(kt::host(o), want, half_forward_tol(c, in, dt, want), "O");
     compare(kt::host(lse), kt::host(lse64), {0.0, bound(c, DType::f32, max_score(in, c), 1.0).atol * 8}, "LSE");
     auto [dq, dk, dv] = fused::attention_backward(in.q, in.k, in.v, o, lse, in.dout, 0.25, c.causal, c.pos0);
     CHECK(dq.dtype() == dt);
@@ -338,14 +378,10 @@ TEMPLATE_TEST_CASE("attention: bf16 and f16 equal the f32 path on their widened 
   std::vector<Case> cases{kTileCases[0], kTileCases[1], kTileCases[4], kTileCases[5], kTileCases[6], kCases[1]};
   for (const Case& c : mask_cases())
     if (c.additive && cases.size() < 9) cases.push_back(c);
-  Case masked{1, 2, 1, 70, 83, 64, 64, true, 13};  // an additive mask on the tensor-core tiles
-  masked.mask = "B1TS";
-  masked.additive = true;
+  const Case masked = with_mask({1, 2, 1, 70, 83, 64, 64, true, 13}, "B1TS", true);  // an additive mask on the tensor-core tiles
   cases.push_back(masked);
-  Case bool_masked{2, 4, 2, 37, 53, 16, 16, false, 0, true};  // a bool mask (transposed view) with key padding
-  bool_masked.mask = "TS^T";
-  cases.push_back(bool_masked);
-  if constexpr (std::is_same_v<TestType, Reference>) cases = {kCases[1], masked};  // the naive oracle: small cases
+  cases.push_back(with_mask({2, 4, 2, 37, 53, 16, 16, false, 0, true}, "TS^T", false));  // a bool mask (transposed view), key padding
+  if constexpr (std::is_same_v<TestType, Reference>) cases = {kCases[1], masked};        // the naive oracle: small cases
   const DType f = DType::f32;
   auto same = [](const T& got, const T& want, const char* what) {
     const std::vector<double> a = kt::host(got), b = kt::host(want);
@@ -358,24 +394,56 @@ TEMPLATE_TEST_CASE("attention: bf16 and f16 equal the f32 path on their widened 
     CHECK(bad == 0);
   };
   uint64_t seed = 1300;
+  exact_half_path<TestType>([&] {
+    for (const Case& c : cases) {
+      for (DType dt : {DType::bf16, DType::f16}) {
+        INFO(c.str() << " " << dtype_name(dt));
+        const Inputs<TestType> in = make_inputs<TestType>(c, dt, seed++);
+        const T m32 = in.mask.defined() && in.mask.dtype() != DType::boolean ? in.mask.to(f) : in.mask;
+        auto [o, lse] = fused::attention_forward(in.q, in.k, in.v, 0.2, c.causal, c.pos0, in.kp, in.mask);
+        auto [o32, lse32] = fused::attention_forward(in.q.to(f), in.k.to(f), in.v.to(f), 0.2, c.causal, c.pos0, in.kp, m32);
+        REQUIRE(o.dtype() == dt);
+        REQUIRE(lse.dtype() == f);
+        same(o, o32.to(dt), "O");
+        same(lse, lse32, "LSE");
+        auto [dq, dk, dv] = fused::attention_backward(in.q, in.k, in.v, o, lse, in.dout, 0.2, c.causal, c.pos0, in.kp, in.mask);
+        auto [dq32, dk32, dv32] =
+            fused::attention_backward(in.q.to(f), in.k.to(f), in.v.to(f), o.to(f), lse, in.dout.to(f), 0.2, c.causal, c.pos0, in.kp, m32);
+        REQUIRE(dq.dtype() == dt);
+        same(dq, dq32.to(dt), "dq");
+        same(dk, dk32.to(dt), "dk");
+        same(dv, dv32.to(dt), "dv");
+      }
+    }
+  });
+}
+
+// The bf16/f16 forward against the f64 oracle on the same inputs, within half_forward_tol: on Cuda the
+// half-precision tensor-core kernel (P rounded to the inputs' dtype; head dims multiples of 16 up to
+// 128, both column tiles, GQA, causal with a KV-cache offset, key padding, additive and bool masks,
+// transposed and unaligned rows, no keys), elsewhere (and for Cuda's other head dims) the exact path.
+// LSE within the f32 bound: the softmax is f32 either way.
+TEMPLATE_TEST_CASE("attention: the bf16/f16 forward is within its bound of the f64 oracle", "[attention]", KILN_BACKEND_TYPES) {
+  std::vector<Case> cases{kTileCases[0], kTileCases[1], kTileCases[3], kTileCases[5], kTileCases[6], kTileCases[7], kCases[1], kCases[9]};
+  const Case masked = with_mask({1, 2, 1, 70, 83, 64, 64, true, 13}, "B1TS", true);  // an additive mask (f32 to the backend)
+  cases.push_back(masked);
+  cases.push_back(with_mask({2, 4, 2, 37, 53, 32, 16, false, 0, true}, "TS^T", false));  // a bool mask (transposed view), key padding
+  cases.push_back(Case{1, 2, 1, 40, 0, 16, 16, false, 0});                               // no keys: O = NaN, LSE = −inf
+  if constexpr (std::is_same_v<TestType, Reference>) cases = {kCases[1], masked};        // the naive oracle: small cases
+  const DType f64 = DType::f64;
+  uint64_t seed = 1500;
   for (const Case& c : cases) {
     for (DType dt : {DType::bf16, DType::f16}) {
       INFO(c.str() << " " << dtype_name(dt));
       const Inputs<TestType> in = make_inputs<TestType>(c, dt, seed++);
-      const T m32 = in.mask.defined() && in.mask.dtype() != DType::boolean ? in.mask.to(f) : in.mask;
       auto [o, lse] = fused::attention_forward(in.q, in.k, in.v, 0.2, c.causal, c.pos0, in.kp, in.mask);
-      auto [o32, lse32] = fused::attention_forward(in.q.to(f), in.k.to(f), in.v.to(f), 0.2, c.causal, c.pos0, in.kp, m32);
       REQUIRE(o.dtype() == dt);
-      REQUIRE(lse.dtype() == f);
-      same(o, o32.to(dt), "O");
-      same(lse, lse32, "LSE");
-      auto [dq, dk, dv] = fused::attention_backward(in.q, in.k, in.v, o, lse, in.dout, 0.2, c.causal, c.pos0, in.kp, in.mask);
-      auto [dq32, dk32, dv32] =
-          fused::attention_backward(in.q.to(f), in.k.to(f), in.v.to(f), o.to(f), lse, in.dout.to(f), 0.2, c.causal, c.pos0, in.kp, m32);
-      REQUIRE(dq.dtype() == dt);
-      same(dq, dq32.to(dt), "dq");
-      same(dk, dk32.to(dt), "dk");
-      same(dv, dv32.to(dt), "dv");
+      REQUIRE(lse.dtype() == DType::f32);
+      const Tensor<TestType> m64 = in.mask.defined() && in.mask.dtype() != DType::boolean ? in.mask.to(f64) : in.mask;
+      auto [o64, lse64] = fused::attention_forward_composite(in.q.to(f64), in.k.to(f64), in.v.to(f64), 0.2, c.causal, c.pos0, in.kp, m64);
+      const std::vector<double> want = kt::host(o64);
+      compare(kt::host(o), want, half_forward_tol(c, in, dt, want), "O");
+      compare(kt::host(lse), kt::host(lse64), {0.0, bound(c, DType::f32, max_score(in, c), 1.0).atol * 8}, "LSE");
     }
   }
 }
@@ -643,7 +711,7 @@ TEMPLATE_TEST_CASE("attention: bf16 / f16 with an additive mask of the same dtyp
     auto [o64, lse64] = fused::attention_forward_composite(in.q.to(DType::f64), in.k.to(DType::f64), in.v.to(DType::f64), 0.25, c.causal,
                                                            c.pos0, {}, in.mask.to(DType::f64));
     const std::vector<double> want = kt::host(o64);
-    compare(kt::host(o), want, {2 * kt::u_store(dt), bound(c, DType::f32, max_score(in, c), max_abs(want)).atol}, "O");
+    compare(kt::host(o), want, half_forward_tol(c, in, dt, want), "O");
     auto [dq, dk, dv] = fused::attention_backward(in.q, in.k, in.v, o, lse, in.dout, 0.25, c.causal, c.pos0, {}, in.mask);
     CHECK(dq.dtype() == dt);
   }

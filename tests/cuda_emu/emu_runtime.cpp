@@ -29,9 +29,12 @@ cudaStream_t stream() { return nullptr; }
 const cudaDeviceProp& device_properties() { return ::emu::device_properties(); }
 namespace {
 bool g_attention_tc = true;
+bool g_attention_half = true;
 }  // namespace
 void set_attention_tensor_cores(bool on) { g_attention_tc = on; }
 bool attention_tensor_cores() { return g_attention_tc; }
+void set_attention_half_products(bool on) { g_attention_half = on; }
+bool attention_half_products() { return g_attention_half; }
 
 }  // namespace kiln::cuda
 
