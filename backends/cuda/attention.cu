@@ -774,7 +774,7 @@ __device__ __forceinline__ void load_h_rows(bool v8, uint16_t* dst, int ld, int 
     for (int e = static_cast<int>(threadIdx.x); e < R * vpr; e += kThreads) {
       const int r = e / vpr, c = 8 * (e - r * vpr);
       const uint4 v = r < n ? *reinterpret_cast<const uint4*>(src + (t0 + r) * st + c) : make_uint4(0, 0, 0, 0);
-      memcpy(dst + r * ld + c, &v, 16);
+      *reinterpret_cast<uint4*>(dst + r * ld + c) = v;  // one 16-byte store (ld, c multiples of 8; read back by memcpy only)
     }
     return;
   }
