@@ -2,6 +2,7 @@
 // on the model's own matrix products, measured in the same run.
 //
 //   bench_mfu [--rounds 25] [--models d256,d512] [--attention mha|diff] [--shapes] [--clock wall|cpu] [--cold]
+//             [--steps-only]
 //
 // For each model it lists every GEMM of one training step (nn::gpt_flops counts exactly these FLOPs;
 // the program checks that the sums agree):
@@ -25,6 +26,8 @@
 // touched an op or a whole pass earlier (the optimizer streams every parameter and its moments between
 // one step's backward and the next step's forward), so "matmul-only" measures them in cache, as the
 // issue's goal does, and the cold figure bounds what a step's GEMMs cost on operands from memory.
+// --steps-only runs the rounds' training steps alone, back to back (no GEMM passes between them), and
+// prints their median: with KILN_PROFILE=1 the exit report is then the step's own ops, by time.
 // Run with KILN_NUM_THREADS set and GOMP_SPINCOUNT=1000 (the OpenMP policy `kiln train` sets for itself,
 // train/cli/kiln.cpp); results in bench/RESULTS.md.
 #include <cblas.h>
@@ -252,7 +255,7 @@ struct Bench {
 int main(int argc, char** argv) {
   int rounds = 25;
   std::string models = "d256,d512", attention = "mha";
-  bool shapes = false, cold = false;
+  bool shapes = false, cold = false, steps_only = false;
   for (int i = 1; i < argc; ++i) {
     const bool has = i + 1 < argc;
     if (!std::strcmp(argv[i], "--rounds") && has)
@@ -265,12 +268,15 @@ int main(int argc, char** argv) {
       shapes = true;
     else if (!std::strcmp(argv[i], "--cold"))
       cold = true;
+    else if (!std::strcmp(argv[i], "--steps-only"))
+      steps_only = true;
     else if (!std::strcmp(argv[i], "--clock") && has && (!std::strcmp(argv[i + 1], "cpu") || !std::strcmp(argv[i + 1], "wall")))
       g_cpu_clock = !std::strcmp(argv[++i], "cpu");
     else {
       std::fprintf(
           stderr,
-          "bench_mfu: bad flag %s (valid: --rounds N, --models d256,d512, --attention mha|diff, --shapes, --clock wall|cpu, --cold)\n",
+          "bench_mfu: bad flag %s (valid: --rounds N, --models d256,d512, --attention mha|diff, --shapes, --clock wall|cpu, --cold, "
+          "--steps-only)\n",
           argv[i]);
       return 2;
     }
@@ -280,6 +286,15 @@ int main(int argc, char** argv) {
     const size_t e = std::min(models.find(',', s), models.size());
     if (e > s) benches.push_back(std::make_unique<Bench>(model_named(models.substr(s, e - s), attention)));
     s = e + 1;
+  }
+  if (steps_only) {
+    for (auto& b : benches) {
+      for (int w = 0; w < 2; ++w) (void)b->step();  // warm-up: allocator caches, page faults
+      for (int r = 0; r < rounds; ++r) b->step_ms.push_back(b->step());
+      std::printf("bench_mfu --steps-only: %s, %s attention, %d threads: median step %.2f ms of %d (%s)\n", b->m.name.c_str(),
+                  attention.c_str(), num_threads(), median(b->step_ms), rounds, g_cpu_clock ? "process CPU time" : "wall clock");
+    }
+    return 0;
   }
 #ifdef KILN_HAVE_ONEDNN
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
