@@ -760,11 +760,6 @@ __host__ __device__ constexpr HSmem h_fwd_smem(int bc, int d, int dv) {
 }
 bool h_fits(int64_t d, int64_t dv) { return d % 16 == 0 && dv % 8 == 0 && d > 0 && dv > 0 && d <= kTcMaxHead && dv <= kTcMaxHead; }
 
-template <class H> __device__ __forceinline__ uint16_t h_bits(H x) {
-  uint16_t u;
-  memcpy(&u, &x, 2);
-  return u;
-}
 // Rows [t0, t0 + n) of one (b, h) of a bf16/f16 operand into [R, ld] shared H bits (rows >= n zero), 8
 // values (16 bytes) at a time where v8 (rows 16-byte aligned, width a multiple of 8). All threads.
 template <class H>
@@ -780,7 +775,7 @@ __device__ __forceinline__ void load_h_rows(bool v8, uint16_t* dst, int ld, int 
   }
   for (int e = static_cast<int>(threadIdx.x); e < R * width; e += kThreads) {
     const int r = e / width, x = e - r * width;
-    dst[r * ld + x] = r < n ? h_bits(src[(t0 + r) * st + x]) : uint16_t{0};
+    dst[r * ld + x] = r < n ? src[(t0 + r) * st + x].bits : uint16_t{0};
   }
 }
 
@@ -814,7 +809,7 @@ template <class H, int BC, int NV> __global__ void __launch_bounds__(kThreads)
     const H* const vsrc = P.v.row(b, q.hk, 0);
     for (int e = tid; e < BC * dv; e += kThreads) {  // V transposed: coalesced reads along a row
       const int r = e / dv, x = e - r * dv;
-      Vt[x * ldv + r] = r < bc ? h_bits(vsrc[(j0 + r) * P.v.st + x]) : uint16_t{0};
+      Vt[x * ldv + r] = r < bc ? vsrc[(j0 + r) * P.v.st + x].bits : uint16_t{0};
     }
     load_kval(kval, BC, P.kp ? P.kp + b * P.sk : nullptr, j0, bc);
     __syncthreads();

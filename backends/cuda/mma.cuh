@@ -134,11 +134,7 @@ template <class H> __device__ __forceinline__ void mma_h(float (&c)[4], const ui
 // Two H values as one register: x0 (the lower index) in the low 16 bits. From f32 values, rounded to
 // nearest even (pack_h), or two consecutive values in memory (ld_h2: p 4-byte aligned).
 template <class H> __device__ __forceinline__ uint32_t pack_h(float x0, float x1) {
-  const H a = from_compute<H>(x0), b = from_compute<H>(x1);
-  uint16_t u0, u1;
-  memcpy(&u0, &a, 2);
-  memcpy(&u1, &b, 2);
-  return static_cast<uint32_t>(u0) | (static_cast<uint32_t>(u1) << 16);
+  return static_cast<uint32_t>(from_compute<H>(x0).bits) | (static_cast<uint32_t>(from_compute<H>(x1).bits) << 16);
 }
 __device__ __forceinline__ uint32_t ld_h2(const uint16_t* p) {
   uint32_t r;
