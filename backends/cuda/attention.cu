@@ -1155,11 +1155,11 @@ int tc_cols(bool backward, const Shapes& s) {
   return (backward ? s.H > s.Hkv && s.d <= 64 && s.dv <= 64 : s.d <= 64) ? 64 : 32;
 }
 
-// Whether the tensor-core kernels take a case: f32 (the caller's), head dims they handle, not switched
-// off, and their shared memory within the device's per-block limit (GPUs with less than an H100's, e.g.
-// 99 KiB, run the FMA kernels at d = 128).
-bool use_tc(const Shapes& s, size_t smem) {
-  return cuda::attention_tensor_cores() && tc_fits(s.d, s.dv) && smem <= cuda::device_properties().sharedMemPerBlockOptin;
+// Whether a tensor-core kernel takes a case: head dims it handles (fits: tc_fits for the f32 kernels,
+// h_fits for the half-precision forward), not switched off, and its shared memory within the device's
+// per-block limit (GPUs with less than an H100's, e.g. 99 KiB, run the FMA kernels at d = 128).
+bool use_tc(bool fits, size_t smem) {
+  return cuda::attention_tensor_cores() && fits && smem <= cuda::device_properties().sharedMemPerBlockOptin;
 }
 
 // Calls f(std::integral_constant<int, BC>) for bc = 32 or 64.
@@ -1214,7 +1214,7 @@ template <class T> void forward(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cu
   if (s.B * s.H * s.T == 0) return;  // nothing to write (S = 0 is handled by the kernel: O = NaN, LSE = −inf)
   if constexpr (std::is_same_v<T, float>) {
     const int cols = tc_cols(false, s);
-    if (use_tc(s, tc_fwd_smem(cols, P.d, P.dv).bytes)) {
+    if (use_tc(tc_fits(s.d, s.dv), tc_fwd_smem(cols, P.d, P.dv).bytes)) {
       const int64_t nqt = ceil_div(s.T, kTcRows);
       const unsigned grid = grid_of(op, nqt * s.B * s.H, shapes);
       float* const op_ = o.storage.as<float>() + o.layout.offset;
@@ -1278,7 +1278,7 @@ template <class T> void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, 
 
   if constexpr (std::is_same_v<T, float>) {
     const int cols = tc_cols(true, s);
-    if (use_tc(s, tc_bwd_smem(cols, P.d, P.dv).bytes)) {
+    if (use_tc(tc_fits(s.d, s.dv), tc_bwd_smem(cols, P.d, P.dv).bytes)) {
       const unsigned grid_kv = grid_of(op, ceil_div(s.S, kTcRows) * s.B * s.Hkv, shapes);
       const int64_t nqt = ceil_div(s.T, kTcRows);
       const unsigned grid_q = grid_of(op, nqt * s.B * s.H, shapes);
@@ -1344,9 +1344,7 @@ template <class H> bool forward_half(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V 
   Shapes s{};
   const Params<H> P = make_params<H>(op, s, q, k, v, kp, mask, scale, causal, pos0);
   const int cols = tc_cols(false, s);
-  if (!cuda::attention_tensor_cores() || !cuda::attention_half_products() || !h_fits(s.d, s.dv) ||
-      h_fwd_smem(cols, P.d, P.dv).bytes > cuda::device_properties().sharedMemPerBlockOptin)
-    return false;
+  if (!cuda::attention_half_products() || !use_tc(h_fits(s.d, s.dv), h_fwd_smem(cols, P.d, P.dv).bytes)) return false;
   const std::string shapes = s.str(q, k, v);
   check_output(op, "o", o, dtype_of<H>, {s.B, s.H, s.T, s.dv}, shapes);
   check_output(op, "lse", lse, DType::f32, {s.B, s.H, s.T}, shapes);
@@ -1361,12 +1359,6 @@ template <class H> bool forward_half(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V 
                 [&](auto nv) { launch(op, attn_fwd_h<H, decltype(bc)::value, decltype(nv)::value>, grid, smem, shapes, P, op_, lp, nqt); });
   });
   return true;
-}
-
-// Calls f(type_tag<H>) for a half dtype.
-template <class F> void visit_half(DType dt, F&& f) {
-  if (dt == DType::bf16) return f(type_tag<bf16>{});
-  return f(type_tag<f16>{});
 }
 
 struct Named {
@@ -1384,7 +1376,10 @@ void Cuda::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, co
   if (is_half(q.dtype)) {
     check_half("attention_forward", q.dtype, {{"k", k.dtype}, {"v", v.dtype}, {"o", o.dtype}}, lse.dtype);
     bool done = false;
-    visit_half(q.dtype, [&]<class H>(type_tag<H>) { done = forward_half<H>(o, lse, q, k, v, key_padding, mask, scale, causal, pos0); });
+    visit_float(q.dtype, "attention_forward", q.layout.shape, [&]<class H>(type_tag<H>) {
+      if constexpr (std::is_same_v<H, bf16> || std::is_same_v<H, f16>)
+        done = forward_half<H>(o, lse, q, k, v, key_padding, mask, scale, causal, pos0);
+    });
     if (done) return;
     const Wide q32 = widen(q), k32 = widen(k), v32 = widen(v);
     Wide o32(o.layout.shape);
