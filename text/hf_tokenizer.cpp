@@ -1848,11 +1848,11 @@ void HfTokenizer::unigram(std::string_view word, std::vector<int32_t>& out) cons
   std::vector<char> unknown;
   for (size_t end = n; end > 0;) {
     const Node& t = best[end];
-    const bool unk = t.id == kUnk || (unk_id_ && t.id == *unk_id_);
-    if (unk && !unknown.empty() && unknown.back())
+    const bool is_unk = t.id == kUnk || (unk_id_ && t.id == *unk_id_);
+    if (is_unk && !unknown.empty() && unknown.back())
       spans.back().first = t.start;
     else
-      spans.emplace_back(t.start, end), unknown.push_back(unk);
+      spans.emplace_back(t.start, end), unknown.push_back(is_unk);
     end = t.start;
   }
   for (size_t i = spans.size(); i-- > 0;) {
