@@ -61,6 +61,14 @@ std::string_view cpu_isa();
 // once: the same contract, another summation order. f16 matmuls always take the f32 path.
 bool native_bf16_matmul();
 
+// The library behind f32 matmuls (backends/cpu/matmul.cpp): "auto" (the default: oneDNN for batched
+// products and single ones of 32^3 <= M·N·K < 1024^3, OpenBLAS for the rest and for f64), "blas" or
+// "onednn" (that library for every f32 product; blas also sends bf16 to the f32 path), for comparing
+// them in one process. KILN_CPU_MATMUL sets the initial value. A name not listed, or onednn in a build
+// without oneDNN, is a kiln::Error.
+void set_matmul_library(std::string_view name);
+std::string_view matmul_library();
+
 extern template class Tensor<Cpu>;
 
 }  // namespace kiln

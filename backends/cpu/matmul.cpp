@@ -22,13 +22,15 @@
 //  * bf16 elsewhere, f16 (oneDNN 2.6 has no f16 CPU matmul short of AVX512-FP16), or a bf16 layout
 //    oneDNN declines: converted to f32, multiplied with f32 accumulation, rounded back; the first such
 //    product prints one line on stderr saying so (the numbers are the same either way, only slower).
-// KILN_CPU_MATMUL=blas|onednn forces one library for f32 (for benchmarking); blas also sends bf16 to
-// the f32 path.
+// Which library: set_matmul_library (cpu.hpp), KILN_CPU_MATMUL=auto|blas|onednn the initial value (an
+// unknown name is a kiln::Error): auto is the rules above; blas or onednn that library for every f32
+// product (blas also sends bf16 to the f32 path), for benchmarking (bench_mfu --compare-matmul).
 #include <cblas.h>
 
+#include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -65,6 +67,30 @@ struct Problem {
   std::vector<int64_t> bdims, bsa, bsb, bsc;
 };
 
+enum class Lib { automatic, blas, onednn };
+constexpr std::array<std::string_view, 3> kLibNames{"auto", "blas", "onednn"};
+
+Lib parse_lib(std::string_view v, std::string_view where) {
+  for (size_t i = 0; i < kLibNames.size(); ++i) {
+    if (v != kLibNames[i]) continue;
+#ifndef KILN_HAVE_ONEDNN
+    KILN_CHECK(i != 2, "{}: matmul library 'onednn': this kiln was built without oneDNN", where);
+#endif
+    return static_cast<Lib>(i);
+  }
+  fail("{}: unknown matmul library '{}' (valid: auto, blas, onednn)", where, v);
+}
+// KILN_CPU_MATMUL until set_matmul_library changes it (an unknown name in the variable throws at every
+// matmul: the static then stays uninitialised).
+std::atomic<Lib>& lib_setting() {
+  static std::atomic<Lib> l{[] {
+    const char* v = std::getenv("KILN_CPU_MATMUL");
+    return v ? parse_lib(v, "KILN_CPU_MATMUL") : Lib::automatic;
+  }()};
+  return l;
+}
+Lib current_lib() { return lib_setting().load(std::memory_order_relaxed); }
+
 template <class T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {
   const auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
@@ -100,18 +126,6 @@ template <class T> void run_blas(const Problem& p, const T* a, const T* b, T* c)
 // ---------------------------------------------------------------------------------- oneDNN
 constexpr double kDnnlMinFlops = 2.0 * 32 * 32 * 32;
 constexpr double kDnnlMaxFlops = 2.0 * 1024 * 1024 * 1024;  // single GEMMs at least this big: OpenBLAS
-
-enum class Lib { automatic, blas, onednn };
-Lib forced_lib() {
-  static const Lib l = [] {
-    const char* v = std::getenv("KILN_CPU_MATMUL");
-    if (!v) return Lib::automatic;
-    if (std::strcmp(v, "blas") == 0) return Lib::blas;
-    if (std::strcmp(v, "onednn") == 0) return Lib::onednn;
-    return Lib::automatic;
-  }();
-  return l;
-}
 
 // One cache per thread: the primitive and its three memory objects per shape/stride signature, so a
 // repeated call costs three set_data_handle calls and an execute (no lock, no descriptor work).
@@ -284,7 +298,7 @@ template <class T> bool matmul_typed(Cpu::M out, Cpu::V a, Cpu::V b) {
 #ifdef KILN_HAVE_ONEDNN
   if constexpr (std::is_same_v<T, float>) {
     const double flops = 2.0 * static_cast<double>(p.M) * static_cast<double>(N) * static_cast<double>(K);
-    const Lib lib = forced_lib();
+    const Lib lib = current_lib();
     const bool batched = p.oa.size() > 1 || !p.bdims.empty();
     const bool use = lib == Lib::onednn || (lib == Lib::automatic && flops >= kDnnlMinFlops && (batched || flops < kDnnlMaxFlops));
     // oneDNN addresses the batch through (bdims, strides) from item 0's offsets (p.oa[0], ...).
@@ -320,11 +334,14 @@ void half_via_f32(Cpu::M out, Cpu::V a, Cpu::V b) {
 
 bool native_bf16_matmul() {
 #ifdef KILN_HAVE_ONEDNN
-  return dnnl_bf16_native() && forced_lib() != Lib::blas;
+  return dnnl_bf16_native() && current_lib() != Lib::blas;
 #else
   return false;
 #endif
 }
+
+void set_matmul_library(std::string_view name) { lib_setting().store(parse_lib(name, "set_matmul_library"), std::memory_order_relaxed); }
+std::string_view matmul_library() { return kLibNames[static_cast<size_t>(current_lib())]; }
 
 void Cpu::matmul(M out, V a, V b) {
   const size_t r = out.layout.shape.size();

@@ -2,7 +2,7 @@
 // on the model's own matrix products, measured in the same run.
 //
 //   bench_mfu [--rounds 25] [--models d256,d512] [--attention mha|diff] [--shapes] [--clock wall|cpu] [--cold]
-//             [--steps-only]
+//             [--steps-only] [--compare-matmul blas|onednn]
 //
 // For each model it lists every GEMM of one training step (nn::gpt_flops counts exactly these FLOPs;
 // the program checks that the sums agree):
@@ -28,6 +28,9 @@
 // issue's goal does, and the cold figure bounds what a step's GEMMs cost on operands from memory.
 // --steps-only runs the rounds' training steps alone, back to back (no GEMM passes between them), and
 // prints their median: with KILN_PROFILE=1 the exit report is then the step's own ops, by time.
+// --compare-matmul LIB times the steps alone too, alternating kiln's automatic matmul library choice
+// and LIB for every f32 product (set_matmul_library) step by step in one process, A B then B A, so
+// the two medians share the machine's drifts (VMs' speed wanders by 10-20% over minutes).
 // Run with KILN_NUM_THREADS set and GOMP_SPINCOUNT=1000 (the OpenMP policy `kiln train` sets for itself,
 // train/cli/kiln.cpp); results in bench/RESULTS.md.
 #include <cblas.h>
@@ -256,6 +259,7 @@ int main(int argc, char** argv) {
   int rounds = 25;
   std::string models = "d256,d512", attention = "mha";
   bool shapes = false, cold = false, steps_only = false;
+  std::string compare;  // --compare-matmul LIB
   for (int i = 1; i < argc; ++i) {
     const bool has = i + 1 < argc;
     if (!std::strcmp(argv[i], "--rounds") && has)
@@ -270,13 +274,15 @@ int main(int argc, char** argv) {
       cold = true;
     else if (!std::strcmp(argv[i], "--steps-only"))
       steps_only = true;
+    else if (!std::strcmp(argv[i], "--compare-matmul") && has && (!std::strcmp(argv[i + 1], "blas") || !std::strcmp(argv[i + 1], "onednn")))
+      compare = argv[++i];
     else if (!std::strcmp(argv[i], "--clock") && has && (!std::strcmp(argv[i + 1], "cpu") || !std::strcmp(argv[i + 1], "wall")))
       g_cpu_clock = !std::strcmp(argv[++i], "cpu");
     else {
       std::fprintf(
           stderr,
           "bench_mfu: bad flag %s (valid: --rounds N, --models d256,d512, --attention mha|diff, --shapes, --clock wall|cpu, --cold, "
-          "--steps-only)\n",
+          "--steps-only, --compare-matmul blas|onednn)\n",
           argv[i]);
       return 2;
     }
@@ -287,12 +293,34 @@ int main(int argc, char** argv) {
     if (e > s) benches.push_back(std::make_unique<Bench>(model_named(models.substr(s, e - s), attention)));
     s = e + 1;
   }
+  if (!compare.empty()) {  // A B per step: auto against another matmul library
+    for (auto& b : benches) {
+      for (const char* lib : {"auto", compare.c_str(), "auto", compare.c_str()}) {  // warm-up: both libraries' first calls
+        set_matmul_library(lib);
+        (void)b->step();
+      }
+      std::vector<double> ms[2];
+      for (int r = 0; r < rounds; ++r)
+        for (int i = 0; i < 2; ++i) {  // A B, then B A
+          const int which = (r + i) % 2;
+          set_matmul_library(which == 0 ? "auto" : compare);
+          ms[which].push_back(b->step());
+        }
+      std::printf(
+          "bench_mfu --compare-matmul %s: %s, %s attention, %d threads: median step auto %.2f ms, %s %.2f ms, "
+          "ratio %.3f (%d steps each, alternated; %s)\n",
+          compare.c_str(), b->m.name.c_str(), attention.c_str(), num_threads(), median(ms[0]), compare.c_str(), median(ms[1]),
+          median(ms[1]) / median(ms[0]), rounds, g_cpu_clock ? "process CPU time" : "wall clock");
+    }
+    return 0;
+  }
   if (steps_only) {
     for (auto& b : benches) {
       for (int w = 0; w < 2; ++w) (void)b->step();  // warm-up: allocator caches, page faults
       for (int r = 0; r < rounds; ++r) b->step_ms.push_back(b->step());
-      std::printf("bench_mfu --steps-only: %s, %s attention, %d threads: median step %.2f ms of %d (%s)\n", b->m.name.c_str(),
-                  attention.c_str(), num_threads(), median(b->step_ms), rounds, g_cpu_clock ? "process CPU time" : "wall clock");
+      std::printf("bench_mfu --steps-only: %s, %s attention, %d threads: median step %.2f ms of %d (%s, matmul %s)\n", b->m.name.c_str(),
+                  attention.c_str(), num_threads(), median(b->step_ms), rounds, g_cpu_clock ? "process CPU time" : "wall clock",
+                  std::string(matmul_library()).c_str());
     }
     return 0;
   }
@@ -353,8 +381,8 @@ int main(int argc, char** argv) {
 
   std::printf(
       "bench_mfu: %s attention, %d threads, medians of %d rounds (one training step + one pass over its GEMMs each, "
-      "interleaved), %s\n\n",
-      attention.c_str(), num_threads(), rounds, g_cpu_clock ? "process CPU time" : "wall clock");
+      "interleaved), %s, kiln's matmul library %s\n\n",
+      attention.c_str(), num_threads(), rounds, g_cpu_clock ? "process CPU time" : "wall clock", std::string(matmul_library()).c_str());
   std::printf(
       "| model | GFLOP/step | step ms | matmul-only ms: kiln / OpenBLAS / oneDNN / best | step ÷ matmul-only (best) | "
       "achieved GFLOP/s | GEMM GFLOP/s (best) | MFU vs GEMM rate |\n|---|---|---|---|---|---|---|---|\n");

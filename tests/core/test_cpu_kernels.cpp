@@ -5,10 +5,12 @@
 // comparisons, integer ops), a tolerance tied to the dtype's precision elsewhere.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <kiln/backends/cpu/cpu.hpp>
@@ -496,6 +498,30 @@ TEST_CASE("cpu kernels: larger matmuls through both libraries", "[cpu]") {
   check_matmul(make({16, 128, 64}, DType::f32, 0, 73), make({16, 64, 128}, DType::f32, 0, 74));
   check_matmul(make({2, 100, 256}, DType::f32, 0, 75), make({256, 300}, DType::f32, 1, 76));
   check_matmul(make({200, 130}, DType::f64, 1, 77), make({130, 150}, DType::f64, 0, 78));
+}
+
+TEST_CASE("cpu kernels: set_matmul_library sends every layout through the library it names", "[cpu]") {
+  struct Restore {  // the setting is process-wide: back to the default whatever happens
+    ~Restore() { set_matmul_library("auto"); }
+  } restore;
+  CHECK(matmul_library() == "auto");
+  for (const char* lib : {"blas", "onednn", "auto"}) {
+    set_matmul_library(lib);
+    CHECK(matmul_library() == lib);
+    INFO("library " << lib);
+    for (auto [M, K, N] : std::vector<std::array<int64_t, 3>>{{3, 4, 5}, {33, 65, 17}, {130, 70, 90}, {256, 192, 320}})
+      for (int ka : {0, 1, 2})
+        for (int kb : {0, 1, 2}) check_matmul(make({M, K}, DType::f32, ka, 91), make({K, N}, DType::f32, kb, 92));
+    check_matmul(make({16, 128, 64}, DType::f32, 0, 93), make({16, 64, 128}, DType::f32, 1, 94));  // batched
+    check_matmul(make({2, 1, 8, 6}, DType::f32, 0, 95), make({1, 3, 6, 7}, DType::f32, 0, 96));    // broadcast batches
+    check_matmul(make({40, 64}, DType::bf16, 0, 97), make({64, 48}, DType::bf16, 1, 98));          // bf16: native or via f32
+  }
+  for (const char* bad : {"mkl", "", "BLAS", "tune"}) {
+    INFO("name '" << bad << "'");
+    CHECK_THROWS_WITH(set_matmul_library(bad),
+                      Catch::Contains("set_matmul_library: unknown matmul library '" + std::string(bad) + "' (valid: auto, blas, onednn)"));
+  }
+  CHECK(matmul_library() == "auto");  // a refused name changes nothing
 }
 
 TEST_CASE("cpu kernels: gather, index_select, scatter_add and index_add", "[cpu]") {
