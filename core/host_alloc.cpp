@@ -8,6 +8,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kiln/core/error.hpp"
+
 namespace kiln {
 namespace {
 
@@ -22,12 +24,14 @@ size_t size_class(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
+// KILN_HOST_CACHE_MB, else 2048; a malformed value is a kiln::Error at the first allocation and every
+// later one (the cache is then never built).
 size_t cap_from_env() {
   const char* s = std::getenv("KILN_HOST_CACHE_MB");
   if (!s || !*s) return size_t{2048} << 20;
   char* end = nullptr;
   const long long mb = std::strtoll(s, &end, 10);
-  if (end == s || *end != '\0' || mb < 0) return size_t{2048} << 20;  // a malformed value: the default
+  KILN_CHECK(end != s && *end == '\0' && mb >= 0 && mb < (1ll << 40), "KILN_HOST_CACHE_MB='{}': expected a whole number of MiB >= 0", s);
   return static_cast<size_t>(mb) << 20;
 }
 

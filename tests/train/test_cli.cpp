@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -64,6 +65,33 @@ TEST_CASE("cli: missing and malformed files name the file and the problem", "[cl
   CHECK_THAT(kiln(fmt::format("train --model {} --data x", diff)).out, Catch::Contains("divisible by 2·n_heads (8)"));
   const std::string garbage = temp("garbage.safetensors", "this is not a safetensors file at all");
   CHECK_THAT(kiln(fmt::format("inspect --file {}", garbage)).out, Catch::Contains(garbage));
+}
+
+TEST_CASE("cli: a malformed kiln environment variable is an error naming it and its value", "[cli]") {
+  const std::string text = temp("env.txt", std::string(200, 'a') + "the quick brown fox jumps over the lazy dog\n");
+  const std::string tok = temp("env.safetensors", "");
+  REQUIRE(kiln(fmt::format("tokenize --text {} --chars --out {}", text, tok)).status == 0);
+  const std::string model = temp("env_model.json", R"({"vocab_size": 32, "d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16})");
+  const std::string train = temp("env_train.json", R"({"batch_size": 2, "seq_len": 8, "steps": 1})");
+  const auto train_with = [&](const std::string& env) {
+    return kt::run_command(fmt::format("env {} {} train --model {} --train {} --data {} --quiet 2>&1", env, KILN_CLI, model, train, tok));
+  };
+  for (const auto& [env, says] : std::vector<std::pair<std::string, std::string>>{
+           {"KILN_NUM_THREADS=two", "KILN_NUM_THREADS='two': expected a whole number of threads from 1 to 4095"},
+           {"KILN_NUM_THREADS=0", "KILN_NUM_THREADS='0'"},
+           {"KILN_NUM_THREADS=2x", "KILN_NUM_THREADS='2x'"},
+           {"KILN_HOST_CACHE_MB=lots", "KILN_HOST_CACHE_MB='lots': expected a whole number of MiB >= 0"},
+           {"KILN_HOST_CACHE_MB=-5", "KILN_HOST_CACHE_MB='-5'"},
+           {"KILN_CPU_MATMUL=mkl", "KILN_CPU_MATMUL: unknown matmul library 'mkl' (valid: auto, blas, onednn)"},
+       }) {
+    INFO(env);
+    const Result r = train_with(env);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.out, Catch::Contains("kiln train: error: " + says));
+  }
+  // OpenMP's own variable keeps OpenMP's forms: a list's first entry counts
+  CHECK(train_with("OMP_NUM_THREADS=1,1 KILN_NUM_THREADS=").status == 0);
+  CHECK(train_with("KILN_NUM_THREADS=1 KILN_HOST_CACHE_MB=0 KILN_CPU_MATMUL=blas").status == 0);
 }
 
 TEST_CASE("cli: a character-level corpus with non-ASCII UTF-8 trains and samples", "[cli]") {
