@@ -96,10 +96,15 @@ struct Registry {
 // Never destroyed: threads and the exit report may use it during static destruction.
 Registry& registry() {
   static Registry* r = [] {
+    size_t max_events = 500000;
+    if (const char* m = std::getenv("KILN_PROFILE_MAX_EVENTS"); m && *m) {  // "1e6" would read as 1: refused
+      char* end = nullptr;
+      const unsigned long long v = std::strtoull(m, &end, 10);
+      KILN_CHECK(end != m && *end == '\0' && m[0] != '-', "KILN_PROFILE_MAX_EVENTS='{}': expected a whole number of events per thread", m);
+      max_events = static_cast<size_t>(v);
+    }
     auto* x = new Registry;
-    const char* m = std::getenv("KILN_PROFILE_MAX_EVENTS");
-    x->max_events = m && *m ? static_cast<size_t>(std::strtoull(m, nullptr, 10)) : 500000;
-    x->max_events = std::min(x->max_events, kChunk * kMaxChunks);
+    x->max_events = std::min(max_events, kChunk * kMaxChunks);
     return x;
   }();
   return *r;
@@ -325,10 +330,16 @@ void exit_report() {
   }
 }
 
+// (Before main: a malformed setting ends the process with its message, exit status 1.)
 const bool g_env_started = [] {
   const char* e = std::getenv("KILN_PROFILE");
   if (!e || !*e || std::string_view(e) == "0") return false;
-  start();
+  try {
+    start();
+  } catch (const std::exception& x) {
+    std::fprintf(stderr, "kiln profile: %s\n", x.what());
+    std::exit(1);
+  }
   std::atexit(exit_report);
   return true;
 }();

@@ -315,6 +315,22 @@ TEST_CASE("profile: kiln train --profile and KILN_PROFILE=1 write a trace of ste
   REQUIRE(shell(fmt::format("cd {} && KILN_PROFILE=1 {} tokenize --text {} --chars --out tok.safetensors", cwd, KILN_CLI, text)).status ==
           0);
   check_trace(read_json(cwd + "/kiln-profile.json"));
+
+  // KILN_PROFILE_MAX_EVENTS caps each thread's events (the table counts the rest); a value that is not
+  // a whole number stops the program before it starts, naming the variable ("1e6" is not a million)
+  const Run capped = shell(fmt::format(
+      "cd {} && KILN_PROFILE=1 KILN_PROFILE_MAX_EVENTS=1 {} tokenize --text {} --chars --out tok.safetensors", cwd, KILN_CLI, text));
+  CHECK(capped.status == 0);
+  CHECK_THAT(capped.out, Catch::Contains("events dropped: over KILN_PROFILE_MAX_EVENTS"));
+  for (const char* bad : {"1e6", "lots", "-1"}) {
+    const Run refused =
+        shell(fmt::format("cd {} && KILN_PROFILE=1 KILN_PROFILE_MAX_EVENTS={} {} tokenize --text {} --chars --out tok.safetensors", cwd,
+                          bad, KILN_CLI, text));
+    INFO(refused.out);
+    CHECK(refused.status == 1);
+    CHECK_THAT(refused.out, Catch::Contains(fmt::format(
+                                "kiln profile: KILN_PROFILE_MAX_EVENTS='{}': expected a whole number of events per thread", bad)));
+  }
   std::filesystem::remove_all(dir);
 }
 
