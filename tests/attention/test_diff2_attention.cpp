@@ -182,7 +182,6 @@ TEMPLATE_TEST_CASE("diff2: the module equals the head-pair oracle (GQA, pairs ac
 
 TEMPLATE_TEST_CASE("diff2: masks per output head, key padding and cross-attention equal the oracle", "[attention][diff2][mask]",
                    KILN_BACKEND_TYPES) {
-  using T = Tensor<TestType>;
   Generator gen(12);
   const int64_t D = 16, h = 2, Tn = 6;
   nn::DifferentialAttentionV2<TestType> m(
