@@ -56,11 +56,14 @@ Cache& cache() {
 void* raw_alloc(size_t bytes) { return std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign); }
 
 // KILN_HOST_POISON=1: every block handed out is filled with 0xFF bytes (NaN in every float dtype, -1 in
-// the integers), so a kernel that leaves part of an uninitialised output unwritten shows as NaN.
+// the integers), so a kernel that leaves part of an uninitialised output unwritten shows as NaN. Unset,
+// empty or 0: off; anything else is a kiln::Error at every allocation.
 bool poison() {
   static const bool on = [] {
     const char* s = std::getenv("KILN_HOST_POISON");
-    return s && std::strcmp(s, "1") == 0;
+    if (!s || !*s) return false;
+    KILN_CHECK(std::strcmp(s, "0") == 0 || std::strcmp(s, "1") == 0, "KILN_HOST_POISON='{}': use 0 or 1", s);
+    return s[0] == '1';
   }();
   return on;
 }

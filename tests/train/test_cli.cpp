@@ -82,6 +82,7 @@ TEST_CASE("cli: a malformed kiln environment variable is an error naming it and 
            {"KILN_NUM_THREADS=2x", "KILN_NUM_THREADS='2x'"},
            {"KILN_HOST_CACHE_MB=lots", "KILN_HOST_CACHE_MB='lots': expected a whole number of MiB >= 0"},
            {"KILN_HOST_CACHE_MB=-5", "KILN_HOST_CACHE_MB='-5'"},
+           {"KILN_HOST_POISON=yes", "KILN_HOST_POISON='yes': use 0 or 1"},
            {"KILN_CPU_MATMUL=mkl", "KILN_CPU_MATMUL: unknown matmul library 'mkl' (valid: auto, blas, onednn)"},
        }) {
     INFO(env);
@@ -91,7 +92,7 @@ TEST_CASE("cli: a malformed kiln environment variable is an error naming it and 
   }
   // OpenMP's own variable keeps OpenMP's forms: a list's first entry counts
   CHECK(train_with("OMP_NUM_THREADS=1,1 KILN_NUM_THREADS=").status == 0);
-  CHECK(train_with("KILN_NUM_THREADS=1 KILN_HOST_CACHE_MB=0 KILN_CPU_MATMUL=blas").status == 0);
+  CHECK(train_with("KILN_NUM_THREADS=1 KILN_HOST_CACHE_MB=0 KILN_CPU_MATMUL=blas KILN_HOST_POISON=0").status == 0);
 }
 
 TEST_CASE("cli: a character-level corpus with non-ASCII UTF-8 trains and samples", "[cli]") {
