@@ -1,13 +1,16 @@
 // The host block cache (core/host_alloc.hpp).
 #include "kiln/core/host_alloc.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "kiln/core/env.hpp"
 #include "kiln/core/error.hpp"
 
 namespace kiln {
@@ -27,12 +30,8 @@ size_t size_class(size_t bytes) {
 // KILN_HOST_CACHE_MB, else 2048; a malformed value is a kiln::Error at the first allocation and every
 // later one (the cache is then never built).
 size_t cap_from_env() {
-  const char* s = std::getenv("KILN_HOST_CACHE_MB");
-  if (!s || !*s) return size_t{2048} << 20;
-  char* end = nullptr;
-  const long long mb = std::strtoll(s, &end, 10);
-  KILN_CHECK(end != s && *end == '\0' && mb >= 0 && mb < (1ll << 40), "KILN_HOST_CACHE_MB='{}': expected a whole number of MiB >= 0", s);
-  return static_cast<size_t>(mb) << 20;
+  const long long mb = detail::env_whole("KILN_HOST_CACHE_MB", 0, std::numeric_limits<long long>::max(), "MiB").value_or(2048);
+  return static_cast<size_t>(std::min(mb, 1ll << 40)) << 20;
 }
 
 struct Cache {

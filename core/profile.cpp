@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "kiln/core/atomic_file.hpp"
+#include "kiln/core/env.hpp"
 #include "kiln/core/error.hpp"
 
 namespace kiln::profile {
@@ -96,15 +98,11 @@ struct Registry {
 // Never destroyed: threads and the exit report may use it during static destruction.
 Registry& registry() {
   static Registry* r = [] {
-    size_t max_events = 500000;
-    if (const char* m = std::getenv("KILN_PROFILE_MAX_EVENTS"); m && *m) {  // "1e6" would read as 1: refused
-      char* end = nullptr;
-      const unsigned long long v = std::strtoull(m, &end, 10);
-      KILN_CHECK(end != m && *end == '\0' && m[0] != '-', "KILN_PROFILE_MAX_EVENTS='{}': expected a whole number of events per thread", m);
-      max_events = static_cast<size_t>(v);
-    }
+    const long long cap = static_cast<long long>(kChunk * kMaxChunks);
+    const long long max_events =
+        kiln::detail::env_whole("KILN_PROFILE_MAX_EVENTS", 0, std::numeric_limits<long long>::max(), "events per thread").value_or(500000);
     auto* x = new Registry;
-    x->max_events = std::min(max_events, kChunk * kMaxChunks);
+    x->max_events = static_cast<size_t>(std::min(max_events, cap));
     return x;
   }();
   return *r;

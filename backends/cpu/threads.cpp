@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "kiln/backends/cpu/cpu.hpp"
+#include "kiln/core/env.hpp"
 
 namespace kiln {
 namespace {
@@ -19,17 +20,14 @@ namespace {
 std::atomic<int> g_threads{0};
 std::once_flag g_once;
 
-// A thread count from the variable `name`: 0 where it is unset or empty; `list`: OpenMP's form, whose
-// first entry counts ("4,2": 4); where it is malformed, 0 for OMP_NUM_THREADS and a kiln::Error for
-// kiln's own variable.
-int env_threads(const char* name, bool list) {
-  const char* v = std::getenv(name);
+// OMP_NUM_THREADS in OpenMP's forms, whose first entry counts ("4,2": 4); 0 where it is unset or
+// malformed (libgomp has warned about it already).
+int omp_env_threads() {
+  const char* v = std::getenv("OMP_NUM_THREADS");
   if (!v || !*v) return 0;
   char* end = nullptr;
   const long n = std::strtol(v, &end, 10);
-  const bool ok = end != v && (*end == '\0' || (list && *end == ',')) && n > 0 && n < 4096;
-  KILN_CHECK(ok || list, "{}='{}': expected a whole number of threads from 1 to 4095", name, v);
-  return ok ? static_cast<int>(n) : 0;
+  return end != v && (*end == '\0' || *end == ',') && n > 0 && n < 4096 ? static_cast<int>(n) : 0;
 }
 
 void apply(int n) {
@@ -39,8 +37,8 @@ void apply(int n) {
 }
 
 void init() {
-  int n = env_threads("KILN_NUM_THREADS", false);
-  if (n == 0) n = env_threads("OMP_NUM_THREADS", true);
+  int n = static_cast<int>(detail::env_whole("KILN_NUM_THREADS", 1, 4095, "threads").value_or(0));
+  if (n == 0) n = omp_env_threads();
   if (n == 0) n = omp_get_num_procs();
   if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
   apply(n > 0 ? n : 1);

@@ -82,6 +82,7 @@ TEST_CASE("cli: a malformed kiln environment variable is an error naming it and 
            {"KILN_NUM_THREADS=2x", "KILN_NUM_THREADS='2x'"},
            {"KILN_HOST_CACHE_MB=lots", "KILN_HOST_CACHE_MB='lots': expected a whole number of MiB >= 0"},
            {"KILN_HOST_CACHE_MB=-5", "KILN_HOST_CACHE_MB='-5'"},
+           {"KILN_HOST_CACHE_MB=99999999999999999999", "KILN_HOST_CACHE_MB='99999999999999999999'"},  // past long long
            {"KILN_HOST_POISON=yes", "KILN_HOST_POISON='yes': use 0 or 1"},
            {"KILN_CPU_MATMUL=mkl", "KILN_CPU_MATMUL: unknown matmul library 'mkl' (valid: auto, blas, onednn)"},
        }) {
