@@ -218,10 +218,11 @@ RunConfigs run_configs(const TrainOptions& o) {
 template <Backend B> void print_banner(const TrainOptions& o, const ModelConfig& cfg, const TrainConfig& tc, const Ranks& ranks,
                                        int64_t num_parameters, double seq_flops, int64_t first_step) {
   const int64_t bs = tc.batch_size, T = tc.seq_len;
+  std::string isa;  // the Cpu kernels' instruction set (a Reference-only build has no cpu_isa to call)
+  if constexpr (std::is_same_v<B, Cpu>) isa = fmt::format(" ({})", cpu_isa());
   fmt::print("kiln train: {} parameters, {} {}{}·{} tokens/step, {:.1f} MFLOP/token, steps {}..{} of {}, device {}{}{}{}\n", num_parameters,
              cfg.attention, tc.grad_accum > 1 ? fmt::format("{}·", tc.grad_accum) : "", bs, T, seq_flops / static_cast<double>(T) / 1e6,
-             first_step, o.stop_after >= 0 ? std::min(tc.steps, o.stop_after) : tc.steps, tc.steps, B::name,
-             std::is_same_v<B, Cpu> ? fmt::format(" ({})", cpu_isa()) : std::string(),  // the kernels' instruction set
+             first_step, o.stop_after >= 0 ? std::min(tc.steps, o.stop_after) : tc.steps, tc.steps, B::name, isa,
              ranks.parallel ? fmt::format(", {} ranks × {} rows{}", ranks.count, ranks.rows.count, tc.zero_stage == 1 ? ", ZeRO-1" : "")
                             : std::string(),
              tc.precision == "f32" ? std::string() : fmt::format(", precision {} (autocast)", tc.precision));
