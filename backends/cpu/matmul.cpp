@@ -73,10 +73,11 @@ constexpr std::array<std::string_view, 3> kLibNames{"auto", "blas", "onednn"};
 Lib parse_lib(std::string_view v, std::string_view where) {
   for (size_t i = 0; i < kLibNames.size(); ++i) {
     if (v != kLibNames[i]) continue;
+    const auto lib = static_cast<Lib>(i);
 #ifndef KILN_HAVE_ONEDNN
-    KILN_CHECK(i != 2, "{}: matmul library 'onednn': this kiln was built without oneDNN", where);
+    KILN_CHECK(lib != Lib::onednn, "{}: matmul library 'onednn': this kiln was built without oneDNN", where);
 #endif
-    return static_cast<Lib>(i);
+    return lib;
   }
   fail("{}: unknown matmul library '{}' (valid: auto, blas, onednn)", where, v);
 }
