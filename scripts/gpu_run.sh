@@ -38,9 +38,11 @@
 #             scaling) and in bf16 from the same initialisation and tokens; the loss curves side by side,
 #             the f16 run's overflows and loss scales (target kiln_cli)
 #   lease6    the half-precision attention forward (attn_fwd_h, bf16/f16 m16n8k16 products; written after the
-#             fifth lease, never run on a GPU before): test_attention's Cuda cases, memcheck and racecheck over
-#             its bounded test, the attention benchmarks in bf16 and f32 (targets kiln_cli test_attention
+#             fifth lease, first run at the sixth): test_attention's Cuda cases, the attention benchmarks in
+#             bf16 and f32, memcheck and racecheck over its bounded test (targets kiln_cli test_attention
 #             bench_cuda)
+#   lease7    the same for the half-precision attention backward (attn_bwd_dkdv_h, attn_bwd_dq_h; written after
+#             the sixth lease)
 #   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
 #
 # KILN_GPU_TARGETS="t1 t2 ...": build only these targets (default: all), to save a short lease's minutes.
@@ -174,22 +176,24 @@ phase_lease4b() {
   return $rc
 }
 
-# test_attention's Cuda cases, memcheck and racecheck over the cases named by $1, the attention benchmarks
-# in bf16 and f32 (lease5, lease6).
+# test_attention's Cuda cases, the attention benchmarks in bf16 and f32, then memcheck and racecheck over
+# the cases named by $1 (lease5, lease6; the sanitizers last, so that a deadline cuts them and not the
+# timings).
 half_attention_checks() {
   local rc=0 t0=$SECONDS half="$1"
   build-gpu/tests/test_attention "*Cuda*" || rc=1
   echo "--- test_attention Cuda: $((SECONDS - t0)) s"
+  attention_benchmarks bf16,f32 || rc=1
   KILN_CUDA_NO_CACHE=1 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/test_attention "$half" || rc=1
   echo "--- memcheck: $((SECONDS - t0)) s"
   timeout 150 compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_attention "$half" || rc=1
   echo "--- racecheck: $((SECONDS - t0)) s"
-  attention_benchmarks bf16,f32 || rc=1
   return $rc
 }
 
 phase_lease5() { half_attention_checks "attention: bf16 and f16 equal the f32 path*"; }
 phase_lease6() { half_attention_checks "attention: the bf16/f16 forward is within its bound*"; }
+phase_lease7() { half_attention_checks "attention: the bf16/f16 backward is within its bound*"; }
 
 phase_lease5b() {
   local d rc=0 p
