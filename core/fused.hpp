@@ -111,10 +111,10 @@ template <Backend B> Tensor<B> softmax_backward(const Tensor<B>& y, const Tensor
 // A backend that declares `static constexpr bool attention_half = true` receives bf16/f16 q, k, v, o,
 // dout as they are (not converted here) and writes O, dq, dk, dv in that dtype; LSE and an additive
 // mask are f32. It must compute as the conversion would (in f32 on the widened values, each output
-// rounded once; tests/attention checks it bit for bit), except that the forward may round P to the
-// operands' dtype before P·V, as FlashAttention-2 does (Cuda's half products, switched off by
-// cuda::set_attention_half_products(false); tests/attention bounds it against the f64 oracle): S, the
-// softmax, LSE and the accumulations stay f32.
+// rounded once; tests/attention checks it bit for bit), except that it may round P (forward and
+// backward) and dS (backward) to the operands' dtype for their products, as FlashAttention-2 does
+// (Cuda's half products, switched off by cuda::set_attention_half_products(false); tests/attention
+// bounds both passes against the f64 oracle): S, dP, the softmax, LSE, D and the accumulations stay f32.
 template <class B>
 concept AttentionAnyLayout = requires {
   requires B::attention_any_layout;

@@ -2,9 +2,9 @@
 // algorithm and formulas as backends/cpu/attention.cpp). Two kernel sets: the tensor-core kernels
 // (below, "tensor-core kernels") for f32 with head dims that are multiples of 8 up to 128, and plain
 // SIMT FMA kernels for everything else: f32 in f32 and f64 in f64, head dims d, dv up to 256. bf16/f16
-// inputs run the f32 kernels on their widened values, except the forward where d is a multiple of 16
-// (below, "half-precision forward": bf16/f16 products, P rounded to the inputs' dtype). The FMA
-// kernels first:
+// inputs run the f32 kernels on their widened values, except where their own kernels take them (below,
+// "half-precision forward" and "half-precision backward": bf16/f16 products, P and dS rounded to the
+// inputs' dtype; d a multiple of 16, dv of 8 forward and of 16 backward). The FMA kernels first:
 //
 // Every kernel runs 128 threads as 16 groups of 8 consecutive lanes (a group never straddles a warp).
 // A group owns one query row (forward, dQ) or one key (dK/dV); its 8 threads split that row's keys
@@ -304,8 +304,10 @@ template <class T, int NC> __global__ void __launch_bounds__(kThreads)
 
 // -------------------------------------------------------------------------------- backward: D = Σ dO·O
 // One warp per row x of [B, H, T]; D[x] = 0 where lse[x] = −inf (O is NaN there).
+// bf16/f16 operands: D and LSE in f32 (compute_t).
 template <class T> __global__ void __launch_bounds__(kDeltaWarps* kWarp)
-    attn_bwd_delta(const Params<T> P, const T* __restrict__ lse, T* __restrict__ D) {
+    attn_bwd_delta(const Params<T> P, const compute_t<T>* __restrict__ lse, compute_t<T>* __restrict__ D) {
+  using C = compute_t<T>;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t rows = P.nb * P.nh * P.tq;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kDeltaWarps;
@@ -313,10 +315,10 @@ template <class T> __global__ void __launch_bounds__(kDeltaWarps* kWarp)
     const int64_t t = x % P.tq, bh = x / P.tq, b = bh / P.nh, h = bh % P.nh;
     const T* const orow = P.o.row(b, h, t);
     const T* const grow = P.g.row(b, h, t);
-    T acc = 0;
-    for (int c = lane; c < P.dv; c += kWarp) acc += orow[c] * grow[c];
+    C acc = 0;
+    for (int c = lane; c < P.dv; c += kWarp) acc += ld(orow + c) * ld(grow + c);
     acc = warp_sum(acc);
-    if (lane == 0) D[x] = lse[x] == -std::numeric_limits<T>::infinity() ? T(0) : acc;
+    if (lane == 0) D[x] = lse[x] == -std::numeric_limits<C>::infinity() ? C(0) : acc;
   }
 }
 
@@ -779,6 +781,60 @@ __device__ __forceinline__ void load_h_rows(bool v8, uint16_t* dst, int ld, int 
   }
 }
 
+// Rows [t0, t0 + n) of one (b, h) of a bf16/f16 operand, transposed into [width, ld] shared H bits
+// (column r of the tile = row t0 + r; columns >= n zero): the B operand of a product over those rows
+// (a register's two values are consecutive rows). Reads coalesced along a row. All threads.
+template <class H>
+__device__ __forceinline__ void load_h_rows_t(uint16_t* dst, int ld, int R, const H* src, int64_t st, int64_t t0, int n, int width) {
+  for (int e = static_cast<int>(threadIdx.x); e < R * width; e += kThreads) {
+    const int r = e / width, x = e - r * width;
+    dst[x * ld + r] = r < n ? src[(t0 + r) * st + x].bits : uint16_t{0};
+  }
+}
+
+// c[n] += A Xᵀ[:, 8n : 8n + 8] for n < nt (<= NT) on H values in shared memory: A is a warp's 16 rows
+// (from A, leading dimension lda) of K columns, X's rows are B's columns (B(k, n) = X[n ldx + k]); K a
+// multiple of 16. One warp, every lane.
+template <class H, int NT> __device__ __forceinline__ void warp_gemm_h(float (&c)[NT][4], const uint16_t* A, int lda, const uint16_t* X,
+                                                                       int ldx, int K, int nt, int g, int t) {
+  const uint16_t* const a0 = A + g * lda + 2 * t;
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    const uint32_t a[4] = {mma::ld_h2(a0 + k0), mma::ld_h2(a0 + 8 * lda + k0), mma::ld_h2(a0 + k0 + 8), mma::ld_h2(a0 + 8 * lda + k0 + 8)};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      if (n < nt) {
+        const uint16_t* const xb = X + (8 * n + g) * ldx + k0 + 2 * t;
+        const uint32_t bb[2] = {mma::ld_h2(xb), mma::ld_h2(xb + 8)};
+        mma::mma_h<H>(c[n], a, bb);
+      }
+    }
+  }
+}
+
+// c[n] += F Xᵀ[:, 8n : 8n + 8] for n < nt, F the warp's 16 x 8NF score fragments f (P or dS, f32, as a
+// product left them) rounded to H as the A operand where they stand (fragments 2kk, 2kk + 1 are A's
+// 16 columns kk: no shared-memory round trip), over F's first K columns (K <= 8NF; the columns past K
+// must be zero in X or in F). X as warp_gemm_h's.
+template <class H, int NF, int NT> __device__ __forceinline__ void warp_gemm_h_frags(float (&c)[NT][4], const float (&f)[NF][4],
+                                                                                     const uint16_t* X, int ldx, int K, int nt, int g,
+                                                                                     int t) {
+  static_assert(NF % 2 == 0);
+#pragma unroll
+  for (int kk = 0; kk < NF / 2; ++kk) {
+    if (16 * kk >= K) break;
+    const uint32_t a[4] = {mma::pack_h<H>(f[2 * kk][0], f[2 * kk][1]), mma::pack_h<H>(f[2 * kk][2], f[2 * kk][3]),
+                           mma::pack_h<H>(f[2 * kk + 1][0], f[2 * kk + 1][1]), mma::pack_h<H>(f[2 * kk + 1][2], f[2 * kk + 1][3])};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      if (n < nt) {
+        const uint16_t* const xb = X + (8 * n + g) * ldx + 16 * kk + 2 * t;
+        const uint32_t bb[2] = {mma::ld_h2(xb), mma::ld_h2(xb + 8)};
+        mma::mma_h<H>(c[n], a, bb);
+      }
+    }
+  }
+}
+
 template <class H, int BC, int NV> __global__ void __launch_bounds__(kThreads)
     attn_fwd_h(const Params<H> P, H* __restrict__ o, float* __restrict__ lse, int64_t nqt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -797,7 +853,6 @@ template <class H, int BC, int NV> __global__ void __launch_bounds__(kThreads)
   const int64_t irow[2] = {q.i0 + r0 + g, q.i0 + r0 + g + 8};  // this lane's query rows (>= T: a last tile's padding)
   const bool v8 = P.v4 && dv % 8 == 0;                         // (d is a multiple of 16)
   load_h_rows(v8, Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
-  const uint16_t* const qa = Qs + (r0 + g) * ldq + 2 * t;  // this lane's A values: rows g, g + 8 of the warp's 16
 
   float m[2] = {ninf, ninf}, l[2] = {0, 0};
   float acc[NV][4];
@@ -806,48 +861,62 @@ template <class H, int BC, int NV> __global__ void __launch_bounds__(kThreads)
     const int bc = static_cast<int>(q.kend - j0 < BC ? q.kend - j0 : BC);
     __syncthreads();  // the previous tile's reads of Ks, Vt are done
     load_h_rows(v8, Ks, ldk, BC, P.k.row(b, q.hk, 0), P.k.st, j0, bc, d);
-    const H* const vsrc = P.v.row(b, q.hk, 0);
-    for (int e = tid; e < BC * dv; e += kThreads) {  // V transposed: coalesced reads along a row
-      const int r = e / dv, x = e - r * dv;
-      Vt[x * ldv + r] = r < bc ? vsrc[(j0 + r) * P.v.st + x].bits : uint16_t{0};
-    }
+    load_h_rows_t(Vt, ldv, BC, P.v.row(b, q.hk, 0), P.v.st, j0, bc, dv);
     load_kval(kval, BC, P.kp ? P.kp + b * P.sk : nullptr, j0, bc);
     __syncthreads();
     if (j0 >= q.wend) continue;  // (warp-uniform) no row of this warp sees these keys
 
     float s[BC / 8][4];
     zero(s);
-    for (int k0 = 0; k0 < d; k0 += 16) {
-      const uint32_t a[4] = {mma::ld_h2(qa + k0), mma::ld_h2(qa + 8 * ldq + k0), mma::ld_h2(qa + k0 + 8),
-                             mma::ld_h2(qa + 8 * ldq + k0 + 8)};
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n) {
-        const uint16_t* const kb = Ks + (8 * n + g) * ldk + k0 + 2 * t;
-        const uint32_t bb[2] = {mma::ld_h2(kb), mma::ld_h2(kb + 8)};
-        mma::mma_h<H>(s[n], a, bb);
-      }
-    }
-
+    warp_gemm_h<H>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);  // S = Q Kᵀ
     softmax_step(P, b, h, irow, j0, kval, t, s, m, l, acc);
-    // O += P V: P's fragments (this lane's rows g, g + 8; keys 2t.., 2t + 8.. of each 16) are the
-    // A operand as they stand, rounded to H; keys past bc have P = 0 and V = 0
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) {
-      if (16 * kk >= bc) break;
-      const uint32_t a[4] = {mma::pack_h<H>(s[2 * kk][0], s[2 * kk][1]), mma::pack_h<H>(s[2 * kk][2], s[2 * kk][3]),
-                             mma::pack_h<H>(s[2 * kk + 1][0], s[2 * kk + 1][1]), mma::pack_h<H>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int n = 0; n < NV; ++n) {
-        if (n < nv) {
-          const uint16_t* const vb = Vt + (8 * n + g) * ldv + 16 * kk + 2 * t;
-          const uint32_t bb[2] = {mma::ld_h2(vb), mma::ld_h2(vb + 8)};
-          mma::mma_h<H>(acc[n], a, bb);
-        }
-      }
-    }
+    warp_gemm_h_frags<H>(acc, s, Vt, ldv, bc, nv, g, t);  // O += P V (P rounded to H; keys past bc have P = 0 and V = 0)
   }
 
   finish_rows(P, bh, irow, t, acc, m, l, o, lse);
+}
+
+// The backward's scores for one warp of the dK/dV pass (its 16 keys krow of the tile from j0, the query
+// tile from i0 with LSE Ls and D Ds; s = Sᵀ, dp = dPᵀ as products left them): P in place of s, dS =
+// scale P ⊙ (dP − D) in place of dp, both 0 where a key is masked or a row sees no key. Shared by the
+// f32 and the half-precision kernels.
+template <class T, int NB> __device__ __forceinline__ void dkdv_scores(const Params<T>& P, int64_t b, int64_t h, int64_t i0, int64_t j0,
+                                                                       const int (&krow)[2], const int* kval, const float* Ls,
+                                                                       const float* Ds, int t, float (&s)[NB][4], float (&dp)[NB][4]) {
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+#pragma unroll
+  for (int n = 0; n < NB; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = 8 * n + 2 * t + (e & 1), kr = krow[e >> 1];
+      const int64_t i = i0 + c, j = j0 + kr;
+      const float li = Ls[c];
+      bool vis = kval[kr] != 0 && li != ninf && (!P.causal || j <= P.pos0 + i);
+      const float madd = user_mask(P, b, h, i, j, vis);
+      const float p = vis ? dexp(P.scale * s[n][e] + madd - li) : 0.f;
+      s[n][e] = p;
+      dp[n][e] = vis ? P.scale * p * (dp[n][e] - Ds[c]) : 0.f;
+    }
+  }
+}
+
+// The same for one warp of the dQ pass (this lane's query rows irow with LSE li and D di, the key tile
+// from j0; s = S, dp = dP): dS in place of dp.
+template <class T, int NB>
+__device__ __forceinline__ void dq_scores(const Params<T>& P, int64_t b, int64_t h, const int64_t (&irow)[2], int64_t j0, const int* kval,
+                                          const float (&li)[2], const float (&di)[2], int t, const float (&s)[NB][4], float (&dp)[NB][4]) {
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+#pragma unroll
+  for (int n = 0; n < NB; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = 8 * n + 2 * t + (e & 1), rr = e >> 1;
+      bool vis = kval[c] != 0 && li[rr] != ninf && (!P.causal || j0 + c <= P.pos0 + irow[rr]);
+      const float madd = user_mask(P, b, h, irow[rr], j0 + c, vis);
+      const float p = vis ? dexp(P.scale * s[n][e] + madd - li[rr]) : 0.f;
+      dp[n][e] = vis ? P.scale * p * (dp[n][e] - di[rr]) : 0.f;
+    }
+  }
 }
 
 // dK and dV. Grid as attn_bwd_dkdv's with kTcRows-key tiles; warp w owns keys j0 + 16w ..; per query
@@ -908,20 +977,7 @@ template <int BC, int ND, int NV, bool kExact> __global__ void __launch_bounds__
       zero(dp);
       mma::warp_gemm<BC / 8, true, kExact, kExact>(s, Ks + r0 * ldk, ldk, Qs, ldq, d, BC / 8, g, t);    // Sᵀ = K Qᵀ
       mma::warp_gemm<BC / 8, true, kExact, kExact>(dp, Vs + r0 * ldv, ldv, Gs, ldg, dv, BC / 8, g, t);  // dPᵀ = V dOᵀ
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = 8 * n + 2 * t + (e & 1), kr = krow[e >> 1];
-          const int64_t i = i0 + c, j = j0 + kr;
-          const float li = Ls[c];
-          bool vis = kval[kr] != 0 && li != ninf && (!P.causal || j <= P.pos0 + i);
-          const float madd = user_mask(P, b, h, i, j, vis);
-          const float p = vis ? dexp(P.scale * s[n][e] + madd - li) : 0.f;
-          s[n][e] = p;
-          dp[n][e] = vis ? P.scale * p * (dp[n][e] - Ds[c]) : 0.f;
-        }
-      }
+      dkdv_scores(P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
       const int kq = (bq + 7) & ~7;  // query rows past bq are zero
       store_frags(Pw, (BC + 4), s, g, t);
       __syncwarp();
@@ -1000,17 +1056,7 @@ template <int BC, int ND, bool kExact> __global__ void __launch_bounds__(kThread
     zero(dp);
     mma::warp_gemm<BC / 8, true, kExact, kExact>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);    // S = Q Kᵀ
     mma::warp_gemm<BC / 8, true, kExact, kExact>(dp, Gs + r0 * ldg, ldg, Vs, ldv, dv, BC / 8, g, t);  // dP = dO Vᵀ
-#pragma unroll
-    for (int n = 0; n < BC / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = 8 * n + 2 * t + (e & 1), rr = e >> 1;
-        bool vis = kval[c] != 0 && li[rr] != ninf && (!P.causal || j0 + c <= P.pos0 + irow[rr]);
-        const float madd = user_mask(P, b, h, irow[rr], j0 + c, vis);
-        const float p = vis ? dexp(P.scale * s[n][e] + madd - li[rr]) : 0.f;
-        dp[n][e] = vis ? P.scale * p * (dp[n][e] - di[rr]) : 0.f;
-      }
-    }
+    dq_scores(P, b, h, irow, j0, kval, li, di, t, s, dp);
     store_frags(Pw, (BC + 4), dp, g, t);
     __syncwarp();
     mma::warp_gemm<ND, false, false, kExact>(dqa, Pw, (BC + 4), Ks, ldk, (bc + 7) & ~7, nd, g, t);  // dQ += dS K (keys past bc are zero)
@@ -1029,6 +1075,186 @@ template <int BC, int ND, bool kExact> __global__ void __launch_bounds__(kThread
       }
     }
   }
+}
+
+// ------------------------------------------------------------------------ half-precision backward
+// bf16/f16 q, k, v, dO on the tensor cores in their own precision (cuda::set_attention_half_products),
+// as FlashAttention-2's backward: S, dP and their transposes as m16n8k16 products of H values with f32
+// accumulation, P and dS in f32 (D from the f32 delta kernel), then rounded to H as the A operands of
+// dV += Pᵀ dO, dK += dSᵀ Q and dQ += dS K (from their fragments' registers, warp_gemm_h_frags); dQ,
+// dK, dV accumulated in f32 and rounded once. Tiles as H bits in shared memory with leading dimensions
+// of 8 values more than the width; each operand that is both a row-major B (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ,
+// S = Q Kᵀ, dP = dO Vᵀ) and the B of a product over its rows (dK += dSᵀ Q, dV += Pᵀ dO, dQ += dS K) is
+// staged both ways. d and dv multiples of 16 (both are a product's depth somewhere), at most
+// kTcMaxHead. Grids, tiles and loops as the f32 tensor-core kernels' (attn_bwd_dkdv_tc, attn_bwd_dq_tc).
+bool h_bwd_fits(int64_t d, int64_t dv) { return h_fits(d, dv) && dv % 16 == 0; }
+
+// dK/dV: K [kTcRows, d + 8], V [kTcRows, dv + 8], Q [BC, d + 8], Qᵀ [d, BC + 8], dO [BC, dv + 8],
+// dOᵀ [dv, BC + 8] (H values), then LSE and D [BC] (f32) and the key flags [kTcRows].
+struct HBwdSmem {
+  int a0, a1, b0, b0t, b1, b1t, l, dd, kval;  // in H values (l, dd, kval: 4-byte aligned)
+  size_t bytes;
+};
+__host__ __device__ constexpr HBwdSmem h_dkdv_smem(int bc, int d, int dv) {
+  HBwdSmem s{};
+  s.a0 = 0;
+  s.a1 = s.a0 + kTcRows * (d + 8);
+  s.b0 = s.a1 + kTcRows * (dv + 8);
+  s.b0t = s.b0 + bc * (d + 8);
+  s.b1 = s.b0t + d * (bc + 8);
+  s.b1t = s.b1 + bc * (dv + 8);
+  s.l = s.b1t + dv * (bc + 8);
+  s.dd = s.l + 2 * bc;
+  s.kval = s.dd + 2 * bc;
+  s.bytes = static_cast<size_t>(s.kval) * 2 + kTcRows * sizeof(int);
+  return s;
+}
+// dQ: Q [kTcRows, d + 8], dO [kTcRows, dv + 8], K [BC, d + 8], Kᵀ [d, BC + 8], V [BC, dv + 8] (H
+// values), the key flags [BC].
+__host__ __device__ constexpr HBwdSmem h_dq_smem(int bc, int d, int dv) {
+  HBwdSmem s{};
+  s.a0 = 0;
+  s.a1 = s.a0 + kTcRows * (d + 8);
+  s.b0 = s.a1 + kTcRows * (dv + 8);
+  s.b0t = s.b0 + bc * (d + 8);
+  s.b1 = s.b0t + d * (bc + 8);
+  s.kval = s.b1 + bc * (dv + 8);
+  s.bytes = static_cast<size_t>(s.kval) * 2 + bc * sizeof(int);
+  return s;
+}
+
+// Stores a lane's rows of a warp's 16 x 8NT f32 accumulators (rows row[0], row[1] of `out`, width
+// columns, rows >= nrows skipped) as H, rounded once.
+template <class H, int NT> __device__ __forceinline__ void store_rows_h(H* out, int64_t ld, const int64_t (&row)[2], int64_t nrows,
+                                                                        int width, const float (&c)[NT][4], int t) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    if (row[rr] >= nrows) continue;
+    H* const o = out + row[rr] * ld;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      if (8 * n < width) {
+        st(o + 8 * n + 2 * t, c[n][2 * rr]);
+        st(o + 8 * n + 2 * t + 1, c[n][2 * rr + 1]);
+      }
+    }
+  }
+}
+
+template <class H, int BC, int ND, int NV> __global__ void __launch_bounds__(kThreads)
+    attn_bwd_dkdv_h(const Params<H> P, const float* __restrict__ lse, const float* __restrict__ D, H* __restrict__ dk,
+                    H* __restrict__ dvo) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint16_t* const sm = reinterpret_cast<uint16_t*>(smem_raw);
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  const int d = P.d, dv = P.dv, ldk = d + 8, ldv = dv + 8, ldt = BC + 8;
+  const HBwdSmem L = h_dkdv_smem(BC, d, dv);
+  uint16_t* const Ks = sm + L.a0;
+  uint16_t* const Vs = sm + L.a1;
+  uint16_t* const Qs = sm + L.b0;
+  uint16_t* const Qt = sm + L.b0t;
+  uint16_t* const Gs = sm + L.b1;
+  uint16_t* const Gt = sm + L.b1t;
+  float* const Ls = reinterpret_cast<float*>(sm + L.l);
+  float* const Ds = reinterpret_cast<float*>(sm + L.dd);
+  int* const kval = reinterpret_cast<int*>(sm + L.kval);
+
+  const int64_t BHk = P.nb * P.nhkv, unit = blockIdx.x;
+  const int64_t kt = unit / BHk, bk = unit % BHk, b = bk / P.nhkv, hk = bk % P.nhkv;
+  const int64_t j0 = kt * kTcRows;
+  const int bkn = static_cast<int>(P.sk - j0 < kTcRows ? P.sk - j0 : kTcRows);
+  const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
+  const int krow[2] = {r0 + g, r0 + g + 8};  // this lane's keys in the tile (j0 + krow >= S: padding)
+  const bool v8 = P.v4;                      // (d, dv multiples of 16)
+
+  load_h_rows(v8, Ks, ldk, kTcRows, P.k.row(b, hk, 0), P.k.st, j0, bkn, d);
+  load_h_rows(v8, Vs, ldv, kTcRows, P.v.row(b, hk, 0), P.v.st, j0, bkn, dv);
+  load_kval(kval, kTcRows, P.kp ? P.kp + b * P.sk : nullptr, j0, bkn);
+
+  float dka[ND][4], dva[NV][4];
+  zero(dka);
+  zero(dva);
+  const int64_t i_first = P.causal ? (j0 - P.pos0 > 0 ? j0 - P.pos0 : 0) : 0;  // queries before see no key of the tile
+  for (int hr = 0; hr < P.rep; ++hr) {
+    const int64_t h = hk * P.rep + hr, bh = b * P.nh + h;
+    for (int64_t i0 = i_first; i0 < P.tq; i0 += BC) {
+      const int bq = static_cast<int>(P.tq - i0 < BC ? P.tq - i0 : BC);
+      __syncthreads();  // the previous tile's reads are done (and, the first time, Ks/Vs/kval are visible after the next one)
+      load_h_rows(v8, Qs, ldk, BC, P.q.row(b, h, 0), P.q.st, i0, bq, d);
+      load_h_rows_t(Qt, ldt, BC, P.q.row(b, h, 0), P.q.st, i0, bq, d);
+      load_h_rows(v8, Gs, ldv, BC, P.g.row(b, h, 0), P.g.st, i0, bq, dv);
+      load_h_rows_t(Gt, ldt, BC, P.g.row(b, h, 0), P.g.st, i0, bq, dv);
+      for (int e = tid; e < BC; e += kThreads) {
+        Ls[e] = e < bq ? lse[bh * P.tq + i0 + e] : ninf;  // padding rows: "no visible key"
+        Ds[e] = e < bq ? D[bh * P.tq + i0 + e] : 0.f;
+      }
+      __syncthreads();
+
+      float s[BC / 8][4], dp[BC / 8][4];
+      zero(s);
+      zero(dp);
+      warp_gemm_h<H>(s, Ks + r0 * ldk, ldk, Qs, ldk, d, BC / 8, g, t);    // Sᵀ = K Qᵀ
+      warp_gemm_h<H>(dp, Vs + r0 * ldv, ldv, Gs, ldv, dv, BC / 8, g, t);  // dPᵀ = V dOᵀ
+      dkdv_scores(P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
+      warp_gemm_h_frags<H>(dva, s, Gt, ldt, bq, dv / 8, g, t);  // dV += Pᵀ dO (query rows past bq: P = 0, dO = 0)
+      warp_gemm_h_frags<H>(dka, dp, Qt, ldt, bq, d / 8, g, t);  // dK += dSᵀ Q
+    }
+  }
+  const int64_t jrow[2] = {j0 + krow[0], j0 + krow[1]};
+  const int64_t kv = (b * P.nhkv + hk) * P.sk;
+  store_rows_h(dk + kv * d, d, jrow, P.sk, d, dka, t);
+  store_rows_h(dvo + kv * dv, dv, jrow, P.sk, dv, dva, t);
+}
+
+template <class H, int BC, int ND> __global__ void __launch_bounds__(kThreads)
+    attn_bwd_dq_h(const Params<H> P, const float* __restrict__ lse, const float* __restrict__ D, H* __restrict__ dq, int64_t nqt) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint16_t* const sm = reinterpret_cast<uint16_t*>(smem_raw);
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  const int d = P.d, dv = P.dv, ldq = d + 8, ldg = dv + 8, ldt = BC + 8;
+  const HBwdSmem L = h_dq_smem(BC, d, dv);
+  uint16_t* const Qs = sm + L.a0;
+  uint16_t* const Gs = sm + L.a1;
+  uint16_t* const Ks = sm + L.b0;
+  uint16_t* const Kt = sm + L.b0t;
+  uint16_t* const Vs = sm + L.b1;
+  int* const kval = reinterpret_cast<int*>(sm + L.kval);
+
+  const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
+  const QueryTile q(P, nqt, r0);
+  const int64_t bh = q.bh, b = q.b, h = q.h;
+  const int64_t irow[2] = {q.i0 + r0 + g, q.i0 + r0 + g + 8};
+  float li[2], di[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    li[rr] = irow[rr] < P.tq ? lse[bh * P.tq + irow[rr]] : ninf;  // padding rows: "no visible key"
+    di[rr] = irow[rr] < P.tq ? D[bh * P.tq + irow[rr]] : 0.f;
+  }
+  const bool v8 = P.v4;  // (d, dv multiples of 16)
+  load_h_rows(v8, Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
+  load_h_rows(v8, Gs, ldg, kTcRows, P.g.row(b, h, 0), P.g.st, q.i0, q.br, dv);
+
+  float dqa[ND][4];
+  zero(dqa);
+  for (int64_t j0 = 0; j0 < q.kend; j0 += BC) {
+    const int bc = static_cast<int>(q.kend - j0 < BC ? q.kend - j0 : BC);
+    __syncthreads();  // the previous tile's reads of Ks, Kt, Vs are done
+    load_h_rows(v8, Ks, ldq, BC, P.k.row(b, q.hk, 0), P.k.st, j0, bc, d);
+    load_h_rows_t(Kt, ldt, BC, P.k.row(b, q.hk, 0), P.k.st, j0, bc, d);
+    load_h_rows(v8, Vs, ldg, BC, P.v.row(b, q.hk, 0), P.v.st, j0, bc, dv);
+    load_kval(kval, BC, P.kp ? P.kp + b * P.sk : nullptr, j0, bc);
+    __syncthreads();
+    if (j0 >= q.wend) continue;  // (warp-uniform) no row of this warp sees these keys
+
+    float s[BC / 8][4], dp[BC / 8][4];
+    zero(s);
+    zero(dp);
+    warp_gemm_h<H>(s, Qs + r0 * ldq, ldq, Ks, ldq, d, BC / 8, g, t);    // S = Q Kᵀ
+    warp_gemm_h<H>(dp, Gs + r0 * ldg, ldg, Vs, ldg, dv, BC / 8, g, t);  // dP = dO Vᵀ
+    dq_scores(P, b, h, irow, j0, kval, li, di, t, s, dp);
+    warp_gemm_h_frags<H>(dqa, dp, Kt, ldt, bc, d / 8, g, t);  // dQ += dS K (keys past bc: dS = 0, K = 0)
+  }
+  store_rows_h(dq + bh * P.tq * d, d, irow, P.tq, d, dqa, t);
 }
 
 // ------------------------------------------------------------------------------------------ host side
@@ -1361,6 +1587,62 @@ template <class H> bool forward_half(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V 
   return true;
 }
 
+// bf16/f16 backward on attn_bwd_dkdv_h / attn_bwd_dq_h where they take it (tensor cores and half
+// products on, head dims h_bwd_fits, tiles within the device's shared memory); false otherwise (the
+// caller widens). Columns per step as the f32 kernels'.
+template <class H> bool backward_half(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, Cuda::V k, Cuda::V v, Cuda::V o, Cuda::V lse,
+                                      Cuda::V dout, const Cuda::V* kp, const Cuda::V* mask, double scale, bool causal, int64_t pos0) {
+  const char* op = "attention_backward";
+  Shapes s{};
+  Params<H> P = make_params<H>(op, s, q, k, v, kp, mask, scale, causal, pos0);
+  const int cols = tc_cols(true, s);
+  if (!cuda::attention_half_products() ||
+      !use_tc(h_bwd_fits(s.d, s.dv), std::max(h_dkdv_smem(cols, P.d, P.dv).bytes, h_dq_smem(cols, P.d, P.dv).bytes)))
+    return false;
+  const std::string shapes = s.str(q, k, v);
+  check_operand(op, "o", o, dtype_of<H>, {s.B, s.H, s.T, s.dv}, shapes);
+  check_operand(op, "dout", dout, dtype_of<H>, {s.B, s.H, s.T, s.dv}, shapes);
+  KILN_CHECK(lse.layout.shape == Shape({s.B, s.H, s.T}) && lse.layout.is_contiguous(),
+             "{}: lse must be a contiguous f32 [{}, {}, {}], got {} ({})", op, s.B, s.H, s.T, shape_str(lse.layout.shape), shapes);
+  cuda::check_device(lse.storage, op);
+  check_output(op, "dq", dq, dtype_of<H>, {s.B, s.H, s.T, s.d}, shapes);
+  check_output(op, "dk", dk, dtype_of<H>, {s.B, s.Hkv, s.S, s.d}, shapes);
+  check_output(op, "dv", dv, dtype_of<H>, {s.B, s.Hkv, s.S, s.dv}, shapes);
+  if (s.B * s.H * s.T == 0 || s.S == 0) return true;  // dq, dk, dv arrive zero-filled
+  const auto rows = [](const Cuda::V& x) {
+    const Layout& l = x.layout;
+    return Rows4<H>{x.storage.template as<H>() + l.offset, l.strides[0], l.strides[1], l.strides[2]};
+  };
+  P.o = rows(o);
+  P.g = rows(dout);
+  P.v4 = P.v4 && aligned4(P.o) && aligned4(P.g);
+  const float* const lp = lse.storage.as<float>() + lse.layout.offset;
+  H* const dqp = dq.storage.as<H>() + dq.layout.offset;
+  H* const dkp = dk.storage.as<H>() + dk.layout.offset;
+  H* const dvp = dv.storage.as<H>() + dv.layout.offset;
+
+  const int64_t rows_n = s.B * s.H * s.T;  // D = rowsum(dO ⊙ O) in f32
+  const std::shared_ptr<CudaStorage> dbuf = Cuda::allocate(static_cast<size_t>(rows_n) * sizeof(float));
+  float* const Dp = dbuf->as<float>();
+  attn_bwd_delta<H><<<grid_for(rows_n, kDeltaWarps), kDeltaWarps * kWarp, 0, cuda::stream()>>>(P, lp, Dp);
+  KILN_CUDA_LAUNCHED(op);
+
+  const unsigned grid_kv = grid_of(op, ceil_div(s.S, kTcRows) * s.B * s.Hkv, shapes);
+  const int64_t nqt = ceil_div(s.T, kTcRows);
+  const unsigned grid_q = grid_of(op, nqt * s.B * s.H, shapes);
+  with_cols(cols, [&](auto bc) {
+    constexpr int kBc = decltype(bc)::value;
+    with_pieces(s.d, [&](auto nd) {
+      with_pieces(s.dv, [&](auto nv) {
+        launch(op, attn_bwd_dkdv_h<H, kBc, decltype(nd)::value, decltype(nv)::value>, grid_kv, h_dkdv_smem(kBc, P.d, P.dv).bytes, shapes, P,
+               lp, Dp, dkp, dvp);
+      });
+      launch(op, attn_bwd_dq_h<H, kBc, decltype(nd)::value>, grid_q, h_dq_smem(kBc, P.d, P.dv).bytes, shapes, P, lp, Dp, dqp, nqt);
+    });
+  });
+  return true;
+}
+
 struct Named {
   const char* name;
   DType dtype;
@@ -1396,6 +1678,12 @@ void Cuda::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dou
     check_half("attention_backward", q.dtype,
                {{"k", k.dtype}, {"v", v.dtype}, {"o", o.dtype}, {"dout", dout.dtype}, {"dq", dq.dtype}, {"dk", dk.dtype}, {"dv", dv.dtype}},
                lse.dtype);
+    bool done = false;
+    visit_float(q.dtype, "attention_backward", q.layout.shape, [&]<class H>(type_tag<H>) {
+      if constexpr (std::is_same_v<H, bf16> || std::is_same_v<H, f16>)
+        done = backward_half<H>(dq, dk, dv, q, k, v, o, lse, dout, key_padding, mask, scale, causal, pos0);
+    });
+    if (done) return;
     const Wide q32 = widen(q), k32 = widen(k), v32 = widen(v), o32 = widen(o), g32 = widen(dout);
     Wide dq32 = zeros_for(dq), dk32 = zeros_for(dk), dv32 = zeros_for(dv);
     backward<float>(dq32.out(), dk32.out(), dv32.out(), q32.in(), k32.in(), v32.in(), o32.in(), lse, g32.in(), key_padding, mask, scale,

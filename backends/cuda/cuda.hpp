@@ -49,12 +49,12 @@ bool allow_tf32();
 void set_attention_tensor_cores(bool on);
 bool attention_tensor_cores();
 
-// bf16/f16 flash attention's forward on the tensor cores in its own precision: Q·Kᵀ and P·V as bf16/f16
-// products with f32 accumulation, P rounded to the inputs' dtype before P·V (as FlashAttention-2 does),
-// where d is a multiple of 16 and dv of 8, both at most 128. On by default (with
-// attention_tensor_cores); off, half inputs run the f32 kernels on their widened values, which gives
-// the f32 path's results rounded once (core/fused.hpp's exact contract). The backward is that exact
-// path either way.
+// bf16/f16 flash attention on the tensor cores in its own precision, as FlashAttention-2 does: every
+// product (Q·Kᵀ, P·V; backward also dO·Vᵀ, Pᵀ·dO, dS·K, dSᵀ·Q) of bf16/f16 operands with f32
+// accumulation, P and dS rounded to the inputs' dtype for their products, the softmax in f32. Forward
+// where d is a multiple of 16 and dv of 8, backward where both are multiples of 16, both at most 128.
+// On by default (with attention_tensor_cores); off, half inputs run the f32 kernels on their widened
+// values, which gives the f32 path's results rounded once (core/fused.hpp's exact contract).
 void set_attention_half_products(bool on);
 bool attention_half_products();
 

@@ -195,13 +195,17 @@ template <Backend B> Result run(const Inputs<B>& in, const Case& c, DType dt, bo
   return {kt::host(o.value()), kt::host(q.grad()), kt::host(k.grad()), kt::host(v.grad())};
 }
 
-void compare(const std::vector<double>& got, const std::vector<double>& want, kt::Tol tol, const std::string& what) {
+// got against want within tol, and per element `extra` more where it is given.
+void compare(const std::vector<double>& got, const std::vector<double>& want, kt::Tol tol, const std::string& what,
+             const std::vector<double>& extra = {}) {
   INFO(what);
   REQUIRE(got.size() == want.size());
+  REQUIRE((extra.empty() || extra.size() == want.size()));
   int64_t bad = 0, first = -1;
   for (size_t i = 0; i < got.size(); ++i) {
-    const double a = got[i], b = want[i];
-    const bool ok = std::isnan(b) ? std::isnan(a) : a == b || std::abs(a - b) <= tol.atol + tol.rtol * std::abs(b);  // (a == b: infinities)
+    const double a = got[i], b = want[i], e = extra.empty() ? 0.0 : extra[i];
+    const bool ok =
+        std::isnan(b) ? std::isnan(a) : a == b || std::abs(a - b) <= tol.atol + e + tol.rtol * std::abs(b);  // (a == b: infinities)
     if (!ok && bad++ == 0) first = static_cast<int64_t>(i);
   }
   INFO("tolerance " << tol.atol << "; mismatches " << bad
@@ -445,6 +449,67 @@ TEMPLATE_TEST_CASE("attention: the bf16/f16 forward is within its bound of the f
       const std::vector<double> want = kt::host(o64);
       compare(kt::host(o), want, half_forward_tol(c, in, dt, want), "O");
       compare(kt::host(lse), kt::host(lse64), {0.0, bound(c, DType::f32, max_score(in, c), 1.0).atol * 8}, "LSE");
+    }
+  }
+}
+
+// The bf16/f16 backward against the f64 oracle given the kernel's own O and LSE (so that D and P are
+// the kernel's): f32 roundoff (bound) and the outputs' rounding to dt (2 u_store, relative), as the
+// forward's, and where B rounds P and dS to dt for their products (Cuda's half products, as
+// FlashAttention-2's backward) each P_ij off by at most u P_ij and each dS_ij by u |dS_ij| (f16: plus
+// 2^-25 below its normal range), so more, per element:
+//   dV: u Pᵀ|dO|,   dQ: u |dS| |K| <= u scale C P|K|,   dK: u |dS|ᵀ |Q| <= u scale C Pᵀ|Q|,
+// as |dS_ij| = scale P_ij |dP_ij − D_i| <= scale P_ij C with C = 2 max‖dO_i‖ max‖V_j‖ (|dP_ij| <=
+// ‖dO_i‖ ‖V_j‖, |D_i| <= ‖dO_i‖ ‖O_i‖, O_i a convex combination of V's rows). The elementwise terms
+// come from the oracle: Pᵀ|dO| is its dV for the upstream gradient |dO|, P|K| its O for V = |K|, Pᵀ|Q|
+// its dV for V = |K| and the upstream gradient |Q|. Cases as the forward's, with dv a multiple of 16
+// where Cuda's half kernels take them (dv = 40: the exact path).
+TEMPLATE_TEST_CASE("attention: the bf16/f16 backward is within its bound of the f64 oracle", "[attention]", KILN_BACKEND_TYPES) {
+  using T = Tensor<TestType>;
+  std::vector<Case> cases{kTileCases[0], kTileCases[1], kTileCases[3], kTileCases[5], kTileCases[6], kTileCases[7], kCases[1], kCases[9]};
+  const Case masked = with_mask({1, 2, 1, 70, 83, 64, 64, true, 13}, "B1TS", true);  // an additive mask (f32 to the backend)
+  cases.push_back(masked);
+  cases.push_back(with_mask({2, 4, 2, 37, 53, 32, 16, false, 0, true}, "TS^T", false));  // a bool mask (transposed view), key padding
+  if constexpr (std::is_same_v<TestType, Reference>) cases = {kCases[1], masked};        // the naive oracle: small cases
+  const DType f64 = DType::f64;
+  const double scale = 0.2;
+  auto row_norm_max = [](const T& x) { return std::sqrt(max_abs(kt::host(x.mul(x).sum({-1})))); };
+  auto scaled = [](std::vector<double> x, double a) {
+    for (double& e : x) e *= a;
+    return x;
+  };
+  uint64_t seed = 1700;
+  for (const Case& c : cases) {
+    for (DType dt : {DType::bf16, DType::f16}) {
+      INFO(c.str() << " " << dtype_name(dt));
+      const Inputs<TestType> in = make_inputs<TestType>(c, dt, seed++);
+      auto [o, lse] = fused::attention_forward(in.q, in.k, in.v, scale, c.causal, c.pos0, in.kp, in.mask);
+      auto [dq, dk, dv] = fused::attention_backward(in.q, in.k, in.v, o, lse, in.dout, scale, c.causal, c.pos0, in.kp, in.mask);
+      REQUIRE(dq.dtype() == dt);
+      REQUIRE(dk.dtype() == dt);
+      REQUIRE(dv.dtype() == dt);
+      const T m64 = in.mask.defined() && in.mask.dtype() != DType::boolean ? in.mask.to(f64) : in.mask;
+      const T q = in.q.to(f64), k = in.k.to(f64), v = in.v.to(f64), g = in.dout.to(f64), o64 = o.to(f64), l64 = lse.to(f64);
+      auto oracle_bwd = [&](const T& vv, const T& oo, const T& gg) {
+        return fused::attention_backward_composite(q, k, vv, oo, l64, gg, scale, c.causal, c.pos0, in.kp, m64);
+      };
+      const auto [wq, wk, wv] = oracle_bwd(v, o64, g);
+      const T ka = k.abs();
+      const T pk = fused::attention_forward_composite(q, k, ka, scale, c.causal, c.pos0, in.kp, m64).first;  // P|K|
+      const std::vector<double> pdo = kt::host(std::get<2>(oracle_bwd(v, o64, g.abs())));                    // Pᵀ|dO|
+      const std::vector<double> pq = kt::host(std::get<2>(oracle_bwd(ka, pk, q.abs())));                     // Pᵀ|Q|
+      const double u = rounds_p<TestType>() ? 1.01 * kt::u_store(dt) : 0.0;
+      const double C = 2.01 * row_norm_max(g) * row_norm_max(v);
+      const double tiny = rounds_p<TestType>() && dt == DType::f16 ? std::ldexp(1.0, -25) : 0.0;  // f16 subnormal P, dS
+      const double rep_t = static_cast<double>((c.H / c.Hkv) * c.T), ms = max_score(in, c);
+      auto tol = [&](const std::vector<double>& want, double tiny_sum) {
+        return kt::Tol{2 * kt::u_store(dt), bound(c, DType::f32, ms, max_abs(want)).atol + tiny_sum};
+      };
+      const std::vector<double> want_q = kt::host(wq), want_k = kt::host(wk), want_v = kt::host(wv);
+      compare(kt::host(dv), want_v, tol(want_v, tiny * rep_t * max_abs(kt::host(g))), "dv", scaled(pdo, u));
+      compare(kt::host(dq), want_q, tol(want_q, tiny * static_cast<double>(c.S) * max_abs(kt::host(k))), "dq",
+              scaled(kt::host(pk), u * scale * C));
+      compare(kt::host(dk), want_k, tol(want_k, tiny * rep_t * max_abs(kt::host(q))), "dk", scaled(pq, u * scale * C));
     }
   }
 }
