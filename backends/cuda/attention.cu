@@ -876,6 +876,42 @@ template <class H, int BC, int NV> __global__ void __launch_bounds__(kThreads)
   finish_rows(P, bh, irow, t, acc, m, l, o, lse);
 }
 
+// The block of a dK/dV pass: unit = key tile · B·Hkv + (b·Hkv + hk) (low key tiles, which more causal
+// queries see, first), its kTcRows keys from j0 (bkn of them real) and the first query row that sees
+// any of them.
+struct KeyTile {
+  int64_t b, hk, j0, i_first;
+  int bkn;
+  template <class T> __device__ explicit KeyTile(const Params<T>& P) {
+    const int64_t BHk = P.nb * P.nhkv, unit = blockIdx.x, bk = unit % BHk;
+    b = bk / P.nhkv, hk = bk % P.nhkv;
+    j0 = unit / BHk * kTcRows;
+    bkn = static_cast<int>(P.sk - j0 < kTcRows ? P.sk - j0 : kTcRows);
+    i_first = P.causal ? (j0 - P.pos0 > 0 ? j0 - P.pos0 : 0) : 0;
+  }
+};
+
+// LSE and D of a query tile's n real rows into [R] shared arrays (padding rows: LSE −inf, "no visible
+// key", and D 0). All threads.
+__device__ __forceinline__ void load_lse_d(float* Ls, float* Ds, int R, const float* lse, const float* D, int n) {
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  for (int e = static_cast<int>(threadIdx.x); e < R; e += kThreads) {
+    Ls[e] = e < n ? lse[e] : ninf;
+    Ds[e] = e < n ? D[e] : 0.f;
+  }
+}
+
+// LSE and D of this lane's query rows irow (rows >= T, a last tile's padding: LSE −inf, "no visible
+// key", and D 0).
+template <class T> __device__ __forceinline__ void row_lse_d(const Params<T>& P, const float* lse, const float* D, const int64_t (&irow)[2],
+                                                             float (&li)[2], float (&di)[2]) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    li[rr] = irow[rr] < P.tq ? lse[irow[rr]] : -std::numeric_limits<float>::infinity();
+    di[rr] = irow[rr] < P.tq ? D[irow[rr]] : 0.f;
+  }
+}
+
 // The backward's scores for one warp of the dK/dV pass (its 16 keys krow of the tile from j0, the query
 // tile from i0 with LSE Ls and D Ds; s = Sᵀ, dp = dPᵀ as products left them): P in place of s, dS =
 // scale P ⊙ (dP − D) in place of dp, both 0 where a key is masked or a row sees no key. Shared by the
@@ -927,7 +963,6 @@ template <int BC, int ND, int NV, bool kExact> __global__ void __launch_bounds__
                      float* __restrict__ dvo) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* const sm = reinterpret_cast<float*>(smem_raw);
-  constexpr float ninf = -std::numeric_limits<float>::infinity();
   const int d = P.d, dv = P.dv;
   const TcSmem L = tc_bwd_smem(BC, d, dv);
   float* const Ks = sm + L.off[0];
@@ -939,12 +974,9 @@ template <int BC, int ND, int NV, bool kExact> __global__ void __launch_bounds__
   int* const kval = reinterpret_cast<int*>(sm + L.kval);
   const int ldk = L.ld[0], ldv = L.ld[1], ldq = L.ld[2], ldg = L.ld[3];
 
-  const int64_t BHk = P.nb * P.nhkv;
-  const int64_t unit = blockIdx.x;
-  const int64_t kt = unit / BHk, bk = unit % BHk;
-  const int64_t b = bk / P.nhkv, hk = bk % P.nhkv;
-  const int64_t j0 = kt * kTcRows;
-  const int bkn = static_cast<int>(P.sk - j0 < kTcRows ? P.sk - j0 : kTcRows);
+  const KeyTile kt(P);
+  const int64_t b = kt.b, hk = kt.hk, j0 = kt.j0;
+  const int bkn = kt.bkn;
   const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
   float* const Pw = sm + L.p + r0 * (BC + 4);
   const int krow[2] = {r0 + g, r0 + g + 8};  // this lane's keys in the tile (j0 + krow >= S: padding)
@@ -958,18 +990,14 @@ template <int BC, int ND, int NV, bool kExact> __global__ void __launch_bounds__
   zero(dka);
   zero(dva);
 
-  const int64_t i_first = P.causal ? (j0 - P.pos0 > 0 ? j0 - P.pos0 : 0) : 0;  // queries before see no key of the tile
   for (int hr = 0; hr < P.rep; ++hr) {
     const int64_t h = hk * P.rep + hr, bh = b * P.nh + h;
-    for (int64_t i0 = i_first; i0 < P.tq; i0 += BC) {
+    for (int64_t i0 = kt.i_first; i0 < P.tq; i0 += BC) {
       const int bq = static_cast<int>(P.tq - i0 < BC ? P.tq - i0 : BC);
       __syncthreads();  // the previous tile's reads are done (and, the first time, Ks/Vs/kval are visible after the next one)
       load_rows(P.v4, Qs, ldq, BC, P.q.row(b, h, 0), P.q.st, i0, bq, d);
       load_rows(P.v4, Gs, ldg, BC, P.g.row(b, h, 0), P.g.st, i0, bq, dv);
-      for (int e = tid; e < BC; e += kThreads) {
-        Ls[e] = e < bq ? lse[bh * P.tq + i0 + e] : ninf;  // padding rows: "no visible key"
-        Ds[e] = e < bq ? D[bh * P.tq + i0 + e] : 0.f;
-      }
+      load_lse_d(Ls, Ds, BC, lse + bh * P.tq + i0, D + bh * P.tq + i0, bq);
       __syncthreads();
 
       float s[BC / 8][4], dp[BC / 8][4];
@@ -1019,7 +1047,6 @@ template <int BC, int ND, bool kExact> __global__ void __launch_bounds__(kThread
     attn_bwd_dq_tc(const Params<float> P, const float* __restrict__ lse, const float* __restrict__ D, float* __restrict__ dq, int64_t nqt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* const sm = reinterpret_cast<float*>(smem_raw);
-  constexpr float ninf = -std::numeric_limits<float>::infinity();
   const int d = P.d, dv = P.dv;
   const TcSmem L = tc_bwd_smem(BC, d, dv);
   float* const Qs = sm + L.off[0];
@@ -1035,11 +1062,7 @@ template <int BC, int ND, bool kExact> __global__ void __launch_bounds__(kThread
   float* const Pw = sm + L.p + r0 * (BC + 4);
   const int64_t irow[2] = {q.i0 + r0 + g, q.i0 + r0 + g + 8};
   float li[2], di[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    li[rr] = irow[rr] < P.tq ? lse[bh * P.tq + irow[rr]] : ninf;  // padding rows: "no visible key"
-    di[rr] = irow[rr] < P.tq ? D[bh * P.tq + irow[rr]] : 0.f;
-  }
+  row_lse_d(P, lse + bh * P.tq, D + bh * P.tq, irow, li, di);
 
   load_rows(P.v4, Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
   load_rows(P.v4, Gs, ldg, kTcRows, P.g.row(b, h, 0), P.g.st, q.i0, q.br, dv);
@@ -1089,13 +1112,15 @@ template <int BC, int ND, bool kExact> __global__ void __launch_bounds__(kThread
 // kTcMaxHead. Grids, tiles and loops as the f32 tensor-core kernels' (attn_bwd_dkdv_tc, attn_bwd_dq_tc).
 bool h_bwd_fits(int64_t d, int64_t dv) { return h_fits(d, dv) && dv % 16 == 0; }
 
-// dK/dV: K [kTcRows, d + 8], V [kTcRows, dv + 8], Q [BC, d + 8], Qᵀ [d, BC + 8], dO [BC, dv + 8],
-// dOᵀ [dv, BC + 8] (H values), then LSE and D [BC] (f32) and the key flags [kTcRows].
+// Shared memory in H values of the dK/dV pass (dkdv): K [kTcRows, d + 8], V [kTcRows, dv + 8], Q [BC,
+// d + 8], Qᵀ [d, BC + 8], dO [BC, dv + 8], dOᵀ [dv, BC + 8], then LSE and D [BC] (f32) and the key flags
+// [kTcRows]; of the dQ pass: Q [kTcRows, d + 8], dO [kTcRows, dv + 8], K [BC, d + 8], Kᵀ [d, BC + 8],
+// V [BC, dv + 8], the key flags [BC]. Every array starts 16-byte aligned (d, dv multiples of 16).
 struct HBwdSmem {
-  int a0, a1, b0, b0t, b1, b1t, l, dd, kval;  // in H values (l, dd, kval: 4-byte aligned)
+  int a0, a1, b0, b0t, b1, b1t, l, dd, kval;
   size_t bytes;
 };
-__host__ __device__ constexpr HBwdSmem h_dkdv_smem(int bc, int d, int dv) {
+__host__ __device__ constexpr HBwdSmem h_bwd_smem(bool dkdv, int bc, int d, int dv) {
   HBwdSmem s{};
   s.a0 = 0;
   s.a1 = s.a0 + kTcRows * (d + 8);
@@ -1103,23 +1128,10 @@ __host__ __device__ constexpr HBwdSmem h_dkdv_smem(int bc, int d, int dv) {
   s.b0t = s.b0 + bc * (d + 8);
   s.b1 = s.b0t + d * (bc + 8);
   s.b1t = s.b1 + bc * (dv + 8);
-  s.l = s.b1t + dv * (bc + 8);
-  s.dd = s.l + 2 * bc;
-  s.kval = s.dd + 2 * bc;
-  s.bytes = static_cast<size_t>(s.kval) * 2 + kTcRows * sizeof(int);
-  return s;
-}
-// dQ: Q [kTcRows, d + 8], dO [kTcRows, dv + 8], K [BC, d + 8], Kᵀ [d, BC + 8], V [BC, dv + 8] (H
-// values), the key flags [BC].
-__host__ __device__ constexpr HBwdSmem h_dq_smem(int bc, int d, int dv) {
-  HBwdSmem s{};
-  s.a0 = 0;
-  s.a1 = s.a0 + kTcRows * (d + 8);
-  s.b0 = s.a1 + kTcRows * (dv + 8);
-  s.b0t = s.b0 + bc * (d + 8);
-  s.b1 = s.b0t + d * (bc + 8);
-  s.kval = s.b1 + bc * (dv + 8);
-  s.bytes = static_cast<size_t>(s.kval) * 2 + bc * sizeof(int);
+  s.l = s.b1t + (dkdv ? dv * (bc + 8) : 0);
+  s.dd = s.l + (dkdv ? 2 * bc : 0);
+  s.kval = s.dd + (dkdv ? 2 * bc : 0);
+  s.bytes = static_cast<size_t>(s.kval) * 2 + static_cast<size_t>(dkdv ? kTcRows : bc) * sizeof(int);
   return s;
 }
 
@@ -1146,9 +1158,8 @@ template <class H, int BC, int ND, int NV> __global__ void __launch_bounds__(kTh
                     H* __restrict__ dvo) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* const sm = reinterpret_cast<uint16_t*>(smem_raw);
-  constexpr float ninf = -std::numeric_limits<float>::infinity();
   const int d = P.d, dv = P.dv, ldk = d + 8, ldv = dv + 8, ldt = BC + 8;
-  const HBwdSmem L = h_dkdv_smem(BC, d, dv);
+  const HBwdSmem L = h_bwd_smem(true, BC, d, dv);
   uint16_t* const Ks = sm + L.a0;
   uint16_t* const Vs = sm + L.a1;
   uint16_t* const Qs = sm + L.b0;
@@ -1159,10 +1170,9 @@ template <class H, int BC, int ND, int NV> __global__ void __launch_bounds__(kTh
   float* const Ds = reinterpret_cast<float*>(sm + L.dd);
   int* const kval = reinterpret_cast<int*>(sm + L.kval);
 
-  const int64_t BHk = P.nb * P.nhkv, unit = blockIdx.x;
-  const int64_t kt = unit / BHk, bk = unit % BHk, b = bk / P.nhkv, hk = bk % P.nhkv;
-  const int64_t j0 = kt * kTcRows;
-  const int bkn = static_cast<int>(P.sk - j0 < kTcRows ? P.sk - j0 : kTcRows);
+  const KeyTile kt(P);
+  const int64_t b = kt.b, hk = kt.hk, j0 = kt.j0;
+  const int bkn = kt.bkn;
   const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
   const int krow[2] = {r0 + g, r0 + g + 8};  // this lane's keys in the tile (j0 + krow >= S: padding)
   const bool v8 = P.v4;                      // (d, dv multiples of 16)
@@ -1174,20 +1184,16 @@ template <class H, int BC, int ND, int NV> __global__ void __launch_bounds__(kTh
   float dka[ND][4], dva[NV][4];
   zero(dka);
   zero(dva);
-  const int64_t i_first = P.causal ? (j0 - P.pos0 > 0 ? j0 - P.pos0 : 0) : 0;  // queries before see no key of the tile
   for (int hr = 0; hr < P.rep; ++hr) {
     const int64_t h = hk * P.rep + hr, bh = b * P.nh + h;
-    for (int64_t i0 = i_first; i0 < P.tq; i0 += BC) {
+    for (int64_t i0 = kt.i_first; i0 < P.tq; i0 += BC) {
       const int bq = static_cast<int>(P.tq - i0 < BC ? P.tq - i0 : BC);
       __syncthreads();  // the previous tile's reads are done (and, the first time, Ks/Vs/kval are visible after the next one)
       load_h_rows(v8, Qs, ldk, BC, P.q.row(b, h, 0), P.q.st, i0, bq, d);
       load_h_rows_t(Qt, ldt, BC, P.q.row(b, h, 0), P.q.st, i0, bq, d);
       load_h_rows(v8, Gs, ldv, BC, P.g.row(b, h, 0), P.g.st, i0, bq, dv);
       load_h_rows_t(Gt, ldt, BC, P.g.row(b, h, 0), P.g.st, i0, bq, dv);
-      for (int e = tid; e < BC; e += kThreads) {
-        Ls[e] = e < bq ? lse[bh * P.tq + i0 + e] : ninf;  // padding rows: "no visible key"
-        Ds[e] = e < bq ? D[bh * P.tq + i0 + e] : 0.f;
-      }
+      load_lse_d(Ls, Ds, BC, lse + bh * P.tq + i0, D + bh * P.tq + i0, bq);
       __syncthreads();
 
       float s[BC / 8][4], dp[BC / 8][4];
@@ -1210,9 +1216,8 @@ template <class H, int BC, int ND> __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_h(const Params<H> P, const float* __restrict__ lse, const float* __restrict__ D, H* __restrict__ dq, int64_t nqt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* const sm = reinterpret_cast<uint16_t*>(smem_raw);
-  constexpr float ninf = -std::numeric_limits<float>::infinity();
   const int d = P.d, dv = P.dv, ldq = d + 8, ldg = dv + 8, ldt = BC + 8;
-  const HBwdSmem L = h_dq_smem(BC, d, dv);
+  const HBwdSmem L = h_bwd_smem(false, BC, d, dv);
   uint16_t* const Qs = sm + L.a0;
   uint16_t* const Gs = sm + L.a1;
   uint16_t* const Ks = sm + L.b0;
@@ -1225,11 +1230,7 @@ template <class H, int BC, int ND> __global__ void __launch_bounds__(kThreads)
   const int64_t bh = q.bh, b = q.b, h = q.h;
   const int64_t irow[2] = {q.i0 + r0 + g, q.i0 + r0 + g + 8};
   float li[2], di[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    li[rr] = irow[rr] < P.tq ? lse[bh * P.tq + irow[rr]] : ninf;  // padding rows: "no visible key"
-    di[rr] = irow[rr] < P.tq ? D[bh * P.tq + irow[rr]] : 0.f;
-  }
+  row_lse_d(P, lse + bh * P.tq, D + bh * P.tq, irow, li, di);
   const bool v8 = P.v4;  // (d, dv multiples of 16)
   load_h_rows(v8, Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
   load_h_rows(v8, Gs, ldg, kTcRows, P.g.row(b, h, 0), P.g.st, q.i0, q.br, dv);
@@ -1464,24 +1465,32 @@ template <class T> void forward(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V k, Cu
   with_nc(s.dv, [&](auto nc) { launch(op, attn_fwd<T, decltype(nc)::value>, grid, smem, shapes, P, op_, lp, nqt); });
 }
 
-// exact: q, k, v and dout hold bf16/f16 values (as forward's).
-template <class T> void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, Cuda::V k, Cuda::V v, Cuda::V o, Cuda::V lse, Cuda::V dout,
-                                 const Cuda::V* kp, const Cuda::V* mask, double scale, bool causal, int64_t pos0, bool exact = false) {
-  const char* op = "attention_backward";
-  Shapes s{};
-  Params<T> P = make_params<T>(op, s, q, k, v, kp, mask, scale, causal, pos0);
-  const std::string shapes = s.str(q, k, v);
+template <class T> T* out_ptr(const Cuda::M& x) { return x.storage.as<T>() + x.layout.offset; }
+
+// What the backward passes share: LSE (compute_t<T>: f32 for bf16/f16) and the buffer of D.
+template <class T> struct BwdCommon {
+  const compute_t<T>* lse = nullptr;
+  std::shared_ptr<CudaStorage> D;  // null: no query row or no key, nothing to compute
+};
+
+// Validates o, dout (T), lse (compute_t<T>) and the outputs dq, dk, dv (contiguous T, arriving
+// zero-filled), binds o and dO to P, and launches D = rowsum(dO ⊙ O) into a fresh buffer.
+template <class T> BwdCommon<T> backward_common(const char* op, Params<T>& P, const Shapes& s, const std::string& shapes, const Cuda::M& dq,
+                                                const Cuda::M& dk, const Cuda::M& dv, const Cuda::V& o, const Cuda::V& lse,
+                                                const Cuda::V& dout) {
+  using C = compute_t<T>;
   check_operand(op, "o", o, dtype_of<T>, {s.B, s.H, s.T, s.dv}, shapes);
   check_operand(op, "dout", dout, dtype_of<T>, {s.B, s.H, s.T, s.dv}, shapes);
-  KILN_CHECK(lse.dtype == dtype_of<T> && lse.layout.shape == Shape({s.B, s.H, s.T}) && lse.layout.is_contiguous(),
-             "{}: lse must be a contiguous {} [{}, {}, {}], got {} {} ({})", op, dtype_of<T>, s.B, s.H, s.T, lse.dtype,
+  KILN_CHECK(lse.dtype == dtype_of<C> && lse.layout.shape == Shape({s.B, s.H, s.T}) && lse.layout.is_contiguous(),
+             "{}: lse must be a contiguous {} [{}, {}, {}], got {} {} ({})", op, dtype_of<C>, s.B, s.H, s.T, lse.dtype,
              shape_str(lse.layout.shape), shapes);
   cuda::check_device(lse.storage, op);
   check_output(op, "dq", dq, dtype_of<T>, {s.B, s.H, s.T, s.d}, shapes);
   check_output(op, "dk", dk, dtype_of<T>, {s.B, s.Hkv, s.S, s.d}, shapes);
   check_output(op, "dv", dv, dtype_of<T>, {s.B, s.Hkv, s.S, s.dv}, shapes);
-  // dq, dk, dv arrive zero-filled: with no query row or no key there is nothing to add
-  if (s.B * s.H * s.T == 0 || s.S == 0) return;
+  BwdCommon<T> c;
+  c.lse = lse.storage.as<C>() + lse.layout.offset;
+  if (s.B * s.H * s.T == 0 || s.S == 0) return c;  // with no query row or no key there is nothing to add
   const auto rows = [](const Cuda::V& x) {
     const Layout& l = x.layout;
     return Rows4<T>{x.storage.template as<T>() + l.offset, l.strides[0], l.strides[1], l.strides[2]};
@@ -1489,18 +1498,25 @@ template <class T> void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, 
   P.o = rows(o);
   P.g = rows(dout);
   P.v4 = P.v4 && aligned4(P.o) && aligned4(P.g);
-  const T* const lp = lse.storage.as<T>() + lse.layout.offset;
-  T* const dqp = dq.storage.as<T>() + dq.layout.offset;
-  T* const dkp = dk.storage.as<T>() + dk.layout.offset;
-  T* const dvp = dv.storage.as<T>() + dv.layout.offset;
-  const cudaStream_t st = cuda::stream();
-
-  // 1. D = rowsum(dO ⊙ O)
-  const int64_t rows_n = s.B * s.H * s.T;
-  const std::shared_ptr<CudaStorage> dbuf = Cuda::allocate(static_cast<size_t>(rows_n) * sizeof(T));
-  T* const Dp = dbuf->as<T>();
-  attn_bwd_delta<T><<<grid_for(rows_n, kDeltaWarps), kDeltaWarps * kWarp, 0, st>>>(P, lp, Dp);
+  const int64_t n = s.B * s.H * s.T;
+  c.D = Cuda::allocate(static_cast<size_t>(n) * sizeof(C));
+  attn_bwd_delta<T><<<grid_for(n, kDeltaWarps), kDeltaWarps * kWarp, 0, cuda::stream()>>>(P, c.lse, c.D->template as<C>());
   KILN_CUDA_LAUNCHED(op);
+  return c;
+}
+
+// exact: q, k, v and dout hold bf16/f16 values (as forward's).
+template <class T> void backward(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::V q, Cuda::V k, Cuda::V v, Cuda::V o, Cuda::V lse, Cuda::V dout,
+                                 const Cuda::V* kp, const Cuda::V* mask, double scale, bool causal, int64_t pos0, bool exact = false) {
+  const char* op = "attention_backward";
+  Shapes s{};
+  Params<T> P = make_params<T>(op, s, q, k, v, kp, mask, scale, causal, pos0);
+  const std::string shapes = s.str(q, k, v);
+  // 1. D = rowsum(dO ⊙ O)
+  const BwdCommon<T> c = backward_common<T>(op, P, s, shapes, dq, dk, dv, o, lse, dout);
+  if (!c.D) return;
+  const T *const lp = c.lse, *const Dp = c.D->template as<T>();
+  T *const dqp = out_ptr<T>(dq), *const dkp = out_ptr<T>(dk), *const dvp = out_ptr<T>(dv);
 
   if constexpr (std::is_same_v<T, float>) {
     const int cols = tc_cols(true, s);
@@ -1597,35 +1613,13 @@ template <class H> bool backward_half(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::
   Params<H> P = make_params<H>(op, s, q, k, v, kp, mask, scale, causal, pos0);
   const int cols = tc_cols(true, s);
   if (!cuda::attention_half_products() ||
-      !use_tc(h_bwd_fits(s.d, s.dv), std::max(h_dkdv_smem(cols, P.d, P.dv).bytes, h_dq_smem(cols, P.d, P.dv).bytes)))
+      !use_tc(h_bwd_fits(s.d, s.dv), std::max(h_bwd_smem(true, cols, P.d, P.dv).bytes, h_bwd_smem(false, cols, P.d, P.dv).bytes)))
     return false;
   const std::string shapes = s.str(q, k, v);
-  check_operand(op, "o", o, dtype_of<H>, {s.B, s.H, s.T, s.dv}, shapes);
-  check_operand(op, "dout", dout, dtype_of<H>, {s.B, s.H, s.T, s.dv}, shapes);
-  KILN_CHECK(lse.layout.shape == Shape({s.B, s.H, s.T}) && lse.layout.is_contiguous(),
-             "{}: lse must be a contiguous f32 [{}, {}, {}], got {} ({})", op, s.B, s.H, s.T, shape_str(lse.layout.shape), shapes);
-  cuda::check_device(lse.storage, op);
-  check_output(op, "dq", dq, dtype_of<H>, {s.B, s.H, s.T, s.d}, shapes);
-  check_output(op, "dk", dk, dtype_of<H>, {s.B, s.Hkv, s.S, s.d}, shapes);
-  check_output(op, "dv", dv, dtype_of<H>, {s.B, s.Hkv, s.S, s.dv}, shapes);
-  if (s.B * s.H * s.T == 0 || s.S == 0) return true;  // dq, dk, dv arrive zero-filled
-  const auto rows = [](const Cuda::V& x) {
-    const Layout& l = x.layout;
-    return Rows4<H>{x.storage.template as<H>() + l.offset, l.strides[0], l.strides[1], l.strides[2]};
-  };
-  P.o = rows(o);
-  P.g = rows(dout);
-  P.v4 = P.v4 && aligned4(P.o) && aligned4(P.g);
-  const float* const lp = lse.storage.as<float>() + lse.layout.offset;
-  H* const dqp = dq.storage.as<H>() + dq.layout.offset;
-  H* const dkp = dk.storage.as<H>() + dk.layout.offset;
-  H* const dvp = dv.storage.as<H>() + dv.layout.offset;
-
-  const int64_t rows_n = s.B * s.H * s.T;  // D = rowsum(dO ⊙ O) in f32
-  const std::shared_ptr<CudaStorage> dbuf = Cuda::allocate(static_cast<size_t>(rows_n) * sizeof(float));
-  float* const Dp = dbuf->as<float>();
-  attn_bwd_delta<H><<<grid_for(rows_n, kDeltaWarps), kDeltaWarps * kWarp, 0, cuda::stream()>>>(P, lp, Dp);
-  KILN_CUDA_LAUNCHED(op);
+  const BwdCommon<H> c = backward_common<H>(op, P, s, shapes, dq, dk, dv, o, lse, dout);  // D = rowsum(dO ⊙ O) in f32
+  if (!c.D) return true;
+  const float *const lp = c.lse, *const Dp = c.D->template as<float>();
+  H *const dqp = out_ptr<H>(dq), *const dkp = out_ptr<H>(dk), *const dvp = out_ptr<H>(dv);
 
   const unsigned grid_kv = grid_of(op, ceil_div(s.S, kTcRows) * s.B * s.Hkv, shapes);
   const int64_t nqt = ceil_div(s.T, kTcRows);
@@ -1634,10 +1628,10 @@ template <class H> bool backward_half(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::
     constexpr int kBc = decltype(bc)::value;
     with_pieces(s.d, [&](auto nd) {
       with_pieces(s.dv, [&](auto nv) {
-        launch(op, attn_bwd_dkdv_h<H, kBc, decltype(nd)::value, decltype(nv)::value>, grid_kv, h_dkdv_smem(kBc, P.d, P.dv).bytes, shapes, P,
-               lp, Dp, dkp, dvp);
+        launch(op, attn_bwd_dkdv_h<H, kBc, decltype(nd)::value, decltype(nv)::value>, grid_kv, h_bwd_smem(true, kBc, P.d, P.dv).bytes,
+               shapes, P, lp, Dp, dkp, dvp);
       });
-      launch(op, attn_bwd_dq_h<H, kBc, decltype(nd)::value>, grid_q, h_dq_smem(kBc, P.d, P.dv).bytes, shapes, P, lp, Dp, dqp, nqt);
+      launch(op, attn_bwd_dq_h<H, kBc, decltype(nd)::value>, grid_q, h_bwd_smem(false, kBc, P.d, P.dv).bytes, shapes, P, lp, Dp, dqp, nqt);
     });
   });
   return true;
