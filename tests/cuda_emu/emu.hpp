@@ -22,6 +22,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -282,6 +283,29 @@ template <bool kBf16> inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a
       for (int k = 0; k < 16; ++k) s += arow[r][k] * bcol[e][k];
       d[2 * r + e] = s;
     }
+}
+// ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 for the calling lane's warp: four 8 x 8 matrices of
+// 16-bit values, lane 8i + r giving the address of row r of matrix i (8 values, 16 bytes, 16-byte
+// aligned: an unaligned row is an error, as on a GPU); register i of lane 4r + w receives values 2w
+// (low 16 bits) and 2w + 1 of row r of matrix i, or with kTrans of its transpose (rows 2w and 2w + 1 of
+// column r). Every lane of the warp must call it.
+template <bool kTrans> inline void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* p) {
+  static_assert(sizeof(p) <= kSlotBytes);
+  const int lane = lane_id(), g = lane / 4, t = lane % 4;
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) throw std::runtime_error("emu: ldmatrix: a row address that is not 16-byte aligned");
+  std::memcpy(warp_slot(lane), &p, sizeof p);
+  sync_warp(0xffffffffu);
+  for (int i = 0; i < 4; ++i) {
+    uint32_t v = 0;
+    for (int e = 0; e < 2; ++e) {
+      const int row = kTrans ? 2 * t + e : g, col = kTrans ? g : 2 * t + e;
+      const uint16_t* rp = nullptr;
+      std::memcpy(&rp, warp_slot(8 * i + row), sizeof rp);
+      v |= static_cast<uint32_t>(rp[col]) << (16 * e);
+    }
+    r[i] = v;
+  }
+  sync_warp(0xffffffffu);  // nobody overwrites a slot before every lane has read
 }
 }  // namespace emu
 

@@ -76,6 +76,19 @@ template <bool kBf16> __global__ void mma_16816(const float* A, const float* B, 
   for (int i = 0; i < 4; ++i) D[(i < 2 ? g : g + 8) * 8 + 2 * t + (i & 1)] = d[i];
 }
 
+// One warp: ::emu::ldmatrix_x4 from a [16, 24] tile of 16-bit values in shared memory (24: a padded
+// leading dimension), lane L giving the address rows[L] (element offset, 16-byte aligned or not); each
+// lane's four registers to out[4 L ..].
+template <bool kTrans> __global__ void ldmatrix_16x24(const uint16_t* tile, const int* rows, uint32_t* out) {
+  __shared__ uint16_t s[16 * 24];  // (the emulator aligns shared arrays to 16 bytes)
+  const int lane = static_cast<int>(threadIdx.x);
+  for (int e = lane; e < 16 * 24; e += 32) s[e] = tile[e];
+  __syncwarp();
+  uint32_t r[4];
+  ::emu::ldmatrix_x4<kTrans>(r, s + rows[lane]);
+  for (int i = 0; i < 4; ++i) out[4 * lane + i] = r[i];
+}
+
 template <class F> std::string error_of(F&& f) {
   try {
     f();
@@ -141,6 +154,22 @@ std::vector<float> mma_m16n8k16(bool bf16, const std::vector<float>& a, const st
   else
     ::mma_16816<false><<<1, 32>>>(a.data(), b.data(), d.data());
   return d;
+}
+
+std::vector<uint32_t> ldmatrix_x4(bool trans, const std::vector<uint16_t>& tile, const std::vector<int>& rows) {
+  std::vector<uint32_t> out(4 * 32, 0xdeadbeefu);
+  if (trans)
+    ::ldmatrix_16x24<true><<<1, 32>>>(tile.data(), rows.data(), out.data());
+  else
+    ::ldmatrix_16x24<false><<<1, 32>>>(tile.data(), rows.data(), out.data());
+  return out;
+}
+
+std::string ldmatrix_unaligned() {
+  std::vector<uint16_t> tile(16 * 24);
+  std::vector<int> rows(32, 0);
+  rows[3] = 4;  // 8 bytes into a row
+  return error_of([&] { ldmatrix_x4(false, tile, rows); });
 }
 
 std::string smem_without_optin() {

@@ -23,5 +23,9 @@ float atomic_sum(uint64_t schedule);
 // fragment tables as the kernel writes them out, apart from emu.hpp's own reading of those tables; D
 // [16, 8] row-major from the lanes' accumulator fragments.
 std::vector<float> mma_m16n8k16(bool bf16, const std::vector<float>& a, const std::vector<float>& b);
+// ldmatrix.x4 (trans or not) by one warp from a [16, 24] tile of 16-bit values in shared memory, lane L
+// giving the row address at element offset rows[L]: the 4 registers of each lane, lane by lane.
+std::vector<uint32_t> ldmatrix_x4(bool trans, const std::vector<uint16_t>& tile, const std::vector<int>& rows);
+std::string ldmatrix_unaligned();  // a row address 8 bytes into a row
 
 }  // namespace emu_selftest

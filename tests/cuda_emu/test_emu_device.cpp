@@ -118,6 +118,31 @@ TEST_CASE("emulator: mma.sync m16n8k16 (bf16, f16) computes A B with PTX's fragm
   }
 }
 
+// PTX's ldmatrix: lane 8i + r addresses row r of matrix i; register i of lane 4r + w holds that matrix's
+// row r, values 2w (low half) and 2w + 1, or with .trans its column r, rows 2w and 2w + 1. Rows here at
+// scattered 16-byte-aligned places of a padded tile, as a kernel's fragments take them.
+TEST_CASE("emulator: ldmatrix.x4 (and .trans) hands each lane PTX's fragment of four 8 x 8 matrices", "[cuda-emu]") {
+  std::vector<uint16_t> tile(16 * 24);
+  for (size_t e = 0; e < tile.size(); ++e) tile[e] = static_cast<uint16_t>(1000 + e);  // distinct
+  std::vector<int> rows(32);
+  for (int lane = 0; lane < 32; ++lane) rows[static_cast<size_t>(lane)] = ((lane * 7) % 16) * 24 + 8 * ((lane / 8) % 3);
+  for (bool trans : {false, true}) {
+    INFO((trans ? ".trans" : "plain"));
+    const std::vector<uint32_t> got = emu_selftest::ldmatrix_x4(trans, tile, rows);
+    for (int lane = 0; lane < 32; ++lane)
+      for (int i = 0; i < 4; ++i) {
+        const int r = lane / 4, w = lane % 4;
+        auto value = [&](int row, int col) {
+          return static_cast<uint32_t>(tile[static_cast<size_t>(rows[static_cast<size_t>(8 * i + row)] + col)]);
+        };
+        const uint32_t want = trans ? value(2 * w, r) | value(2 * w + 1, r) << 16 : value(r, 2 * w) | value(r, 2 * w + 1) << 16;
+        INFO("lane " << lane << " register " << i);
+        CHECK(got[static_cast<size_t>(4 * lane + i)] == want);
+      }
+  }
+  CHECK_THAT(emu_selftest::ldmatrix_unaligned(), Catch::Contains("16-byte aligned"));
+}
+
 TEST_CASE("emulator: a schedule seed shuffles the blocks (and threads), so order-dependent results show", "[cuda-emu]") {
   std::vector<int> grid(40);
   for (int b = 0; b < 40; ++b) grid[static_cast<size_t>(b)] = b;
