@@ -42,7 +42,9 @@
 #             bf16 and f32, memcheck and racecheck over its bounded test (targets kiln_cli test_attention
 #             bench_cuda)
 #   lease7    the same for the half-precision attention backward (attn_bwd_dkdv_h, attn_bwd_dq_h; written after
-#             the sixth lease)
+#             the sixth lease's first call, run in its second)
+#   lease8    the same for both half-precision kernels with ldmatrix fragment reads (written after the sixth
+#             lease): both bound tests under memcheck and racecheck
 #   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
 #
 # KILN_GPU_TARGETS="t1 t2 ...": build only these targets (default: all), to save a short lease's minutes.
@@ -194,6 +196,7 @@ half_attention_checks() {
 phase_lease5() { half_attention_checks "attention: bf16 and f16 equal the f32 path*"; }
 phase_lease6() { half_attention_checks "attention: the bf16/f16 forward is within its bound*"; }
 phase_lease7() { half_attention_checks "attention: the bf16/f16 backward is within its bound*"; }
+phase_lease8() { half_attention_checks "attention: the bf16/f16 forward is within its bound*,attention: the bf16/f16 backward is within its bound*"; }
 
 phase_lease5b() {
   local d rc=0 p

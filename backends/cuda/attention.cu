@@ -748,17 +748,16 @@ template <int BC, int NV, bool kExact> __global__ void __launch_bounds__(kThread
 // bf16/f16 q, k, v on the tensor cores in their own precision (cuda::set_attention_half_products):
 // S = Q·Kᵀ and O += P·V as m16n8k16 products of H values with f32 accumulation (mma::mma_h), the softmax
 // in f32 (softmax_step), P rounded to H for its product, as FlashAttention-2 does; O rounded once to H,
-// LSE f32. Tiles in shared memory as H bits: Q [kTcRows, d + 8], K [BC, d + 8] and V transposed
-// [dv, BC + 8] (a B operand's two values of a register are consecutive keys); leading dimensions of
-// 8 H values more than the width keep a fragment's 32 lanes on distinct banks. d a multiple of 16, dv
-// of 8, both at most kTcMaxHead. Grid and blocks as attn_fwd_tc's.
+// LSE f32. Tiles in shared memory as H bits, row-major: Q [kTcRows, d + 8], K [BC, d + 8], V [BC,
+// dv + 8] (fragments by ldmatrix, V's transposing). d a multiple of 16, dv of 8, both at most
+// kTcMaxHead. Grid and blocks as attn_fwd_tc's.
 struct HSmem {
-  int k, vt, kval;
+  int k, v, kval;
   size_t bytes;
 };
 __host__ __device__ constexpr HSmem h_fwd_smem(int bc, int d, int dv) {
-  const int k = kTcRows * (d + 8), vt = k + bc * (d + 8), kval = vt + dv * (bc + 8);  // in H values (kval: 4-byte aligned)
-  return {k, vt, kval, static_cast<size_t>(kval) * 2 + static_cast<size_t>(bc) * sizeof(int)};
+  const int k = kTcRows * (d + 8), v = k + bc * (d + 8), kval = v + bc * (dv + 8);  // in H values (each 16-byte aligned)
+  return {k, v, kval, static_cast<size_t>(kval) * 2 + static_cast<size_t>(bc) * sizeof(int)};
 }
 bool h_fits(int64_t d, int64_t dv) { return d % 16 == 0 && dv % 8 == 0 && d > 0 && dv > 0 && d <= kTcMaxHead && dv <= kTcMaxHead; }
 
@@ -781,55 +780,58 @@ __device__ __forceinline__ void load_h_rows(bool v8, uint16_t* dst, int ld, int 
   }
 }
 
-// Rows [t0, t0 + n) of one (b, h) of a bf16/f16 operand, transposed into [width, ld] shared H bits
-// (column r of the tile = row t0 + r; columns >= n zero): the B operand of a product over those rows
-// (a register's two values are consecutive rows). Reads coalesced along a row. All threads.
-template <class H>
-__device__ __forceinline__ void load_h_rows_t(uint16_t* dst, int ld, int R, const H* src, int64_t st, int64_t t0, int n, int width) {
-  for (int e = static_cast<int>(threadIdx.x); e < R * width; e += kThreads) {
-    const int r = e / width, x = e - r * width;
-    dst[x * ld + r] = r < n ? src[(t0 + r) * st + x].bits : uint16_t{0};
-  }
-}
+// The fragment reads below are ldmatrix's (mma::ldsm_x4): row-major H tiles whose leading dimension is
+// a multiple of 8 values (16-byte rows) and, 8 more than the width, puts the 8 rows of a matrix on
+// distinct banks. Each operand is staged once, row-major, whichever side of a product it is on.
 
 // c[n] += A Xᵀ[:, 8n : 8n + 8] for n < nt (<= NT) on H values in shared memory: A is a warp's 16 rows
-// (from A, leading dimension lda) of K columns, X's rows are B's columns (B(k, n) = X[n ldx + k]); K a
-// multiple of 16. One warp, every lane.
+// (from A, leading dimension lda) of K columns, X's rows are B's columns (B(k, n) = X[n ldx + k]: Kᵀ,
+// Vᵀ, Qᵀ, dOᵀ of row-major K, V, Q, dO); K a multiple of 16. One warp, every lane: A's four 8 x 8
+// matrices by one ldmatrix, B's for two column blocks by another (the second block's lanes repeat the
+// first's rows where n + 1 = nt, so no read passes X's rows).
 template <class H, int NT> __device__ __forceinline__ void warp_gemm_h(float (&c)[NT][4], const uint16_t* A, int lda, const uint16_t* X,
-                                                                       int ldx, int K, int nt, int g, int t) {
-  const uint16_t* const a0 = A + g * lda + 2 * t;
+                                                                       int ldx, int K, int nt, int lane) {
+  static_assert(NT % 2 == 0);
+  const uint16_t* const ap = A + (lane % 16) * lda + 8 * (lane / 16);      // matrices: rows 0-7, 8-15 of columns 0-7, then of 8-15
+  const uint16_t* const xp = X + (lane % 8) * ldx + 8 * ((lane / 8) % 2);  // matrices: B rows k 0-7, 8-15 of column block n, n + 1
+  const bool upper = lane >= 16;
   for (int k0 = 0; k0 < K; k0 += 16) {
-    const uint32_t a[4] = {mma::ld_h2(a0 + k0), mma::ld_h2(a0 + 8 * lda + k0), mma::ld_h2(a0 + k0 + 8), mma::ld_h2(a0 + 8 * lda + k0 + 8)};
+    uint32_t a[4];
+    mma::ldsm_x4<false>(a, ap + k0);
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
+    for (int n = 0; n < NT; n += 2) {
       if (n < nt) {
-        const uint16_t* const xb = X + (8 * n + g) * ldx + k0 + 2 * t;
-        const uint32_t bb[2] = {mma::ld_h2(xb), mma::ld_h2(xb + 8)};
-        mma::mma_h<H>(c[n], a, bb);
+        uint32_t b[4];
+        mma::ldsm_x4<false>(b, xp + (8 * n + (upper && n + 1 < nt ? 8 : 0)) * ldx + k0);
+        mma::mma_h<H>(c[n], a, {b[0], b[1]});
+        if (n + 1 < nt) mma::mma_h<H>(c[n + 1], a, {b[2], b[3]});
       }
     }
   }
 }
 
-// c[n] += F Xᵀ[:, 8n : 8n + 8] for n < nt, F the warp's 16 x 8NF score fragments f (P or dS, f32, as a
+// c[n] += F X[:, 8n : 8n + 8] for n < nt, F the warp's 16 x 8NF score fragments f (P or dS, f32, as a
 // product left them) rounded to H as the A operand where they stand (fragments 2kk, 2kk + 1 are A's
-// 16 columns kk: no shared-memory round trip), over F's first K columns (K <= 8NF; the columns past K
-// must be zero in X or in F). X as warp_gemm_h's.
+// 16 columns kk: no shared-memory round trip), over F's first K columns (K <= 8NF; X's rows past K must
+// be zero, or F's columns). X is row-major [k][n] (V, dO, Q, K, each a product's right side over its
+// rows): B's fragments by a transposing ldmatrix, two column blocks at a time as warp_gemm_h's.
 template <class H, int NF, int NT> __device__ __forceinline__ void warp_gemm_h_frags(float (&c)[NT][4], const float (&f)[NF][4],
-                                                                                     const uint16_t* X, int ldx, int K, int nt, int g,
-                                                                                     int t) {
-  static_assert(NF % 2 == 0);
+                                                                                     const uint16_t* X, int ldx, int K, int nt, int lane) {
+  static_assert(NF % 2 == 0 && NT % 2 == 0);
+  const uint16_t* const xp = X + (lane % 16) * ldx;  // matrices: rows k 0-7, 8-15 of column block n, then of n + 1
+  const bool upper = lane >= 16;
 #pragma unroll
   for (int kk = 0; kk < NF / 2; ++kk) {
     if (16 * kk >= K) break;
     const uint32_t a[4] = {mma::pack_h<H>(f[2 * kk][0], f[2 * kk][1]), mma::pack_h<H>(f[2 * kk][2], f[2 * kk][3]),
                            mma::pack_h<H>(f[2 * kk + 1][0], f[2 * kk + 1][1]), mma::pack_h<H>(f[2 * kk + 1][2], f[2 * kk + 1][3])};
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
+    for (int n = 0; n < NT; n += 2) {
       if (n < nt) {
-        const uint16_t* const xb = X + (8 * n + g) * ldx + 16 * kk + 2 * t;
-        const uint32_t bb[2] = {mma::ld_h2(xb), mma::ld_h2(xb + 8)};
-        mma::mma_h<H>(c[n], a, bb);
+        uint32_t b[4];
+        mma::ldsm_x4<true>(b, xp + 16 * kk * ldx + 8 * n + (upper && n + 1 < nt ? 8 : 0));
+        mma::mma_h<H>(c[n], a, {b[0], b[1]});
+        if (n + 1 < nt) mma::mma_h<H>(c[n + 1], a, {b[2], b[3]});
       }
     }
   }
@@ -840,11 +842,11 @@ template <class H, int BC, int NV> __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* const sm = reinterpret_cast<uint16_t*>(smem_raw);
   constexpr float ninf = -std::numeric_limits<float>::infinity();
-  const int d = P.d, dv = P.dv, ldq = d + 8, ldk = d + 8, ldv = BC + 8, nv = dv / 8;
+  const int d = P.d, dv = P.dv, ldq = d + 8, ldk = d + 8, ldv = dv + 8, nv = dv / 8;
   const HSmem L = h_fwd_smem(BC, d, dv);
   uint16_t* const Qs = sm;
   uint16_t* const Ks = sm + L.k;
-  uint16_t* const Vt = sm + L.vt;
+  uint16_t* const Vs = sm + L.v;
   int* const kval = reinterpret_cast<int*>(sm + L.kval);
 
   const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
@@ -859,18 +861,18 @@ template <class H, int BC, int NV> __global__ void __launch_bounds__(kThreads)
   zero(acc);
   for (int64_t j0 = 0; j0 < q.kend; j0 += BC) {
     const int bc = static_cast<int>(q.kend - j0 < BC ? q.kend - j0 : BC);
-    __syncthreads();  // the previous tile's reads of Ks, Vt are done
+    __syncthreads();  // the previous tile's reads of Ks, Vs are done
     load_h_rows(v8, Ks, ldk, BC, P.k.row(b, q.hk, 0), P.k.st, j0, bc, d);
-    load_h_rows_t(Vt, ldv, BC, P.v.row(b, q.hk, 0), P.v.st, j0, bc, dv);
+    load_h_rows(v8, Vs, ldv, BC, P.v.row(b, q.hk, 0), P.v.st, j0, bc, dv);
     load_kval(kval, BC, P.kp ? P.kp + b * P.sk : nullptr, j0, bc);
     __syncthreads();
     if (j0 >= q.wend) continue;  // (warp-uniform) no row of this warp sees these keys
 
     float s[BC / 8][4];
     zero(s);
-    warp_gemm_h<H>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);  // S = Q Kᵀ
+    warp_gemm_h<H>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, lane);  // S = Q Kᵀ
     softmax_step(P, b, h, irow, j0, kval, t, s, m, l, acc);
-    warp_gemm_h_frags<H>(acc, s, Vt, ldv, bc, nv, g, t);  // O += P V (P rounded to H; keys past bc have P = 0 and V = 0)
+    warp_gemm_h_frags<H>(acc, s, Vs, ldv, bc, nv, lane);  // O += P V (P rounded to H; keys past bc have P = 0 and V = 0)
   }
 
   finish_rows(P, bh, irow, t, acc, m, l, o, lse);
@@ -1105,19 +1107,20 @@ template <int BC, int ND, bool kExact> __global__ void __launch_bounds__(kThread
 // as FlashAttention-2's backward: S, dP and their transposes as m16n8k16 products of H values with f32
 // accumulation, P and dS in f32 (D from the f32 delta kernel), then rounded to H as the A operands of
 // dV += Pᵀ dO, dK += dSᵀ Q and dQ += dS K (from their fragments' registers, warp_gemm_h_frags); dQ,
-// dK, dV accumulated in f32 and rounded once. Tiles as H bits in shared memory with leading dimensions
-// of 8 values more than the width; each operand that is both a row-major B (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ,
-// S = Q Kᵀ, dP = dO Vᵀ) and the B of a product over its rows (dK += dSᵀ Q, dV += Pᵀ dO, dQ += dS K) is
-// staged both ways. d and dv multiples of 16 (both are a product's depth somewhere), at most
-// kTcMaxHead. Grids, tiles and loops as the f32 tensor-core kernels' (attn_bwd_dkdv_tc, attn_bwd_dq_tc).
+// dK, dV accumulated in f32 and rounded once. Tiles as H bits in shared memory, row-major, each staged
+// once: Q, dO (dK/dV pass) and K (dQ pass) are the right side of a product against their transpose
+// (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, S = Q Kᵀ) and of one over their rows (dK += dSᵀ Q, dV += Pᵀ dO, dQ += dS K),
+// read by plain and by transposing ldmatrix. d and dv multiples of 16 (both are a product's depth
+// somewhere), at most kTcMaxHead. Grids, tiles and loops as the f32 tensor-core kernels'
+// (attn_bwd_dkdv_tc, attn_bwd_dq_tc).
 bool h_bwd_fits(int64_t d, int64_t dv) { return h_fits(d, dv) && dv % 16 == 0; }
 
 // Shared memory in H values of the dK/dV pass (dkdv): K [kTcRows, d + 8], V [kTcRows, dv + 8], Q [BC,
-// d + 8], Qᵀ [d, BC + 8], dO [BC, dv + 8], dOᵀ [dv, BC + 8], then LSE and D [BC] (f32) and the key flags
-// [kTcRows]; of the dQ pass: Q [kTcRows, d + 8], dO [kTcRows, dv + 8], K [BC, d + 8], Kᵀ [d, BC + 8],
-// V [BC, dv + 8], the key flags [BC]. Every array starts 16-byte aligned (d, dv multiples of 16).
+// d + 8], dO [BC, dv + 8], then LSE and D [BC] (f32) and the key flags [kTcRows]; of the dQ pass: Q
+// [kTcRows, d + 8], dO [kTcRows, dv + 8], K [BC, d + 8], V [BC, dv + 8], the key flags [BC]. Every array
+// starts 16-byte aligned (d, dv multiples of 16).
 struct HBwdSmem {
-  int a0, a1, b0, b0t, b1, b1t, l, dd, kval;
+  int a0, a1, b0, b1, l, dd, kval;
   size_t bytes;
 };
 __host__ __device__ constexpr HBwdSmem h_bwd_smem(bool dkdv, int bc, int d, int dv) {
@@ -1125,10 +1128,8 @@ __host__ __device__ constexpr HBwdSmem h_bwd_smem(bool dkdv, int bc, int d, int 
   s.a0 = 0;
   s.a1 = s.a0 + kTcRows * (d + 8);
   s.b0 = s.a1 + kTcRows * (dv + 8);
-  s.b0t = s.b0 + bc * (d + 8);
-  s.b1 = s.b0t + d * (bc + 8);
-  s.b1t = s.b1 + bc * (dv + 8);
-  s.l = s.b1t + (dkdv ? dv * (bc + 8) : 0);
+  s.b1 = s.b0 + bc * (d + 8);
+  s.l = s.b1 + bc * (dv + 8);
   s.dd = s.l + (dkdv ? 2 * bc : 0);
   s.kval = s.dd + (dkdv ? 2 * bc : 0);
   s.bytes = static_cast<size_t>(s.kval) * 2 + static_cast<size_t>(dkdv ? kTcRows : bc) * sizeof(int);
@@ -1158,14 +1159,12 @@ template <class H, int BC, int ND, int NV> __global__ void __launch_bounds__(kTh
                     H* __restrict__ dvo) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* const sm = reinterpret_cast<uint16_t*>(smem_raw);
-  const int d = P.d, dv = P.dv, ldk = d + 8, ldv = dv + 8, ldt = BC + 8;
+  const int d = P.d, dv = P.dv, ldk = d + 8, ldv = dv + 8;
   const HBwdSmem L = h_bwd_smem(true, BC, d, dv);
   uint16_t* const Ks = sm + L.a0;
   uint16_t* const Vs = sm + L.a1;
   uint16_t* const Qs = sm + L.b0;
-  uint16_t* const Qt = sm + L.b0t;
   uint16_t* const Gs = sm + L.b1;
-  uint16_t* const Gt = sm + L.b1t;
   float* const Ls = reinterpret_cast<float*>(sm + L.l);
   float* const Ds = reinterpret_cast<float*>(sm + L.dd);
   int* const kval = reinterpret_cast<int*>(sm + L.kval);
@@ -1190,20 +1189,18 @@ template <class H, int BC, int ND, int NV> __global__ void __launch_bounds__(kTh
       const int bq = static_cast<int>(P.tq - i0 < BC ? P.tq - i0 : BC);
       __syncthreads();  // the previous tile's reads are done (and, the first time, Ks/Vs/kval are visible after the next one)
       load_h_rows(v8, Qs, ldk, BC, P.q.row(b, h, 0), P.q.st, i0, bq, d);
-      load_h_rows_t(Qt, ldt, BC, P.q.row(b, h, 0), P.q.st, i0, bq, d);
       load_h_rows(v8, Gs, ldv, BC, P.g.row(b, h, 0), P.g.st, i0, bq, dv);
-      load_h_rows_t(Gt, ldt, BC, P.g.row(b, h, 0), P.g.st, i0, bq, dv);
       load_lse_d(Ls, Ds, BC, lse + bh * P.tq + i0, D + bh * P.tq + i0, bq);
       __syncthreads();
 
       float s[BC / 8][4], dp[BC / 8][4];
       zero(s);
       zero(dp);
-      warp_gemm_h<H>(s, Ks + r0 * ldk, ldk, Qs, ldk, d, BC / 8, g, t);    // Sᵀ = K Qᵀ
-      warp_gemm_h<H>(dp, Vs + r0 * ldv, ldv, Gs, ldv, dv, BC / 8, g, t);  // dPᵀ = V dOᵀ
+      warp_gemm_h<H>(s, Ks + r0 * ldk, ldk, Qs, ldk, d, BC / 8, lane);    // Sᵀ = K Qᵀ
+      warp_gemm_h<H>(dp, Vs + r0 * ldv, ldv, Gs, ldv, dv, BC / 8, lane);  // dPᵀ = V dOᵀ
       dkdv_scores(P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
-      warp_gemm_h_frags<H>(dva, s, Gt, ldt, bq, dv / 8, g, t);  // dV += Pᵀ dO (query rows past bq: P = 0, dO = 0)
-      warp_gemm_h_frags<H>(dka, dp, Qt, ldt, bq, d / 8, g, t);  // dK += dSᵀ Q
+      warp_gemm_h_frags<H>(dva, s, Gs, ldv, bq, dv / 8, lane);  // dV += Pᵀ dO (query rows past bq: P = 0, dO = 0)
+      warp_gemm_h_frags<H>(dka, dp, Qs, ldk, bq, d / 8, lane);  // dK += dSᵀ Q
     }
   }
   const int64_t jrow[2] = {j0 + krow[0], j0 + krow[1]};
@@ -1216,12 +1213,11 @@ template <class H, int BC, int ND> __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_h(const Params<H> P, const float* __restrict__ lse, const float* __restrict__ D, H* __restrict__ dq, int64_t nqt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* const sm = reinterpret_cast<uint16_t*>(smem_raw);
-  const int d = P.d, dv = P.dv, ldq = d + 8, ldg = dv + 8, ldt = BC + 8;
+  const int d = P.d, dv = P.dv, ldq = d + 8, ldg = dv + 8;
   const HBwdSmem L = h_bwd_smem(false, BC, d, dv);
   uint16_t* const Qs = sm + L.a0;
   uint16_t* const Gs = sm + L.a1;
   uint16_t* const Ks = sm + L.b0;
-  uint16_t* const Kt = sm + L.b0t;
   uint16_t* const Vs = sm + L.b1;
   int* const kval = reinterpret_cast<int*>(sm + L.kval);
 
@@ -1239,9 +1235,8 @@ template <class H, int BC, int ND> __global__ void __launch_bounds__(kThreads)
   zero(dqa);
   for (int64_t j0 = 0; j0 < q.kend; j0 += BC) {
     const int bc = static_cast<int>(q.kend - j0 < BC ? q.kend - j0 : BC);
-    __syncthreads();  // the previous tile's reads of Ks, Kt, Vs are done
+    __syncthreads();  // the previous tile's reads of Ks, Vs are done
     load_h_rows(v8, Ks, ldq, BC, P.k.row(b, q.hk, 0), P.k.st, j0, bc, d);
-    load_h_rows_t(Kt, ldt, BC, P.k.row(b, q.hk, 0), P.k.st, j0, bc, d);
     load_h_rows(v8, Vs, ldg, BC, P.v.row(b, q.hk, 0), P.v.st, j0, bc, dv);
     load_kval(kval, BC, P.kp ? P.kp + b * P.sk : nullptr, j0, bc);
     __syncthreads();
@@ -1250,10 +1245,10 @@ template <class H, int BC, int ND> __global__ void __launch_bounds__(kThreads)
     float s[BC / 8][4], dp[BC / 8][4];
     zero(s);
     zero(dp);
-    warp_gemm_h<H>(s, Qs + r0 * ldq, ldq, Ks, ldq, d, BC / 8, g, t);    // S = Q Kᵀ
-    warp_gemm_h<H>(dp, Gs + r0 * ldg, ldg, Vs, ldg, dv, BC / 8, g, t);  // dP = dO Vᵀ
+    warp_gemm_h<H>(s, Qs + r0 * ldq, ldq, Ks, ldq, d, BC / 8, lane);    // S = Q Kᵀ
+    warp_gemm_h<H>(dp, Gs + r0 * ldg, ldg, Vs, ldg, dv, BC / 8, lane);  // dP = dO Vᵀ
     dq_scores(P, b, h, irow, j0, kval, li, di, t, s, dp);
-    warp_gemm_h_frags<H>(dqa, dp, Kt, ldt, bc, d / 8, g, t);  // dQ += dS K (keys past bc: dS = 0, K = 0)
+    warp_gemm_h_frags<H>(dqa, dp, Ks, ldq, bc, d / 8, lane);  // dQ += dS K (keys past bc: dS = 0, K = 0)
   }
   store_rows_h(dq + bh * P.tq * d, d, irow, P.tq, d, dqa, t);
 }

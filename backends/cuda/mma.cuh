@@ -15,10 +15,10 @@
 //   A: A(g, 2t..2t+1), A(g + 8, 2t..2t+1), A(g, 2t+8..2t+9), A(g + 8, 2t+8..2t+9)
 //   B: B(2t..2t+1, g), B(2t+8..2t+9, g)
 //   C: as above
-// Under the host emulator (tests/cuda_emu, which defines KILN_CUDA_EMU) the instructions and the
-// conversion are emulated lane by lane with these layouts.
+// Their fragments come from shared memory by ldmatrix (ldsm_x4 below). Under the host emulator
+// (tests/cuda_emu, which defines KILN_CUDA_EMU) the instructions and the conversion are emulated lane by
+// lane with these layouts.
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "kiln/backends/cuda/device.cuh"
@@ -131,15 +131,35 @@ template <class H> __device__ __forceinline__ void mma_h(float (&c)[4], const ui
 #endif
 }
 
-// Two H values as one register: x0 (the lower index) in the low 16 bits. From f32 values, rounded to
-// nearest even (pack_h), or two consecutive values in memory (ld_h2: p 4-byte aligned).
+// ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16: four 8 x 8 matrices of 16-bit values from shared
+// memory for one warp (every lane calls it). Lane 8i + r gives the address of row r of matrix i (8
+// values, 16 bytes, 16-byte aligned); register i of lane 4r + w receives values 2w (low 16 bits) and
+// 2w + 1 of row r of matrix i, or with kTrans of its transpose (rows 2w, 2w + 1 of column r). Row r of
+// a matrix at rows g and columns 2t.. of a fragment is thus A's layout above, and kTrans turns a
+// row-major [k][n] block into B's.
+template <bool kTrans> __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
+#if defined(KILN_CUDA_EMU)
+  ::emu::ldmatrix_x4<kTrans>(r, p);
+#elif defined(__CUDA_ARCH__)
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#else
+  (void)p;
+  r[0] = r[1] = r[2] = r[3] = 0;
+#endif
+}
+
+// Two f32 values as one register of H values, rounded to nearest even: x0 (the lower index) in the low
+// 16 bits.
 template <class H> __device__ __forceinline__ uint32_t pack_h(float x0, float x1) {
   return static_cast<uint32_t>(from_compute<H>(x0).bits) | (static_cast<uint32_t>(from_compute<H>(x1).bits) << 16);
-}
-__device__ __forceinline__ uint32_t ld_h2(const uint16_t* p) {
-  uint32_t r;
-  memcpy(&r, __builtin_assume_aligned(p, 4), 4);  // one 32-bit load (a plain uint32_t read would break aliasing rules)
-  return r;
 }
 
 }  // namespace kiln::cuda::mma
