@@ -43,8 +43,9 @@
 #             bench_cuda)
 #   lease7    the same for the half-precision attention backward (attn_bwd_dkdv_h, attn_bwd_dq_h; written after
 #             the sixth lease's first call, run in its second)
-#   lease8    the same for both half-precision kernels with ldmatrix fragment reads (written after the sixth
-#             lease): both bound tests under memcheck and racecheck
+#   lease8    the same for both half-precision kernels with ldmatrix fragment reads and for every tensor-core
+#             kernel's whole-tile scores (both written after the sixth lease): every Cuda attention case, the
+#             benchmarks, then both bound tests under memcheck and racecheck
 #   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
 #
 # KILN_GPU_TARGETS="t1 t2 ...": build only these targets (default: all), to save a short lease's minutes.

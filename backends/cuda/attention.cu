@@ -600,9 +600,10 @@ template <int N> __device__ __forceinline__ void zero(float (&c)[N][4]) {
 }
 
 // The block of the forward and the dQ pass: (b, h), its tile of kTcRows query rows from i0 (br of them
-// real), the keys [0, kend) some row of the tile sees, and [0, wend) some row of warp `r0 / 16` sees.
+// real), the keys [0, kend) some row of the tile sees, [0, wend) some row of warp `r0 / 16` sees and
+// [0, wall) every row of the warp sees.
 struct QueryTile {
-  int64_t bh, b, h, hk, i0, kend, wend;
+  int64_t bh, b, h, hk, i0, kend, wend, wall;
   int br;
   template <class T> __device__ QueryTile(const Params<T>& P, int64_t nqt, int r0) {
     const int64_t BH = P.nb * P.nh, unit = blockIdx.x;
@@ -612,6 +613,13 @@ struct QueryTile {
     br = static_cast<int>(P.tq - i0 < kTcRows ? P.tq - i0 : kTcRows);
     kend = P.causal ? (P.pos0 + i0 + br < P.sk ? P.pos0 + i0 + br : P.sk) : P.sk;
     wend = P.causal ? (P.pos0 + i0 + r0 + 16 < kend ? P.pos0 + i0 + r0 + 16 : kend) : kend;
+    wall = P.causal ? (P.pos0 + i0 + r0 + 1 < kend ? P.pos0 + i0 + r0 + 1 : kend) : kend;
+  }
+  // Whether the key tile [j0, j0 + BC) is whole for the warp: no key padding and no user mask, and every
+  // row of the warp sees every key of the tile (the rows past T of a last tile are computed and not
+  // stored). Its scores then skip the per-element masks, which would all say "visible, add 0".
+  template <class T> __device__ bool whole(const Params<T>& P, int64_t j0, int BC) const {
+    return !P.kp && P.mkind == 0 && j0 + BC <= wall;
   }
 };
 
@@ -632,8 +640,9 @@ template <int BC> __device__ __forceinline__ int stage_keys(const Params<float>&
 // The forward's online-softmax step on a warp's score fragments s (16 rows x BC keys from j0, this
 // lane's rows irow): scale, the causal and key masks and the user's mask, the new row maxima m, P =
 // exp(S − m) in place of s, the row sums l and O's accumulators acc rescaled. Shared by the f32 and the
-// half-precision kernels.
-template <class T, int NB, int NV>
+// half-precision kernels. kWhole (QueryTile::whole): no masks to apply; the same floats (a visible
+// score adds 0, as the masked form does).
+template <bool kWhole, class T, int NB, int NV>
 __device__ __forceinline__ void softmax_step(const Params<T>& P, int64_t b, int64_t h, const int64_t (&irow)[2], int64_t j0,
                                              const int* kval, int t, float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&acc)[NV][4]) {
   constexpr float ninf = -std::numeric_limits<float>::infinity();
@@ -643,8 +652,8 @@ __device__ __forceinline__ void softmax_step(const Params<T>& P, int64_t b, int6
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int c = 8 * n + 2 * t + (e & 1), rr = e >> 1;
-      bool vis = kval[c] != 0 && (!P.causal || j0 + c <= P.pos0 + irow[rr]);
-      const float madd = user_mask(P, b, h, irow[rr], j0 + c, vis);
+      bool vis = kWhole || (kval[c] != 0 && (!P.causal || j0 + c <= P.pos0 + irow[rr]));
+      const float madd = kWhole ? 0.f : user_mask(P, b, h, irow[rr], j0 + c, vis);
       s[n][e] = vis ? P.scale * s[n][e] + madd : ninf;
       mx[rr] = s[n][e] > mx[rr] ? s[n][e] : mx[rr];
     }
@@ -734,7 +743,10 @@ template <int BC, int NV, bool kExact> __global__ void __launch_bounds__(kThread
     zero(s);
     mma::warp_gemm<BC / 8, true, kExact, kExact>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);
 
-    softmax_step(P, b, h, irow, j0, kval, t, s, m, l, acc);
+    if (q.whole(P, j0, BC))
+      softmax_step<true>(P, b, h, irow, j0, kval, t, s, m, l, acc);
+    else
+      softmax_step<false>(P, b, h, irow, j0, kval, t, s, m, l, acc);
     store_frags(Pw, (BC + 4), s, g, t);
     __syncwarp();
     mma::warp_gemm<NV, false, false, kExact>(acc, Pw, (BC + 4), Vs, ldv, (bc + 7) & ~7, nv, g, t);  // O += P V (keys past bc are zero)
@@ -871,7 +883,10 @@ template <class H, int BC, int NV> __global__ void __launch_bounds__(kThreads)
     float s[BC / 8][4];
     zero(s);
     warp_gemm_h<H>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, lane);  // S = Q Kᵀ
-    softmax_step(P, b, h, irow, j0, kval, t, s, m, l, acc);
+    if (q.whole(P, j0, BC))
+      softmax_step<true>(P, b, h, irow, j0, kval, t, s, m, l, acc);
+    else
+      softmax_step<false>(P, b, h, irow, j0, kval, t, s, m, l, acc);
     warp_gemm_h_frags<H>(acc, s, Vs, ldv, bc, nv, lane);  // O += P V (P rounded to H; keys past bc have P = 0 and V = 0)
   }
 
@@ -890,6 +905,12 @@ struct KeyTile {
     j0 = unit / BHk * kTcRows;
     bkn = static_cast<int>(P.sk - j0 < kTcRows ? P.sk - j0 : kTcRows);
     i_first = P.causal ? (j0 - P.pos0 > 0 ? j0 - P.pos0 : 0) : 0;
+  }
+  // Whether the query tile from i0 is whole for warp `r0 / 16`'s 16 keys: no key padding and no user
+  // mask, the keys all real, and every query row of the tile sees every one of them (rows past T keep
+  // their "no visible key" from LSE). Its scores then skip the per-element masks (the same floats).
+  template <class T> __device__ bool whole(const Params<T>& P, int64_t i0, int r0) const {
+    return !P.kp && P.mkind == 0 && j0 + r0 + 16 <= P.sk && (!P.causal || j0 + r0 + 15 <= P.pos0 + i0);
   }
 };
 
@@ -917,10 +938,11 @@ template <class T> __device__ __forceinline__ void row_lse_d(const Params<T>& P,
 // The backward's scores for one warp of the dK/dV pass (its 16 keys krow of the tile from j0, the query
 // tile from i0 with LSE Ls and D Ds; s = Sᵀ, dp = dPᵀ as products left them): P in place of s, dS =
 // scale P ⊙ (dP − D) in place of dp, both 0 where a key is masked or a row sees no key. Shared by the
-// f32 and the half-precision kernels.
-template <class T, int NB> __device__ __forceinline__ void dkdv_scores(const Params<T>& P, int64_t b, int64_t h, int64_t i0, int64_t j0,
-                                                                       const int (&krow)[2], const int* kval, const float* Ls,
-                                                                       const float* Ds, int t, float (&s)[NB][4], float (&dp)[NB][4]) {
+// f32 and the half-precision kernels. kWhole (KeyTile::whole): no masks to apply (the same floats).
+template <bool kWhole, class T, int NB> __device__ __forceinline__ void dkdv_scores(const Params<T>& P, int64_t b, int64_t h, int64_t i0,
+                                                                                    int64_t j0, const int (&krow)[2], const int* kval,
+                                                                                    const float* Ls, const float* Ds, int t,
+                                                                                    float (&s)[NB][4], float (&dp)[NB][4]) {
   constexpr float ninf = -std::numeric_limits<float>::infinity();
 #pragma unroll
   for (int n = 0; n < NB; ++n) {
@@ -929,8 +951,8 @@ template <class T, int NB> __device__ __forceinline__ void dkdv_scores(const Par
       const int c = 8 * n + 2 * t + (e & 1), kr = krow[e >> 1];
       const int64_t i = i0 + c, j = j0 + kr;
       const float li = Ls[c];
-      bool vis = kval[kr] != 0 && li != ninf && (!P.causal || j <= P.pos0 + i);
-      const float madd = user_mask(P, b, h, i, j, vis);
+      bool vis = li != ninf && (kWhole || (kval[kr] != 0 && (!P.causal || j <= P.pos0 + i)));
+      const float madd = kWhole ? 0.f : user_mask(P, b, h, i, j, vis);
       const float p = vis ? dexp(P.scale * s[n][e] + madd - li) : 0.f;
       s[n][e] = p;
       dp[n][e] = vis ? P.scale * p * (dp[n][e] - Ds[c]) : 0.f;
@@ -939,8 +961,8 @@ template <class T, int NB> __device__ __forceinline__ void dkdv_scores(const Par
 }
 
 // The same for one warp of the dQ pass (this lane's query rows irow with LSE li and D di, the key tile
-// from j0; s = S, dp = dP): dS in place of dp.
-template <class T, int NB>
+// from j0; s = S, dp = dP): dS in place of dp. kWhole: QueryTile::whole.
+template <bool kWhole, class T, int NB>
 __device__ __forceinline__ void dq_scores(const Params<T>& P, int64_t b, int64_t h, const int64_t (&irow)[2], int64_t j0, const int* kval,
                                           const float (&li)[2], const float (&di)[2], int t, const float (&s)[NB][4], float (&dp)[NB][4]) {
   constexpr float ninf = -std::numeric_limits<float>::infinity();
@@ -949,8 +971,8 @@ __device__ __forceinline__ void dq_scores(const Params<T>& P, int64_t b, int64_t
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int c = 8 * n + 2 * t + (e & 1), rr = e >> 1;
-      bool vis = kval[c] != 0 && li[rr] != ninf && (!P.causal || j0 + c <= P.pos0 + irow[rr]);
-      const float madd = user_mask(P, b, h, irow[rr], j0 + c, vis);
+      bool vis = li[rr] != ninf && (kWhole || (kval[c] != 0 && (!P.causal || j0 + c <= P.pos0 + irow[rr])));
+      const float madd = kWhole ? 0.f : user_mask(P, b, h, irow[rr], j0 + c, vis);
       const float p = vis ? dexp(P.scale * s[n][e] + madd - li[rr]) : 0.f;
       dp[n][e] = vis ? P.scale * p * (dp[n][e] - di[rr]) : 0.f;
     }
@@ -1007,7 +1029,10 @@ template <int BC, int ND, int NV, bool kExact> __global__ void __launch_bounds__
       zero(dp);
       mma::warp_gemm<BC / 8, true, kExact, kExact>(s, Ks + r0 * ldk, ldk, Qs, ldq, d, BC / 8, g, t);    // Sᵀ = K Qᵀ
       mma::warp_gemm<BC / 8, true, kExact, kExact>(dp, Vs + r0 * ldv, ldv, Gs, ldg, dv, BC / 8, g, t);  // dPᵀ = V dOᵀ
-      dkdv_scores(P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
+      if (kt.whole(P, i0, r0))
+        dkdv_scores<true>(P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
+      else
+        dkdv_scores<false>(P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
       const int kq = (bq + 7) & ~7;  // query rows past bq are zero
       store_frags(Pw, (BC + 4), s, g, t);
       __syncwarp();
@@ -1081,7 +1106,10 @@ template <int BC, int ND, bool kExact> __global__ void __launch_bounds__(kThread
     zero(dp);
     mma::warp_gemm<BC / 8, true, kExact, kExact>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);    // S = Q Kᵀ
     mma::warp_gemm<BC / 8, true, kExact, kExact>(dp, Gs + r0 * ldg, ldg, Vs, ldv, dv, BC / 8, g, t);  // dP = dO Vᵀ
-    dq_scores(P, b, h, irow, j0, kval, li, di, t, s, dp);
+    if (q.whole(P, j0, BC))
+      dq_scores<true>(P, b, h, irow, j0, kval, li, di, t, s, dp);
+    else
+      dq_scores<false>(P, b, h, irow, j0, kval, li, di, t, s, dp);
     store_frags(Pw, (BC + 4), dp, g, t);
     __syncwarp();
     mma::warp_gemm<ND, false, false, kExact>(dqa, Pw, (BC + 4), Ks, ldk, (bc + 7) & ~7, nd, g, t);  // dQ += dS K (keys past bc are zero)
@@ -1198,7 +1226,10 @@ template <class H, int BC, int ND, int NV> __global__ void __launch_bounds__(kTh
       zero(dp);
       warp_gemm_h<H>(s, Ks + r0 * ldk, ldk, Qs, ldk, d, BC / 8, lane);    // Sᵀ = K Qᵀ
       warp_gemm_h<H>(dp, Vs + r0 * ldv, ldv, Gs, ldv, dv, BC / 8, lane);  // dPᵀ = V dOᵀ
-      dkdv_scores(P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
+      if (kt.whole(P, i0, r0))
+        dkdv_scores<true>(P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
+      else
+        dkdv_scores<false>(P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
       warp_gemm_h_frags<H>(dva, s, Gs, ldv, bq, dv / 8, lane);  // dV += Pᵀ dO (query rows past bq: P = 0, dO = 0)
       warp_gemm_h_frags<H>(dka, dp, Qs, ldk, bq, d / 8, lane);  // dK += dSᵀ Q
     }
@@ -1247,7 +1278,10 @@ template <class H, int BC, int ND> __global__ void __launch_bounds__(kThreads)
     zero(dp);
     warp_gemm_h<H>(s, Qs + r0 * ldq, ldq, Ks, ldq, d, BC / 8, lane);    // S = Q Kᵀ
     warp_gemm_h<H>(dp, Gs + r0 * ldg, ldg, Vs, ldg, dv, BC / 8, lane);  // dP = dO Vᵀ
-    dq_scores(P, b, h, irow, j0, kval, li, di, t, s, dp);
+    if (q.whole(P, j0, BC))
+      dq_scores<true>(P, b, h, irow, j0, kval, li, di, t, s, dp);
+    else
+      dq_scores<false>(P, b, h, irow, j0, kval, li, di, t, s, dp);
     warp_gemm_h_frags<H>(dqa, dp, Ks, ldq, bc, d / 8, lane);  // dQ += dS K (keys past bc: dS = 0, K = 0)
   }
   store_rows_h(dq + bh * P.tq * d, d, irow, P.tq, d, dqa, t);
