@@ -43,9 +43,10 @@
 #             bench_cuda)
 #   lease7    the same for the half-precision attention backward (attn_bwd_dkdv_h, attn_bwd_dq_h; written after
 #             the sixth lease's first call, run in its second)
-#   lease8    the same for both half-precision kernels with ldmatrix fragment reads and for every tensor-core
-#             kernel's whole-tile scores (both written after the sixth lease): every Cuda attention case, the
-#             benchmarks, then both bound tests under memcheck and racecheck
+#   lease8    the same for both half-precision kernels with ldmatrix fragment reads, every tensor-core kernel's
+#             whole-tile scores and the half forward at 128 query rows per block (all written after the sixth
+#             lease): every Cuda attention case, the benchmarks, bench_cuda attention and the bf16 GPT step
+#             again at KILN_CUDA_ATTENTION_ROWS=128, then both bound tests under memcheck and racecheck
 #   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
 #
 # KILN_GPU_TARGETS="t1 t2 ...": build only these targets (default: all), to save a short lease's minutes.
@@ -187,6 +188,12 @@ half_attention_checks() {
   build-gpu/tests/test_attention "*Cuda*" || rc=1
   echo "--- test_attention Cuda: $((SECONDS - t0)) s"
   attention_benchmarks bf16,f32 || rc=1
+  if [ "${2:-}" = rows128 ]; then  # the half forward at 128 query rows per block against the default 64 above
+    KILN_CUDA_ATTENTION_ROWS=128 build-gpu/bench/bench_cuda attention || rc=1
+    KILN_CUDA_ATTENTION_ROWS=128 PYTHONUNBUFFERED=1 "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln --only gpt \
+      --precisions bf16 --steps 12 || rc=1
+    echo "--- 128 query rows: $((SECONDS - t0)) s"
+  fi
   KILN_CUDA_NO_CACHE=1 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/test_attention "$half" || rc=1
   echo "--- memcheck: $((SECONDS - t0)) s"
   timeout 150 compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_attention "$half" || rc=1
@@ -197,7 +204,9 @@ half_attention_checks() {
 phase_lease5() { half_attention_checks "attention: bf16 and f16 equal the f32 path*"; }
 phase_lease6() { half_attention_checks "attention: the bf16/f16 forward is within its bound*"; }
 phase_lease7() { half_attention_checks "attention: the bf16/f16 backward is within its bound*"; }
-phase_lease8() { half_attention_checks "attention: the bf16/f16 forward is within its bound*,attention: the bf16/f16 backward is within its bound*"; }
+phase_lease8() {
+  half_attention_checks "attention: the bf16/f16 forward is within its bound*,attention: the bf16/f16 backward is within its bound*" rows128
+}
 
 phase_lease5b() {
   local d rc=0 p

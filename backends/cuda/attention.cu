@@ -599,20 +599,20 @@ template <int N> __device__ __forceinline__ void zero(float (&c)[N][4]) {
   for (int n = 0; n < N; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0;
 }
 
-// The block of the forward and the dQ pass: (b, h), its tile of kTcRows query rows from i0 (br of them
-// real), the keys [0, kend) some row of the tile sees, [0, wend) some row of warp `r0 / 16` sees and
-// [0, wall) every row of the warp sees.
+// The block of the forward and the dQ pass: (b, h), its tile of `rows` query rows from i0 (br of them
+// real), the keys [0, kend) some row of the tile sees, and of the warp's `wrows` rows from r0: the keys
+// [0, wend) some row sees and [0, wall) every row sees.
 struct QueryTile {
   int64_t bh, b, h, hk, i0, kend, wend, wall;
   int br;
-  template <class T> __device__ QueryTile(const Params<T>& P, int64_t nqt, int r0) {
+  template <class T> __device__ QueryTile(const Params<T>& P, int64_t nqt, int r0, int rows = kTcRows, int wrows = 16) {
     const int64_t BH = P.nb * P.nh, unit = blockIdx.x;
     bh = unit % BH;
     b = bh / P.nh, h = bh % P.nh, hk = h / P.rep;
-    i0 = (nqt - 1 - unit / BH) * kTcRows;
-    br = static_cast<int>(P.tq - i0 < kTcRows ? P.tq - i0 : kTcRows);
+    i0 = (nqt - 1 - unit / BH) * rows;
+    br = static_cast<int>(P.tq - i0 < rows ? P.tq - i0 : rows);
     kend = P.causal ? (P.pos0 + i0 + br < P.sk ? P.pos0 + i0 + br : P.sk) : P.sk;
-    wend = P.causal ? (P.pos0 + i0 + r0 + 16 < kend ? P.pos0 + i0 + r0 + 16 : kend) : kend;
+    wend = P.causal ? (P.pos0 + i0 + r0 + wrows < kend ? P.pos0 + i0 + r0 + wrows : kend) : kend;
     wall = P.causal ? (P.pos0 + i0 + r0 + 1 < kend ? P.pos0 + i0 + r0 + 1 : kend) : kend;
   }
   // Whether the key tile [j0, j0 + BC) is whole for the warp: no key padding and no user mask, and every
@@ -760,15 +760,15 @@ template <int BC, int NV, bool kExact> __global__ void __launch_bounds__(kThread
 // bf16/f16 q, k, v on the tensor cores in their own precision (cuda::set_attention_half_products):
 // S = Q·Kᵀ and O += P·V as m16n8k16 products of H values with f32 accumulation (mma::mma_h), the softmax
 // in f32 (softmax_step), P rounded to H for its product, as FlashAttention-2 does; O rounded once to H,
-// LSE f32. Tiles in shared memory as H bits, row-major: Q [kTcRows, d + 8], K [BC, d + 8], V [BC,
+// LSE f32. Tiles in shared memory as H bits, row-major: Q [64·MT, d + 8], K [BC, d + 8], V [BC,
 // dv + 8] (fragments by ldmatrix, V's transposing). d a multiple of 16, dv of 8, both at most
 // kTcMaxHead. Grid and blocks as attn_fwd_tc's.
 struct HSmem {
   int k, v, kval;
   size_t bytes;
 };
-__host__ __device__ constexpr HSmem h_fwd_smem(int bc, int d, int dv) {
-  const int k = kTcRows * (d + 8), v = k + bc * (d + 8), kval = v + bc * (dv + 8);  // in H values (each 16-byte aligned)
+__host__ __device__ constexpr HSmem h_fwd_smem(int bc, int d, int dv, int rows) {
+  const int k = rows * (d + 8), v = k + bc * (d + 8), kval = v + bc * (dv + 8);  // in H values (each 16-byte aligned)
   return {k, v, kval, static_cast<size_t>(kval) * 2 + static_cast<size_t>(bc) * sizeof(int)};
 }
 bool h_fits(int64_t d, int64_t dv) { return d % 16 == 0 && dv % 8 == 0 && d > 0 && dv > 0 && d <= kTcMaxHead && dv <= kTcMaxHead; }
@@ -796,81 +796,116 @@ __device__ __forceinline__ void load_h_rows(bool v8, uint16_t* dst, int ld, int 
 // a multiple of 8 values (16-byte rows) and, 8 more than the width, puts the 8 rows of a matrix on
 // distinct banks. Each operand is staged once, row-major, whichever side of a product it is on.
 
-// c[n] += A Xᵀ[:, 8n : 8n + 8] for n < nt (<= NT) on H values in shared memory: A is a warp's 16 rows
-// (from A, leading dimension lda) of K columns, X's rows are B's columns (B(k, n) = X[n ldx + k]: Kᵀ,
-// Vᵀ, Qᵀ, dOᵀ of row-major K, V, Q, dO); K a multiple of 16. One warp, every lane: A's four 8 x 8
-// matrices by one ldmatrix, B's for two column blocks by another (the second block's lanes repeat the
-// first's rows where n + 1 = nt, so no read passes X's rows).
-template <class H, int NT> __device__ __forceinline__ void warp_gemm_h(float (&c)[NT][4], const uint16_t* A, int lda, const uint16_t* X,
-                                                                       int ldx, int K, int nt, int lane) {
+// c[m][n] += A Xᵀ[:, 8n : 8n + 8] for n < nt (<= NT), m < MT, on H values in shared memory: A is a
+// warp's 16·MT rows (from A, leading dimension lda; row block m in c[m]) of K columns, X's rows are B's
+// columns (B(k, n) = X[n ldx + k]: Kᵀ, Vᵀ, Qᵀ, dOᵀ of row-major K, V, Q, dO); K a multiple of 16. One
+// warp, every lane: each row block's four 8 x 8 matrices by one ldmatrix, B's for two column blocks by
+// another, used by every row block (the second column block's lanes repeat the first's rows where
+// n + 1 = nt, so no read passes X's rows).
+template <class H, int MT, int NT> __device__ __forceinline__ void warp_gemm_h(float (*c)[NT][4], const uint16_t* A, int lda,
+                                                                               const uint16_t* X, int ldx, int K, int nt, int lane) {
   static_assert(NT % 2 == 0);
   const uint16_t* const ap = A + (lane % 16) * lda + 8 * (lane / 16);      // matrices: rows 0-7, 8-15 of columns 0-7, then of 8-15
   const uint16_t* const xp = X + (lane % 8) * ldx + 8 * ((lane / 8) % 2);  // matrices: B rows k 0-7, 8-15 of column block n, n + 1
   const bool upper = lane >= 16;
   for (int k0 = 0; k0 < K; k0 += 16) {
-    uint32_t a[4];
-    mma::ldsm_x4<false>(a, ap + k0);
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) mma::ldsm_x4<false>(a[m], ap + 16 * m * lda + k0);
 #pragma unroll
     for (int n = 0; n < NT; n += 2) {
       if (n < nt) {
         uint32_t b[4];
         mma::ldsm_x4<false>(b, xp + (8 * n + (upper && n + 1 < nt ? 8 : 0)) * ldx + k0);
-        mma::mma_h<H>(c[n], a, {b[0], b[1]});
-        if (n + 1 < nt) mma::mma_h<H>(c[n + 1], a, {b[2], b[3]});
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          mma::mma_h<H>(c[m][n], a[m], {b[0], b[1]});
+          if (n + 1 < nt) mma::mma_h<H>(c[m][n + 1], a[m], {b[2], b[3]});
+        }
       }
     }
   }
 }
+// One row block (MT = 1).
+template <class H, int NT> __device__ __forceinline__ void warp_gemm_h(float (&c)[NT][4], const uint16_t* A, int lda, const uint16_t* X,
+                                                                       int ldx, int K, int nt, int lane) {
+  warp_gemm_h<H, 1, NT>(&c, A, lda, X, ldx, K, nt, lane);
+}
 
-// c[n] += F X[:, 8n : 8n + 8] for n < nt, F the warp's 16 x 8NF score fragments f (P or dS, f32, as a
-// product left them) rounded to H as the A operand where they stand (fragments 2kk, 2kk + 1 are A's
-// 16 columns kk: no shared-memory round trip), over F's first K columns (K <= 8NF; X's rows past K must
-// be zero, or F's columns). X is row-major [k][n] (V, dO, Q, K, each a product's right side over its
-// rows): B's fragments by a transposing ldmatrix, two column blocks at a time as warp_gemm_h's.
-template <class H, int NF, int NT> __device__ __forceinline__ void warp_gemm_h_frags(float (&c)[NT][4], const float (&f)[NF][4],
-                                                                                     const uint16_t* X, int ldx, int K, int nt, int lane) {
+// c[m][n] += F_m X[:, 8n : 8n + 8] for n < nt, m < MT, F_m row block m's 16 x 8NF score fragments f[m]
+// (P or dS, f32, as a product left them) rounded to H as the A operand where they stand (fragments 2kk,
+// 2kk + 1 are A's 16 columns kk: no shared-memory round trip), over F's first K columns (K <= 8NF; X's
+// rows past K must be zero, or F's columns). X is row-major [k][n] (V, dO, Q, K, each a product's
+// right side over its rows): B's fragments by a transposing ldmatrix, two column blocks at a time as
+// warp_gemm_h's, used by every row block.
+template <class H, int MT, int NF, int NT> __device__ __forceinline__ void warp_gemm_h_frags(float (*c)[NT][4], const float (*f)[NF][4],
+                                                                                             const uint16_t* X, int ldx, int K, int nt,
+                                                                                             int lane) {
   static_assert(NF % 2 == 0 && NT % 2 == 0);
   const uint16_t* const xp = X + (lane % 16) * ldx;  // matrices: rows k 0-7, 8-15 of column block n, then of n + 1
   const bool upper = lane >= 16;
 #pragma unroll
   for (int kk = 0; kk < NF / 2; ++kk) {
     if (16 * kk >= K) break;
-    const uint32_t a[4] = {mma::pack_h<H>(f[2 * kk][0], f[2 * kk][1]), mma::pack_h<H>(f[2 * kk][2], f[2 * kk][3]),
-                           mma::pack_h<H>(f[2 * kk + 1][0], f[2 * kk + 1][1]), mma::pack_h<H>(f[2 * kk + 1][2], f[2 * kk + 1][3])};
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      a[m][0] = mma::pack_h<H>(f[m][2 * kk][0], f[m][2 * kk][1]);
+      a[m][1] = mma::pack_h<H>(f[m][2 * kk][2], f[m][2 * kk][3]);
+      a[m][2] = mma::pack_h<H>(f[m][2 * kk + 1][0], f[m][2 * kk + 1][1]);
+      a[m][3] = mma::pack_h<H>(f[m][2 * kk + 1][2], f[m][2 * kk + 1][3]);
+    }
 #pragma unroll
     for (int n = 0; n < NT; n += 2) {
       if (n < nt) {
         uint32_t b[4];
         mma::ldsm_x4<true>(b, xp + 16 * kk * ldx + 8 * n + (upper && n + 1 < nt ? 8 : 0));
-        mma::mma_h<H>(c[n], a, {b[0], b[1]});
-        if (n + 1 < nt) mma::mma_h<H>(c[n + 1], a, {b[2], b[3]});
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          mma::mma_h<H>(c[m][n], a[m], {b[0], b[1]});
+          if (n + 1 < nt) mma::mma_h<H>(c[m][n + 1], a[m], {b[2], b[3]});
+        }
       }
     }
   }
 }
+// One row block (MT = 1).
+template <class H, int NF, int NT> __device__ __forceinline__ void warp_gemm_h_frags(float (&c)[NT][4], const float (&f)[NF][4],
+                                                                                     const uint16_t* X, int ldx, int K, int nt, int lane) {
+  warp_gemm_h_frags<H, 1, NF, NT>(&c, &f, X, ldx, K, nt, lane);
+}
 
-template <class H, int BC, int NV> __global__ void __launch_bounds__(kThreads)
+// MT = the row blocks of 16 per warp: a block takes 64·MT query rows, and each fragment of K and V read
+// from shared memory serves MT row blocks (FlashAttention-2's forward takes 128 rows, MT = 2).
+template <class H, int BC, int NV, int MT> __global__ void __launch_bounds__(kThreads)
     attn_fwd_h(const Params<H> P, H* __restrict__ o, float* __restrict__ lse, int64_t nqt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* const sm = reinterpret_cast<uint16_t*>(smem_raw);
   constexpr float ninf = -std::numeric_limits<float>::infinity();
+  constexpr int kRowsB = kTcRows * MT, kRowsW = 16 * MT;  // query rows per block, per warp
   const int d = P.d, dv = P.dv, ldq = d + 8, ldk = d + 8, ldv = dv + 8, nv = dv / 8;
-  const HSmem L = h_fwd_smem(BC, d, dv);
+  const HSmem L = h_fwd_smem(BC, d, dv, kRowsB);
   uint16_t* const Qs = sm;
   uint16_t* const Ks = sm + L.k;
   uint16_t* const Vs = sm + L.v;
   int* const kval = reinterpret_cast<int*>(sm + L.kval);
 
-  const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
-  const QueryTile q(P, nqt, r0);
+  const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * kRowsW, lane = tid % kWarp, g = lane / 4, t = lane % 4;
+  const QueryTile q(P, nqt, r0, kRowsB, kRowsW);
   const int64_t bh = q.bh, b = q.b, h = q.h;
-  const int64_t irow[2] = {q.i0 + r0 + g, q.i0 + r0 + g + 8};  // this lane's query rows (>= T: a last tile's padding)
-  const bool v8 = P.v4 && dv % 8 == 0;                         // (d is a multiple of 16)
-  load_h_rows(v8, Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
+  int64_t irow[MT][2];  // this lane's query rows in row block m (>= T: a last tile's padding)
+#pragma unroll
+  for (int m = 0; m < MT; ++m) irow[m][0] = q.i0 + r0 + 16 * m + g, irow[m][1] = irow[m][0] + 8;
+  const bool v8 = P.v4 && dv % 8 == 0;  // (d is a multiple of 16)
+  load_h_rows(v8, Qs, ldq, kRowsB, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
 
-  float m[2] = {ninf, ninf}, l[2] = {0, 0};
-  float acc[NV][4];
-  zero(acc);
+  float mx[MT][2], l[MT][2];
+  float acc[MT][NV][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    mx[m][0] = mx[m][1] = ninf, l[m][0] = l[m][1] = 0;
+    zero(acc[m]);
+  }
   for (int64_t j0 = 0; j0 < q.kend; j0 += BC) {
     const int bc = static_cast<int>(q.kend - j0 < BC ? q.kend - j0 : BC);
     __syncthreads();  // the previous tile's reads of Ks, Vs are done
@@ -880,17 +915,23 @@ template <class H, int BC, int NV> __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (j0 >= q.wend) continue;  // (warp-uniform) no row of this warp sees these keys
 
-    float s[BC / 8][4];
-    zero(s);
-    warp_gemm_h<H>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, lane);  // S = Q Kᵀ
-    if (q.whole(P, j0, BC))
-      softmax_step<true>(P, b, h, irow, j0, kval, t, s, m, l, acc);
-    else
-      softmax_step<false>(P, b, h, irow, j0, kval, t, s, m, l, acc);
-    warp_gemm_h_frags<H>(acc, s, Vs, ldv, bc, nv, lane);  // O += P V (P rounded to H; keys past bc have P = 0 and V = 0)
+    float s[MT][BC / 8][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) zero(s[m]);
+    warp_gemm_h<H, MT>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, lane);  // S = Q Kᵀ
+    const bool whole = q.whole(P, j0, BC);                                // (for every row of the warp)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      if (whole)
+        softmax_step<true>(P, b, h, irow[m], j0, kval, t, s[m], mx[m], l[m], acc[m]);
+      else
+        softmax_step<false>(P, b, h, irow[m], j0, kval, t, s[m], mx[m], l[m], acc[m]);
+    }
+    warp_gemm_h_frags<H, MT>(acc, s, Vs, ldv, bc, nv, lane);  // O += P V (P rounded to H; keys past bc have P = 0 and V = 0)
   }
 
-  finish_rows(P, bh, irow, t, acc, m, l, o, lse);
+#pragma unroll
+  for (int m = 0; m < MT; ++m) finish_rows(P, bh, irow[m], t, acc[m], mx[m], l[m], o, lse);
 }
 
 // The block of a dK/dV pass: unit = key tile · B·Hkv + (b·Hkv + hk) (low key tiles, which more causal
@@ -1411,6 +1452,20 @@ int tc_cols(bool backward, const Shapes& s) {
   return (backward ? s.H > s.Hkv && s.d <= 64 && s.dv <= 64 : s.d <= 64) ? 64 : 32;
 }
 
+// The half forward's query rows per block (cuda::set_attention_query_rows, else KILN_CUDA_ATTENTION_ROWS
+// read once, else 64).
+int h_fwd_rows() {
+  static const int env = [] {
+    const char* e = std::getenv("KILN_CUDA_ATTENTION_ROWS");
+    if (!e || !*e) return 0;
+    const std::string_view v(e);
+    KILN_CHECK(v == "64" || v == "128", "attention: KILN_CUDA_ATTENTION_ROWS must be 64 or 128, got '{}'", v);
+    return v == "64" ? 64 : 128;
+  }();
+  const int set = cuda::attention_query_rows();
+  return set ? set : env ? env : kTcRows;
+}
+
 // Whether a tensor-core kernel takes a case: head dims it handles (fits: tc_fits for the f32 kernels,
 // h_fits for the half-precision forward), not switched off, and its shared memory within the device's
 // per-block limit (GPUs with less than an H100's, e.g. 99 KiB, run the FMA kernels at d = 128).
@@ -1614,20 +1669,25 @@ template <class H> bool forward_half(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V 
   const char* op = "attention_forward";
   Shapes s{};
   const Params<H> P = make_params<H>(op, s, q, k, v, kp, mask, scale, causal, pos0);
-  const int cols = tc_cols(false, s);
-  if (!cuda::attention_half_products() || !use_tc(h_fits(s.d, s.dv), h_fwd_smem(cols, P.d, P.dv).bytes)) return false;
+  const int cols = tc_cols(false, s), rows = h_fwd_rows();
+  if (!cuda::attention_half_products() || !use_tc(h_fits(s.d, s.dv), h_fwd_smem(cols, P.d, P.dv, rows).bytes)) return false;
   const std::string shapes = s.str(q, k, v);
   check_output(op, "o", o, dtype_of<H>, {s.B, s.H, s.T, s.dv}, shapes);
   check_output(op, "lse", lse, DType::f32, {s.B, s.H, s.T}, shapes);
   if (s.B * s.H * s.T == 0) return true;
-  const int64_t nqt = ceil_div(s.T, kTcRows);
+  const int64_t nqt = ceil_div(s.T, rows);
   const unsigned grid = grid_of(op, nqt * s.B * s.H, shapes);
   H* const op_ = o.storage.as<H>() + o.layout.offset;
   float* const lp = lse.storage.as<float>() + lse.layout.offset;
   with_cols(cols, [&](auto bc) {
-    const size_t smem = h_fwd_smem(bc, P.d, P.dv).bytes;
-    with_pieces(s.dv,
-                [&](auto nv) { launch(op, attn_fwd_h<H, decltype(bc)::value, decltype(nv)::value>, grid, smem, shapes, P, op_, lp, nqt); });
+    const size_t smem = h_fwd_smem(bc, P.d, P.dv, rows).bytes;
+    with_pieces(s.dv, [&](auto nv) {
+      constexpr int BC = decltype(bc)::value, NV = decltype(nv)::value;
+      if (rows == 2 * kTcRows)
+        launch(op, attn_fwd_h<H, BC, NV, 2>, grid, smem, shapes, P, op_, lp, nqt);
+      else
+        launch(op, attn_fwd_h<H, BC, NV, 1>, grid, smem, shapes, P, op_, lp, nqt);
+    });
   });
   return true;
 }

@@ -68,6 +68,7 @@ thread_local int t_device = 0;
 std::atomic<bool> g_tf32{false};
 std::atomic<bool> g_attention_tc{true};
 std::atomic<bool> g_attention_half{true};
+std::atomic<int> g_attention_rows{0};
 
 // One device's state, created on first use and never destroyed: storage freed during static
 // destruction still finds its allocator, and the driver reclaims everything at exit.
@@ -238,6 +239,12 @@ void set_attention_tensor_cores(bool on) { g_attention_tc = on; }
 bool attention_tensor_cores() { return g_attention_tc; }
 void set_attention_half_products(bool on) { g_attention_half = on; }
 bool attention_half_products() { return g_attention_half; }
+void set_attention_query_rows(int rows) {
+  KILN_CHECK(rows == 0 || rows == 64 || rows == 128, "cuda::set_attention_query_rows: rows must be 64, 128 or 0 (the default), got {}",
+             rows);
+  g_attention_rows = rows;
+}
+int attention_query_rows() { return g_attention_rows; }
 
 }  // namespace kiln::cuda
 

@@ -281,6 +281,29 @@ template <Backend B, class F> void exact_half_path(F&& f) {
   f();
 }
 
+// Runs f with Cuda's half forward at 128 query rows per block (cuda::set_attention_query_rows), restoring
+// the default after; on other backends, not at all.
+template <Backend B, class F> void at_128_query_rows(F&& f) {
+#if defined(KILN_HAVE_CUDA_BACKEND)
+  if constexpr (std::is_same_v<B, Cuda>) {
+    struct Restore {
+      ~Restore() { cuda::set_attention_query_rows(0); }
+    } restore;
+    cuda::set_attention_query_rows(128);
+    f();
+  }
+#endif
+}
+
+// a and b hold the same values (NaN where the other has NaN; −0 and +0 alike).
+void same_values(const std::vector<double>& a, const std::vector<double>& b, const char* what) {
+  REQUIRE(a.size() == b.size());
+  int64_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) bad += !(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])));
+  INFO(what);
+  CHECK(bad == 0);
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("attention: fused forward and backward match the decomposed oracle (f64)", "[attention]", KILN_BACKEND_TYPES) {
@@ -449,8 +472,19 @@ TEMPLATE_TEST_CASE("attention: the bf16/f16 forward is within its bound of the f
       const std::vector<double> want = kt::host(o64);
       compare(kt::host(o), want, half_forward_tol(c, in, dt, want), "O");
       compare(kt::host(lse), kt::host(lse64), {0.0, bound(c, DType::f32, max_score(in, c), 1.0).atol * 8}, "LSE");
+      at_128_query_rows<TestType>([&] {  // Cuda: every row's arithmetic as at 64 rows per block
+        auto [o128, lse128] = fused::attention_forward(in.q, in.k, in.v, 0.2, c.causal, c.pos0, in.kp, in.mask);
+        same_values(kt::host(o128), kt::host(o), "O at 128 query rows per block");
+        same_values(kt::host(lse128), kt::host(lse), "LSE at 128 query rows per block");
+      });
     }
   }
+#if defined(KILN_HAVE_CUDA_BACKEND)
+  if constexpr (std::is_same_v<TestType, Cuda>) {
+    REQUIRE_THROWS_WITH(cuda::set_attention_query_rows(96), Catch::Contains("rows must be 64, 128 or 0"));
+    REQUIRE(cuda::attention_query_rows() == 0);
+  }
+#endif
 }
 
 // The bf16/f16 backward against the f64 oracle given the kernel's own O and LSE (so that D and P are
