@@ -1192,16 +1192,16 @@ struct HBwdSmem {
   int a0, a1, b0, b1, l, dd, kval;
   size_t bytes;
 };
-__host__ __device__ constexpr HBwdSmem h_bwd_smem(bool dkdv, int bc, int d, int dv) {
+__host__ __device__ constexpr HBwdSmem h_bwd_smem(bool dkdv, int bc, int d, int dv, int rows = kTcRows) {
   HBwdSmem s{};
   s.a0 = 0;
-  s.a1 = s.a0 + kTcRows * (d + 8);
-  s.b0 = s.a1 + kTcRows * (dv + 8);
+  s.a1 = s.a0 + rows * (d + 8);
+  s.b0 = s.a1 + rows * (dv + 8);
   s.b1 = s.b0 + bc * (d + 8);
   s.l = s.b1 + bc * (dv + 8);
   s.dd = s.l + (dkdv ? 2 * bc : 0);
   s.kval = s.dd + (dkdv ? 2 * bc : 0);
-  s.bytes = static_cast<size_t>(s.kval) * 2 + static_cast<size_t>(dkdv ? kTcRows : bc) * sizeof(int);
+  s.bytes = static_cast<size_t>(s.kval) * 2 + static_cast<size_t>(dkdv ? rows : bc) * sizeof(int);
   return s;
 }
 
@@ -1281,30 +1281,38 @@ template <class H, int BC, int ND, int NV> __global__ void __launch_bounds__(kTh
   store_rows_h(dvo + kv * dv, dv, jrow, P.sk, dv, dva, t);
 }
 
-template <class H, int BC, int ND> __global__ void __launch_bounds__(kThreads)
+// MT: row blocks of 16 per warp, as attn_fwd_h's (64·MT query rows per block; each fragment of K and V
+// read from shared memory serves MT row blocks).
+template <class H, int BC, int ND, int MT> __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_h(const Params<H> P, const float* __restrict__ lse, const float* __restrict__ D, H* __restrict__ dq, int64_t nqt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* const sm = reinterpret_cast<uint16_t*>(smem_raw);
+  constexpr int kRowsB = kTcRows * MT, kRowsW = 16 * MT;  // query rows per block, per warp
   const int d = P.d, dv = P.dv, ldq = d + 8, ldg = dv + 8;
-  const HBwdSmem L = h_bwd_smem(false, BC, d, dv);
+  const HBwdSmem L = h_bwd_smem(false, BC, d, dv, kRowsB);
   uint16_t* const Qs = sm + L.a0;
   uint16_t* const Gs = sm + L.a1;
   uint16_t* const Ks = sm + L.b0;
   uint16_t* const Vs = sm + L.b1;
   int* const kval = reinterpret_cast<int*>(sm + L.kval);
 
-  const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * 16, lane = tid % kWarp, g = lane / 4, t = lane % 4;
-  const QueryTile q(P, nqt, r0);
+  const int tid = static_cast<int>(threadIdx.x), r0 = (tid / kWarp) * kRowsW, lane = tid % kWarp, g = lane / 4, t = lane % 4;
+  const QueryTile q(P, nqt, r0, kRowsB, kRowsW);
   const int64_t bh = q.bh, b = q.b, h = q.h;
-  const int64_t irow[2] = {q.i0 + r0 + g, q.i0 + r0 + g + 8};
-  float li[2], di[2];
-  row_lse_d(P, lse + bh * P.tq, D + bh * P.tq, irow, li, di);
+  int64_t irow[MT][2];
+  float li[MT][2], di[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    irow[m][0] = q.i0 + r0 + 16 * m + g, irow[m][1] = irow[m][0] + 8;
+    row_lse_d(P, lse + bh * P.tq, D + bh * P.tq, irow[m], li[m], di[m]);
+  }
   const bool v8 = P.v4;  // (d, dv multiples of 16)
-  load_h_rows(v8, Qs, ldq, kTcRows, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
-  load_h_rows(v8, Gs, ldg, kTcRows, P.g.row(b, h, 0), P.g.st, q.i0, q.br, dv);
+  load_h_rows(v8, Qs, ldq, kRowsB, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
+  load_h_rows(v8, Gs, ldg, kRowsB, P.g.row(b, h, 0), P.g.st, q.i0, q.br, dv);
 
-  float dqa[ND][4];
-  zero(dqa);
+  float dqa[MT][ND][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) zero(dqa[m]);
   for (int64_t j0 = 0; j0 < q.kend; j0 += BC) {
     const int bc = static_cast<int>(q.kend - j0 < BC ? q.kend - j0 : BC);
     __syncthreads();  // the previous tile's reads of Ks, Vs are done
@@ -1314,18 +1322,23 @@ template <class H, int BC, int ND> __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (j0 >= q.wend) continue;  // (warp-uniform) no row of this warp sees these keys
 
-    float s[BC / 8][4], dp[BC / 8][4];
-    zero(s);
-    zero(dp);
-    warp_gemm_h<H>(s, Qs + r0 * ldq, ldq, Ks, ldq, d, BC / 8, lane);    // S = Q Kᵀ
-    warp_gemm_h<H>(dp, Gs + r0 * ldg, ldg, Vs, ldg, dv, BC / 8, lane);  // dP = dO Vᵀ
-    if (q.whole(P, j0, BC))
-      dq_scores<true>(P, b, h, irow, j0, kval, li, di, t, s, dp);
-    else
-      dq_scores<false>(P, b, h, irow, j0, kval, li, di, t, s, dp);
-    warp_gemm_h_frags<H>(dqa, dp, Ks, ldq, bc, d / 8, lane);  // dQ += dS K (keys past bc: dS = 0, K = 0)
+    float s[MT][BC / 8][4], dp[MT][BC / 8][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) zero(s[m]), zero(dp[m]);
+    warp_gemm_h<H, MT>(s, Qs + r0 * ldq, ldq, Ks, ldq, d, BC / 8, lane);    // S = Q Kᵀ
+    warp_gemm_h<H, MT>(dp, Gs + r0 * ldg, ldg, Vs, ldg, dv, BC / 8, lane);  // dP = dO Vᵀ
+    const bool whole = q.whole(P, j0, BC);                                  // (for every row of the warp)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      if (whole)
+        dq_scores<true>(P, b, h, irow[m], j0, kval, li[m], di[m], t, s[m], dp[m]);
+      else
+        dq_scores<false>(P, b, h, irow[m], j0, kval, li[m], di[m], t, s[m], dp[m]);
+    }
+    warp_gemm_h_frags<H, MT>(dqa, dp, Ks, ldq, bc, d / 8, lane);  // dQ += dS K (keys past bc: dS = 0, K = 0)
   }
-  store_rows_h(dq + bh * P.tq * d, d, irow, P.tq, d, dqa, t);
+#pragma unroll
+  for (int m = 0; m < MT; ++m) store_rows_h(dq + bh * P.tq * d, d, irow[m], P.tq, d, dqa[m], t);
 }
 
 // ------------------------------------------------------------------------------------------ host side
@@ -1452,9 +1465,11 @@ int tc_cols(bool backward, const Shapes& s) {
   return (backward ? s.H > s.Hkv && s.d <= 64 && s.dv <= 64 : s.d <= 64) ? 64 : 32;
 }
 
-// The half forward's query rows per block (cuda::set_attention_query_rows, else KILN_CUDA_ATTENTION_ROWS
-// read once, else 64).
-int h_fwd_rows() {
+// The half forward's and dQ pass's query rows per block: cuda::set_attention_query_rows, else
+// KILN_CUDA_ATTENTION_ROWS (read once), else 64; 128 only where d and dv are at most 64 (the kernels'
+// accumulators for two row blocks of wider heads would not fit in registers: ptxas spills them at
+// sm_90), so MT = 2 is compiled for NV, ND = 8 only.
+int h_query_rows(const Shapes& s) {
   static const int env = [] {
     const char* e = std::getenv("KILN_CUDA_ATTENTION_ROWS");
     if (!e || !*e) return 0;
@@ -1462,8 +1477,17 @@ int h_fwd_rows() {
     KILN_CHECK(v == "64" || v == "128", "attention: KILN_CUDA_ATTENTION_ROWS must be 64 or 128, got '{}'", v);
     return v == "64" ? 64 : 128;
   }();
-  const int set = cuda::attention_query_rows();
-  return set ? set : env ? env : kTcRows;
+  const int set = cuda::attention_query_rows(), want = set ? set : env ? env : kTcRows;
+  return want == 2 * kTcRows && s.d <= 64 && s.dv <= 64 ? want : kTcRows;
+}
+
+// Launches attn_fwd_h or attn_bwd_dq_h (kernel<MT>) for `rows` query rows per block.
+template <int N, class K1, class K2, class... Args>
+void launch_rows(const char* op, int rows, K1 one, K2 two, unsigned grid, size_t smem, const std::string& shapes, Args&&... args) {
+  if constexpr (N == 8) {
+    if (rows == 2 * kTcRows) return launch(op, two, grid, smem, shapes, std::forward<Args>(args)...);
+  }
+  launch(op, one, grid, smem, shapes, std::forward<Args>(args)...);
 }
 
 // Whether a tensor-core kernel takes a case: head dims it handles (fits: tc_fits for the f32 kernels,
@@ -1669,7 +1693,7 @@ template <class H> bool forward_half(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V 
   const char* op = "attention_forward";
   Shapes s{};
   const Params<H> P = make_params<H>(op, s, q, k, v, kp, mask, scale, causal, pos0);
-  const int cols = tc_cols(false, s), rows = h_fwd_rows();
+  const int cols = tc_cols(false, s), rows = h_query_rows(s);
   if (!cuda::attention_half_products() || !use_tc(h_fits(s.d, s.dv), h_fwd_smem(cols, P.d, P.dv, rows).bytes)) return false;
   const std::string shapes = s.str(q, k, v);
   check_output(op, "o", o, dtype_of<H>, {s.B, s.H, s.T, s.dv}, shapes);
@@ -1683,10 +1707,7 @@ template <class H> bool forward_half(Cuda::M o, Cuda::M lse, Cuda::V q, Cuda::V 
     const size_t smem = h_fwd_smem(bc, P.d, P.dv, rows).bytes;
     with_pieces(s.dv, [&](auto nv) {
       constexpr int BC = decltype(bc)::value, NV = decltype(nv)::value;
-      if (rows == 2 * kTcRows)
-        launch(op, attn_fwd_h<H, BC, NV, 2>, grid, smem, shapes, P, op_, lp, nqt);
-      else
-        launch(op, attn_fwd_h<H, BC, NV, 1>, grid, smem, shapes, P, op_, lp, nqt);
+      launch_rows<NV>(op, rows, attn_fwd_h<H, BC, NV, 1>, attn_fwd_h < H, BC, NV, NV == 8 ? 2 : 1 >, grid, smem, shapes, P, op_, lp, nqt);
     });
   });
   return true;
@@ -1700,9 +1721,9 @@ template <class H> bool backward_half(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::
   const char* op = "attention_backward";
   Shapes s{};
   Params<H> P = make_params<H>(op, s, q, k, v, kp, mask, scale, causal, pos0);
-  const int cols = tc_cols(true, s);
+  const int cols = tc_cols(true, s), rows = h_query_rows(s);
   if (!cuda::attention_half_products() ||
-      !use_tc(h_bwd_fits(s.d, s.dv), std::max(h_bwd_smem(true, cols, P.d, P.dv).bytes, h_bwd_smem(false, cols, P.d, P.dv).bytes)))
+      !use_tc(h_bwd_fits(s.d, s.dv), std::max(h_bwd_smem(true, cols, P.d, P.dv).bytes, h_bwd_smem(false, cols, P.d, P.dv, rows).bytes)))
     return false;
   const std::string shapes = s.str(q, k, v);
   const BwdCommon<H> c = backward_common<H>(op, P, s, shapes, dq, dk, dv, o, lse, dout);  // D = rowsum(dO ⊙ O) in f32
@@ -1711,16 +1732,18 @@ template <class H> bool backward_half(Cuda::M dq, Cuda::M dk, Cuda::M dv, Cuda::
   H *const dqp = out_ptr<H>(dq), *const dkp = out_ptr<H>(dk), *const dvp = out_ptr<H>(dv);
 
   const unsigned grid_kv = grid_of(op, ceil_div(s.S, kTcRows) * s.B * s.Hkv, shapes);
-  const int64_t nqt = ceil_div(s.T, kTcRows);
+  const int64_t nqt = ceil_div(s.T, rows);
   const unsigned grid_q = grid_of(op, nqt * s.B * s.H, shapes);
   with_cols(cols, [&](auto bc) {
     constexpr int kBc = decltype(bc)::value;
     with_pieces(s.d, [&](auto nd) {
+      constexpr int ND = decltype(nd)::value;
       with_pieces(s.dv, [&](auto nv) {
-        launch(op, attn_bwd_dkdv_h<H, kBc, decltype(nd)::value, decltype(nv)::value>, grid_kv, h_bwd_smem(true, kBc, P.d, P.dv).bytes,
-               shapes, P, lp, Dp, dkp, dvp);
+        launch(op, attn_bwd_dkdv_h<H, kBc, ND, decltype(nv)::value>, grid_kv, h_bwd_smem(true, kBc, P.d, P.dv).bytes, shapes, P, lp, Dp,
+               dkp, dvp);
       });
-      launch(op, attn_bwd_dq_h<H, kBc, decltype(nd)::value>, grid_q, h_bwd_smem(false, kBc, P.d, P.dv).bytes, shapes, P, lp, Dp, dqp, nqt);
+      launch_rows<ND>(op, rows, attn_bwd_dq_h<H, kBc, ND, 1>, attn_bwd_dq_h < H, kBc, ND, ND == 8 ? 2 : 1 >, grid_q,
+                      h_bwd_smem(false, kBc, P.d, P.dv, rows).bytes, shapes, P, lp, Dp, dqp, nqt);
     });
   });
   return true;

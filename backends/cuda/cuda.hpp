@@ -58,10 +58,11 @@ bool attention_tensor_cores();
 void set_attention_half_products(bool on);
 bool attention_half_products();
 
-// Query rows per thread block of the bf16/f16 attention forward's own kernel (the half products
-// above): 64 (four warps of 16 rows; the default) or 128 (four warps of 32 rows, so each fragment of K
-// and V read from shared memory serves two row blocks, as FlashAttention-2's forward does); 0 restores
-// the default, any other value is a kiln::Error. KILN_CUDA_ATTENTION_ROWS=64|128 sets it for a process.
+// Query rows per thread block of the bf16/f16 attention forward's and dQ pass's own kernels (the half
+// products above): 64 (four warps of 16 rows; the default) or 128 (four warps of 32 rows, so each
+// fragment of K and V read from shared memory serves two row blocks, as FlashAttention-2's forward
+// does), taken where d and dv are at most 64 (wider heads keep 64); 0 restores the default, any other
+// value is a kiln::Error. KILN_CUDA_ATTENTION_ROWS=64|128 sets it for a process.
 // The same results either way (every row's arithmetic is the same); for comparisons, until a GPU has
 // measured which is faster where.
 void set_attention_query_rows(int rows);

@@ -281,8 +281,8 @@ template <Backend B, class F> void exact_half_path(F&& f) {
   f();
 }
 
-// Runs f with Cuda's half forward at 128 query rows per block (cuda::set_attention_query_rows), restoring
-// the default after; on other backends, not at all.
+// Runs f with Cuda's half forward and dQ pass at 128 query rows per block (cuda::set_attention_query_rows),
+// restoring the default after; on other backends, not at all.
 template <Backend B, class F> void at_128_query_rows(F&& f) {
 #if defined(KILN_HAVE_CUDA_BACKEND)
   if constexpr (std::is_same_v<B, Cuda>) {
@@ -546,6 +546,12 @@ TEMPLATE_TEST_CASE("attention: the bf16/f16 backward is within its bound of the 
       compare(kt::host(dq), want_q, tol(want_q, tiny * static_cast<double>(c.S) * max_abs(kt::host(k))), "dq",
               scaled(kt::host(pk), u * scale * C));
       compare(kt::host(dk), want_k, tol(want_k, tiny * rep_t * max_abs(kt::host(q))), "dk", scaled(pq, u * scale * C));
+      at_128_query_rows<TestType>([&] {  // Cuda: the dQ pass's rows as at 64 query rows per block (dK, dV's pass is the same)
+        auto [dq128, dk128, dv128] = fused::attention_backward(in.q, in.k, in.v, o, lse, in.dout, scale, c.causal, c.pos0, in.kp, in.mask);
+        same_values(kt::host(dq128), kt::host(dq), "dq at 128 query rows per block");
+        same_values(kt::host(dk128), kt::host(dk), "dk at 128 query rows per block");
+        same_values(kt::host(dv128), kt::host(dv), "dv at 128 query rows per block");
+      });
     }
   }
 }
