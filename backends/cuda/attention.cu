@@ -1447,6 +1447,16 @@ template <class F> void with_nc(int64_t width, F&& f) {
   }
 }
 
+// The environment variable `name` (read once by the caller): 0 where unset or empty, else a or b (any
+// other value is a kiln::Error).
+int env_either(const char* name, int a, int b) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return 0;
+  const std::string_view v(e);
+  KILN_CHECK(v == std::to_string(a) || v == std::to_string(b), "attention: {} must be {} or {}, got '{}'", name, a, b, v);
+  return v == std::to_string(a) ? a : b;
+}
+
 // The tensor-core kernels' columns per step (keys per tile forward and dQ, query rows per tile dK/dV),
 // 32 or 64, chosen from an H100's timings (bench/RESULTS.md, "Tensor-core flash attention"): 32 columns
 // halve the shared memory per block, so more blocks fit an SM; 64 reuse each loaded Q row (forward) or
@@ -1454,13 +1464,7 @@ template <class F> void with_nc(int64_t width, F&& f) {
 // backward: 32, but 64 for GQA up to d = dv = 64. KILN_CUDA_ATTENTION_COLS=32|64 (read once; any other
 // value is an error) overrides it, for the benchmarks.
 int tc_cols(bool backward, const Shapes& s) {
-  static const int forced = [] {
-    const char* e = std::getenv("KILN_CUDA_ATTENTION_COLS");
-    if (!e || !*e) return 0;
-    const std::string_view v(e);
-    KILN_CHECK(v == "32" || v == "64", "attention: KILN_CUDA_ATTENTION_COLS must be 32 or 64, got '{}'", v);
-    return v == "32" ? 32 : 64;
-  }();
+  static const int forced = env_either("KILN_CUDA_ATTENTION_COLS", 32, 64);
   if (forced) return forced;
   return (backward ? s.H > s.Hkv && s.d <= 64 && s.dv <= 64 : s.d <= 64) ? 64 : 32;
 }
@@ -1470,13 +1474,7 @@ int tc_cols(bool backward, const Shapes& s) {
 // accumulators for two row blocks of wider heads would not fit in registers: ptxas spills them at
 // sm_90), so MT = 2 is compiled for NV, ND = 8 only.
 int h_query_rows(const Shapes& s) {
-  static const int env = [] {
-    const char* e = std::getenv("KILN_CUDA_ATTENTION_ROWS");
-    if (!e || !*e) return 0;
-    const std::string_view v(e);
-    KILN_CHECK(v == "64" || v == "128", "attention: KILN_CUDA_ATTENTION_ROWS must be 64 or 128, got '{}'", v);
-    return v == "64" ? 64 : 128;
-  }();
+  static const int env = env_either("KILN_CUDA_ATTENTION_ROWS", 64, 128);
   const int set = cuda::attention_query_rows(), want = set ? set : env ? env : kTcRows;
   return want == 2 * kTcRows && s.d <= 64 && s.dv <= 64 ? want : kTcRows;
 }
