@@ -283,7 +283,7 @@ template <Backend B, class F> void exact_half_path(F&& f) {
 
 // Runs f with Cuda's half forward and dQ pass at 128 query rows per block (cuda::set_attention_query_rows),
 // restoring the default after; on other backends, not at all.
-template <Backend B, class F> void at_128_query_rows(F&& f) {
+template <Backend B, class F> void at_128_query_rows([[maybe_unused]] F&& f) {
 #if defined(KILN_HAVE_CUDA_BACKEND)
   if constexpr (std::is_same_v<B, Cuda>) {
     struct Restore {
