@@ -643,8 +643,9 @@ template <int BC> __device__ __forceinline__ int stage_keys(const Params<float>&
 // half-precision kernels. kWhole (QueryTile::whole): no masks to apply; the same floats (a visible
 // score adds 0, as the masked form does).
 template <bool kWhole, class T, int NB, int NV>
-__device__ __forceinline__ void softmax_step(const Params<T>& P, int64_t b, int64_t h, const int64_t (&irow)[2], int64_t j0,
-                                             const int* kval, int t, float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&acc)[NV][4]) {
+__device__ __forceinline__ void softmax_step_as(const Params<T>& P, int64_t b, int64_t h, const int64_t (&irow)[2], int64_t j0,
+                                                const int* kval, int t, float (&s)[NB][4], float (&m)[2], float (&l)[2],
+                                                float (&acc)[NV][4]) {
   constexpr float ninf = -std::numeric_limits<float>::infinity();
   float mx[2] = {ninf, ninf};
 #pragma unroll
@@ -684,6 +685,16 @@ __device__ __forceinline__ void softmax_step(const Params<T>& P, int64_t b, int6
     acc[n][0] *= alpha[0], acc[n][1] *= alpha[0];
     acc[n][2] *= alpha[1], acc[n][3] *= alpha[1];
   }
+}
+
+// The step above for a warp-uniform `whole` (QueryTile::whole): its masked or its unmasked form.
+template <class T, int NB, int NV>
+__device__ __forceinline__ void softmax_step(bool whole, const Params<T>& P, int64_t b, int64_t h, const int64_t (&irow)[2], int64_t j0,
+                                             const int* kval, int t, float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&acc)[NV][4]) {
+  if (whole)
+    softmax_step_as<true>(P, b, h, irow, j0, kval, t, s, m, l, acc);
+  else
+    softmax_step_as<false>(P, b, h, irow, j0, kval, t, s, m, l, acc);
 }
 
 // The forward's last step for this lane's rows: O = acc / l stored as O's type (rounded once for
@@ -743,10 +754,7 @@ template <int BC, int NV, bool kExact> __global__ void __launch_bounds__(kThread
     zero(s);
     mma::warp_gemm<BC / 8, true, kExact, kExact>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);
 
-    if (q.whole(P, j0, BC))
-      softmax_step<true>(P, b, h, irow, j0, kval, t, s, m, l, acc);
-    else
-      softmax_step<false>(P, b, h, irow, j0, kval, t, s, m, l, acc);
+    softmax_step(q.whole(P, j0, BC), P, b, h, irow, j0, kval, t, s, m, l, acc);
     store_frags(Pw, (BC + 4), s, g, t);
     __syncwarp();
     mma::warp_gemm<NV, false, false, kExact>(acc, Pw, (BC + 4), Vs, ldv, (bc + 7) & ~7, nv, g, t);  // O += P V (keys past bc are zero)
@@ -782,7 +790,7 @@ __device__ __forceinline__ void load_h_rows(bool v8, uint16_t* dst, int ld, int 
     for (int e = static_cast<int>(threadIdx.x); e < R * vpr; e += kThreads) {
       const int r = e / vpr, c = 8 * (e - r * vpr);
       const uint4 v = r < n ? *reinterpret_cast<const uint4*>(src + (t0 + r) * st + c) : make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(dst + r * ld + c) = v;  // one 16-byte store (ld, c multiples of 8; read back by memcpy only)
+      *reinterpret_cast<uint4*>(dst + r * ld + c) = v;  // one 16-byte store (ld, c multiples of 8)
     }
     return;
   }
@@ -921,12 +929,7 @@ template <class H, int BC, int NV, int MT> __global__ void __launch_bounds__(kTh
     warp_gemm_h<H, MT>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, lane);  // S = Q Kᵀ
     const bool whole = q.whole(P, j0, BC);                                // (for every row of the warp)
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      if (whole)
-        softmax_step<true>(P, b, h, irow[m], j0, kval, t, s[m], mx[m], l[m], acc[m]);
-      else
-        softmax_step<false>(P, b, h, irow[m], j0, kval, t, s[m], mx[m], l[m], acc[m]);
-    }
+    for (int m = 0; m < MT; ++m) softmax_step(whole, P, b, h, irow[m], j0, kval, t, s[m], mx[m], l[m], acc[m]);
     warp_gemm_h_frags<H, MT>(acc, s, Vs, ldv, bc, nv, lane);  // O += P V (P rounded to H; keys past bc have P = 0 and V = 0)
   }
 
@@ -980,10 +983,10 @@ template <class T> __device__ __forceinline__ void row_lse_d(const Params<T>& P,
 // tile from i0 with LSE Ls and D Ds; s = Sᵀ, dp = dPᵀ as products left them): P in place of s, dS =
 // scale P ⊙ (dP − D) in place of dp, both 0 where a key is masked or a row sees no key. Shared by the
 // f32 and the half-precision kernels. kWhole (KeyTile::whole): no masks to apply (the same floats).
-template <bool kWhole, class T, int NB> __device__ __forceinline__ void dkdv_scores(const Params<T>& P, int64_t b, int64_t h, int64_t i0,
-                                                                                    int64_t j0, const int (&krow)[2], const int* kval,
-                                                                                    const float* Ls, const float* Ds, int t,
-                                                                                    float (&s)[NB][4], float (&dp)[NB][4]) {
+template <bool kWhole, class T, int NB> __device__ __forceinline__ void dkdv_scores_as(const Params<T>& P, int64_t b, int64_t h, int64_t i0,
+                                                                                       int64_t j0, const int (&krow)[2], const int* kval,
+                                                                                       const float* Ls, const float* Ds, int t,
+                                                                                       float (&s)[NB][4], float (&dp)[NB][4]) {
   constexpr float ninf = -std::numeric_limits<float>::infinity();
 #pragma unroll
   for (int n = 0; n < NB; ++n) {
@@ -1003,9 +1006,10 @@ template <bool kWhole, class T, int NB> __device__ __forceinline__ void dkdv_sco
 
 // The same for one warp of the dQ pass (this lane's query rows irow with LSE li and D di, the key tile
 // from j0; s = S, dp = dP): dS in place of dp. kWhole: QueryTile::whole.
-template <bool kWhole, class T, int NB>
-__device__ __forceinline__ void dq_scores(const Params<T>& P, int64_t b, int64_t h, const int64_t (&irow)[2], int64_t j0, const int* kval,
-                                          const float (&li)[2], const float (&di)[2], int t, const float (&s)[NB][4], float (&dp)[NB][4]) {
+template <bool kWhole, class T, int NB> __device__ __forceinline__ void dq_scores_as(const Params<T>& P, int64_t b, int64_t h,
+                                                                                     const int64_t (&irow)[2], int64_t j0, const int* kval,
+                                                                                     const float (&li)[2], const float (&di)[2], int t,
+                                                                                     const float (&s)[NB][4], float (&dp)[NB][4]) {
   constexpr float ninf = -std::numeric_limits<float>::infinity();
 #pragma unroll
   for (int n = 0; n < NB; ++n) {
@@ -1018,6 +1022,26 @@ __device__ __forceinline__ void dq_scores(const Params<T>& P, int64_t b, int64_t
       dp[n][e] = vis ? P.scale * p * (dp[n][e] - di[rr]) : 0.f;
     }
   }
+}
+
+// The two above for a warp-uniform `whole` (KeyTile::whole, QueryTile::whole): each its masked or its
+// unmasked form.
+template <class T, int NB> __device__ __forceinline__ void dkdv_scores(bool whole, const Params<T>& P, int64_t b, int64_t h, int64_t i0,
+                                                                       int64_t j0, const int (&krow)[2], const int* kval, const float* Ls,
+                                                                       const float* Ds, int t, float (&s)[NB][4], float (&dp)[NB][4]) {
+  if (whole)
+    dkdv_scores_as<true>(P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
+  else
+    dkdv_scores_as<false>(P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
+}
+template <class T, int NB> __device__ __forceinline__ void dq_scores(bool whole, const Params<T>& P, int64_t b, int64_t h,
+                                                                     const int64_t (&irow)[2], int64_t j0, const int* kval,
+                                                                     const float (&li)[2], const float (&di)[2], int t,
+                                                                     const float (&s)[NB][4], float (&dp)[NB][4]) {
+  if (whole)
+    dq_scores_as<true>(P, b, h, irow, j0, kval, li, di, t, s, dp);
+  else
+    dq_scores_as<false>(P, b, h, irow, j0, kval, li, di, t, s, dp);
 }
 
 // dK and dV. Grid as attn_bwd_dkdv's with kTcRows-key tiles; warp w owns keys j0 + 16w ..; per query
@@ -1070,10 +1094,7 @@ template <int BC, int ND, int NV, bool kExact> __global__ void __launch_bounds__
       zero(dp);
       mma::warp_gemm<BC / 8, true, kExact, kExact>(s, Ks + r0 * ldk, ldk, Qs, ldq, d, BC / 8, g, t);    // Sᵀ = K Qᵀ
       mma::warp_gemm<BC / 8, true, kExact, kExact>(dp, Vs + r0 * ldv, ldv, Gs, ldg, dv, BC / 8, g, t);  // dPᵀ = V dOᵀ
-      if (kt.whole(P, i0, r0))
-        dkdv_scores<true>(P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
-      else
-        dkdv_scores<false>(P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
+      dkdv_scores(kt.whole(P, i0, r0), P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
       const int kq = (bq + 7) & ~7;  // query rows past bq are zero
       store_frags(Pw, (BC + 4), s, g, t);
       __syncwarp();
@@ -1147,10 +1168,7 @@ template <int BC, int ND, bool kExact> __global__ void __launch_bounds__(kThread
     zero(dp);
     mma::warp_gemm<BC / 8, true, kExact, kExact>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, g, t);    // S = Q Kᵀ
     mma::warp_gemm<BC / 8, true, kExact, kExact>(dp, Gs + r0 * ldg, ldg, Vs, ldv, dv, BC / 8, g, t);  // dP = dO Vᵀ
-    if (q.whole(P, j0, BC))
-      dq_scores<true>(P, b, h, irow, j0, kval, li, di, t, s, dp);
-    else
-      dq_scores<false>(P, b, h, irow, j0, kval, li, di, t, s, dp);
+    dq_scores(q.whole(P, j0, BC), P, b, h, irow, j0, kval, li, di, t, s, dp);
     store_frags(Pw, (BC + 4), dp, g, t);
     __syncwarp();
     mma::warp_gemm<ND, false, false, kExact>(dqa, Pw, (BC + 4), Ks, ldk, (bc + 7) & ~7, nd, g, t);  // dQ += dS K (keys past bc are zero)
@@ -1267,10 +1285,7 @@ template <class H, int BC, int ND, int NV> __global__ void __launch_bounds__(kTh
       zero(dp);
       warp_gemm_h<H>(s, Ks + r0 * ldk, ldk, Qs, ldk, d, BC / 8, lane);    // Sᵀ = K Qᵀ
       warp_gemm_h<H>(dp, Vs + r0 * ldv, ldv, Gs, ldv, dv, BC / 8, lane);  // dPᵀ = V dOᵀ
-      if (kt.whole(P, i0, r0))
-        dkdv_scores<true>(P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
-      else
-        dkdv_scores<false>(P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
+      dkdv_scores(kt.whole(P, i0, r0), P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
       warp_gemm_h_frags<H>(dva, s, Gs, ldv, bq, dv / 8, lane);  // dV += Pᵀ dO (query rows past bq: P = 0, dO = 0)
       warp_gemm_h_frags<H>(dka, dp, Qs, ldk, bq, d / 8, lane);  // dK += dSᵀ Q
     }
@@ -1329,12 +1344,7 @@ template <class H, int BC, int ND, int MT> __global__ void __launch_bounds__(kTh
     warp_gemm_h<H, MT>(dp, Gs + r0 * ldg, ldg, Vs, ldg, dv, BC / 8, lane);  // dP = dO Vᵀ
     const bool whole = q.whole(P, j0, BC);                                  // (for every row of the warp)
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      if (whole)
-        dq_scores<true>(P, b, h, irow[m], j0, kval, li[m], di[m], t, s[m], dp[m]);
-      else
-        dq_scores<false>(P, b, h, irow[m], j0, kval, li[m], di[m], t, s[m], dp[m]);
-    }
+    for (int m = 0; m < MT; ++m) dq_scores(whole, P, b, h, irow[m], j0, kval, li[m], di[m], t, s[m], dp[m]);
     warp_gemm_h_frags<H, MT>(dqa, dp, Ks, ldq, bc, d / 8, lane);  // dQ += dS K (keys past bc: dS = 0, K = 0)
   }
 #pragma unroll
