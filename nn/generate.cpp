@@ -127,9 +127,12 @@ template <Backend B, class Step, class Make> Generation run(const std::vector<st
   for (const std::string& st : o.stop_strings) KILN_CHECK(!st.empty(), "generate: a stop string is empty");
   for (size_t s = 0; s < prompts.size(); ++s) {
     KILN_CHECK(!prompts[s].empty(), "generate: prompt {} is empty (a causal LM needs at least one token, e.g. BOS)", s);
-    const int64_t total = static_cast<int64_t>(prompts[s].size()) + o.max_new_tokens;
-    KILN_CHECK(limit == 0 || total <= limit, "generate: prompt {} ({} tokens) + {} new tokens exceed the {} positions of {}", s,
-               prompts[s].size(), o.max_new_tokens, limit, what);
+    // the last new token is never read back
+    const int64_t total = static_cast<int64_t>(prompts[s].size()) + std::max<int64_t>(o.max_new_tokens - 1, 0);
+    KILN_CHECK(limit == 0 || total <= limit,
+               "generate: prompt {} ({} tokens) + {} new tokens need {} positions (the last new token is not read back), more than "
+               "the {} positions of {}",
+               s, prompts[s].size(), o.max_new_tokens, total, limit, what);
   }
   NoGrad no_grad;
   Generation g;
@@ -165,7 +168,7 @@ template <Backend B, class Step, class Make> Generation run(const std::vector<st
       ids.insert(ids.end(), row.context.begin(), row.context.end());
       g.stats.prefill_tokens += static_cast<int64_t>(row.context.size());
     }
-    const int64_t capacity = L + o.max_new_tokens;
+    const int64_t capacity = L + std::max<int64_t>(o.max_new_tokens - 1, 0);  // positions read: the last new token is not
     auto caches = make();
     std::vector<int64_t> pads;
     for (const Row& row : rows) pads.push_back(row.pad);

@@ -107,9 +107,11 @@ class StopText {
 // `context`: the ids so far (prompt and generated), for the repetition penalty.
 void process_logits(std::vector<float>& logits, const std::vector<int64_t>& context, const GenerateOptions& o);
 
+// The model reads the prompt and every new token but the last, so prompt + max_new_tokens - 1 positions
+// must fit its learned positions (GPT-2's n_positions; as transformers' generate), or for kiln's GPT
+// its max_seq_len (the KV caches' capacity).
 template <Backend B>
 KILN_API Generation generate(const hf::CausalLM<B>& model, const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o);
-// kiln's GPT: prompt + max_new_tokens must fit max_seq_len (its KV caches' capacity).
 template <Backend B>
 KILN_API Generation generate(const GPT<B>& model, const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o);
 

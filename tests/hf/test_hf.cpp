@@ -338,6 +338,21 @@ TEST_CASE("generate: a stop string ends its row (ids up to the token completing 
   CHECK(error_of([&] { nn::generate(*model, prompts, o); }).find("detokenizer") != std::string::npos);
 }
 
+// The last new token is never read back, so GPT-2's n_positions bounds prompt + new tokens - 1, as in
+// transformers' generate (which runs a 64-position model to prompt 4 + 61 new tokens).
+TEST_CASE("generate: learned positions bound the tokens read, not the last new one", "[hf]") {
+  const auto model = hf::load_causal_lm<Cpu>(kFixtures + "gpt2");
+  REQUIRE(model->max_positions() == 64);
+  const std::vector<std::vector<int64_t>> prompt = {{5, 17, 3, 9}};
+  const nn::Generation full = nn::generate(*model, prompt, {.max_new_tokens = 61});
+  REQUIRE(full.ids[0].size() == 61);
+  const nn::Generation part = nn::generate(*model, prompt, {.max_new_tokens = 20});
+  CHECK(std::equal(part.ids[0].begin(), part.ids[0].end(), full.ids[0].begin()));  // greedy: the same first 20
+  const std::string e = error_of([&] { nn::generate(*model, prompt, {.max_new_tokens = 62}); });
+  CHECK(e.find("65 positions") != std::string::npos);
+  CHECK(e.find("n_positions") != std::string::npos);
+}
+
 TEST_CASE("generate: stop strings on a byte-level BPE's text, inside a character split over tokens", "[hf]") {
   const text::Tokenizer tok = text::Tokenizer::load(std::string(KILN_SOURCE_DIR) + "/tests/text/fixtures/gpt2");
   const std::string text = "Hello w\xc3\xb6rld \xf0\x9f\x8e\x89, stop here: the end";  // "Hello wörld 🎉, stop here: the end"
@@ -612,7 +627,8 @@ TEST_CASE("cli: kiln generate takes a kiln checkpoint too, and says which it fou
   const auto g = nn::generate(*model, {{104, 101}}, {.max_new_tokens = 5});
   CHECK(last_line(out) == fmt::format("{}", fmt::join(g.ids[0], ",")));
   // Past max_seq_len: an error naming it.
-  CHECK(error_of([&] { nn::generate(*model, {{104, 101}}, {.max_new_tokens = 40}); }).find("max_seq_len") != std::string::npos);
+  CHECK(error_of([&] { nn::generate(*model, {{104, 101}}, {.max_new_tokens = 32}); }).find("max_seq_len") != std::string::npos);
+  CHECK(nn::generate(*model, {{104, 101}}, {.max_new_tokens = 31}).ids[0].size() == 31);  // 32 positions read
   const std::string text = run(fmt::format("{} generate {} --prompt hello --max-new-tokens 8 2>/dev/null", KILN_CLI, d));
   CHECK(text.rfind("status 0\nhello", 0) == 0);
   fs::remove_all(dir);
