@@ -65,7 +65,9 @@ const std::string& Tokenizer::path() const { return impl_->path; }
 // tokens back (the context that decoders which strip or join across tokens need: SentencePiece drops
 // the space of a window's first piece, and of the next one when the first is not a piece), and give
 // out what the window adds beyond the text already given out, unless it ends in an unfinished
-// character (decode shows those bytes as U+FFFD).
+// character (decode shows those bytes as U+FFFD) or in a byte-fallback piece: a run of those decodes
+// as a whole, to one U+FFFD per byte where its bytes are not valid UTF-8 together, so the next piece
+// may still turn a character that the run's bytes make so far ("<0x2A>": "*") into U+FFFD.
 constexpr size_t kContext = 4;  // ids of context before the new ones
 
 namespace {
@@ -93,7 +95,8 @@ std::string TextStream::push(std::span<const int32_t> ids) {
   const std::string before = tok_.decode(all.subspan(prefix_, read_ - prefix_), skip_special_);
   const std::string now = tok_.decode(all.subspan(prefix_), skip_special_);
   static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
-  const bool unfinished = now.size() >= 3 && std::string_view(now).substr(now.size() - 3) == kReplacement;
+  const bool unfinished =
+      (now.size() >= 3 && std::string_view(now).substr(now.size() - 3) == kReplacement) || (!ids_.empty() && byte_piece(tok_, ids_.back()));
   if (now.size() <= before.size() || unfinished) return {};
   read_ = ids_.size();
   prefix_ = read_ > kContext ? read_ - kContext : 0;

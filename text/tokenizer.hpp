@@ -71,7 +71,8 @@ class Tokenizer {
 
 // Streaming decode for generation: push the ids as they come, get the text they complete. The pieces
 // concatenate to decode(all ids) (decoders that strip or join across tokens included) and never end in
-// the middle of a multi-byte UTF-8 character: bytes of an unfinished character wait for the next ids.
+// the middle of a multi-byte UTF-8 character: bytes of an unfinished character wait for the next ids,
+// and so does a run of byte-fallback pieces ("<0xA3>"), which decode turns into text only as a whole.
 class TextStream {
  public:
   explicit TextStream(Tokenizer tokenizer, bool skip_special_tokens = false);
