@@ -783,12 +783,18 @@ bool h_fits(int64_t d, int64_t dv) { return d % 16 == 0 && dv % 8 == 0 && d > 0 
 
 // Rows [t0, t0 + n) of one (b, h) of a bf16/f16 operand into [R, ld] shared H bits (rows >= n zero), 8
 // values (16 bytes) at a time where v8 (rows 16-byte aligned, width a multiple of 8). All threads.
-template <class H>
+// kAsync: those 16-byte pieces of rows < n as cp.async copies (device.cuh), in place once the issuing
+// threads waited for them and a barrier followed; every other store is made at once.
+template <bool kAsync = false, class H>
 __device__ __forceinline__ void load_h_rows(bool v8, uint16_t* dst, int ld, int R, const H* src, int64_t st, int64_t t0, int n, int width) {
   if (v8) {
     const int vpr = width / 8;
     for (int e = static_cast<int>(threadIdx.x); e < R * vpr; e += kThreads) {
       const int r = e / vpr, c = 8 * (e - r * vpr);
+      if (kAsync && r < n) {
+        cp_async16(dst + r * ld + c, src + (t0 + r) * st + c);
+        continue;
+      }
       const uint4 v = r < n ? *reinterpret_cast<const uint4*>(src + (t0 + r) * st + c) : make_uint4(0, 0, 0, 0);
       *reinterpret_cast<uint4*>(dst + r * ld + c) = v;  // one 16-byte store (ld, c multiples of 8)
     }
@@ -905,7 +911,15 @@ template <class H, int BC, int NV, int MT> __global__ void __launch_bounds__(kTh
 #pragma unroll
   for (int m = 0; m < MT; ++m) irow[m][0] = q.i0 + r0 + 16 * m + g, irow[m][1] = irow[m][0] + 8;
   const bool v8 = P.v4 && dv % 8 == 0;  // (d is a multiple of 16)
-  load_h_rows(v8, Qs, ldq, kRowsB, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
+  const auto kv_tile = [&](int64_t j0) { return static_cast<int>(q.kend - j0 < BC ? q.kend - j0 : BC); };
+  // The loads run ahead of the products (FlashAttention-2's order): a key tile's V arrives during its
+  // S = Q Kᵀ, the next tile's K during this one's P V (asynchronous copies where v8).
+  load_h_rows<true>(v8, Qs, ldq, kRowsB, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
+  if (q.kend > 0) {
+    load_h_rows<true>(v8, Ks, ldk, BC, P.k.row(b, q.hk, 0), P.k.st, 0, kv_tile(0), d);
+    load_kval(kval, BC, P.kp ? P.kp + b * P.sk : nullptr, 0, kv_tile(0));
+  }
+  cp_async_commit();
 
   float mx[MT][2], l[MT][2];
   float acc[MT][NV][4];
@@ -915,23 +929,34 @@ template <class H, int BC, int NV, int MT> __global__ void __launch_bounds__(kTh
     zero(acc[m]);
   }
   for (int64_t j0 = 0; j0 < q.kend; j0 += BC) {
-    const int bc = static_cast<int>(q.kend - j0 < BC ? q.kend - j0 : BC);
-    __syncthreads();  // the previous tile's reads of Ks, Vs are done
-    load_h_rows(v8, Ks, ldk, BC, P.k.row(b, q.hk, 0), P.k.st, j0, bc, d);
-    load_h_rows(v8, Vs, ldv, BC, P.v.row(b, q.hk, 0), P.v.st, j0, bc, dv);
-    load_kval(kval, BC, P.kp ? P.kp + b * P.sk : nullptr, j0, bc);
-    __syncthreads();
-    if (j0 >= q.wend) continue;  // (warp-uniform) no row of this warp sees these keys
+    const int bc = kv_tile(j0);
+    const bool sees = j0 < q.wend;                                                // (warp-uniform) some row of this warp sees these keys
+    load_h_rows<true>(v8, Vs, ldv, BC, P.v.row(b, q.hk, 0), P.v.st, j0, bc, dv);  // (every read of Vs passed the last barrier)
+    cp_async_commit();
+    cp_async_wait<1>();  // this thread's copies of Q and K are in (V may not be)
+    __syncthreads();     // ... and everyone's
 
     float s[MT][BC / 8][4];
+    if (sees) {
 #pragma unroll
-    for (int m = 0; m < MT; ++m) zero(s[m]);
-    warp_gemm_h<H, MT>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, lane);  // S = Q Kᵀ
-    const bool whole = q.whole(P, j0, BC);                                // (for every row of the warp)
+      for (int m = 0; m < MT; ++m) zero(s[m]);
+      warp_gemm_h<H, MT>(s, Qs + r0 * ldq, ldq, Ks, ldk, d, BC / 8, lane);  // S = Q Kᵀ
+      const bool whole = q.whole(P, j0, BC);                                // (for every row of the warp)
 #pragma unroll
-    for (int m = 0; m < MT; ++m) softmax_step(whole, P, b, h, irow[m], j0, kval, t, s[m], mx[m], l[m], acc[m]);
-    warp_gemm_h_frags<H, MT>(acc, s, Vs, ldv, bc, nv, lane);  // O += P V (P rounded to H; keys past bc have P = 0 and V = 0)
+      for (int m = 0; m < MT; ++m) softmax_step(whole, P, b, h, irow[m], j0, kval, t, s[m], mx[m], l[m], acc[m]);
+    }
+    __syncthreads();  // every read of Ks and kval is done
+    if (j0 + BC < q.kend) {
+      load_h_rows<true>(v8, Ks, ldk, BC, P.k.row(b, q.hk, 0), P.k.st, j0 + BC, kv_tile(j0 + BC), d);
+      load_kval(kval, BC, P.kp ? P.kp + b * P.sk : nullptr, j0 + BC, kv_tile(j0 + BC));
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // V is in (the next K may not be)
+    __syncthreads();
+    if (sees) warp_gemm_h_frags<H, MT>(acc, s, Vs, ldv, bc, nv, lane);  // O += P V (P rounded to H; keys past bc have P = 0 and V = 0)
+    __syncthreads();                                                    // every read of Vs is done
   }
+  cp_async_wait<0>();
 
 #pragma unroll
   for (int m = 0; m < MT; ++m) finish_rows(P, bh, irow[m], t, acc[m], mx[m], l[m], o, lse);

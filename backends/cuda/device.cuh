@@ -5,6 +5,7 @@
 //    conversion instructions for bf16/f16 (round to nearest even, like kiln's host conversion).
 //  * Warp and block reductions (shuffles; a block is at most 1024 threads = 32 warps).
 //  * Launch arithmetic.
+//  * Asynchronous copies from global to shared memory (cp.async, sm_80 and later).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -93,6 +94,39 @@ template <class T> __device__ T block_max(T v, T* scratch, T lowest) {
   __syncthreads();
   v = lane < nw ? scratch[lane] : lowest;
   return warp_max(v);
+}
+
+// ---------------------------------------------------------------------------------- asynchronous copies
+// cp.async: 16 bytes from global to shared memory (both addresses 16-byte aligned) that do not pass
+// through registers. The copies a thread issues between two commits form a group; cp_async_wait<N>
+// returns when at most N of the thread's committed groups are still in flight. Other threads see the
+// bytes only after the issuing thread's wait and a barrier; the destination must not be read or written
+// by anyone between the issue and then. The host emulator (tests/cuda_emu) lands a copy either when
+// issued or only at the wait that covers it (emu.hpp), so a read either of those rules leaves
+// unprotected reads the wrong bytes in its tests.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(KILN_CUDA_EMU)
+  ::emu::cp_async16(smem, gmem);
+#elif defined(__CUDA_ARCH__)
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+  (void)smem, (void)gmem;
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(KILN_CUDA_EMU)
+  ::emu::cp_async_commit();
+#elif defined(__CUDA_ARCH__)
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if defined(KILN_CUDA_EMU)
+  ::emu::cp_async_wait(N);
+#elif defined(__CUDA_ARCH__)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
 }
 
 }  // namespace kiln::cuda

@@ -81,11 +81,19 @@ struct Ctx {
 void switch_ctx(Ctx& from, Ctx& to) { swapcontext(&from.uc, &to.uc); }
 #endif
 
+// A cp.async copy not landed yet: 16 bytes.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+};
+
 struct Fiber {
   Ctx ctx;
   char* mem = nullptr;  // guard page + stack
   St st = St::done;
   uint3 tid{};
+  std::vector<AsyncCopy> open;                 // cp.async copies since the last commit (late blocks only)
+  std::vector<std::vector<AsyncCopy>> groups;  // committed groups in flight, oldest first
 };
 
 struct Sched {
@@ -101,6 +109,7 @@ struct Sched {
   void* ctx = nullptr;
   std::exception_ptr exc;
   Stats stats;
+  bool copies_late = false;  // this block's cp.async copies land at the waits (emu.hpp)
 };
 thread_local Sched g;
 thread_local bool g_reverse = false;  // every block in reverse order; else blocks alternate (see emu.hpp)
@@ -163,6 +172,14 @@ void resume(Fiber& f) {
 #endif
 }
 
+// Lands `f`'s committed cp.async groups but the newest `keep`.
+void land_groups(Fiber& f, size_t keep) {
+  const size_t n = f.groups.size() > keep ? f.groups.size() - keep : 0;
+  for (size_t i = 0; i < n; ++i)
+    for (const AsyncCopy& c : f.groups[i]) std::memcpy(c.dst, c.src, 16);
+  f.groups.erase(f.groups.begin(), f.groups.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
 void entry() {
 #if defined(__SANITIZE_ADDRESS__)
   __sanitizer_finish_switch_fiber(nullptr, &g_main_bottom, &g_main_size);
@@ -173,6 +190,9 @@ void entry() {
     if (!g.exc) g.exc = std::current_exception();
   }
   Fiber& f = g.fib[static_cast<size_t>(g.cur)];
+  f.groups.push_back(std::move(f.open));  // a thread's copies complete after it exits, too
+  f.open.clear();
+  land_groups(f, 0);
   f.st = St::done;
   const auto wi = static_cast<size_t>(g.cur / kWarp);
   if (g.warp_wait[wi] > 0 && ((g.warp_mask[wi] >> (g.cur % kWarp)) & 1u) && !g.exc)
@@ -225,6 +245,8 @@ char* new_stack() {
   makecontext(&f.ctx.uc, entry, 0);
 #endif
   f.st = St::runnable;
+  f.open.clear();
+  f.groups.clear();
   const auto u = static_cast<unsigned>(i);
   f.tid = uint3{u % block.x, (u / block.x) % block.y, u / (block.x * block.y)};
   ++g.warp_live[static_cast<size_t>(i / kWarp)];
@@ -238,6 +260,22 @@ void set_schedule(uint64_t seed) { g_schedule = seed; }
 uint64_t schedule() { return g_schedule; }
 
 int lane_id() { return g.cur % kWarp; }
+
+void cp_async16(void* smem, const void* gmem) {
+  if (reinterpret_cast<uintptr_t>(smem) % 16 != 0 || reinterpret_cast<uintptr_t>(gmem) % 16 != 0)
+    throw std::runtime_error("emu: cp.async of 16 bytes from or to an address that is not 16-byte aligned");
+  if (g.copies_late)
+    g.fib[static_cast<size_t>(g.cur)].open.push_back({smem, gmem});
+  else
+    std::memcpy(smem, gmem, 16);
+}
+void cp_async_commit() {
+  Fiber& f = g.fib[static_cast<size_t>(g.cur)];
+  f.groups.push_back(std::move(f.open));
+  f.open.clear();
+}
+void cp_async_wait(int n) { land_groups(g.fib[static_cast<size_t>(g.cur)], static_cast<size_t>(std::max(n, 0))); }
+
 unsigned char* warp_slot(int lane) {
   return g.slots.data() + (static_cast<size_t>(g.cur / kWarp) * kWarp + static_cast<size_t>(lane)) * kSlotBytes;
 }
@@ -373,6 +411,7 @@ void run_grid(const char* name, const void* fn, const Config& c, void (*body)(vo
     const auto bx = static_cast<unsigned>(b % c.grid.x), by = static_cast<unsigned>(b / c.grid.x % c.grid.y),
                bz = static_cast<unsigned>(b / (uint64_t{c.grid.x} * c.grid.y));
     g_blockIdx = uint3{bx, by, bz};
+    g.copies_late = ((bx + by + bz) & 1u) != 0;
     ++g_block_epoch;  // static shared arrays refill with garbage
     if (g_schedule != 0) {
       std::iota(thread_order.begin(), thread_order.end(), 0);

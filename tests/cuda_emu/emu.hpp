@@ -10,6 +10,10 @@
 //    through a per-warp slot array between two warp barriers (released when every live lane of the
 //    warp arrived). No runnable fiber while some wait = deadlock: emu::launch throws naming the kernel.
 //  * Only one fiber runs at a time, so atomics are plain read-modify-writes.
+//  * cp.async copies (cp_async16 below) land, in the blocks of even blockIdx.x + y + z, when issued
+//    (a thread that still reads the destination's old contents without a barrier in between sees the
+//    new ones), in the others only when the issuing thread's wait_group covers them, or at its exit (a
+//    read the wait and a barrier do not cover sees the garbage the block started with).
 //  * threadIdx/blockIdx/blockDim/gridDim are globals the scheduler sets on every switch.
 //  * KILN_EMU_TRACE=1 prints every launch (kernel, grid, block) on stderr.
 #include <cuda_bf16.h>
@@ -74,7 +78,12 @@ template <class Arr, int ID> Arr& block_shared() {
 // Every lane of the caller's warp named in `mask`; a named lane that has exited is an error (on a GPU a
 // warp-synchronous operation whose mask names an exited lane is undefined): throws naming the kernel.
 void sync_warp(unsigned mask);
-int lane_id();                       // linear thread index % 32
+int lane_id();  // linear thread index % 32
+// cp.async.cg.shared.global of 16 bytes (both addresses 16-byte aligned, else throws), commit_group and
+// wait_group n of the calling thread; when a copy lands: the header comment.
+void cp_async16(void* smem, const void* gmem);
+void cp_async_commit();
+void cp_async_wait(int n);
 unsigned char* warp_slot(int lane);  // kSlotBytes for `lane` of the caller's warp
 constexpr size_t kSlotBytes = 32;    // a shuffled value (<= 16 bytes) or a lane's tensor-core fragments
 

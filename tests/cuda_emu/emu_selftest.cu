@@ -89,6 +89,34 @@ template <bool kTrans> __global__ void ldmatrix_16x24(const uint16_t* tile, cons
   for (int i = 0; i < 4; ++i) out[4 * lane + i] = r[i];
 }
 
+// 64 threads per block, 16 bytes each: thread t copies its block's piece t of `src` into shared slot t
+// by cp.async, then writes to out what it reads from slot t + 1 (mode 0: after wait_group 0 and a
+// barrier; mode 1: after the barrier only), or (mode 2) the slot's old contents are read while a
+// neighbour's copy into it may be in flight: the slots hold -2 first, thread t copies into slot t + 1,
+// reads slot t at once and waits after a barrier.
+__global__ void cp_async_probe(const int* src, int* out, int mode) {
+  __shared__ int s[64 * 4];
+  const int t = static_cast<int>(threadIdx.x), next = (t + 1) % 64;
+  const int* mine = src + (static_cast<int>(blockIdx.x) * 64 + t) * 4;
+  int* o = out + (static_cast<int>(blockIdx.x) * 64 + t) * 4;
+  if (mode == 2) {
+    for (int i = 0; i < 4; ++i) s[4 * t + i] = -2;
+    __syncthreads();
+    ::emu::cp_async16(s + 4 * next, mine);
+    ::emu::cp_async_commit();
+    for (int i = 0; i < 4; ++i) o[i] = s[4 * t + i];
+    __syncthreads();  // (every read before any wait)
+    ::emu::cp_async_wait(0);
+    return;
+  }
+  ::emu::cp_async16(s + 4 * t, mine);
+  ::emu::cp_async_commit();
+  if (mode == 0) ::emu::cp_async_wait(0);
+  __syncthreads();
+  for (int i = 0; i < 4; ++i) o[i] = s[4 * next + i];
+  __syncthreads();  // (every read before any thread exits: a thread's copies land when it exits)
+}
+
 template <class F> std::string error_of(F&& f) {
   try {
     f();
@@ -170,6 +198,20 @@ std::string ldmatrix_unaligned() {
   std::vector<int> rows(32, 0);
   rows[3] = 4;  // 8 bytes into a row
   return error_of([&] { ldmatrix_x4(false, tile, rows); });
+}
+
+std::vector<int> cp_async(int mode, int blocks) {
+  std::vector<int> src(static_cast<size_t>(blocks) * 64 * 4), out(src.size(), 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<int>(i);
+  ::cp_async_probe<<<blocks, 64>>>(src.data(), out.data(), mode);
+  return out;
+}
+
+std::string cp_async_unaligned() {
+  std::vector<int> src(64 * 4 + 4);
+  return error_of([&] {
+    ::cp_async_probe<<<1, 64>>>(src.data() + 1, src.data(), 0);  // 4 bytes off
+  });
 }
 
 std::string smem_without_optin() {

@@ -27,5 +27,11 @@ std::vector<float> mma_m16n8k16(bool bf16, const std::vector<float>& a, const st
 // giving the row address at element offset rows[L]: the 4 registers of each lane, lane by lane.
 std::vector<uint32_t> ldmatrix_x4(bool trans, const std::vector<uint16_t>& tile, const std::vector<int>& rows);
 std::string ldmatrix_unaligned();  // a row address 8 bytes into a row
+// cp.async by 64 threads per block (emu_selftest.cu, cp_async_probe): each thread's 16 bytes (4 ints,
+// src[i] = i) through shared memory, read back by its neighbour after wait_group 0 and a barrier (mode
+// 0), after the barrier only (1), or a slot's old contents (-2) read while a neighbour's copy into it
+// is issued (2). out, 4 ints per thread.
+std::vector<int> cp_async(int mode, int blocks);
+std::string cp_async_unaligned();  // a source 4 bytes off 16-byte alignment
 
 }  // namespace emu_selftest

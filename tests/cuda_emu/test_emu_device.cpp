@@ -143,6 +143,36 @@ TEST_CASE("emulator: ldmatrix.x4 (and .trans) hands each lane PTX's fragment of 
   CHECK_THAT(emu_selftest::ldmatrix_unaligned(), Catch::Contains("16-byte aligned"));
 }
 
+// cp.async: a copy lands when issued in blocks of even index, only at the wait that covers it in the
+// others, so a kernel that reads before the wait and a barrier, or that reads the destination's old
+// contents while a copy into it may be in flight, gets wrong bytes in some blocks.
+TEST_CASE("emulator: cp.async copies land at the issue or at the wait, so a missing wait or barrier shows", "[cuda-emu]") {
+  const int blocks = 4;
+  auto neighbour = [](int b, int t, int i) { return (b * 64 + (t + 1) % 64) * 4 + i; };
+  const std::vector<int> ok = emu_selftest::cp_async(0, blocks), no_wait = emu_selftest::cp_async(1, blocks),
+                         old = emu_selftest::cp_async(2, blocks);
+  for (int b = 0; b < blocks; ++b) {
+    INFO("block " << b);
+    int ok_right = 0, no_wait_right = 0, old_kept = 0;
+    for (int t = 0; t < 64; ++t)
+      for (int i = 0; i < 4; ++i) {
+        const size_t at = static_cast<size_t>((b * 64 + t) * 4 + i);
+        ok_right += ok[at] == neighbour(b, t, i);
+        no_wait_right += no_wait[at] == neighbour(b, t, i);
+        old_kept += old[at] == -2;
+      }
+    CHECK(ok_right == 256);
+    if (b % 2 == 0) {  // copies land at the issue
+      CHECK(no_wait_right == 256);
+      CHECK(old_kept < 256);  // some thread read its slot after the neighbour's copy into it
+    } else {                  // at the wait: without one, the neighbour's slot still holds the block's garbage
+      CHECK(no_wait_right == 0);
+      CHECK(old_kept == 256);
+    }
+  }
+  CHECK_THAT(emu_selftest::cp_async_unaligned(), Catch::Contains("16-byte aligned"));
+}
+
 TEST_CASE("emulator: a schedule seed shuffles the blocks (and threads), so order-dependent results show", "[cuda-emu]") {
   std::vector<int> grid(40);
   for (int b = 0; b < 40; ++b) grid[static_cast<size_t>(b)] = b;
