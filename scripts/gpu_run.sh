@@ -43,9 +43,9 @@
 #             bench_cuda)
 #   lease7    the same for the half-precision attention backward (attn_bwd_dkdv_h, attn_bwd_dq_h; written after
 #             the sixth lease's first call, run in its second)
-#   lease8    the same for both half-precision kernels with ldmatrix fragment reads, every tensor-core kernel's
-#             whole-tile scores and the half forward at 128 query rows per block (all written after the sixth
-#             lease): every Cuda attention case, the benchmarks, bench_cuda attention and the bf16 GPT step
+#   lease8    the same for both half-precision kernels with ldmatrix fragment reads and cp.async loads ahead of
+#             the products, every tensor-core kernel's whole-tile scores and the half forward at 128 query rows
+#             per block (all written after the sixth lease): every Cuda attention case, the benchmarks, bench_cuda attention and the bf16 GPT step
 #             again at KILN_CUDA_ATTENTION_ROWS=128, then both bound tests under memcheck and racecheck
 #   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
 #

@@ -1288,33 +1288,59 @@ template <class H, int BC, int ND, int NV> __global__ void __launch_bounds__(kTh
   const int krow[2] = {r0 + g, r0 + g + 8};  // this lane's keys in the tile (j0 + krow >= S: padding)
   const bool v8 = P.v4;                      // (d, dv multiples of 16)
 
-  load_h_rows(v8, Ks, ldk, kTcRows, P.k.row(b, hk, 0), P.k.st, j0, bkn, d);
-  load_h_rows(v8, Vs, ldv, kTcRows, P.v.row(b, hk, 0), P.v.st, j0, bkn, dv);
+  // The query tiles in order: (query head hr of the group, tile from i0), hr < P.rep, i0 from
+  // kt.i_first while < T.
+  const auto q_tile = [&](int64_t i0) { return static_cast<int>(P.tq - i0 < BC ? P.tq - i0 : BC); };
+  const auto load_g = [&](int hr, int64_t i0) {  // dO, LSE and D of a query tile
+    const int64_t h = hk * P.rep + hr, bh = b * P.nh + h;
+    load_h_rows<true>(v8, Gs, ldv, BC, P.g.row(b, h, 0), P.g.st, i0, q_tile(i0), dv);
+    load_lse_d(Ls, Ds, BC, lse + bh * P.tq + i0, D + bh * P.tq + i0, q_tile(i0));
+  };
+  const auto load_q = [&](int hr, int64_t i0) {
+    load_h_rows<true>(v8, Qs, ldk, BC, P.q.row(b, hk * P.rep + hr, 0), P.q.st, i0, q_tile(i0), d);
+  };
+  // The loads run ahead of the products, as attn_fwd_h's: a query tile's Q arrives during its
+  // dPᵀ = V dOᵀ, the next tile's dO during this one's Sᵀ, scores and dV... and its Q during dK
+  // (asynchronous copies where v8).
+  const bool any = kt.i_first < P.tq;
+  load_h_rows<true>(v8, Ks, ldk, kTcRows, P.k.row(b, hk, 0), P.k.st, j0, bkn, d);
+  load_h_rows<true>(v8, Vs, ldv, kTcRows, P.v.row(b, hk, 0), P.v.st, j0, bkn, dv);
   load_kval(kval, kTcRows, P.kp ? P.kp + b * P.sk : nullptr, j0, bkn);
+  if (any) load_g(0, kt.i_first);
+  cp_async_commit();
+  if (any) load_q(0, kt.i_first);
+  cp_async_commit();
 
   float dka[ND][4], dva[NV][4];
   zero(dka);
   zero(dva);
   for (int hr = 0; hr < P.rep; ++hr) {
-    const int64_t h = hk * P.rep + hr, bh = b * P.nh + h;
+    const int64_t h = hk * P.rep + hr;
     for (int64_t i0 = kt.i_first; i0 < P.tq; i0 += BC) {
-      const int bq = static_cast<int>(P.tq - i0 < BC ? P.tq - i0 : BC);
-      __syncthreads();  // the previous tile's reads are done (and, the first time, Ks/Vs/kval are visible after the next one)
-      load_h_rows(v8, Qs, ldk, BC, P.q.row(b, h, 0), P.q.st, i0, bq, d);
-      load_h_rows(v8, Gs, ldv, BC, P.g.row(b, h, 0), P.g.st, i0, bq, dv);
-      load_lse_d(Ls, Ds, BC, lse + bh * P.tq + i0, D + bh * P.tq + i0, bq);
-      __syncthreads();
-
+      const bool last_i = i0 + BC >= P.tq, next = !last_i || hr + 1 < P.rep;
+      const int hn = last_i ? hr + 1 : hr;  // the next tile
+      const int64_t in = last_i ? kt.i_first : i0 + BC;
+      cp_async_wait<1>();  // this thread's copies of K, V, dO are in (Q may not be)
+      __syncthreads();     // ... and everyone's, with kval, LSE and D
       float s[BC / 8][4], dp[BC / 8][4];
-      zero(s);
       zero(dp);
-      warp_gemm_h<H>(s, Ks + r0 * ldk, ldk, Qs, ldk, d, BC / 8, lane);    // Sᵀ = K Qᵀ
       warp_gemm_h<H>(dp, Vs + r0 * ldv, ldv, Gs, ldv, dv, BC / 8, lane);  // dPᵀ = V dOᵀ
+      cp_async_wait<0>();                                                 // Q is in
+      __syncthreads();
+      zero(s);
+      warp_gemm_h<H>(s, Ks + r0 * ldk, ldk, Qs, ldk, d, BC / 8, lane);  // Sᵀ = K Qᵀ
       dkdv_scores(kt.whole(P, i0, r0), P, b, h, i0, j0, krow, kval, Ls, Ds, t, s, dp);
-      warp_gemm_h_frags<H>(dva, s, Gs, ldv, bq, dv / 8, lane);  // dV += Pᵀ dO (query rows past bq: P = 0, dO = 0)
-      warp_gemm_h_frags<H>(dka, dp, Qs, ldk, bq, d / 8, lane);  // dK += dSᵀ Q
+      warp_gemm_h_frags<H>(dva, s, Gs, ldv, q_tile(i0), dv / 8, lane);  // dV += Pᵀ dO (query rows past the tile's: P = 0, dO = 0)
+      __syncthreads();                                                  // every read of Gs, Ls and Ds is done
+      if (next) load_g(hn, in);
+      cp_async_commit();
+      warp_gemm_h_frags<H>(dka, dp, Qs, ldk, q_tile(i0), d / 8, lane);  // dK += dSᵀ Q
+      __syncthreads();                                                  // every read of Qs is done
+      if (next) load_q(hn, in);
+      cp_async_commit();
     }
   }
+  cp_async_wait<0>();
   const int64_t jrow[2] = {j0 + krow[0], j0 + krow[1]};
   const int64_t kv = (b * P.nhkv + hk) * P.sk;
   store_rows_h(dk + kv * d, d, jrow, P.sk, d, dka, t);
@@ -1347,31 +1373,52 @@ template <class H, int BC, int ND, int MT> __global__ void __launch_bounds__(kTh
     row_lse_d(P, lse + bh * P.tq, D + bh * P.tq, irow[m], li[m], di[m]);
   }
   const bool v8 = P.v4;  // (d, dv multiples of 16)
-  load_h_rows(v8, Qs, ldq, kRowsB, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
-  load_h_rows(v8, Gs, ldg, kRowsB, P.g.row(b, h, 0), P.g.st, q.i0, q.br, dv);
+  const auto kv_tile = [&](int64_t j0) { return static_cast<int>(q.kend - j0 < BC ? q.kend - j0 : BC); };
+  const auto load_k = [&](int64_t j0) {
+    load_h_rows<true>(v8, Ks, ldq, BC, P.k.row(b, q.hk, 0), P.k.st, j0, kv_tile(j0), d);
+    load_kval(kval, BC, P.kp ? P.kp + b * P.sk : nullptr, j0, kv_tile(j0));
+  };
+  // The loads run ahead of the products, as attn_fwd_h's: a key tile's K arrives during its dP = dO Vᵀ,
+  // the next tile's V during this one's S, dS and dQ (asynchronous copies where v8).
+  load_h_rows<true>(v8, Qs, ldq, kRowsB, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
+  load_h_rows<true>(v8, Gs, ldg, kRowsB, P.g.row(b, h, 0), P.g.st, q.i0, q.br, dv);
+  if (q.kend > 0) load_h_rows<true>(v8, Vs, ldg, BC, P.v.row(b, q.hk, 0), P.v.st, 0, kv_tile(0), dv);
+  cp_async_commit();
+  if (q.kend > 0) load_k(0);
+  cp_async_commit();
 
   float dqa[MT][ND][4];
 #pragma unroll
   for (int m = 0; m < MT; ++m) zero(dqa[m]);
   for (int64_t j0 = 0; j0 < q.kend; j0 += BC) {
-    const int bc = static_cast<int>(q.kend - j0 < BC ? q.kend - j0 : BC);
-    __syncthreads();  // the previous tile's reads of Ks, Vs are done
-    load_h_rows(v8, Ks, ldq, BC, P.k.row(b, q.hk, 0), P.k.st, j0, bc, d);
-    load_h_rows(v8, Vs, ldg, BC, P.v.row(b, q.hk, 0), P.v.st, j0, bc, dv);
-    load_kval(kval, BC, P.kp ? P.kp + b * P.sk : nullptr, j0, bc);
-    __syncthreads();
-    if (j0 >= q.wend) continue;  // (warp-uniform) no row of this warp sees these keys
-
+    const bool sees = j0 < q.wend, next = j0 + BC < q.kend;  // (warp-uniform) some row of this warp sees these keys
+    cp_async_wait<1>();                                      // this thread's copies of Q, dO and V are in (K may not be)
+    __syncthreads();                                         // ... and everyone's
     float s[MT][BC / 8][4], dp[MT][BC / 8][4];
+    if (sees) {
 #pragma unroll
-    for (int m = 0; m < MT; ++m) zero(s[m]), zero(dp[m]);
-    warp_gemm_h<H, MT>(s, Qs + r0 * ldq, ldq, Ks, ldq, d, BC / 8, lane);    // S = Q Kᵀ
-    warp_gemm_h<H, MT>(dp, Gs + r0 * ldg, ldg, Vs, ldg, dv, BC / 8, lane);  // dP = dO Vᵀ
-    const bool whole = q.whole(P, j0, BC);                                  // (for every row of the warp)
+      for (int m = 0; m < MT; ++m) zero(dp[m]);
+      warp_gemm_h<H, MT>(dp, Gs + r0 * ldg, ldg, Vs, ldg, dv, BC / 8, lane);  // dP = dO Vᵀ
+    }
+    __syncthreads();  // every read of Vs is done
+    if (next) load_h_rows<true>(v8, Vs, ldg, BC, P.v.row(b, q.hk, 0), P.v.st, j0 + BC, kv_tile(j0 + BC), dv);
+    cp_async_commit();
+    cp_async_wait<1>();  // K is in (the next V may not be)
+    __syncthreads();
+    if (sees) {
 #pragma unroll
-    for (int m = 0; m < MT; ++m) dq_scores(whole, P, b, h, irow[m], j0, kval, li[m], di[m], t, s[m], dp[m]);
-    warp_gemm_h_frags<H, MT>(dqa, dp, Ks, ldq, bc, d / 8, lane);  // dQ += dS K (keys past bc: dS = 0, K = 0)
+      for (int m = 0; m < MT; ++m) zero(s[m]);
+      warp_gemm_h<H, MT>(s, Qs + r0 * ldq, ldq, Ks, ldq, d, BC / 8, lane);  // S = Q Kᵀ
+      const bool whole = q.whole(P, j0, BC);                                // (for every row of the warp)
+#pragma unroll
+      for (int m = 0; m < MT; ++m) dq_scores(whole, P, b, h, irow[m], j0, kval, li[m], di[m], t, s[m], dp[m]);
+      warp_gemm_h_frags<H, MT>(dqa, dp, Ks, ldq, kv_tile(j0), d / 8, lane);  // dQ += dS K (keys past the tile's: dS = 0, K = 0)
+    }
+    __syncthreads();  // every read of Ks and kval is done
+    if (next) load_k(j0 + BC);
+    cp_async_commit();
   }
+  cp_async_wait<0>();
 #pragma unroll
   for (int m = 0; m < MT; ++m) store_rows_h(dq + bh * P.tq * d, d, irow[m], P.tq, d, dqa[m], t);
 }
