@@ -1299,9 +1299,8 @@ template <class H, int BC, int ND, int NV> __global__ void __launch_bounds__(kTh
   const auto load_q = [&](int hr, int64_t i0) {
     load_h_rows<true>(v8, Qs, ldk, BC, P.q.row(b, hk * P.rep + hr, 0), P.q.st, i0, q_tile(i0), d);
   };
-  // The loads run ahead of the products, as attn_fwd_h's: a query tile's Q arrives during its
-  // dPᵀ = V dOᵀ, the next tile's dO during this one's Sᵀ, scores and dV... and its Q during dK
-  // (asynchronous copies where v8).
+  // The loads run ahead of the products, as attn_fwd_h's: the next query tile's dO, LSE and D arrive
+  // during this tile's dK, its Q during its own dPᵀ = V dOᵀ (asynchronous copies where v8).
   const bool any = kt.i_first < P.tq;
   load_h_rows<true>(v8, Ks, ldk, kTcRows, P.k.row(b, hk, 0), P.k.st, j0, bkn, d);
   load_h_rows<true>(v8, Vs, ldv, kTcRows, P.v.row(b, hk, 0), P.v.st, j0, bkn, dv);
