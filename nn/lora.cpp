@@ -339,15 +339,17 @@ LoraOptions read_lora_config(const std::string& path) {
   o.use_rslora = c.value("use_rslora", false);
   if (c.contains("base_model_name_or_path") && c["base_model_name_or_path"].is_string())
     o.base_model_name_or_path = c["base_model_name_or_path"];
-  // Fields with no effect on a loaded adapter's math; fan_in_fan_out follows each module's type, as in PEFT.
-  static const std::set<std::string> read = {"peft_type",      "r",
-                                             "lora_alpha",     "lora_dropout",
-                                             "target_modules", "bias",
-                                             "use_rslora",     "base_model_name_or_path",
-                                             "fan_in_fan_out", "task_type",
-                                             "inference_mode", "init_lora_weights",
-                                             "revision",       "auto_mapping",
-                                             "megatron_core",  "peft_version"};
+  // Fields with no effect on a loaded adapter's math; fan_in_fan_out follows each module's type, as in PEFT;
+  // qalora_group_size acts only with use_qalora (refused below when true), and PEFT 0.21 writes 16 either way.
+  static const std::set<std::string> read = {"peft_type",        "r",
+                                             "lora_alpha",       "lora_dropout",
+                                             "target_modules",   "bias",
+                                             "use_rslora",       "base_model_name_or_path",
+                                             "fan_in_fan_out",   "task_type",
+                                             "inference_mode",   "init_lora_weights",
+                                             "revision",         "auto_mapping",
+                                             "megatron_core",    "peft_version",
+                                             "qalora_group_size"};
   for (const auto& [k, v] : c.items()) {
     if (read.count(k)) continue;
     const bool unset = v.is_null() || v == false || (v.is_object() && v.empty()) || (v.is_array() && v.empty());

@@ -329,6 +329,20 @@ TEST_CASE("lora: bad targets, options and adapter files are errors naming them c
     c["use_dora"] = true;
     write_adapter(c, good_tensors());
     CHECK_THAT(error_of([&] { nn::load_lora(*model(), tmp.str()); }), Catch::Contains("'use_dora' = true is not implemented"));
+    // PEFT 0.21.2's adapter_config.json: new fields, unset, and qalora_group_size 16 with QA-LoRA off
+    c = good;
+    for (const char* k :
+         {"alora_invocation_tokens", "arrow_config", "corda_config", "eva_config", "exclude_modules", "kasa_config", "lora_ga_config",
+          "monteclora_config", "target_parameters", "trainable_token_indices", "use_bdlora", "velora_config"})
+      c[k] = nullptr;
+    c["ensure_weight_tying"] = c["lora_bias"] = c["use_qalora"] = false;
+    c["qalora_group_size"] = 16;
+    c["peft_version"] = "0.21.2";
+    write_adapter(c, good_tensors());
+    CHECK(nn::load_lora(*model(), tmp.str()).size() == 4);
+    c["use_qalora"] = true;
+    write_adapter(c, good_tensors());
+    CHECK_THAT(error_of([&] { nn::load_lora(*model(), tmp.str()); }), Catch::Contains("'use_qalora' = true is not implemented"));
     c = good;
     c["peft_type"] = "IA3";
     write_adapter(c, good_tensors());
