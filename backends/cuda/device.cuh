@@ -102,8 +102,8 @@ template <class T> __device__ T block_max(T v, T* scratch, T lowest) {
 // returns when at most N of the thread's committed groups are still in flight. Other threads see the
 // bytes only after the issuing thread's wait and a barrier; the destination must not be read or written
 // by anyone between the issue and then. The host emulator (tests/cuda_emu) lands a copy either when
-// issued or only at the wait that covers it (emu.hpp), so a read either of those rules leaves
-// unprotected reads the wrong bytes in its tests.
+// issued or only at the wait that covers it (emu.hpp), so in its tests a kernel that breaks either
+// rule reads the wrong bytes.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #if defined(KILN_CUDA_EMU)
   ::emu::cp_async16(smem, gmem);

@@ -78,14 +78,14 @@ template <class Arr, int ID> Arr& block_shared() {
 // Every lane of the caller's warp named in `mask`; a named lane that has exited is an error (on a GPU a
 // warp-synchronous operation whose mask names an exited lane is undefined): throws naming the kernel.
 void sync_warp(unsigned mask);
-int lane_id();  // linear thread index % 32
+int lane_id();                       // linear thread index % 32
+unsigned char* warp_slot(int lane);  // kSlotBytes for `lane` of the caller's warp
+constexpr size_t kSlotBytes = 32;    // a shuffled value (<= 16 bytes) or a lane's tensor-core fragments
 // cp.async.cg.shared.global of 16 bytes (both addresses 16-byte aligned, else throws), commit_group and
 // wait_group n of the calling thread; when a copy lands: the header comment.
 void cp_async16(void* smem, const void* gmem);
 void cp_async_commit();
 void cp_async_wait(int n);
-unsigned char* warp_slot(int lane);  // kSlotBytes for `lane` of the caller's warp
-constexpr size_t kSlotBytes = 32;    // a shuffled value (<= 16 bytes) or a lane's tensor-core fragments
 
 template <class T> T shfl_from(unsigned mask, T v, int src) {
   static_assert(sizeof(T) <= kSlotBytes && std::is_trivially_copyable_v<T>, "emu shuffle: type too large");
