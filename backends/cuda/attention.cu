@@ -783,20 +783,18 @@ bool h_fits(int64_t d, int64_t dv) { return d % 16 == 0 && dv % 8 == 0 && d > 0 
 
 // Rows [t0, t0 + n) of one (b, h) of a bf16/f16 operand into [R, ld] shared H bits (rows >= n zero), 8
 // values (16 bytes) at a time where v8 (rows 16-byte aligned, width a multiple of 8). All threads.
-// kAsync: those 16-byte pieces of rows < n as cp.async copies (device.cuh), in place once the issuing
-// threads waited for them and a barrier followed; every other store is made at once.
-template <bool kAsync = false, class H>
+// Where v8, the rows < n come as cp.async copies (device.cuh), in place once the issuing threads waited
+// for them and a barrier followed; every other store is made at once.
+template <class H>
 __device__ __forceinline__ void load_h_rows(bool v8, uint16_t* dst, int ld, int R, const H* src, int64_t st, int64_t t0, int n, int width) {
   if (v8) {
     const int vpr = width / 8;
     for (int e = static_cast<int>(threadIdx.x); e < R * vpr; e += kThreads) {
       const int r = e / vpr, c = 8 * (e - r * vpr);
-      if (kAsync && r < n) {
+      if (r < n)
         cp_async16(dst + r * ld + c, src + (t0 + r) * st + c);
-        continue;
-      }
-      const uint4 v = r < n ? *reinterpret_cast<const uint4*>(src + (t0 + r) * st + c) : make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(dst + r * ld + c) = v;  // one 16-byte store (ld, c multiples of 8)
+      else
+        *reinterpret_cast<uint4*>(dst + r * ld + c) = make_uint4(0, 0, 0, 0);  // one 16-byte store (ld, c multiples of 8)
     }
     return;
   }
@@ -912,13 +910,14 @@ template <class H, int BC, int NV, int MT> __global__ void __launch_bounds__(kTh
   for (int m = 0; m < MT; ++m) irow[m][0] = q.i0 + r0 + 16 * m + g, irow[m][1] = irow[m][0] + 8;
   const bool v8 = P.v4 && dv % 8 == 0;  // (d is a multiple of 16)
   const auto kv_tile = [&](int64_t j0) { return static_cast<int>(q.kend - j0 < BC ? q.kend - j0 : BC); };
+  const auto load_k = [&](int64_t j0) {
+    load_h_rows(v8, Ks, ldk, BC, P.k.row(b, q.hk, 0), P.k.st, j0, kv_tile(j0), d);
+    load_kval(kval, BC, P.kp ? P.kp + b * P.sk : nullptr, j0, kv_tile(j0));
+  };
   // The loads run ahead of the products (FlashAttention-2's order): a key tile's V arrives during its
   // S = Q Kᵀ, the next tile's K during this one's P V (asynchronous copies where v8).
-  load_h_rows<true>(v8, Qs, ldq, kRowsB, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
-  if (q.kend > 0) {
-    load_h_rows<true>(v8, Ks, ldk, BC, P.k.row(b, q.hk, 0), P.k.st, 0, kv_tile(0), d);
-    load_kval(kval, BC, P.kp ? P.kp + b * P.sk : nullptr, 0, kv_tile(0));
-  }
+  load_h_rows(v8, Qs, ldq, kRowsB, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
+  if (q.kend > 0) load_k(0);
   cp_async_commit();
 
   float mx[MT][2], l[MT][2];
@@ -930,8 +929,8 @@ template <class H, int BC, int NV, int MT> __global__ void __launch_bounds__(kTh
   }
   for (int64_t j0 = 0; j0 < q.kend; j0 += BC) {
     const int bc = kv_tile(j0);
-    const bool sees = j0 < q.wend;                                                // (warp-uniform) some row of this warp sees these keys
-    load_h_rows<true>(v8, Vs, ldv, BC, P.v.row(b, q.hk, 0), P.v.st, j0, bc, dv);  // (every read of Vs passed the last barrier)
+    const bool sees = j0 < q.wend;                                          // (warp-uniform) some row of this warp sees these keys
+    load_h_rows(v8, Vs, ldv, BC, P.v.row(b, q.hk, 0), P.v.st, j0, bc, dv);  // (every read of Vs passed the last barrier)
     cp_async_commit();
     cp_async_wait<1>();  // this thread's copies of Q and K are in (V may not be)
     __syncthreads();     // ... and everyone's
@@ -946,10 +945,7 @@ template <class H, int BC, int NV, int MT> __global__ void __launch_bounds__(kTh
       for (int m = 0; m < MT; ++m) softmax_step(whole, P, b, h, irow[m], j0, kval, t, s[m], mx[m], l[m], acc[m]);
     }
     __syncthreads();  // every read of Ks and kval is done
-    if (j0 + BC < q.kend) {
-      load_h_rows<true>(v8, Ks, ldk, BC, P.k.row(b, q.hk, 0), P.k.st, j0 + BC, kv_tile(j0 + BC), d);
-      load_kval(kval, BC, P.kp ? P.kp + b * P.sk : nullptr, j0 + BC, kv_tile(j0 + BC));
-    }
+    if (j0 + BC < q.kend) load_k(j0 + BC);
     cp_async_commit();
     cp_async_wait<1>();  // V is in (the next K may not be)
     __syncthreads();
@@ -1293,17 +1289,15 @@ template <class H, int BC, int ND, int NV> __global__ void __launch_bounds__(kTh
   const auto q_tile = [&](int64_t i0) { return static_cast<int>(P.tq - i0 < BC ? P.tq - i0 : BC); };
   const auto load_g = [&](int hr, int64_t i0) {  // dO, LSE and D of a query tile
     const int64_t h = hk * P.rep + hr, bh = b * P.nh + h;
-    load_h_rows<true>(v8, Gs, ldv, BC, P.g.row(b, h, 0), P.g.st, i0, q_tile(i0), dv);
+    load_h_rows(v8, Gs, ldv, BC, P.g.row(b, h, 0), P.g.st, i0, q_tile(i0), dv);
     load_lse_d(Ls, Ds, BC, lse + bh * P.tq + i0, D + bh * P.tq + i0, q_tile(i0));
   };
-  const auto load_q = [&](int hr, int64_t i0) {
-    load_h_rows<true>(v8, Qs, ldk, BC, P.q.row(b, hk * P.rep + hr, 0), P.q.st, i0, q_tile(i0), d);
-  };
+  const auto load_q = [&](int hr, int64_t i0) { load_h_rows(v8, Qs, ldk, BC, P.q.row(b, hk * P.rep + hr, 0), P.q.st, i0, q_tile(i0), d); };
   // The loads run ahead of the products, as attn_fwd_h's: the next query tile's dO, LSE and D arrive
   // during this tile's dK, its Q during its own dPᵀ = V dOᵀ (asynchronous copies where v8).
   const bool any = kt.i_first < P.tq;
-  load_h_rows<true>(v8, Ks, ldk, kTcRows, P.k.row(b, hk, 0), P.k.st, j0, bkn, d);
-  load_h_rows<true>(v8, Vs, ldv, kTcRows, P.v.row(b, hk, 0), P.v.st, j0, bkn, dv);
+  load_h_rows(v8, Ks, ldk, kTcRows, P.k.row(b, hk, 0), P.k.st, j0, bkn, d);
+  load_h_rows(v8, Vs, ldv, kTcRows, P.v.row(b, hk, 0), P.v.st, j0, bkn, dv);
   load_kval(kval, kTcRows, P.kp ? P.kp + b * P.sk : nullptr, j0, bkn);
   if (any) load_g(0, kt.i_first);
   cp_async_commit();
@@ -1374,14 +1368,14 @@ template <class H, int BC, int ND, int MT> __global__ void __launch_bounds__(kTh
   const bool v8 = P.v4;  // (d, dv multiples of 16)
   const auto kv_tile = [&](int64_t j0) { return static_cast<int>(q.kend - j0 < BC ? q.kend - j0 : BC); };
   const auto load_k = [&](int64_t j0) {
-    load_h_rows<true>(v8, Ks, ldq, BC, P.k.row(b, q.hk, 0), P.k.st, j0, kv_tile(j0), d);
+    load_h_rows(v8, Ks, ldq, BC, P.k.row(b, q.hk, 0), P.k.st, j0, kv_tile(j0), d);
     load_kval(kval, BC, P.kp ? P.kp + b * P.sk : nullptr, j0, kv_tile(j0));
   };
   // The loads run ahead of the products, as attn_fwd_h's: a key tile's K arrives during its dP = dO Vᵀ,
   // the next tile's V during this one's S, dS and dQ (asynchronous copies where v8).
-  load_h_rows<true>(v8, Qs, ldq, kRowsB, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
-  load_h_rows<true>(v8, Gs, ldg, kRowsB, P.g.row(b, h, 0), P.g.st, q.i0, q.br, dv);
-  if (q.kend > 0) load_h_rows<true>(v8, Vs, ldg, BC, P.v.row(b, q.hk, 0), P.v.st, 0, kv_tile(0), dv);
+  load_h_rows(v8, Qs, ldq, kRowsB, P.q.row(b, h, 0), P.q.st, q.i0, q.br, d);
+  load_h_rows(v8, Gs, ldg, kRowsB, P.g.row(b, h, 0), P.g.st, q.i0, q.br, dv);
+  if (q.kend > 0) load_h_rows(v8, Vs, ldg, BC, P.v.row(b, q.hk, 0), P.v.st, 0, kv_tile(0), dv);
   cp_async_commit();
   if (q.kend > 0) load_k(0);
   cp_async_commit();
@@ -1400,7 +1394,7 @@ template <class H, int BC, int ND, int MT> __global__ void __launch_bounds__(kTh
       warp_gemm_h<H, MT>(dp, Gs + r0 * ldg, ldg, Vs, ldg, dv, BC / 8, lane);  // dP = dO Vᵀ
     }
     __syncthreads();  // every read of Vs is done
-    if (next) load_h_rows<true>(v8, Vs, ldg, BC, P.v.row(b, q.hk, 0), P.v.st, j0 + BC, kv_tile(j0 + BC), dv);
+    if (next) load_h_rows(v8, Vs, ldg, BC, P.v.row(b, q.hk, 0), P.v.st, j0 + BC, kv_tile(j0 + BC), dv);
     cp_async_commit();
     cp_async_wait<1>();  // K is in (the next V may not be)
     __syncthreads();
