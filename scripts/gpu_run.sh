@@ -45,7 +45,7 @@
 #             the sixth lease's first call, run in its second)
 #   lease8    the same for both half-precision kernels with ldmatrix fragment reads and cp.async loads ahead of
 #             the products, every tensor-core kernel's whole-tile scores and the half forward at 128 query rows
-#             per block (all written after the sixth lease): every Cuda attention case, the benchmarks, bench_cuda attention and the bf16 GPT step
+#             per block (all written after the sixth lease, run at the seventh): every Cuda attention case, the benchmarks, bench_cuda attention and the bf16 GPT step
 #             again at KILN_CUDA_ATTENTION_ROWS=128, then both bound tests under memcheck and racecheck
 #   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
 #

@@ -63,8 +63,8 @@ bool attention_half_products();
 // fragment of K and V read from shared memory serves two row blocks, as FlashAttention-2's forward
 // does), taken where d and dv are at most 64 (wider heads keep 64); 0 restores the default, any other
 // value is a kiln::Error. KILN_CUDA_ATTENTION_ROWS=64|128 sets it for a process.
-// The same results either way (every row's arithmetic is the same); for comparisons, until a GPU has
-// measured which is faster where.
+// The same results either way (every row's arithmetic is the same); for comparisons: on an H100, 128
+// rows were slower at GPT-2-small's shape (bench/RESULTS.md, seventh lease).
 void set_attention_query_rows(int rows);
 int attention_query_rows();  // the setting: 64, 128, or 0 (the default)
 
