@@ -159,13 +159,22 @@ template <Backend B> Var<B> LoraAdapter<B>::forward(const Var<B>& x) const {
 
 // ------------------------------------------------------------------------------------------ apply
 
-template <Backend B> std::vector<std::string> apply_lora(Module<B>& model, const LoraOptions& o) {
+template <Backend B> std::vector<std::string> default_lora_targets(const Module<B>& model) {
+  if (const auto* lm = dynamic_cast<const hf::CausalLM<B>*>(&model))
+    if (const hf::Architecture* a = hf::find_architecture(lm->spec().architecture); a != nullptr && !a->lora_targets.empty())
+      return a->lora_targets;
+  return {"q_proj", "v_proj"};
+}
+
+template <Backend B> std::vector<std::string> apply_lora(Module<B>& model, const LoraOptions& options) {
+  LoraOptions o = options;
+  const bool by_default = o.target_modules.empty() && o.target_regex.empty();
+  if (by_default) o.target_modules = default_lora_targets(model);
   KILN_CHECK(o.r >= 1, "apply_lora: r must be >= 1, got {}", o.r);
   KILN_CHECK(o.dropout >= 0 && o.dropout < 1, "apply_lora: dropout must be in [0, 1), got {}", o.dropout);
   KILN_CHECK(std::isfinite(o.alpha), "apply_lora: alpha must be finite, got {}", o.alpha);
   KILN_CHECK(o.bias == "none", "apply_lora: bias '{}' is not implemented (kiln has 'none': biases stay frozen)", o.bias);
-  KILN_CHECK(o.target_modules.empty() != o.target_regex.empty(), "apply_lora: give target_modules or target_regex (one of them), got {}",
-             o.target_modules.empty() ? "neither" : "both");
+  KILN_CHECK(o.target_modules.empty() || o.target_regex.empty(), "apply_lora: give target_modules or target_regex, not both");
   if (!o.target_regex.empty()) {
     try {
       std::regex check(o.target_regex);
@@ -196,7 +205,8 @@ template <Backend B> std::vector<std::string> apply_lora(Module<B>& model, const
     KILN_CHECK(lin->adapter() == nullptr, "apply_lora: module '{}' has an adapter already", name.path);
     found.push_back({path, lin, name});
   }
-  KILN_CHECK(!found.empty(), "apply_lora: target {} matches no module", patterns_str(o));
+  KILN_CHECK(!found.empty(), "apply_lora: target {} matches no module{}", patterns_str(o),
+             by_default ? " (the default targets for this model: give target_modules)" : "");
   // A fused module (GPT-2's c_attn) is matched whole: every part, part 0 first (the table's order).
   std::map<std::string, int64_t> fused_parts;
   for (const auto& f : found)
@@ -423,6 +433,7 @@ template <Backend B> void merge_lora(Module<B>& model) {
 
 #define KILN_INST(B)                                                                                \
   template class LoraAdapter<B>;                                                                    \
+  template std::vector<std::string> default_lora_targets<B>(const Module<B>&);                      \
   template std::vector<std::string> apply_lora<B>(Module<B>&, const LoraOptions&);                  \
   template std::vector<std::pair<std::string, LoraAdapter<B>*>> lora_adapters<B>(const Module<B>&); \
   template std::vector<std::pair<std::string, Tensor<B>>> lora_state_dict<B>(const Module<B>&);     \

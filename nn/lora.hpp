@@ -41,11 +41,13 @@ struct LoraOptions {
   int64_t r = 8;
   double alpha = 8.0;
   double dropout = 0.0;
-  std::vector<std::string> target_modules{};  // names or globs (see above)
-  std::string target_regex{};                 // or PEFT's regex string (full match); not both
-  std::string bias = "none";                  // the only one implemented: biases stay frozen
-  bool use_rslora = false;                    // scaling alpha/√r instead of alpha/r
-  std::string base_model_name_or_path{};      // written to adapter_config.json
+  // Names or globs (see above), or PEFT's regex string (full match); not both. Neither: the model's
+  // default_lora_targets, as PEFT's LoraConfig without target_modules.
+  std::vector<std::string> target_modules{};
+  std::string target_regex{};
+  std::string bias = "none";              // the only one implemented: biases stay frozen
+  bool use_rslora = false;                // scaling alpha/√r instead of alpha/r
+  std::string base_model_name_or_path{};  // written to adapter_config.json
 };
 
 // One LoRA-wrapped Linear.
@@ -78,6 +80,10 @@ template <Backend B> class LoraAdapter : public LinearAdapter<B> {
   std::shared_ptr<Module<B>> drop_;
   std::shared_ptr<LoraAdapter> owner_;
 };
+
+// PEFT's default targets for the model: for one from hf::load_causal_lm its model_type's (GPT-2:
+// c_attn; Llama, Mistral, Qwen2: q_proj, v_proj), for any other model q_proj, v_proj (kiln's attention).
+template <Backend B> KILN_API std::vector<std::string> default_lora_targets(const Module<B>& model);
 
 // Wraps every Linear whose PEFT path matches, freezes every other parameter, and returns the kiln paths
 // of the wrapped modules. Errors (naming the patterns or the module path): no match, a match that is

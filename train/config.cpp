@@ -274,7 +274,10 @@ json TrainConfig::to_json() const {
               {"bucket_mb", bucket_mb},
               {"activation_checkpointing", activation_checkpointing},
               {"shuffle", shuffle}};
-  if (lora.r > 0) out["lora"] = {{"r", lora.r}, {"alpha", lora.alpha}, {"dropout", lora.dropout}, {"target_modules", lora.target_modules}};
+  if (lora.r > 0) {
+    out["lora"] = {{"r", lora.r}, {"alpha", lora.alpha}, {"dropout", lora.dropout}};
+    if (!lora.target_modules.empty()) out["lora"]["target_modules"] = lora.target_modules;  // absent: the model's default
+  }
   if (ema) out["ema"] = {{"decay", ema->decay}, {"warmup", ema->warmup}};
   if (scheduler) {
     const SchedulerConfig& sc = *scheduler;

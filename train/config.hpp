@@ -77,7 +77,9 @@ struct LoraTrainConfig {
   int64_t r = 0;  // 0: no adapters (every parameter trains)
   double alpha = 16.0;
   double dropout = 0.0;
-  std::vector<std::string> target_modules{"q_proj", "v_proj"};  // names or globs, as nn::LoraOptions
+  // Names or globs, as nn::LoraOptions; empty: the model's default (nn::default_lora_targets, PEFT's:
+  // c_attn on GPT-2, q_proj and v_proj on Llama, Mistral, Qwen2 and kiln's GPT).
+  std::vector<std::string> target_modules;
 };
 
 struct TrainConfig {

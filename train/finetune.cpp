@@ -68,6 +68,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
     KILN_CHECK(eval_data->size() > T, "train: '{}' has {} tokens; need more than seq_len={}", o.eval_data_path, eval_data->size(), T);
   }
   const bool lora = tc.lora.r > 0;
+  if (lora && tc.lora.target_modules.empty()) tc.lora.target_modules = nn::default_lora_targets(*model);  // PEFT's for the architecture
   if (lora)
     nn::apply_lora(*model, {.r = tc.lora.r,
                             .alpha = tc.lora.alpha,

@@ -45,6 +45,9 @@ struct Architecture {
   // The export's config.json: the fields that make spec() read back this Spec ("architectures",
   // "model_type", the sizes, norm, activation, RoPE, tying, biases). nn/hf/export.cpp adds the rest.
   std::function<nlohmann::json(const Spec&)> config;
+  // PEFT's default LoRA targets for this model_type (a LoraConfig without target_modules; peft's
+  // TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING): nn::default_lora_targets.
+  std::vector<std::string> lora_targets;
 };
 
 const Architecture* find_architecture(const std::string& name);

@@ -121,6 +121,8 @@ nlohmann::json gpt2_config(const Spec& s) {
 
 }  // namespace
 
-Architecture gpt2_architecture() { return {"GPT2LMHeadModel", gpt2_spec, gpt2_tensors, {".attn.bias", ".attn.masked_bias"}, gpt2_config}; }
+Architecture gpt2_architecture() {
+  return {"GPT2LMHeadModel", gpt2_spec, gpt2_tensors, {".attn.bias", ".attn.masked_bias"}, gpt2_config, {"c_attn"}};
+}
 
 }  // namespace kiln::hf::detail

@@ -137,7 +137,7 @@ nlohmann::json llama_config(const Spec& s) {
 }  // namespace
 
 Architecture llama_architecture(const std::string& name) {
-  return {name, llama_spec, llama_family_tensors, {"rotary_emb.inv_freq"}, llama_config};
+  return {name, llama_spec, llama_family_tensors, {"rotary_emb.inv_freq"}, llama_config, {"q_proj", "v_proj"}};
 }
 
 }  // namespace kiln::hf::detail

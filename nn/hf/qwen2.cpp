@@ -39,6 +39,8 @@ nlohmann::json qwen2_config(const Spec& s) {
 
 }  // namespace
 
-Architecture qwen2_architecture() { return {"Qwen2ForCausalLM", qwen2_spec, llama_family_tensors, {"rotary_emb.inv_freq"}, qwen2_config}; }
+Architecture qwen2_architecture() {
+  return {"Qwen2ForCausalLM", qwen2_spec, llama_family_tensors, {"rotary_emb.inv_freq"}, qwen2_config, {"q_proj", "v_proj"}};
+}
 
 }  // namespace kiln::hf::detail

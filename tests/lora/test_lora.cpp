@@ -21,6 +21,7 @@
 #include <kiln/backends/backends.hpp>
 #include <kiln/formats/safetensors.hpp>
 #include <kiln/nn/container.hpp>
+#include <kiln/nn/gpt.hpp>
 #include <kiln/nn/hf/causal_lm.hpp>
 #include <kiln/nn/lora.hpp>
 #include <kiln/nn/loss.hpp>
@@ -215,6 +216,33 @@ TEST_CASE("lora: globs match whole paths, names match last components, as PEFT c
   // A dotted suffix: only layer 1's q_proj.
   auto e = hf::load_causal_lm<Cpu>(kFixtures + "llama");
   CHECK(nn::apply_lora(*e, {.r = 2, .target_modules = {"1.self_attn.q_proj"}}) == std::vector<std::string>{"layers.1.attn.q_proj"});
+}
+
+// No targets given: PEFT's default for the model type (its TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING,
+// read in PEFT 0.21.2): GPT-2's fused c_attn, Llama's q_proj and v_proj; kiln's own GPT: q_proj, v_proj.
+TEST_CASE("lora: without targets, apply_lora takes PEFT's defaults for the model type cpu", "[lora]") {
+  auto gpt2 = hf::load_causal_lm<Cpu>(kFixtures + "gpt2");
+  CHECK(nn::default_lora_targets(*gpt2) == std::vector<std::string>{"c_attn"});
+  CHECK(nn::apply_lora(*gpt2, {.r = 2}) == std::vector<std::string>{"layers.0.attn.q_proj", "layers.0.attn.k_proj", "layers.0.attn.v_proj",
+                                                                    "layers.1.attn.q_proj", "layers.1.attn.k_proj",
+                                                                    "layers.1.attn.v_proj"});
+  TempDir tmp("defaults");
+  nn::save_lora(*gpt2, tmp.str());
+  CHECK(read_json(tmp.str() + "/adapter_config.json")["target_modules"] == json({"c_attn"}));
+  auto llama = hf::load_causal_lm<Cpu>(kFixtures + "llama");
+  CHECK(nn::apply_lora(*llama, {.r = 2}) ==
+        std::vector<std::string>{"layers.0.attn.q_proj", "layers.0.attn.v_proj", "layers.1.attn.q_proj", "layers.1.attn.v_proj"});
+  nn::GPT<Cpu> own(ModelConfig{.vocab_size = 16, .d_model = 16, .n_layers = 1, .n_heads = 2, .max_seq_len = 8});
+  CHECK(nn::apply_lora(own, {.r = 2}) == std::vector<std::string>{"layers.0.attn.q_proj", "layers.0.attn.v_proj"});
+  // A model without those names says that the defaults were taken.
+  nn::Sequential<Cpu> mlp;
+  mlp.push_back("fc", std::make_shared<nn::Linear<Cpu>>(nn::LinearOptions{.in = 4, .out = 4}));
+  CHECK_THAT(error_of([&] { nn::apply_lora(mlp, {.r = 2}); }),
+             Catch::Contains("[q_proj, v_proj] matches no module") && Catch::Contains("default targets"));
+  CHECK_THAT(error_of([&] {
+               nn::apply_lora(*hf::load_causal_lm<Cpu>(kFixtures + "llama"), {.target_modules = {"q_proj"}, .target_regex = ".*"});
+             }),
+             Catch::Contains("not both"));
 }
 
 TEST_CASE("lora: a user model: y = x W^T + b + scaling * B A x, gradients by finite differences, frozen base cpu", "[lora]") {

@@ -18,6 +18,7 @@
 
 #include <kiln/backends/backends.hpp>
 #include <kiln/formats/safetensors.hpp>
+#include <kiln/nn/generate.hpp>
 #include <kiln/nn/hf/causal_lm.hpp>
 #include <kiln/nn/lora.hpp>
 #include "common/run.hpp"
@@ -175,4 +176,74 @@ TEST_CASE("lora cli: kiln train --init-from kiln weights --lora-r adapts a GPT a
   r = run_kiln(fmt::format("{} --lora-r 4", base));
   CHECK(r.status != 0);
   CHECK_THAT(r.out, Catch::Contains("--lora-* needs --init-from"));
+}
+
+// kiln generate --adapter and kiln export --adapter on a Hugging Face GPT-2 directory: the adapter merged
+// gives the greedy ids and the logits of the model with the adapter applied unmerged (nn::load_lora, which
+// the cases of test_lora check against PEFT). kiln train's LoRA without --lora-target takes PEFT's default
+// for GPT-2 (c_attn).
+TEST_CASE("lora cli: kiln generate and kiln export --adapter merge an adapter; kiln train takes PEFT's default targets", "[lora]") {
+  const std::string gpt2 = std::string(KILN_SOURCE_DIR) + "/tests/lora/fixtures/gpt2";
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kiln-lora-cli-merge-{}", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() { fs::remove_all(p); }
+  } cleanup{dir};
+  const std::string d = dir.string();
+  {  // an adapter with an effect: kiln's default targets (c_attn), B random
+    auto m = hf::load_causal_lm<Cpu>(gpt2);
+    nn::apply_lora(*m, {.r = 4, .alpha = 8});
+    for (auto& [path, ad] : nn::lora_adapters(*m)) {
+      if (ad->owner() != nullptr) continue;  // k and v share q's tensors
+      Tensor<Cpu> bw = ad->lora_B().weight().value();
+      bw.copy_(Tensor<Cpu>::randn(bw.shape()).mul(0.5));
+    }
+    nn::save_lora(*m, d + "/adapter");
+  }
+  const std::vector<int64_t> prompt{3, 14, 15, 9};
+  const nn::GenerateOptions go{.max_new_tokens = 12};
+  auto adapted = hf::load_causal_lm<Cpu>(gpt2);
+  REQUIRE(nn::load_lora(*adapted, d + "/adapter").size() == 6);
+  const std::vector<int64_t> want = nn::generate(*adapted, {prompt}, go).ids[0];
+  auto base = hf::load_causal_lm<Cpu>(gpt2);
+  REQUIRE(nn::generate(*base, {prompt}, go).ids[0] != want);  // the adapter changes the greedy ids
+
+  auto r = run_kiln(
+      fmt::format("generate {} --adapter {}/adapter --prompt-ids 3,14,15,9 --max-new-tokens 12 --ignore-eos --print-ids", gpt2, d));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("LoRA adapter " + d + "/adapter merged (6 Linears)"));
+  std::string last = r.out.substr(0, r.out.find_last_not_of('\n') + 1);
+  last = last.substr(last.find_last_of('\n') + 1);
+  CHECK(last == fmt::format("{}", fmt::join(want, ",")));
+
+  r = run_kiln(fmt::format("export {} --adapter {}/adapter --out {}/merged", gpt2, d, d));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  auto merged = hf::load_causal_lm<Cpu>(d + "/merged");  // base tensor names only: an adapter tensor left would be refused
+  const Tensor<Cpu> ids = Tensor<Cpu>::from_vector(std::vector<int64_t>{3, 14, 15, 9, 26, 5, 35, 8}, {1, 8});
+  const Tensor<Cpu> lm = merged->forward(ids).value(), la = adapted->forward(ids).value(), lb = base->forward(ids).value();
+  CHECK(lm.sub(la).abs().max().item<float>() < 1e-5);
+  CHECK(lm.sub(lb).abs().max().item<float>() > 1e-2);
+  r = run_kiln(fmt::format("generate {} --adapter {}/none --prompt-ids 3", gpt2, d));
+  CHECK(r.status != 0);
+  CHECK_THAT(r.out, Catch::Contains(d + "/none"));
+
+  // kiln train --lora-r without --lora-target: c_attn on GPT-2, as PEFT's LoraConfig without target_modules.
+  std::vector<int64_t> tokens(400);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>((i * 7 + i / 5) % 64);
+  safetensors::save<Cpu>(d + "/tokens.safetensors", {{"tokens", Tensor<Cpu>::from_vector(tokens, {400})}});
+  std::ofstream(dir / "train.json") << R"({"batch_size": 2, "seq_len": 8, "steps": 2})";
+  r =
+      run_kiln(fmt::format("train --init-from {0} --data {1}/tokens.safetensors --train {1}/train.json --lora-r 2 --save {1}/trained "
+                           "--progress off",
+                           gpt2, d));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("LoRA r 2 on c_attn"));
+  CHECK(json::parse(std::ifstream(dir / "trained" / "adapter_config.json"))["target_modules"] == json({"c_attn"}));
+  auto back = hf::load_causal_lm<Cpu>(gpt2);
+  CHECK(nn::load_lora(*back, d + "/trained").size() == 6);
 }

@@ -169,7 +169,7 @@ int cmd_train(int argc, char** argv) {
        {"lora-r", "LoRA rank: adapters on the --lora-target modules, only they train (0: every parameter)"},
        {"lora-alpha", "LoRA alpha (scaling alpha/r; default 16)"},
        {"lora-dropout", "LoRA dropout on the adapters' input (default 0)"},
-       {"lora-target", "comma-separated module names or globs (default q_proj,v_proj)"},
+       {"lora-target", "comma-separated module names or globs (default: PEFT's for the model: c_attn on GPT-2, else q_proj,v_proj)"},
        {"save", "write the final weights here (safetensors)"},
        {"log", "write one JSON object per step here (JSONL)"},
        {"checkpoint", "write a resumable checkpoint here (every checkpoint_every steps and at the end)"},
@@ -392,11 +392,21 @@ bool is_directory(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+// --adapter DIR (kiln generate, kiln export): the PEFT LoRA adapter loaded onto the model and merged into
+// its weights (W += scaling·B·A, PEFT's merge_and_unload); nothing when dir is empty.
+template <Backend B> void merge_adapter(nn::Module<B>& model, const std::string& dir, const char* cmd) {
+  if (dir.empty()) return;
+  const size_t n = nn::load_lora(model, dir).size();
+  nn::merge_lora(model);
+  fmt::print(stderr, "kiln {}: LoRA adapter {} merged ({} Linears)\n", cmd, dir, n);
+}
+
 int cmd_generate(int argc, char** argv) {
   Args a("generate",
          "kiln generate MODEL_DIR (--prompt-ids 1,2,3 | --prompt TEXT) [flags]\n\n"
          "MODEL_DIR: a Hugging Face model directory (config.json, model.safetensors or its sharded index) or a kiln\n"
-         "checkpoint. Sampling defaults come from the model's generation_config.json (greedy when it has none).",
+         "checkpoint. Sampling defaults come from the model's generation_config.json (greedy when it has none); --adapter\n"
+         "merges a PEFT LoRA adapter into the model first.",
          {{"prompt-ids", "prompt token ids, comma-separated; repeat the flag for a batch of prompts"},
           {"prompt", "prompt text (the model's tokenizer; repeat for a batch)"},
           {"max-new-tokens", "tokens to generate per prompt (default 20)"},
@@ -410,6 +420,7 @@ int cmd_generate(int argc, char** argv) {
           {"batch-size", "prompts decoded together as one batch (default: all; 1: one after the other)"},
           {"ignore-eos", "do not stop at the model's EOS ids", true},
           {"print-ids", "print the generated ids, comma-separated, one line per prompt", true},
+          {"adapter", "a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors), merged into the weights"},
           {"dtype", "parameters' dtype: f32 (default), bf16, f16"},
           {"autocast", "bf16 or f16: run matmuls and attention in that dtype (default: off)"},
           {"model", "model config JSON (a plain kiln weights file)"},
@@ -515,9 +526,11 @@ int cmd_generate(int argc, char** argv) {
   const nn::Generation g = dispatch(a.str("device", "cpu"), [&]<Backend B>() {
     if (hf) {
       auto model = hf::load_causal_lm<B>(*dir, {.dtype = dtype, .autocast = autocast});
+      merge_adapter(*model, a.str("adapter"), "generate");
       return nn::generate(*model, prompts, o);
     }
     auto model = load_gpt<B>(path, a.str("model"));
+    merge_adapter(*model, a.str("adapter"), "generate");
     return nn::generate(*model, prompts, o);
   });
   if (text_mode && !print_ids) {
@@ -544,7 +557,8 @@ int cmd_export(int argc, char** argv) {
          "kiln export CHECKPOINT_OR_MODEL_DIR --format hf --out DIR [flags]\n\n"
          "Writes a Hugging Face model directory (config.json, generation_config.json, model.safetensors or shards with\n"
          "model.safetensors.index.json) that transformers' from_pretrained loads. The input is a kiln checkpoint (a file, or a\n"
-         "directory holding checkpoint.safetensors) of the Llama shape, or a Hugging Face model directory.",
+         "directory holding checkpoint.safetensors) of the Llama shape, or a Hugging Face model directory; --adapter merges\n"
+         "a PEFT LoRA adapter (what kiln train --lora-r writes) into it first.",
          {{"format", "the output format: hf (the one there is; the default)"},
           {"out", "the directory to write (required); an existing non-empty one needs --force"},
           {"dtype", "stored dtype: f32 (default), bf16, f16"},
@@ -552,6 +566,7 @@ int cmd_export(int argc, char** argv) {
           {"max-shard-size", "shard above this many bytes per file: 2GB, 500MB, 1GiB, ... (default 5GB, as transformers)"},
           {"bos-id", "bos_token_id for config.json and generation_config.json (a kiln checkpoint has none)"},
           {"eos-id", "eos_token_id for config.json and generation_config.json (a kiln checkpoint has none)"},
+          {"adapter", "a PEFT LoRA adapter directory merged into the weights written (as PEFT's merge_and_unload)"},
           {"model", "model config JSON (a plain kiln weights file)"},
           {"force", "replace an existing non-empty --out", true}});
   if (argc >= 3 && std::string(argv[2]) == "--help") a.parse(argc, argv, 2);
@@ -577,6 +592,7 @@ int cmd_export(int argc, char** argv) {
         if (::access((path + "/" + f).c_str(), R_OK) == 0) o.tokenizer_from = path;
     auto model = hf::load_causal_lm<Cpu>(path);
     fmt::print(stderr, "kiln export: Hugging Face model directory {} ({})\n", path, model->spec().architecture);
+    merge_adapter(*model, a.str("adapter"), "export");
     hf::save_pretrained(*model, out, o);
   } else {
     if (is_directory(path)) {
@@ -589,6 +605,7 @@ int cmd_export(int argc, char** argv) {
     auto model = load_gpt<Cpu>(path, a.str("model"));
     fmt::print(stderr, "kiln export: kiln checkpoint {} (GPT, {} layers, d_model {}) as LlamaForCausalLM\n", path, model->config().n_layers,
                model->config().d_model);
+    merge_adapter(*model, a.str("adapter"), "export");
     hf::save_pretrained(*model, out, o);
   }
   const hf::ModelDir d = hf::ModelDir::open(out);
