@@ -10,7 +10,8 @@ namespace kiln::hf {
 namespace {
 const std::vector<Architecture>& registry() {
   static const std::vector<Architecture> all = {detail::gpt2_architecture(), detail::llama_architecture("LlamaForCausalLM"),
-                                                detail::llama_architecture("MistralForCausalLM"), detail::qwen2_architecture()};
+                                                detail::llama_architecture("MistralForCausalLM"), detail::qwen2_architecture(),
+                                                detail::qwen3_architecture()};
   return all;
 }
 

@@ -91,6 +91,12 @@ void write_rope(const RopeSpec& r, nlohmann::json& config);
 Architecture gpt2_architecture();
 Architecture llama_architecture(const std::string& name);  // LlamaForCausalLM, MistralForCausalLM
 Architecture qwen2_architecture();
+Architecture qwen3_architecture();
+// The Llama family's config fields and tensor names (nn/hf/llama.cpp; Llama, Mistral, Qwen2, Qwen3).
+// default_head_dim: head_dim when config.json has none (0: hidden_size / num_attention_heads).
+Spec llama_family_spec(ConfigReader& c, const ModelDir& d, int64_t default_head_dim = 0);
+std::map<std::string, TensorSource> llama_family_tensors(const Spec& s, const ModelDir* d);
+nlohmann::json llama_family_config(const Spec& s, const char* model_type);
 }  // namespace detail
 
 }  // namespace kiln::hf

@@ -49,6 +49,13 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
     k_ = lin(*attn, "k_proj", s.hidden, s.kv_heads * s.head_dim, s.qkv_bias);
     v_ = lin(*attn, "v_proj", s.hidden, s.kv_heads * s.head_dim, s.qkv_bias);
     o_ = lin(*attn, "o_proj", s.heads * s.head_dim, s.hidden, s.o_bias);
+    if (s.qk_norm) {
+      auto head_norm = [&](const char* name) {
+        return attn->add(name, std::make_shared<nn::RMSNorm<B>>(nn::RMSNormOptions{.dim = s.head_dim, .eps = s.norm_eps, .dtype = dt}));
+      };
+      q_norm_ = head_norm("q_norm");
+      k_norm_ = head_norm("k_norm");
+    }
     norm("mlp_norm", mlp_rms_, mlp_ln_);
     auto mlp = this->register_module("mlp", std::make_shared<Group<B>>());
     if (s.mlp == MlpKind::swiglu) {
@@ -68,8 +75,14 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
                  nn::KVCache<B>* cache, int64_t capacity) const {
     const int64_t Bn = x.size(0), T = x.size(1), H = s_.heads, Hkv = s_.kv_heads, hd = s_.head_dim;
     const Var<B> h = attn_rms_ ? attn_rms_->forward(x) : attn_ln_->forward(x);
-    Var<B> q = q_->forward(h).reshape({Bn, T, H, hd}).transpose(1, 2);  // [B, H, T, hd]
-    Var<B> k = k_->forward(h).reshape({Bn, T, Hkv, hd}).transpose(1, 2);
+    Var<B> q = q_->forward(h).reshape({Bn, T, H, hd});
+    Var<B> k = k_->forward(h).reshape({Bn, T, Hkv, hd});
+    if (q_norm_) {  // over each head's hd values
+      q = q_norm_->forward(q);
+      k = k_norm_->forward(k);
+    }
+    q = q.transpose(1, 2);  // [B, H, T, hd]
+    k = k.transpose(1, 2);
     Var<B> v = v_->forward(h).reshape({Bn, T, Hkv, hd}).transpose(1, 2);
     if (cos.defined() && rows) {  // per-row positions (a left-padded batch)
       q = nn::rope_rows(q, cos, sin);
@@ -111,7 +124,7 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
 
  private:
   Spec s_;
-  std::shared_ptr<nn::RMSNorm<B>> attn_rms_, mlp_rms_;
+  std::shared_ptr<nn::RMSNorm<B>> attn_rms_, mlp_rms_, q_norm_, k_norm_;
   std::shared_ptr<nn::LayerNorm<B>> attn_ln_, mlp_ln_;
   std::shared_ptr<nn::Linear<B>> q_, k_, v_, o_, gate_, up_, down_;
 };

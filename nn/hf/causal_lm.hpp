@@ -57,6 +57,7 @@ struct Spec {
   Act act = Act::silu;
   bool qkv_bias = false, o_bias = false, mlp_bias = false;
   bool learned_positions = false;  // GPT-2's wpe; otherwise RoPE
+  bool qk_norm = false;            // Qwen3: RMSNorm over each head's q and k (weights [head_dim]) before RoPE
   std::vector<double> inv_freq;    // RoPE: [head_dim/2] angular frequencies (theta and scaling applied)
   RopeSpec rope;                   // RoPE: what inv_freq was computed from
   bool tie_embeddings = false;     // lm_head is the embedding matrix

@@ -70,10 +70,20 @@ std::string spec_difference(const Spec& a, const Spec& b) {
 void write_text(const std::string& path, const std::string& text) { safetensors::write_atomically(path, {{text.data(), text.size()}}); }
 
 // config.json: the architecture's fields from the Spec, then the source's other fields (token ids,
-// names, dropout, ...; its RoPE spelling is replaced by the one written).
+// names, dropout, ...). The dtype and RoPE fields are spelled as the source spells them: transformers 5
+// writes "dtype" and "rope_parameters" where 4.x writes "torch_dtype", "rope_theta" and "rope_scaling"
+// (each reads both), so a re-export renames no field.
 nlohmann::json make_config(const Architecture& a, const Spec& s, const ExportOptions& o) {
   nlohmann::json j = a.config(s);
-  j["torch_dtype"] = torch_dtype_name(o.dtype);
+  const auto source_has = [&](const char* k) { return s.source_config && s.source_config->contains(k); };
+  j[source_has("dtype") && !source_has("torch_dtype") ? "dtype" : "torch_dtype"] = torch_dtype_name(o.dtype);
+  if (source_has("rope_parameters") && j.contains("rope_theta")) {
+    nlohmann::json p = j["rope_scaling"].is_object() ? j["rope_scaling"] : nlohmann::json{{"rope_type", "default"}};
+    p["rope_theta"] = j["rope_theta"];
+    j.erase("rope_theta");
+    j.erase("rope_scaling");
+    j["rope_parameters"] = std::move(p);
+  }
   const std::set<std::string> replaced = {"rope_parameters", "rope_theta", "rope_scaling", "dtype", "torch_dtype"};
   if (s.source_config) {
     for (auto it = s.source_config->begin(); it != s.source_config->end(); ++it)

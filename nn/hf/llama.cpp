@@ -10,9 +10,9 @@
 
 namespace kiln::hf::detail {
 
-// Shared by Llama, Mistral and Qwen2: the fields of their configs and the tensor names of their
+// Shared by Llama, Mistral, Qwen2 and Qwen3: the fields of their configs and the tensor names of their
 // decoders ("model.layers.{i}.self_attn.q_proj.weight", ...).
-Spec llama_family_spec(ConfigReader& c, const ModelDir& d) {
+Spec llama_family_spec(ConfigReader& c, const ModelDir& d, int64_t default_head_dim) {
   Spec s;
   s.architecture = d.architecture();
   s.vocab = c.integer("vocab_size");
@@ -23,7 +23,7 @@ Spec llama_family_spec(ConfigReader& c, const ModelDir& d) {
   s.kv_heads = c.integer("num_key_value_heads", s.heads);
   KILN_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0,
              "{}: num_attention_heads {} must be a positive multiple of num_key_value_heads {}", c.path(), s.heads, s.kv_heads);
-  s.head_dim = c.integer("head_dim", s.hidden / s.heads);
+  s.head_dim = c.integer("head_dim", default_head_dim > 0 ? default_head_dim : s.hidden / s.heads);
   KILN_CHECK(s.head_dim > 0 && s.head_dim % 2 == 0, "{}: head_dim {} must be even and positive", c.path(), s.head_dim);
   s.max_positions = c.integer("max_position_embeddings", 2048);
   s.norm = NormKind::rms;
@@ -65,6 +65,10 @@ std::map<std::string, TensorSource> llama_family_tensors(const Spec& s, const Mo
       t[k + "attn.v_proj.bias"] = {h + "self_attn.v_proj.bias", {Hkv * hd}};
     }
     if (s.o_bias) t[k + "attn.o_proj.bias"] = {h + "self_attn.o_proj.bias", {D}};
+    if (s.qk_norm) {  // one head's hd weights, re-ordered as each head's q/k rows
+      t[k + "attn.q_norm.weight"] = {h + "self_attn.q_norm.weight", {hd}, Op::rope_rows, 0, 1, 1};
+      t[k + "attn.k_norm.weight"] = {h + "self_attn.k_norm.weight", {hd}, Op::rope_rows, 0, 1, 1};
+    }
     t[k + "mlp_norm.weight"] = {h + "post_attention_layernorm.weight", {D}};
     const char* names[] = {"gate_proj", "up_proj", "down_proj"};
     for (const char* n : names) {
@@ -80,6 +84,8 @@ std::map<std::string, TensorSource> llama_family_tensors(const Spec& s, const Mo
 
 // The fields llama_family_spec reads, from a Spec (the export's config.json).
 nlohmann::json llama_family_config(const Spec& s, const char* model_type) {
+  KILN_CHECK(!s.qk_norm || std::string(model_type) == "qwen3", "hf::save_pretrained: {} has no q_norm/k_norm (Qwen3ForCausalLM has)",
+             s.architecture);
   nlohmann::json j;
   j["architectures"] = {s.architecture};
   j["model_type"] = model_type;

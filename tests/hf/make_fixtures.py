@@ -3,7 +3,11 @@
 from them (the reference values of tests/hf). Nothing is downloaded: every model is built here from a
 config, its weights drawn from a seeded generator.
 
-    scripts/hf_venv.sh && .venv-hf/bin/python tests/hf/make_fixtures.py
+    scripts/hf_venv.sh && .venv-hf/bin/python tests/hf/make_fixtures.py [NAME ...]
+
+NAME: only these fixtures (default: all). qwen3 needs transformers 4.51 or later (the venv's 4.46.3 has no
+Qwen3); it was made with transformers 5.24.0 and torch 2.15 (pip install transformers==5.24.0 into a
+directory on PYTHONPATH, with a current torch), the others with the venv.
 
 Each fixtures/<name>/ holds a save_pretrained() directory (config.json, generation_config.json,
 model.safetensors or the sharded model-*.safetensors + model.safetensors.index.json) and expected.json:
@@ -19,6 +23,7 @@ applied to one row of scores.
 import json
 import os
 import shutil
+import sys
 
 import torch
 import transformers
@@ -54,7 +59,7 @@ def greedy(model, ids, n, **kw):
     return out[0, len(ids):].tolist()
 
 
-def make(name, cls, config, seed, dtype=torch.float32, shard=None, eos_at=None, batch=False):
+def make_fixture(name, cls, config, seed, dtype=torch.float32, shard=None, eos_at=None, batch=False):
     torch.manual_seed(seed)
     model = cls(config).eval()
     randomize(model, seed)
@@ -121,8 +126,14 @@ def samplers():
 
 def main():
     os.makedirs(OUT, exist_ok=True)
+    only = set(sys.argv[1:])
     small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                  max_position_embeddings=64)
+
+    def make(name, *args, **kw):
+        if not only or name in only:
+            make_fixture(name, *args, **kw)
+
     make("gpt2", GPT2LMHeadModel,
          GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4, n_inner=64,
                     activation_function="gelu_new", bos_token_id=1, eos_token_id=2), seed=1, eos_at=6, batch=True)
@@ -138,7 +149,14 @@ def main():
          seed=4, shard="20KB", eos_at=4, batch=True)
     make("mistral", MistralForCausalLM,
          MistralConfig(**small, num_key_value_heads=1, head_dim=16, tie_word_embeddings=False, sliding_window=4096), seed=5)
-    samplers()
+    if "qwen3" in only:  # Qwen3 (transformers 4.51+): q_norm/k_norm on each head, head_dim != hidden/heads, o_proj bias too
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+        make("qwen3", Qwen3ForCausalLM,
+             Qwen3Config(**small, num_key_value_heads=2, head_dim=16, attention_bias=True, tie_word_embeddings=False,
+                         rope_theta=1000000.0, bos_token_id=1, eos_token_id=2),
+             seed=6, eos_at=5, batch=True)
+    if not only or "samplers" in only:
+        samplers()
     print("transformers", transformers.__version__, "torch", torch.__version__)
 
 

@@ -137,13 +137,13 @@ std::string run(const std::string& cmd) {
 
 TEST_CASE("export: every imported fixture saves back to identical tensors, an equivalent config.json and its generation_config.json",
           "[hf][export]") {
-  for (const char* name : {"gpt2", "llama", "llama3_bf16", "qwen2", "mistral"}) {
+  for (const char* name : {"gpt2", "llama", "llama3_bf16", "qwen2", "mistral", "qwen3"}) {
     INFO(name);
     Scratch tmp(std::string("rt-") + name);
     const std::string src = kFixtures + name, out = tmp / "out";
     const auto model = hf::load_causal_lm<Cpu>(src);
     const json cfg = read_json(src + "/config.json");
-    const DType stored = cfg["torch_dtype"] == "bfloat16" ? DType::bf16 : DType::f32;
+    const DType stored = cfg.value("torch_dtype", cfg.value("dtype", "float32")) == "bfloat16" ? DType::bf16 : DType::f32;
     hf::save_pretrained(*model, out, {.dtype = stored});
     require_identical_tensors(src, out);
     // config.json: every field of the source with its value. The one exception: Mistral's sliding
@@ -163,7 +163,8 @@ TEST_CASE("export: every imported fixture saves back to identical tensors, an eq
     // the fixture's logits (its config.json, Mistral's null window included, is one transformers takes).
     const auto back = hf::load_causal_lm<Cpu>(out);
     CHECK(logits_of(*back, kPrompt) == logits_of(*model, kPrompt));
-    if (const std::string py = hf_python(); !py.empty()) {
+    // (Not Qwen3: the venv's transformers 4.46.3 predates it.)
+    if (const std::string py = hf_python(); !py.empty() && std::string(name) != "qwen3") {
       const json e = read_json(src + "/expected.json");
       std::ofstream(tmp / "want.json") << e["logits"].dump();
       const std::string r = run(fmt::format("{} {}/tests/hf/check_export.py {} --prompt {} --compare {} 2>&1", py, KILN_SOURCE_DIR, out,

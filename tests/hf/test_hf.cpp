@@ -1,6 +1,7 @@
-// Hugging Face model import and generation against transformers 4.46.3: the fixtures of
+// Hugging Face model import and generation against transformers 4.46.3 (Qwen3: 5.24.0): the fixtures of
 // tests/hf/make_fixtures.py (tiny random GPT-2, Llama (GQA, untied), Llama 3 RoPE scaling stored in
-// bf16, Qwen2 sharded, Mistral with head_dim != hidden/heads). Logits of a whole prompt within 1e-4
+// bf16, Qwen2 sharded, Mistral with head_dim != hidden/heads, Qwen3 with q_norm/k_norm, attention
+// biases and head_dim != hidden/heads). Logits of a whole prompt within 1e-4
 // relative, greedy ids identical, the samplers' processed logits equal, and every kind of bad input
 // a kiln::Error naming the file, the field or the tensor.
 #include <catch2/catch.hpp>
@@ -37,7 +38,7 @@ using json = nlohmann::json;
 namespace {
 
 const std::string kFixtures = std::string(KILN_SOURCE_DIR) + "/tests/hf/fixtures/";
-const char* const kModels[] = {"gpt2", "llama", "llama3_bf16", "qwen2", "mistral"};
+const char* const kModels[] = {"gpt2", "llama", "llama3_bf16", "qwen2", "mistral", "qwen3"};
 
 json read_json(const std::string& path) {
   std::ifstream f(path);
@@ -479,6 +480,19 @@ TEST_CASE("import: bad configs are errors naming config.json and the field", "[h
          c["max_window_layers"] = 0;
        },
        {"config.json", "use_sliding_window"}},
+      {"qwen3",
+       [](json& c) {
+         c["use_sliding_window"] = true;
+         c["sliding_window"] = 8;
+         c["max_window_layers"] = 1;
+       },
+       {"config.json", "use_sliding_window"}},
+      {"qwen3",
+       [](json& c) {
+         c["layer_types"] = {"full_attention", "sliding_attention"};
+       },
+       {"layer_types", "sliding_attention"}},
+      {"qwen3", [](json& c) { c["mlp_bias"] = true; }, {"config.json", "mlp_bias"}},
       {"gpt2", [](json& c) { c["scale_attn_by_inverse_layer_idx"] = true; }, {"config.json", "scale_attn_by_inverse_layer_idx"}},
       {"gpt2", [](json& c) { c["activation_function"] = "gelu_fast"; }, {"activation_function", "gelu_fast"}},
       {"gpt2", [](json& c) { c["add_cross_attention"] = true; }, {"add_cross_attention"}},
@@ -502,6 +516,12 @@ TEST_CASE("import: missing, extra, mis-shaped, mis-tied tensors and broken files
     rewrite(dir + "/model.safetensors", [](auto& ts) { ts.erase("model.layers.1.mlp.up_proj.weight"); });
     const std::string msg = load_error(dir);
     CHECK(msg.find("missing tensor 'model.layers.1.mlp.up_proj.weight'") != std::string::npos);
+    fs::remove_all(dir);
+  }
+  SECTION("missing Qwen3 k_norm") {
+    const std::string dir = copy_fixture("qwen3", "missing");
+    rewrite(dir + "/model.safetensors", [](auto& ts) { ts.erase("model.layers.0.self_attn.k_norm.weight"); });
+    CHECK(load_error(dir).find("missing tensor 'model.layers.0.self_attn.k_norm.weight'") != std::string::npos);
     fs::remove_all(dir);
   }
   SECTION("extra") {
