@@ -42,16 +42,21 @@ std::vector<double> losses(const fs::path& log) {
   return out;
 }
 
+// A fresh directory under the temporary one (the tag and the process id), removed when the case ends.
+struct Scratch {
+  fs::path path;
+  explicit Scratch(const std::string& tag) : path(fs::temp_directory_path() / fmt::format("{}-{}", tag, ::getpid())) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~Scratch() { fs::remove_all(path); }
+};
+
 }  // namespace
 
 TEST_CASE("lora cli: kiln train --init-from MODEL_DIR --lora-r fine-tunes a text file, writes and resumes the adapter", "[lora]") {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("kiln-lora-cli-{}", ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path p;
-    ~Cleanup() { fs::remove_all(p); }
-  } cleanup{dir};
+  const Scratch scratch("kiln-lora-cli");
+  const fs::path& dir = scratch.path;
   const std::string d = dir.string();
   // 300 bytes (185 tokens) of the text fixture: the 30 steps go over it several times.
   std::ifstream corpus(kText);
@@ -140,13 +145,8 @@ TEST_CASE("lora cli: kiln train --init-from MODEL_DIR --lora-r fine-tunes a text
 }
 
 TEST_CASE("lora cli: kiln train --init-from kiln weights --lora-r adapts a GPT and writes its adapter", "[lora]") {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("kiln-lora-cli-gpt-{}", ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path p;
-    ~Cleanup() { fs::remove_all(p); }
-  } cleanup{dir};
+  const Scratch scratch("kiln-lora-cli-gpt");
+  const fs::path& dir = scratch.path;
   const std::string d = dir.string();
   std::ofstream(dir / "model.json") << R"({"d_model": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 32})";
   std::ofstream(dir / "train.json") << R"({"batch_size": 4, "seq_len": 16, "steps": 20, "checkpoint_every": 10})";
@@ -184,13 +184,8 @@ TEST_CASE("lora cli: kiln train --init-from kiln weights --lora-r adapts a GPT a
 // for GPT-2 (c_attn).
 TEST_CASE("lora cli: kiln generate and kiln export --adapter merge an adapter; kiln train takes PEFT's default targets", "[lora]") {
   const std::string gpt2 = std::string(KILN_SOURCE_DIR) + "/tests/lora/fixtures/gpt2";
-  const fs::path dir = fs::temp_directory_path() / fmt::format("kiln-lora-cli-merge-{}", ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path p;
-    ~Cleanup() { fs::remove_all(p); }
-  } cleanup{dir};
+  const Scratch scratch("kiln-lora-cli-merge");
+  const fs::path& dir = scratch.path;
   const std::string d = dir.string();
   {  // an adapter with an effect: kiln's default targets (c_attn), B random
     auto m = hf::load_causal_lm<Cpu>(gpt2);
