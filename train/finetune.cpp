@@ -1,11 +1,14 @@
 #include "kiln/train/finetune.hpp"
 
+#include <filesystem>
+
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "kiln/backends/dispatch.hpp"
 #include "kiln/formats/safetensors.hpp"
 #include "kiln/nn/hf/causal_lm.hpp"
+#include "kiln/nn/hf/export.hpp"
 #include "kiln/nn/lora.hpp"
 #include "kiln/nn/loss.hpp"
 #include "kiln/text/tokenizer.hpp"
@@ -68,6 +71,19 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
     KILN_CHECK(eval_data->size() > T, "train: '{}' has {} tokens; need more than seq_len={}", o.eval_data_path, eval_data->size(), T);
   }
   const bool lora = tc.lora.r > 0;
+  // --save of a full fine-tune: FILE.safetensors is the state dict (kiln names, nn::Module::load); any
+  // other path a Hugging Face model directory, checked here so that a run never ends unable to save.
+  const bool save_dir = !lora && !o.save_path.empty() && !o.save_path.ends_with(".safetensors");
+  if (save_dir) {
+    std::error_code ec;
+    const bool usable =
+        !std::filesystem::exists(o.save_path, ec) ||
+        (std::filesystem::is_directory(o.save_path, ec) && (std::filesystem::is_empty(o.save_path, ec) || hf::is_model_dir(o.save_path)));
+    KILN_CHECK(usable,
+               "train: --save {} is neither absent, an empty directory nor a Hugging Face model directory: a full fine-tune of a model "
+               "directory writes one there (FILE.safetensors writes kiln's state dict instead)",
+               o.save_path);
+  }
   if (lora && tc.lora.target_modules.empty()) tc.lora.target_modules = nn::default_lora_targets(*model);  // PEFT's for the architecture
   if (lora)
     nn::apply_lora(*model, {.r = tc.lora.r,
@@ -122,6 +138,11 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
     if (!o.save_path.empty()) {
       if (lora)
         nn::save_lora(*model, o.save_path);
+      else if (save_dir)  // in the parameters' dtype, as transformers' save_pretrained; the tokenizer beside it
+        hf::save_pretrained(*model, o.save_path,
+                            {.dtype = o.dtype == DType::f64 ? DType::f32 : o.dtype,
+                             .tokenizer_from = hf::has_tokenizer_files(o.init_from) ? o.init_from : std::string(),
+                             .overwrite = true});
       else
         model->save(o.save_path);
     }

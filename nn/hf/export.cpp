@@ -331,6 +331,13 @@ Spec llama_spec_of(const ModelConfig& config) {
   return s;
 }
 
+bool has_tokenizer_files(const std::string& dir) {
+  std::error_code ec;
+  for (const char* f : kTokenizerFiles)
+    if (fs::exists(fs::path(dir) / f, ec)) return true;
+  return false;
+}
+
 int64_t parse_byte_size(const std::string& text) {
   size_t i = 0;
   while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;

@@ -62,5 +62,9 @@ Spec llama_spec_of(const ModelConfig& config);
 // bytes, as transformers' max_shard_size reads them; anything else is an error naming the text.
 int64_t parse_byte_size(const std::string& text);
 
+// Whether DIR holds a tokenizer file that ExportOptions::tokenizer_from copies (tokenizer.json,
+// tokenizer.model, vocab.json, ...).
+bool has_tokenizer_files(const std::string& dir);
+
 }  // namespace kiln::hf
 #pragma GCC visibility pop

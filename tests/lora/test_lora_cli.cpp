@@ -182,7 +182,8 @@ TEST_CASE("lora cli: kiln train --init-from kiln weights --lora-r adapts a GPT a
 // gives the greedy ids and the logits of the model with the adapter applied unmerged (nn::load_lora, which
 // the cases of test_lora check against PEFT). kiln train's LoRA without --lora-target takes PEFT's default
 // for GPT-2 (c_attn).
-TEST_CASE("lora cli: kiln generate and kiln export --adapter merge an adapter; kiln train takes PEFT's default targets", "[lora]") {
+TEST_CASE("lora cli: generate and export --adapter merge an adapter, train takes PEFT defaults and saves a full fine-tune as a model dir",
+          "[lora]") {
   const std::string gpt2 = std::string(KILN_SOURCE_DIR) + "/tests/lora/fixtures/gpt2";
   const Scratch scratch("kiln-lora-cli-merge");
   const fs::path& dir = scratch.path;
@@ -241,4 +242,30 @@ TEST_CASE("lora cli: kiln generate and kiln export --adapter merge an adapter; k
   CHECK(json::parse(std::ifstream(dir / "trained" / "adapter_config.json"))["target_modules"] == json({"c_attn"}));
   auto back = hf::load_causal_lm<Cpu>(gpt2);
   CHECK(nn::load_lora(*back, d + "/trained").size() == 6);
+
+  // A full fine-tune hands the model back too: --save DIR writes a Hugging Face directory holding the
+  // weights that --save FILE.safetensors writes under kiln's names.
+  std::ofstream(dir / "full.json") << R"({"batch_size": 2, "seq_len": 8, "steps": 2, "optimizer": {"name": "adamw", "lr": 0.01}})";
+  const std::string full = fmt::format("train --init-from {0} --data {1}/tokens.safetensors --train {1}/full.json --progress off", gpt2, d);
+  r = run_kiln(fmt::format("{} --save {}/full_hf", full, d));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  r = run_kiln(fmt::format("{} --save {}/full.safetensors", full, d));
+  REQUIRE(r.status == 0);
+  auto from_dir = hf::load_causal_lm<Cpu>(d + "/full_hf");
+  auto from_file = hf::load_causal_lm<Cpu>(gpt2);
+  from_file->load(d + "/full.safetensors");
+  const Tensor<Cpu> lf = from_dir->forward(ids).value();
+  CHECK(lf.sub(from_file->forward(ids).value()).abs().max().item<float>() == 0);
+  CHECK(lf.sub(lb).abs().max().item<float>() > 1e-2);  // it trained
+  // Saved again into its own directory: replaced. A directory holding anything else: refused before training.
+  r = run_kiln(fmt::format("{} --save {}/full_hf", full, d));
+  CHECK(r.status == 0);
+  fs::create_directories(dir / "occupied");
+  std::ofstream(dir / "occupied" / "notes.txt") << "mine";
+  r = run_kiln(fmt::format("{} --save {}/occupied --log {}/occupied.jsonl", full, d, d));
+  CHECK(r.status != 0);
+  CHECK_THAT(r.out, Catch::Contains(d + "/occupied is neither absent"));
+  CHECK(!fs::exists(dir / "occupied.jsonl"));
+  CHECK(fs::exists(dir / "occupied" / "notes.txt"));
 }

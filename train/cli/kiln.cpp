@@ -170,7 +170,9 @@ int cmd_train(int argc, char** argv) {
        {"lora-alpha", "LoRA alpha (scaling alpha/r; default 16)"},
        {"lora-dropout", "LoRA dropout on the adapters' input (default 0)"},
        {"lora-target", "comma-separated module names or globs (default: PEFT's for the model: c_attn on GPT-2, else q_proj,v_proj)"},
-       {"save", "write the final weights here (safetensors)"},
+       {"save",
+        "write the final weights here (safetensors); with --init-from MODEL_DIR: a directory, the adapter with LoRA, else a "
+        "Hugging Face model directory (FILE.safetensors: kiln's state dict)"},
        {"log", "write one JSON object per step here (JSONL)"},
        {"checkpoint", "write a resumable checkpoint here (every checkpoint_every steps and at the end)"},
        {"resume", "resume from this checkpoint (weights, optimizer, step, RNG)"},
@@ -587,9 +589,7 @@ int cmd_export(int argc, char** argv) {
   const bool hf_in = hf::is_model_dir(path);
   if (hf_in) {
     KILN_CHECK(!a.has("model"), "kiln export: --model is for a plain kiln weights file, not a Hugging Face directory ({})", path);
-    if (!a.has("tokenizer"))
-      for (const char* f : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json"})
-        if (::access((path + "/" + f).c_str(), R_OK) == 0) o.tokenizer_from = path;
+    if (!a.has("tokenizer") && hf::has_tokenizer_files(path)) o.tokenizer_from = path;
     auto model = hf::load_causal_lm<Cpu>(path);
     fmt::print(stderr, "kiln export: Hugging Face model directory {} ({})\n", path, model->spec().architecture);
     merge_adapter(*model, a.str("adapter"), "export");
