@@ -53,7 +53,9 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
   const int64_t bs = tc.batch_size, T = tc.seq_len;
   const Ranks ranks = ranks_of<B>(bs);
   KILN_CHECK(tc.zero_stage == 0, "train: zero_stage {} with --init-from MODEL_DIR is not implemented (use 0)", tc.zero_stage);
-  KILN_CHECK(tc.precision == "f32", "train: precision \"{}\" with --init-from MODEL_DIR is not implemented (use f32)", tc.precision);
+  // Mixed precision (docs/mixed_precision.md): f32 master weights, the step under fit's autocast scope.
+  KILN_CHECK(tc.precision == "f32" || o.dtype == DType::f32,
+             "train: precision \"{}\" keeps f32 master weights; it does not combine with --dtype {}", tc.precision, o.dtype);
 
   manual_seed(o.seed);
   auto model = hf::load_causal_lm<B>(o.init_from, {.dtype = o.dtype});
@@ -120,10 +122,11 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
   if (!o.quiet && ranks.main) {
     int64_t trainable = 0;
     for (const auto& [n, p] : model->named_parameters()) trainable += p.requires_grad() ? p.numel() : 0;
-    fmt::print("kiln train: {} from {}: {} parameters, {} trainable{}, {}·{} tokens/step, {} tokens, steps {}, device {}\n",
+    fmt::print("kiln train: {} from {}: {} parameters, {} trainable{}, {}·{} tokens/step, {} tokens, steps {}, device {}{}\n",
                model->spec().architecture, o.init_from, model->num_parameters(), trainable,
                lora ? fmt::format(" (LoRA r {} on {})", tc.lora.r, fmt::join(tc.lora.target_modules, ",")) : std::string(), bs, T,
-               data.size(), tc.steps, B::name);
+               data.size(), tc.steps, B::name,
+               tc.precision == "f32" ? std::string() : fmt::format(", precision {} (autocast)", tc.precision));
   }
   if (!o.quiet && ranks.main && tc.activation_checkpointing)
     fmt::print("kiln train: activation checkpointing on (layer activations recomputed in backward)\n");
