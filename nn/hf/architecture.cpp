@@ -1,5 +1,6 @@
 #include "kiln/nn/hf/architecture.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -178,12 +179,13 @@ RopeSpec read_rope(ConfigReader& c, double default_theta) {
       if (k == "rope_type" || k == "type") {
         KILN_CHECK(it->is_string(), "{}: '{}.{}' must be a string, got {}", c.path(), field, k, it->dump());
         r.type = it->get<std::string>();
-      } else if (it->is_null()) {
+      } else if (it->is_null() || (k == "truncate" && it->is_boolean())) {  // yarn's truncate: read below
         continue;
       } else {
         KILN_CHECK(it->is_number(),
                    "{}: '{}.{}' must be a number, got {} (kiln reads {}.rope_type, rope_theta, factor, low_freq_factor, "
-                   "high_freq_factor, original_max_position_embeddings)",
+                   "high_freq_factor, original_max_position_embeddings; yarn: beta_fast, beta_slow, mscale, mscale_all_dim, "
+                   "attention_factor, truncate)",
                    c.path(), field, k, it->dump(), field);
         num[k] = it->get<double>();
       }
@@ -213,10 +215,30 @@ RopeSpec read_rope(ConfigReader& c, double default_theta) {
     r.low_freq_factor = take("low_freq_factor");
     r.high_freq_factor = take("high_freq_factor");
     r.original_max_position_embeddings = take("original_max_position_embeddings");
+  } else if (r.type == "yarn") {  // transformers' _compute_yarn_parameters (5.x)
+    r.factor = take("factor");
+    r.original_max_position_embeddings = take("original_max_position_embeddings");
+    KILN_CHECK(r.factor > 0 && r.original_max_position_embeddings > 0,
+               "{}: '{}' of rope type \"yarn\" needs a positive factor and original_max_position_embeddings, got {} and {}", c.path(),
+               field, r.factor, r.original_max_position_embeddings);
+    const auto optional = [&](const char* k, double def) { return num.count(k) ? take(k) : def; };
+    // beta_fast/beta_slow of 0 mean the defaults too (transformers: `... or 32`).
+    if (const double v = optional("beta_fast", 0); v != 0) r.beta_fast = v;
+    if (const double v = optional("beta_slow", 0); v != 0) r.beta_slow = v;
+    const auto mscale = [&](double m) { return r.factor <= 1 ? 1.0 : 0.1 * m * std::log(r.factor) + 1.0; };
+    const double m = optional("mscale", 0), m_all = optional("mscale_all_dim", 0);
+    r.attention_factor = optional("attention_factor", m != 0 && m_all != 0 ? mscale(m) / mscale(m_all) : mscale(1));
+    if (p->contains("truncate")) {
+      KILN_CHECK((*p)["truncate"].is_boolean(), "{}: '{}.truncate' must be true or false, got {}", c.path(), field,
+                 (*p)["truncate"].dump());
+      r.truncate = (*p)["truncate"].get<bool>();
+    }
   } else {
-    c.unsupported(field, fmt::format("rope type \"{}\" is not implemented (kiln has default, linear, llama3)", r.type));
+    c.unsupported(field, fmt::format("rope type \"{}\" is not implemented (kiln has default, linear, llama3, yarn)", r.type));
   }
   if (!num.empty()) c.unsupported(field, fmt::format("'{}' does not apply to rope type \"{}\"", num.begin()->first, r.type));
+  if (r.type != "yarn" && p && p->contains("truncate") && !(*p)["truncate"].is_null())
+    c.unsupported(field, fmt::format("'truncate' does not apply to rope type \"{}\"", r.type));
   return r;
 }
 
@@ -239,8 +261,24 @@ std::vector<double> rope_inv_freq(const RopeSpec& r, int64_t head_dim) {
       }
       f = static_cast<float>(f);
     }
+  } else if (r.type == "yarn") {  // in f32 as transformers: interpolated frequencies below the ramp, the original above
+    const int64_t dim = head_dim;
+    const auto correction_dim = [&](double rotations) {
+      return static_cast<double>(dim) * std::log(r.original_max_position_embeddings / (rotations * 2 * M_PI)) / (2 * std::log(r.theta));
+    };
+    double low = correction_dim(r.beta_fast), high = correction_dim(r.beta_slow);
+    if (r.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0), high = std::min(high, static_cast<double>(dim - 1));
+    if (low == high) high += 0.001;  // no zero-width ramp
+    for (int64_t k = 0; k < dim / 2; ++k) {
+      const float pos = std::pow(static_cast<float>(r.theta), static_cast<float>(2 * k) / static_cast<float>(dim));
+      const float extrapolation = 1.0f / pos, interpolation = 1.0f / (static_cast<float>(r.factor) * pos);
+      const float ramp = std::clamp((static_cast<float>(k) - static_cast<float>(low)) / static_cast<float>(high - low), 0.0f, 1.0f);
+      const float keep = 1.0f - ramp;  // the share of the original frequency
+      inv[static_cast<size_t>(k)] = interpolation * (1.0f - keep) + extrapolation * keep;
+    }
   } else {
-    KILN_CHECK(r.type == "default", "hf: rope type \"{}\" is not implemented (kiln has default, linear, llama3)", r.type);
+    KILN_CHECK(r.type == "default", "hf: rope type \"{}\" is not implemented (kiln has default, linear, llama3, yarn)", r.type);
   }
   return inv;
 }
@@ -251,6 +289,14 @@ void write_rope(const RopeSpec& r, nlohmann::json& config) {
     config["rope_scaling"] = nullptr;
   } else if (r.type == "linear") {
     config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", r.factor}};
+  } else if (r.type == "yarn") {  // every parameter explicit, the attention factor as computed
+    config["rope_scaling"] = {{"rope_type", "yarn"},
+                              {"factor", r.factor},
+                              {"original_max_position_embeddings", static_cast<int64_t>(r.original_max_position_embeddings)},
+                              {"beta_fast", r.beta_fast},
+                              {"beta_slow", r.beta_slow},
+                              {"truncate", r.truncate},
+                              {"attention_factor", r.attention_factor}};
   } else {
     KILN_CHECK(r.original_max_position_embeddings == std::floor(r.original_max_position_embeddings),
                "hf: rope original_max_position_embeddings {} is not a whole number of positions", r.original_max_position_embeddings);

@@ -164,13 +164,15 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> CausalLM<B>::rope_tables(in
   if (pos0 + T > have) {
     const int64_t P = std::max<int64_t>({pos0 + T, 2 * have, 64});
     std::vector<float> c(static_cast<size_t>(P * half)), s(c.size());
+    const float af = static_cast<float>(s_.rope.attention_factor);
     for (int64_t t = 0; t < P; ++t)
       for (int64_t k = 0; k < half; ++k) {
         // transformers: angle = f32(position · f32(inv_freq)), cos/sin of it in f32
         const double ang =
             static_cast<float>(static_cast<double>(t) * static_cast<double>(static_cast<float>(s_.inv_freq[static_cast<size_t>(k)])));
-        c[static_cast<size_t>(t * half + k)] = static_cast<float>(std::cos(ang));
-        s[static_cast<size_t>(t * half + k)] = static_cast<float>(std::sin(ang));
+        // yarn's attention factor scales both (transformers: cos(emb) * attention_scaling in f32; 1 otherwise)
+        c[static_cast<size_t>(t * half + k)] = static_cast<float>(std::cos(ang)) * af;
+        s[static_cast<size_t>(t * half + k)] = static_cast<float>(std::sin(ang)) * af;
       }
     cos_ = Tensor<B>::from_vector(c, {P, half});
     sin_ = Tensor<B>::from_vector(s, {P, half});

@@ -40,10 +40,13 @@ enum class Act { gelu_tanh, gelu, relu, silu };
 
 // RoPE as a config spells it (nn/hf/architecture.hpp: read_rope, write_rope).
 struct RopeSpec {
-  std::string type = "default";  // "default", "linear", "llama3"
+  std::string type = "default";  // "default", "linear", "llama3", "yarn"
   double theta = 10000.0;
-  double factor = 0;                                                                       // linear, llama3
-  double low_freq_factor = 0, high_freq_factor = 0, original_max_position_embeddings = 0;  // llama3
+  double factor = 0;                                                                       // linear, llama3, yarn
+  double low_freq_factor = 0, high_freq_factor = 0, original_max_position_embeddings = 0;  // llama3 (the last: yarn too)
+  double beta_fast = 32, beta_slow = 1;                                                    // yarn: the correction range's rotations
+  bool truncate = true;                                                                    // yarn: the range's bounds rounded outwards
+  double attention_factor = 1.0;  // cos and sin are multiplied by it (yarn: 0.1·ln(factor) + 1 unless given)
 };
 
 // What a decoder is made of: the architecture tables fill it from config.json.

@@ -60,6 +60,7 @@ std::string spec_difference(const Spec& a, const Spec& b) {
       {"mlp_bias", a.mlp_bias == b.mlp_bias},
       {"learned_positions", a.learned_positions == b.learned_positions},
       {"inv_freq", a.inv_freq == b.inv_freq},
+      {"rope attention_factor", a.rope.attention_factor == b.rope.attention_factor},
       {"tie_embeddings", a.tie_embeddings == b.tie_embeddings},
   };
   for (const auto& [name, eq] : same)
@@ -70,19 +71,19 @@ std::string spec_difference(const Spec& a, const Spec& b) {
 void write_text(const std::string& path, const std::string& text) { safetensors::write_atomically(path, {{text.data(), text.size()}}); }
 
 // config.json: the architecture's fields from the Spec, then the source's other fields (token ids,
-// names, dropout, ...). The dtype and RoPE fields are spelled as the source spells them: transformers 5
-// writes "dtype" and "rope_parameters" where 4.x writes "torch_dtype", "rope_theta" and "rope_scaling"
-// (each reads both), so a re-export renames no field.
+// names, dropout, ...). The dtype and RoPE fields are spelled as the source spells them (transformers 5
+// writes "dtype" and "rope_parameters" where 4.x writes "torch_dtype", "rope_theta" and "rope_scaling";
+// each reads both), and the source's RoPE fields are kept as they are (the read-back in
+// write_model_dir_unchecked checks that they give this Spec's frequencies), so a re-export changes no field.
 nlohmann::json make_config(const Architecture& a, const Spec& s, const ExportOptions& o) {
   nlohmann::json j = a.config(s);
   const auto source_has = [&](const char* k) { return s.source_config && s.source_config->contains(k); };
   j[source_has("dtype") && !source_has("torch_dtype") ? "dtype" : "torch_dtype"] = torch_dtype_name(o.dtype);
-  if (source_has("rope_parameters") && j.contains("rope_theta")) {
-    nlohmann::json p = j["rope_scaling"].is_object() ? j["rope_scaling"] : nlohmann::json{{"rope_type", "default"}};
-    p["rope_theta"] = j["rope_theta"];
-    j.erase("rope_theta");
-    j.erase("rope_scaling");
-    j["rope_parameters"] = std::move(p);
+  const char* const rope_fields[] = {"rope_parameters", "rope_theta", "rope_scaling"};
+  if (j.contains("rope_theta") && (source_has("rope_parameters") || source_has("rope_theta") || source_has("rope_scaling"))) {
+    for (const char* k : rope_fields) j.erase(k);
+    for (const char* k : rope_fields)
+      if (source_has(k)) j[k] = s.source_config->at(k);
   }
   const std::set<std::string> replaced = {"rope_parameters", "rope_theta", "rope_scaling", "dtype", "torch_dtype"};
   if (s.source_config) {

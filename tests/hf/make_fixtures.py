@@ -5,8 +5,8 @@ config, its weights drawn from a seeded generator.
 
     scripts/hf_venv.sh && .venv-hf/bin/python tests/hf/make_fixtures.py [NAME ...]
 
-NAME: only these fixtures (default: all). qwen3 needs transformers 4.51 or later (the venv's 4.46.3 has no
-Qwen3); it was made with transformers 5.24.0 and torch 2.15 (pip install transformers==5.24.0 into a
+NAME: only these fixtures (default: all). qwen3 and qwen3_yarn need transformers 4.51 or later (the venv's
+4.46.3 has no Qwen3); they were made with transformers 5.24.0 and torch 2.15 (pip install transformers==5.24.0 into a
 directory on PYTHONPATH, with a current torch), the others with the venv.
 
 Each fixtures/<name>/ holds a save_pretrained() directory (config.json, generation_config.json,
@@ -124,6 +124,27 @@ def samplers():
         json.dump({"history": history[0].tolist(), "scores": [float(x) for x in scores[0]], "cases": cases}, f)
 
 
+def yarn_variants():
+    """fixtures/yarn.json: transformers' YaRN frequencies and attention factor for rope_parameters where the
+    correction range falls inside the head (so truncate matters), with beta_*, mscale and an explicit
+    attention_factor: what kiln's rope_inv_freq must give (head_dim 16, theta 10000)."""
+    from transformers import Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    cases = []
+    for p in [{"factor": 4.0, "original_max_position_embeddings": 2048},
+              {"factor": 4.0, "original_max_position_embeddings": 2048, "truncate": False},
+              {"factor": 8.0, "original_max_position_embeddings": 512, "beta_fast": 16, "beta_slow": 2, "mscale": 1.0,
+               "mscale_all_dim": 0.5},
+              {"factor": 2.0, "original_max_position_embeddings": 1024, "attention_factor": 1.5}]:
+        params = {"rope_type": "yarn", "rope_theta": 10000.0, **p}
+        cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                          head_dim=16, max_position_embeddings=8192, rope_parameters=dict(params))
+        inv, af = ROPE_INIT_FUNCTIONS["yarn"](cfg)
+        cases.append({"rope_parameters": params, "inv_freq": [float(x) for x in inv], "attention_factor": float(af)})
+    with open(os.path.join(OUT, "yarn.json"), "w") as f:
+        json.dump(cases, f, indent=1)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     only = set(sys.argv[1:])
@@ -155,6 +176,14 @@ def main():
              Qwen3Config(**small, num_key_value_heads=2, head_dim=16, attention_bias=True, tie_word_embeddings=False,
                          rope_theta=1000000.0, bos_token_id=1, eos_token_id=2),
              seed=6, eos_at=5, batch=True)
+    if "qwen3_yarn" in only:  # YaRN RoPE scaling (transformers 5's _compute_yarn_parameters), as Qwen's long-context advice
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+        make("qwen3_yarn", Qwen3ForCausalLM,
+             Qwen3Config(**small, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+                         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                          "original_max_position_embeddings": 16}),
+             seed=7, batch=True)
+        yarn_variants()
     if not only or "samplers" in only:
         samplers()
     print("transformers", transformers.__version__, "torch", torch.__version__)

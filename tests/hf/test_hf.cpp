@@ -1,7 +1,7 @@
 // Hugging Face model import and generation against transformers 4.46.3 (Qwen3: 5.24.0): the fixtures of
 // tests/hf/make_fixtures.py (tiny random GPT-2, Llama (GQA, untied), Llama 3 RoPE scaling stored in
 // bf16, Qwen2 sharded, Mistral with head_dim != hidden/heads, Qwen3 with q_norm/k_norm, attention
-// biases and head_dim != hidden/heads). Logits of a whole prompt within 1e-4
+// biases and head_dim != hidden/heads, Qwen3 with YaRN RoPE scaling). Logits of a whole prompt within 1e-4
 // relative, greedy ids identical, the samplers' processed logits equal, and every kind of bad input
 // a kiln::Error naming the file, the field or the tensor.
 #include <catch2/catch.hpp>
@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -38,7 +39,7 @@ using json = nlohmann::json;
 namespace {
 
 const std::string kFixtures = std::string(KILN_SOURCE_DIR) + "/tests/hf/fixtures/";
-const char* const kModels[] = {"gpt2", "llama", "llama3_bf16", "qwen2", "mistral", "qwen3"};
+const char* const kModels[] = {"gpt2", "llama", "llama3_bf16", "qwen2", "mistral", "qwen3", "qwen3_yarn"};
 
 json read_json(const std::string& path) {
   std::ifstream f(path);
@@ -394,6 +395,38 @@ TEST_CASE("import: transformers 5's rope_parameters reads as transformers 4's ro
   c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", p["rope_theta"]}};
   write_json(dir + "/config.json", c);
   CHECK(rel_err(logits_of(*hf::load_causal_lm<Cpu>(dir), prompt), e["logits"].get<std::vector<double>>()) > 1e-3);
+  fs::remove_all(dir);
+}
+
+// fixtures/yarn.json (make_fixtures.py): transformers 5.24's YaRN for rope_parameters whose correction range
+// falls inside the head, so that truncate, beta_fast/beta_slow, mscale/mscale_all_dim and an explicit
+// attention_factor each change the result. qwen3_yarn (in kModels) checks the logits of one.
+TEST_CASE("import: YaRN's frequencies and attention factor are transformers' for each of its options", "[hf]") {
+  const std::string dir = copy_fixture("qwen3_yarn", "yarn");
+  json c = read_json(dir + "/config.json");
+  c["max_position_embeddings"] = 8192;
+  std::set<std::vector<float>> seen;
+  for (const json& k : read_json(kFixtures + "yarn.json")) {
+    INFO(k["rope_parameters"].dump());
+    c["rope_parameters"] = k["rope_parameters"];
+    write_json(dir + "/config.json", c);
+    const auto model = hf::load_causal_lm<Cpu>(dir);
+    const std::vector<double>& got = model->spec().inv_freq;
+    const auto want = k["inv_freq"].get<std::vector<double>>();
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-6));
+    CHECK(model->spec().rope.attention_factor == Approx(k["attention_factor"].get<double>()).epsilon(1e-12));
+    seen.insert(std::vector<float>(got.begin(), got.end()));
+  }
+  CHECK(seen.size() == 4);  // every option changed the frequencies
+  c["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
+  write_json(dir + "/config.json", c);
+  CHECK_THAT(load_error(dir), Catch::Contains("original_max_position_embeddings"));
+  c["rope_parameters"] = {{"rope_type", "llama3"},  {"rope_theta", 10000.0},   {"factor", 4.0},
+                          {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16},
+                          {"truncate", true}};
+  write_json(dir + "/config.json", c);
+  CHECK_THAT(load_error(dir), Catch::Contains("'truncate' does not apply"));
   fs::remove_all(dir);
 }
 
