@@ -31,7 +31,7 @@ template <Backend B> class Group : public nn::Module<B> {
 // One pre-norm decoder layer: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)).
 template <Backend B> class DecoderLayer : public nn::Module<B> {
  public:
-  DecoderLayer(const Spec& s, DType dt) : s_(s) {
+  DecoderLayer(const Spec& s, DType dt, bool sliding) : s_(s), sliding_(sliding) {
     auto norm = [&](const char* name, std::shared_ptr<nn::RMSNorm<B>>& rms, std::shared_ptr<nn::LayerNorm<B>>& ln) {
       if (s.norm == NormKind::rms)
         rms = this->register_module(name,
@@ -67,6 +67,8 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
       down_ = lin(*mlp, "proj", s.intermediate, s.hidden, s.mlp_bias);
     }
   }
+
+  bool sliding() const { return sliding_; }  // a sliding-window layer (Spec::sliding_layers)
 
   // x [B, T, D]; cos/sin [T, hd/2] (RoPE) or undefined; rows: cos/sin are [B·T, hd/2], each row's own
   // positions (nn::rope_rows); mask: bool, broadcastable to [B, H, T, S], or undefined; cache: the
@@ -124,6 +126,7 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
 
  private:
   Spec s_;
+  bool sliding_ = false;
   std::shared_ptr<nn::RMSNorm<B>> attn_rms_, mlp_rms_, q_norm_, k_norm_;
   std::shared_ptr<nn::LayerNorm<B>> attn_ln_, mlp_ln_;
   std::shared_ptr<nn::Linear<B>> q_, k_, v_, o_, gate_, up_, down_;
@@ -146,7 +149,14 @@ template <Backend B> CausalLM<B>::CausalLM(Spec s, LoadOptions o) : s_(std::move
     pos_embed_ = this->register_module(
         "pos_embed", std::make_shared<nn::Embedding<B>>(nn::EmbeddingOptions{.num = s_.max_positions, .dim = s_.hidden, .dtype = o.dtype}));
   auto layers = this->register_module("layers", std::make_shared<Group<B>>());
-  for (int64_t i = 0; i < s_.layers; ++i) layers_.push_back(layers->add(std::to_string(i), std::make_shared<DecoderLayer<B>>(s_, o.dtype)));
+  KILN_CHECK(s_.sliding_window >= 0 &&
+                 (s_.sliding_window == 0 ? s_.sliding_layers.empty() : static_cast<int64_t>(s_.sliding_layers.size()) == s_.layers),
+             "hf::CausalLM({}): sliding_window {} needs one sliding_layers entry per layer ({} for {} layers)", s_.architecture,
+             s_.sliding_window, s_.sliding_layers.size(), s_.layers);
+  for (int64_t i = 0; i < s_.layers; ++i) {
+    const bool sliding = s_.sliding_window > 0 && s_.sliding_layers[static_cast<size_t>(i)];
+    layers_.push_back(layers->add(std::to_string(i), std::make_shared<DecoderLayer<B>>(s_, o.dtype, sliding)));
+  }
   if (s_.norm == NormKind::rms)
     rms_ = this->register_module(
         "norm", std::make_shared<nn::RMSNorm<B>>(nn::RMSNormOptions{.dim = s_.hidden, .eps = s_.norm_eps, .dtype = o.dtype}));
@@ -227,13 +237,26 @@ Var<B> CausalLM<B>::run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* cache
     std::tie(c, s) = rope_tables(pos0, T);
   }
   const Tensor<B>& mask = rows.mask;
+  // Sliding-window layers also hide the keys W or more positions back (transformers: kv > q - W), built
+  // only when the sequence reaches that far. Key j and query pos0 + t are cache indices; a left-padded
+  // row's positions are those minus its padding, so the differences, and this mask, are the same.
+  Tensor<B> window_mask = mask;
+  if (const int64_t W = s_.sliding_window; W > 0 && pos0 + T > W) {
+    const Tensor<B> q = Tensor<B>::arange(static_cast<double>(pos0), static_cast<double>(pos0 + T), 1.0, DType::i64).reshape({T, 1});
+    const Tensor<B> k = Tensor<B>::arange(0.0, static_cast<double>(pos0 + T), 1.0, DType::i64).reshape({1, pos0 + T});
+    const Tensor<B> near = k.add(static_cast<double>(W)).gt(q).reshape({1, 1, T, pos0 + T});  // [1, 1, T, S], true = may attend
+    window_mask = mask.defined() ? mask.logical_and(near) : near;
+  }
   if (checkpointing_ && !caches && grad_enabled()) {  // one segment per layer, which it captures by value
-    for (const auto& layer : layers_)
+    for (const auto& layer : layers_) {
+      const Tensor<B> m = layer->sliding() ? window_mask : mask;
       x = kiln::checkpoint<B>(
-          [layer, pos0, c, s, per_row, mask](const Var<B>& h) { return layer->forward(h, pos0, c, s, per_row, mask, nullptr, 0); }, x);
+          [layer, pos0, c, s, per_row, m](const Var<B>& h) { return layer->forward(h, pos0, c, s, per_row, m, nullptr, 0); }, x);
+    }
   } else {
     for (size_t i = 0; i < layers_.size(); ++i)
-      x = layers_[i]->forward(x, pos0, c, s, per_row, mask, caches ? &(*caches)[i] : nullptr, capacity);
+      x = layers_[i]->forward(x, pos0, c, s, per_row, layers_[i]->sliding() ? window_mask : mask, caches ? &(*caches)[i] : nullptr,
+                              capacity);
   }
   x = rms_ ? rms_->forward(x) : ln_->forward(x);
   const Var<B> logits =

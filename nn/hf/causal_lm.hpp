@@ -61,9 +61,14 @@ struct Spec {
   bool qkv_bias = false, o_bias = false, mlp_bias = false;
   bool learned_positions = false;  // GPT-2's wpe; otherwise RoPE
   bool qk_norm = false;            // Qwen3: RMSNorm over each head's q and k (weights [head_dim]) before RoPE
-  std::vector<double> inv_freq;    // RoPE: [head_dim/2] angular frequencies (theta and scaling applied)
-  RopeSpec rope;                   // RoPE: what inv_freq was computed from
-  bool tie_embeddings = false;     // lm_head is the embedding matrix
+  // Sliding-window attention (transformers' "sliding_attention" layers: Mistral's sliding_window, Qwen's
+  // use_sliding_window): in the layers marked, the query at position i sees the keys at positions
+  // i - sliding_window + 1 .. i only. 0 / empty: none.
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers{};  // [layers] when sliding_window > 0
+  std::vector<double> inv_freq;        // RoPE: [head_dim/2] angular frequencies (theta and scaling applied)
+  RopeSpec rope;                       // RoPE: what inv_freq was computed from
+  bool tie_embeddings = false;         // lm_head is the embedding matrix
   // The config.json and generation_config.json of the directory the model was read from (null for a
   // Spec made in code): hf::save_pretrained (nn/hf/export.hpp) writes their other fields back.
   std::shared_ptr<const nlohmann::json> source_config, source_generation_config;

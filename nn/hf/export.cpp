@@ -61,6 +61,7 @@ std::string spec_difference(const Spec& a, const Spec& b) {
       {"learned_positions", a.learned_positions == b.learned_positions},
       {"inv_freq", a.inv_freq == b.inv_freq},
       {"rope attention_factor", a.rope.attention_factor == b.rope.attention_factor},
+      {"sliding_window", a.sliding_window == b.sliding_window && a.sliding_layers == b.sliding_layers},
       {"tie_embeddings", a.tie_embeddings == b.tie_embeddings},
   };
   for (const auto& [name, eq] : same)

@@ -3,6 +3,8 @@
 // SwiGLU, tied or untied head, optional attention/MLP biases. Mistral's sliding window must not act
 // (null, or at least max_position_embeddings). q_proj/k_proj rows are re-ordered for kiln's
 // interleaved RoPE (nn/hf/causal_lm.hpp).
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -37,12 +39,18 @@ Spec llama_family_spec(ConfigReader& c, const ModelDir& d, int64_t default_head_
   s.inv_freq = rope_inv_freq(s.rope, s.head_dim);
   if (const auto* v = c.raw("partial_rotary_factor"))
     if (!(v->is_number() && v->get<double>() == 1.0)) c.unsupported("partial_rotary_factor", "partial RoPE is not implemented");
-  // transformers 4.5x+/5: a type per layer; only full attention is implemented.
+  // transformers 4.5x+/5: a type per layer, full or sliding-window attention; the architecture's reader
+  // gives the sliding layers their window (Spec::sliding_window) or refuses them.
   if (const auto* v = c.raw("layer_types")) {
-    KILN_CHECK(v->is_array(), "{}: field 'layer_types' must be a list, got {}", c.path(), v->dump());
-    for (const auto& t : *v)
-      if (!(t.is_string() && t.get<std::string>() == "full_attention"))
-        c.unsupported("layer_types", fmt::format("layer type {} is not implemented (only \"full_attention\")", t.dump()));
+    KILN_CHECK(v->is_array() && static_cast<int64_t>(v->size()) == s.layers,
+               "{}: field 'layer_types' must be a list of {} layer types, got {}", c.path(), s.layers, v->dump());
+    for (const auto& t : *v) {
+      const bool full = t.is_string() && t.get<std::string>() == "full_attention";
+      if (!full && !(t.is_string() && t.get<std::string>() == "sliding_attention"))
+        c.unsupported("layer_types",
+                      fmt::format("layer type {} is not implemented (kiln has \"full_attention\" and \"sliding_attention\")", t.dump()));
+      s.sliding_layers.push_back(!full);
+    }
   }
   return s;
 }
@@ -110,12 +118,17 @@ Spec llama_spec(const ModelDir& d) {
   ConfigReader c(d);
   Spec s = llama_family_spec(c, d);
   const bool mistral = d.architecture() == "MistralForCausalLM";
+  // Llama has full attention in every layer; Mistral's sliding_window, when set, acts in every layer
+  // (transformers' MistralModel ignores layer_types).
+  const bool any_sliding = std::find(s.sliding_layers.begin(), s.sliding_layers.end(), true) != s.sliding_layers.end();
+  if (!mistral && any_sliding) c.unsupported("layer_types", "LlamaForCausalLM has no sliding-window layers");
+  s.sliding_layers.clear();
   if (mistral) {
     if (const auto* w = c.raw("sliding_window")) {
-      KILN_CHECK(w->is_number_integer(), "{}: field 'sliding_window' must be an integer or null, got {}", c.path(), w->dump());
-      if (w->get<int64_t>() < s.max_positions)
-        c.unsupported("sliding_window", fmt::format("sliding-window attention (window {} < max_position_embeddings {}) is not implemented",
-                                                    w->get<int64_t>(), s.max_positions));
+      KILN_CHECK(w->is_number_integer() && w->get<int64_t>() > 0, "{}: field 'sliding_window' must be a positive integer or null, got {}",
+                 c.path(), w->dump());
+      s.sliding_window = w->get<int64_t>();
+      s.sliding_layers.assign(static_cast<size_t>(s.layers), true);
     }
   } else {
     s.qkv_bias = s.o_bias = c.boolean("attention_bias", false);
@@ -131,8 +144,12 @@ nlohmann::json llama_config(const Spec& s) {
   nlohmann::json j = llama_family_config(s, mistral ? "mistral" : "llama");
   if (mistral) {
     KILN_CHECK(!s.qkv_bias && !s.o_bias && !s.mlp_bias, "hf::save_pretrained: MistralForCausalLM has no biases");
-    j["sliding_window"] = nullptr;  // full attention (transformers' default would be a window of 4096)
+    KILN_CHECK(std::find(s.sliding_layers.begin(), s.sliding_layers.end(), false) == s.sliding_layers.end(),
+               "hf::save_pretrained: MistralForCausalLM's sliding window acts in every layer or in none");
+    // null: full attention (transformers' default would be a window of 4096)
+    j["sliding_window"] = s.sliding_window > 0 ? nlohmann::json(s.sliding_window) : nlohmann::json(nullptr);
   } else {
+    KILN_CHECK(s.sliding_window == 0, "hf::save_pretrained: LlamaForCausalLM has no sliding-window attention");
     KILN_CHECK(s.qkv_bias == s.o_bias, "hf::save_pretrained: LlamaForCausalLM has biases on all of q, k, v, o or on none of them");
     j["attention_bias"] = s.qkv_bias;
     j["mlp_bias"] = s.mlp_bias;

@@ -2,8 +2,8 @@
 // models/qwen3/modeling_qwen3.py): the Llama network. Qwen2 has biases on q_proj, k_proj and v_proj
 // (not o_proj). Qwen3 has an RMSNorm over each head's q and k before RoPE (q_norm, k_norm: [head_dim]
 // weights, eps rms_norm_eps), Llama's attention_bias (q, k, v and o) and a head_dim of 128 when the
-// config gives none. Sliding-window attention (use_sliding_window with a window shorter than the
-// context) is not implemented and is an error.
+// config gives none. Both may have sliding-window layers (use_sliding_window, sliding_window,
+// max_window_layers or layer_types).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -13,24 +13,38 @@ namespace kiln::hf::detail {
 
 namespace {
 
-// use_sliding_window acts from layer max_window_layers on, where the window is shorter than the
-// positions (both configs' rule); layer_types' sliding entries are refused by llama_family_spec.
-void refuse_sliding_window(ConfigReader& c, const Spec& s) {
-  const bool sliding = c.boolean("use_sliding_window", false);
+// Both configs' rule (transformers 5): the window is sliding_window where use_sliding_window, else none;
+// the sliding layers are layer_types' "sliding_attention" entries, or without layer_types those from
+// max_window_layers on. Without a window every layer has full attention.
+void read_sliding_window(ConfigReader& c, Spec& s) {
+  const bool use = c.boolean("use_sliding_window", false);
   const int64_t window = c.integer("sliding_window", 0);
-  const int64_t max_window_layers = c.integer("max_window_layers", s.layers);
-  if (sliding && window > 0 && window < s.max_positions && max_window_layers < s.layers)
-    c.unsupported("use_sliding_window",
-                  fmt::format("sliding-window attention (window {} < max_position_embeddings {} from layer {}) is not "
-                              "implemented",
-                              window, s.max_positions, max_window_layers));
+  const int64_t from = c.integer("max_window_layers", s.layers);
+  if (!use || window <= 0) {
+    KILN_CHECK(!use, "{}: use_sliding_window needs a positive sliding_window, got {}", c.path(), window);
+    s.sliding_layers.clear();
+    return;
+  }
+  s.sliding_window = window;
+  if (s.sliding_layers.empty())  // no layer_types
+    for (int64_t i = 0; i < s.layers; ++i) s.sliding_layers.push_back(i >= from);
+}
+
+// use_sliding_window, sliding_window and layer_types as read_sliding_window reads them back.
+void write_sliding_window(const Spec& s, nlohmann::json& j) {
+  j["use_sliding_window"] = s.sliding_window > 0;
+  if (s.sliding_window == 0) return;  // the source's sliding_window and max_window_layers (if any) act on nothing
+  j["sliding_window"] = s.sliding_window;
+  nlohmann::json types = nlohmann::json::array();
+  for (const bool sliding : s.sliding_layers) types.push_back(sliding ? "sliding_attention" : "full_attention");
+  j["layer_types"] = types;
 }
 
 Spec qwen2_spec(const ModelDir& d) {
   ConfigReader c(d);
   Spec s = llama_family_spec(c, d);
   s.qkv_bias = true;
-  refuse_sliding_window(c, s);
+  read_sliding_window(c, s);
   c.finish();
   return s;
 }
@@ -38,7 +52,7 @@ Spec qwen2_spec(const ModelDir& d) {
 nlohmann::json qwen2_config(const Spec& s) {
   KILN_CHECK(s.qkv_bias && !s.o_bias && !s.mlp_bias, "hf::save_pretrained: Qwen2ForCausalLM has biases on q, k and v only");
   nlohmann::json j = llama_family_config(s, "qwen2");
-  j["use_sliding_window"] = false;
+  write_sliding_window(s, j);
   return j;
 }
 
@@ -47,7 +61,7 @@ Spec qwen3_spec(const ModelDir& d) {
   Spec s = llama_family_spec(c, d, 128);  // Qwen3Config's head_dim defaults to 128, not hidden/heads
   s.qkv_bias = s.o_bias = c.boolean("attention_bias", false);
   s.qk_norm = true;
-  refuse_sliding_window(c, s);
+  read_sliding_window(c, s);
   c.finish();
   return s;
 }
@@ -57,7 +71,7 @@ nlohmann::json qwen3_config(const Spec& s) {
              "hf::save_pretrained: Qwen3ForCausalLM has q_norm/k_norm, and biases on all of q, k, v, o or on none of them");
   nlohmann::json j = llama_family_config(s, "qwen3");
   j["attention_bias"] = s.qkv_bias;
-  j["use_sliding_window"] = false;
+  write_sliding_window(s, j);
   return j;
 }
 

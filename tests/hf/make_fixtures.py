@@ -5,8 +5,9 @@ config, its weights drawn from a seeded generator.
 
     scripts/hf_venv.sh && .venv-hf/bin/python tests/hf/make_fixtures.py [NAME ...]
 
-NAME: only these fixtures (default: all). qwen3 and qwen3_yarn need transformers 4.51 or later (the venv's
-4.46.3 has no Qwen3); they were made with transformers 5.24.0 and torch 2.15 (pip install transformers==5.24.0 into a
+NAME: only these fixtures (default: all). qwen3, qwen3_yarn, qwen3_window and mistral_window need transformers
+4.51 or later (the venv's 4.46.3 has no Qwen3, and its sliding-window masks are older); they were made with
+transformers 5.24.0 and torch 2.15 (pip install transformers==5.24.0 into a
 directory on PYTHONPATH, with a current torch), the others with the venv.
 
 Each fixtures/<name>/ holds a save_pretrained() directory (config.json, generation_config.json,
@@ -184,6 +185,15 @@ def main():
                                           "original_max_position_embeddings": 16}),
              seed=7, batch=True)
         yarn_variants()
+    if "qwen3_window" in only:  # sliding-window attention in layer 1 (max_window_layers 1), window 4: prompts of 7 and decoding reach past it
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+        make("qwen3_window", Qwen3ForCausalLM,
+             Qwen3Config(**small, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, use_sliding_window=True,
+                         sliding_window=4, max_window_layers=1),
+             seed=8, batch=True)
+    if "mistral_window" in only:  # Mistral's window acts in every layer: 5 positions
+        make("mistral_window", MistralForCausalLM,
+             MistralConfig(**small, num_key_value_heads=2, tie_word_embeddings=False, sliding_window=5), seed=9, batch=True)
     if not only or "samplers" in only:
         samplers()
     print("transformers", transformers.__version__, "torch", torch.__version__)

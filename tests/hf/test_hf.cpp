@@ -1,7 +1,8 @@
 // Hugging Face model import and generation against transformers 4.46.3 (Qwen3: 5.24.0): the fixtures of
 // tests/hf/make_fixtures.py (tiny random GPT-2, Llama (GQA, untied), Llama 3 RoPE scaling stored in
 // bf16, Qwen2 sharded, Mistral with head_dim != hidden/heads, Qwen3 with q_norm/k_norm, attention
-// biases and head_dim != hidden/heads, Qwen3 with YaRN RoPE scaling). Logits of a whole prompt within 1e-4
+// biases and head_dim != hidden/heads, Qwen3 with YaRN RoPE scaling, Qwen3 and Mistral with sliding-window
+// attention that acts). Logits of a whole prompt within 1e-4
 // relative, greedy ids identical, the samplers' processed logits equal, and every kind of bad input
 // a kiln::Error naming the file, the field or the tensor.
 #include <catch2/catch.hpp>
@@ -39,7 +40,7 @@ using json = nlohmann::json;
 namespace {
 
 const std::string kFixtures = std::string(KILN_SOURCE_DIR) + "/tests/hf/fixtures/";
-const char* const kModels[] = {"gpt2", "llama", "llama3_bf16", "qwen2", "mistral", "qwen3", "qwen3_yarn"};
+const char* const kModels[] = {"gpt2", "llama", "llama3_bf16", "qwen2", "mistral", "qwen3", "qwen3_yarn", "qwen3_window", "mistral_window"};
 
 json read_json(const std::string& path) {
   std::ifstream f(path);
@@ -504,27 +505,20 @@ TEST_CASE("import: bad configs are errors naming config.json and the field", "[h
        [](json& c) {
          c["layer_types"] = {"full_attention", "sliding_attention"};
        },
-       {"layer_types", "sliding_attention"}},
-      {"mistral", [](json& c) { c["sliding_window"] = 16; }, {"config.json", "sliding_window", "16"}},
+       {"layer_types", "no sliding-window layers"}},
+      {"llama",
+       [](json& c) {
+         c["layer_types"] = {"full_attention", "chunked_attention"};
+       },
+       {"layer_types", "chunked_attention"}},
+      {"llama", [](json& c) { c["layer_types"] = {"full_attention"}; }, {"layer_types", "2 layer types"}},
+      {"mistral", [](json& c) { c["sliding_window"] = 0; }, {"config.json", "sliding_window", "positive"}},
       {"qwen2",
        [](json& c) {
          c["use_sliding_window"] = true;
-         c["sliding_window"] = 8;
-         c["max_window_layers"] = 0;
+         c["sliding_window"] = nullptr;
        },
-       {"config.json", "use_sliding_window"}},
-      {"qwen3",
-       [](json& c) {
-         c["use_sliding_window"] = true;
-         c["sliding_window"] = 8;
-         c["max_window_layers"] = 1;
-       },
-       {"config.json", "use_sliding_window"}},
-      {"qwen3",
-       [](json& c) {
-         c["layer_types"] = {"full_attention", "sliding_attention"};
-       },
-       {"layer_types", "sliding_attention"}},
+       {"config.json", "use_sliding_window", "positive sliding_window"}},
       {"qwen3", [](json& c) { c["mlp_bias"] = true; }, {"config.json", "mlp_bias"}},
       {"gpt2", [](json& c) { c["scale_attn_by_inverse_layer_idx"] = true; }, {"config.json", "scale_attn_by_inverse_layer_idx"}},
       {"gpt2", [](json& c) { c["activation_function"] = "gelu_fast"; }, {"activation_function", "gelu_fast"}},
