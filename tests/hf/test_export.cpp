@@ -417,7 +417,7 @@ TEST_CASE("cli: kiln export writes a Hugging Face directory from a kiln weights 
 
 #if defined(KILN_HAVE_CUDA_BACKEND)
 TEST_CASE("export: on Cuda, imported models save back to identical tensors", "[hf][export][cuda]") {
-  for (const char* name : {"gpt2", "llama3_bf16", "qwen2"}) {
+  for (const char* name : {"gpt2", "llama3_bf16", "qwen2", "qwen3_window"}) {
     INFO(name);
     Scratch tmp(std::string("cuda-") + name);
     const std::string src = kFixtures + name;

@@ -219,7 +219,7 @@ template <Backend B> void check_padded_batch(const std::string& name) {
 }  // namespace
 
 TEST_CASE("generate: each row of a left-padded batch gets the logits it gets alone (cpu, reference)", "[hf]") {
-  for (const char* name : {"gpt2", "llama", "qwen2"}) {
+  for (const char* name : {"gpt2", "llama", "qwen2", "qwen3_window", "mistral_window"}) {
     DYNAMIC_SECTION(name) {
       check_padded_batch<Cpu>(name);
       check_padded_batch<Reference>(name);
@@ -229,12 +229,12 @@ TEST_CASE("generate: each row of a left-padded batch gets the logits it gets alo
 
 #if defined(KILN_HAVE_CUDA_BACKEND)
 TEST_CASE("generate: each row of a left-padded batch gets the logits it gets alone on Cuda", "[hf][cuda]") {
-  for (const char* name : {"gpt2", "llama"}) DYNAMIC_SECTION(name) check_padded_batch<Cuda>(name);
+  for (const char* name : {"gpt2", "llama", "qwen3_window"}) DYNAMIC_SECTION(name) check_padded_batch<Cuda>(name);
 }
 #endif
 
 TEST_CASE("generate: the KV-cached forward gives the logits of the full forward, and Reference agrees with Cpu", "[hf]") {
-  for (const char* name : {"gpt2", "llama", "qwen2"}) {
+  for (const char* name : {"gpt2", "llama", "qwen2", "qwen3_yarn", "qwen3_window", "mistral_window"}) {
     DYNAMIC_SECTION(name) {
       const json e = read_json(kFixtures + name + "/expected.json");
       const auto prompt = e["prompt"].get<std::vector<int64_t>>();
