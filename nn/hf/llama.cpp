@@ -123,11 +123,12 @@ Spec llama_spec(const ModelDir& d) {
   const bool any_sliding = std::find(s.sliding_layers.begin(), s.sliding_layers.end(), true) != s.sliding_layers.end();
   if (!mistral && any_sliding) c.unsupported("layer_types", "LlamaForCausalLM has no sliding-window layers");
   s.sliding_layers.clear();
-  if (mistral) {
-    if (const auto* w = c.raw("sliding_window")) {
-      KILN_CHECK(w->is_number_integer() && w->get<int64_t>() > 0, "{}: field 'sliding_window' must be a positive integer or null, got {}",
-                 c.path(), w->dump());
-      s.sliding_window = w->get<int64_t>();
+  if (mistral) {  // MistralConfig's sliding_window defaults to 4096; null: none
+    const auto* w = c.raw("sliding_window");
+    KILN_CHECK(!w || (w->is_number_integer() && w->get<int64_t>() > 0),
+               "{}: field 'sliding_window' must be a positive integer or null, got {}", c.path(), w ? w->dump() : "");
+    if (w || !c.json().contains("sliding_window")) {
+      s.sliding_window = w ? w->get<int64_t>() : 4096;
       s.sliding_layers.assign(static_cast<size_t>(s.layers), true);
     }
   } else {

@@ -13,18 +13,19 @@ namespace kiln::hf::detail {
 
 namespace {
 
-// Both configs' rule (transformers 5): the window is sliding_window where use_sliding_window, else none;
-// the sliding layers are layer_types' "sliding_attention" entries, or without layer_types those from
-// max_window_layers on. Without a window every layer has full attention.
+// Both configs' rule (transformers 5): the window is sliding_window (4096 when absent, none when null)
+// where use_sliding_window, else none; the sliding layers are layer_types' "sliding_attention" entries, or
+// without layer_types those from max_window_layers (default 28) on. Without a window every layer has
+// full attention.
 void read_sliding_window(ConfigReader& c, Spec& s) {
   const bool use = c.boolean("use_sliding_window", false);
-  const int64_t window = c.integer("sliding_window", 0);
-  const int64_t from = c.integer("max_window_layers", s.layers);
-  if (!use || window <= 0) {
-    KILN_CHECK(!use, "{}: use_sliding_window needs a positive sliding_window, got {}", c.path(), window);
+  const int64_t window = c.json().contains("sliding_window") ? c.integer("sliding_window", 0) : 4096;
+  const int64_t from = c.integer("max_window_layers", 28);
+  if (!use || (c.json().contains("sliding_window") && c.json()["sliding_window"].is_null())) {
     s.sliding_layers.clear();
     return;
   }
+  KILN_CHECK(window > 0, "{}: use_sliding_window needs a positive sliding_window, got {}", c.path(), window);
   s.sliding_window = window;
   if (s.sliding_layers.empty())  // no layer_types
     for (int64_t i = 0; i < s.layers; ++i) s.sliding_layers.push_back(i >= from);

@@ -431,6 +431,36 @@ TEST_CASE("import: YaRN's frequencies and attention factor are transformers' for
   fs::remove_all(dir);
 }
 
+// The config classes' defaults where a field is absent: MistralConfig's sliding_window 4096, Qwen2Config's
+// 4096 and max_window_layers 28 (with use_sliding_window); null: no window.
+TEST_CASE("import: sliding windows take transformers' defaults for absent fields", "[hf]") {
+  const std::string mistral = copy_fixture("mistral", "window-default"), qwen = copy_fixture("qwen2", "window-default");
+  json m = read_json(mistral + "/config.json");
+  m.erase("sliding_window");
+  write_json(mistral + "/config.json", m);
+  CHECK(hf::load_causal_lm<Cpu>(mistral)->spec().sliding_window == 4096);
+  m["sliding_window"] = nullptr;
+  write_json(mistral + "/config.json", m);
+  CHECK(hf::load_causal_lm<Cpu>(mistral)->spec().sliding_window == 0);
+  json q = read_json(qwen + "/config.json");
+  q["use_sliding_window"] = true;
+  q.erase("sliding_window");
+  q.erase("max_window_layers");
+  write_json(qwen + "/config.json", q);
+  auto s = hf::load_causal_lm<Cpu>(qwen)->spec();
+  CHECK(s.sliding_window == 4096);
+  CHECK(s.sliding_layers == std::vector<bool>{false, false});  // from layer 28 on
+  q["max_window_layers"] = 1;
+  write_json(qwen + "/config.json", q);
+  s = hf::load_causal_lm<Cpu>(qwen)->spec();
+  CHECK(s.sliding_layers == std::vector<bool>{false, true});
+  q["sliding_window"] = nullptr;
+  write_json(qwen + "/config.json", q);
+  CHECK(hf::load_causal_lm<Cpu>(qwen)->spec().sliding_window == 0);
+  fs::remove_all(mistral);
+  fs::remove_all(qwen);
+}
+
 TEST_CASE("import: bf16 parameters and bf16 autocast stay close to the f32 logits", "[hf]") {
   const json e = read_json(kFixtures + "llama/expected.json");
   const auto prompt = e["prompt"].get<std::vector<int64_t>>();
@@ -516,7 +546,7 @@ TEST_CASE("import: bad configs are errors naming config.json and the field", "[h
       {"qwen2",
        [](json& c) {
          c["use_sliding_window"] = true;
-         c["sliding_window"] = nullptr;
+         c["sliding_window"] = 0;
        },
        {"config.json", "use_sliding_window", "positive sliding_window"}},
       {"qwen3", [](json& c) { c["mlp_bias"] = true; }, {"config.json", "mlp_bias"}},
