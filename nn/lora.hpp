@@ -82,7 +82,7 @@ template <Backend B> class LoraAdapter : public LinearAdapter<B> {
 };
 
 // PEFT's default targets for the model: for one from hf::load_causal_lm its model_type's (GPT-2:
-// c_attn; Llama, Mistral, Qwen2: q_proj, v_proj), for any other model q_proj, v_proj (kiln's attention).
+// c_attn; Llama, Mistral, Qwen2, Qwen3: q_proj, v_proj), for any other model q_proj, v_proj (kiln's attention).
 template <Backend B> KILN_API std::vector<std::string> default_lora_targets(const Module<B>& model);
 
 // Wraps every Linear whose PEFT path matches, freezes every other parameter, and returns the kiln paths

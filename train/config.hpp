@@ -78,7 +78,7 @@ struct LoraTrainConfig {
   double alpha = 16.0;
   double dropout = 0.0;
   // Names or globs, as nn::LoraOptions; empty: the model's default (nn::default_lora_targets, PEFT's:
-  // c_attn on GPT-2, q_proj and v_proj on Llama, Mistral, Qwen2 and kiln's GPT).
+  // c_attn on GPT-2, q_proj and v_proj on Llama, Mistral, Qwen2, Qwen3 and kiln's GPT).
   std::vector<std::string> target_modules;
 };
 
