@@ -205,6 +205,17 @@ template <Backend B> std::vector<std::string> apply_lora(Module<B>& model, const
     KILN_CHECK(lin->adapter() == nullptr, "apply_lora: module '{}' has an adapter already", name.path);
     found.push_back({path, lin, name});
   }
+  // PEFT adapts lm_head even where the head is tied to the embedding; kiln's tied models compute the
+  // head from the embedding matrix, with no Linear to wrap: an error rather than a target left out.
+  for (const auto& p : o.target_modules) {
+    if (is_glob(p) || !(p == "lm_head" || p.ends_with(".lm_head"))) continue;
+    bool hit = false;
+    for (const auto& f : found) hit = hit || f.name.path == p || f.name.path.ends_with("." + p);
+    KILN_CHECK(hit,
+               "apply_lora: target '{}' matches no module (a model whose output head is tied to its embedding, tie_word_embeddings, "
+               "computes it from the embedding matrix in kiln: there is no lm_head Linear to adapt)",
+               p);
+  }
   KILN_CHECK(!found.empty(), "apply_lora: target {} matches no module{}", patterns_str(o),
              by_default ? " (the default targets for this model: give target_modules)" : "");
   // A fused module (GPT-2's c_attn) is matched whole: every part, part 0 first (the table's order).
@@ -399,6 +410,19 @@ template <Backend B> std::vector<std::string> load_lora(Module<B>& model, const 
         }
         if (std::string_view(which) == "lora_B" && a.rope_heads) src = rope_rows(src, a.rope_heads, true);
         copies.emplace_back(dst, src);
+      }
+      // PEFT's save_embedding_layers (on by default where lm_head is a target) stores the base weight
+      // beside the adapter, and PeftModel.from_pretrained loads it into the model: so does kiln.
+      const std::string base = saved_name(a.peft_path(), "base_layer");
+      if (const auto it = loaded.find(base); it != loaded.end()) {
+        Tensor<B> dst = w.linear->weight().value();
+        if (a.parts > 1 || a.rope_heads || a.fan_in_fan_out)
+          problems.push_back(fmt::format("'{}': kiln takes a base layer's weight for a plain Linear only", base));
+        else if (it->second.shape() != dst.shape())
+          problems.push_back(fmt::format("'{}' is {}, the model's is {}", base, shape_str(it->second.shape()), shape_str(dst.shape())));
+        else
+          copies.emplace_back(dst, it->second);
+        loaded.erase(it);
       }
     }
     for (const auto& [name, t] : loaded) problems.push_back(fmt::format("unexpected '{}' {}", name, shape_str(t.shape())));

@@ -154,7 +154,7 @@ void ConfigReader::finish() const {
                path_, it.key(), it.value().dump(), d_.architecture());
 }
 
-RopeSpec read_rope(ConfigReader& c, double default_theta) {
+RopeSpec read_rope(ConfigReader& c, double default_theta, int64_t max_positions) {
   // transformers 5.x: "rope_parameters": {"rope_type": ..., "rope_theta": ..., scaling fields}
   // transformers 4.x: "rope_theta" and "rope_scaling": {"rope_type" (or "type"): ..., scaling fields}
   const nlohmann::json* params = c.raw("rope_parameters");
@@ -216,8 +216,11 @@ RopeSpec read_rope(ConfigReader& c, double default_theta) {
     r.high_freq_factor = take("high_freq_factor");
     r.original_max_position_embeddings = take("original_max_position_embeddings");
   } else if (r.type == "yarn") {  // transformers' _compute_yarn_parameters (5.x)
-    r.factor = take("factor");
-    r.original_max_position_embeddings = take("original_max_position_embeddings");
+    // As transformers: original_max_position_embeddings defaults to max_position_embeddings, and a
+    // factor that is null or absent to max_position_embeddings / original_max_position_embeddings.
+    r.original_max_position_embeddings =
+        num.count("original_max_position_embeddings") ? take("original_max_position_embeddings") : static_cast<double>(max_positions);
+    r.factor = num.count("factor") ? take("factor") : static_cast<double>(max_positions) / r.original_max_position_embeddings;
     KILN_CHECK(r.factor > 0 && r.original_max_position_embeddings > 0,
                "{}: '{}' of rope type \"yarn\" needs a positive factor and original_max_position_embeddings, got {} and {}", c.path(),
                field, r.factor, r.original_max_position_embeddings);

@@ -82,7 +82,8 @@ class ConfigReader {
 // RoPE of a Llama-family config, both spellings: transformers 4.x ("rope_theta" and "rope_scaling" at
 // the top level) and 5.x ("rope_parameters": {"rope_type", "rope_theta", ...}). rope types:
 // "default", "linear", "llama3"; anything else is an error naming the field.
-RopeSpec read_rope(ConfigReader& c, double default_theta);
+// max_positions: max_position_embeddings (yarn's original_max_position_embeddings when absent).
+RopeSpec read_rope(ConfigReader& c, double default_theta, int64_t max_positions);
 // The angular frequencies [head_dim/2] of a RoPE spec, as transformers computes them (in f32).
 std::vector<double> rope_inv_freq(const RopeSpec& r, int64_t head_dim);
 // The transformers 4.x spelling of a RoPE spec: config["rope_theta"] and config["rope_scaling"].

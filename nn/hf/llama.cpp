@@ -35,7 +35,7 @@ Spec llama_family_spec(ConfigReader& c, const ModelDir& d, int64_t default_head_
   if (act != "silu" && act != "swish") c.unsupported("hidden_act", "kiln's gated MLP is SwiGLU (silu)");
   s.act = Act::silu;
   s.tie_embeddings = c.boolean("tie_word_embeddings", false);
-  s.rope = read_rope(c, 10000.0);
+  s.rope = read_rope(c, 10000.0, s.max_positions);
   s.inv_freq = rope_inv_freq(s.rope, s.head_dim);
   if (const auto* v = c.raw("partial_rotary_factor"))
     if (!(v->is_number() && v->get<double>() == 1.0)) c.unsupported("partial_rotary_factor", "partial RoPE is not implemented");

@@ -128,7 +128,8 @@ def samplers():
 def yarn_variants():
     """fixtures/yarn.json: transformers' YaRN frequencies and attention factor for rope_parameters where the
     correction range falls inside the head (so truncate matters), with beta_*, mscale and an explicit
-    attention_factor: what kiln's rope_inv_freq must give (head_dim 16, theta 10000)."""
+    attention_factor, and the defaults of original_max_position_embeddings and factor: what kiln's
+    rope_inv_freq must give (head_dim 16, theta 10000, max_position_embeddings 8192)."""
     from transformers import Qwen3Config
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     cases = []
@@ -136,7 +137,9 @@ def yarn_variants():
               {"factor": 4.0, "original_max_position_embeddings": 2048, "truncate": False},
               {"factor": 8.0, "original_max_position_embeddings": 512, "beta_fast": 16, "beta_slow": 2, "mscale": 1.0,
                "mscale_all_dim": 0.5},
-              {"factor": 2.0, "original_max_position_embeddings": 1024, "attention_factor": 1.5}]:
+              {"factor": 2.0, "original_max_position_embeddings": 1024, "attention_factor": 1.5},
+              {"factor": 4.0},  # original_max_position_embeddings: max_position_embeddings
+              {"factor": None, "original_max_position_embeddings": 2048}]:  # factor: 8192 / 2048, the first case's
         params = {"rope_type": "yarn", "rope_theta": 10000.0, **p}
         cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
                           head_dim=16, max_position_embeddings=8192, rope_parameters=dict(params))

@@ -419,10 +419,10 @@ TEST_CASE("import: YaRN's frequencies and attention factor are transformers' for
     CHECK(model->spec().rope.attention_factor == Approx(k["attention_factor"].get<double>()).epsilon(1e-12));
     seen.insert(std::vector<float>(got.begin(), got.end()));
   }
-  CHECK(seen.size() == 4);  // every option changed the frequencies
-  c["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
+  CHECK(seen.size() == 5);  // every option changed the frequencies; the last case (factor null: 8192 / 2048) is the first's
+  c["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 0.0}};
   write_json(dir + "/config.json", c);
-  CHECK_THAT(load_error(dir), Catch::Contains("original_max_position_embeddings"));
+  CHECK_THAT(load_error(dir), Catch::Contains("positive factor"));
   c["rope_parameters"] = {{"rope_type", "llama3"},  {"rope_theta", 10000.0},   {"factor", 4.0},
                           {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16},
                           {"truncate", true}};
@@ -520,9 +520,9 @@ TEST_CASE("import: bad configs are errors naming config.json and the field", "[h
       {"llama", [](json& c) { c["attn_logit_softcapping"] = 30.0; }, {"config.json", "attn_logit_softcapping"}},
       {"llama",
        [](json& c) {
-         c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+         c["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 4.0}};
        },
-       {"config.json", "rope_scaling", "yarn"}},
+       {"config.json", "rope_scaling", "dynamic"}},
       {"llama",
        [](json& c) {
          c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 4.0}};

@@ -245,6 +245,44 @@ TEST_CASE("lora: without targets, apply_lora takes PEFT's defaults for the model
              Catch::Contains("not both"));
 }
 
+// PEFT saves lm_head's base weight beside an adapter on it (save_embedding_layers) and loads it into the
+// model: so does load_lora. A head tied to the embedding has no lm_head Linear in kiln: naming it is an error.
+TEST_CASE("lora: lm_head base weight in an adapter file (PEFT save_embedding_layers) is loaded, a tied head is refused cpu", "[lora]") {
+  const auto head = [](const nn::Module<Cpu>& m) {
+    for (const auto& [n, p] : m.named_parameters())
+      if (n == "lm_head.weight") return p.value();
+    FAIL("no lm_head.weight");
+    return Tensor<Cpu>();
+  };
+  auto model = hf::load_causal_lm<Cpu>(kFixtures + "llama");  // untied
+  nn::apply_lora(*model, {.r = 2, .target_modules = {"lm_head", "q_proj"}});
+  TempDir tmp("base-layer");
+  nn::save_lora(*model, tmp.str());
+  const std::string file = tmp.str() + "/adapter_model.safetensors";
+  const auto saved = safetensors::load<Cpu>(file);
+  const Tensor<Cpu> changed = head(*model).add(0.5);
+  const auto write = [&](const Tensor<Cpu>& base_layer) {
+    std::vector<std::pair<std::string, Tensor<Cpu>>> ts(saved.begin(), saved.end());
+    ts.emplace_back("base_model.model.lm_head.base_layer.weight", base_layer);
+    safetensors::save<Cpu>(file, ts, {{"format", "pt"}});
+  };
+  write(changed);
+  auto loaded = hf::load_causal_lm<Cpu>(kFixtures + "llama");
+  REQUIRE(nn::load_lora(*loaded, tmp.str()).size() == 3);
+  CHECK(max_abs_diff(to_vector<float>(head(*loaded)), to_vector<double>(changed.to(DType::f64))) == 0);
+  write(Tensor<Cpu>::zeros({3, 3}));
+  auto other = hf::load_causal_lm<Cpu>(kFixtures + "llama");
+  const Tensor<Cpu> before = head(*other).clone();
+  CHECK_THAT(error_of([&] { nn::load_lora(*other, tmp.str()); }),
+             Catch::Contains("lm_head.base_layer.weight' is [3, 3]") && Catch::Contains("[64, 32]"));
+  CHECK(max_abs_diff(to_vector<float>(head(*other)), to_vector<double>(before.to(DType::f64))) == 0);  // left as it was
+  auto tied = hf::load_causal_lm<Cpu>(kFixtures + "gpt2");
+  CHECK_THAT(error_of([&] {
+               nn::apply_lora(*tied, {.r = 2, .target_modules = {"lm_head", "c_attn"}});
+             }),
+             Catch::Contains("'lm_head' matches no module") && Catch::Contains("tie_word_embeddings"));
+}
+
 TEST_CASE("lora: a user model: y = x W^T + b + scaling * B A x, gradients by finite differences, frozen base cpu", "[lora]") {
   nn::Sequential<Cpu> net;
   net.push_back("fc1", std::make_shared<nn::Linear<Cpu>>(nn::LinearOptions{.in = 5, .out = 4}));
