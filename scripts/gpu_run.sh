@@ -47,6 +47,10 @@
 #             the products, every tensor-core kernel's whole-tile scores and the half forward at 128 query rows
 #             per block (all written after the sixth lease, run at the seventh): every Cuda attention case, the benchmarks, bench_cuda attention and the bf16 GPT step
 #             again at KILN_CUDA_ATTENTION_ROWS=128, then both bound tests under memcheck and racecheck
+#   lease9    what the seventh lease (2026-11-27) left: test_hf's Cuda cases (Qwen3's q/k norms, the sliding-window
+#             masks and YaRN's tables on a GPU, written after it), racecheck over test_attention's Cuda cases after
+#             the 10th (the first 8 and both bf16/f16 bound tests ran under it then), then lease5b (targets kiln_cli
+#             test_attention test_hf)
 #   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
 #
 # KILN_GPU_TARGETS="t1 t2 ...": build only these targets (default: all), to save a short lease's minutes.
@@ -237,6 +241,18 @@ PY
   return $rc
 }
 
+phase_lease9() {
+  local rc=0 t0=$SECONDS rest
+  build-gpu/tests/test_hf "*Cuda*,[cuda]" || rc=1
+  echo "--- test_hf Cuda: $((SECONDS - t0)) s"
+  # Catch2 reads a comma as "or" and brackets as a tag: the names' own escaped.
+  rest="$(build-gpu/tests/test_attention "*Cuda*" --list-test-names-only | grep . | tail -n +11 | sed 's/[],[]/\\&/g' | paste -sd, -)"
+  timeout 420 compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_attention "$rest" || rc=1
+  echo "--- racecheck: $((SECONDS - t0)) s"
+  phase_lease5b || rc=1
+  return $rc
+}
+
 phase_profile() {
   build-gpu/tests/test_profile "[cuda]" && phase_profile_exit
 }
@@ -266,7 +282,7 @@ phase_bench() {
   build-gpu/bench/bench_cuda && "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln
 }
 
-export -f phase_profile_exit attention_benchmarks half_attention_checks
+export -f phase_profile_exit attention_benchmarks half_attention_checks phase_lease5b
 start=$SECONDS
 deadline="${KILN_GPU_DEADLINE_S:-0}"
 for p in "$@"; do
