@@ -5,6 +5,7 @@
 // architecture is one more file and one line in architecture.cpp's list.
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -98,6 +99,9 @@ Architecture qwen3_architecture();
 Spec llama_family_spec(ConfigReader& c, const ModelDir& d, int64_t default_head_dim = 0);
 std::map<std::string, TensorSource> llama_family_tensors(const Spec& s, const ModelDir* d);
 nlohmann::json llama_family_config(const Spec& s, const char* model_type);
+// config.json's sliding_window as Mistral's and Qwen's config classes read it: absent 4096 (their
+// default), null none (nullopt), else the integer (not checked further).
+std::optional<int64_t> sliding_window_field(ConfigReader& c);
 }  // namespace detail
 
 }  // namespace kiln::hf

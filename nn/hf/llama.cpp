@@ -90,6 +90,14 @@ std::map<std::string, TensorSource> llama_family_tensors(const Spec& s, const Mo
   return t;
 }
 
+std::optional<int64_t> sliding_window_field(ConfigReader& c) {
+  if (!c.json().contains("sliding_window")) return 4096;
+  const auto* w = c.raw("sliding_window");
+  if (w == nullptr) return std::nullopt;
+  KILN_CHECK(w->is_number_integer(), "{}: field 'sliding_window' must be an integer or null, got {}", c.path(), w->dump());
+  return w->get<int64_t>();
+}
+
 // The fields llama_family_spec reads, from a Spec (the export's config.json).
 nlohmann::json llama_family_config(const Spec& s, const char* model_type) {
   KILN_CHECK(!s.qk_norm || std::string(model_type) == "qwen3", "hf::save_pretrained: {} has no q_norm/k_norm (Qwen3ForCausalLM has)",
@@ -123,12 +131,10 @@ Spec llama_spec(const ModelDir& d) {
   const bool any_sliding = std::find(s.sliding_layers.begin(), s.sliding_layers.end(), true) != s.sliding_layers.end();
   if (!mistral && any_sliding) c.unsupported("layer_types", "LlamaForCausalLM has no sliding-window layers");
   s.sliding_layers.clear();
-  if (mistral) {  // MistralConfig's sliding_window defaults to 4096; null: none
-    const auto* w = c.raw("sliding_window");
-    KILN_CHECK(!w || (w->is_number_integer() && w->get<int64_t>() > 0),
-               "{}: field 'sliding_window' must be a positive integer or null, got {}", c.path(), w ? w->dump() : "");
-    if (w || !c.json().contains("sliding_window")) {
-      s.sliding_window = w ? w->get<int64_t>() : 4096;
+  if (mistral) {
+    if (const auto w = sliding_window_field(c)) {
+      KILN_CHECK(*w > 0, "{}: field 'sliding_window' must be a positive integer or null, got {}", c.path(), *w);
+      s.sliding_window = *w;
       s.sliding_layers.assign(static_cast<size_t>(s.layers), true);
     }
   } else {

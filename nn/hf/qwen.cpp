@@ -19,14 +19,14 @@ namespace {
 // full attention.
 void read_sliding_window(ConfigReader& c, Spec& s) {
   const bool use = c.boolean("use_sliding_window", false);
-  const int64_t window = c.json().contains("sliding_window") ? c.integer("sliding_window", 0) : 4096;
+  const std::optional<int64_t> window = sliding_window_field(c);
   const int64_t from = c.integer("max_window_layers", 28);
-  if (!use || (c.json().contains("sliding_window") && c.json()["sliding_window"].is_null())) {
+  if (!use || !window) {
     s.sliding_layers.clear();
     return;
   }
-  KILN_CHECK(window > 0, "{}: use_sliding_window needs a positive sliding_window, got {}", c.path(), window);
-  s.sliding_window = window;
+  KILN_CHECK(*window > 0, "{}: use_sliding_window needs a positive sliding_window, got {}", c.path(), *window);
+  s.sliding_window = *window;
   if (s.sliding_layers.empty())  // no layer_types
     for (int64_t i = 0; i < s.layers; ++i) s.sliding_layers.push_back(i >= from);
 }
