@@ -112,7 +112,8 @@ template <Backend B> Var<B> attention(const Var<B>& q, const Var<B>& k, const Va
 }
 
 template <Backend B> Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
-                                                 const Tensor<B>& key_padding, const Tensor<B>& mask) {
+                                                 const Tensor<B>& key_padding, const Tensor<B>& mask, double softcap) {
+  KILN_CHECK(softcap >= 0 && std::isfinite(softcap), "attention: softcap must be finite and >= 0 (0: none), got {}", softcap);
   KILN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q {}, k {}, v {} must be [B, H, T, d]", shape_str(q.shape()),
              shape_str(k.shape()), shape_str(v.shape()));
   const int64_t Bn = q.size(0), H = q.size(1), T = q.size(2), d = q.size(3);
@@ -127,6 +128,7 @@ template <Backend B> Var<B> attention_decomposed(const Var<B>& q, const Var<B>& 
     vv = v.unsqueeze(2).expand({Bn, Hkv, rep, S, dv}).reshape({Bn, H, S, dv});
   }
   Var<B> s = q.matmul(kk.transpose(-1, -2)).div(std::sqrt(static_cast<double>(d)));  // [B, H, T, S]
+  if (softcap > 0) s = s.div(softcap).tanh().mul(softcap);
   if (causal) {
     std::vector<float> m(static_cast<size_t>(T * S), 0.0f);
     for (int64_t i = 0; i < T; ++i)
@@ -241,7 +243,8 @@ template <Backend B> Var<B> MultiHeadAttention<B>::forward(const Var<B>& x, cons
   template Var<B> rope<B>(const Var<B>&, int64_t, double, const RopeTable<B>*);                                                            \
   template std::pair<Tensor<B>, Tensor<B>> kv_cache_append<B>(KVCache<B>&, const Tensor<B>&, const Tensor<B>&, int64_t);                   \
   template Var<B> attention<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&, const Tensor<B>&);            \
-  template Var<B> attention_decomposed<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&, const Tensor<B>&); \
+  template Var<B> attention_decomposed<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&, const Tensor<B>&,  \
+                                          double);                                                                                         \
   template Var<B> rope_rows<B>(const Var<B>&, const Tensor<B>&, const Tensor<B>&);                                                         \
   template Var<B> rope_at<B>(const Var<B>&, int64_t, const Tensor<B>&, double, const RopeTable<B>*);                                       \
   template std::pair<Var<B>, Var<B>> detail::attention_kv<B>(const Var<B>&, const AttentionInputs<B>&, const Linear<B>&, const Linear<B>&, \

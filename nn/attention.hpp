@@ -97,9 +97,11 @@ template <Backend B> KILN_API Var<B> attention(const Var<B>& q, const Var<B>& k,
 // A row with no visible key gets a zero gradient (it contributes nothing to dq, dk, dv).
 
 // The same attention built from autograd ops (scores [B, H, T, S], softmax, matmul): the test oracle
-// of the fused path.
+// of the fused path. softcap > 0: the scaled scores become softcap · tanh(scores / softcap) before the
+// masks (Gemma 2's attn_logit_softcapping), which the fused kernels do not implement.
 template <Backend B> KILN_API Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
-                                                          const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
+                                                          const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {},
+                                                          double softcap = 0);
 
 // What an attention module attends to, beyond its input x [B, T, D] (MultiHeadAttention,
 // DifferentialAttention). Every field is optional; {} is causal (per the module's options)

@@ -31,9 +31,12 @@ template <Backend B> Var<B> layer_norm(const Var<B>& x_in, const Var<B>& weight,
 
 template <Backend B> RMSNorm<B>::RMSNorm(RMSNormOptions o) : o_(o) {
   KILN_CHECK(o.dim >= 1 && o.eps > 0, "RMSNorm: dim must be >= 1 and eps > 0, got dim={} eps={}", o.dim, o.eps);
-  if (o.affine) w_ = this->register_parameter("weight", Tensor<B>::ones({o.dim}, o.dtype));
+  KILN_CHECK(o.offset == 0 || o.affine, "RMSNorm: offset {} needs affine (a weight to offset)", o.offset);
+  if (o.affine) w_ = this->register_parameter("weight", Tensor<B>::full({o.dim}, 1.0 - o.offset, o.dtype));
 }
-template <Backend B> Var<B> RMSNorm<B>::forward(const Var<B>& x) const { return functional::rms_norm(x, w_, o_.eps); }
+template <Backend B> Var<B> RMSNorm<B>::forward(const Var<B>& x) const {
+  return functional::rms_norm(x, o_.offset == 0 ? w_ : w_.add(o_.offset), o_.eps);
+}
 
 template <Backend B> LayerNorm<B>::LayerNorm(LayerNormOptions o) : o_(o) {
   KILN_CHECK(o.dim >= 1 && o.eps > 0, "LayerNorm: dim must be >= 1 and eps > 0, got dim={} eps={}", o.dim, o.eps);

@@ -2,7 +2,8 @@
 // Normalisation over the last axis.
 // # Shapes
 //   x [..., dim] -> [..., dim]; weight [dim] (if affine), bias [dim] (LayerNorm with bias)
-// RMSNorm:   y = x · rsqrt(mean(x²) + eps) · w
+// RMSNorm:   y = x · rsqrt(mean(x²) + eps) · (offset + w)   (offset 0, or 1 as Gemma's norms, whose
+//            weights start at 0)
 // LayerNorm: y = (x − mean) · rsqrt(var + eps) · w + b   (biased variance, like PyTorch)
 #include "kiln/nn/module.hpp"
 
@@ -20,6 +21,9 @@ struct RMSNormOptions {
   double eps = 1e-5;
   bool affine = true;
   DType dtype = DType::f32;
+  // The scale is offset + weight, the weight initialised to 1 − offset (Gemma: offset 1, the weight an
+  // offset from 1 that starts at 0; it decays towards a scale of 1). Needs affine.
+  double offset = 0;
 };
 
 template <Backend B> class RMSNorm : public Module<B> {

@@ -617,6 +617,45 @@ TEMPLATE_TEST_CASE("attention: gradcheck of the fused op in q, k, v (f64 finite 
   }
 }
 
+TEMPLATE_TEST_CASE("attention: the decomposed path's soft cap (Gemma 2) against the formula and f64 finite differences", "[attention]",
+                   KILN_BACKEND_TYPES) {
+  Generator gen(6);
+  using T = Tensor<TestType>;
+  const T q = T::randn({1, 4, 5, 3}, DType::f64, &gen).mul(2), k = T::randn({1, 2, 7, 3}, DType::f64, &gen).mul(2),
+          v = T::randn({1, 2, 7, 4}, DType::f64, &gen);
+  const double cap = 0.7;
+  // The formula on the host: softmax over the visible keys of cap·tanh(q·k/√3 / cap), GQA (2 query heads per kv head).
+  const auto qv = q.template to_vector<double>(), kv = k.template to_vector<double>(), vv = v.template to_vector<double>();
+  std::vector<double> want(4 * 5 * 4, 0.0);
+  for (int h = 0; h < 4; ++h)
+    for (int i = 0; i < 5; ++i) {
+      const int pos = 2 + i, g = h / 2;  // pos0 2: keys 0..pos visible
+      std::vector<double> p(7, 0.0);
+      double m = -1e300, z = 0;
+      for (int j = 0; j <= pos; ++j) {
+        double sc = 0;
+        for (int d = 0; d < 3; ++d) sc += qv[static_cast<size_t>((h * 5 + i) * 3 + d)] * kv[static_cast<size_t>((g * 7 + j) * 3 + d)];
+        p[static_cast<size_t>(j)] = cap * std::tanh(sc / std::sqrt(3.0) / cap);
+        m = std::max(m, p[static_cast<size_t>(j)]);
+      }
+      for (int j = 0; j <= pos; ++j) z += p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - m);
+      for (int j = 0; j <= pos; ++j)
+        for (int d = 0; d < 4; ++d)
+          want[static_cast<size_t>((h * 5 + i) * 4 + d)] += p[static_cast<size_t>(j)] / z * vv[static_cast<size_t>((g * 7 + j) * 4 + d)];
+    }
+  const auto got = nn::attention_decomposed(Var<TestType>(q), Var<TestType>(k), Var<TestType>(v), true, 2, {}, {}, cap).value();
+  kt::check_close(got, Tensor<Reference>::from_vector(want, {1, 4, 5, 4}), {.rtol = 1e-12, .atol = 1e-12}, "soft-capped attention");
+  // No cap is the plain decomposed attention, and a cap changes it.
+  const auto plain = nn::attention_decomposed(Var<TestType>(q), Var<TestType>(k), Var<TestType>(v), true, 2).value();
+  CHECK(plain.sub(got).abs().max().template item<double>() > 1e-3);
+  const auto r = gradcheck<TestType>(
+      [&](const std::vector<Var<TestType>>& x) { return nn::attention_decomposed(x[0], x[1], x[2], true, 2, {}, {}, cap); }, {q, k, v});
+  INFO(r.message);
+  CHECK(r.ok);
+  CHECK_THROWS_WITH(nn::attention_decomposed(Var<TestType>(q), Var<TestType>(k), Var<TestType>(v), true, 2, {}, {}, -1.0),
+                    Catch::Contains("softcap must be finite and >= 0"));
+}
+
 TEMPLATE_TEST_CASE("attention: the autograd node saves q, k, v, O, LSE and nothing of size T·S", "[attention]", KILN_BACKEND_TYPES) {
   using T = Tensor<TestType>;
   const int64_t Bn = 1, H = 2, Tn = 256, S = 256, d = 8;

@@ -115,6 +115,22 @@ TEMPLATE_TEST_CASE("layers: LayerNorm/RMSNorm against the formula and FD, Dropou
   test::check_param_grads<B>(ln.named_parameters(), [&] { return (ln.forward(Var<B>(x)) * Var<B>(r)).sum(); });
   RMSNorm<B> rms({.dim = 8, .dtype = DType::f64});
   test::check_param_grads<B>(rms.named_parameters(), [&] { return (rms.forward(Var<B>(x)) * Var<B>(r)).sum(); });
+  // Gemma's norm: the scale is 1 + weight, the weight starting at 0 (the same output as a plain norm
+  // then), and equal to a plain norm whose weight is 1 + w.
+  RMSNorm<B> gemma({.dim = 8, .dtype = DType::f64, .offset = 1});
+  CHECK(to_vector<double>(gemma.parameter("weight").value()) == std::vector<double>(8, 0.0));
+  CHECK(to_vector<double>(gemma.forward(Var<B>(x)).value()) == to_vector<double>(rms.forward(Var<B>(x)).value()));
+  Var<B> gw = gemma.parameter("weight");
+  init::normal_(gw, 0.0, 0.3, &g);
+  {
+    NoGrad ng;
+    Tensor<B> plain_w = rms.parameter("weight").value();
+    plain_w.copy_(gw.value().add(1.0));
+  }
+  const auto with_offset = to_vector<double>(gemma.forward(Var<B>(x)).value()), plain = to_vector<double>(rms.forward(Var<B>(x)).value());
+  for (size_t i = 0; i < plain.size(); ++i) CHECK(with_offset[i] == Approx(plain[i]).epsilon(1e-14));
+  test::check_param_grads<B>(gemma.named_parameters(), [&] { return (gemma.forward(Var<B>(x)) * Var<B>(r)).sum(); });
+  CHECK_THROWS_WITH(RMSNorm<B>({.dim = 8, .affine = false, .offset = 1}), Catch::Contains("offset 1 needs affine"));
 
   Dropout<B> d(0.25);
   const Tensor<B> ones = Tensor<B>::ones({20000});
