@@ -10,9 +10,14 @@ namespace kiln::hf {
 
 namespace {
 const std::vector<Architecture>& registry() {
-  static const std::vector<Architecture> all = {detail::gpt2_architecture(), detail::llama_architecture("LlamaForCausalLM"),
-                                                detail::llama_architecture("MistralForCausalLM"), detail::qwen2_architecture(),
-                                                detail::qwen3_architecture()};
+  static const std::vector<Architecture> all = {detail::gpt2_architecture(),
+                                                detail::llama_architecture("LlamaForCausalLM"),
+                                                detail::llama_architecture("MistralForCausalLM"),
+                                                detail::qwen2_architecture(),
+                                                detail::qwen3_architecture(),
+                                                detail::gemma_architecture("GemmaForCausalLM"),
+                                                detail::gemma_architecture("Gemma2ForCausalLM"),
+                                                detail::gemma_architecture("Gemma3ForCausalLM")};
   return all;
 }
 
@@ -154,6 +159,29 @@ void ConfigReader::finish() const {
                path_, it.key(), it.value().dump(), d_.architecture());
 }
 
+Act read_act(ConfigReader& c, const std::string& key, const std::string& def) {
+  const std::string act = c.string(key, def);
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh") return Act::gelu_tanh;
+  if (act == "gelu") return Act::gelu;
+  if (act == "relu") return Act::relu;
+  if (act == "silu" || act == "swish") return Act::silu;
+  c.unsupported(key, "kiln has gelu_new, gelu_pytorch_tanh, gelu, relu, silu and swish");
+}
+
+const char* act_name(Act a) {
+  switch (a) {
+    case Act::gelu_tanh:
+      return "gelu_pytorch_tanh";
+    case Act::gelu:
+      return "gelu";
+    case Act::relu:
+      return "relu";
+    case Act::silu:
+      return "silu";
+  }
+  fail("hf: unknown activation");
+}
+
 RopeSpec read_rope(ConfigReader& c, double default_theta, int64_t max_positions) {
   // transformers 5.x: "rope_parameters": {"rope_type": ..., "rope_theta": ..., scaling fields}
   // transformers 4.x: "rope_theta" and "rope_scaling": {"rope_type" (or "type"): ..., scaling fields}
@@ -162,44 +190,50 @@ RopeSpec read_rope(ConfigReader& c, double default_theta, int64_t max_positions)
   const bool top_theta = c.raw("rope_theta") != nullptr;
   RopeSpec r;
   r.theta = top_theta ? c.number("rope_theta") : default_theta;
-  std::string field = "rope_scaling";
-  const nlohmann::json* p = scaling;
-  if (params) {
-    KILN_CHECK(!scaling, "{}: both 'rope_parameters' (transformers 5) and 'rope_scaling' (transformers 4) are set; which one holds?",
-               c.path());
-    KILN_CHECK(params->is_object(), "{}: field 'rope_parameters' must be an object, got {}", c.path(), params->dump());
-    p = params;
-    field = "rope_parameters";
-  }
-  std::map<std::string, double> num;
+  const std::string field = params ? "rope_parameters" : "rope_scaling";
+  const nlohmann::json* p = params ? params : scaling;
+  KILN_CHECK(!(params && scaling),
+             "{}: both 'rope_parameters' (transformers 5) and 'rope_scaling' (transformers 4) are set; which one holds?", c.path());
   if (p) {
     KILN_CHECK(p->is_object(), "{}: field '{}' must be an object or null, got {}", c.path(), field, p->dump());
-    for (auto it = p->begin(); it != p->end(); ++it) {
-      const std::string& k = it.key();
-      if (k == "rope_type" || k == "type") {
-        KILN_CHECK(it->is_string(), "{}: '{}.{}' must be a string, got {}", c.path(), field, k, it->dump());
-        r.type = it->get<std::string>();
-      } else if (it->is_null() || (k == "truncate" && it->is_boolean())) {  // yarn's truncate: read below
-        continue;
-      } else {
-        KILN_CHECK(it->is_number(),
-                   "{}: '{}.{}' must be a number, got {} (kiln reads {}.rope_type, rope_theta, factor, low_freq_factor, "
-                   "high_freq_factor, original_max_position_embeddings; yarn: beta_fast, beta_slow, mscale, mscale_all_dim, "
-                   "attention_factor, truncate)",
-                   c.path(), field, k, it->dump(), field);
-        num[k] = it->get<double>();
-      }
+    const double top = r.theta;
+    read_rope_params(c, *p, field, r, max_positions);
+    if (p->contains("rope_theta") && !(*p)["rope_theta"].is_null()) {
+      KILN_CHECK(params, "{}: 'rope_scaling.rope_theta' is not a transformers 4 field (rope_theta is top level)", c.path());
+      KILN_CHECK(!top_theta || top == r.theta, "{}: 'rope_theta' ({}) and 'rope_parameters.rope_theta' ({}) disagree", c.path(), top,
+                 r.theta);
+    }
+  }
+  KILN_CHECK(r.theta > 0, "{}: rope_theta must be positive, got {}", c.path(), r.theta);
+  return r;
+}
+
+void read_rope_params(ConfigReader& c, const nlohmann::json& p, const std::string& field, RopeSpec& r, int64_t max_positions) {
+  KILN_CHECK(p.is_object(), "{}: field '{}' must be an object, got {}", c.path(), field, p.dump());
+  std::map<std::string, double> num;
+  for (auto it = p.begin(); it != p.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "rope_type" || k == "type") {
+      KILN_CHECK(it->is_string(), "{}: '{}.{}' must be a string, got {}", c.path(), field, k, it->dump());
+      r.type = it->get<std::string>();
+    } else if (k == "truncate") {  // yarn's: read below
+      KILN_CHECK(it->is_boolean() || it->is_null(), "{}: '{}.truncate' must be true or false, got {}", c.path(), field, it->dump());
+    } else if (it->is_null()) {
+      continue;
+    } else {
+      KILN_CHECK(it->is_number(),
+                 "{}: '{}.{}' must be a number, got {} (kiln reads {}.rope_type, rope_theta, factor, low_freq_factor, "
+                 "high_freq_factor, original_max_position_embeddings; yarn: beta_fast, beta_slow, mscale, mscale_all_dim, "
+                 "attention_factor, truncate)",
+                 c.path(), field, k, it->dump(), field);
+      num[k] = it->get<double>();
     }
   }
   if (num.count("rope_theta")) {
-    KILN_CHECK(field == "rope_parameters", "{}: 'rope_scaling.rope_theta' is not a transformers 4 field (rope_theta is top level)",
-               c.path());
-    KILN_CHECK(!top_theta || c.number("rope_theta") == num["rope_theta"],
-               "{}: 'rope_theta' ({}) and 'rope_parameters.rope_theta' ({}) disagree", c.path(), c.number("rope_theta"), num["rope_theta"]);
     r.theta = num["rope_theta"];
     num.erase("rope_theta");
   }
-  KILN_CHECK(r.theta > 0, "{}: rope_theta must be positive, got {}", c.path(), r.theta);
+  KILN_CHECK(r.theta > 0, "{}: '{}.rope_theta' must be positive, got {}", c.path(), field, r.theta);
   auto take = [&](const char* k) {
     const auto it = num.find(k);
     KILN_CHECK(it != num.end(), "{}: '{}' of rope type \"{}\" needs '{}'", c.path(), field, r.type, k);
@@ -231,18 +265,15 @@ RopeSpec read_rope(ConfigReader& c, double default_theta, int64_t max_positions)
     const auto mscale = [&](double m) { return r.factor <= 1 ? 1.0 : 0.1 * m * std::log(r.factor) + 1.0; };
     const double m = optional("mscale", 0), m_all = optional("mscale_all_dim", 0);
     r.attention_factor = optional("attention_factor", m != 0 && m_all != 0 ? mscale(m) / mscale(m_all) : mscale(1));
-    if (p->contains("truncate")) {
-      KILN_CHECK((*p)["truncate"].is_boolean(), "{}: '{}.truncate' must be true or false, got {}", c.path(), field,
-                 (*p)["truncate"].dump());
-      r.truncate = (*p)["truncate"].get<bool>();
-    }
+    if (p.contains("truncate") && !p["truncate"].is_null()) r.truncate = p["truncate"].get<bool>();
   } else {
-    c.unsupported(field, fmt::format("rope type \"{}\" is not implemented (kiln has default, linear, llama3, yarn)", r.type));
+    c.unsupported(field.substr(0, field.find('.')),
+                  fmt::format("rope type \"{}\" is not implemented (kiln has default, linear, llama3, yarn)", r.type));
   }
-  if (!num.empty()) c.unsupported(field, fmt::format("'{}' does not apply to rope type \"{}\"", num.begin()->first, r.type));
-  if (r.type != "yarn" && p && p->contains("truncate") && !(*p)["truncate"].is_null())
-    c.unsupported(field, fmt::format("'truncate' does not apply to rope type \"{}\"", r.type));
-  return r;
+  if (!num.empty())
+    c.unsupported(field.substr(0, field.find('.')), fmt::format("'{}' does not apply to rope type \"{}\"", num.begin()->first, r.type));
+  if (r.type != "yarn" && p.contains("truncate") && !p["truncate"].is_null())
+    c.unsupported(field.substr(0, field.find('.')), fmt::format("'truncate' does not apply to rope type \"{}\"", r.type));
 }
 
 std::vector<double> rope_inv_freq(const RopeSpec& r, int64_t head_dim) {

@@ -1,6 +1,6 @@
 #pragma once
 // The per-architecture tables behind hf::load_causal_lm (nn/hf/causal_lm.hpp): one file per
-// architecture (gpt2.cpp, llama.cpp, qwen2.cpp) defines an Architecture: how config.json becomes a
+// architecture (gpt2.cpp, llama.cpp, qwen.cpp, gemma.cpp) defines an Architecture: how config.json becomes a
 // Spec, and where each parameter of the shared decoder comes from in the checkpoint. Adding an
 // architecture is one more file and one line in architecture.cpp's list.
 #include <functional>
@@ -85,18 +85,37 @@ class ConfigReader {
 // "default", "linear", "llama3"; anything else is an error naming the field.
 // max_positions: max_position_embeddings (yarn's original_max_position_embeddings when absent).
 RopeSpec read_rope(ConfigReader& c, double default_theta, int64_t max_positions);
+// One RoPE parameter object p (rope_type and its fields; `field` names it in errors) over r, whose theta
+// is the default when p has no rope_theta.
+void read_rope_params(ConfigReader& c, const nlohmann::json& p, const std::string& field, RopeSpec& r, int64_t max_positions);
 // The angular frequencies [head_dim/2] of a RoPE spec, as transformers computes them (in f32).
 std::vector<double> rope_inv_freq(const RopeSpec& r, int64_t head_dim);
 // The transformers 4.x spelling of a RoPE spec: config["rope_theta"] and config["rope_scaling"].
 void write_rope(const RopeSpec& r, nlohmann::json& config);
 
+// An activation as transformers' ACT2FN names it (config[key], def when absent): gelu_new and
+// gelu_pytorch_tanh (gelu_tanh), gelu, relu, silu and swish; anything else is an error naming the field.
+Act read_act(ConfigReader& c, const std::string& key, const std::string& def);
+// The name transformers reads back for an activation.
+const char* act_name(Act a);
+
 Architecture gpt2_architecture();
 Architecture llama_architecture(const std::string& name);  // LlamaForCausalLM, MistralForCausalLM
 Architecture qwen2_architecture();
 Architecture qwen3_architecture();
-// The Llama family's config fields and tensor names (nn/hf/llama.cpp; Llama, Mistral, Qwen2, Qwen3).
-// default_head_dim: head_dim when config.json has none (0: hidden_size / num_attention_heads).
-Spec llama_family_spec(ConfigReader& c, const ModelDir& d, int64_t default_head_dim = 0);
+Architecture gemma_architecture(const std::string& name);  // GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM
+// What the Llama family's config classes assume for fields a config.json leaves out.
+struct FamilyDefaults {
+  int64_t head_dim = 0;  // 0: hidden_size / num_attention_heads
+  int64_t max_positions = 2048;
+  const char* act_field = "hidden_act";  // the field transformers' MLP reads
+  const char* act = "silu";
+  bool tie_embeddings = false;
+  double rope_theta = 10000.0;
+  bool rope = true;  // false: the caller reads RoPE (Gemma 3's per-layer-type parameters)
+};
+// The Llama family's config fields and tensor names (nn/hf/llama.cpp; Llama, Mistral, Qwen2, Qwen3, Gemma).
+Spec llama_family_spec(ConfigReader& c, const ModelDir& d, const FamilyDefaults& def = {});
 std::map<std::string, TensorSource> llama_family_tensors(const Spec& s, const ModelDir* d);
 nlohmann::json llama_family_config(const Spec& s, const char* model_type);
 // config.json's sliding_window as Mistral's and Qwen's config classes read it: absent 4096 (their

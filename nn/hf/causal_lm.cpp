@@ -26,16 +26,21 @@ template <Backend B> class Group : public nn::Module<B> {
   template <class M> std::shared_ptr<M> add(const std::string& name, std::shared_ptr<M> m) { return this->register_module(name, m); }
 };
 
+// The Spec's RMSNorm over `dim` values (Gemma's scale by 1 + weight).
+template <Backend B> std::shared_ptr<nn::RMSNorm<B>> spec_rms_norm(const Spec& s, int64_t dim, DType dt) {
+  return std::make_shared<nn::RMSNorm<B>>(nn::RMSNormOptions{.dim = dim, .eps = s.norm_eps, .dtype = dt, .offset = s.norm_offset});
+}
+
 }  // namespace
 
-// One pre-norm decoder layer: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)).
+// One pre-norm decoder layer: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)); with post_norms (Gemma
+// 2/3) x + attn_post_norm(attn(attn_norm(x))), then x + mlp_post_norm(mlp(mlp_norm(x))).
 template <Backend B> class DecoderLayer : public nn::Module<B> {
  public:
   DecoderLayer(const Spec& s, DType dt, bool sliding) : s_(s), sliding_(sliding) {
     auto norm = [&](const char* name, std::shared_ptr<nn::RMSNorm<B>>& rms, std::shared_ptr<nn::LayerNorm<B>>& ln) {
       if (s.norm == NormKind::rms)
-        rms = this->register_module(name,
-                                    std::make_shared<nn::RMSNorm<B>>(nn::RMSNormOptions{.dim = s.hidden, .eps = s.norm_eps, .dtype = dt}));
+        rms = this->register_module(name, spec_rms_norm<B>(s, s.hidden, dt));
       else
         ln = this->register_module(
             name, std::make_shared<nn::LayerNorm<B>>(nn::LayerNormOptions{.dim = s.hidden, .eps = s.norm_eps, .dtype = dt}));
@@ -50,15 +55,17 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
     v_ = lin(*attn, "v_proj", s.hidden, s.kv_heads * s.head_dim, s.qkv_bias);
     o_ = lin(*attn, "o_proj", s.heads * s.head_dim, s.hidden, s.o_bias);
     if (s.qk_norm) {
-      auto head_norm = [&](const char* name) {
-        return attn->add(name, std::make_shared<nn::RMSNorm<B>>(nn::RMSNormOptions{.dim = s.head_dim, .eps = s.norm_eps, .dtype = dt}));
-      };
-      q_norm_ = head_norm("q_norm");
-      k_norm_ = head_norm("k_norm");
+      q_norm_ = attn->add("q_norm", spec_rms_norm<B>(s, s.head_dim, dt));
+      k_norm_ = attn->add("k_norm", spec_rms_norm<B>(s, s.head_dim, dt));
+    }
+    if (s.post_norms) {
+      KILN_CHECK(s.norm == NormKind::rms, "hf::CausalLM({}): post_norms are RMSNorms", s.architecture);
+      attn_post_ = this->register_module("attn_post_norm", spec_rms_norm<B>(s, s.hidden, dt));
     }
     norm("mlp_norm", mlp_rms_, mlp_ln_);
+    if (s.post_norms) mlp_post_ = this->register_module("mlp_post_norm", spec_rms_norm<B>(s, s.hidden, dt));
     auto mlp = this->register_module("mlp", std::make_shared<Group<B>>());
-    if (s.mlp == MlpKind::swiglu) {
+    if (s.mlp == MlpKind::gated) {
       gate_ = lin(*mlp, "gate_proj", s.hidden, s.intermediate, s.mlp_bias);
       up_ = lin(*mlp, "up_proj", s.hidden, s.intermediate, s.mlp_bias);
       down_ = lin(*mlp, "down_proj", s.intermediate, s.hidden, s.mlp_bias);
@@ -69,6 +76,20 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
   }
 
   bool sliding() const { return sliding_; }  // a sliding-window layer (Spec::sliding_layers)
+
+  Var<B> activation(const Var<B>& u) const {
+    switch (s_.act) {
+      case Act::gelu_tanh:
+        return u.gelu(true);
+      case Act::gelu:
+        return u.gelu(false);
+      case Act::relu:
+        return u.relu();
+      case Act::silu:
+        return u.silu();
+    }
+    fail("hf::CausalLM({}): unknown activation", s_.architecture);
+  }
 
   // x [B, T, D]; cos/sin [T, hd/2] (RoPE) or undefined; rows: cos/sin are [B·T, hd/2], each row's own
   // positions (nn::rope_rows); mask: bool, broadcastable to [B, H, T, S], or undefined; cache: the
@@ -98,36 +119,31 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
       k = Var<B>(kc);
       v = Var<B>(vc);
     }
-    const Var<B> y = nn::attention(q, k, v, /*causal=*/true, pos0, {}, mask);  // [B, H, T, hd]
-    const Var<B> x1 = x + o_->forward(y.transpose(1, 2).reshape({Bn, T, H * hd}));
+    // The kernels scale by hd^-1/2; attn_scalar^-1/2 (Gemma's query_pre_attn_scalar) goes into q.
+    if (s_.attn_scalar > 0 && s_.attn_scalar != static_cast<double>(hd)) q = q.mul(std::sqrt(static_cast<double>(hd) / s_.attn_scalar));
+    const Var<B> y = s_.attn_softcap > 0 ? nn::attention_decomposed(q, k, v, /*causal=*/true, pos0, {}, mask, s_.attn_softcap)
+                                         : nn::attention(q, k, v, /*causal=*/true, pos0, {}, mask);  // [B, H, T, hd]
+    Var<B> o = o_->forward(y.transpose(1, 2).reshape({Bn, T, H * hd}));
+    if (attn_post_) o = attn_post_->forward(o);
+    const Var<B> x1 = x + o;
     const Var<B> m = mlp_rms_ ? mlp_rms_->forward(x1) : mlp_ln_->forward(x1);
     Var<B> a;
-    if (s_.mlp == MlpKind::swiglu) {
+    if (s_.mlp == MlpKind::gated && s_.act == Act::silu) {
       a = nn::functional::swiglu(gate_->forward(m), up_->forward(m));
+    } else if (s_.mlp == MlpKind::gated) {
+      a = activation(gate_->forward(m)) * up_->forward(m);
     } else {
-      const Var<B> u = up_->forward(m);
-      switch (s_.act) {
-        case Act::gelu_tanh:
-          a = u.gelu(true);
-          break;
-        case Act::gelu:
-          a = u.gelu(false);
-          break;
-        case Act::relu:
-          a = u.relu();
-          break;
-        case Act::silu:
-          a = u.silu();
-          break;
-      }
+      a = activation(up_->forward(m));
     }
-    return x1 + down_->forward(a);
+    Var<B> d = down_->forward(a);
+    if (mlp_post_) d = mlp_post_->forward(d);
+    return x1 + d;
   }
 
  private:
   Spec s_;
   bool sliding_ = false;
-  std::shared_ptr<nn::RMSNorm<B>> attn_rms_, mlp_rms_, q_norm_, k_norm_;
+  std::shared_ptr<nn::RMSNorm<B>> attn_rms_, mlp_rms_, q_norm_, k_norm_, attn_post_, mlp_post_;
   std::shared_ptr<nn::LayerNorm<B>> attn_ln_, mlp_ln_;
   std::shared_ptr<nn::Linear<B>> q_, k_, v_, o_, gate_, up_, down_;
 };
@@ -150,16 +166,19 @@ template <Backend B> CausalLM<B>::CausalLM(Spec s, LoadOptions o) : s_(std::move
         "pos_embed", std::make_shared<nn::Embedding<B>>(nn::EmbeddingOptions{.num = s_.max_positions, .dim = s_.hidden, .dtype = o.dtype}));
   auto layers = this->register_module("layers", std::make_shared<Group<B>>());
   KILN_CHECK(s_.sliding_window >= 0 &&
-                 (s_.sliding_window == 0 ? s_.sliding_layers.empty() : static_cast<int64_t>(s_.sliding_layers.size()) == s_.layers),
+                 (s_.sliding_layers.empty() ? s_.sliding_window == 0 : static_cast<int64_t>(s_.sliding_layers.size()) == s_.layers),
              "hf::CausalLM({}): sliding_window {} needs one sliding_layers entry per layer ({} for {} layers)", s_.architecture,
              s_.sliding_window, s_.sliding_layers.size(), s_.layers);
   for (int64_t i = 0; i < s_.layers; ++i) {
-    const bool sliding = s_.sliding_window > 0 && s_.sliding_layers[static_cast<size_t>(i)];
+    const bool sliding = !s_.sliding_layers.empty() && s_.sliding_layers[static_cast<size_t>(i)];
     layers_.push_back(layers->add(std::to_string(i), std::make_shared<DecoderLayer<B>>(s_, o.dtype, sliding)));
   }
+  KILN_CHECK(s_.local_inv_freq.empty() || static_cast<int64_t>(s_.local_inv_freq.size()) == s_.head_dim / 2,
+             "hf::CausalLM({}): the sliding layers' RoPE needs head_dim/2 frequencies (head_dim {}, {} frequencies)", s_.architecture,
+             s_.head_dim, s_.local_inv_freq.size());
+  KILN_CHECK(s_.norm_offset == 0 || s_.norm == NormKind::rms, "hf::CausalLM({}): norm_offset applies to RMSNorm", s_.architecture);
   if (s_.norm == NormKind::rms)
-    rms_ = this->register_module(
-        "norm", std::make_shared<nn::RMSNorm<B>>(nn::RMSNormOptions{.dim = s_.hidden, .eps = s_.norm_eps, .dtype = o.dtype}));
+    rms_ = this->register_module("norm", spec_rms_norm<B>(s_, s_.hidden, o.dtype));
   else
     ln_ = this->register_module(
         "norm", std::make_shared<nn::LayerNorm<B>>(nn::LayerNormOptions{.dim = s_.hidden, .eps = s_.norm_eps, .dtype = o.dtype}));
@@ -168,26 +187,31 @@ template <Backend B> CausalLM<B>::CausalLM(Spec s, LoadOptions o) : s_(std::move
         "lm_head", std::make_shared<nn::Linear<B>>(nn::LinearOptions{.in = s_.hidden, .out = s_.vocab, .bias = false, .dtype = o.dtype}));
 }
 
-template <Backend B> std::pair<Tensor<B>, Tensor<B>> CausalLM<B>::rope_tables(int64_t pos0, int64_t T) const {
+template <Backend B> std::pair<Tensor<B>, Tensor<B>> CausalLM<B>::rope_tables(int64_t pos0, int64_t T, bool local) const {
   std::lock_guard<std::mutex> lk(rope_mu_);
-  const int64_t have = cos_.defined() ? cos_.size(0) : 0, half = s_.head_dim / 2;
+  local = local && !s_.local_inv_freq.empty();
+  const std::vector<double>& inv_freq = local ? s_.local_inv_freq : s_.inv_freq;
+  const RopeSpec& rope = local ? s_.local_rope : s_.rope;
+  Tensor<B>& cos_table = cos_[local];
+  Tensor<B>& sin_table = sin_[local];
+  const int64_t have = cos_table.defined() ? cos_table.size(0) : 0, half = s_.head_dim / 2;
   if (pos0 + T > have) {
     const int64_t P = std::max<int64_t>({pos0 + T, 2 * have, 64});
     std::vector<float> c(static_cast<size_t>(P * half)), s(c.size());
-    const float af = static_cast<float>(s_.rope.attention_factor);
+    const float af = static_cast<float>(rope.attention_factor);
     for (int64_t t = 0; t < P; ++t)
       for (int64_t k = 0; k < half; ++k) {
         // transformers: angle = f32(position · f32(inv_freq)), cos/sin of it in f32
         const double ang =
-            static_cast<float>(static_cast<double>(t) * static_cast<double>(static_cast<float>(s_.inv_freq[static_cast<size_t>(k)])));
+            static_cast<float>(static_cast<double>(t) * static_cast<double>(static_cast<float>(inv_freq[static_cast<size_t>(k)])));
         // yarn's attention factor scales both (transformers: cos(emb) * attention_scaling in f32; 1 otherwise)
         c[static_cast<size_t>(t * half + k)] = static_cast<float>(std::cos(ang)) * af;
         s[static_cast<size_t>(t * half + k)] = static_cast<float>(std::sin(ang)) * af;
       }
-    cos_ = Tensor<B>::from_vector(c, {P, half});
-    sin_ = Tensor<B>::from_vector(s, {P, half});
+    cos_table = Tensor<B>::from_vector(c, {P, half});
+    sin_table = Tensor<B>::from_vector(s, {P, half});
   }
-  return {cos_.narrow(0, pos0, T), sin_.narrow(0, pos0, T)};
+  return {cos_table.narrow(0, pos0, T), sin_table.narrow(0, pos0, T)};
 }
 
 template <Backend B> Var<B> CausalLM<B>::forward(const Tensor<B>& ids) const { return run(ids, nullptr, 0, {}); }
@@ -223,18 +247,31 @@ Var<B> CausalLM<B>::run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* cache
   std::optional<autocast::Scope> scope;
   if (o_.autocast != DType::f32) scope.emplace(o_.autocast);
   Var<B> x = embed_->forward(ids);  // [B, T, D]
-  Tensor<B> c, s;
+  if (s_.embed_scale > 0) {         // in the parameters' dtype, as transformers' Gemma
+    const Tensor<B> scale = Tensor<B>::full({}, s_.embed_scale, embed_->weight().dtype());
+    x = x.mul(static_cast<double>(scale.to(DType::f32).template item<float>()));
+  }
+  // The RoPE tables: [0] every layer's, [1] the sliding layers' (the same unless Spec::local_inv_freq).
+  Tensor<B> c[2], s[2];
   if (s_.learned_positions) {
     x = x + (per_row ? pos_embed_->forward(rows.positions)
                      : pos_embed_->forward(Tensor<B>::arange(static_cast<double>(pos0), static_cast<double>(pos0 + T), 1.0, DType::i64))
                            .unsqueeze(0));
-  } else if (per_row) {
-    std::tie(c, s) = rope_tables(0, last + 1);
-    const Tensor<B> at = rows.positions.reshape({-1});
-    c = c.index_select(0, at);
-    s = s.index_select(0, at);
   } else {
-    std::tie(c, s) = rope_tables(pos0, T);
+    for (const bool local : {false, true}) {
+      if (per_row) {
+        std::tie(c[local], s[local]) = rope_tables(0, last + 1, local);
+        const Tensor<B> at = rows.positions.reshape({-1});
+        c[local] = c[local].index_select(0, at);
+        s[local] = s[local].index_select(0, at);
+      } else {
+        std::tie(c[local], s[local]) = rope_tables(pos0, T, local);
+      }
+      if (s_.local_inv_freq.empty()) {
+        c[1] = c[0], s[1] = s[0];
+        break;
+      }
+    }
   }
   const Tensor<B>& mask = rows.mask;
   // Sliding-window layers also hide the keys W or more positions back (transformers: kv > q - W), built
@@ -247,21 +284,22 @@ Var<B> CausalLM<B>::run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* cache
     const Tensor<B> near = k.add(static_cast<double>(W)).gt(q).reshape({1, 1, T, pos0 + T});  // [1, 1, T, S], true = may attend
     window_mask = mask.defined() ? mask.logical_and(near) : near;
   }
-  if (checkpointing_ && !caches && grad_enabled()) {  // one segment per layer, which it captures by value
-    for (const auto& layer : layers_) {
-      const Tensor<B> m = layer->sliding() ? window_mask : mask;
+  const bool keep_nothing = checkpointing_ && !caches && grad_enabled();  // one segment per layer, which it captures by value
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const auto& layer = layers_[i];
+    const bool sliding = layer->sliding();
+    const Tensor<B> m = sliding ? window_mask : mask, lc = c[sliding], ls = s[sliding];
+    if (keep_nothing)
       x = kiln::checkpoint<B>(
-          [layer, pos0, c, s, per_row, m](const Var<B>& h) { return layer->forward(h, pos0, c, s, per_row, m, nullptr, 0); }, x);
-    }
-  } else {
-    for (size_t i = 0; i < layers_.size(); ++i)
-      x = layers_[i]->forward(x, pos0, c, s, per_row, layers_[i]->sliding() ? window_mask : mask, caches ? &(*caches)[i] : nullptr,
-                              capacity);
+          [layer, pos0, lc, ls, per_row, m](const Var<B>& h) { return layer->forward(h, pos0, lc, ls, per_row, m, nullptr, 0); }, x);
+    else
+      x = layer->forward(x, pos0, lc, ls, per_row, m, caches ? &(*caches)[i] : nullptr, capacity);
   }
   x = rms_ ? rms_->forward(x) : ln_->forward(x);
-  const Var<B> logits =
-      lm_head_ ? lm_head_->forward(x)
-               : autograd::Linalg<B>::linear(x.reshape({-1, s_.hidden}), embed_->weight(), {}).reshape({ids.size(0), T, s_.vocab});
+  Var<B> logits = lm_head_
+                      ? lm_head_->forward(x)
+                      : autograd::Linalg<B>::linear(x.reshape({-1, s_.hidden}), embed_->weight(), {}).reshape({ids.size(0), T, s_.vocab});
+  if (s_.final_softcap > 0) logits = logits.div(s_.final_softcap).tanh().mul(s_.final_softcap);
   return logits.dtype() == DType::f32 ? logits : logits.to(DType::f32);
 }
 

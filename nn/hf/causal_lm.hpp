@@ -1,12 +1,13 @@
 #pragma once
 // Hugging Face causal language models as kiln modules: GPT2LMHeadModel, LlamaForCausalLM,
-// MistralForCausalLM (the Llama mapping, without an acting sliding window) and Qwen2ForCausalLM.
+// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM and
+// Gemma3ForCausalLM (architectures() lists them).
 //
 //   auto model = kiln::hf::load_causal_lm<Cpu>("path/to/model_dir");      // config.json + safetensors
 //   Var<Cpu> logits = model->forward(ids);                                  // ids [B, T] -> [B, T, vocab]
 //
 // One decoder (CausalLM below) serves every architecture: a Spec says which norm, MLP, biases and
-// positions it has; each architecture is one file (nn/hf/gpt2.cpp, llama.cpp, qwen2.cpp) holding a
+// positions it has; each architecture is one file (nn/hf/gpt2.cpp, llama.cpp, qwen.cpp, gemma.cpp) holding a
 // table that reads config.json into a Spec and names, for every kiln parameter, the checkpoint tensor
 // it comes from and how (copy, transpose a Conv1D, a slice of a fused c_attn, RoPE rows re-ordered).
 // docs/formats.md has the tables.
@@ -35,7 +36,7 @@
 namespace kiln::hf {
 
 enum class NormKind { rms, layer };
-enum class MlpKind { swiglu, fc };  // swiglu: down(silu(gate(x)) * up(x));  fc: proj(act(fc(x)))
+enum class MlpKind { gated, fc };  // gated: down(act(gate(x)) * up(x)) (SwiGLU with silu);  fc: proj(act(fc(x)))
 enum class Act { gelu_tanh, gelu, relu, silu };
 
 // RoPE as a config spells it (nn/hf/architecture.hpp: read_rope, write_rope).
@@ -56,19 +57,33 @@ struct Spec {
   int64_t max_positions = 0;  // learned positions: the table's size (a hard limit); RoPE: informative
   NormKind norm = NormKind::rms;
   double norm_eps = 1e-5;
-  MlpKind mlp = MlpKind::swiglu;
+  MlpKind mlp = MlpKind::gated;
   Act act = Act::silu;
+  // Gemma: every RMSNorm scales by (norm_offset + weight), the checkpoint's weights being offsets from 1
+  // (nn::RMSNormOptions::offset); 0: by the weight.
+  double norm_offset = 0;
+  double embed_scale = 0;   // Gemma: the embeddings times this (√hidden, rounded to the parameters' dtype); 0: none
+  bool post_norms = false;  // Gemma 2/3: an RMSNorm on the attention's and the MLP's outputs before each residual add
+  double attn_scalar = 0;   // the scores are scaled by attn_scalar^-1/2 (Gemma 2/3's query_pre_attn_scalar); 0: head_dim
+  // Gemma 2: cap · tanh(x / cap) on the attention scores (before the mask; the decomposed attention,
+  // nn::attention_decomposed) and on the logits. 0: none.
+  double attn_softcap = 0, final_softcap = 0;
   bool qkv_bias = false, o_bias = false, mlp_bias = false;
   bool learned_positions = false;  // GPT-2's wpe; otherwise RoPE
   bool qk_norm = false;            // Qwen3: RMSNorm over each head's q and k (weights [head_dim]) before RoPE
   // Sliding-window attention (transformers' "sliding_attention" layers: Mistral's sliding_window, Qwen's
-  // use_sliding_window): in the layers marked, the query at position i sees the keys at positions
-  // i - sliding_window + 1 .. i only. 0 / empty: none.
+  // use_sliding_window, Gemma 2/3): in the layers marked, the query at position i sees the keys at
+  // positions i - sliding_window + 1 .. i only. 0: no window (the marked layers still take
+  // local_inv_freq's RoPE); empty: no sliding layers.
   int64_t sliding_window = 0;
-  std::vector<bool> sliding_layers{};  // [layers] when sliding_window > 0
+  std::vector<bool> sliding_layers{};  // [layers], or empty (then sliding_window must be 0)
   std::vector<double> inv_freq;        // RoPE: [head_dim/2] angular frequencies (theta and scaling applied)
   RopeSpec rope;                       // RoPE: what inv_freq was computed from
-  bool tie_embeddings = false;         // lm_head is the embedding matrix
+  // Gemma 3: the sliding-window layers' own RoPE ([head_dim/2] frequencies, and their spec); empty: the
+  // sliding layers turn by inv_freq too.
+  std::vector<double> local_inv_freq{};
+  RopeSpec local_rope{};
+  bool tie_embeddings = false;  // lm_head is the embedding matrix
   // The config.json and generation_config.json of the directory the model was read from (null for a
   // Spec made in code): hf::save_pretrained (nn/hf/export.hpp) writes their other fields back.
   std::shared_ptr<const nlohmann::json> source_config, source_generation_config;
@@ -99,8 +114,9 @@ template <Backend B> class CausalLM : public nn::Module<B> {
   // The most positions a sequence may have (learned positions); 0: no limit.
   int64_t max_positions() const { return s_.learned_positions ? s_.max_positions : 0; }
 
-  // The RoPE tables (cos, sin [T, head_dim/2], f32) for positions pos0..pos0+T-1, grown on demand.
-  std::pair<Tensor<B>, Tensor<B>> rope_tables(int64_t pos0, int64_t T) const;
+  // The RoPE tables (cos, sin [T, head_dim/2], f32) for positions pos0..pos0+T-1, grown on demand; local:
+  // the sliding-window layers' (Spec::local_inv_freq; the same as the others' when it is empty).
+  std::pair<Tensor<B>, Tensor<B>> rope_tables(int64_t pos0, int64_t T, bool local = false) const;
   // Activation checkpointing (autograd/checkpoint.hpp, docs/memory.md): when on, a forward that records
   // (grad mode on, no KV cache) keeps no activations inside the decoder layers (one segment per layer,
   // recomputed in backward under the same autocast dtype). The gradients are the same as without it.
@@ -118,7 +134,7 @@ template <Backend B> class CausalLM : public nn::Module<B> {
   std::shared_ptr<nn::LayerNorm<B>> ln_;
   std::shared_ptr<nn::Linear<B>> lm_head_;
   mutable std::mutex rope_mu_;
-  mutable Tensor<B> cos_, sin_;
+  mutable Tensor<B> cos_[2], sin_[2];  // [0] inv_freq, [1] local_inv_freq
 };
 
 // Reads a Hugging Face model directory (formats/hf_dir.hpp) into a CausalLM: the architecture's table

@@ -61,6 +61,14 @@ std::string spec_difference(const Spec& a, const Spec& b) {
       {"learned_positions", a.learned_positions == b.learned_positions},
       {"inv_freq", a.inv_freq == b.inv_freq},
       {"rope attention_factor", a.rope.attention_factor == b.rope.attention_factor},
+      {"local inv_freq", a.local_inv_freq == b.local_inv_freq && a.local_rope.attention_factor == b.local_rope.attention_factor},
+      {"norm_offset", a.norm_offset == b.norm_offset},
+      {"embed_scale", a.embed_scale == b.embed_scale},
+      {"post_norms", a.post_norms == b.post_norms},
+      {"qk_norm", a.qk_norm == b.qk_norm},
+      {"attn_scalar", a.attn_scalar == b.attn_scalar},
+      {"attn_softcap", a.attn_softcap == b.attn_softcap},
+      {"final_softcap", a.final_softcap == b.final_softcap},
       {"sliding_window", a.sliding_window == b.sliding_window && a.sliding_layers == b.sliding_layers},
       {"tie_embeddings", a.tie_embeddings == b.tie_embeddings},
   };
@@ -80,13 +88,13 @@ nlohmann::json make_config(const Architecture& a, const Spec& s, const ExportOpt
   nlohmann::json j = a.config(s);
   const auto source_has = [&](const char* k) { return s.source_config && s.source_config->contains(k); };
   j[source_has("dtype") && !source_has("torch_dtype") ? "dtype" : "torch_dtype"] = torch_dtype_name(o.dtype);
-  const char* const rope_fields[] = {"rope_parameters", "rope_theta", "rope_scaling"};
+  const char* const rope_fields[] = {"rope_parameters", "rope_theta", "rope_scaling", "rope_local_base_freq"};
   if (j.contains("rope_theta") && (source_has("rope_parameters") || source_has("rope_theta") || source_has("rope_scaling"))) {
     for (const char* k : rope_fields) j.erase(k);
     for (const char* k : rope_fields)
       if (source_has(k)) j[k] = s.source_config->at(k);
   }
-  const std::set<std::string> replaced = {"rope_parameters", "rope_theta", "rope_scaling", "dtype", "torch_dtype"};
+  const std::set<std::string> replaced = {"rope_parameters", "rope_theta", "rope_scaling", "rope_local_base_freq", "dtype", "torch_dtype"};
   if (s.source_config) {
     for (auto it = s.source_config->begin(); it != s.source_config->end(); ++it)
       if (!j.contains(it.key()) && !replaced.count(it.key())) j[it.key()] = it.value();
@@ -325,7 +333,7 @@ Spec llama_spec_of(const ModelConfig& config) {
   s.max_positions = c.max_seq_len;
   s.norm = NormKind::rms;
   s.norm_eps = c.norm_eps;
-  s.mlp = MlpKind::swiglu;
+  s.mlp = MlpKind::gated;
   s.act = Act::silu;
   s.rope = RopeSpec{.type = "default", .theta = c.rope_theta};
   s.inv_freq = detail::rope_inv_freq(s.rope, s.head_dim);

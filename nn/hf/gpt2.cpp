@@ -25,17 +25,7 @@ Spec gpt2_spec(const ModelDir& d) {
   s.norm = NormKind::layer;
   s.norm_eps = c.number("layer_norm_epsilon", 1e-5);
   s.mlp = MlpKind::fc;
-  const std::string act = c.string("activation_function", "gelu_new");
-  if (act == "gelu_new" || act == "gelu_pytorch_tanh")
-    s.act = Act::gelu_tanh;
-  else if (act == "gelu")
-    s.act = Act::gelu;
-  else if (act == "relu")
-    s.act = Act::relu;
-  else if (act == "silu" || act == "swish")
-    s.act = Act::silu;
-  else
-    c.unsupported("activation_function", "kiln has gelu_new, gelu_pytorch_tanh, gelu, relu, silu");
+  s.act = read_act(c, "activation_function", "gelu_new");
   s.qkv_bias = s.o_bias = s.mlp_bias = true;
   s.learned_positions = true;
   s.tie_embeddings = c.boolean("tie_word_embeddings", true);
@@ -98,21 +88,7 @@ nlohmann::json gpt2_config(const Spec& s) {
   j["n_head"] = s.heads;
   j["n_inner"] = s.intermediate;
   j["layer_norm_epsilon"] = s.norm_eps;
-  const char* act = "gelu_new";
-  switch (s.act) {
-    case Act::gelu_tanh:
-      break;
-    case Act::gelu:
-      act = "gelu";
-      break;
-    case Act::relu:
-      act = "relu";
-      break;
-    case Act::silu:
-      act = "silu";
-      break;
-  }
-  j["activation_function"] = act;
+  j["activation_function"] = s.act == Act::gelu_tanh ? "gelu_new" : act_name(s.act);  // GPT-2's own name for the tanh GELU
   j["tie_word_embeddings"] = s.tie_embeddings;
   j["scale_attn_weights"] = true;
   j["scale_attn_by_inverse_layer_idx"] = false;

@@ -1,7 +1,7 @@
 // LlamaForCausalLM (transformers' models/llama/modeling_llama.py) and MistralForCausalLM, which is
-// the same network: RMSNorm, rotate-half RoPE (theta; default, linear or llama3 scaling), GQA,
-// SwiGLU, tied or untied head, optional attention/MLP biases. Mistral's sliding window must not act
-// (null, or at least max_position_embeddings). q_proj/k_proj rows are re-ordered for kiln's
+// the same network: RMSNorm, rotate-half RoPE (theta; default, linear, llama3 or yarn scaling), GQA,
+// a gated MLP (SwiGLU, or another hidden_act), tied or untied head, optional attention/MLP biases.
+// Mistral's sliding window acts in every layer. q_proj/k_proj rows are re-ordered for kiln's
 // interleaved RoPE (nn/hf/causal_lm.hpp).
 #include <algorithm>
 
@@ -14,7 +14,7 @@ namespace kiln::hf::detail {
 
 // Shared by Llama, Mistral, Qwen2 and Qwen3: the fields of their configs and the tensor names of their
 // decoders ("model.layers.{i}.self_attn.q_proj.weight", ...).
-Spec llama_family_spec(ConfigReader& c, const ModelDir& d, int64_t default_head_dim) {
+Spec llama_family_spec(ConfigReader& c, const ModelDir& d, const FamilyDefaults& def) {
   Spec s;
   s.architecture = d.architecture();
   s.vocab = c.integer("vocab_size");
@@ -25,18 +25,18 @@ Spec llama_family_spec(ConfigReader& c, const ModelDir& d, int64_t default_head_
   s.kv_heads = c.integer("num_key_value_heads", s.heads);
   KILN_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0,
              "{}: num_attention_heads {} must be a positive multiple of num_key_value_heads {}", c.path(), s.heads, s.kv_heads);
-  s.head_dim = c.integer("head_dim", default_head_dim > 0 ? default_head_dim : s.hidden / s.heads);
+  s.head_dim = c.integer("head_dim", def.head_dim > 0 ? def.head_dim : s.hidden / s.heads);
   KILN_CHECK(s.head_dim > 0 && s.head_dim % 2 == 0, "{}: head_dim {} must be even and positive", c.path(), s.head_dim);
-  s.max_positions = c.integer("max_position_embeddings", 2048);
+  s.max_positions = c.integer("max_position_embeddings", def.max_positions);
   s.norm = NormKind::rms;
   s.norm_eps = c.number("rms_norm_eps", 1e-6);
-  s.mlp = MlpKind::swiglu;
-  const std::string act = c.string("hidden_act", "silu");
-  if (act != "silu" && act != "swish") c.unsupported("hidden_act", "kiln's gated MLP is SwiGLU (silu)");
-  s.act = Act::silu;
-  s.tie_embeddings = c.boolean("tie_word_embeddings", false);
-  s.rope = read_rope(c, 10000.0, s.max_positions);
-  s.inv_freq = rope_inv_freq(s.rope, s.head_dim);
+  s.mlp = MlpKind::gated;  // down(act(gate(x)) * up(x)), any of ACT2FN's activations kiln has
+  s.act = read_act(c, def.act_field, def.act);
+  s.tie_embeddings = c.boolean("tie_word_embeddings", def.tie_embeddings);
+  if (def.rope) {
+    s.rope = read_rope(c, def.rope_theta, s.max_positions);
+    s.inv_freq = rope_inv_freq(s.rope, s.head_dim);
+  }
   if (const auto* v = c.raw("partial_rotary_factor"))
     if (!(v->is_number() && v->get<double>() == 1.0)) c.unsupported("partial_rotary_factor", "partial RoPE is not implemented");
   // transformers 4.5x+/5: a type per layer, full or sliding-window attention; the architecture's reader
@@ -100,7 +100,12 @@ std::optional<int64_t> sliding_window_field(ConfigReader& c) {
 
 // The fields llama_family_spec reads, from a Spec (the export's config.json).
 nlohmann::json llama_family_config(const Spec& s, const char* model_type) {
-  KILN_CHECK(!s.qk_norm || std::string(model_type) == "qwen3", "hf::save_pretrained: {} has no q_norm/k_norm (Qwen3ForCausalLM has)",
+  const std::string type = model_type;
+  KILN_CHECK(!s.qk_norm || type == "qwen3" || type == "gemma3_text",
+             "hf::save_pretrained: {} has no q_norm/k_norm (Qwen3ForCausalLM and Gemma3ForCausalLM have)", s.architecture);
+  KILN_CHECK(type.starts_with("gemma") || (s.norm_offset == 0 && s.embed_scale == 0 && !s.post_norms && s.attn_scalar == 0 &&
+                                           s.attn_softcap == 0 && s.final_softcap == 0 && s.local_inv_freq.empty()),
+             "hf::save_pretrained: {} has none of Gemma's (1 + w) norms, embedding scale, post norms, score scale, soft caps or local RoPE",
              s.architecture);
   nlohmann::json j;
   j["architectures"] = {s.architecture};
@@ -114,7 +119,7 @@ nlohmann::json llama_family_config(const Spec& s, const char* model_type) {
   j["head_dim"] = s.head_dim;
   j["max_position_embeddings"] = s.max_positions;
   j["rms_norm_eps"] = s.norm_eps;
-  j["hidden_act"] = "silu";
+  j["hidden_act"] = act_name(s.act);
   j["tie_word_embeddings"] = s.tie_embeddings;
   write_rope(s.rope, j);
   return j;

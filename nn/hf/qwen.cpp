@@ -59,7 +59,7 @@ nlohmann::json qwen2_config(const Spec& s) {
 
 Spec qwen3_spec(const ModelDir& d) {
   ConfigReader c(d);
-  Spec s = llama_family_spec(c, d, 128);  // Qwen3Config's head_dim defaults to 128, not hidden/heads
+  Spec s = llama_family_spec(c, d, {.head_dim = 128});  // Qwen3Config's head_dim defaults to 128, not hidden/heads
   s.qkv_bias = s.o_bias = c.boolean("attention_bias", false);
   s.qk_norm = true;
   read_sliding_window(c, s);

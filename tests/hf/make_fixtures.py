@@ -5,8 +5,9 @@ config, its weights drawn from a seeded generator.
 
     scripts/hf_venv.sh && .venv-hf/bin/python tests/hf/make_fixtures.py [NAME ...]
 
-NAME: only these fixtures (default: all). qwen3, qwen3_yarn, qwen3_window and mistral_window need transformers
-4.51 or later (the venv's 4.46.3 has no Qwen3, and its sliding-window masks are older); they were made with
+NAME: only these fixtures (default: all). qwen3, qwen3_yarn, qwen3_window, mistral_window, gemma, gemma2 and
+gemma3 need transformers 4.51 or later (the venv's 4.46.3 has no Qwen3 or Gemma 3, and its sliding-window masks
+are older); they are made only when named, and were made with
 transformers 5.24.0 and torch 2.15 (pip install transformers==5.24.0 into a
 directory on PYTHONPATH, with a current torch), the others with the venv.
 
@@ -41,14 +42,15 @@ OUT = os.path.join(HERE, "fixtures")
 VOCAB = 96
 
 
-def randomize(model, seed):
+def randomize(model, seed, norm_center=1.0):
     """Weights large enough that the logits are far from uniform (greedy ids are then not decided by
-    rounding): matrices N(0, 0.25^2), norm weights 1 + N(0, 0.1^2), biases N(0, 0.1^2)."""
+    rounding): matrices N(0, 0.25^2), norm weights norm_center + N(0, 0.1^2) (Gemma's norms scale by
+    1 + weight: center 0), biases N(0, 0.1^2)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1 and ("norm" in name or ".ln_" in name or name.endswith("ln_f.weight")) and name.endswith("weight"):
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+                p.copy_(norm_center + 0.1 * torch.randn(p.shape, generator=g))
             elif p.dim() == 1:
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             else:
@@ -60,10 +62,10 @@ def greedy(model, ids, n, **kw):
     return out[0, len(ids):].tolist()
 
 
-def make_fixture(name, cls, config, seed, dtype=torch.float32, shard=None, eos_at=None, batch=False):
+def make_fixture(name, cls, config, seed, dtype=torch.float32, shard=None, eos_at=None, batch=False, norm_center=1.0):
     torch.manual_seed(seed)
     model = cls(config).eval()
-    randomize(model, seed)
+    randomize(model, seed, norm_center)
     prompt = [int(i) for i in torch.randint(3, VOCAB, (7,), generator=torch.Generator().manual_seed(seed + 1))]
     n = 12
     d = os.path.join(OUT, name)
@@ -197,6 +199,26 @@ def main():
     if "mistral_window" in only:  # Mistral's window acts in every layer: 5 positions
         make("mistral_window", MistralForCausalLM,
              MistralConfig(**small, num_key_value_heads=2, tie_word_embeddings=False, sliding_window=5), seed=9, batch=True)
+    if "gemma" in only:  # (1 + w) norms, √hidden embedding scale, tanh-GELU gated MLP, MQA, tied head
+        from transformers import GemmaConfig, GemmaForCausalLM
+        make("gemma", GemmaForCausalLM,
+             GemmaConfig(**small, num_key_value_heads=1, head_dim=16, hidden_act="gelu", bos_token_id=1, eos_token_id=2),
+             seed=10, batch=True, norm_center=0.0)
+    if "gemma2" in only:  # post norms, query_pre_attn_scalar != head_dim, window 4 in layer 0, strong attention and final caps, untied
+        from transformers import Gemma2Config, Gemma2ForCausalLM
+        make("gemma2", Gemma2ForCausalLM,
+             Gemma2Config(**small, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
+                          attn_logit_softcapping=2.0, final_logit_softcapping=5.0, tie_word_embeddings=False),
+             seed=11, batch=True, norm_center=0.0)
+    if "gemma3" in only:  # q/k norms, the sliding layers' own RoPE (10000) against linear-scaled 1e6 in the full one, window 4, untied
+        from transformers import Gemma3TextConfig, Gemma3ForCausalLM
+        make("gemma3", Gemma3ForCausalLM,
+             Gemma3TextConfig(**dict(small, num_hidden_layers=3), num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                              sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                              tie_word_embeddings=False,
+                              rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
+                                               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+             seed=12, batch=True, norm_center=0.0)
     if not only or "samplers" in only:
         samplers()
     print("transformers", transformers.__version__, "torch", torch.__version__)

@@ -1,8 +1,9 @@
-// Hugging Face model import and generation against transformers 4.46.3 (Qwen3: 5.24.0): the fixtures of
+// Hugging Face model import and generation against transformers 4.46.3 (Qwen3, Gemma: 5.24.0): the fixtures of
 // tests/hf/make_fixtures.py (tiny random GPT-2, Llama (GQA, untied), Llama 3 RoPE scaling stored in
 // bf16, Qwen2 sharded, Mistral with head_dim != hidden/heads, Qwen3 with q_norm/k_norm, attention
 // biases and head_dim != hidden/heads, Qwen3 with YaRN RoPE scaling, Qwen3 and Mistral with sliding-window
-// attention that acts). Logits of a whole prompt within 1e-4
+// attention that acts, Gemma (tied, MQA), Gemma 2 (soft caps, query_pre_attn_scalar, a window) and
+// Gemma 3 (q/k norms, the sliding layers' own RoPE, a window)). Logits of a whole prompt within 1e-4
 // relative, greedy ids identical, the samplers' processed logits equal, and every kind of bad input
 // a kiln::Error naming the file, the field or the tensor.
 #include <catch2/catch.hpp>
@@ -40,7 +41,8 @@ using json = nlohmann::json;
 namespace {
 
 const std::string kFixtures = std::string(KILN_SOURCE_DIR) + "/tests/hf/fixtures/";
-const char* const kModels[] = {"gpt2", "llama", "llama3_bf16", "qwen2", "mistral", "qwen3", "qwen3_yarn", "qwen3_window", "mistral_window"};
+const char* const kModels[] = {"gpt2",       "llama",        "llama3_bf16",    "qwen2", "mistral", "qwen3",
+                               "qwen3_yarn", "qwen3_window", "mistral_window", "gemma", "gemma2",  "gemma3"};
 
 json read_json(const std::string& path) {
   std::ifstream f(path);
@@ -219,7 +221,7 @@ template <Backend B> void check_padded_batch(const std::string& name) {
 }  // namespace
 
 TEST_CASE("generate: each row of a left-padded batch gets the logits it gets alone (cpu, reference)", "[hf]") {
-  for (const char* name : {"gpt2", "llama", "qwen2", "qwen3_window", "mistral_window"}) {
+  for (const char* name : {"gpt2", "llama", "qwen2", "qwen3_window", "mistral_window", "gemma2", "gemma3"}) {
     DYNAMIC_SECTION(name) {
       check_padded_batch<Cpu>(name);
       check_padded_batch<Reference>(name);
@@ -229,12 +231,12 @@ TEST_CASE("generate: each row of a left-padded batch gets the logits it gets alo
 
 #if defined(KILN_HAVE_CUDA_BACKEND)
 TEST_CASE("generate: each row of a left-padded batch gets the logits it gets alone on Cuda", "[hf][cuda]") {
-  for (const char* name : {"gpt2", "llama", "qwen3_window"}) DYNAMIC_SECTION(name) check_padded_batch<Cuda>(name);
+  for (const char* name : {"gpt2", "llama", "qwen3_window", "gemma2", "gemma3"}) DYNAMIC_SECTION(name) check_padded_batch<Cuda>(name);
 }
 #endif
 
 TEST_CASE("generate: the KV-cached forward gives the logits of the full forward, and Reference agrees with Cpu", "[hf]") {
-  for (const char* name : {"gpt2", "llama", "qwen2", "qwen3_yarn", "qwen3_window", "mistral_window"}) {
+  for (const char* name : {"gpt2", "llama", "qwen2", "qwen3_yarn", "qwen3_window", "mistral_window", "gemma", "gemma2", "gemma3"}) {
     DYNAMIC_SECTION(name) {
       const json e = read_json(kFixtures + name + "/expected.json");
       const auto prompt = e["prompt"].get<std::vector<int64_t>>();
@@ -509,6 +511,55 @@ TEST_CASE("generate: samplers are transformers' logits processors (repetition pe
   CHECK(cold.ids == nn::generate(*model, {prompt}, {.max_new_tokens = 30}).ids);
 }
 
+TEST_CASE("import: Gemma configs in transformers 4's spelling give the same model", "[hf]") {
+  // Each edit spells a fixture's config as older releases wrote it; the logits must not move.
+  struct Case {
+    const char* model;
+    const char* what;
+    std::function<void(json&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"gemma", "hidden_act \"gelu\" (the first releases': the tanh GELU) and hidden_activation",
+       [](json& c) {
+         c["hidden_act"] = "gelu";
+         c["hidden_activation"] = "gelu_pytorch_tanh";
+       }},
+      {"gemma3", "rope_theta, rope_scaling and rope_local_base_freq; sliding_window_pattern for layer_types",
+       [](json& c) {
+         c.erase("rope_parameters");
+         c["rope_theta"] = 1000000.0;
+         c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+         c["rope_local_base_freq"] = 10000.0;
+         c.erase("layer_types");
+         c["sliding_window_pattern"] = 2;  // layers 0 and 2 slide
+       }},
+      {"gemma2", "layer_types left to the default (every other layer)", [](json& c) { c.erase("layer_types"); }},
+  };
+  int i = 0;
+  for (const Case& k : cases) {
+    DYNAMIC_SECTION(k.model << ": " << k.what) {
+      const json e = read_json(kFixtures + k.model + "/expected.json");
+      const std::string dir = copy_fixture(k.model, fmt::format("spell{}", i));
+      json c = read_json(dir + "/config.json");
+      k.edit(c);
+      write_json(dir + "/config.json", c);
+      const auto model = hf::load_causal_lm<Cpu>(dir);
+      CHECK(rel_err(logits_of(*model, e["prompt"].get<std::vector<int64_t>>()), e["logits"].get<std::vector<double>>()) < 1e-4);
+      fs::remove_all(dir);
+    }
+    ++i;
+  }
+  // The same edits that change the model do move the logits (the checks above can fail).
+  const json e = read_json(kFixtures + std::string("gemma3/expected.json"));
+  const std::string dir = copy_fixture("gemma3", "spell-wrong");
+  json c = read_json(dir + "/config.json");
+  c["rope_parameters"]["sliding_attention"]["rope_theta"] = 1000000.0;  // the local RoPE as the global one's base
+  write_json(dir + "/config.json", c);
+  CHECK(rel_err(logits_of(*hf::load_causal_lm<Cpu>(dir), e["prompt"].get<std::vector<int64_t>>()), e["logits"].get<std::vector<double>>()) >
+        1e-3);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("import: bad configs are errors naming config.json and the field", "[hf]") {
   struct Case {
     const char* model;
@@ -528,7 +579,7 @@ TEST_CASE("import: bad configs are errors naming config.json and the field", "[h
          c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 4.0}};
        },
        {"rope_scaling", "low_freq_factor"}},
-      {"llama", [](json& c) { c["hidden_act"] = "gelu"; }, {"config.json", "hidden_act"}},
+      {"llama", [](json& c) { c["hidden_act"] = "gelu_fast"; }, {"config.json", "hidden_act", "gelu_fast"}},
       {"llama", [](json& c) { c["num_key_value_heads"] = 3; }, {"config.json", "num_key_value_heads"}},
       {"llama", [](json& c) { c.erase("hidden_size"); }, {"config.json", "hidden_size", "required"}},
       {"llama",
@@ -553,6 +604,31 @@ TEST_CASE("import: bad configs are errors naming config.json and the field", "[h
       {"gpt2", [](json& c) { c["scale_attn_by_inverse_layer_idx"] = true; }, {"config.json", "scale_attn_by_inverse_layer_idx"}},
       {"gpt2", [](json& c) { c["activation_function"] = "gelu_fast"; }, {"activation_function", "gelu_fast"}},
       {"gpt2", [](json& c) { c["add_cross_attention"] = true; }, {"add_cross_attention"}},
+      {"gemma", [](json& c) { c["hidden_activation"] = "relu"; }, {"config.json", "hidden_activation", "disagrees with hidden_act"}},
+      {"gemma",
+       [](json& c) {
+         c["layer_types"] = {"full_attention", "sliding_attention"};
+       },
+       {"layer_types", "no sliding-window layers"}},
+      {"gemma", [](json& c) { c["use_bidirectional_attention"] = true; }, {"use_bidirectional_attention", "causal LM"}},
+      {"gemma2", [](json& c) { c["query_pre_attn_scalar"] = 0; }, {"query_pre_attn_scalar", "positive"}},
+      {"gemma2", [](json& c) { c["attn_logit_softcapping"] = -1.0; }, {"attn_logit_softcapping", "positive"}},
+      {"gemma3", [](json& c) { c["attn_logit_softcapping"] = 50.0; }, {"config.json", "attn_logit_softcapping", "does not apply"}},
+      {"gemma3",
+       [](json& c) {
+         c["rope_parameters"] = {{"rope_type", "default"}};
+       },
+       {"rope_parameters", "full_attention"}},
+      {"gemma3",
+       [](json& c) {
+         c["rope_parameters"]["chunked_attention"] = {{"rope_type", "default"}};
+       },
+       {"rope_parameters", "'chunked_attention' is no layer type"}},
+      {"gemma3",
+       [](json& c) {
+         c["rope_parameters"]["sliding_attention"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+       },
+       {"rope_parameters", "dynamic"}},
   };
   int i = 0;
   for (const Case& k : cases) {
