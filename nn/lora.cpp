@@ -28,9 +28,11 @@ using json = nlohmann::json;
 // Where a kiln Linear sits in the model PEFT sees.
 struct PeftName {
   std::string path;
-  int64_t rope_heads = 0;
+  int64_t rope_heads = 0, rope_rotary = 0;  // RoPE rows re-ordered (hf::rope_rows_order)
   bool fan_in_fan_out = false;
   int64_t part = 0, parts = 1;  // a slice of a fused module (GPT-2's c_attn)
+  // A fused module whose parts differ in size or turn by RoPE (Phi-3's qkv_proj): not adapted yet.
+  bool unequal_parts = false;
 };
 
 std::string strip_weight(const std::string& name) {
@@ -50,7 +52,14 @@ template <Backend B> std::map<std::string, PeftName> peft_names(const Module<B>&
   for (const auto& [kiln_name, src] : a->tensors(lm->spec(), nullptr)) {
     const std::string k = strip_weight(kiln_name), h = strip_weight(src.name);
     if (k.empty() || h.empty()) continue;
-    out[k] = {h, src.op == hf::TensorSource::Op::rope_rows ? src.heads : 0, src.op == hf::TensorSource::Op::transpose, src.part, src.parts};
+    const bool rope = src.op == hf::TensorSource::Op::rope_rows;
+    out[k] = {h,
+              rope ? src.heads : 0,
+              rope ? src.rotary : 0,
+              src.op == hf::TensorSource::Op::transpose,
+              src.part,
+              src.parts,
+              src.rows > 0 || (rope && src.parts > 1)};
   }
   return out;
 }
@@ -93,12 +102,6 @@ std::string glob_regex(const std::vector<std::string>& patterns) {
 
 // lora_B rows between the checkpoint's head layout [H, 2, hd/2] and kiln's interleaved [H, hd/2, 2]
 // (nn/hf/causal_lm.cpp re-orders q_proj/k_proj this way on import).
-template <Backend B> Tensor<B> rope_rows(const Tensor<B>& t, int64_t H, bool to_kiln) {
-  const int64_t hd = t.size(0) / H, c = t.size(1);
-  const Shape from = to_kiln ? Shape{H, 2, hd / 2, c} : Shape{H, hd / 2, 2, c};
-  return t.reshape(from).transpose(1, 2).contiguous().reshape({H * hd, c});
-}
-
 template <Backend B> struct Wrapped {
   std::string path;
   Linear<B>* linear;
@@ -161,8 +164,13 @@ template <Backend B> Var<B> LoraAdapter<B>::forward(const Var<B>& x) const {
 
 template <Backend B> std::vector<std::string> default_lora_targets(const Module<B>& model) {
   if (const auto* lm = dynamic_cast<const hf::CausalLM<B>*>(&model))
-    if (const hf::Architecture* a = hf::find_architecture(lm->spec().architecture); a != nullptr && !a->lora_targets.empty())
+    if (const hf::Architecture* a = hf::find_architecture(lm->spec().architecture); a != nullptr) {
+      KILN_CHECK(!a->lora_targets.empty(),
+                 "LoRA: PEFT has no default target modules for {} (nor has kiln): give target_modules (kiln train: --lora-target), "
+                 "e.g. o_proj, gate_up_proj, down_proj",
+                 a->name);
       return a->lora_targets;
+    }
   return {"q_proj", "v_proj"};
 }
 
@@ -226,6 +234,11 @@ template <Backend B> std::vector<std::string> apply_lora(Module<B>& model, const
     KILN_CHECK(f.name.parts == 1 || fused_parts[f.name.path] == f.name.parts,
                "apply_lora: fused module '{}' is matched in part ({} of its {} Linears)", f.name.path, fused_parts[f.name.path],
                f.name.parts);
+  for (const auto& f : found)
+    KILN_CHECK(!f.name.unequal_parts,
+               "apply_lora: '{}' is a fused module whose parts differ in size or are turned by RoPE (q, k and v of a fused qkv_proj): "
+               "kiln cannot adapt it yet (target its other Linears, e.g. o_proj, gate_up_proj, down_proj)",
+               f.name.path);
   model.requires_grad_(false);
   std::vector<std::string> paths;
   std::map<std::string, std::shared_ptr<LoraAdapter<B>>> owners;  // fused module -> the adapter of its part 0
@@ -233,6 +246,7 @@ template <Backend B> std::vector<std::string> apply_lora(Module<B>& model, const
     const LinearOptions& lo = lin->options();
     auto a = std::make_shared<LoraAdapter<B>>(o, lo.in, lo.out * name.parts, lin->weight().dtype(), name.path);
     a->rope_heads = name.rope_heads;
+    a->rope_rotary = name.rope_rotary;
     a->fan_in_fan_out = name.fan_in_fan_out;
     a->parts = name.parts;
     a->dropout_module()->train(model.is_training());
@@ -269,7 +283,7 @@ template <Backend B> std::vector<std::pair<std::string, Tensor<B>>> lora_state_d
     if (a.owner() != nullptr) continue;  // a later part of a fused module: its owner holds the tensors
     const Tensor<B>& lb = a.lora_B().weight().value();
     out.emplace_back(saved_name(a.peft_path(), "lora_A"), a.lora_A().weight().value());
-    out.emplace_back(saved_name(a.peft_path(), "lora_B"), a.rope_heads ? rope_rows(lb, a.rope_heads, false) : lb);
+    out.emplace_back(saved_name(a.peft_path(), "lora_B"), a.rope_heads ? hf::rope_rows_order(lb, a.rope_heads, a.rope_rotary, false) : lb);
   }
   return out;
 }
@@ -408,7 +422,7 @@ template <Backend B> std::vector<std::string> load_lora(Module<B>& model, const 
           problems.push_back(fmt::format("'{}' is {}, the model's is {}", name, shape_str(src.shape()), shape_str(dst.shape())));
           continue;
         }
-        if (std::string_view(which) == "lora_B" && a.rope_heads) src = rope_rows(src, a.rope_heads, true);
+        if (std::string_view(which) == "lora_B" && a.rope_heads) src = hf::rope_rows_order(src, a.rope_heads, a.rope_rotary, true);
         copies.emplace_back(dst, src);
       }
       // PEFT's save_embedding_layers (on by default where lm_head is a target) stores the base weight

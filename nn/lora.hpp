@@ -63,8 +63,9 @@ template <Backend B> class LoraAdapter : public LinearAdapter<B> {
   Linear<B>& lora_A() const { return owner_ ? owner_->lora_A() : *a_; }
   Linear<B>& lora_B() const { return owner_ ? owner_->lora_B() : *b_; }
   std::shared_ptr<Module<B>> dropout_module() const { return drop_; }
-  // Imported Llama q/k_proj: the heads whose rows were re-ordered on import (0: none).
-  int64_t rope_heads = 0;
+  // Imported Llama q/k_proj: the heads whose rows were re-ordered on import (0: none), and the rows of
+  // each head that were (hf::rope_rows_order; 0: all).
+  int64_t rope_heads = 0, rope_rotary = 0;
   bool fan_in_fan_out = false;  // a GPT-2 Conv1D in PEFT
   // A slice of a fused module (GPT-2's c_attn): rows [part·out, (part+1)·out) of the owner's lora_B
   // (the adapter of part 0, which holds lora_A and the whole lora_B; owner() is null there).
@@ -82,7 +83,9 @@ template <Backend B> class LoraAdapter : public LinearAdapter<B> {
 };
 
 // PEFT's default targets for the model: for one from hf::load_causal_lm its model_type's (GPT-2:
-// c_attn; Llama, Mistral, Qwen2, Qwen3: q_proj, v_proj), for any other model q_proj, v_proj (kiln's attention).
+// c_attn; Llama, Mistral, Qwen2, Qwen3, Gemma 1-3: q_proj, v_proj; Phi-3 has none: a kiln::Error asking for
+// target_modules, as PEFT raises), for any other model q_proj, v_proj (kiln's attention).
+// LoRA on a fused module whose parts differ in size or turn by RoPE (Phi-3's qkv_proj) is refused.
 template <Backend B> KILN_API std::vector<std::string> default_lora_targets(const Module<B>& model);
 
 // Wraps every Linear whose PEFT path matches, freezes every other parameter, and returns the kiln paths

@@ -17,7 +17,8 @@ const std::vector<Architecture>& registry() {
                                                 detail::qwen3_architecture(),
                                                 detail::gemma_architecture("GemmaForCausalLM"),
                                                 detail::gemma_architecture("Gemma2ForCausalLM"),
-                                                detail::gemma_architecture("Gemma3ForCausalLM")};
+                                                detail::gemma_architecture("Gemma3ForCausalLM"),
+                                                detail::phi3_architecture()};
   return all;
 }
 
@@ -210,6 +211,14 @@ RopeSpec read_rope(ConfigReader& c, double default_theta, int64_t max_positions)
 
 void read_rope_params(ConfigReader& c, const nlohmann::json& p, const std::string& field, RopeSpec& r, int64_t max_positions) {
   KILN_CHECK(p.is_object(), "{}: field '{}' must be an object, got {}", c.path(), field, p.dump());
+  const std::string top = field.substr(0, field.find('.'));  // the config.json field it is in
+  for (const char* k : {"rope_type", "type"}) {              // an unknown type first, whatever its fields
+    if (!p.contains(k) || p[k].is_null()) continue;
+    KILN_CHECK(p[k].is_string(), "{}: '{}.{}' must be a string, got {}", c.path(), field, k, p[k].dump());
+    const std::string type = p[k].get<std::string>();
+    if (type != "default" && type != "linear" && type != "llama3" && type != "yarn")
+      c.unsupported(top, fmt::format("rope type \"{}\" is not implemented (kiln has default, linear, llama3, yarn)", type));
+  }
   std::map<std::string, double> num;
   for (auto it = p.begin(); it != p.end(); ++it) {
     const std::string& k = it.key();
@@ -232,6 +241,10 @@ void read_rope_params(ConfigReader& c, const nlohmann::json& p, const std::strin
   if (num.count("rope_theta")) {
     r.theta = num["rope_theta"];
     num.erase("rope_theta");
+  }
+  if (num.count("partial_rotary_factor")) {  // transformers 5 keeps Phi-3's here (the decoders that take it check it)
+    r.partial_rotary_factor = num["partial_rotary_factor"];
+    num.erase("partial_rotary_factor");
   }
   KILN_CHECK(r.theta > 0, "{}: '{}.rope_theta' must be positive, got {}", c.path(), field, r.theta);
   auto take = [&](const char* k) {
@@ -267,16 +280,16 @@ void read_rope_params(ConfigReader& c, const nlohmann::json& p, const std::strin
     r.attention_factor = optional("attention_factor", m != 0 && m_all != 0 ? mscale(m) / mscale(m_all) : mscale(1));
     if (p.contains("truncate") && !p["truncate"].is_null()) r.truncate = p["truncate"].get<bool>();
   } else {
-    c.unsupported(field.substr(0, field.find('.')),
-                  fmt::format("rope type \"{}\" is not implemented (kiln has default, linear, llama3, yarn)", r.type));
+    KILN_CHECK(r.type == "default", "{}: rope type \"{}\"", c.path(), r.type);  // the others are refused above
   }
-  if (!num.empty())
-    c.unsupported(field.substr(0, field.find('.')), fmt::format("'{}' does not apply to rope type \"{}\"", num.begin()->first, r.type));
+  if (!num.empty()) c.unsupported(top, fmt::format("'{}' does not apply to rope type \"{}\"", num.begin()->first, r.type));
   if (r.type != "yarn" && p.contains("truncate") && !p["truncate"].is_null())
-    c.unsupported(field.substr(0, field.find('.')), fmt::format("'truncate' does not apply to rope type \"{}\"", r.type));
+    c.unsupported(top, fmt::format("'truncate' does not apply to rope type \"{}\"", r.type));
 }
 
-std::vector<double> rope_inv_freq(const RopeSpec& r, int64_t head_dim) {
+namespace {
+// The frequencies over `head_dim` turned values.
+std::vector<double> inv_freq_over(const RopeSpec& r, int64_t head_dim) {
   std::vector<double> inv(static_cast<size_t>(head_dim / 2));
   for (int64_t k = 0; k < head_dim / 2; ++k)  // transformers computes these in f32
     inv[static_cast<size_t>(k)] = static_cast<float>(1.0 / std::pow(r.theta, static_cast<double>(2 * k) / static_cast<double>(head_dim)));
@@ -316,9 +329,27 @@ std::vector<double> rope_inv_freq(const RopeSpec& r, int64_t head_dim) {
   }
   return inv;
 }
+}  // namespace
+
+int64_t rotary_dim(const RopeSpec& r, int64_t head_dim) {
+  const auto rd = static_cast<int64_t>(static_cast<double>(head_dim) * r.partial_rotary_factor);  // int() as transformers
+  KILN_CHECK(r.partial_rotary_factor > 0 && r.partial_rotary_factor <= 1 && rd >= 2 && rd % 2 == 0,
+             "hf: partial_rotary_factor {} of head_dim {} turns {} values; kiln needs an even number in [2, head_dim]",
+             r.partial_rotary_factor, head_dim, rd);
+  return rd;
+}
+
+std::vector<double> rope_inv_freq(const RopeSpec& r, int64_t head_dim) {
+  std::vector<double> full(static_cast<size_t>(head_dim / 2), 0.0);
+  const int64_t rd = rotary_dim(r, head_dim);
+  std::vector<double> inv = inv_freq_over(r, rd);
+  std::copy(inv.begin(), inv.end(), full.begin());
+  return full;
+}
 
 void write_rope(const RopeSpec& r, nlohmann::json& config) {
   config["rope_theta"] = r.theta;
+  if (r.partial_rotary_factor != 1.0) config["partial_rotary_factor"] = r.partial_rotary_factor;
   if (r.type == "default") {
     config["rope_scaling"] = nullptr;
   } else if (r.type == "linear") {
@@ -343,4 +374,20 @@ void write_rope(const RopeSpec& r, nlohmann::json& config) {
 }
 
 }  // namespace detail
+
+template <Backend B> Tensor<B> rope_rows_order(const Tensor<B>& t, int64_t heads, int64_t rotary, bool to_kiln) {
+  const int64_t hd = t.size(0) / heads, rest = t.numel() / t.size(0), rd = rotary > 0 ? rotary : hd;
+  KILN_CHECK(t.size(0) == heads * hd && rd % 2 == 0 && rd <= hd, "hf: RoPE rows of {} over {} heads, {} turned rows per head",
+             shape_str(t.shape()), heads, rd);
+  const Tensor<B> h = t.reshape({heads, hd, rest});
+  const Shape from = to_kiln ? Shape{heads, 2, rd / 2, rest} : Shape{heads, rd / 2, 2, rest};
+  Tensor<B> turned = h.narrow(1, 0, rd).reshape(from).transpose(1, 2).reshape({heads, rd, rest});
+  if (rd < hd) turned = Tensor<B>::cat({turned, h.narrow(1, rd, hd - rd)}, 1);
+  return turned.contiguous().reshape(t.shape());
+}
+
+#define KILN_INST(B) template Tensor<B> rope_rows_order<B>(const Tensor<B>&, int64_t, int64_t, bool);
+KILN_FOR_EACH_BACKEND(KILN_INST)
+#undef KILN_INST
+
 }  // namespace kiln::hf

@@ -1,6 +1,6 @@
 #pragma once
 // The per-architecture tables behind hf::load_causal_lm (nn/hf/causal_lm.hpp): one file per
-// architecture (gpt2.cpp, llama.cpp, qwen.cpp, gemma.cpp) defines an Architecture: how config.json becomes a
+// architecture (gpt2.cpp, llama.cpp, qwen.cpp, gemma.cpp, phi3.cpp) defines an Architecture: how config.json becomes a
 // Spec, and where each parameter of the shared decoder comes from in the checkpoint. Adding an
 // architecture is one more file and one line in architecture.cpp's list.
 #include <functional>
@@ -29,8 +29,17 @@ struct TensorSource {
   Shape shape;       // its shape in the checkpoint, as config.json implies
   Op op = Op::copy;
   int64_t part = 0, parts = 1;  // after op: rows [part·n/parts, (part+1)·n/parts) (GPT-2's fused c_attn)
-  int64_t heads = 0;            // rope_rows: the heads of the tensor
+  // rows > 0: after op, rows [row0, row0 + rows) instead (the parts of different sizes of Phi-3's
+  // qkv_proj); part and parts still order the parts (the export concatenates them in that order).
+  int64_t row0 = 0, rows = 0;
+  int64_t heads = 0;   // rope_rows: the heads of the tensor
+  int64_t rotary = 0;  // rope_rows: the rows of each head RoPE turns (partial_rotary_factor), re-ordered; the rest stay; 0: all
 };
+
+// The rope_rows re-ordering of a tensor of `heads` heads ([heads·hd, ...] or [heads·hd]): within each
+// head's first `rotary` rows (0: all hd), rows (i, i + rotary/2) of the checkpoint (rotate-half) become
+// kiln's (2i, 2i + 1) (interleaved pairs); to_kiln false: back.
+template <Backend B> KILN_API Tensor<B> rope_rows_order(const Tensor<B>& t, int64_t heads, int64_t rotary, bool to_kiln);
 
 struct Architecture {
   std::string name;  // config.json "architectures"[0]
@@ -88,7 +97,10 @@ RopeSpec read_rope(ConfigReader& c, double default_theta, int64_t max_positions)
 // One RoPE parameter object p (rope_type and its fields; `field` names it in errors) over r, whose theta
 // is the default when p has no rope_theta.
 void read_rope_params(ConfigReader& c, const nlohmann::json& p, const std::string& field, RopeSpec& r, int64_t max_positions);
-// The angular frequencies [head_dim/2] of a RoPE spec, as transformers computes them (in f32).
+// The values of each head RoPE turns: int(head_dim · partial_rotary_factor), as transformers (even, > 0).
+int64_t rotary_dim(const RopeSpec& r, int64_t head_dim);
+// The angular frequencies [head_dim/2] of a RoPE spec, as transformers computes them (in f32) over the
+// rotary_dim turned values; the pairs past them (partial RoPE) get 0.
 std::vector<double> rope_inv_freq(const RopeSpec& r, int64_t head_dim);
 // The transformers 4.x spelling of a RoPE spec: config["rope_theta"] and config["rope_scaling"].
 void write_rope(const RopeSpec& r, nlohmann::json& config);
@@ -104,6 +116,7 @@ Architecture llama_architecture(const std::string& name);  // LlamaForCausalLM, 
 Architecture qwen2_architecture();
 Architecture qwen3_architecture();
 Architecture gemma_architecture(const std::string& name);  // GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM
+Architecture phi3_architecture();
 // What the Llama family's config classes assume for fields a config.json leaves out.
 struct FamilyDefaults {
   int64_t head_dim = 0;  // 0: hidden_size / num_attention_heads
@@ -112,7 +125,8 @@ struct FamilyDefaults {
   const char* act = "silu";
   bool tie_embeddings = false;
   double rope_theta = 10000.0;
-  bool rope = true;  // false: the caller reads RoPE (Gemma 3's per-layer-type parameters)
+  bool rope = true;             // false: the caller reads RoPE (Gemma 3's per-layer-type parameters)
+  bool partial_rotary = false;  // partial_rotary_factor may be below 1 (Phi-3; transformers' other decoders ignore it)
 };
 // The Llama family's config fields and tensor names (nn/hf/llama.cpp; Llama, Mistral, Qwen2, Qwen3, Gemma).
 Spec llama_family_spec(ConfigReader& c, const ModelDir& d, const FamilyDefaults& def = {});

@@ -199,8 +199,14 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> CausalLM<B>::rope_tables(in
     const int64_t P = std::max<int64_t>({pos0 + T, 2 * have, 64});
     std::vector<float> c(static_cast<size_t>(P * half)), s(c.size());
     const float af = static_cast<float>(rope.attention_factor);
+    const int64_t turned = detail::rotary_dim(rope, s_.head_dim) / 2;  // the pairs after them pass through: cos 1, sin 0
     for (int64_t t = 0; t < P; ++t)
       for (int64_t k = 0; k < half; ++k) {
+        if (k >= turned) {
+          c[static_cast<size_t>(t * half + k)] = 1.0f;
+          s[static_cast<size_t>(t * half + k)] = 0.0f;
+          continue;
+        }
         // transformers: angle = f32(position · f32(inv_freq)), cos/sin of it in f32
         const double ang =
             static_cast<float>(static_cast<double>(t) * static_cast<double>(static_cast<float>(inv_freq[static_cast<size_t>(k)])));
@@ -317,17 +323,13 @@ template <Backend B> Tensor<B> transform(Tensor<B> t, const TensorSource& src) {
     case TensorSource::Op::rope_rows:
       break;
   }
-  if (src.parts > 1) {
+  if (src.rows > 0) {
+    t = t.narrow(0, src.row0, src.rows);
+  } else if (src.parts > 1) {
     const int64_t n = t.size(0) / src.parts;
     t = t.narrow(0, src.part * n, n);
   }
-  if (src.op == TensorSource::Op::rope_rows) {
-    const int64_t H = src.heads, hd = t.size(0) / H;
-    if (t.dim() == 2)
-      t = t.reshape({H, 2, hd / 2, t.size(1)}).transpose(1, 2).reshape({H * hd, t.size(1)});
-    else
-      t = t.reshape({H, 2, hd / 2}).transpose(1, 2).reshape({H * hd});
-  }
+  if (src.op == TensorSource::Op::rope_rows) t = rope_rows_order(t, src.heads, src.rotary, /*to_kiln=*/true);
   return t;
 }
 

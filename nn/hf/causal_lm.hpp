@@ -1,13 +1,13 @@
 #pragma once
 // Hugging Face causal language models as kiln modules: GPT2LMHeadModel, LlamaForCausalLM,
-// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM and
-// Gemma3ForCausalLM (architectures() lists them).
+// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
+// Gemma3ForCausalLM and Phi3ForCausalLM (architectures() lists them).
 //
 //   auto model = kiln::hf::load_causal_lm<Cpu>("path/to/model_dir");      // config.json + safetensors
 //   Var<Cpu> logits = model->forward(ids);                                  // ids [B, T] -> [B, T, vocab]
 //
 // One decoder (CausalLM below) serves every architecture: a Spec says which norm, MLP, biases and
-// positions it has; each architecture is one file (nn/hf/gpt2.cpp, llama.cpp, qwen.cpp, gemma.cpp) holding a
+// positions it has; each architecture is one file (nn/hf/gpt2.cpp, llama.cpp, qwen.cpp, gemma.cpp, phi3.cpp) holding a
 // table that reads config.json into a Spec and names, for every kiln parameter, the checkpoint tensor
 // it comes from and how (copy, transpose a Conv1D, a slice of a fused c_attn, RoPE rows re-ordered).
 // docs/formats.md has the tables.
@@ -48,6 +48,8 @@ struct RopeSpec {
   double beta_fast = 32, beta_slow = 1;                                                    // yarn: the correction range's rotations
   bool truncate = true;                                                                    // yarn: the range's bounds rounded outwards
   double attention_factor = 1.0;  // cos and sin are multiplied by it (yarn: 0.1·ln(factor) + 1 unless given)
+  // Phi-3's partial RoPE: the first int(head_dim · factor) values of each head turn, the rest pass through.
+  double partial_rotary_factor = 1.0;
 };
 
 // What a decoder is made of: the architecture tables fill it from config.json.
@@ -77,7 +79,7 @@ struct Spec {
   // local_inv_freq's RoPE); empty: no sliding layers.
   int64_t sliding_window = 0;
   std::vector<bool> sliding_layers{};  // [layers], or empty (then sliding_window must be 0)
-  std::vector<double> inv_freq;        // RoPE: [head_dim/2] angular frequencies (theta and scaling applied)
+  std::vector<double> inv_freq;        // RoPE: [head_dim/2] angular frequencies (theta and scaling applied; 0 past the turned pairs)
   RopeSpec rope;                       // RoPE: what inv_freq was computed from
   // Gemma 3: the sliding-window layers' own RoPE ([head_dim/2] frequencies, and their spec); empty: the
   // sliding layers turn by inv_freq too.

@@ -88,13 +88,14 @@ nlohmann::json make_config(const Architecture& a, const Spec& s, const ExportOpt
   nlohmann::json j = a.config(s);
   const auto source_has = [&](const char* k) { return s.source_config && s.source_config->contains(k); };
   j[source_has("dtype") && !source_has("torch_dtype") ? "dtype" : "torch_dtype"] = torch_dtype_name(o.dtype);
-  const char* const rope_fields[] = {"rope_parameters", "rope_theta", "rope_scaling", "rope_local_base_freq"};
+  const char* const rope_fields[] = {"rope_parameters", "rope_theta", "rope_scaling", "rope_local_base_freq", "partial_rotary_factor"};
   if (j.contains("rope_theta") && (source_has("rope_parameters") || source_has("rope_theta") || source_has("rope_scaling"))) {
     for (const char* k : rope_fields) j.erase(k);
     for (const char* k : rope_fields)
       if (source_has(k)) j[k] = s.source_config->at(k);
   }
-  const std::set<std::string> replaced = {"rope_parameters", "rope_theta", "rope_scaling", "rope_local_base_freq", "dtype", "torch_dtype"};
+  const std::set<std::string> replaced = {"rope_parameters",       "rope_theta", "rope_scaling", "rope_local_base_freq",
+                                          "partial_rotary_factor", "dtype",      "torch_dtype"};
   if (s.source_config) {
     for (auto it = s.source_config->begin(); it != s.source_config->end(); ++it)
       if (!j.contains(it.key()) && !replaced.count(it.key())) j[it.key()] = it.value();
@@ -163,15 +164,8 @@ template <Backend B> std::vector<Planned<B>> plan_tensors(const std::map<std::st
 template <Backend B> Tensor<B> materialize(const Planned<B>& p, const Spec& s, DType dtype) {
   std::vector<Tensor<B>> rows;
   for (const auto& [part, t] : p.parts) {
-    Tensor<B> r = t;
-    if (part->op == TensorSource::Op::rope_rows) {  // kiln's rows (2i, 2i+1) of each head back to (i, i + hd/2)
-      const int64_t H = part->heads, hd = r.size(0) / H;
-      if (r.dim() == 2)
-        r = r.reshape({H, hd / 2, 2, r.size(1)}).transpose(1, 2).reshape({H * hd, r.size(1)});
-      else
-        r = r.reshape({H, hd / 2, 2}).transpose(1, 2).reshape({H * hd});
-    }
-    rows.push_back(r);
+    // kiln's rows (2i, 2i+1) of each head back to (i, i + hd/2)
+    rows.push_back(part->op == TensorSource::Op::rope_rows ? rope_rows_order(t, part->heads, part->rotary, /*to_kiln=*/false) : t);
   }
   Tensor<B> t = rows.size() == 1 ? rows[0] : Tensor<B>::cat(rows, 0);
   if (p.src->op == TensorSource::Op::transpose) t = t.transpose(0, 1);

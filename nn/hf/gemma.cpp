@@ -60,6 +60,10 @@ void read_gemma3_rope(ConfigReader& c, Spec& s) {
       if (!it->is_null()) read_rope_params(c, *it, "rope_parameters." + it.key(), full ? s.rope : s.local_rope, s.max_positions);
     }
   }
+  const auto* top = c.raw("partial_rotary_factor");
+  if (s.rope.partial_rotary_factor != 1.0 || s.local_rope.partial_rotary_factor != 1.0 ||
+      (top != nullptr && !(top->is_number() && top->get<double>() == 1.0)))
+    c.unsupported("rope_parameters", "Gemma 3 turns every value of a head (partial_rotary_factor is Phi-3's)");
   s.inv_freq = rope_inv_freq(s.rope, s.head_dim);
   s.local_inv_freq = rope_inv_freq(s.local_rope, s.head_dim);
 }

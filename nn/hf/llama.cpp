@@ -35,10 +35,20 @@ Spec llama_family_spec(ConfigReader& c, const ModelDir& d, const FamilyDefaults&
   s.tie_embeddings = c.boolean("tie_word_embeddings", def.tie_embeddings);
   if (def.rope) {
     s.rope = read_rope(c, def.rope_theta, s.max_positions);
+    // transformers 4 spells partial_rotary_factor at the top level, 5 in rope_parameters
+    if (const auto* v = c.raw("partial_rotary_factor")) {
+      const double f = c.number("partial_rotary_factor");
+      KILN_CHECK(c.raw("rope_parameters") == nullptr || !c.raw("rope_parameters")->contains("partial_rotary_factor") ||
+                     s.rope.partial_rotary_factor == f,
+                 "{}: 'partial_rotary_factor' ({}) and 'rope_parameters.partial_rotary_factor' ({}) disagree", c.path(), v->dump(),
+                 s.rope.partial_rotary_factor);
+      s.rope.partial_rotary_factor = f;
+    }
+    if (s.rope.partial_rotary_factor != 1.0 && !def.partial_rotary)
+      c.unsupported("partial_rotary_factor",
+                    fmt::format("transformers' {} turns every value of a head (only Phi-3 has partial RoPE)", d.architecture()));
     s.inv_freq = rope_inv_freq(s.rope, s.head_dim);
   }
-  if (const auto* v = c.raw("partial_rotary_factor"))
-    if (!(v->is_number() && v->get<double>() == 1.0)) c.unsupported("partial_rotary_factor", "partial RoPE is not implemented");
   // transformers 4.5x+/5: a type per layer, full or sliding-window attention; the architecture's reader
   // gives the sliding layers their window (Spec::sliding_window) or refuses them.
   if (const auto* v = c.raw("layer_types")) {
@@ -59,23 +69,28 @@ std::map<std::string, TensorSource> llama_family_tensors(const Spec& s, const Mo
   const int64_t D = s.hidden, I = s.intermediate, H = s.heads, Hkv = s.kv_heads, hd = s.head_dim;
   using Op = TensorSource::Op;
   std::map<std::string, TensorSource> t;
+  // q/k rows re-ordered for kiln's RoPE: the turned ones of each head (partial RoPE: not all)
+  const int64_t rd = rotary_dim(s.rope, hd) == hd ? 0 : rotary_dim(s.rope, hd);
+  const auto rope_rows = [&](std::string name, Shape shape, int64_t heads) {
+    return TensorSource{.name = std::move(name), .shape = std::move(shape), .op = Op::rope_rows, .heads = heads, .rotary = rd};
+  };
   t["embed.weight"] = {"model.embed_tokens.weight", {s.vocab, D}};
   for (int64_t i = 0; i < s.layers; ++i) {
     const std::string k = fmt::format("layers.{}.", i), h = fmt::format("model.layers.{}.", i);
     t[k + "attn_norm.weight"] = {h + "input_layernorm.weight", {D}};
-    t[k + "attn.q_proj.weight"] = {h + "self_attn.q_proj.weight", {H * hd, D}, Op::rope_rows, 0, 1, H};
-    t[k + "attn.k_proj.weight"] = {h + "self_attn.k_proj.weight", {Hkv * hd, D}, Op::rope_rows, 0, 1, Hkv};
+    t[k + "attn.q_proj.weight"] = rope_rows(h + "self_attn.q_proj.weight", {H * hd, D}, H);
+    t[k + "attn.k_proj.weight"] = rope_rows(h + "self_attn.k_proj.weight", {Hkv * hd, D}, Hkv);
     t[k + "attn.v_proj.weight"] = {h + "self_attn.v_proj.weight", {Hkv * hd, D}};
     t[k + "attn.o_proj.weight"] = {h + "self_attn.o_proj.weight", {D, H * hd}};
     if (s.qkv_bias) {
-      t[k + "attn.q_proj.bias"] = {h + "self_attn.q_proj.bias", {H * hd}, Op::rope_rows, 0, 1, H};
-      t[k + "attn.k_proj.bias"] = {h + "self_attn.k_proj.bias", {Hkv * hd}, Op::rope_rows, 0, 1, Hkv};
+      t[k + "attn.q_proj.bias"] = rope_rows(h + "self_attn.q_proj.bias", {H * hd}, H);
+      t[k + "attn.k_proj.bias"] = rope_rows(h + "self_attn.k_proj.bias", {Hkv * hd}, Hkv);
       t[k + "attn.v_proj.bias"] = {h + "self_attn.v_proj.bias", {Hkv * hd}};
     }
     if (s.o_bias) t[k + "attn.o_proj.bias"] = {h + "self_attn.o_proj.bias", {D}};
     if (s.qk_norm) {  // one head's hd weights, re-ordered as each head's q/k rows
-      t[k + "attn.q_norm.weight"] = {h + "self_attn.q_norm.weight", {hd}, Op::rope_rows, 0, 1, 1};
-      t[k + "attn.k_norm.weight"] = {h + "self_attn.k_norm.weight", {hd}, Op::rope_rows, 0, 1, 1};
+      t[k + "attn.q_norm.weight"] = rope_rows(h + "self_attn.q_norm.weight", {hd}, 1);
+      t[k + "attn.k_norm.weight"] = rope_rows(h + "self_attn.k_norm.weight", {hd}, 1);
     }
     t[k + "mlp_norm.weight"] = {h + "post_attention_layernorm.weight", {D}};
     const char* names[] = {"gate_proj", "up_proj", "down_proj"};

@@ -5,8 +5,8 @@ config, its weights drawn from a seeded generator.
 
     scripts/hf_venv.sh && .venv-hf/bin/python tests/hf/make_fixtures.py [NAME ...]
 
-NAME: only these fixtures (default: all). qwen3, qwen3_yarn, qwen3_window, mistral_window, gemma, gemma2 and
-gemma3 need transformers 4.51 or later (the venv's 4.46.3 has no Qwen3 or Gemma 3, and its sliding-window masks
+NAME: only these fixtures (default: all). qwen3, qwen3_yarn, qwen3_window, mistral_window, gemma, gemma2,
+gemma3 and phi3 need transformers 4.51 or later (the venv's 4.46.3 has no Qwen3 or Gemma 3, and its sliding-window masks
 are older); they are made only when named, and were made with
 transformers 5.24.0 and torch 2.15 (pip install transformers==5.24.0 into a
 directory on PYTHONPATH, with a current torch), the others with the venv.
@@ -219,6 +219,13 @@ def main():
                               rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
                                                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
              seed=12, batch=True, norm_center=0.0)
+    if "phi3" in only:  # fused qkv_proj with GQA (q, k, v of different sizes) and gate_up_proj, partial RoPE 0.5, window 5
+        from transformers import Phi3Config, Phi3ForCausalLM
+        make("phi3", Phi3ForCausalLM,
+             Phi3Config(**small, num_key_value_heads=2, sliding_window=5,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+                        bos_token_id=1, eos_token_id=2, pad_token_id=0),
+             seed=13, batch=True)
     if not only or "samplers" in only:
         samplers()
     print("transformers", transformers.__version__, "torch", torch.__version__)

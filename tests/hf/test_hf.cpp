@@ -1,9 +1,10 @@
-// Hugging Face model import and generation against transformers 4.46.3 (Qwen3, Gemma: 5.24.0): the fixtures of
+// Hugging Face model import and generation against transformers 4.46.3 (Qwen3, Gemma, Phi-3: 5.24.0): the fixtures of
 // tests/hf/make_fixtures.py (tiny random GPT-2, Llama (GQA, untied), Llama 3 RoPE scaling stored in
 // bf16, Qwen2 sharded, Mistral with head_dim != hidden/heads, Qwen3 with q_norm/k_norm, attention
 // biases and head_dim != hidden/heads, Qwen3 with YaRN RoPE scaling, Qwen3 and Mistral with sliding-window
 // attention that acts, Gemma (tied, MQA), Gemma 2 (soft caps, query_pre_attn_scalar, a window) and
-// Gemma 3 (q/k norms, the sliding layers' own RoPE, a window)). Logits of a whole prompt within 1e-4
+// Gemma 3 (q/k norms, the sliding layers' own RoPE, a window), Phi-3 (fused qkv_proj with GQA, fused
+// gate_up_proj, partial RoPE, a window)). Logits of a whole prompt within 1e-4
 // relative, greedy ids identical, the samplers' processed logits equal, and every kind of bad input
 // a kiln::Error naming the file, the field or the tensor.
 #include <catch2/catch.hpp>
@@ -41,8 +42,8 @@ using json = nlohmann::json;
 namespace {
 
 const std::string kFixtures = std::string(KILN_SOURCE_DIR) + "/tests/hf/fixtures/";
-const char* const kModels[] = {"gpt2",       "llama",        "llama3_bf16",    "qwen2", "mistral", "qwen3",
-                               "qwen3_yarn", "qwen3_window", "mistral_window", "gemma", "gemma2",  "gemma3"};
+const char* const kModels[] = {"gpt2",         "llama",          "llama3_bf16", "qwen2",  "mistral", "qwen3", "qwen3_yarn",
+                               "qwen3_window", "mistral_window", "gemma",       "gemma2", "gemma3",  "phi3"};
 
 json read_json(const std::string& path) {
   std::ifstream f(path);
@@ -221,7 +222,7 @@ template <Backend B> void check_padded_batch(const std::string& name) {
 }  // namespace
 
 TEST_CASE("generate: each row of a left-padded batch gets the logits it gets alone (cpu, reference)", "[hf]") {
-  for (const char* name : {"gpt2", "llama", "qwen2", "qwen3_window", "mistral_window", "gemma2", "gemma3"}) {
+  for (const char* name : {"gpt2", "llama", "qwen2", "qwen3_window", "mistral_window", "gemma2", "gemma3", "phi3"}) {
     DYNAMIC_SECTION(name) {
       check_padded_batch<Cpu>(name);
       check_padded_batch<Reference>(name);
@@ -231,12 +232,13 @@ TEST_CASE("generate: each row of a left-padded batch gets the logits it gets alo
 
 #if defined(KILN_HAVE_CUDA_BACKEND)
 TEST_CASE("generate: each row of a left-padded batch gets the logits it gets alone on Cuda", "[hf][cuda]") {
-  for (const char* name : {"gpt2", "llama", "qwen3_window", "gemma2", "gemma3"}) DYNAMIC_SECTION(name) check_padded_batch<Cuda>(name);
+  for (const char* name : {"gpt2", "llama", "qwen3_window", "gemma2", "gemma3", "phi3"})
+    DYNAMIC_SECTION(name) check_padded_batch<Cuda>(name);
 }
 #endif
 
 TEST_CASE("generate: the KV-cached forward gives the logits of the full forward, and Reference agrees with Cpu", "[hf]") {
-  for (const char* name : {"gpt2", "llama", "qwen2", "qwen3_yarn", "qwen3_window", "mistral_window", "gemma", "gemma2", "gemma3"}) {
+  for (const char* name : {"gpt2", "llama", "qwen2", "qwen3_yarn", "qwen3_window", "mistral_window", "gemma", "gemma2", "gemma3", "phi3"}) {
     DYNAMIC_SECTION(name) {
       const json e = read_json(kFixtures + name + "/expected.json");
       const auto prompt = e["prompt"].get<std::vector<int64_t>>();
@@ -511,7 +513,7 @@ TEST_CASE("generate: samplers are transformers' logits processors (repetition pe
   CHECK(cold.ids == nn::generate(*model, {prompt}, {.max_new_tokens = 30}).ids);
 }
 
-TEST_CASE("import: Gemma configs in transformers 4's spelling give the same model", "[hf]") {
+TEST_CASE("import: Gemma and Phi-3 configs in transformers 4's spelling give the same model", "[hf]") {
   // Each edit spells a fixture's config as older releases wrote it; the logits must not move.
   struct Case {
     const char* model;
@@ -534,6 +536,12 @@ TEST_CASE("import: Gemma configs in transformers 4's spelling give the same mode
          c["sliding_window_pattern"] = 2;  // layers 0 and 2 slide
        }},
       {"gemma2", "layer_types left to the default (every other layer)", [](json& c) { c.erase("layer_types"); }},
+      {"phi3", "partial_rotary_factor at the top level (transformers 4)",
+       [](json& c) {
+         c.erase("rope_parameters");
+         c["rope_theta"] = 10000.0;
+         c["partial_rotary_factor"] = 0.5;
+       }},
   };
   int i = 0;
   for (const Case& k : cases) {
@@ -629,6 +637,21 @@ TEST_CASE("import: bad configs are errors naming config.json and the field", "[h
          c["rope_parameters"]["sliding_attention"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
        },
        {"rope_parameters", "dynamic"}},
+      {"gemma3", [](json& c) { c["rope_parameters"]["full_attention"]["partial_rotary_factor"] = 0.5; }, {"rope_parameters", "Phi-3"}},
+      {"llama", [](json& c) { c["partial_rotary_factor"] = 0.5; }, {"partial_rotary_factor", "only Phi-3 has partial RoPE"}},
+      {"phi3",
+       [](json& c) {
+         c["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 2.0}, {"rope_theta", 10000.0}};
+       },
+       {"rope_parameters", "longrope"}},
+      {"phi3",
+       [](json& c) {
+         c.erase("rope_parameters");
+         c["rope_scaling"] = {{"type", "su"}, {"short_factor", {1.0, 1.0}}, {"long_factor", {2.0, 2.0}}};
+       },
+       {"rope_scaling", "\"su\""}},
+      {"phi3", [](json& c) { c["rope_parameters"]["partial_rotary_factor"] = 0.1; }, {"partial_rotary_factor 0.1", "even number"}},
+      {"phi3", [](json& c) { c["partial_rotary_factor"] = 0.25; }, {"'partial_rotary_factor' (0.25)", "disagree"}},
   };
   int i = 0;
   for (const Case& k : cases) {

@@ -245,6 +245,38 @@ TEST_CASE("lora: without targets, apply_lora takes PEFT's defaults for the model
              Catch::Contains("not both"));
 }
 
+// Phi-3: gate_up_proj (two equal halves) is adapted as GPT-2's c_attn is, and merging gives the
+// adapted model's logits; qkv_proj (q, k, v of different sizes, q and k with RoPE rows) is refused by
+// name, and so are default targets (PEFT has none for phi3).
+TEST_CASE("lora: Phi-3's fused gate_up_proj is adapted and merged, its qkv_proj and default targets are refused", "[lora]") {
+  const std::string phi3 = std::string(KILN_SOURCE_DIR) + "/tests/hf/fixtures/phi3";
+  auto model = hf::load_causal_lm<Cpu>(phi3);
+  CHECK_THAT(error_of([&] { nn::apply_lora(*model, {.r = 2, .target_modules = {"qkv_proj"}}); }),
+             Catch::Contains("model.layers.0.self_attn.qkv_proj") && Catch::Contains("cannot adapt it yet"));
+  CHECK_THAT(error_of([&] { nn::apply_lora(*model, {.r = 2}); }), Catch::Contains("no default target modules for Phi3ForCausalLM"));
+  CHECK(nn::apply_lora(*model, {.r = 2, .target_modules = {"gate_up_proj"}}) ==
+        std::vector<std::string>{"layers.0.mlp.gate_proj", "layers.0.mlp.up_proj", "layers.1.mlp.gate_proj", "layers.1.mlp.up_proj"});
+  Generator g(3);
+  for (auto& [name, p] : model->named_parameters())
+    if (name.find("lora_B") != std::string::npos) {
+      Tensor<Cpu> w = p.value();
+      w.copy_(Tensor<Cpu>::randn(p.shape(), DType::f32, &g).mul(0.3));
+    }
+  const Tensor<Cpu> ids = Tensor<Cpu>::from_vector(std::vector<int64_t>{5, 9, 11, 40, 41}, {1, 5});
+  NoGrad ng;
+  const auto adapted = model->forward(ids).value().to_vector<float>(),
+             base = hf::load_causal_lm<Cpu>(phi3)->forward(ids).value().to_vector<float>();
+  nn::merge_lora(*model);
+  const auto merged = model->forward(ids).value().to_vector<float>();
+  double moved = 0, diff = 0;
+  for (size_t i = 0; i < merged.size(); ++i) {
+    moved = std::max(moved, static_cast<double>(std::abs(adapted[i] - base[i])));
+    diff = std::max(diff, static_cast<double>(std::abs(adapted[i] - merged[i])));
+  }
+  CHECK(moved > 0.1);
+  CHECK(diff < 1e-4);
+}
+
 // PEFT saves lm_head's base weight beside an adapter on it (save_embedding_layers) and loads it into the
 // model: so does load_lora. A head tied to the embedding has no lm_head Linear in kiln: naming it is an error.
 TEST_CASE("lora: lm_head base weight in an adapter file (PEFT save_embedding_layers) is loaded, a tied head is refused cpu", "[lora]") {
