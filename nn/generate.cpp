@@ -114,9 +114,10 @@ template <Backend B> std::vector<std::vector<float>> last_rows(const Var<B>& log
 }
 
 // step(ids [n, T], caches, capacity, rows) -> logits [n, T, V]; make() -> fresh caches; limit: the most
-// positions of a sequence (0: none).
+// positions of a sequence (0: none); rebuild_at > 0: when the cached positions reach it and the sequence
+// grows past it, the caches are dropped and the whole sequence recomputed (hf::Spec::rebuild_caches_at).
 template <Backend B, class Step, class Make> Generation run(const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o,
-                                                            int64_t limit, const char* what, Step step, Make make) {
+                                                            int64_t limit, const char* what, Step step, Make make, int64_t rebuild_at = 0) {
   KILN_CHECK(o.max_new_tokens >= 0 && o.top_k >= 0 && o.temperature >= 0 && o.top_p > 0 && o.top_p <= 1 && o.repetition_penalty > 0 &&
                  o.batch_size >= 0,
              "generate: bad options (max_new_tokens {}, top_k {} and batch_size {} must be >= 0, temperature {} >= 0, top_p {} in (0, "
@@ -237,8 +238,19 @@ template <Backend B, class Step, class Make> Generation run(const std::vector<st
       }
       const int64_t n = static_cast<int64_t>(active.size());
       t0 = clock::now();
-      logits = last_rows(
-          step(Tensor<B>::from_vector(next, {n, 1}), caches, capacity, padded(pads) ? row_inputs<B>(pads, cached, 1) : RowInputs<B>{}));
+      if (rebuild_at > 0 && cached == rebuild_at) {  // the whole (padded) sequence again, into fresh caches
+        std::vector<int64_t> all;
+        for (size_t k = 0; k < active.size(); ++k) {
+          all.insert(all.end(), static_cast<size_t>(pads[k]), 0);
+          all.insert(all.end(), rows[active[k]].context.begin(), rows[active[k]].context.end());
+        }
+        caches = make();
+        logits = last_rows(step(Tensor<B>::from_vector(all, {n, cached + 1}), caches, capacity,
+                                padded(pads) ? row_inputs<B>(pads, 0, cached + 1) : RowInputs<B>{}));
+      } else {
+        logits = last_rows(
+            step(Tensor<B>::from_vector(next, {n, 1}), caches, capacity, padded(pads) ? row_inputs<B>(pads, cached, 1) : RowInputs<B>{}));
+      }
       g.stats.decode_seconds += seconds(t0);
       g.stats.decode_tokens += n;
       g.stats.decode_passes += 1;
@@ -304,7 +316,7 @@ Generation generate(const hf::CausalLM<B>& model, const std::vector<std::vector<
       [&](const Tensor<B>& ids, std::vector<KVCache<B>>& c, int64_t cap, const RowInputs<B>& rows) {
         return model.forward(ids, c, cap, rows);
       },
-      [&] { return model.make_caches(); });
+      [&] { return model.make_caches(); }, model.spec().rebuild_caches_at);
 }
 
 template <Backend B> Generation generate(const GPT<B>& model, const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o) {

@@ -183,7 +183,7 @@ const char* act_name(Act a) {
   fail("hf: unknown activation");
 }
 
-RopeSpec read_rope(ConfigReader& c, double default_theta, int64_t max_positions) {
+RopeSpec read_rope(ConfigReader& c, double default_theta, int64_t max_positions, const RopeRules& rules) {
   // transformers 5.x: "rope_parameters": {"rope_type": ..., "rope_theta": ..., scaling fields}
   // transformers 4.x: "rope_theta" and "rope_scaling": {"rope_type" (or "type"): ..., scaling fields}
   const nlohmann::json* params = c.raw("rope_parameters");
@@ -198,7 +198,7 @@ RopeSpec read_rope(ConfigReader& c, double default_theta, int64_t max_positions)
   if (p) {
     KILN_CHECK(p->is_object(), "{}: field '{}' must be an object or null, got {}", c.path(), field, p->dump());
     const double top = r.theta;
-    read_rope_params(c, *p, field, r, max_positions);
+    read_rope_params(c, *p, field, r, max_positions, rules);
     if (p->contains("rope_theta") && !(*p)["rope_theta"].is_null()) {
       KILN_CHECK(params, "{}: 'rope_scaling.rope_theta' is not a transformers 4 field (rope_theta is top level)", c.path());
       KILN_CHECK(!top_theta || top == r.theta, "{}: 'rope_theta' ({}) and 'rope_parameters.rope_theta' ({}) disagree", c.path(), top,
@@ -209,22 +209,35 @@ RopeSpec read_rope(ConfigReader& c, double default_theta, int64_t max_positions)
   return r;
 }
 
-void read_rope_params(ConfigReader& c, const nlohmann::json& p, const std::string& field, RopeSpec& r, int64_t max_positions) {
+void read_rope_params(ConfigReader& c, const nlohmann::json& p, const std::string& field, RopeSpec& r, int64_t max_positions,
+                      const RopeRules& rules) {
   KILN_CHECK(p.is_object(), "{}: field '{}' must be an object, got {}", c.path(), field, p.dump());
   const std::string top = field.substr(0, field.find('.'));  // the config.json field it is in
   for (const char* k : {"rope_type", "type"}) {              // an unknown type first, whatever its fields
     if (!p.contains(k) || p[k].is_null()) continue;
     KILN_CHECK(p[k].is_string(), "{}: '{}.{}' must be a string, got {}", c.path(), field, k, p[k].dump());
-    const std::string type = p[k].get<std::string>();
-    if (type != "default" && type != "linear" && type != "llama3" && type != "yarn")
-      c.unsupported(top, fmt::format("rope type \"{}\" is not implemented (kiln has default, linear, llama3, yarn)", type));
+    const auto alias = rules.aliases.find(p[k].get<std::string>());
+    const std::string type = alias != rules.aliases.end() ? alias->second : p[k].get<std::string>();
+    if (type != "default" && type != "linear" && type != "llama3" && type != "yarn" && type != "longrope")
+      c.unsupported(top, fmt::format("rope type \"{}\" is not implemented (kiln has default, linear, llama3, yarn, longrope)", type));
+  }
+  // longrope's two lists of per-frequency factors
+  std::map<std::string, std::vector<double>> lists;
+  for (const char* k : {"short_factor", "long_factor"}) {
+    if (!p.contains(k) || p[k].is_null()) continue;
+    KILN_CHECK(p[k].is_array() && std::all_of(p[k].begin(), p[k].end(), [](const nlohmann::json& x) { return x.is_number(); }),
+               "{}: '{}.{}' must be a list of numbers, got {}", c.path(), field, k, p[k].dump());
+    lists[k] = p[k].get<std::vector<double>>();
   }
   std::map<std::string, double> num;
   for (auto it = p.begin(); it != p.end(); ++it) {
     const std::string& k = it.key();
     if (k == "rope_type" || k == "type") {
       KILN_CHECK(it->is_string(), "{}: '{}.{}' must be a string, got {}", c.path(), field, k, it->dump());
-      r.type = it->get<std::string>();
+      const auto alias = rules.aliases.find(it->get<std::string>());
+      r.type = alias != rules.aliases.end() ? alias->second : it->get<std::string>();
+    } else if (lists.count(k)) {
+      continue;
     } else if (k == "truncate") {  // yarn's: read below
       KILN_CHECK(it->is_boolean() || it->is_null(), "{}: '{}.truncate' must be true or false, got {}", c.path(), field, it->dump());
     } else if (it->is_null()) {
@@ -262,11 +275,24 @@ void read_rope_params(ConfigReader& c, const nlohmann::json& p, const std::strin
     r.low_freq_factor = take("low_freq_factor");
     r.high_freq_factor = take("high_freq_factor");
     r.original_max_position_embeddings = take("original_max_position_embeddings");
+    if (rules.original_max_positions > 0) r.original_max_position_embeddings = rules.original_max_positions;
+  } else if (r.type == "longrope") {  // transformers' _compute_longrope_parameters (5.x)
+    KILN_CHECK(lists.count("short_factor") && lists.count("long_factor"),
+               "{}: '{}' of rope type \"longrope\" needs short_factor and long_factor", c.path(), field);
+    r.short_factor = lists["short_factor"];
+    r.long_factor = lists["long_factor"];
+    r.original_max_position_embeddings =
+        num.count("original_max_position_embeddings") ? take("original_max_position_embeddings") : static_cast<double>(max_positions);
+    if (rules.original_max_positions > 0) r.original_max_position_embeddings = rules.original_max_positions;
+    r.factor = num.count("factor") ? take("factor") : static_cast<double>(max_positions) / r.original_max_position_embeddings;
+    const double derived = r.factor <= 1 ? 1.0 : std::sqrt(1 + std::log(r.factor) / std::log(r.original_max_position_embeddings));
+    r.attention_factor = num.count("attention_factor") ? take("attention_factor") : derived;
   } else if (r.type == "yarn") {  // transformers' _compute_yarn_parameters (5.x)
     // As transformers: original_max_position_embeddings defaults to max_position_embeddings, and a
     // factor that is null or absent to max_position_embeddings / original_max_position_embeddings.
     r.original_max_position_embeddings =
         num.count("original_max_position_embeddings") ? take("original_max_position_embeddings") : static_cast<double>(max_positions);
+    if (rules.original_max_positions > 0) r.original_max_position_embeddings = rules.original_max_positions;
     r.factor = num.count("factor") ? take("factor") : static_cast<double>(max_positions) / r.original_max_position_embeddings;
     KILN_CHECK(r.factor > 0 && r.original_max_position_embeddings > 0,
                "{}: '{}' of rope type \"yarn\" needs a positive factor and original_max_position_embeddings, got {} and {}", c.path(),
@@ -283,6 +309,8 @@ void read_rope_params(ConfigReader& c, const nlohmann::json& p, const std::strin
     KILN_CHECK(r.type == "default", "{}: rope type \"{}\"", c.path(), r.type);  // the others are refused above
   }
   if (!num.empty()) c.unsupported(top, fmt::format("'{}' does not apply to rope type \"{}\"", num.begin()->first, r.type));
+  if (r.type != "longrope" && !lists.empty())
+    c.unsupported(top, fmt::format("'{}' does not apply to rope type \"{}\"", lists.begin()->first, r.type));
   if (r.type != "yarn" && p.contains("truncate") && !p["truncate"].is_null())
     c.unsupported(top, fmt::format("'truncate' does not apply to rope type \"{}\"", r.type));
 }
@@ -339,12 +367,35 @@ int64_t rotary_dim(const RopeSpec& r, int64_t head_dim) {
   return rd;
 }
 
-std::vector<double> rope_inv_freq(const RopeSpec& r, int64_t head_dim) {
+namespace {
+// [head_dim/2]: the frequencies over the turned values, 0 for the pairs after them.
+std::vector<double> padded(const std::vector<double>& inv, int64_t head_dim) {
   std::vector<double> full(static_cast<size_t>(head_dim / 2), 0.0);
-  const int64_t rd = rotary_dim(r, head_dim);
-  std::vector<double> inv = inv_freq_over(r, rd);
   std::copy(inv.begin(), inv.end(), full.begin());
   return full;
+}
+
+// longrope: 1 / (factor_k · theta^(2k/dim)), in f32 as transformers.
+std::vector<double> longrope_inv_freq(const RopeSpec& r, const std::vector<double>& factors, int64_t dim) {
+  KILN_CHECK(static_cast<int64_t>(factors.size()) == dim / 2, "hf: longrope needs {} factors (half the {} turned values of a head), got {}",
+             dim / 2, dim, factors.size());
+  std::vector<double> inv(factors.size());
+  for (int64_t k = 0; k < dim / 2; ++k) {
+    const float e = static_cast<float>(2 * k) / static_cast<float>(dim);
+    inv[static_cast<size_t>(k)] = 1.0f / (static_cast<float>(factors[static_cast<size_t>(k)]) * std::pow(static_cast<float>(r.theta), e));
+  }
+  return inv;
+}
+}  // namespace
+
+std::vector<double> rope_inv_freq(const RopeSpec& r, int64_t head_dim) {
+  const int64_t rd = rotary_dim(r, head_dim);
+  return padded(r.type == "longrope" ? longrope_inv_freq(r, r.short_factor, rd) : inv_freq_over(r, rd), head_dim);
+}
+
+std::vector<double> rope_long_inv_freq(const RopeSpec& r, int64_t head_dim) {
+  if (r.type != "longrope") return {};
+  return padded(longrope_inv_freq(r, r.long_factor, rotary_dim(r, head_dim)), head_dim);
 }
 
 void write_rope(const RopeSpec& r, nlohmann::json& config) {
@@ -354,6 +405,13 @@ void write_rope(const RopeSpec& r, nlohmann::json& config) {
     config["rope_scaling"] = nullptr;
   } else if (r.type == "linear") {
     config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", r.factor}};
+  } else if (r.type == "longrope") {
+    config["rope_scaling"] = {{"rope_type", "longrope"},
+                              {"short_factor", r.short_factor},
+                              {"long_factor", r.long_factor},
+                              {"factor", r.factor},
+                              {"original_max_position_embeddings", static_cast<int64_t>(r.original_max_position_embeddings)},
+                              {"attention_factor", r.attention_factor}};
   } else if (r.type == "yarn") {  // every parameter explicit, the attention factor as computed
     config["rope_scaling"] = {{"rope_type", "yarn"},
                               {"factor", r.factor},

@@ -93,15 +93,25 @@ class ConfigReader {
 // the top level) and 5.x ("rope_parameters": {"rope_type", "rope_theta", ...}). rope types:
 // "default", "linear", "llama3"; anything else is an error naming the field.
 // max_positions: max_position_embeddings (yarn's original_max_position_embeddings when absent).
-RopeSpec read_rope(ConfigReader& c, double default_theta, int64_t max_positions);
+// What an architecture's config class changes in reading RoPE.
+struct RopeRules {
+  std::map<std::string, std::string> aliases{};  // rope types it renames (Phi3Config: "su" and "yarn" are "longrope")
+  // > 0: original_max_position_embeddings of llama3, yarn and longrope, whatever the RoPE object says
+  // (transformers takes a config's top-level field first: Phi-3's, 4096 by default)
+  double original_max_positions = 0;
+};
+RopeSpec read_rope(ConfigReader& c, double default_theta, int64_t max_positions, const RopeRules& rules = {});
 // One RoPE parameter object p (rope_type and its fields; `field` names it in errors) over r, whose theta
 // is the default when p has no rope_theta.
-void read_rope_params(ConfigReader& c, const nlohmann::json& p, const std::string& field, RopeSpec& r, int64_t max_positions);
+void read_rope_params(ConfigReader& c, const nlohmann::json& p, const std::string& field, RopeSpec& r, int64_t max_positions,
+                      const RopeRules& rules = {});
 // The values of each head RoPE turns: int(head_dim · partial_rotary_factor), as transformers (even, > 0).
 int64_t rotary_dim(const RopeSpec& r, int64_t head_dim);
 // The angular frequencies [head_dim/2] of a RoPE spec, as transformers computes them (in f32) over the
 // rotary_dim turned values; the pairs past them (partial RoPE) get 0.
 std::vector<double> rope_inv_freq(const RopeSpec& r, int64_t head_dim);
+// longrope's frequencies past original_max_position_embeddings (long_factor's); empty for other types.
+std::vector<double> rope_long_inv_freq(const RopeSpec& r, int64_t head_dim);
 // The transformers 4.x spelling of a RoPE spec: config["rope_theta"] and config["rope_scaling"].
 void write_rope(const RopeSpec& r, nlohmann::json& config);
 
@@ -120,6 +130,7 @@ Architecture phi3_architecture();
 // What the Llama family's config classes assume for fields a config.json leaves out.
 struct FamilyDefaults {
   int64_t head_dim = 0;  // 0: hidden_size / num_attention_heads
+  int64_t kv_heads = 0;  // num_key_value_heads when absent (0: num_attention_heads, as when null)
   int64_t max_positions = 2048;
   const char* act_field = "hidden_act";  // the field transformers' MLP reads
   const char* act = "silu";
@@ -127,6 +138,7 @@ struct FamilyDefaults {
   double rope_theta = 10000.0;
   bool rope = true;             // false: the caller reads RoPE (Gemma 3's per-layer-type parameters)
   bool partial_rotary = false;  // partial_rotary_factor may be below 1 (Phi-3; transformers' other decoders ignore it)
+  RopeRules rope_rules{};
 };
 // The Llama family's config fields and tensor names (nn/hf/llama.cpp; Llama, Mistral, Qwen2, Qwen3, Gemma).
 Spec llama_family_spec(ConfigReader& c, const ModelDir& d, const FamilyDefaults& def = {});

@@ -159,8 +159,8 @@ template <Backend B> CausalLM<B>::CausalLM(Spec s, LoadOptions o) : s_(std::move
       s_.learned_positions ? s_.max_positions > 0 : (s_.head_dim % 2 == 0 && static_cast<int64_t>(s_.inv_freq.size()) == s_.head_dim / 2),
       "hf::CausalLM({}): RoPE needs an even head_dim and head_dim/2 frequencies (head_dim {}, {} frequencies)", s_.architecture,
       s_.head_dim, s_.inv_freq.size());
-  embed_ = this->register_module(
-      "embed", std::make_shared<nn::Embedding<B>>(nn::EmbeddingOptions{.num = s_.vocab, .dim = s_.hidden, .dtype = o.dtype}));
+  embed_ = this->register_module("embed", std::make_shared<nn::Embedding<B>>(nn::EmbeddingOptions{
+                                              .num = s_.vocab, .dim = s_.hidden, .dtype = o.dtype, .padding_idx = s_.padding_idx}));
   if (s_.learned_positions)
     pos_embed_ = this->register_module(
         "pos_embed", std::make_shared<nn::Embedding<B>>(nn::EmbeddingOptions{.num = s_.max_positions, .dim = s_.hidden, .dtype = o.dtype}));
@@ -173,6 +173,9 @@ template <Backend B> CausalLM<B>::CausalLM(Spec s, LoadOptions o) : s_(std::move
     const bool sliding = !s_.sliding_layers.empty() && s_.sliding_layers[static_cast<size_t>(i)];
     layers_.push_back(layers->add(std::to_string(i), std::make_shared<DecoderLayer<B>>(s_, o.dtype, sliding)));
   }
+  KILN_CHECK(s_.long_inv_freq.empty() || static_cast<int64_t>(s_.long_inv_freq.size()) == s_.head_dim / 2,
+             "hf::CausalLM({}): longrope's long frequencies must be head_dim/2 (head_dim {}, {} frequencies)", s_.architecture, s_.head_dim,
+             s_.long_inv_freq.size());
   KILN_CHECK(s_.local_inv_freq.empty() || static_cast<int64_t>(s_.local_inv_freq.size()) == s_.head_dim / 2,
              "hf::CausalLM({}): the sliding layers' RoPE needs head_dim/2 frequencies (head_dim {}, {} frequencies)", s_.architecture,
              s_.head_dim, s_.local_inv_freq.size());
@@ -190,10 +193,14 @@ template <Backend B> CausalLM<B>::CausalLM(Spec s, LoadOptions o) : s_(std::move
 template <Backend B> std::pair<Tensor<B>, Tensor<B>> CausalLM<B>::rope_tables(int64_t pos0, int64_t T, bool local) const {
   std::lock_guard<std::mutex> lk(rope_mu_);
   local = local && !s_.local_inv_freq.empty();
-  const std::vector<double>& inv_freq = local ? s_.local_inv_freq : s_.inv_freq;
+  // longrope: a forward whose last position is past original_max_position_embeddings takes the long
+  // frequencies for all its positions (transformers' choice per call; cached keys keep theirs)
+  const bool long_ = !local && !s_.long_inv_freq.empty() && static_cast<double>(pos0 + T) > s_.rope.original_max_position_embeddings;
+  const std::vector<double>& inv_freq = local ? s_.local_inv_freq : long_ ? s_.long_inv_freq : s_.inv_freq;
   const RopeSpec& rope = local ? s_.local_rope : s_.rope;
-  Tensor<B>& cos_table = cos_[local];
-  Tensor<B>& sin_table = sin_[local];
+  const int table = local ? 1 : long_ ? 2 : 0;
+  Tensor<B>& cos_table = cos_[table];
+  Tensor<B>& sin_table = sin_[table];
   const int64_t have = cos_table.defined() ? cos_table.size(0) : 0, half = s_.head_dim / 2;
   if (pos0 + T > have) {
     const int64_t P = std::max<int64_t>({pos0 + T, 2 * have, 64});

@@ -23,6 +23,7 @@
 //   after the cached ones (generation, under NoGrad).
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,15 +42,18 @@ enum class Act { gelu_tanh, gelu, relu, silu };
 
 // RoPE as a config spells it (nn/hf/architecture.hpp: read_rope, write_rope).
 struct RopeSpec {
-  std::string type = "default";  // "default", "linear", "llama3", "yarn"
+  std::string type = "default";  // "default", "linear", "llama3", "yarn", "longrope"
   double theta = 10000.0;
-  double factor = 0;                                                                       // linear, llama3, yarn
+  double factor = 0;                                                                       // linear, llama3, yarn, longrope
   double low_freq_factor = 0, high_freq_factor = 0, original_max_position_embeddings = 0;  // llama3 (the last: yarn too)
   double beta_fast = 32, beta_slow = 1;                                                    // yarn: the correction range's rotations
   bool truncate = true;                                                                    // yarn: the range's bounds rounded outwards
   double attention_factor = 1.0;  // cos and sin are multiplied by it (yarn: 0.1·ln(factor) + 1 unless given)
   // Phi-3's partial RoPE: the first int(head_dim · factor) values of each head turn, the rest pass through.
   double partial_rotary_factor = 1.0;
+  // longrope: the frequencies divided by short_factor, or by long_factor in a forward whose positions go
+  // past original_max_position_embeddings (transformers' per-call choice).
+  std::vector<double> short_factor{}, long_factor{};
 };
 
 // What a decoder is made of: the architecture tables fill it from config.json.
@@ -81,11 +85,21 @@ struct Spec {
   std::vector<bool> sliding_layers{};  // [layers], or empty (then sliding_window must be 0)
   std::vector<double> inv_freq;        // RoPE: [head_dim/2] angular frequencies (theta and scaling applied; 0 past the turned pairs)
   RopeSpec rope;                       // RoPE: what inv_freq was computed from
+  // longrope: the frequencies of a forward whose positions reach past rope.original_max_position_embeddings
+  // (its largest position + 1 above it); inv_freq holds the others. Empty: inv_freq always.
+  std::vector<double> long_inv_freq{};
+  // Phi-3 with longrope: nn::generate drops the KV caches and recomputes the sequence when it first grows
+  // past this many positions (transformers' Phi3ForCausalLM.prepare_inputs_for_generation), so that every
+  // key turns by the long frequencies; 0: never.
+  int64_t rebuild_caches_at = 0;
   // Gemma 3: the sliding-window layers' own RoPE ([head_dim/2] frequencies, and their spec); empty: the
   // sliding layers turn by inv_freq too.
   std::vector<double> local_inv_freq{};
   RopeSpec local_rope{};
   bool tie_embeddings = false;  // lm_head is the embedding matrix
+  // The embedding's padding_idx (transformers' Llama family: pad_token_id): that row passes no gradient
+  // back from the lookups (nn::EmbeddingOptions::padding_idx), as in a full fine-tune with transformers.
+  std::optional<int64_t> padding_idx{};
   // The config.json and generation_config.json of the directory the model was read from (null for a
   // Spec made in code): hf::save_pretrained (nn/hf/export.hpp) writes their other fields back.
   std::shared_ptr<const nlohmann::json> source_config, source_generation_config;
@@ -117,7 +131,8 @@ template <Backend B> class CausalLM : public nn::Module<B> {
   int64_t max_positions() const { return s_.learned_positions ? s_.max_positions : 0; }
 
   // The RoPE tables (cos, sin [T, head_dim/2], f32) for positions pos0..pos0+T-1, grown on demand; local:
-  // the sliding-window layers' (Spec::local_inv_freq; the same as the others' when it is empty).
+  // the sliding-window layers' (Spec::local_inv_freq; the same as the others' when it is empty). With
+  // longrope, the long frequencies' when pos0 + T is past original_max_position_embeddings.
   std::pair<Tensor<B>, Tensor<B>> rope_tables(int64_t pos0, int64_t T, bool local = false) const;
   // Activation checkpointing (autograd/checkpoint.hpp, docs/memory.md): when on, a forward that records
   // (grad mode on, no KV cache) keeps no activations inside the decoder layers (one segment per layer,
@@ -136,7 +151,7 @@ template <Backend B> class CausalLM : public nn::Module<B> {
   std::shared_ptr<nn::LayerNorm<B>> ln_;
   std::shared_ptr<nn::Linear<B>> lm_head_;
   mutable std::mutex rope_mu_;
-  mutable Tensor<B> cos_[2], sin_[2];  // [0] inv_freq, [1] local_inv_freq
+  mutable Tensor<B> cos_[3], sin_[3];  // [0] inv_freq, [1] local_inv_freq, [2] long_inv_freq
 };
 
 // Reads a Hugging Face model directory (formats/hf_dir.hpp) into a CausalLM: the architecture's table

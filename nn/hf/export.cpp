@@ -62,6 +62,8 @@ std::string spec_difference(const Spec& a, const Spec& b) {
       {"inv_freq", a.inv_freq == b.inv_freq},
       {"rope attention_factor", a.rope.attention_factor == b.rope.attention_factor},
       {"local inv_freq", a.local_inv_freq == b.local_inv_freq && a.local_rope.attention_factor == b.local_rope.attention_factor},
+      {"long inv_freq",
+       a.long_inv_freq == b.long_inv_freq && a.rope.original_max_position_embeddings == b.rope.original_max_position_embeddings},
       {"norm_offset", a.norm_offset == b.norm_offset},
       {"embed_scale", a.embed_scale == b.embed_scale},
       {"post_norms", a.post_norms == b.post_norms},
@@ -71,6 +73,7 @@ std::string spec_difference(const Spec& a, const Spec& b) {
       {"final_softcap", a.final_softcap == b.final_softcap},
       {"sliding_window", a.sliding_window == b.sliding_window && a.sliding_layers == b.sliding_layers},
       {"tie_embeddings", a.tie_embeddings == b.tie_embeddings},
+      {"padding_idx", a.padding_idx == b.padding_idx},
   };
   for (const auto& [name, eq] : same)
     if (!eq) return name;

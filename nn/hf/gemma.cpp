@@ -46,6 +46,12 @@ void read_gemma3_rope(ConfigReader& c, Spec& s) {
   s.local_rope.theta = c.number("rope_local_base_freq", 10000.0);
   const nlohmann::json* params = c.raw("rope_parameters");
   if (params == nullptr) {
+    // Gemma3TextConfig (transformers 5) sets rope_type "default" before merging rope_scaling in, so a
+    // type spelled "type" is ignored there, where 4.x applied it: ambiguous, refused.
+    if (const auto* sc = c.raw("rope_scaling"); sc != nullptr && sc->is_object() && sc->contains("type") && !sc->contains("rope_type"))
+      c.unsupported("rope_scaling",
+                    "Gemma 3's config class in transformers 5 ignores 'type' (its RoPE stays default), 4.x applied "
+                    "it: spell it 'rope_type'");
     s.rope = read_rope(c, s.rope.theta, s.max_positions);
   } else {
     KILN_CHECK(params->is_object() && (params->contains("full_attention") || params->contains("sliding_attention")),
@@ -64,6 +70,8 @@ void read_gemma3_rope(ConfigReader& c, Spec& s) {
   if (s.rope.partial_rotary_factor != 1.0 || s.local_rope.partial_rotary_factor != 1.0 ||
       (top != nullptr && !(top->is_number() && top->get<double>() == 1.0)))
     c.unsupported("rope_parameters", "Gemma 3 turns every value of a head (partial_rotary_factor is Phi-3's)");
+  if (s.rope.type == "longrope" || s.local_rope.type == "longrope")
+    c.unsupported("rope_parameters", "longrope in Gemma 3's per-layer-type RoPE is not implemented");
   s.inv_freq = rope_inv_freq(s.rope, s.head_dim);
   s.local_inv_freq = rope_inv_freq(s.local_rope, s.head_dim);
 }
@@ -73,6 +81,7 @@ Spec gemma_spec(const ModelDir& d) {
   const int version = gemma_version(d.architecture());
   Spec s = llama_family_spec(c, d,
                              {.head_dim = 256,
+                              .kv_heads = version == 1 ? 16 : 4,
                               .max_positions = version == 3 ? 131072 : 8192,
                               .act_field = version == 1 ? "hidden_act" : "hidden_activation",
                               .act = "gelu_pytorch_tanh",

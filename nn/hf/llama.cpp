@@ -22,7 +22,10 @@ Spec llama_family_spec(ConfigReader& c, const ModelDir& d, const FamilyDefaults&
   s.intermediate = c.integer("intermediate_size");
   s.layers = c.integer("num_hidden_layers");
   s.heads = c.integer("num_attention_heads");
-  s.kv_heads = c.integer("num_key_value_heads", s.heads);
+  // absent: the config class's default; null: num_attention_heads (transformers' `is None` rule)
+  s.kv_heads = c.json().contains("num_key_value_heads") ? c.integer("num_key_value_heads", s.heads)
+               : def.kv_heads > 0                       ? def.kv_heads
+                                                        : s.heads;
   KILN_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0,
              "{}: num_attention_heads {} must be a positive multiple of num_key_value_heads {}", c.path(), s.heads, s.kv_heads);
   s.head_dim = c.integer("head_dim", def.head_dim > 0 ? def.head_dim : s.hidden / s.heads);
@@ -33,8 +36,16 @@ Spec llama_family_spec(ConfigReader& c, const ModelDir& d, const FamilyDefaults&
   s.mlp = MlpKind::gated;  // down(act(gate(x)) * up(x)), any of ACT2FN's activations kiln has
   s.act = read_act(c, def.act_field, def.act);
   s.tie_embeddings = c.boolean("tie_word_embeddings", def.tie_embeddings);
+  // transformers' nn.Embedding(padding_idx=pad_token_id): the pad token's row gets no gradient from lookups
+  if (const auto it = c.json().find("pad_token_id"); it != c.json().end() && !it->is_null()) {
+    KILN_CHECK(it->is_number_integer() && it->get<int64_t>() >= -s.vocab && it->get<int64_t>() < s.vocab,
+               "{}: field 'pad_token_id' = {} must be an integer in [-vocab_size, vocab_size) = [{}, {}) (transformers' embedding "
+               "takes it as padding_idx)",
+               c.path(), it->dump(), -s.vocab, s.vocab);
+    s.padding_idx = it->get<int64_t>();
+  }
   if (def.rope) {
-    s.rope = read_rope(c, def.rope_theta, s.max_positions);
+    s.rope = read_rope(c, def.rope_theta, s.max_positions, def.rope_rules);
     // transformers 4 spells partial_rotary_factor at the top level, 5 in rope_parameters
     if (const auto* v = c.raw("partial_rotary_factor")) {
       const double f = c.number("partial_rotary_factor");
@@ -47,7 +58,16 @@ Spec llama_family_spec(ConfigReader& c, const ModelDir& d, const FamilyDefaults&
     if (s.rope.partial_rotary_factor != 1.0 && !def.partial_rotary)
       c.unsupported("partial_rotary_factor",
                     fmt::format("transformers' {} turns every value of a head (only Phi-3 has partial RoPE)", d.architecture()));
+    if (s.rope.type == "longrope") {  // one factor per turned pair
+      const int64_t pairs = rotary_dim(s.rope, s.head_dim) / 2;
+      const char* field = c.raw("rope_parameters") ? "rope_parameters" : "rope_scaling";
+      for (const auto& [name, f] : {std::pair{"short_factor", &s.rope.short_factor}, std::pair{"long_factor", &s.rope.long_factor}})
+        KILN_CHECK(static_cast<int64_t>(f->size()) == pairs,
+                   "{}: '{}.{}' has {} factors; longrope needs {} ({} of head_dim {} turned, in pairs)", c.path(), field, name, f->size(),
+                   pairs, 2 * pairs, s.head_dim);
+    }
     s.inv_freq = rope_inv_freq(s.rope, s.head_dim);
+    s.long_inv_freq = rope_long_inv_freq(s.rope, s.head_dim);
   }
   // transformers 4.5x+/5: a type per layer, full or sliding-window attention; the architecture's reader
   // gives the sliding layers their window (Spec::sliding_window) or refuses them.
@@ -144,7 +164,7 @@ namespace {
 
 Spec llama_spec(const ModelDir& d) {
   ConfigReader c(d);
-  Spec s = llama_family_spec(c, d);
+  Spec s = llama_family_spec(c, d, {.kv_heads = d.architecture() == "MistralForCausalLM" ? 8 : 0});  // MistralConfig: 8
   const bool mistral = d.architecture() == "MistralForCausalLM";
   // Llama has full attention in every layer; Mistral's sliding_window, when set, acts in every layer
   // (transformers' MistralModel ignores layer_types).

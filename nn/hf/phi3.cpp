@@ -1,9 +1,9 @@
-// Phi3ForCausalLM (transformers' models/phi3 as of 5.24: Phi-3-mini/medium with a short context, Phi-4):
+// Phi3ForCausalLM (transformers' models/phi3 as of 5.24: Phi-3, Phi-3.5-mini, Phi-4, Phi-4-mini):
 // the Llama network with q, k and v fused in one qkv_proj ([H·hd + 2·Hkv·hd, D], q first) and gate and up
 // in one gate_up_proj ([2I, D], gate first), no biases, partial RoPE (partial_rotary_factor: the first
-// int(hd · factor) values of each head turn, the rest pass through) and an optional sliding window in
-// every layer. Phi-3's long-context RoPE ("longrope", which its config class also makes of "su" and
-// "yarn") is refused by name.
+// int(hd · factor) values of each head turn, the rest pass through), Phi-3's long-context RoPE
+// ("longrope", which its config class also makes of "su" and "yarn": short_factor, or long_factor in a
+// forward that reaches past original_max_position_embeddings) and an optional sliding window in every layer.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -17,10 +17,13 @@ namespace {
 
 Spec phi3_spec(const ModelDir& d) {
   ConfigReader c(d);
-  Spec s = llama_family_spec(c, d, {.max_positions = 4096, .partial_rotary = true});
-  if (s.rope.type == "yarn")  // Phi3Config renames "su" and "yarn" to "longrope"
-    c.unsupported(c.raw("rope_parameters") ? "rope_parameters" : "rope_scaling",
-                  "Phi-3 reads rope type \"yarn\" as \"longrope\" (short and long factors), which kiln does not implement");
+  // Phi3Config renames rope types "su" and "yarn" to "longrope", and its original_max_position_embeddings
+  // (4096 by default) is the one llama3, yarn and longrope scale from, whatever the RoPE object says.
+  const auto original = static_cast<double>(c.integer("original_max_position_embeddings", 4096));
+  Spec s = llama_family_spec(c, d,
+                             {.max_positions = 4096,
+                              .partial_rotary = true,
+                              .rope_rules = {.aliases = {{"su", "longrope"}, {"yarn", "longrope"}}, .original_max_positions = original}});
   // Phi3Config: no window unless sliding_window is set; then in every layer.
   if (c.raw("sliding_window") != nullptr) {
     s.sliding_window = c.integer("sliding_window");
@@ -29,8 +32,8 @@ Spec phi3_spec(const ModelDir& d) {
   if (std::find(s.sliding_layers.begin(), s.sliding_layers.end(), true) != s.sliding_layers.end())
     c.unsupported("layer_types", "Phi3ForCausalLM's window, when set, acts in every layer");
   s.sliding_layers.assign(s.sliding_window > 0 ? static_cast<size_t>(s.layers) : 0, true);
-  // original_max_position_embeddings acts only in longrope (refused above); the rest is dropout.
-  c.accept({"original_max_position_embeddings", "resid_pdrop", "embd_pdrop"});
+  if (s.rope.type == "longrope") s.rebuild_caches_at = static_cast<int64_t>(s.rope.original_max_position_embeddings);
+  c.accept({"resid_pdrop", "embd_pdrop"});
   c.finish();
   return s;
 }

@@ -43,7 +43,7 @@ void write_sliding_window(const Spec& s, nlohmann::json& j) {
 
 Spec qwen2_spec(const ModelDir& d) {
   ConfigReader c(d);
-  Spec s = llama_family_spec(c, d);
+  Spec s = llama_family_spec(c, d, {.kv_heads = 32});  // Qwen2Config's default
   s.qkv_bias = true;
   read_sliding_window(c, s);
   c.finish();
@@ -59,7 +59,7 @@ nlohmann::json qwen2_config(const Spec& s) {
 
 Spec qwen3_spec(const ModelDir& d) {
   ConfigReader c(d);
-  Spec s = llama_family_spec(c, d, {.head_dim = 128});  // Qwen3Config's head_dim defaults to 128, not hidden/heads
+  Spec s = llama_family_spec(c, d, {.head_dim = 128, .kv_heads = 32});  // Qwen3Config's defaults (head_dim not hidden/heads)
   s.qkv_bias = s.o_bias = c.boolean("attention_bias", false);
   s.qk_norm = true;
   read_sliding_window(c, s);

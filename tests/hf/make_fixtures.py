@@ -6,7 +6,7 @@ config, its weights drawn from a seeded generator.
     scripts/hf_venv.sh && .venv-hf/bin/python tests/hf/make_fixtures.py [NAME ...]
 
 NAME: only these fixtures (default: all). qwen3, qwen3_yarn, qwen3_window, mistral_window, gemma, gemma2,
-gemma3 and phi3 need transformers 4.51 or later (the venv's 4.46.3 has no Qwen3 or Gemma 3, and its sliding-window masks
+gemma3, phi3 and phi3_longrope need transformers 4.51 or later (the venv's 4.46.3 has no Qwen3 or Gemma 3, and its sliding-window masks
 are older); they are made only when named, and were made with
 transformers 5.24.0 and torch 2.15 (pip install transformers==5.24.0 into a
 directory on PYTHONPATH, with a current torch), the others with the venv.
@@ -226,6 +226,14 @@ def main():
                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
                         bos_token_id=1, eos_token_id=2, pad_token_id=0),
              seed=13, batch=True)
+    if "phi3_longrope" in only:  # longrope past original_max_position_embeddings 8: the prompt (7) takes the short factors, decoding the long
+        from transformers import Phi3Config, Phi3ForCausalLM
+        make("phi3_longrope", Phi3ForCausalLM,
+             Phi3Config(**small, original_max_position_embeddings=8,
+                        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.3, 2.1, 3.7],
+                                         "long_factor": [1.1, 2.9, 7.5, 16.0]},
+                        bos_token_id=1, eos_token_id=2, pad_token_id=0),
+             seed=14, batch=True)
     if not only or "samplers" in only:
         samplers()
     print("transformers", transformers.__version__, "torch", torch.__version__)

@@ -138,7 +138,7 @@ std::string run(const std::string& cmd) {
 TEST_CASE("export: every imported fixture saves back to identical tensors, an equivalent config.json and its generation_config.json",
           "[hf][export]") {
   for (const char* name : {"gpt2", "llama", "llama3_bf16", "qwen2", "mistral", "qwen3", "qwen3_yarn", "qwen3_window", "mistral_window",
-                           "gemma", "gemma2", "gemma3", "phi3"}) {
+                           "gemma", "gemma2", "gemma3", "phi3", "phi3_longrope"}) {
     INFO(name);
     Scratch tmp(std::string("rt-") + name);
     const std::string src = kFixtures + name, out = tmp / "out";
@@ -163,7 +163,7 @@ TEST_CASE("export: every imported fixture saves back to identical tensors, an eq
     // config spellings and today's sliding-window masks.)
     const std::string n = name;
     if (const std::string py = hf_python();
-        !py.empty() && !n.starts_with("qwen3") && !n.starts_with("gemma") && n != "mistral_window" && n != "phi3") {
+        !py.empty() && !n.starts_with("qwen3") && !n.starts_with("gemma") && n != "mistral_window" && !n.starts_with("phi3")) {
       const json e = read_json(src + "/expected.json");
       std::ofstream(tmp / "want.json") << e["logits"].dump();
       const std::string r = run(fmt::format("{} {}/tests/hf/check_export.py {} --prompt {} --compare {} 2>&1", py, KILN_SOURCE_DIR, out,
