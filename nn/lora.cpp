@@ -47,6 +47,7 @@ template <Backend B> std::map<std::string, PeftName> peft_names(const Module<B>&
   if (lm == nullptr) return out;
   const hf::Architecture* a = hf::find_architecture(lm->spec().architecture);
   if (a == nullptr) return out;
+  KILN_CHECK(a->read_only.empty(), "LoRA on {}: {}", a->name, a->read_only);
   // Without a directory (null, as when exporting) the table gives the names of the Hugging Face model's
   // modules (GPT-2's without its checkpoint's "transformer." prefix), which are what PEFT sees.
   for (const auto& [kiln_name, src] : a->tensors(lm->spec(), nullptr)) {

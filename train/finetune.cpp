@@ -77,6 +77,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
   // other path a Hugging Face model directory, checked here so that a run never ends unable to save.
   const bool save_dir = !lora && !o.save_path.empty() && !o.save_path.ends_with(".safetensors");
   if (save_dir) {
+    hf::require_writable(model->spec());
     std::error_code ec;
     const bool usable =
         !std::filesystem::exists(o.save_path, ec) ||

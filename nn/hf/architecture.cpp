@@ -18,7 +18,8 @@ const std::vector<Architecture>& registry() {
                                                 detail::gemma_architecture("GemmaForCausalLM"),
                                                 detail::gemma_architecture("Gemma2ForCausalLM"),
                                                 detail::gemma_architecture("Gemma3ForCausalLM"),
-                                                detail::phi3_architecture()};
+                                                detail::phi3_architecture(),
+                                                detail::gemma3_multimodal_architecture()};
   return all;
 }
 
@@ -111,7 +112,15 @@ ConfigReader::ConfigReader(const ModelDir& d) : d_(d), path_(d.config_path()) {
     if (!(v->is_object() && v->empty())) unsupported("pruned_heads", "pruned attention heads are not supported");
 }
 
-const nlohmann::json& ConfigReader::json() const { return d_.config(); }
+ConfigReader::ConfigReader(const ModelDir& d, const std::string& sub) : ConfigReader(d) {
+  const auto it = d.config().find(sub);
+  KILN_CHECK(it != d.config().end() && it->is_object(), "{}: field '{}' must be an object (the {} of {}), got {}", d.config_path(), sub,
+             sub, d.architecture(), it == d.config().end() ? std::string("nothing") : it->dump());
+  sub_ = &*it;
+  path_ = fmt::format("{} ({})", d.config_path(), sub);
+}
+
+const nlohmann::json& ConfigReader::json() const { return sub_ ? *sub_ : d_.config(); }
 
 const nlohmann::json* ConfigReader::raw(const std::string& key) {
   read_.insert(key);

@@ -58,6 +58,11 @@ struct Architecture {
   // PEFT's default LoRA targets for this model_type (a LoraConfig without target_modules; peft's
   // TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING): nn::default_lora_targets.
   std::vector<std::string> lora_targets;
+  // Checkpoint tensors of parts kiln does not build (a multimodal model's vision tower), matched as name
+  // prefixes; they are skipped.
+  std::vector<std::string> ignored_prefixes{};
+  // Non-empty: why hf::save_pretrained and LoRA refuse this architecture (kiln holds part of the model).
+  std::string read_only{};
 };
 
 const Architecture* find_architecture(const std::string& name);
@@ -69,6 +74,8 @@ namespace detail {
 class ConfigReader {
  public:
   explicit ConfigReader(const ModelDir& d);
+  // The object config.json[sub] (a multimodal model's "text_config"), named so in errors.
+  ConfigReader(const ModelDir& d, const std::string& sub);
   // A required integer / number / string, or an optional one (returns def when absent or null).
   int64_t integer(const std::string& key);
   int64_t integer(const std::string& key, int64_t def);
@@ -85,6 +92,7 @@ class ConfigReader {
 
  private:
   const ModelDir& d_;
+  const nlohmann::json* sub_ = nullptr;
   std::string path_;
   std::set<std::string> read_;
 };
@@ -127,6 +135,7 @@ Architecture qwen2_architecture();
 Architecture qwen3_architecture();
 Architecture gemma_architecture(const std::string& name);  // GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM
 Architecture phi3_architecture();
+Architecture gemma3_multimodal_architecture();  // Gemma3ForConditionalGeneration: its text model only
 // What the Llama family's config classes assume for fields a config.json leaves out.
 struct FamilyDefaults {
   int64_t head_dim = 0;  // 0: hidden_size / num_attention_heads

@@ -404,9 +404,9 @@ template <Backend B> std::shared_ptr<CausalLM<B>> load_causal_lm(const ModelDir&
   std::vector<std::string> extra;
   for (const std::string& n : d.tensor_names()) {
     if (used.count(n)) continue;
-    const bool ignored = std::any_of(a->ignored_suffixes.begin(), a->ignored_suffixes.end(), [&](const std::string& suf) {
-      return n.size() >= suf.size() && n.compare(n.size() - suf.size(), suf.size(), suf) == 0;
-    });
+    const bool ignored =
+        std::any_of(a->ignored_suffixes.begin(), a->ignored_suffixes.end(), [&](const std::string& suf) { return n.ends_with(suf); }) ||
+        std::any_of(a->ignored_prefixes.begin(), a->ignored_prefixes.end(), [&](const std::string& pre) { return n.starts_with(pre); });
     if (!ignored) extra.push_back(fmt::format("'{}' ({})", n, d.file_of(n).path()));
   }
   KILN_CHECK(extra.empty(), "hf::load_causal_lm: {} holds tensor{} that {} with {} has no place for: {}", d.dir(),

@@ -220,8 +220,7 @@ template <Backend B> void write_model_dir_unchecked(const Spec& s, const std::ve
   torch_dtype_name(o.dtype);  // checks the dtype
   KILN_CHECK(o.max_shard_bytes >= 0, "hf::save_pretrained: max_shard_bytes must be >= 0 (0: one file), got {}", o.max_shard_bytes);
   const Architecture* a = find_architecture(s.architecture);
-  KILN_CHECK(a != nullptr && a->config, "hf::save_pretrained: architecture '{}' cannot be written (kiln writes: {})", s.architecture,
-             fmt::join(architectures(), ", "));
+  require_writable(s);
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   KILN_CHECK(!dir.empty(), "hf::save_pretrained: the output directory is empty");
@@ -336,6 +335,13 @@ Spec llama_spec_of(const ModelConfig& config) {
   s.inv_freq = detail::rope_inv_freq(s.rope, s.head_dim);
   s.tie_embeddings = c.tie_embeddings;
   return s;
+}
+
+void require_writable(const Spec& s) {
+  const Architecture* a = find_architecture(s.architecture);
+  KILN_CHECK(a != nullptr && a->config, "hf::save_pretrained: architecture '{}' cannot be written (kiln writes: {})", s.architecture,
+             fmt::join(architectures(), ", "));
+  KILN_CHECK(a->read_only.empty(), "hf::save_pretrained: {} cannot be written: {}", s.architecture, a->read_only);
 }
 
 bool has_tokenizer_files(const std::string& dir) {

@@ -66,5 +66,9 @@ int64_t parse_byte_size(const std::string& text);
 // tokenizer.model, vocab.json, ...).
 bool has_tokenizer_files(const std::string& dir);
 
+// A kiln::Error unless save_pretrained can write a model of this Spec's architecture (one kiln reads in
+// part, a multimodal checkpoint's text model, cannot be): checked before work that would end in writing it.
+void require_writable(const Spec& s);
+
 }  // namespace kiln::hf
 #pragma GCC visibility pop

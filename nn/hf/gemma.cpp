@@ -9,7 +9,8 @@
 // query_pre_attn_scalar^-1/2 (Spec::attn_scalar), and sliding-window layers (every other layer in Gemma 2, five of six in
 // Gemma 3, or layer_types). Gemma 2 caps the attention scores and the logits (cap · tanh(x / cap));
 // Gemma 3 has q_norm/k_norm as Qwen3, a final cap only when configured, and the sliding layers' own
-// RoPE (rope_local_base_freq, or rope_parameters.sliding_attention).
+// RoPE (rope_local_base_freq, or rope_parameters.sliding_attention). Gemma3ForConditionalGeneration (the
+// 4B, 12B and 27B checkpoints) loads as its text model: text_config, and the tensors under language_model.
 #include <algorithm>
 #include <cmath>
 
@@ -25,7 +26,8 @@ namespace {
 int gemma_version(const std::string& architecture) {
   if (architecture == "GemmaForCausalLM") return 1;
   if (architecture == "Gemma2ForCausalLM") return 2;
-  KILN_CHECK(architecture == "Gemma3ForCausalLM", "hf: '{}' is not a Gemma architecture", architecture);
+  KILN_CHECK(architecture == "Gemma3ForCausalLM" || architecture == "Gemma3ForConditionalGeneration",
+             "hf: '{}' is not a Gemma architecture", architecture);
   return 3;
 }
 
@@ -76,9 +78,8 @@ void read_gemma3_rope(ConfigReader& c, Spec& s) {
   s.local_inv_freq = rope_inv_freq(s.local_rope, s.head_dim);
 }
 
-Spec gemma_spec(const ModelDir& d) {
-  ConfigReader c(d);
-  const int version = gemma_version(d.architecture());
+// The text model's fields (c: config.json, or its text_config).
+Spec gemma_text_spec(ConfigReader& c, const ModelDir& d, int version) {
   Spec s = llama_family_spec(c, d,
                              {.head_dim = 256,
                               .kv_heads = version == 1 ? 16 : 4,
@@ -142,6 +143,25 @@ Spec gemma_spec(const ModelDir& d) {
   return s;
 }
 
+Spec gemma_spec(const ModelDir& d) {
+  ConfigReader c(d);
+  return gemma_text_spec(c, d, gemma_version(d.architecture()));
+}
+
+// Gemma3ForConditionalGeneration (Gemma 3 4B, 12B, 27B): its text model, from text_config; the vision
+// tower and the projector are not built (their tensors are skipped), so images are not read.
+Spec gemma3_multimodal_spec(const ModelDir& d) {
+  ConfigReader top(d);
+  top.accept({"text_config", "vision_config", "boi_token_index", "eoi_token_index", "image_token_index", "mm_tokens_per_image",
+              "initializer_range"});
+  const bool tied = top.boolean("tie_word_embeddings", true);
+  top.finish();
+  ConfigReader c(d, "text_config");
+  Spec s = gemma_text_spec(c, d, 3);
+  KILN_CHECK(s.tie_embeddings == tied, "{}: tie_word_embeddings is {} but text_config's is {}", d.config_path(), tied, s.tie_embeddings);
+  return s;
+}
+
 std::map<std::string, TensorSource> gemma_tensors(const Spec& s, const ModelDir* d) {
   std::map<std::string, TensorSource> t = llama_family_tensors(s, d);
   if (s.post_norms)  // Gemma 2/3: post_attention_layernorm is the attention's output norm
@@ -189,6 +209,32 @@ nlohmann::json gemma_config(const Spec& s) {
 
 Architecture gemma_architecture(const std::string& name) {
   return {name, gemma_spec, gemma_tensors, {"rotary_emb.inv_freq"}, gemma_config, {"q_proj", "v_proj"}};
+}
+
+Architecture gemma3_multimodal_architecture() {
+  // The text model's tensors under "language_model." (the checkpoints' and transformers 5's save_pretrained
+  // names), or "model.language_model." with lm_head at the top (transformers 5's module names).
+  const auto tensors = [](const Spec& s, const ModelDir* d) {
+    std::map<std::string, TensorSource> t = gemma_tensors(s, d);
+    const bool modules = d != nullptr && d->contains("model.language_model.embed_tokens.weight");
+    for (auto& [name, src] : t) {
+      if (!modules)
+        src.name = "language_model." + src.name;
+      else if (src.name.starts_with("model."))
+        src.name = "model.language_model." + src.name.substr(6);
+    }
+    return t;
+  };
+  return {.name = "Gemma3ForConditionalGeneration",
+          .spec = gemma3_multimodal_spec,
+          .tensors = tensors,
+          .ignored_suffixes = {"rotary_emb.inv_freq"},
+          .config = gemma_config,
+          .lora_targets = {"q_proj", "v_proj"},
+          .ignored_prefixes = {"vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."},
+          .read_only =
+              "kiln reads its text model only (no vision tower): it can generate and evaluate text, not write the model "
+              "or LoRA adapters for it"};
 }
 
 }  // namespace kiln::hf::detail

@@ -6,7 +6,7 @@ config, its weights drawn from a seeded generator.
     scripts/hf_venv.sh && .venv-hf/bin/python tests/hf/make_fixtures.py [NAME ...]
 
 NAME: only these fixtures (default: all). qwen3, qwen3_yarn, qwen3_window, mistral_window, gemma, gemma2,
-gemma3, phi3 and phi3_longrope need transformers 4.51 or later (the venv's 4.46.3 has no Qwen3 or Gemma 3, and its sliding-window masks
+gemma3, gemma3_mm, phi3 and phi3_longrope need transformers 4.51 or later (the venv's 4.46.3 has no Qwen3 or Gemma 3, and its sliding-window masks
 are older); they are made only when named, and were made with
 transformers 5.24.0 and torch 2.15 (pip install transformers==5.24.0 into a
 directory on PYTHONPATH, with a current torch), the others with the venv.
@@ -234,6 +234,16 @@ def main():
                                          "long_factor": [1.1, 2.9, 7.5, 16.0]},
                         bos_token_id=1, eos_token_id=2, pad_token_id=0),
              seed=14, batch=True)
+    if "gemma3_mm" in only:  # Gemma3ForConditionalGeneration (4B-27B): kiln reads its text model; a tiny vision tower beside it, untied
+        from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+        text = Gemma3TextConfig(**dict(small, num_hidden_layers=3), num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                                sliding_window=4, sliding_window_pattern=3, tie_word_embeddings=False)
+        vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                                    patch_size=14)
+        make("gemma3_mm", Gemma3ForConditionalGeneration,
+             Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, boi_token_index=93, eoi_token_index=94,
+                          image_token_index=95, tie_word_embeddings=False),
+             seed=15, batch=True, norm_center=0.0)
     if not only or "samplers" in only:
         samplers()
     print("transformers", transformers.__version__, "torch", torch.__version__)

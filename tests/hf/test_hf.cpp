@@ -30,6 +30,8 @@
 #include <kiln/formats/safetensors.hpp>
 #include <kiln/nn/generate.hpp>
 #include <kiln/nn/hf/causal_lm.hpp>
+#include <kiln/nn/hf/export.hpp>
+#include <kiln/nn/lora.hpp>
 #include <kiln/text/tokenizer.hpp>
 #include <kiln/train/trainer.hpp>
 #include "common/kiln_test.hpp"
@@ -43,8 +45,8 @@ using json = nlohmann::json;
 namespace {
 
 const std::string kFixtures = std::string(KILN_SOURCE_DIR) + "/tests/hf/fixtures/";
-const char* const kModels[] = {"gpt2",         "llama",          "llama3_bf16", "qwen2",  "mistral", "qwen3", "qwen3_yarn",
-                               "qwen3_window", "mistral_window", "gemma",       "gemma2", "gemma3",  "phi3",  "phi3_longrope"};
+const char* const kModels[] = {"gpt2",           "llama", "llama3_bf16", "qwen2",  "mistral", "qwen3",         "qwen3_yarn", "qwen3_window",
+                               "mistral_window", "gemma", "gemma2",      "gemma3", "phi3",    "phi3_longrope", "gemma3_mm"};
 
 json read_json(const std::string& path) {
   std::ifstream f(path);
@@ -225,7 +227,7 @@ template <Backend B> void check_padded_batch(const std::string& name) {
 }  // namespace
 
 TEST_CASE("generate: each row of a left-padded batch gets the logits it gets alone (cpu, reference)", "[hf]") {
-  for (const char* name : {"gpt2", "llama", "qwen2", "qwen3_window", "mistral_window", "gemma2", "gemma3", "phi3"}) {
+  for (const char* name : {"gpt2", "llama", "qwen2", "qwen3_window", "mistral_window", "gemma2", "gemma3", "phi3", "gemma3_mm"}) {
     DYNAMIC_SECTION(name) {
       check_padded_batch<Cpu>(name);
       check_padded_batch<Reference>(name);
@@ -515,6 +517,27 @@ TEST_CASE("generate: samplers are transformers' logits processors (repetition pe
   o.temperature = 1e-4;
   const auto cold = nn::generate(*model, {prompt}, o);
   CHECK(cold.ids == nn::generate(*model, {prompt}, {.max_new_tokens = 30}).ids);
+}
+
+// Gemma3ForConditionalGeneration loads as its text model (the kModels cases check it against transformers);
+// kiln cannot write it back or adapt it, and says why.
+TEST_CASE("import: Gemma 3's multimodal checkpoints give their text model, and refuse export and LoRA", "[hf]") {
+  auto model = hf::load_causal_lm<Cpu>(kFixtures + "gemma3_mm");
+  CHECK(model->spec().architecture == "Gemma3ForConditionalGeneration");
+  CHECK_THAT(error_of([&] { hf::save_pretrained(*model, (fs::temp_directory_path() / "kiln-never-written").string()); }),
+             Catch::Contains("Gemma3ForConditionalGeneration cannot be written") && Catch::Contains("text model only"));
+  CHECK_FALSE(fs::exists(fs::temp_directory_path() / "kiln-never-written"));
+  CHECK_THAT(error_of([&] { nn::apply_lora(*model, {.r = 2}); }), Catch::Contains("LoRA on Gemma3ForConditionalGeneration"));
+  const std::string dir = copy_fixture("gemma3_mm", "mm-tie");
+  json c = read_json(dir + "/config.json");
+  c["tie_word_embeddings"] = true;  // text_config says false
+  write_json(dir + "/config.json", c);
+  CHECK_THAT(load_error(dir), Catch::Contains("tie_word_embeddings is true but text_config's is false"));
+  c["tie_word_embeddings"] = false;
+  c["text_config"]["use_bidirectional_attention"] = true;
+  write_json(dir + "/config.json", c);
+  CHECK_THAT(load_error(dir), Catch::Contains("(text_config): field 'use_bidirectional_attention'"));
+  fs::remove_all(dir);
 }
 
 // transformers builds the Llama family's embedding with padding_idx = pad_token_id: in a full fine-tune
