@@ -31,8 +31,6 @@ struct PeftName {
   int64_t rope_heads = 0, rope_rotary = 0;  // RoPE rows re-ordered (hf::rope_rows_order)
   bool fan_in_fan_out = false;
   int64_t part = 0, parts = 1;  // a slice of a fused module (GPT-2's c_attn)
-  // A fused module whose parts differ in size or turn by RoPE (Phi-3's qkv_proj): not adapted yet.
-  bool unequal_parts = false;
 };
 
 std::string strip_weight(const std::string& name) {
@@ -54,13 +52,7 @@ template <Backend B> std::map<std::string, PeftName> peft_names(const Module<B>&
     const std::string k = strip_weight(kiln_name), h = strip_weight(src.name);
     if (k.empty() || h.empty()) continue;
     const bool rope = src.op == hf::TensorSource::Op::rope_rows;
-    out[k] = {h,
-              rope ? src.heads : 0,
-              rope ? src.rotary : 0,
-              src.op == hf::TensorSource::Op::transpose,
-              src.part,
-              src.parts,
-              src.rows > 0 || (rope && src.parts > 1)};
+    out[k] = {h, rope ? src.heads : 0, rope ? src.rotary : 0, src.op == hf::TensorSource::Op::transpose, src.part, src.parts};
   }
   return out;
 }
@@ -153,12 +145,11 @@ template <Backend B> Var<B> LoraAdapter<B>::forward(const Var<B>& x) const {
   if (parts == 1) return b_->forward(a_->forward(drop.forward(x))) * scaling_;
   // One part of a fused module: this part's rows of the owner's lora_B.
   const LoraAdapter& o = owner_ ? *owner_ : *this;
-  const Var<B> h = o.a_->forward(drop.forward(x));  // [..., r]
-  const int64_t n = o.b_->options().out / parts;
-  const Var<B> rows = autocast::cast(autocast::Op::linear, o.b_->weight()).narrow(0, part * n, n);  // [n, r], cast once
+  const Var<B> h = o.a_->forward(drop.forward(x));                                              // [..., r]
+  const Var<B> b = autocast::cast(autocast::Op::linear, o.b_->weight()).narrow(0, row0, rows);  // [rows, r], cast once
   Shape out_shape = h.shape();
-  out_shape.back() = n;
-  return h.reshape({-1, o_.r}).matmul(rows.t()).reshape(out_shape) * scaling_;
+  out_shape.back() = rows;
+  return h.reshape({-1, o_.r}).matmul(b.t()).reshape(out_shape) * scaling_;
 }
 
 // ------------------------------------------------------------------------------------------ apply
@@ -235,17 +226,26 @@ template <Backend B> std::vector<std::string> apply_lora(Module<B>& model, const
     KILN_CHECK(f.name.parts == 1 || fused_parts[f.name.path] == f.name.parts,
                "apply_lora: fused module '{}' is matched in part ({} of its {} Linears)", f.name.path, fused_parts[f.name.path],
                f.name.parts);
+  // A fused module's parts, by part: their rows in its lora_B follow one another.
+  std::map<std::string, std::map<int64_t, int64_t>> part_rows;
   for (const auto& f : found)
-    KILN_CHECK(!f.name.unequal_parts,
-               "apply_lora: '{}' is a fused module whose parts differ in size or are turned by RoPE (q, k and v of a fused qkv_proj): "
-               "kiln cannot adapt it yet (target its other Linears, e.g. o_proj, gate_up_proj, down_proj)",
-               f.name.path);
+    if (f.name.parts > 1) part_rows[f.name.path][f.name.part] = f.linear->options().out;
   model.requires_grad_(false);
   std::vector<std::string> paths;
   std::map<std::string, std::shared_ptr<LoraAdapter<B>>> owners;  // fused module -> the adapter of its part 0
   for (auto& [path, lin, name] : found) {
     const LinearOptions& lo = lin->options();
-    auto a = std::make_shared<LoraAdapter<B>>(o, lo.in, lo.out * name.parts, lin->weight().dtype(), name.path);
+    int64_t total = lo.out, row0 = 0;  // the fused module's rows, and this part's first
+    if (name.parts > 1) {
+      total = 0;
+      for (const auto& [p, n] : part_rows[name.path]) {
+        if (p < name.part) row0 += n;
+        total += n;
+      }
+    }
+    auto a = std::make_shared<LoraAdapter<B>>(o, lo.in, total, lin->weight().dtype(), name.path);
+    a->row0 = row0;
+    a->rows = lo.out;
     a->rope_heads = name.rope_heads;
     a->rope_rotary = name.rope_rotary;
     a->fan_in_fan_out = name.fan_in_fan_out;
@@ -277,14 +277,35 @@ template <Backend B> std::vector<std::pair<std::string, LoraAdapter<B>*>> lora_a
 
 // ------------------------------------------------------------------------------------------ save
 
+// An adapter and, for the owner of a fused module, the adapters of its other parts, by part.
+template <Backend B> std::vector<const LoraAdapter<B>*> parts_of(const std::vector<Wrapped<B>>& ws, const LoraAdapter<B>& owner) {
+  std::vector<const LoraAdapter<B>*> out{&owner};
+  if (owner.parts == 1) return out;
+  for (const auto& w : ws)
+    if (w.adapter->owner() == &owner) out.push_back(w.adapter);
+  std::sort(out.begin(), out.end(), [](const auto* x, const auto* y) { return x->part < y->part; });
+  return out;
+}
+
+// lora_B between kiln's rows and PEFT's: each part's rows (its RoPE rows re-ordered, hf::rope_rows_order).
+template <Backend B> Tensor<B> peft_rows(const std::vector<const LoraAdapter<B>*>& parts, const Tensor<B>& b, bool to_kiln) {
+  const auto turn = [&](const LoraAdapter<B>& a, const Tensor<B>& t) {
+    return a.rope_heads ? hf::rope_rows_order(t, a.rope_heads, a.rope_rotary, to_kiln) : t;
+  };
+  if (parts.size() == 1) return turn(*parts[0], b);
+  std::vector<Tensor<B>> rows;
+  for (const LoraAdapter<B>* a : parts) rows.push_back(turn(*a, b.narrow(0, a->row0, a->rows)));
+  return Tensor<B>::cat(rows, 0);
+}
+
 template <Backend B> std::vector<std::pair<std::string, Tensor<B>>> lora_state_dict(const Module<B>& model) {
   std::vector<std::pair<std::string, Tensor<B>>> out;
-  for (const auto& w : wrapped(model)) {
+  const auto ws = wrapped(model);
+  for (const auto& w : ws) {
     const LoraAdapter<B>& a = *w.adapter;
     if (a.owner() != nullptr) continue;  // a later part of a fused module: its owner holds the tensors
-    const Tensor<B>& lb = a.lora_B().weight().value();
     out.emplace_back(saved_name(a.peft_path(), "lora_A"), a.lora_A().weight().value());
-    out.emplace_back(saved_name(a.peft_path(), "lora_B"), a.rope_heads ? hf::rope_rows_order(lb, a.rope_heads, a.rope_rotary, false) : lb);
+    out.emplace_back(saved_name(a.peft_path(), "lora_B"), peft_rows(parts_of(ws, a), a.lora_B().weight().value(), false));
   }
   return out;
 }
@@ -406,7 +427,8 @@ template <Backend B> std::vector<std::string> load_lora(Module<B>& model, const 
   try {
     std::vector<std::string> problems;
     std::vector<std::pair<Tensor<B>, Tensor<B>>> copies;
-    for (const auto& w : wrapped(model)) {
+    const auto ws = wrapped(model);
+    for (const auto& w : ws) {
       const LoraAdapter<B>& a = *w.adapter;
       if (a.owner() != nullptr) continue;  // a later part of a fused module: loaded through its owner
       for (const char* which : {"lora_A", "lora_B"}) {
@@ -423,7 +445,7 @@ template <Backend B> std::vector<std::string> load_lora(Module<B>& model, const 
           problems.push_back(fmt::format("'{}' is {}, the model's is {}", name, shape_str(src.shape()), shape_str(dst.shape())));
           continue;
         }
-        if (std::string_view(which) == "lora_B" && a.rope_heads) src = hf::rope_rows_order(src, a.rope_heads, a.rope_rotary, true);
+        if (std::string_view(which) == "lora_B") src = peft_rows(parts_of(ws, a), src, true);
         copies.emplace_back(dst, src);
       }
       // PEFT's save_embedding_layers (on by default where lm_head is a target) stores the base weight
@@ -463,7 +485,7 @@ template <Backend B> void merge_lora(Module<B>& model) {
     const Tensor<B>& A = a.lora_A().weight().value();
     Tensor<B> Bw = a.lora_B().weight().value();  // the owner's, for a part of a fused module
     Tensor<B> W = w.linear->weight().value();
-    if (a.parts > 1) Bw = Bw.narrow(0, a.part * W.size(0), W.size(0));
+    if (a.parts > 1) Bw = Bw.narrow(0, a.row0, a.rows);
     // In the weight's dtype, as PEFT's merge (the product in f32 for f32 weights).
     W.add_(Bw.matmul(A).mul(a.scaling()).to(W.dtype()));
     w.linear->remove_adapter();

@@ -59,7 +59,7 @@ template <Backend B> class LoraAdapter : public LinearAdapter<B> {
   const LoraOptions& options() const { return o_; }
   double scaling() const { return scaling_; }
   const std::string& peft_path() const { return peft_path_; }
-  // lora_A [r, in] and lora_B [out, r] (a part of a fused module: its owner's, the fused [parts·out, r]).
+  // lora_A [r, in] and lora_B [out, r] (a part of a fused module: its owner's, the fused module's [Σ out, r]).
   Linear<B>& lora_A() const { return owner_ ? owner_->lora_A() : *a_; }
   Linear<B>& lora_B() const { return owner_ ? owner_->lora_B() : *b_; }
   std::shared_ptr<Module<B>> dropout_module() const { return drop_; }
@@ -67,9 +67,10 @@ template <Backend B> class LoraAdapter : public LinearAdapter<B> {
   // each head that were (hf::rope_rows_order; 0: all).
   int64_t rope_heads = 0, rope_rotary = 0;
   bool fan_in_fan_out = false;  // a GPT-2 Conv1D in PEFT
-  // A slice of a fused module (GPT-2's c_attn): rows [part·out, (part+1)·out) of the owner's lora_B
-  // (the adapter of part 0, which holds lora_A and the whole lora_B; owner() is null there).
-  int64_t part = 0, parts = 1;
+  // A slice of a fused module (GPT-2's c_attn, Phi-3's qkv_proj and gate_up_proj): rows [row0, row0 +
+  // rows) of the owner's lora_B (the adapter of part 0, which holds lora_A and the whole lora_B; owner()
+  // is null there). The parts may differ in size and have RoPE rows of their own (q and k of a qkv_proj).
+  int64_t part = 0, parts = 1, row0 = 0, rows = 0;
   void share(std::shared_ptr<LoraAdapter> owner, int64_t part_index, int64_t part_count);
   const LoraAdapter* owner() const { return owner_.get(); }
 
@@ -85,7 +86,6 @@ template <Backend B> class LoraAdapter : public LinearAdapter<B> {
 // PEFT's default targets for the model: for one from hf::load_causal_lm its model_type's (GPT-2:
 // c_attn; Llama, Mistral, Qwen2, Qwen3, Gemma 1-3: q_proj, v_proj; Phi-3 has none: a kiln::Error asking for
 // target_modules, as PEFT raises), for any other model q_proj, v_proj (kiln's attention).
-// LoRA on a fused module whose parts differ in size or turn by RoPE (Phi-3's qkv_proj) is refused.
 template <Backend B> KILN_API std::vector<std::string> default_lora_targets(const Module<B>& model);
 
 // Wraps every Linear whose PEFT path matches, freezes every other parameter, and returns the kiln paths

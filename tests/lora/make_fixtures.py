@@ -3,6 +3,10 @@
 computes when it trains them (the reference values of tests/lora). Nothing is downloaded.
 
     scripts/hf_venv.sh && .venv-hf/bin/python tests/lora/make_fixtures.py
+    PYTHONPATH=<transformers 5.24.0, peft 0.21.2> python tests/lora/make_fixtures.py phi3_qkv_gate_up
+
+The second form makes only the Phi-3 base and case (fused qkv_proj with GQA and partial RoPE, and
+gate_up_proj: transformers 4.51+), leaving the others; they were made with transformers 5.24.0, PEFT 0.21.2.
 
 fixtures/<base>/ is a save_pretrained() directory (llama: GQA 4 heads / 2 kv heads, untied; gpt2;
 llama_tok: a smaller Llama with tests/text/fixtures/gpt2's tokenizer, for the command-line test).
@@ -16,6 +20,7 @@ fixtures/<case>/ for each case:
 import json
 import os
 import shutil
+import sys
 
 import torch
 import transformers.generation.utils as gu
@@ -65,9 +70,16 @@ def save(peft, d):
         f.write("\n")
 
 
+def model_class(base):
+    if base == "phi3":
+        from transformers import Phi3ForCausalLM
+        return Phi3ForCausalLM
+    return LlamaForCausalLM if "llama" in base else GPT2LMHeadModel
+
+
 def run_case(case, base, lora, seed):
     torch.manual_seed(seed)
-    model = LlamaForCausalLM if "llama" in base else GPT2LMHeadModel
+    model = model_class(base)
     model = model.from_pretrained(os.path.join(OUT, base))
     peft = get_peft_model(model, lora)
     g = torch.Generator().manual_seed(seed + 1)
@@ -92,7 +104,7 @@ def run_case(case, base, lora, seed):
         losses.append(loss.item())
     save(peft, os.path.join(d, "adapter_final"))
     # Merge of the initial adapter: the same logits as unmerged (the reference for kiln's merge_lora).
-    fresh = (LlamaForCausalLM if "llama" in base else GPT2LMHeadModel).from_pretrained(os.path.join(OUT, base))
+    fresh = model_class(base).from_pretrained(os.path.join(OUT, base))
     merged = PeftModel.from_pretrained(fresh, os.path.join(d, "adapter_init")).merge_and_unload().eval()
     with torch.no_grad():
         logits_merged = merged(ids[:1]).logits[0]
@@ -102,7 +114,21 @@ def run_case(case, base, lora, seed):
         f.write("\n")
 
 
+def phi3_case():
+    from transformers import Phi3Config, Phi3ForCausalLM
+    make_base("phi3", Phi3ForCausalLM,
+              Phi3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}), 4)
+    # Phi-3's fused qkv_proj (q, k, v of different sizes with GQA; q and k with RoPE rows, partial) and gate_up_proj.
+    run_case("phi3_qkv_gate_up", "phi3", LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["qkv_proj", "gate_up_proj"],
+                                                    task_type="CAUSAL_LM"), 50)
+
+
 def main():
+    if sys.argv[1:] == ["phi3_qkv_gate_up"]:
+        phi3_case()
+        return
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
     make_base("llama", LlamaForCausalLM,
