@@ -169,13 +169,32 @@ void ConfigReader::finish() const {
                path_, it.key(), it.value().dump(), d_.architecture());
 }
 
-Act read_act(ConfigReader& c, const std::string& key, const std::string& def) {
-  const std::string act = c.string(key, def);
+namespace {
+std::optional<Act> act_of(const std::string& act) {
   if (act == "gelu_new" || act == "gelu_pytorch_tanh") return Act::gelu_tanh;
   if (act == "gelu") return Act::gelu;
   if (act == "relu") return Act::relu;
   if (act == "silu" || act == "swish") return Act::silu;
-  c.unsupported(key, "kiln has gelu_new, gelu_pytorch_tanh, gelu, relu, silu and swish");
+  return std::nullopt;
+}
+}  // namespace
+
+Act read_act(ConfigReader& c, const std::string& key, const std::string& def) {
+  const auto a = act_of(c.string(key, def));
+  if (!a) c.unsupported(key, "kiln has gelu_new, gelu_pytorch_tanh, gelu, relu, silu and swish");
+  return *a;
+}
+
+std::string act_spelling(const Spec& s, const std::string& key, bool gelu_is_tanh) {
+  if (s.source_config) {
+    const auto it = s.source_config->find(key);
+    if (it != s.source_config->end() && it->is_string()) {
+      std::optional<Act> a = act_of(it->get<std::string>());
+      if (gelu_is_tanh && a == Act::gelu) a = Act::gelu_tanh;
+      if (a == s.act) return it->get<std::string>();
+    }
+  }
+  return act_name(s.act);
 }
 
 const char* act_name(Act a) {

@@ -128,6 +128,9 @@ void write_rope(const RopeSpec& r, nlohmann::json& config);
 Act read_act(ConfigReader& c, const std::string& key, const std::string& def);
 // The name transformers reads back for an activation.
 const char* act_name(Act a);
+// config[key] for the export: the source config's spelling when it means s.act (gelu_is_tanh: Gemma 1,
+// whose "gelu" is the tanh GELU), else act_name.
+std::string act_spelling(const Spec& s, const std::string& key, bool gelu_is_tanh = false);
 
 Architecture gpt2_architecture();
 Architecture llama_architecture(const std::string& name);  // LlamaForCausalLM, MistralForCausalLM

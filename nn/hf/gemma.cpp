@@ -188,7 +188,7 @@ nlohmann::json gemma_config(const Spec& s) {
     return j;
   }
   j.erase("hidden_act");
-  j["hidden_activation"] = act_name(s.act);
+  j["hidden_activation"] = act_spelling(s, "hidden_activation");
   j["query_pre_attn_scalar"] =
       s.attn_scalar == std::floor(s.attn_scalar) ? nlohmann::json(static_cast<int64_t>(s.attn_scalar)) : nlohmann::json(s.attn_scalar);
   j["final_logit_softcapping"] = s.final_softcap > 0 ? nlohmann::json(s.final_softcap) : nlohmann::json(nullptr);

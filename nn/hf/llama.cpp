@@ -154,7 +154,7 @@ nlohmann::json llama_family_config(const Spec& s, const char* model_type) {
   j["head_dim"] = s.head_dim;
   j["max_position_embeddings"] = s.max_positions;
   j["rms_norm_eps"] = s.norm_eps;
-  j["hidden_act"] = act_name(s.act);
+  j["hidden_act"] = act_spelling(s, "hidden_act", std::string(model_type) == "gemma");
   j["tie_word_embeddings"] = s.tie_embeddings;
   write_rope(s.rope, j);
   return j;

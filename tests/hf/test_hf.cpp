@@ -617,6 +617,17 @@ TEST_CASE("import: Gemma and Phi-3 configs in transformers 4's spelling give the
     }
     ++i;
   }
+  {  // An export keeps the source's spelling of an activation that means the same (Gemma 1's legacy "gelu")
+    const std::string dir = copy_fixture("gemma", "spell-export");
+    json c = read_json(dir + "/config.json");
+    c["hidden_act"] = "gelu";
+    write_json(dir + "/config.json", c);
+    const std::string out = dir + "-out";
+    hf::save_pretrained(*hf::load_causal_lm<Cpu>(dir), out);
+    CHECK(read_json(out + "/config.json")["hidden_act"] == "gelu");
+    fs::remove_all(dir);
+    fs::remove_all(out);
+  }
   // The same edits that change the model do move the logits (the checks above can fail).
   const json e = read_json(kFixtures + std::string("gemma3/expected.json"));
   const std::string dir = copy_fixture("gemma3", "spell-wrong");
