@@ -303,7 +303,7 @@ void read_rope_params(ConfigReader& c, const nlohmann::json& p, const std::strin
     r.low_freq_factor = take("low_freq_factor");
     r.high_freq_factor = take("high_freq_factor");
     r.original_max_position_embeddings = take("original_max_position_embeddings");
-    if (rules.original_max_positions > 0) r.original_max_position_embeddings = rules.original_max_positions;
+    if (rules.original_max_positions) r.original_max_position_embeddings = *rules.original_max_positions;
   } else if (r.type == "longrope") {  // transformers' _compute_longrope_parameters (5.x)
     KILN_CHECK(lists.count("short_factor") && lists.count("long_factor"),
                "{}: '{}' of rope type \"longrope\" needs short_factor and long_factor", c.path(), field);
@@ -311,7 +311,13 @@ void read_rope_params(ConfigReader& c, const nlohmann::json& p, const std::strin
     r.long_factor = lists["long_factor"];
     r.original_max_position_embeddings =
         num.count("original_max_position_embeddings") ? take("original_max_position_embeddings") : static_cast<double>(max_positions);
-    if (rules.original_max_positions > 0) r.original_max_position_embeddings = rules.original_max_positions;
+    if (rules.original_max_positions) r.original_max_position_embeddings = *rules.original_max_positions;
+    KILN_CHECK(r.original_max_position_embeddings > 0,
+               "{}: '{}' of rope type \"longrope\" needs a positive original_max_position_embeddings, got {}", c.path(), field,
+               r.original_max_position_embeddings);
+    for (const auto& [name, f] : lists)
+      KILN_CHECK(std::all_of(f.begin(), f.end(), [](double x) { return x > 0 && std::isfinite(x); }),
+                 "{}: '{}.{}' must hold positive factors, got {}", c.path(), field, name, p[name].dump());
     r.factor = num.count("factor") ? take("factor") : static_cast<double>(max_positions) / r.original_max_position_embeddings;
     const double derived = r.factor <= 1 ? 1.0 : std::sqrt(1 + std::log(r.factor) / std::log(r.original_max_position_embeddings));
     r.attention_factor = num.count("attention_factor") ? take("attention_factor") : derived;
@@ -320,7 +326,7 @@ void read_rope_params(ConfigReader& c, const nlohmann::json& p, const std::strin
     // factor that is null or absent to max_position_embeddings / original_max_position_embeddings.
     r.original_max_position_embeddings =
         num.count("original_max_position_embeddings") ? take("original_max_position_embeddings") : static_cast<double>(max_positions);
-    if (rules.original_max_positions > 0) r.original_max_position_embeddings = rules.original_max_positions;
+    if (rules.original_max_positions) r.original_max_position_embeddings = *rules.original_max_positions;
     r.factor = num.count("factor") ? take("factor") : static_cast<double>(max_positions) / r.original_max_position_embeddings;
     KILN_CHECK(r.factor > 0 && r.original_max_position_embeddings > 0,
                "{}: '{}' of rope type \"yarn\" needs a positive factor and original_max_position_embeddings, got {} and {}", c.path(),

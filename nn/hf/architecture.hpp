@@ -106,7 +106,7 @@ struct RopeRules {
   std::map<std::string, std::string> aliases{};  // rope types it renames (Phi3Config: "su" and "yarn" are "longrope")
   // > 0: original_max_position_embeddings of llama3, yarn and longrope, whatever the RoPE object says
   // (transformers takes a config's top-level field first: Phi-3's, 4096 by default)
-  double original_max_positions = 0;
+  std::optional<double> original_max_positions{};
 };
 RopeSpec read_rope(ConfigReader& c, double default_theta, int64_t max_positions, const RopeRules& rules = {});
 // One RoPE parameter object p (rope_type and its fields; `field` names it in errors) over r, whose theta

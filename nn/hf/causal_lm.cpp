@@ -273,7 +273,9 @@ Var<B> CausalLM<B>::run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* cache
   } else {
     for (const bool local : {false, true}) {
       if (per_row) {
-        std::tie(c[local], s[local]) = rope_tables(0, last + 1, local);
+        // up to the cache's length, which also decides longrope's factors (transformers: the largest
+        // position of the batch, a row that ended included: the padded length)
+        std::tie(c[local], s[local]) = rope_tables(0, pos0 + T, local);
         const Tensor<B> at = rows.positions.reshape({-1});
         c[local] = c[local].index_select(0, at);
         s[local] = s[local].index_select(0, at);

@@ -55,6 +55,11 @@ Spec llama_family_spec(ConfigReader& c, const ModelDir& d, const FamilyDefaults&
                  s.rope.partial_rotary_factor);
       s.rope.partial_rotary_factor = f;
     }
+    const double f = s.rope.partial_rotary_factor;
+    const auto turned = static_cast<int64_t>(static_cast<double>(s.head_dim) * f);  // int() as transformers
+    KILN_CHECK(f > 0 && f <= 1 && turned >= 2 && turned % 2 == 0,
+               "{}: partial_rotary_factor {} of head_dim {} turns {} values; kiln needs an even number in [2, head_dim]", c.path(), f,
+               s.head_dim, turned);
     if (s.rope.partial_rotary_factor != 1.0 && !def.partial_rotary)
       c.unsupported("partial_rotary_factor",
                     fmt::format("transformers' {} turns every value of a head (only Phi-3 has partial RoPE)", d.architecture()));

@@ -20,6 +20,7 @@ Spec phi3_spec(const ModelDir& d) {
   // Phi3Config renames rope types "su" and "yarn" to "longrope", and its original_max_position_embeddings
   // (4096 by default) is the one llama3, yarn and longrope scale from, whatever the RoPE object says.
   const auto original = static_cast<double>(c.integer("original_max_position_embeddings", 4096));
+  KILN_CHECK(original > 0, "{}: field 'original_max_position_embeddings' must be positive, got {}", c.path(), original);
   Spec s = llama_family_spec(c, d,
                              {.max_positions = 4096,
                               .partial_rotary = true,

@@ -62,7 +62,7 @@ def greedy(model, ids, n, **kw):
     return out[0, len(ids):].tolist()
 
 
-def make_fixture(name, cls, config, seed, dtype=torch.float32, shard=None, eos_at=None, batch=False, norm_center=1.0):
+def make_fixture(name, cls, config, seed, dtype=torch.float32, shard=None, eos_at=None, batch=False, norm_center=1.0, eos_batch=None):
     torch.manual_seed(seed)
     model = cls(config).eval()
     randomize(model, seed, norm_center)
@@ -97,6 +97,16 @@ def make_fixture(name, cls, config, seed, dtype=torch.float32, shard=None, eos_a
             if eos is not None and eos in row:
                 del row[row.index(eos) + 1:]
         exp["batch"] = {"prompts": prompts, "greedy": out}
+    if eos_batch is not None:  # (eos id, prompts): a left-padded batch in which a row ends at EOS while the others go on
+        eos, prompts = eos_batch
+        L = max(len(p) for p in prompts)
+        ids = torch.tensor([[0] * (L - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts])
+        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, eos_token_id=eos, pad_token_id=0)[:, L:].tolist()
+        for row in out:
+            if eos in row:
+                del row[row.index(eos) + 1:]
+        exp["eos_batch"] = {"eos": eos, "prompts": prompts, "greedy": out}
     model = model.to(dtype)
     kw = {"max_shard_size": shard} if shard else {}
     model.save_pretrained(d, safe_serialization=True, **kw)
@@ -226,14 +236,16 @@ def main():
                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
                         bos_token_id=1, eos_token_id=2, pad_token_id=0),
              seed=13, batch=True)
-    if "phi3_longrope" in only:  # longrope past original_max_position_embeddings 8: the prompt (7) takes the short factors, decoding the long
+    # longrope past original_max_position_embeddings 8: the prompt (7) takes the short factors, decoding the long; in
+    # eos_batch the longest row ends at once and still decides the switch (transformers keeps it in the batch)
+    if "phi3_longrope" in only:
         from transformers import Phi3Config, Phi3ForCausalLM
         make("phi3_longrope", Phi3ForCausalLM,
              Phi3Config(**small, original_max_position_embeddings=8,
                         rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.3, 2.1, 3.7],
                                          "long_factor": [1.1, 2.9, 7.5, 16.0]},
                         bos_token_id=1, eos_token_id=2, pad_token_id=0),
-             seed=14, batch=True)
+             seed=14, batch=True, eos_batch=(85, [[10, 11, 12, 13, 14, 15, 16], [20, 21], [30, 31, 32]]))
     if "gemma3_mm" in only:  # Gemma3ForConditionalGeneration (4B-27B): kiln reads its text model; a tiny vision tower beside it, untied
         from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
         text = Gemma3TextConfig(**dict(small, num_hidden_layers=3), num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,

@@ -162,6 +162,12 @@ TEST_CASE("generate: greedy generation is token for token transformers' generate
         for (size_t i = 0; i < want.size(); ++i)
           CHECK(b.finish[i] == (static_cast<int64_t>(want[i].size()) < o.max_new_tokens ? nn::Finish::stop_id : nn::Finish::length));
       }
+      if (e.contains("eos_batch")) {  // a row ends at EOS while the others go on (longrope: it still decides the switch)
+        nn::GenerateOptions eo = o;
+        eo.stop_ids = {e["eos_batch"]["eos"].get<int64_t>()};
+        CHECK(nn::generate(*model, e["eos_batch"]["prompts"].get<std::vector<std::vector<int64_t>>>(), eo).ids ==
+              e["eos_batch"]["greedy"].get<std::vector<std::vector<int64_t>>>());
+      }
     }
   }
 }
@@ -731,8 +737,18 @@ TEST_CASE("import: bad configs are errors naming config.json and the field", "[h
          c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"short_factor", {1.0}}};
        },
        {"rope_scaling", "'short_factor' does not apply"}},
-      {"phi3", [](json& c) { c["rope_parameters"]["partial_rotary_factor"] = 0.1; }, {"partial_rotary_factor 0.1", "even number"}},
+      {"phi3",
+       [](json& c) { c["rope_parameters"]["partial_rotary_factor"] = 0.1; },
+       {"config.json", "partial_rotary_factor 0.1", "even number"}},
       {"phi3", [](json& c) { c["partial_rotary_factor"] = 0.25; }, {"'partial_rotary_factor' (0.25)", "disagree"}},
+      {"phi3_longrope",
+       [](json& c) { c["original_max_position_embeddings"] = 0; },
+       {"config.json", "original_max_position_embeddings", "positive"}},
+      {"phi3_longrope",
+       [](json& c) {
+         c["rope_parameters"]["short_factor"] = {1.0, 0.0, 1.0, 1.0};
+       },
+       {"rope_parameters.short_factor", "positive factors"}},
   };
   int i = 0;
   for (const Case& k : cases) {
