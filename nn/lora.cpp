@@ -30,7 +30,7 @@ struct PeftName {
   std::string path;
   int64_t rope_heads = 0, rope_rotary = 0;  // RoPE rows re-ordered (hf::rope_rows_order)
   bool fan_in_fan_out = false;
-  int64_t part = 0, parts = 1;  // a slice of a fused module (GPT-2's c_attn)
+  int64_t part = 0, parts = 1;  // a slice of a fused module (GPT-2's c_attn, Phi-3's qkv_proj and gate_up_proj)
 };
 
 std::string strip_weight(const std::string& name) {
@@ -93,8 +93,6 @@ std::string glob_regex(const std::vector<std::string>& patterns) {
   return re;
 }
 
-// lora_B rows between the checkpoint's head layout [H, 2, hd/2] and kiln's interleaved [H, hd/2, 2]
-// (nn/hf/causal_lm.cpp re-orders q_proj/k_proj this way on import).
 template <Backend B> struct Wrapped {
   std::string path;
   Linear<B>* linear;
