@@ -391,17 +391,7 @@ std::vector<double> inv_freq_over(const RopeSpec& r, int64_t head_dim) {
   }
   return inv;
 }
-}  // namespace
 
-int64_t rotary_dim(const RopeSpec& r, int64_t head_dim) {
-  const auto rd = static_cast<int64_t>(static_cast<double>(head_dim) * r.partial_rotary_factor);  // int() as transformers
-  KILN_CHECK(r.partial_rotary_factor > 0 && r.partial_rotary_factor <= 1 && rd >= 2 && rd % 2 == 0,
-             "hf: partial_rotary_factor {} of head_dim {} turns {} values; kiln needs an even number in [2, head_dim]",
-             r.partial_rotary_factor, head_dim, rd);
-  return rd;
-}
-
-namespace {
 // [head_dim/2]: the frequencies over the turned values, 0 for the pairs after them.
 std::vector<double> padded(const std::vector<double>& inv, int64_t head_dim) {
   std::vector<double> full(static_cast<size_t>(head_dim / 2), 0.0);
@@ -421,6 +411,14 @@ std::vector<double> longrope_inv_freq(const RopeSpec& r, const std::vector<doubl
   return inv;
 }
 }  // namespace
+
+int64_t rotary_dim(const RopeSpec& r, int64_t head_dim) {
+  const auto rd = static_cast<int64_t>(static_cast<double>(head_dim) * r.partial_rotary_factor);  // int() as transformers
+  KILN_CHECK(r.partial_rotary_factor > 0 && r.partial_rotary_factor <= 1 && rd >= 2 && rd % 2 == 0,
+             "hf: partial_rotary_factor {} of head_dim {} turns {} values; kiln needs an even number in [2, head_dim]",
+             r.partial_rotary_factor, head_dim, rd);
+  return rd;
+}
 
 std::vector<double> rope_inv_freq(const RopeSpec& r, int64_t head_dim) {
   const int64_t rd = rotary_dim(r, head_dim);

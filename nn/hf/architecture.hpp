@@ -159,6 +159,8 @@ nlohmann::json llama_family_config(const Spec& s, const char* model_type);
 // config.json's sliding_window as Mistral's and Qwen's config classes read it: absent 4096 (their
 // default), null none (nullopt), else the integer (not checked further).
 std::optional<int64_t> sliding_window_field(ConfigReader& c);
+// config.json's layer_types for Spec::sliding_layers ("sliding_attention" / "full_attention").
+nlohmann::json layer_types_field(const Spec& s);
 }  // namespace detail
 
 }  // namespace kiln::hf

@@ -194,9 +194,7 @@ nlohmann::json gemma_config(const Spec& s) {
   j["final_logit_softcapping"] = s.final_softcap > 0 ? nlohmann::json(s.final_softcap) : nlohmann::json(nullptr);
   j["attn_logit_softcapping"] = s.attn_softcap > 0 ? nlohmann::json(s.attn_softcap) : nlohmann::json(nullptr);
   j["sliding_window"] = s.sliding_window > 0 ? nlohmann::json(s.sliding_window) : nlohmann::json(nullptr);
-  nlohmann::json types = nlohmann::json::array();
-  for (const bool sliding : s.sliding_layers) types.push_back(sliding ? "sliding_attention" : "full_attention");
-  j["layer_types"] = types;
+  j["layer_types"] = layer_types_field(s);
   if (version == 3) {  // the full layers' RoPE as rope_theta/rope_scaling, the sliding layers' default one as rope_local_base_freq
     KILN_CHECK(s.local_rope.type == "default", "hf::save_pretrained: Gemma 3's sliding layers have a default RoPE, not \"{}\"",
                s.local_rope.type);

@@ -138,6 +138,12 @@ std::optional<int64_t> sliding_window_field(ConfigReader& c) {
   return w->get<int64_t>();
 }
 
+nlohmann::json layer_types_field(const Spec& s) {
+  nlohmann::json types = nlohmann::json::array();
+  for (const bool sliding : s.sliding_layers) types.push_back(sliding ? "sliding_attention" : "full_attention");
+  return types;
+}
+
 // The fields llama_family_spec reads, from a Spec (the export's config.json).
 nlohmann::json llama_family_config(const Spec& s, const char* model_type) {
   const std::string type = model_type;

@@ -36,9 +36,7 @@ void write_sliding_window(const Spec& s, nlohmann::json& j) {
   j["use_sliding_window"] = s.sliding_window > 0;
   if (s.sliding_window == 0) return;  // the source's sliding_window and max_window_layers (if any) act on nothing
   j["sliding_window"] = s.sliding_window;
-  nlohmann::json types = nlohmann::json::array();
-  for (const bool sliding : s.sliding_layers) types.push_back(sliding ? "sliding_attention" : "full_attention");
-  j["layer_types"] = types;
+  j["layer_types"] = layer_types_field(s);
 }
 
 Spec qwen2_spec(const ModelDir& d) {
