@@ -66,10 +66,10 @@ Spec llama_family_spec(ConfigReader& c, const ModelDir& d, const FamilyDefaults&
     if (s.rope.type == "longrope") {  // one factor per turned pair
       const int64_t pairs = rotary_dim(s.rope, s.head_dim) / 2;
       const char* field = c.raw("rope_parameters") ? "rope_parameters" : "rope_scaling";
-      for (const auto& [name, f] : {std::pair{"short_factor", &s.rope.short_factor}, std::pair{"long_factor", &s.rope.long_factor}})
-        KILN_CHECK(static_cast<int64_t>(f->size()) == pairs,
-                   "{}: '{}.{}' has {} factors; longrope needs {} ({} of head_dim {} turned, in pairs)", c.path(), field, name, f->size(),
-                   pairs, 2 * pairs, s.head_dim);
+      for (const auto& [name, factors] : {std::pair{"short_factor", &s.rope.short_factor}, std::pair{"long_factor", &s.rope.long_factor}})
+        KILN_CHECK(static_cast<int64_t>(factors->size()) == pairs,
+                   "{}: '{}.{}' has {} factors; longrope needs {} ({} of head_dim {} turned, in pairs)", c.path(), field, name,
+                   factors->size(), pairs, 2 * pairs, s.head_dim);
     }
     s.inv_freq = rope_inv_freq(s.rope, s.head_dim);
     s.long_inv_freq = rope_long_inv_freq(s.rope, s.head_dim);
