@@ -20,7 +20,7 @@ install(FILES ${PROJECT_SOURCE_DIR}/docs/formats.md ${PROJECT_SOURCE_DIR}/docs/s
 
 # Public headers: every .hpp of the library's folders but these, which are the backends' insides.
 set(KILN_PRIVATE_HEADERS backends/cpu/common.hpp backends/cpu/vecmath.hpp backends/cuda/runtime.hpp dist/detail.hpp dist/mpi.hpp text/detail.hpp
-                         backends/cuda/testing.hpp formats/json_fields.hpp core/env.hpp)
+                         backends/cuda/testing.hpp formats/json_fields.hpp core/env.hpp text/regex.hpp)
 set(KILN_PUBLIC_HEADERS)
 foreach(d ${KILN_HEADER_DIRS})
   file(GLOB_RECURSE hs RELATIVE ${PROJECT_SOURCE_DIR} CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${d}/*.hpp)

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <regex>
+#include <memory>
 #include <set>
 
 #include <fmt/format.h>
@@ -18,6 +18,7 @@
 #include "kiln/nn/hf/architecture.hpp"
 #include "kiln/nn/init.hpp"
 #include "kiln/nn/layers.hpp"
+#include "kiln/text/regex.hpp"
 
 namespace kiln::nn {
 
@@ -59,9 +60,10 @@ template <Backend B> std::map<std::string, PeftName> peft_names(const Module<B>&
 
 bool is_glob(const std::string& p) { return p.find_first_of("*?[") != std::string::npos; }
 
-// PEFT's rule for a name in a list: the path itself or its last dotted components; a glob: the path.
-bool matches(const LoraOptions& o, const std::string& path) {
-  if (!o.target_regex.empty()) return std::regex_match(path, std::regex(o.target_regex));
+// PEFT's rule for a name in a list: the path itself or its last dotted components; a glob: the path;
+// target_regex (`re`): the whole path, as Python's re.fullmatch.
+bool matches(const LoraOptions& o, const text::Regex* re, const std::string& path) {
+  if (re != nullptr) return re->full_match(path);
   for (const auto& p : o.target_modules) {
     if (is_glob(p) ? fnmatch(p.c_str(), path.c_str(), 0) == 0 : path == p || path.ends_with("." + p)) return true;
   }
@@ -173,13 +175,7 @@ template <Backend B> std::vector<std::string> apply_lora(Module<B>& model, const
   KILN_CHECK(std::isfinite(o.alpha), "apply_lora: alpha must be finite, got {}", o.alpha);
   KILN_CHECK(o.bias == "none", "apply_lora: bias '{}' is not implemented (kiln has 'none': biases stay frozen)", o.bias);
   KILN_CHECK(o.target_modules.empty() || o.target_regex.empty(), "apply_lora: give target_modules or target_regex, not both");
-  if (!o.target_regex.empty()) {
-    try {
-      std::regex check(o.target_regex);
-    } catch (const std::regex_error& e) {
-      fail("apply_lora: target regex '{}' is invalid: {}", o.target_regex, e.what());
-    }
-  }
+  const auto re = o.target_regex.empty() ? nullptr : std::make_unique<text::Regex>(o.target_regex, "apply_lora: target_regex");
   const auto names = peft_names(model);
   struct Match {
     std::string path;
@@ -197,7 +193,7 @@ template <Backend B> std::vector<std::string> apply_lora(Module<B>& model, const
     if (lin != nullptr && lin->adapter() != nullptr) wrapped_prefixes.push_back(path);
     const auto it = names.find(path);
     const PeftName name = it != names.end() ? it->second : PeftName{path};
-    if (!matches(o, name.path)) continue;
+    if (!matches(o, re.get(), name.path)) continue;
     KILN_CHECK(lin != nullptr, "apply_lora: target {} matches module '{}', which is not a Linear (LoRA wraps Linear layers only)",
                patterns_str(o), name.path);
     KILN_CHECK(lin->adapter() == nullptr, "apply_lora: module '{}' has an adapter already", name.path);

@@ -16,9 +16,10 @@
 // Face module ("model.layers.0.self_attn.q_proj", "transformer.h.0.mlp.c_fc"); for any other model, the
 // kiln path ("layers.0.attn.q_proj"). Patterns match PEFT paths: a name without wildcards matches the
 // path or its last dotted components (PEFT's rule: "q_proj", "self_attn.q_proj"); a glob ("*.mlp.*",
-// '*' and '?') matches the whole path; target_regex is PEFT's string form (a regex, full match). In
-// kiln the adapter's parameters are "<kiln path>.lora_A.weight" / ".lora_B.weight"; in the saved file
-// they are "base_model.model.<PEFT path>.lora_A.weight" / ".lora_B.weight", as PEFT writes them.
+// '*' and '?') matches the whole path; target_regex is PEFT's string form (a regex in Python's syntax,
+// which PCRE2 reads; a full match). In kiln the adapter's parameters are "<kiln path>.lora_A.weight" /
+// ".lora_B.weight"; in the saved file they are "base_model.model.<PEFT path>.lora_A.weight" /
+// ".lora_B.weight", as PEFT writes them.
 //
 // Imported models: the adapter follows the checkpoint layout PEFT sees. Llama-family q_proj/k_proj
 // rows are re-ordered on import (nn/hf/causal_lm.hpp), so lora_B's rows are re-ordered the same way on

@@ -10,8 +10,6 @@
 // ByteLevel works on bytes here: instead of spelling each byte as its stand-in character and looking
 // the characters up, the model maps bytes to ids directly (the same ids; the vocabulary is re-keyed by
 // the bytes a byte-level token stands for).
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
 #include <utf8proc.h>
 
 #include <algorithm>
@@ -26,6 +24,7 @@
 
 #include "kiln/core/error.hpp"
 #include "kiln/text/detail.hpp"
+#include "kiln/text/regex.hpp"
 
 namespace kiln::text::detail {
 namespace {
@@ -79,47 +78,10 @@ const ByteMap& byte_map() {
   return m;
 }
 
-// A compiled PCRE2 pattern (UTF, Unicode properties for \s \w \d and case folding), JIT-compiled.
-class Regex {
- public:
-  Regex(const std::string& pattern, const Ctx& ctx, const std::string& field) : pattern_(pattern) {
-    int err = 0;
-    PCRE2_SIZE off = 0;
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
-    if (!code_) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof msg);
-      ctx.fail(field, fmt::format("the regex '{}' does not compile (PCRE2, at offset {}): {}", pattern, off, reinterpret_cast<char*>(msg)));
-    }
-    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // falls back to the interpreter where JIT is unavailable
-  }
-  Regex(const Regex&) = delete;
-  Regex& operator=(const Regex&) = delete;
-  ~Regex() { pcre2_code_free(code_); }
-  // The first match in s at or after `start`: [begin, end). The text is valid UTF-8 (checked once).
-  bool find(std::string_view s, size_t start, size_t& begin, size_t& end) const {
-    thread_local struct Data {
-      pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
-      ~Data() { pcre2_match_data_free(md); }
-    } data;
-    const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), start, PCRE2_NO_UTF_CHECK, data.md, nullptr);
-    if (rc == PCRE2_ERROR_NOMATCH) return false;
-    if (rc < 0) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(rc, msg, sizeof msg);
-      throw Error(
-          fmt::format("tokenizer: the regex '{}' failed on a text of {} bytes: {}", pattern_, s.size(), reinterpret_cast<char*>(msg)));
-    }
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data.md);
-    begin = ov[0];
-    end = ov[1];
-    return true;
-  }
-
- private:
-  std::string pattern_;
-  pcre2_code* code_ = nullptr;
-};
+// The PCRE2 regex of a tokenizer.json field; compile errors name the file and the field.
+std::unique_ptr<Regex> regex(const std::string& pattern, const Ctx& ctx, const std::string& field) {
+  return std::make_unique<Regex>(pattern, fmt::format("tokenizer: {}: {}", ctx.file, field));
+}
 
 // Rust's char::is_whitespace / regex \s: the White_Space property.
 bool is_white_space(uint32_t c) {
@@ -494,7 +456,7 @@ std::string base64_decode(const std::string& in, const Ctx& ctx, const std::stri
 std::pair<std::string, std::unique_ptr<Regex>> parse_pattern(const json& j, const Ctx& ctx, const std::string& field) {
   const json& p = ctx.get(j, field, "pattern");
   if (p.is_object() && p.contains("Regex") && p.at("Regex").is_string())
-    return {p.at("Regex").get<std::string>(), std::make_unique<Regex>(p.at("Regex").get<std::string>(), ctx, field + ".pattern.Regex")};
+    return {p.at("Regex").get<std::string>(), regex(p.at("Regex").get<std::string>(), ctx, field + ".pattern.Regex")};
   if (p.is_object() && p.contains("String") && p.at("String").is_string()) return {p.at("String").get<std::string>(), nullptr};
   ctx.fail(field + ".pattern", "must be {\"String\": ...} or {\"Regex\": ...}");
 }
@@ -669,7 +631,7 @@ const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p
 }  // namespace
 
 void byte_level_pieces(std::string_view text, const std::function<void(std::string_view)>& piece) {
-  static const Regex re(kGpt2Pattern, Ctx{"(GPT-2 pre-tokenizer)"}, "pattern");
+  static const Regex re(kGpt2Pattern, "tokenizer: (GPT-2 pre-tokenizer): pattern");
   // as split_pieces with Behavior::Isolated: the matches and the text between them (the GPT-2 regex
   // leaves none, but a gap would be a piece of its own there too)
   size_t pos = 0, at = 0, begin = 0, end = 0;
@@ -693,7 +655,7 @@ namespace {
 class ByteLevelPre : public PreTokenizer {
  public:
   ByteLevelPre(bool add_prefix_space, bool use_regex, const Ctx& ctx, const std::string& field) : add_prefix_space_(add_prefix_space) {
-    if (use_regex) re_ = std::make_unique<Regex>(kGpt2Pattern, ctx, field);
+    if (use_regex) re_ = regex(kGpt2Pattern, ctx, field);
   }
   void apply(std::string& buf, std::vector<Piece>& pieces) const override {
     if (add_prefix_space_) {
@@ -867,7 +829,7 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& j, const Ctx& ctx,
   }
   if (type == "Digits") {
     const bool individual = ctx.boolean(j, field, "individual_digits", false);
-    return std::make_unique<SplitPre>("", std::make_unique<Regex>(individual ? "\\p{N}" : "\\p{N}+", ctx, field), Behavior::Isolated);
+    return std::make_unique<SplitPre>("", regex(individual ? "\\p{N}" : "\\p{N}+", ctx, field), Behavior::Isolated);
   }
   if (type == "Sequence") {
     const json& list = ctx.get(j, field, "pretokenizers");

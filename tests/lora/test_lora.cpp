@@ -218,6 +218,30 @@ TEST_CASE("lora: globs match whole paths, names match last components, as PEFT c
   CHECK(nn::apply_lora(*e, {.r = 2, .target_modules = {"1.self_attn.q_proj"}}) == std::vector<std::string>{"layers.1.attn.q_proj"});
 }
 
+// target_regex is Python's re.fullmatch (PEFT's check_target_module_exists): PCRE2 reads the Perl-style
+// syntax Python has and ECMAScript (std::regex) lacks: lookbehind, (?P<name>...) groups, \Z. A partial
+// match selects nothing; a pattern that does not compile is an error naming it.
+TEST_CASE("lora: target_regex is a full match in Python's regex syntax cpu", "[lora]") {
+  const std::vector<std::string> qv = {"layers.0.attn.q_proj", "layers.0.attn.v_proj", "layers.1.attn.q_proj", "layers.1.attn.v_proj"};
+  for (const char* re :
+       {R"(model\.layers\.\d+\.self_attn\.[qv]_proj)", R"(.*(?<=self_attn\.)(?P<which>q|v)_proj\Z)", R"((?i).*SELF_ATTN\.(Q|V)_PROJ)"}) {
+    auto m = hf::load_causal_lm<Cpu>(kFixtures + "llama");
+    CHECK(nn::apply_lora(*m, {.r = 2, .target_regex = re}) == qv);
+  }
+  // re.fullmatch("q_proj", "model.layers.0.self_attn.q_proj") is None: a regex is no name, and a match
+  // of the path's beginning is none either.
+  for (const char* re : {"q_proj", R"(.*self_attn\.q)"})
+    CHECK_THAT(error_of([&] { nn::apply_lora(*hf::load_causal_lm<Cpu>(kFixtures + "llama"), {.r = 2, .target_regex = re}); }),
+               Catch::Contains(fmt::format("regex '{}' matches no module", re)));
+  // The first alternative matches a beginning of the path; the match goes on to the one that ends it.
+  auto m = hf::load_causal_lm<Cpu>(kFixtures + "llama");
+  CHECK(nn::apply_lora(*m, {.r = 2, .target_regex = R"(.*\.q|.*\.q_proj)"}) ==
+        std::vector<std::string>{"layers.0.attn.q_proj", "layers.1.attn.q_proj"});
+  CHECK_THAT(error_of([&] { nn::apply_lora(*hf::load_causal_lm<Cpu>(kFixtures + "llama"), {.r = 2, .target_regex = "(q|v_proj"}); }),
+             Catch::Contains(
+                 "apply_lora: target_regex: the regex '(q|v_proj' does not compile (PCRE2, at offset 9): missing closing parenthesis"));
+}
+
 // No targets given: PEFT's default for the model type (its TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING,
 // read in PEFT 0.21.2): GPT-2's fused c_attn, Llama's q_proj and v_proj; kiln's own GPT: q_proj, v_proj.
 TEST_CASE("lora: without targets, apply_lora takes PEFT's defaults for the model type cpu", "[lora]") {
