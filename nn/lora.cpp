@@ -74,21 +74,47 @@ std::string patterns_str(const LoraOptions& o) {
   return o.target_regex.empty() ? fmt::format("[{}]", fmt::join(o.target_modules, ", ")) : "regex '" + o.target_regex + "'";
 }
 
-// The regex PEFT reads (a string target_modules, full match) for patterns with globs.
+// The regex PEFT reads (a string target_modules, full match) for patterns with globs: each glob as
+// fnmatch(3) reads it (flags 0: '*', '?', bracket sets with ranges and '!' or '^' negating, '\\'
+// quoting the next character), each name as PEFT's rule (the path or its last dotted components).
 std::string glob_regex(const std::vector<std::string>& patterns) {
+  const auto literal = [](char c) {
+    return std::string_view("\\^$.|+*?()[]{}").find(c) != std::string_view::npos ? std::string("\\") + c : std::string(1, c);
+  };
   std::string re;
   for (const auto& p : patterns) {
     re += re.empty() ? "(" : "|(";
     if (!is_glob(p)) re += "(.*\\.)?";
-    for (const char c : p) {
-      if (c == '*')
+    for (size_t i = 0; i < p.size(); ++i) {
+      const char c = p[i];
+      if (c == '*') {
         re += ".*";
-      else if (c == '?')
+      } else if (c == '?') {
         re += ".";
-      else if (std::string_view("\\^$.|+()[]{}").find(c) != std::string_view::npos)
-        re += std::string("\\") + c;
-      else
-        re += c;
+      } else if (c == '\\' && i + 1 < p.size()) {
+        re += literal(p[++i]);
+      } else if (c == '[') {  // a set ends at the first ']' after its first character (a ']' there is one)
+        size_t j = i + 1;
+        if (j < p.size() && (p[j] == '!' || p[j] == '^')) ++j;
+        if (j < p.size() && p[j] == ']') ++j;
+        while (j < p.size() && p[j] != ']') ++j;
+        if (j == p.size()) {  // no closing ']': fnmatch reads the '[' as itself
+          re += "\\[";
+          continue;
+        }
+        re += '[';
+        size_t k = i + 1;
+        if (p[k] == '!' || p[k] == '^') {
+          re += '^';
+          ++k;
+        }
+        for (; k < j; ++k)
+          re += (p[k] == '\\' || p[k] == '[' || p[k] == ']' || p[k] == '^') ? std::string("\\") + p[k] : std::string(1, p[k]);
+        re += ']';
+        i = j;
+      } else {
+        re += literal(c);
+      }
     }
     re += ")";
   }

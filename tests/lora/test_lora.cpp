@@ -213,6 +213,24 @@ TEST_CASE("lora: globs match whole paths, names match last components, as PEFT c
   REQUIRE(c["target_modules"].is_string());
   auto d = hf::load_causal_lm<Cpu>(kFixtures + "llama");
   CHECK(nn::load_lora(*d, tmp.str()) == from_glob);
+  // Bracket sets (a range, '!' negating) and a quoted character: the saved regex selects what fnmatch did.
+  for (const char* glob : {"*.[1].self_attn.[!k]_proj", "model.layers.[0-9].mlp.[dg]*_proj", R"(*.[\!]q_proj)", "*\\.q_proj"}) {
+    auto f = hf::load_causal_lm<Cpu>(kFixtures + "llama");
+    std::vector<std::string> picked;
+    try {
+      picked = nn::apply_lora(*f, {.r = 2, .target_modules = {glob}});
+    } catch (const Error&) {  // matches no module: the regex must not either
+    }
+    CAPTURE(glob, picked);
+    if (picked.empty()) continue;
+    TempDir dir("bracket");
+    nn::save_lora(*f, dir.str());
+    auto g = hf::load_causal_lm<Cpu>(kFixtures + "llama");
+    CHECK(nn::load_lora(*g, dir.str()) == picked);
+  }
+  auto sets = hf::load_causal_lm<Cpu>(kFixtures + "llama");
+  CHECK(nn::apply_lora(*sets, {.r = 2, .target_modules = {"*.[1].self_attn.[!k]_proj"}}) ==
+        std::vector<std::string>{"layers.1.attn.q_proj", "layers.1.attn.v_proj", "layers.1.attn.o_proj"});
   // A dotted suffix: only layer 1's q_proj.
   auto e = hf::load_causal_lm<Cpu>(kFixtures + "llama");
   CHECK(nn::apply_lora(*e, {.r = 2, .target_modules = {"1.self_attn.q_proj"}}) == std::vector<std::string>{"layers.1.attn.q_proj"});
