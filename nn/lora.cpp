@@ -108,8 +108,7 @@ std::string glob_regex(const std::vector<std::string>& patterns) {
           re += '^';
           ++k;
         }
-        for (; k < j; ++k)
-          re += (p[k] == '\\' || p[k] == '[' || p[k] == ']' || p[k] == '^') ? std::string("\\") + p[k] : std::string(1, p[k]);
+        for (; k < j; ++k) re += literal(p[k]);  // ranges' '-' stays; an escaped character is itself in a set
         re += ']';
         i = j;
       } else {
