@@ -51,6 +51,9 @@
 #             masks and YaRN's tables on a GPU, written after it), racecheck over test_attention's Cuda cases after
 #             the 10th (the first 8 and both bf16/f16 bound tests ran under it then), then lease5b (targets kiln_cli
 #             test_attention test_hf)
+#   lease10   what the eighth lease (2026-11-28) had to run: test_hf's Cuda cases (the Hugging Face decoders'
+#             pieces written since the seventh lease), activation checkpointing's memory on a GPU, then racecheck
+#             over test_attention's Cuda cases after the 10th (targets kiln_cli test_attention test_hf)
 #   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
 #
 # KILN_GPU_TARGETS="t1 t2 ...": build only these targets (default: all), to save a short lease's minutes.
@@ -253,6 +256,49 @@ phase_lease9() {
   return $rc
 }
 
+# What the eighth lease (2026-11-28) had to run: test_hf's Cuda cases (Qwen3's q/k norms, sliding windows,
+# YaRN and longrope tables, Gemma 1/2/3 with Gemma 2's capped decomposed attention, Phi-3; all written after
+# the seventh lease), activation checkpointing's memory on a GPU (never measured: the GPT-2-small step with
+# it off and on, the device's memory polled by nvidia-smi), then racecheck over test_attention's Cuda cases
+# after the 10th, cut by the deadline (targets kiln_cli test_attention test_hf).
+phase_lease10() {
+  local rc=0 t0=$SECONDS rest
+  build-gpu/tests/test_hf "*Cuda*,[cuda]" || rc=1
+  echo "--- test_hf Cuda: $((SECONDS - t0)) s"
+  checkpoint_memory || rc=1
+  echo "--- checkpointing memory: $((SECONDS - t0)) s"
+  rest="$(build-gpu/tests/test_attention "*Cuda*" --list-test-names-only | grep . | tail -n +11 | sed 's/[],[]/\\&/g' | paste -sd, -)"
+  compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_attention "$rest" || rc=1
+  echo "--- racecheck: $((SECONDS - t0)) s"
+  return $rc
+}
+
+# GPT-2-small (B 8, T 1024) trained 6 steps by `kiln train --device cuda` with activation checkpointing
+# off and on, in f32 and bf16: the device's peak memory in use (nvidia-smi every 100 ms, less what was in
+# use before) and the median step time of steps 2.. .
+checkpoint_memory() {
+  local d rc=0 p ck base peak ms
+  d="$(mktemp -d)" || return 1
+  echo '{"vocab_size": 50304, "d_model": 768, "n_layers": 12, "n_heads": 12, "max_seq_len": 1024, "attention": "mha"}' > "$d/m.json"
+  "$KILN_PYTHON" tests/reference/kiln_ref.py tokens --vocab 50304 --n 200000 --out "$d/tok.safetensors" || rc=1
+  base="$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)"
+  for p in f32 bf16; do
+    for ck in false true; do
+      echo "{\"batch_size\": 8, \"seq_len\": 1024, \"steps\": 6, \"precision\": \"$p\", \"activation_checkpointing\": $ck}" > "$d/t.json"
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$d/mem.txt" &
+      local poll=$!
+      build-gpu/kiln train --model "$d/m.json" --train "$d/t.json" --data "$d/tok.safetensors" --device cuda --log "$d/log.jsonl" \
+        --progress off || rc=1
+      kill "$poll"; wait "$poll" 2>/dev/null
+      peak="$(sort -n "$d/mem.txt" | tail -1)"
+      ms="$("$KILN_PYTHON" -c 'import json,statistics,sys; r=[json.loads(l) for l in open(sys.argv[1]) if "\"ms\"" in l]; print(statistics.median(x["ms"] for x in r[2:]))' "$d/log.jsonl")"
+      echo "{\"precision\": \"$p\", \"activation_checkpointing\": $ck, \"peak_mib_over_idle\": $((peak - base)), \"median_step_ms\": $ms}"
+    done
+  done
+  rm -rf "$d"
+  return $rc
+}
+
 phase_profile() {
   build-gpu/tests/test_profile "[cuda]" && phase_profile_exit
 }
@@ -282,7 +328,7 @@ phase_bench() {
   build-gpu/bench/bench_cuda && "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln
 }
 
-export -f phase_profile_exit attention_benchmarks half_attention_checks phase_lease5b
+export -f phase_profile_exit attention_benchmarks half_attention_checks phase_lease5b checkpoint_memory
 start=$SECONDS
 deadline="${KILN_GPU_DEADLINE_S:-0}"
 for p in "$@"; do
