@@ -68,6 +68,18 @@ Scope::~Scope() {
   if (--g_depth == 0) clear_caches();
 }
 
+DType cast_dtype(Op op, DType d) {
+  switch (policy(op)) {
+    case Policy::low:
+      return enabled() && (d == DType::f32 || is_half(d)) ? g_dtype : d;
+    case Policy::f32:
+      return enabled() && is_half(d) ? DType::f32 : d;
+    case Policy::promote:
+      break;
+  }
+  return d;
+}
+
 template <Backend B> Var<B> to_low(const Var<B>& x) {
   const DType d = x.dtype();
   if (!enabled() || d == g_dtype || !(d == DType::f32 || is_half(d))) return x;

@@ -97,6 +97,9 @@ const char* name(Op op);
 // The one function the ops call: x as op computes with it under the active scope (the table's low or
 // f32 policy; identity when autocast is off, for promote ops, and for f64 or integer inputs).
 template <Backend B> KILN_API Var<B> cast(Op op, const Var<B>& x);
+// The dtype cast(op, x) gives an x of dtype d, without casting: for an op that computes as the cast
+// would without it (nn::cross_entropy on a backend that reads half logits).
+KILN_API DType cast_dtype(Op op, DType d);
 // The two casts the policies apply (identity when autocast is off or nothing needs casting).
 template <Backend B> KILN_API Var<B> to_low(const Var<B>& x);  // f32/bf16/f16 -> the low dtype
 template <Backend B> KILN_API Var<B> to_f32(const Var<B>& x);  // bf16/f16 -> f32

@@ -14,6 +14,8 @@
 //       ℓ = w·((1 − y)·x + l·(log(e^−m + e^(−x−m)) + m)),  m = max(−x, 0)
 //       dx = w·(l·σ(x) − pw·y)                           dy = w·(log σ(−x) − pw·log σ(x))
 // (PyTorch 1.13's formulas, pw = 1 when pos_weight is undefined.) Under autocast both run in f32.
+#include <optional>
+
 #include "kiln/autograd/var.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
@@ -22,8 +24,9 @@ namespace kiln::autograd {
 template <Backend B> struct LossOps {
   using X = Var<B>;
   // logits [N, C], targets i64 [N] in [0, C) or ignore_index (the caller checks the values); the
-  // per-row loss [N] in the logits' dtype.
-  static X cross_entropy(const X& logits, const Tensor<B>& targets, int64_t ignore_index, double label_smoothing);
+  // per-row loss [N] in loss_dtype (none: the logits' dtype), the logits' gradient in theirs.
+  static X cross_entropy(const X& logits, const Tensor<B>& targets, int64_t ignore_index, double label_smoothing,
+                         std::optional<DType> loss_dtype = std::nullopt);
   // p in [0, 1] (a kiln::Error names the offending range otherwise), y the same shape as p.
   static X binary_cross_entropy(const X& p, const X& y, const Tensor<B>& weight);
   static X binary_cross_entropy_with_logits(const X& x, const X& y, const Tensor<B>& weight, const Tensor<B>& pos_weight);

@@ -11,6 +11,12 @@
 //   cross_entropy_backward(MutView dlogits, View logits, View lse, View targets, View g, int64_t ignore_index, double smoothing)
 // receiving contiguous f32/f64 logits [N, C] (half types are converted here), i64 targets [N] whose
 // values are already checked (in [0, C) or ignore_index), loss/lse/g [N] in the logits' dtype.
+// A backend that also declares `static constexpr bool cross_entropy_half = true` receives bf16/f16
+// logits as they are (not converted here) with loss/lse/g in f32, and writes dlogits in the logits'
+// dtype. It must compute as the conversion would: in f32 on the widened values, each dlogit rounded
+// once (tests/loss checks it bit for bit). No f32 copy of the [N, C] logits is made then, in either
+// pass: under autocast, whose f32 policy would keep one alive from the forward to the backward, the
+// largest activation of a language model's step is kept at half the size (nn/loss.cpp).
 #include <utility>
 
 #include "kiln/core/tensor.hpp"
@@ -24,6 +30,11 @@ concept HasCrossEntropy = requires(MutView<typename B::Storage> out, View<typena
   B::cross_entropy_backward(out, in, in, in, in, ignore, s);
 };
 
+template <class B>
+concept CrossEntropyHalf = requires {
+  requires B::cross_entropy_half;
+};
+
 namespace detail {
 inline void ce_check(const char* op, const Shape& x, const Shape& t, DType xd, DType td) {
   KILN_CHECK(x.size() == 2 && x[1] > 0, "{}: logits must be [N, C] with C > 0, got {}", op, shape_str(x));
@@ -31,6 +42,8 @@ inline void ce_check(const char* op, const Shape& x, const Shape& t, DType xd, D
   KILN_CHECK(td == DType::i64 && t == Shape{x[0]}, "{}: targets must be i64 [{}], got {} {}", op, x[0], td, shape_str(t));
 }
 inline DType ce_compute(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
+// The dtype the backend's kernels receive the logits in: the compute dtype, or a half dtype as it is.
+template <class B> DType ce_input(DType d) { return CrossEntropyHalf<B> && is_half(d) ? d : ce_compute(d); }
 }  // namespace detail
 
 // (loss [N], lse [N]) in f64 for f64 logits, f32 otherwise.
@@ -40,7 +53,7 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> cross_entropy_forward(const
   const DType cd = detail::ce_compute(logits.dtype());
   const int64_t N = logits.size(0);
   if constexpr (HasCrossEntropy<B>) {
-    const Tensor<B> x = logits.to(cd).contiguous(), t = targets.contiguous();
+    const Tensor<B> x = logits.to(detail::ce_input<B>(logits.dtype())).contiguous(), t = targets.contiguous();
     Tensor<B> loss = Tensor<B>::empty({N}, cd), lse = Tensor<B>::empty({N}, cd);
     if (N) KILN_PROFILED("cross_entropy_forward", loss, lse, x, t)
     B::cross_entropy_forward(loss.mview(), lse.mview(), x.cview(), t.cview(), ignore_index, smoothing);
@@ -67,9 +80,9 @@ template <Backend B> Tensor<B> cross_entropy_backward(const Tensor<B>& logits, c
              shape_str(lse.shape()), shape_str(g.shape()), N);
   const DType cd = detail::ce_compute(logits.dtype());
   if constexpr (HasCrossEntropy<B>) {
-    const Tensor<B> x = logits.to(cd).contiguous(), t = targets.contiguous();
+    const Tensor<B> x = logits.to(detail::ce_input<B>(logits.dtype())).contiguous(), t = targets.contiguous();
     const Tensor<B> l = lse.to(cd).contiguous(), gc = g.to(cd).contiguous();
-    Tensor<B> dx = Tensor<B>::empty({N, C}, cd);
+    Tensor<B> dx = Tensor<B>::empty({N, C}, x.dtype());
     if (N) KILN_PROFILED("cross_entropy_backward", dx, x, l, t)
     B::cross_entropy_backward(dx.mview(), x.cview(), l.cview(), t.cview(), gc.cview(), ignore_index, smoothing);
     return dx.to(logits.dtype());

@@ -4,11 +4,17 @@
 
 #include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/loss_ops.hpp"
+#include "kiln/core/fused_loss.hpp"
 
 namespace kiln::nn {
 
 template <Backend B> Var<B> cross_entropy(const Var<B>& logits_in, const Tensor<B>& targets, CrossEntropyOptions o) {
-  const Var<B> logits = autocast::cast(autocast::Op::cross_entropy, logits_in);
+  // Autocast's f32 policy: half logits give an f32 loss. A backend whose fused op reads half logits
+  // (fused::CrossEntropyHalf) takes them uncast: the same loss, and the same dlogits (f32, rounded once
+  // to the logits' dtype, as the cast's backward rounds them), but no f32 copy of the logits kept from
+  // the forward to the backward.
+  const DType loss_dtype = autocast::cast_dtype(autocast::Op::cross_entropy, logits_in.dtype());
+  const Var<B> logits = fused::CrossEntropyHalf<B> ? logits_in : autocast::cast(autocast::Op::cross_entropy, logits_in);
   KILN_CHECK(logits.dim() >= 1, "cross_entropy: logits must have rank >= 1, got {}", shape_str(logits.shape()));
   KILN_CHECK(is_integral(targets.dtype()), "cross_entropy: targets must be i32 or i64, got {} (shape {})", targets.dtype(),
              shape_str(targets.shape()));
@@ -31,7 +37,7 @@ template <Backend B> Var<B> cross_entropy(const Var<B>& logits_in, const Tensor<
     kept = counts[1];
   }
   // One recorded op on the fused kernel (autograd/ops/loss.cpp).
-  const Var<B> loss = autograd::LossOps<B>::cross_entropy(logits.reshape({-1, C}), t, o.ignore_index, o.label_smoothing);
+  const Var<B> loss = autograd::LossOps<B>::cross_entropy(logits.reshape({-1, C}), t, o.ignore_index, o.label_smoothing, loss_dtype);
   return loss.sum().div(static_cast<double>(kept));
 }
 

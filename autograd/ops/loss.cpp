@@ -107,13 +107,15 @@ Var<B> LossOps<B>::binary_cross_entropy_with_logits(const X& x_in, const X& y_in
 
 // One recorded op on the fused kernel (core/fused_loss.hpp): backward keeps the logits and lse [N],
 // never the [N, C] log-probabilities.
-template <Backend B> Var<B> LossOps<B>::cross_entropy(const X& x, const Tensor<B>& t, int64_t ignore_index, double label_smoothing) {
+template <Backend B> Var<B> LossOps<B>::cross_entropy(const X& x, const Tensor<B>& t, int64_t ignore_index, double label_smoothing,
+                                                      std::optional<DType> loss_dtype) {
   const Tensor<B> xv = x.value();
   auto [rows_loss, lse] = fused::cross_entropy_forward(xv, t, ignore_index, label_smoothing);
   // lse = lse: clang 14 (fuzz/) captures no structured binding by name.
-  return record<B>("cross_entropy", rows_loss.to(x.dtype()), {&x}, [xv, lse = lse, t, ignore_index, label_smoothing](const Tensor<B>& g) {
-    return Grads<B>{fused::cross_entropy_backward(xv, lse, t, g, ignore_index, label_smoothing)};
-  });
+  return record<B>("cross_entropy", rows_loss.to(loss_dtype.value_or(x.dtype())), {&x},
+                   [xv, lse = lse, t, ignore_index, label_smoothing](const Tensor<B>& g) {
+                     return Grads<B>{fused::cross_entropy_backward(xv, lse, t, g, ignore_index, label_smoothing)};
+                   });
 }
 
 #define KILN_INST(B) template struct LossOps<B>;

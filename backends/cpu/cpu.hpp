@@ -39,6 +39,8 @@ struct Cpu {
                                       KILN_FUSED_SUM_SQUARES  // optim.cpp
       // flash attention (attention.cpp): outputs in the inputs' layouts, every element written
       static constexpr bool attention_any_layout = true;
+  // cross-entropy on bf16/f16 logits as they are (softmax.cpp; core/fused_loss.hpp)
+  static constexpr bool cross_entropy_half = true;
   KILN_FUSED_ATTENTION
   KILN_FUSED_DIFF_ATTENTION  // both branches of differential attention in one op (attention.cpp)
       KILN_FUSED_CONV_POOL   // convolution (oneDNN, conv.cpp) and pooling (pool.cpp)

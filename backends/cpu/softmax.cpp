@@ -152,14 +152,15 @@ void Cpu::softmax_lastdim_backward(M dx, V y, V dy, bool log) {
 }
 
 // ------------------------------------------------------------------------------ cross-entropy
-// Fused softmax cross-entropy (contract in core/fused_loss.hpp): rows of contiguous f32/f64 logits
-// [N, C], one row per task. The forward makes one pass for the max and one for Σ exp (into a scratch
-// row); the backward writes exp(x − lse) straight into dx and finishes the row in place.
+// Fused softmax cross-entropy (contract in core/fused_loss.hpp): rows of contiguous f32/f64/bf16/f16
+// logits [N, C], one row per task. The forward makes one pass for the max and one for Σ exp (into a
+// scratch row); the backward writes exp(x − lse) straight into dx and finishes the row in place. A
+// bf16/f16 row is widened into a float row first and the f32 kernel runs on it (loss, lse and g f32);
+// the backward's f32 row is rounded once into dx.
 namespace {
 
-template <class T> void ce_check_views(const char* op, const Layout& x, DType d) {
+void ce_check_views(const char* op, const Layout& x) {
   KILN_CHECK(x.rank() == 2 && x.is_contiguous(), "{}: logits must be contiguous [N, C], got {}", op, shape_str(x.shape));
-  KILN_CHECK(d == DType::f32 || d == DType::f64, "{}: f32/f64 logits only, got {}", op, d);
 }
 
 // scratch: C floats (f32 rows).
@@ -220,43 +221,85 @@ template <class I, class T> void ce_backward_rows(const T* x, const T* lsp, cons
   }
 }
 
+// bf16/f16 rows H through the f32 kernels: buf holds 2C floats (the widened row, then the forward's
+// scratch or the backward's f32 dx row).
+template <class I, class H> void ce_forward_rows_half(const H* x, const int64_t* t, float* lp, float* lsp, int64_t r0, int64_t r1,
+                                                      int64_t C, int64_t ignore_index, double smoothing, float* buf) {
+  for (int64_t i = r0; i < r1; ++i) {
+    const H* row = x + i * C;
+    for (int64_t c = 0; c < C; ++c) buf[c] = static_cast<float>(row[c]);
+    ce_forward_rows<I, float>(buf, t + i, lp + i, lsp + i, 0, 1, C, ignore_index, smoothing, buf + C);
+  }
+}
+
+template <class I, class H> void ce_backward_rows_half(const H* x, const float* lsp, const float* gp, const int64_t* t, H* dx, int64_t r0,
+                                                       int64_t r1, int64_t C, int64_t ignore_index, double smoothing, float* buf) {
+  for (int64_t i = r0; i < r1; ++i) {
+    const H* row = x + i * C;
+    H* d = dx + i * C;
+    for (int64_t c = 0; c < C; ++c) buf[c] = static_cast<float>(row[c]);
+    ce_backward_rows<I, float>(buf, lsp + i, gp + i, t + i, buf + C, 0, 1, C, ignore_index, smoothing);
+    for (int64_t c = 0; c < C; ++c) d[c] = H(buf[C + c]);
+  }
+}
+
 }  // namespace
 
 void Cpu::cross_entropy_forward(M loss, M lse, V logits, V targets, int64_t ignore_index, double smoothing) {
+  ce_check_views("cross_entropy", logits.layout);
   const int64_t N = logits.layout.shape[0], C = logits.layout.shape[1];
+  const int64_t* t = targets.storage.as<int64_t>() + targets.layout.offset;
+  const int64_t grain = std::max<int64_t>(1, kGrainMath / C);
   visit_dtype(logits.dtype, [&]<class T>(type_tag<T>) {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      ce_check_views<T>("cross_entropy", logits.layout, logits.dtype);
       const T* x = logits.storage.as<T>() + logits.layout.offset;
-      const int64_t* t = targets.storage.as<int64_t>() + targets.layout.offset;
       T* lp = loss.storage.as<T>() + loss.layout.offset;
       T* lsp = lse.storage.as<T>() + lse.layout.offset;
       const auto rows = pick<ce_forward_rows<Baseline, T>, ce_forward_rows<Avx2, T>, ce_forward_rows<Avx512, T>>();
-      parallel_for(N, std::max<int64_t>(1, kGrainMath / C), [&](int64_t b, int64_t e) {
+      parallel_for(N, grain, [&](int64_t b, int64_t e) {
         std::vector<float> scratch(std::is_same_v<T, float> ? static_cast<size_t>(C) : 0);
         rows(x, t, lp, lsp, b, e, C, ignore_index, smoothing, scratch.data());
       });
+    } else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
+      const T* x = logits.storage.as<T>() + logits.layout.offset;
+      float* lp = loss.storage.as<float>() + loss.layout.offset;
+      float* lsp = lse.storage.as<float>() + lse.layout.offset;
+      const auto rows = pick<ce_forward_rows_half<Baseline, T>, ce_forward_rows_half<Avx2, T>, ce_forward_rows_half<Avx512, T>>();
+      parallel_for(N, grain, [&](int64_t b, int64_t e) {
+        std::vector<float> buf(static_cast<size_t>(2 * C));
+        rows(x, t, lp, lsp, b, e, C, ignore_index, smoothing, buf.data());
+      });
     } else {
-      fail("cross_entropy: f32/f64 logits only, got {}", logits.dtype);
+      fail("cross_entropy: float logits only, got {}", logits.dtype);
     }
   });
 }
 
 void Cpu::cross_entropy_backward(M dlogits, V logits, V lse, V targets, V g, int64_t ignore_index, double smoothing) {
+  ce_check_views("cross_entropy_backward", logits.layout);
   const int64_t N = logits.layout.shape[0], C = logits.layout.shape[1];
+  const int64_t* t = targets.storage.as<int64_t>() + targets.layout.offset;
+  const int64_t grain = std::max<int64_t>(1, kGrainMath / C);
   visit_dtype(logits.dtype, [&]<class T>(type_tag<T>) {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      ce_check_views<T>("cross_entropy_backward", logits.layout, logits.dtype);
       const T* x = logits.storage.as<T>() + logits.layout.offset;
       const T* lsp = lse.storage.as<T>() + lse.layout.offset;
       const T* gp = g.storage.as<T>() + g.layout.offset;
-      const int64_t* t = targets.storage.as<int64_t>() + targets.layout.offset;
       T* dx = dlogits.storage.as<T>() + dlogits.layout.offset;
       const auto rows = pick<ce_backward_rows<Baseline, T>, ce_backward_rows<Avx2, T>, ce_backward_rows<Avx512, T>>();
-      parallel_for(N, std::max<int64_t>(1, kGrainMath / C),
-                   [&](int64_t b, int64_t e) { rows(x, lsp, gp, t, dx, b, e, C, ignore_index, smoothing); });
+      parallel_for(N, grain, [&](int64_t b, int64_t e) { rows(x, lsp, gp, t, dx, b, e, C, ignore_index, smoothing); });
+    } else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
+      const T* x = logits.storage.as<T>() + logits.layout.offset;
+      const float* lsp = lse.storage.as<float>() + lse.layout.offset;
+      const float* gp = g.storage.as<float>() + g.layout.offset;
+      T* dx = dlogits.storage.as<T>() + dlogits.layout.offset;
+      const auto rows = pick<ce_backward_rows_half<Baseline, T>, ce_backward_rows_half<Avx2, T>, ce_backward_rows_half<Avx512, T>>();
+      parallel_for(N, grain, [&](int64_t b, int64_t e) {
+        std::vector<float> buf(static_cast<size_t>(2 * C));
+        rows(x, lsp, gp, t, dx, b, e, C, ignore_index, smoothing, buf.data());
+      });
     } else {
-      fail("cross_entropy_backward: f32/f64 logits only, got {}", logits.dtype);
+      fail("cross_entropy_backward: float logits only, got {}", logits.dtype);
     }
   });
 }

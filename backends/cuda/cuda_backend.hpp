@@ -35,6 +35,8 @@ struct Cuda {
   // attention.cu takes bf16/f16 q, k, v as they are (core/fused.hpp): its tensor-core kernels save the
   // products that half inputs make redundant
   static constexpr bool attention_half = true;
+  // loss.cu reads bf16/f16 logits as they are and writes their gradient in their dtype (core/fused_loss.hpp)
+  static constexpr bool cross_entropy_half = true;
   KILN_BACKEND_PRIMITIVES
   KILN_FUSED_SOFTMAX                                // softmax.cu
       KILN_FUSED_RMS_NORM                           // norm.cu

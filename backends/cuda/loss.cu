@@ -1,9 +1,13 @@
 // Fused softmax cross-entropy on the GPU (contract in core/fused_loss.hpp): one thread block per row
-// of contiguous f32/f64 logits [N, C]; block-wide max and sum by warp shuffles (device.cuh). The
-// forward reads the row twice (max, then Σ exp), the backward once.
+// of contiguous f32/f64/bf16/f16 logits [N, C] (X), computed in T (f64 for f64, else f32: a half
+// value is widened as it is read, loss, lse and g are f32, and each dlogit is rounded once to X);
+// block-wide max and sum by warp shuffles (device.cuh). The forward reads the row twice (max, then
+// Σ exp), the backward once.
 #include <initializer_list>
 #include <limits>
+#include <type_traits>
 
+#include "kiln/backends/cuda/dense_common.cuh"
 #include "kiln/backends/cuda/device.cuh"
 #include "kiln/core/error.hpp"
 
@@ -12,49 +16,49 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <class T> __global__ void ce_forward_kernel(T* __restrict__ loss, T* __restrict__ lse, const T* __restrict__ x,
-                                                     const int64_t* __restrict__ t, int64_t C, int64_t ignore_index, T s) {
+template <class X, class T> __global__ void ce_forward_kernel(T* __restrict__ loss, T* __restrict__ lse, const X* __restrict__ x,
+                                                              const int64_t* __restrict__ t, int64_t C, int64_t ignore_index, T s) {
   __shared__ T scratch[32];
   const int64_t i = blockIdx.x;
-  const T* row = x + i * C;
+  const X* row = x + i * C;
   T m = -std::numeric_limits<T>::infinity();
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const T v = row[c];
+    const T v = static_cast<T>(row[c]);
     m = (v > m || v != v) ? v : m;
   }
   m = cuda::block_max(m, scratch, -std::numeric_limits<T>::infinity());
   T sum = 0, xs = 0;
   if (m != -std::numeric_limits<T>::infinity())
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) sum += exp(row[c] - m);
-  for (int64_t c = threadIdx.x; s != T(0) && c < C; c += blockDim.x) xs += row[c];
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) sum += exp(static_cast<T>(row[c]) - m);
+  for (int64_t c = threadIdx.x; s != T(0) && c < C; c += blockDim.x) xs += static_cast<T>(row[c]);
   sum = cuda::block_sum(sum, scratch);
   xs = cuda::block_sum(xs, scratch);
   if (threadIdx.x == 0) {
     const T l = m == -std::numeric_limits<T>::infinity() ? m : m + log(sum);
     lse[i] = l;
     const int64_t ti = t[i];
-    loss[i] = ti == ignore_index ? T(0) : l - (T(1) - s) * row[ti] - s * xs / static_cast<T>(C);
+    loss[i] = ti == ignore_index ? T(0) : l - (T(1) - s) * static_cast<T>(row[ti]) - s * xs / static_cast<T>(C);
   }
 }
 
-template <class T> __global__ void ce_backward_kernel(T* __restrict__ dx, const T* __restrict__ x, const T* __restrict__ lse,
-                                                      const int64_t* __restrict__ t, const T* __restrict__ g, int64_t C,
-                                                      int64_t ignore_index, T s) {
+template <class X, class T> __global__ void ce_backward_kernel(X* __restrict__ dx, const X* __restrict__ x, const T* __restrict__ lse,
+                                                               const int64_t* __restrict__ t, const T* __restrict__ g, int64_t C,
+                                                               int64_t ignore_index, T s) {
   const int64_t i = blockIdx.x;
-  const T* row = x + i * C;
-  T* d = dx + i * C;
+  const X* row = x + i * C;
+  X* d = dx + i * C;
   const int64_t ti = t[i];
   if (ti == ignore_index) {
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) d[c] = T(0);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) d[c] = X(T(0));
     return;
   }
   const T gi = g[i], l = lse[i], sc = s / static_cast<T>(C), hit = (T(1) - s);
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) d[c] = gi * (exp(row[c] - l) - sc - (c == ti ? hit : T(0)));
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) d[c] = X(gi * (exp(static_cast<T>(row[c]) - l) - sc - (c == ti ? hit : T(0))));
 }
 
 void ce_views(const char* op, const Layout& x, DType d) {
   KILN_CHECK(x.rank() == 2 && x.is_contiguous(), "{}: logits must be contiguous [N, C], got {}", op, shape_str(x.shape));
-  KILN_CHECK(d == DType::f32 || d == DType::f64, "{}: f32/f64 logits only, got {}", op, d);
+  KILN_CHECK(is_floating(d), "{}: float logits only, got {}", op, d);
   KILN_CHECK(x.shape[0] <= 0x7fffffffLL, "{}: {} rows exceed the grid limit", op, x.shape[0]);
 }
 
@@ -71,14 +75,12 @@ void Cuda::cross_entropy_forward(M loss, M lse, V logits, V targets, int64_t ign
   const int64_t N = logits.layout.shape[0], C = logits.layout.shape[1];
   if (N == 0) return;
   const unsigned blocks = static_cast<unsigned>(N);
-  if (logits.dtype == DType::f32)
-    ce_forward_kernel<float><<<blocks, kThreads, 0, cuda::stream()>>>(
-        dptr<float>(loss.storage, loss.layout), dptr<float>(lse.storage, lse.layout), dptr<float>(logits.storage, logits.layout),
-        dptr<int64_t>(targets.storage, targets.layout), C, ignore_index, static_cast<float>(smoothing));
-  else
-    ce_forward_kernel<double><<<blocks, kThreads, 0, cuda::stream()>>>(
-        dptr<double>(loss.storage, loss.layout), dptr<double>(lse.storage, lse.layout), dptr<double>(logits.storage, logits.layout),
-        dptr<int64_t>(targets.storage, targets.layout), C, ignore_index, smoothing);
+  cuda::dense::visit_float(logits.dtype, op, logits.layout.shape, [&]<class X>(type_tag<X>) {
+    using T = std::conditional_t<std::is_same_v<X, double>, double, float>;
+    ce_forward_kernel<X, T><<<blocks, kThreads, 0, cuda::stream()>>>(
+        dptr<T>(loss.storage, loss.layout), dptr<T>(lse.storage, lse.layout), dptr<X>(logits.storage, logits.layout),
+        dptr<int64_t>(targets.storage, targets.layout), C, ignore_index, static_cast<T>(smoothing));
+  });
   KILN_CUDA_LAUNCHED(op);
 }
 
@@ -91,14 +93,12 @@ void Cuda::cross_entropy_backward(M dlogits, V logits, V lse, V targets, V g, in
   const int64_t N = logits.layout.shape[0], C = logits.layout.shape[1];
   if (N == 0) return;
   const unsigned blocks = static_cast<unsigned>(N);
-  if (logits.dtype == DType::f32)
-    ce_backward_kernel<float><<<blocks, kThreads, 0, cuda::stream()>>>(
-        dptr<float>(dlogits.storage, dlogits.layout), dptr<float>(logits.storage, logits.layout), dptr<float>(lse.storage, lse.layout),
-        dptr<int64_t>(targets.storage, targets.layout), dptr<float>(g.storage, g.layout), C, ignore_index, static_cast<float>(smoothing));
-  else
-    ce_backward_kernel<double><<<blocks, kThreads, 0, cuda::stream()>>>(
-        dptr<double>(dlogits.storage, dlogits.layout), dptr<double>(logits.storage, logits.layout), dptr<double>(lse.storage, lse.layout),
-        dptr<int64_t>(targets.storage, targets.layout), dptr<double>(g.storage, g.layout), C, ignore_index, smoothing);
+  cuda::dense::visit_float(logits.dtype, op, logits.layout.shape, [&]<class X>(type_tag<X>) {
+    using T = std::conditional_t<std::is_same_v<X, double>, double, float>;
+    ce_backward_kernel<X, T><<<blocks, kThreads, 0, cuda::stream()>>>(
+        dptr<X>(dlogits.storage, dlogits.layout), dptr<X>(logits.storage, logits.layout), dptr<T>(lse.storage, lse.layout),
+        dptr<int64_t>(targets.storage, targets.layout), dptr<T>(g.storage, g.layout), C, ignore_index, static_cast<T>(smoothing));
+  });
   KILN_CUDA_LAUNCHED(op);
 }
 

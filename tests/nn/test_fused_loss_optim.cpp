@@ -4,6 +4,7 @@
 // against the per-parameter composite update.
 #include <catch2/catch.hpp>
 
+#include <kiln/autograd/autocast.hpp>
 #include <kiln/autograd/gradcheck.hpp>
 #include <kiln/backends/backends.hpp>
 #include <kiln/core/fused_loss.hpp>
@@ -47,6 +48,56 @@ TEMPLATE_TEST_CASE("fused cross-entropy: forward, lse and dlogits equal the comp
         CHECK(max_rel(blse, rlse) < tol);
         CHECK(max_rel(bdx, rdx) < tol);
       }
+}
+
+// bf16/f16 logits: a backend with cross_entropy_half (the Cpu) reads them as they are, the others get
+// them widened by the core; either way the loss, lse and dlogits are those of the widened f32 logits,
+// bit for bit (dlogits rounded once to the logits' dtype), and under autocast nn::cross_entropy gives
+// the f32 loss and the gradient it gave when it cast the logits to f32 first.
+TEMPLATE_TEST_CASE("fused cross-entropy: bf16/f16 logits give what their f32 widening gives, bit for bit", "[loss][fused][amp]",
+                   KILN_BACKEND_TYPES) {
+  using B = TestType;
+  Generator gen(37);
+  const auto bits = [](const Tensor<B>& a) { return a.template to<Cpu>().to(DType::f64).template to_vector<double>(); };
+  for (DType d : {DType::bf16, DType::f16})
+    for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 1}, {7, 37}, {33, 1000}, {5, 4099}})
+      for (double s : {0.0, 0.1}) {
+        INFO("N " << N << " C " << C << " smoothing " << s << " dtype " << dtype_name(d));
+        const Tensor<B> x = Tensor<B>::randn({N, C}, DType::f32, &gen).mul(3.0).to(d), xw = x.to(DType::f32);
+        std::vector<int64_t> tv;
+        for (int64_t i = 0; i < N; ++i) tv.push_back(i % 3 == 2 ? -100 : (i * 7919) % C);
+        const Tensor<B> t = Tensor<B>::from_vector(tv, {N});
+        const Tensor<B> g = Tensor<B>::randn({N}, DType::f32, &gen);
+        auto [l, lse] = fused::cross_entropy_forward(x, t, -100, s);
+        auto [lw, lsew] = fused::cross_entropy_forward(xw, t, -100, s);
+        CHECK((l.dtype() == DType::f32 && lse.dtype() == DType::f32));
+        CHECK(bits(l) == bits(lw));
+        CHECK(bits(lse) == bits(lsew));
+        const Tensor<B> dx = fused::cross_entropy_backward(x, lse, t, g, -100, s);
+        CHECK(dx.dtype() == d);
+        CHECK(bits(dx) == bits(fused::cross_entropy_backward(xw, lsew, t, g, -100, s).to(d)));
+      }
+
+  // nn::cross_entropy under autocast: the f32 loss and the gradient of the half logits as through a cast
+  const Tensor<B> x = Tensor<B>::randn({4, 9, 50}, DType::f32, &gen).mul(2.0).to(DType::bf16);
+  const Tensor<B> t = Tensor<B>::from_vector(std::vector<int64_t>{3,  -100, 10, 0,  7,  49, 1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12,
+                                                                  13, 14,   15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30},
+                                             {4, 9});
+  for (double s : {0.0, 0.2}) {
+    Var<B> a(x, true), b(x, true);
+    Var<B> la, lb;
+    {
+      autocast::Scope ac(DType::bf16);
+      la = nn::cross_entropy(a, t, {.ignore_index = -100, .label_smoothing = s});
+    }
+    lb = nn::cross_entropy(b.to(DType::f32), t, {.ignore_index = -100, .label_smoothing = s});
+    CHECK(la.dtype() == DType::f32);
+    CHECK(bits(la.value()) == bits(lb.value()));
+    la.backward();
+    lb.backward();
+    CHECK(a.grad().dtype() == DType::bf16);
+    CHECK(bits(a.grad()) == bits(b.grad()));
+  }
 }
 
 TEMPLATE_TEST_CASE("fused cross-entropy: nn::cross_entropy passes float64 finite differences", "[loss][fused][gradcheck]",
