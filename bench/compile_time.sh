@@ -2,7 +2,7 @@
 # CPU time of the main job's build (issue 26, item 5): configure a fresh build folder as
 # scripts/train_demo.sh does (its cmake options by default; others given as arguments replace them),
 # build the `kiln` command line with ccache off, and time every compiler call through a launcher.
-# Prints the CPU seconds (user + sys) of the whole build, the wall time, and the ten slowest
+# Prints the CPU seconds (user + sys) of the whole build, the wall time, and the TOP (default 10) slowest
 # translation units. CPU time barely moves with other work on the machine; the wall time does.
 #   bench/compile_time.sh                          the lean build train_demo.sh runs
 #   bench/compile_time.sh -DKILN_WITH_REFERENCE=ON -DKILN_UNITY_BUILD=OFF -DKILN_COLD_OPT=   before
@@ -30,4 +30,4 @@ wall_ms=$((($(date +%s%N) - start) / 1000000))
 awk -v wall="$wall_ms" -v cores="$(nproc)" '{ cpu += $1 + $2 } END {
   printf "compiler calls: %d, CPU time %.1f s (user + sys), wall %.1f s on %d cores\n", NR, cpu, wall / 1000, cores }' "$work/calls.log"
 echo "slowest translation units (CPU s):"
-awk '{ printf "  %6.2f  %s\n", $1 + $2, $4 }' "$work/calls.log" | sed 's|CMakeFiles/[a-z_]*\.dir/||' | sort -rn | head -10
+awk '{ printf "  %6.2f  %s\n", $1 + $2, $4 }' "$work/calls.log" | sed 's|CMakeFiles/[a-z_]*\.dir/||' | sort -rn | head -${TOP:-10}
