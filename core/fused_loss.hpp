@@ -14,7 +14,7 @@
 // A backend that also declares `static constexpr bool cross_entropy_half = true` receives bf16/f16
 // logits as they are (not converted here) with loss/lse/g in f32, and writes dlogits in the logits'
 // dtype. It must compute as the conversion would: in f32 on the widened values, each dlogit rounded
-// once (tests/loss checks it bit for bit). No f32 copy of the [N, C] logits is made then, in either
+// once (tests/nn checks it bit for bit). No f32 copy of the [N, C] logits is made then, in either
 // pass: under autocast, whose f32 policy would keep one alive from the forward to the backward, the
 // largest activation of a language model's step is kept at half the size (nn/loss.cpp).
 #include <utility>
