@@ -218,7 +218,7 @@ phase_lease8() {
 phase_lease5b() {
   local d rc=0 p
   d="$(mktemp -d)" || return 1
-  echo '{"vocab_size": 50304, "d_model": 768, "n_layers": 12, "n_heads": 12, "max_seq_len": 1024, "attention": "mha"}' > "$d/m.json"
+  gpt2_small_json > "$d/m.json"
   "$KILN_PYTHON" tests/reference/kiln_ref.py tokens --vocab 50304 --n 1700000 --out "$d/tok.safetensors" || rc=1
   for p in f16 bf16; do
     echo "{\"batch_size\": 4, \"seq_len\": 1024, \"steps\": 400, \"precision\": \"$p\", \"optimizer\": {\"name\": \"adamw\", \"lr\": 6e-4, \"weight_decay\": 0.1}}" > "$d/t_$p.json"
@@ -244,13 +244,25 @@ PY
   return $rc
 }
 
+# compute-sanitizer racecheck over test_attention's Cuda cases from the $1-th on (a lease's time ends
+# before all of them have run: the next lease goes on from where it stopped).
+racecheck_attention_from() {
+  local rest
+  # Catch2 reads a comma as "or" and brackets as a tag: the names' own escaped.
+  rest="$(build-gpu/tests/test_attention "*Cuda*" --list-test-names-only | grep . | tail -n +"$1" | sed 's/[],[]/\\&/g' | paste -sd, -)"
+  compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_attention "$rest"
+}
+
+# The GPT-2-small-shaped model (162M parameters, vocab 50,304, T 1024) as `kiln train --model` reads it.
+gpt2_small_json() {
+  echo '{"vocab_size": 50304, "d_model": 768, "n_layers": 12, "n_heads": 12, "max_seq_len": 1024, "attention": "mha"}'
+}
+
 phase_lease9() {
-  local rc=0 t0=$SECONDS rest
+  local rc=0 t0=$SECONDS
   build-gpu/tests/test_hf "*Cuda*,[cuda]" || rc=1
   echo "--- test_hf Cuda: $((SECONDS - t0)) s"
-  # Catch2 reads a comma as "or" and brackets as a tag: the names' own escaped.
-  rest="$(build-gpu/tests/test_attention "*Cuda*" --list-test-names-only | grep . | tail -n +11 | sed 's/[],[]/\\&/g' | paste -sd, -)"
-  timeout 420 compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_attention "$rest" || rc=1
+  timeout 420 bash -c 'racecheck_attention_from 11' || rc=1
   echo "--- racecheck: $((SECONDS - t0)) s"
   phase_lease5b || rc=1
   return $rc
@@ -262,13 +274,12 @@ phase_lease9() {
 # it off and on, the device's memory polled by nvidia-smi), then racecheck over test_attention's Cuda cases
 # after the 10th, cut by the deadline (targets kiln_cli test_attention test_hf).
 phase_lease10() {
-  local rc=0 t0=$SECONDS rest
+  local rc=0 t0=$SECONDS
   build-gpu/tests/test_hf "*Cuda*,[cuda]" || rc=1
   echo "--- test_hf Cuda: $((SECONDS - t0)) s"
   checkpoint_memory || rc=1
   echo "--- checkpointing memory: $((SECONDS - t0)) s"
-  rest="$(build-gpu/tests/test_attention "*Cuda*" --list-test-names-only | grep . | tail -n +11 | sed 's/[],[]/\\&/g' | paste -sd, -)"
-  compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_attention "$rest" || rc=1
+  racecheck_attention_from 11 || rc=1
   echo "--- racecheck: $((SECONDS - t0)) s"
   return $rc
 }
@@ -279,7 +290,7 @@ phase_lease10() {
 checkpoint_memory() {
   local d rc=0 p ck base peak ms
   d="$(mktemp -d)" || return 1
-  echo '{"vocab_size": 50304, "d_model": 768, "n_layers": 12, "n_heads": 12, "max_seq_len": 1024, "attention": "mha"}' > "$d/m.json"
+  gpt2_small_json > "$d/m.json"
   "$KILN_PYTHON" tests/reference/kiln_ref.py tokens --vocab 50304 --n 200000 --out "$d/tok.safetensors" || rc=1
   base="$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)"
   for p in f32 bf16; do
@@ -328,7 +339,7 @@ phase_bench() {
   build-gpu/bench/bench_cuda && "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln
 }
 
-export -f phase_profile_exit attention_benchmarks half_attention_checks phase_lease5b checkpoint_memory
+export -f phase_profile_exit attention_benchmarks half_attention_checks phase_lease5b checkpoint_memory racecheck_attention_from gpt2_small_json
 start=$SECONDS
 deadline="${KILN_GPU_DEADLINE_S:-0}"
 for p in "$@"; do
