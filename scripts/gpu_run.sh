@@ -54,6 +54,10 @@
 #   lease10   what the eighth lease (2026-11-28) had to run: test_hf's Cuda cases (the Hugging Face decoders'
 #             pieces written since the seventh lease), activation checkpointing's memory on a GPU, then racecheck
 #             over test_attention's Cuda cases after the 10th (targets kiln_cli test_attention test_hf)
+#   lease11   what the ninth lease (2026-11-28) had to run: the cross-entropy on bf16/f16 logits (loss.cu, written
+#             after the eighth lease) through test_nn's fused-loss cases, the memory it saves on the bf16
+#             GPT-2-small step (checkpoint_memory bf16), that step against PyTorch's autocast, then racecheck
+#             over test_attention's Cuda cases from the 25th (targets kiln_cli test_attention test_nn)
 #   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
 #
 # KILN_GPU_TARGETS="t1 t2 ...": build only these targets (default: all), to save a short lease's minutes.
@@ -284,16 +288,29 @@ phase_lease10() {
   return $rc
 }
 
+phase_lease11() {
+  local rc=0 t0=$SECONDS
+  build-gpu/tests/test_nn "[fused]" || rc=1
+  echo "--- test_nn [fused]: $((SECONDS - t0)) s"
+  checkpoint_memory bf16 || rc=1
+  echo "--- bf16 memory: $((SECONDS - t0)) s"
+  PYTHONUNBUFFERED=1 "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln --only gpt --precisions bf16 --steps 12 || rc=1
+  echo "--- bf16 gpt step: $((SECONDS - t0)) s"
+  racecheck_attention_from 25 || rc=1
+  echo "--- racecheck: $((SECONDS - t0)) s"
+  return $rc
+}
+
 # GPT-2-small (B 8, T 1024) trained 6 steps by `kiln train --device cuda` with activation checkpointing
-# off and on, in f32 and bf16: the device's peak memory in use (nvidia-smi every 100 ms, less what was in
-# use before) and the median step time of steps 2.. .
+# off and on, in the precisions given (default f32 and bf16): the device's peak memory in use (nvidia-smi
+# every 100 ms, less what was in use before) and the median step time of steps 2.. .
 checkpoint_memory() {
-  local d rc=0 p ck base peak ms
+  local d rc=0 p ck base peak ms precisions="${*:-f32 bf16}"
   d="$(mktemp -d)" || return 1
   gpt2_small_json > "$d/m.json"
   "$KILN_PYTHON" tests/reference/kiln_ref.py tokens --vocab 50304 --n 200000 --out "$d/tok.safetensors" || rc=1
   base="$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)"
-  for p in f32 bf16; do
+  for p in $precisions; do
     for ck in false true; do
       echo "{\"batch_size\": 8, \"seq_len\": 1024, \"steps\": 6, \"precision\": \"$p\", \"activation_checkpointing\": $ck}" > "$d/t.json"
       nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$d/mem.txt" &
