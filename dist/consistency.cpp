@@ -10,7 +10,8 @@
 
 namespace kiln::dist::detail {
 
-namespace {
+#if defined(KILN_HAVE_MPI)
+namespace {  // what the ranks compare, and how a rank's part reads in the error (MPI builds only)
 const char* kind_name(int64_t k) {
   static const char* names[] = {"?", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "all_reduce_async"};
   return k >= 1 && k <= 6 ? names[k] : "?";
@@ -36,6 +37,7 @@ std::string describe(const int64_t* v) {
 }
 
 }  // namespace
+#endif
 
 // Every rank passes what it was given; a difference, or a rank whose own checks failed, raises on
 // every rank. Off (or a group of one): only this rank's own error.
