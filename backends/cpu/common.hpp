@@ -78,6 +78,8 @@ using Avx512 = Baseline;
 // when KILN_CPU_ISA names an unknown set or one this CPU lacks, so call it outside parallel regions.
 Isa isa();
 std::string_view isa_name(Isa i);
+// The best instruction set this CPU has, whatever KILN_CPU_ISA says (for what other libraries choose).
+Isa best_isa();
 
 #if KILN_CPU_X86
 #if defined(__clang__)

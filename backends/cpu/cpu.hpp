@@ -63,8 +63,21 @@ std::string_view cpu_isa();
 // once: the same contract, another summation order. f16 matmuls always take the f32 path.
 bool native_bf16_matmul();
 
+// The kernels OpenBLAS chose for this CPU, as it names them ("Haswell", "SkylakeX", "Zen", ...;
+// OPENBLAS_CORETYPE, read when the library loads, overrides its choice), and whether they predate the
+// CPU: a core name from before AVX2 (e.g. its generic SSE3 "Prescott", which Debian 12's OpenBLAS 0.3.21
+// takes on CPUs newer than it knows) where the CPU has AVX2 + FMA. Such kernels run several times below
+// the CPU's speed, so the "auto" rule below then sends every f32 product of 32^3 or more to oneDNN.
+std::string_view blas_core();
+bool blas_core_predates_cpu();
+namespace cpu {
+// The rule of blas_core_predates_cpu on a given core name and CPU (case-insensitive name).
+bool blas_core_predates(std::string_view core, bool cpu_has_avx2_fma);
+}  // namespace cpu
+
 // The library behind f32 matmuls (backends/cpu/matmul.cpp): "auto" (the default: oneDNN for batched
-// products and single ones of 32^3 <= M·N·K < 1024^3, OpenBLAS for the rest and for f64), "blas" or
+// products and single ones of 32^3 <= M·N·K < 1024^3, or of any size from 32^3 where OpenBLAS's kernels
+// predate the CPU (blas_core_predates_cpu); OpenBLAS for the rest and for f64), "blas" or
 // "onednn" (that library for every f32 product; blas also sends bf16 to the f32 path), for comparing
 // them in one process. KILN_CPU_MATMUL sets the initial value. A name not listed, or onednn in a build
 // without oneDNN, is a kiln::Error.

@@ -85,6 +85,8 @@ std::string_view isa_name(Isa i) {
   return "?";
 }
 
+Isa best_isa() { return best(); }
+
 Isa isa() {
   // A bad KILN_CPU_ISA throws here; the static stays uninitialised, so every later call throws too.
   static const Isa chosen = choose();

@@ -29,6 +29,7 @@
 
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -91,6 +92,32 @@ std::atomic<Lib>& lib_setting() {
   return l;
 }
 Lib current_lib() { return lib_setting().load(std::memory_order_relaxed); }
+
+// OpenBLAS picks its kernels by the CPU's model, so a CPU newer than the library gets an older core's
+// kernels: on an Intel Xeon of family 6 model 207 (Emerald Rapids, AVX-512) Debian 12's 0.3.21 takes its
+// generic SSE3 "Prescott" kernels, 3.5x slower than its SkylakeX ones there, and single f32 products of
+// 1024^3 or more (an LM head over a 32,000-word vocabulary) went to them: a GPT step 3-4x slower than
+// with oneDNN (bench/RESULTS.md, "OpenBLAS on a CPU newer than it"). oneDNN reads the CPU's features.
+bool blas_lags() {
+  static const bool lags = blas_core_predates_cpu();
+  return lags;
+}
+
+// Products that OpenBLAS runs while its kernels predate the CPU: say once where they are slow and what
+// helps (f64 always goes to OpenBLAS; f32 of 32^3 or more only under KILN_CPU_MATMUL=blas or in a build
+// without oneDNN).
+void note_blas_lags() {
+  static const bool noted = [] {
+    std::fprintf(stderr,
+                 "kiln: OpenBLAS runs its '%s' kernels, which predate this CPU (it has AVX2 or better): the matmuls it runs (f64; "
+                 "f32 under KILN_CPU_MATMUL=blas or without oneDNN) are several times slower than they could be; "
+                 "OPENBLAS_CORETYPE=Haswell, or SkylakeX where the CPU has AVX-512, set before the program starts chooses "
+                 "faster ones\n",
+                 std::string(blas_core()).c_str());
+    return true;
+  }();
+  (void)noted;
+}
 
 template <class T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {
@@ -301,7 +328,8 @@ template <class T> bool matmul_typed(Cpu::M out, Cpu::V a, Cpu::V b) {
     const double flops = 2.0 * static_cast<double>(p.M) * static_cast<double>(N) * static_cast<double>(K);
     const Lib lib = current_lib();
     const bool batched = p.oa.size() > 1 || !p.bdims.empty();
-    const bool use = lib == Lib::onednn || (lib == Lib::automatic && flops >= kDnnlMinFlops && (batched || flops < kDnnlMaxFlops));
+    const bool use =
+        lib == Lib::onednn || (lib == Lib::automatic && flops >= kDnnlMinFlops && (batched || flops < kDnnlMaxFlops || blas_lags()));
     // oneDNN addresses the batch through (bdims, strides) from item 0's offsets (p.oa[0], ...).
     if (use) done = run_dnnl<float>(p, pa, pb, pc);
   }
@@ -310,6 +338,7 @@ template <class T> bool matmul_typed(Cpu::M out, Cpu::V a, Cpu::V b) {
   if constexpr (std::is_same_v<T, bf16>) {
     if (!done) return false;
   } else if (!done) {
+    if (blas_lags() && (std::is_same_v<T, double> || p.M * p.N * p.K >= 32 * 32 * 32)) note_blas_lags();
     run_blas<T>(p, pa, pb, pc);
   }
   if (stage_c) Cpu::copy(out, Cpu::V{*sc.storage, sc.layout, out.dtype});
@@ -343,6 +372,36 @@ bool native_bf16_matmul() {
 
 void set_matmul_library(std::string_view name) { lib_setting().store(parse_lib(name, "set_matmul_library"), std::memory_order_relaxed); }
 std::string_view matmul_library() { return kLibNames[static_cast<size_t>(current_lib())]; }
+
+std::string_view blas_core() {
+  static const std::string core = [] {
+    const char* c = openblas_get_corename();
+    return std::string(c ? c : "unknown");
+  }();
+  return core;
+}
+
+bool blas_core_predates_cpu() {
+  return cpu::blas_core_predates(blas_core(), cpu::best_isa() == cpu::Isa::avx2 || cpu::best_isa() == cpu::Isa::avx512);
+}
+
+namespace cpu {
+bool blas_core_predates(std::string_view core, bool cpu_has_avx2_fma) {
+  if (!cpu_has_avx2_fma) return false;
+  // OpenBLAS's x86-64 cores from before AVX2 + FMA (its dynamic build's names; "Sandybridge" has AVX
+  // without FMA); the AVX2 and AVX-512 ones (Haswell, Excavator, Zen, SkylakeX, Cooperlake,
+  // SapphireRapids, and what later versions add) are not listed, so a name this list does not know counts
+  // as current.
+  static constexpr std::string_view kOld[] = {"unknown",   "katmai", "coppermine",  "northwood", "prescott",  "banias",     "atom",
+                                              "core2",     "penryn", "dunnington",  "nehalem",   "athlon",    "opteron",    "opteron_sse3",
+                                              "barcelona", "nano",   "sandybridge", "bobcat",    "bulldozer", "piledriver", "steamroller"};
+  std::string lower(core);
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (std::string_view old : kOld)
+    if (lower == old) return true;
+  return false;
+}
+}  // namespace cpu
 
 void Cpu::matmul(M out, V a, V b) {
   const size_t r = out.layout.shape.size();

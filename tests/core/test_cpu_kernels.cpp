@@ -6,7 +6,9 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -522,6 +524,46 @@ TEST_CASE("cpu kernels: set_matmul_library sends every layout through the librar
                       Catch::Contains("set_matmul_library: unknown matmul library '" + std::string(bad) + "' (valid: auto, blas, onednn)"));
   }
   CHECK(matmul_library() == "auto");  // a refused name changes nothing
+}
+
+TEST_CASE("cpu kernels: OpenBLAS kernels older than the CPU are named, and auto then sends big f32 products to oneDNN",
+          "[cpu][blas-core]") {
+  using cpu::blas_core_predates;
+  for (const char* old : {"Prescott", "prescott", "CORE2", "Nehalem", "Sandybridge", "Atom", "Bulldozer", "Steamroller", "Unknown"}) {
+    INFO(old);
+    CHECK(blas_core_predates(old, true));
+    CHECK_FALSE(blas_core_predates(old, false));  // a CPU without AVX2 + FMA: nothing faster to miss
+  }
+  for (const char* current : {"Haswell", "HASWELL", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Excavator", "FutureCore"}) {
+    INFO(current);
+    CHECK_FALSE(blas_core_predates(current, true));
+  }
+  CHECK_FALSE(blas_core().empty());
+  // OPENBLAS_CORETYPE (ctest runs this case again with it set to Prescott) is what OpenBLAS reports
+  if (const char* forced = std::getenv("OPENBLAS_CORETYPE")) {
+    std::string want(forced), got(blas_core());
+    for (auto* s : {&want, &got})
+      for (char& ch : *s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    CHECK(got == want);
+  }
+  // A single f32 product of 1024^3: auto's rule gives it to OpenBLAS unless its kernels predate the CPU,
+  // then to oneDNN. The two libraries sum in other orders, so the bits show which one ran.
+  struct Restore {
+    ~Restore() { set_matmul_library("auto"); }
+  } restore;
+  Generator g(41);
+  const C a = C::randn({1024, 1024}, DType::f32, &g), b = C::randn({1024, 1024}, DType::f32, &g);
+  const auto product = [&](const char* lib) {
+    set_matmul_library(lib);
+    return to_vector<float>(a.matmul(b));
+  };
+  const auto blas = product("blas"), onednn = product("onednn"), automatic = product("auto");
+  INFO("OpenBLAS core " << blas_core() << ", predates this CPU: " << blas_core_predates_cpu());
+  if (blas != onednn) {  // (compared as bools: Catch would print both million-element vectors)
+    const bool auto_ran_onednn = automatic == onednn, auto_ran_blas = automatic == blas;
+    CHECK(auto_ran_onednn == blas_core_predates_cpu());
+    CHECK(auto_ran_blas == !blas_core_predates_cpu());
+  }
 }
 
 TEST_CASE("cpu kernels: gather, index_select, scatter_add and index_add", "[cpu]") {
