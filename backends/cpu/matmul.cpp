@@ -12,6 +12,8 @@
 //    there: 256^3, 512^3, 1024x256x1024, per-head 128x64x128); single GEMMs of M N K >= 1024^3 go to
 //    OpenBLAS, which measured equal or a few % faster there (1024^3, 1024x1024x4096, 1024x4096x4096);
 //    tiny products go to OpenBLAS too, whose call overhead is lower than oneDNN's execute.
+//    Where OpenBLAS's kernels predate the CPU (blas_core_predates_cpu: it took a pre-AVX2 core's, as
+//    Debian 12's does on CPUs newer than it), the single GEMMs of M N K >= 1024^3 go to oneDNN too.
 //  * f64, f32 without oneDNN: OpenBLAS. Batched: when each GEMM is small (< kSmallGemmFlops) and there
 //    are at least as many items as threads, the batch loop is parallel and each GEMM single-threaded
 //    (OpenBLAS runs single-threaded inside a parallel region); else the batch loop is serial and each
@@ -382,7 +384,7 @@ std::string_view blas_core() {
 }
 
 bool blas_core_predates_cpu() {
-  return cpu::blas_core_predates(blas_core(), cpu::best_isa() == cpu::Isa::avx2 || cpu::best_isa() == cpu::Isa::avx512);
+  return cpu::blas_core_predates(blas_core(), cpu::best_isa() != cpu::Isa::baseline);  // avx2 and avx512 both have FMA
 }
 
 namespace cpu {
