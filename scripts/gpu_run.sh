@@ -58,6 +58,8 @@
 #             after the eighth lease) through test_nn's fused-loss cases, the memory it saves on the bf16
 #             GPT-2-small step (checkpoint_memory bf16), that step against PyTorch's autocast, then racecheck
 #             over test_attention's Cuda cases from the 25th (targets kiln_cli test_attention test_nn)
+#   lease12   racecheck over test_attention's Cuda cases from the 29th (KILN_RACECHECK_FROM=N: from the Nth)
+#             (target test_attention)
 #   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
 #
 # KILN_GPU_TARGETS="t1 t2 ...": build only these targets (default: all), to save a short lease's minutes.
@@ -254,7 +256,8 @@ racecheck_attention_from() {
   local rest
   # Catch2 reads a comma as "or" and brackets as a tag: the names' own escaped.
   rest="$(build-gpu/tests/test_attention "*Cuda*" --list-test-names-only | grep . | tail -n +"$1" | sed 's/[],[]/\\&/g' | paste -sd, -)"
-  compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_attention "$rest"
+  # -d yes: each case's name and time as it ends, so a cut run says where the next one starts
+  compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/test_attention "$rest" -d yes
 }
 
 # The GPT-2-small-shaped model (162M parameters, vocab 50,304, T 1024) as `kiln train --model` reads it.
@@ -297,6 +300,15 @@ phase_lease11() {
   PYTHONUNBUFFERED=1 "$KILN_PYTHON" bench/cuda/gpu_vs_torch.py --kiln build-gpu/kiln --only gpt --precisions bf16 --steps 12 || rc=1
   echo "--- bf16 gpt step: $((SECONDS - t0)) s"
   racecheck_attention_from 25 || rc=1
+  echo "--- racecheck: $((SECONDS - t0)) s"
+  return $rc
+}
+
+# What the tenth lease (2026-11-28) had to run: racecheck over test_attention's Cuda cases from the 29th
+# (the ninth lease's deadline cut it there; no attention kernel has changed since the first 28 ran).
+phase_lease12() {
+  local t0=$SECONDS rc=0
+  racecheck_attention_from "${KILN_RACECHECK_FROM:-29}" || rc=1
   echo "--- racecheck: $((SECONDS - t0)) s"
   return $rc
 }
