@@ -16,8 +16,10 @@ namespace kiln::test {
 
 inline std::string ref_script() { return std::string(KILN_REFERENCE_DIR) + "/kiln_ref.py"; }
 
+// Asked once per process (importing PyTorch takes over a second; a test case's sections each ask).
 inline void require_torch() {
-  if (std::system(fmt::format("{} -c 'import torch' >/dev/null 2>&1", python()).c_str()) != 0)
+  static const bool ok = std::system(fmt::format("{} -c 'import torch' >/dev/null 2>&1", python()).c_str()) == 0;
+  if (!ok)
     FAIL("PyTorch for " << python() << " is missing: run scripts/setup.sh --python (the README test command does), or set KILN_PYTHON");
 }
 

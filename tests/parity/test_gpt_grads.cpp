@@ -29,11 +29,12 @@ void check_config(const json& model_json) {
   const std::string m = (dir / "model.json").string(), init = (dir / "init.safetensors").string(),
                     tok = (dir / "tokens.safetensors").string(), grads = (dir / "grads.safetensors").string();
   const ModelConfig cfg = ModelConfig::from_json(model_json).resolved();
-  test::run_ref(fmt::format("init --model {} --seed 3 --out {}", m, init));
-  test::run_ref(fmt::format("tokens --vocab {} --n 3000 --seed 1 --out {}", cfg.vocab_size, tok));
   const int64_t Bn = 2, T = std::min<int64_t>(16, cfg.max_seq_len);
-  test::run_ref(fmt::format("grads --model {} --data {} --init-from {} --batch {} --seq-len {} --dtype float64 --out {}", m, tok, init, Bn,
-                            T, grads));
+  // one reference process for the three commands (PyTorch imported once)
+  test::run_ref(
+      fmt::format("init --model {} --seed 3 --out {} + tokens --vocab {} --n 3000 --seed 1 --out {} + grads --model {} --data {} "
+                  "--init-from {} --batch {} --seq-len {} --dtype float64 --out {}",
+                  m, init, cfg.vocab_size, tok, m, tok, init, Bn, T, grads));
 
   nn::GPT<Cpu> model(cfg, DType::f64);
   model.load(init);

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include <kiln/backends/backends.hpp>
@@ -47,7 +48,13 @@ struct Files {
   std::string model, train, tokens, init;
 };
 
-Files prepare(const json& model, const json& train, int64_t vocab) {
+std::string common_args(const Files& f) {
+  return fmt::format("--model {} --train {} --data {} --init-from {}", f.model, f.train, f.tokens, f.init);
+}
+
+// The tokens and the initial weights, made by the reference; `then`: a further reference command on the
+// files, run in the same process (kiln_ref.py joins commands by "+": PyTorch imported once, not thrice).
+Files prepare(const json& model, const json& train, int64_t vocab, const std::function<std::string(const Files&)>& then = {}) {
   Files f;
   f.dir = test::temp_dir("train");
   f.model = (f.dir / "model.json").string();
@@ -56,8 +63,8 @@ Files prepare(const json& model, const json& train, int64_t vocab) {
   f.init = (f.dir / "init.safetensors").string();
   test::write_json(f.model, model);
   test::write_json(f.train, train);
-  test::run_ref(fmt::format("tokens --vocab {} --n 20000 --seed 2 --out {}", vocab, f.tokens));
-  test::run_ref(fmt::format("init --model {} --seed 5 --out {}", f.model, f.init));
+  test::run_ref(fmt::format("tokens --vocab {} --n 20000 --seed 2 --out {} + init --model {} --seed 5 --out {}{}", vocab, f.tokens, f.model,
+                            f.init, then ? " + " + then(f) : ""));
   return f;
 }
 
@@ -65,9 +72,10 @@ Files prepare(const json& model, const json& train, int64_t vocab) {
 void check_parity(const json& model, const json& train, const std::string& device = "cpu") {
   test::require_torch();
   INFO("model " << model.dump() << "\ntrain " << train.dump());
-  const Files f = prepare(model, train, model.value("vocab_size", 256));
-  const std::string common = fmt::format("--model {} --train {} --data {} --init-from {}", f.model, f.train, f.tokens, f.init);
-  test::run_ref(fmt::format("train {} --save {} --log {}", common, (f.dir / "ref.safetensors").string(), (f.dir / "ref.jsonl").string()));
+  const Files f = prepare(model, train, model.value("vocab_size", 256), [](const Files& g) {
+    return fmt::format("train {} --save {} --log {}", common_args(g), (g.dir / "ref.safetensors").string(), (g.dir / "ref.jsonl").string());
+  });
+  const std::string common = common_args(f);
   REQUIRE(run_kiln(fmt::format("train {} --save {} --log {} --progress off --device {}", common, (f.dir / "kiln.safetensors").string(),
                                (f.dir / "kiln.jsonl").string(), device)) == 0);
   const auto ref = read_log(f.dir / "ref.jsonl"), got = read_log(f.dir / "kiln.jsonl");

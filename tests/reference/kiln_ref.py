@@ -13,6 +13,9 @@ Run it with Debian's python3 (apt-get install python3-torch python3-numpy):
                     --batch 2 --seq-len 16 --out grads.safetensors
   kiln_ref.py tokens --vocab 256 --n 100000 --seed 1 --out tokens.safetensors
 
+Commands joined by a lone "+" run in order in one process (PyTorch imported once), each as it would
+run alone: kiln_ref.py tokens ... + init ... + train ...
+
 Add --dtype float64 for a high-precision reference. Each log line carries "ms", the wall time of that
 step: the median over steps 3.. is the peer figure for a side-by-side speed comparison (run with
 OMP_WAIT_POLICY=PASSIVE and --threads 2 on the 2-core machines: Debian's PyTorch otherwise loses ~2x to
@@ -507,8 +510,15 @@ def main():
         else:
             p.add_argument("--batch", type=int, default=2); p.add_argument("--seq-len", type=int, default=16)
             p.add_argument("--out", required=True)
-    args = ap.parse_args()
-    args.fn(args)
+    argv, cmds = sys.argv[1:], [[]]
+    for a in argv:
+        if a == "+":
+            cmds.append([])
+        else:
+            cmds[-1].append(a)
+    for c in cmds:
+        args = ap.parse_args(c)
+        args.fn(args)
 
 
 if __name__ == "__main__":
