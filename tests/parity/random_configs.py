@@ -85,13 +85,13 @@ def case(i, under_mpi):
     what = (f"case {i}{' (mpirun -np 2)' if under_mpi else ''}: {model['attention']} {model['residual']} "
             f"h{model['n_heads']}/{model['n_kv_heads']} d{model['d_model']} L{model['n_layers']} "
             f"T{train['seq_len']} B{train['batch_size']} {train['optimizer']['name']}; files in {d}")
-    for cmd in ([PY, kiln_ref, "tokens", "--vocab", str(model["vocab_size"]), "--n", "3000", "--seed", str(i), "--out", tok],
-                [PY, kiln_ref, "init", "--model", m, "--seed", str(i), "--out", init],
-                [PY, kiln_ref, "train", "--model", m, "--train", t, "--data", tok, "--init-from", init,
-                 "--log", os.path.join(d, "ref.jsonl"), "--threads", "1"]):
-        rc, out = run(cmd)
-        if rc:
-            return f"{what}\n  the reference failed: {out[-1000:]}"
+    # the three reference commands in one process (joined by "+": PyTorch imported once)
+    rc, out = run([PY, kiln_ref, "tokens", "--vocab", str(model["vocab_size"]), "--n", "3000", "--seed", str(i), "--out", tok,
+                   "+", "init", "--model", m, "--seed", str(i), "--out", init,
+                   "+", "train", "--model", m, "--train", t, "--data", tok, "--init-from", init,
+                   "--log", os.path.join(d, "ref.jsonl"), "--threads", "1"])
+    if rc:
+        return f"{what}\n  the reference failed: {out[-1000:]}"
     cmd = [kiln, "train", "--model", m, "--train", t, "--data", tok, "--init-from", init,
            "--log", os.path.join(d, "kiln.jsonl"), "--quiet"]
     if under_mpi:
