@@ -105,7 +105,7 @@ template <Backend B> void GPT<B>::init_weights(uint64_t seed) {
   }
 }
 
-template <Backend B> Var<B> GPT<B>::run(const Tensor<B>& ids, std::vector<KVCache<B>>* caches, const RowInputs<B>& rows) const {
+template <Backend B> Var<B> GPT<B>::run(const Tensor<B>& ids, std::vector<KVCache<B>>* caches, const RowInputs<B>& rows, bool head) const {
   KILN_CHECK(ids.dim() == 2, "GPT: ids must be [B, T], got {}", shape_str(ids.shape()));
   const int64_t pos0 = caches && !caches->empty() ? (*caches)[0].len : 0;
   KILN_CHECK(pos0 + ids.size(1) <= c_.max_seq_len, "GPT: sequence length {} exceeds max_seq_len {}", pos0 + ids.size(1), c_.max_seq_len);
@@ -148,8 +148,18 @@ template <Backend B> Var<B> GPT<B>::run(const Tensor<B>& ids, std::vector<KVCach
     x = stack.finish(*final_res_);
   }
   x = norm_->forward(x);
+  if (!head) return x;
   if (c_.tie_embeddings) return x.matmul(tok_emb_->weight().t());
   return lm_head_->forward(x);
+}
+
+template <Backend B> Var<B> GPT<B>::hidden(const Tensor<B>& ids) const { return run(ids, nullptr, {}, false); }
+template <Backend B> Var<B> GPT<B>::head_weight() const { return c_.tie_embeddings ? tok_emb_->weight() : lm_head_->weight(); }
+
+template <Backend B> Var<B> GPT<B>::loss(const Tensor<B>& ids, const Tensor<B>& targets, LinearCrossEntropyOptions o) const {
+  if (!c_.tie_embeddings && lm_head_->adapter())
+    return cross_entropy(forward(ids), targets, {.ignore_index = o.ignore_index, .label_smoothing = o.label_smoothing});
+  return linear_cross_entropy(hidden(ids), head_weight(), targets, o);
 }
 
 template <Backend B> Var<B> GPT<B>::forward(const Tensor<B>& ids) const { return run(ids, nullptr); }

@@ -17,6 +17,7 @@
 #include "kiln/nn/diff_attention.hpp"
 #include "kiln/nn/embedding.hpp"
 #include "kiln/nn/layers.hpp"
+#include "kiln/nn/loss.hpp"
 #include "kiln/nn/norm.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
@@ -66,6 +67,16 @@ template <Backend B> class GPT : public Module<B> {
   // hides the padding (nn::RowInputs; the caches' length counts the padding).
   Var<B> forward(const Tensor<B>& ids, std::vector<KVCache<B>>& caches, const RowInputs<B>& rows) const;
 
+  // The final norm's output [B, T, d_model]: the forward without the LM head.
+  Var<B> hidden(const Tensor<B>& ids) const;
+  // The LM head's matrix [vocab_size, d_model] (the token embedding's when tie_embeddings).
+  Var<B> head_weight() const;
+  // The mean next-token cross-entropy of forward(ids) against targets [B, T] (cross_entropy's
+  // ignore_index and label_smoothing), through nn::linear_cross_entropy: the [B·T, vocab] logits are
+  // never kept whole. With an adapter on lm_head (LoRA) the head is more than its matrix, and the loss
+  // goes through forward and cross_entropy.
+  Var<B> loss(const Tensor<B>& ids, const Tensor<B>& targets, LinearCrossEntropyOptions o = {}) const;
+
   // docs/specs.md §3 init: matrices and embeddings N(0, 0.02²), norm weights 1, λ vectors N(0, 0.1²),
   // AttnRes queries 0, drawn from a Philox generator seeded with `seed` in named_parameters() order.
   void init_weights(uint64_t seed);
@@ -86,7 +97,7 @@ template <Backend B> class GPT : public Module<B> {
   bool activation_checkpointing() const { return checkpointing_; }
 
  private:
-  Var<B> run(const Tensor<B>& ids, std::vector<KVCache<B>>* caches, const RowInputs<B>& rows = {}) const;
+  Var<B> run(const Tensor<B>& ids, std::vector<KVCache<B>>* caches, const RowInputs<B>& rows = {}, bool head = true) const;
   ModelConfig c_;
   bool two_phase_ = true;
   bool checkpointing_ = false;

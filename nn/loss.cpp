@@ -8,6 +8,27 @@
 
 namespace kiln::nn {
 
+namespace {
+// Targets of rows over C classes, flattened to i64: every value in [0, C) or ignore_index (a kiln::Error
+// naming `op` otherwise); returns them and the count of rows not ignored. The check and the count read
+// back together: one wait for a device.
+template <Backend B>
+std::pair<Tensor<B>, int64_t> checked_targets(const Tensor<B>& targets, int64_t C, int64_t ignore_index, const char* op) {
+  const Tensor<B> t = targets.reshape({-1}).to(DType::i64);
+  int64_t kept = 0;
+  if (t.numel()) {
+    const Tensor<B> keep = t.ne(ignore_index);
+    const Tensor<B> bad = keep.logical_and(t.lt(0).logical_or(t.ge(C)));
+    const std::vector<int64_t> counts =
+        Tensor<B>::stack({bad.sum().to(DType::i64), keep.sum().to(DType::i64)}).template to_vector<int64_t>();
+    KILN_CHECK(counts[0] == 0, "{}: target values must be in [0, {}) or ignore_index {}; got min {} max {}", op, C, ignore_index,
+               item<int64_t>(t.min()), item<int64_t>(t.max()));
+    kept = counts[1];
+  }
+  return {t, kept};
+}
+}  // namespace
+
 template <Backend B> Var<B> cross_entropy(const Var<B>& logits_in, const Tensor<B>& targets, CrossEntropyOptions o) {
   // Autocast's f32 policy: half logits give an f32 loss. A backend whose fused op reads half logits
   // (fused::CrossEntropyHalf) takes them uncast: the same loss, and the same dlogits (f32, rounded once
@@ -24,21 +45,37 @@ template <Backend B> Var<B> cross_entropy(const Var<B>& logits_in, const Tensor<
              shape_str(rows), shape_str(targets.shape()));
   KILN_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1, "cross_entropy: label_smoothing must be in [0, 1], got {}",
              o.label_smoothing);
-  const Tensor<B> t = targets.reshape({-1}).to(DType::i64);
-  const Tensor<B> keep = t.ne(o.ignore_index);
-  // The targets' check and the count of kept rows read back together: one wait for a device.
-  int64_t kept = 0;
-  if (t.numel()) {
-    const Tensor<B> bad = keep.logical_and(t.lt(0).logical_or(t.ge(C)));
-    const std::vector<int64_t> counts =
-        Tensor<B>::stack({bad.sum().to(DType::i64), keep.sum().to(DType::i64)}).template to_vector<int64_t>();
-    KILN_CHECK(counts[0] == 0, "cross_entropy: target values must be in [0, {}) or ignore_index {}; got min {} max {}", C, o.ignore_index,
-               item<int64_t>(t.min()), item<int64_t>(t.max()));
-    kept = counts[1];
-  }
+  const auto [t, kept] = checked_targets(targets, C, o.ignore_index, "cross_entropy");
   // One recorded op on the fused kernel (autograd/ops/loss.cpp).
   const Var<B> loss = autograd::LossOps<B>::cross_entropy(logits.reshape({-1, C}), t, o.ignore_index, o.label_smoothing, loss_dtype);
   return loss.sum().div(static_cast<double>(kept));
+}
+
+template <Backend B>
+Var<B> linear_cross_entropy(const Var<B>& hidden_in, const Var<B>& weight_in, const Tensor<B>& targets, LinearCrossEntropyOptions o) {
+  static constexpr const char* op = "linear_cross_entropy";
+  KILN_CHECK(hidden_in.defined() && weight_in.defined(), "{}: undefined hidden states or weight", op);
+  KILN_CHECK(hidden_in.dim() >= 1 && weight_in.dim() == 2 && hidden_in.shape().back() == weight_in.size(1),
+             "{}: hidden states [..., D] and a weight [C, D] needed, got {} and {}", op, shape_str(hidden_in.shape()),
+             shape_str(weight_in.shape()));
+  KILN_CHECK(is_integral(targets.dtype()), "{}: targets must be i32 or i64, got {} (shape {})", op, targets.dtype(),
+             shape_str(targets.shape()));
+  const Shape rows(hidden_in.shape().begin(), hidden_in.shape().end() - 1);
+  KILN_CHECK(targets.shape() == rows, "{}: hidden states {} need targets of shape {}, got {}", op, shape_str(hidden_in.shape()),
+             shape_str(rows), shape_str(targets.shape()));
+  KILN_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1, "{}: label_smoothing must be in [0, 1], got {}", op, o.label_smoothing);
+  KILN_CHECK(o.chunk_rows >= 0, "{}: chunk_rows must be >= 0 (0: automatic), got {}", op, o.chunk_rows);
+  // Autocast as the composite: the product in the matmul policy's dtype. The loss in f32 (f64 for f64
+  // inputs) whatever the inputs' dtype: autocast's cross_entropy policy, and a sum over rows that a
+  // bf16/f16 result would round away.
+  const Var<B> h = autocast::cast(autocast::Op::matmul, hidden_in), w = autocast::cast(autocast::Op::matmul, weight_in);
+  const DType loss_dtype = h.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const int64_t C = w.size(0), D = w.size(1);
+  const auto [t, kept] = checked_targets(targets, C, o.ignore_index, op);
+  // Every row ignored: nan, as cross_entropy (and PyTorch) give.
+  if (kept == 0) return cross_entropy(h.matmul(w.t()), targets, {.ignore_index = o.ignore_index, .label_smoothing = o.label_smoothing});
+  return autograd::LossOps<B>::linear_cross_entropy(h.reshape({-1, D}), w, t, kept, o.ignore_index, o.label_smoothing,
+                                                    linear_cross_entropy_chunk(C, o.chunk_rows), loss_dtype);
 }
 
 template <Backend B> Var<B> mse_loss(const Var<B>& a, const Var<B>& b) { return (a - b).square().mean(); }
@@ -241,17 +278,18 @@ Var<B> cosine_embedding_loss(const Var<B>& x1_in, const Var<B>& x2_in, const Ten
   return reduce(loss, o.reduction, op);
 }
 
-#define KILN_INST(B)                                                                                              \
-  template Var<B> cross_entropy<B>(const Var<B>&, const Tensor<B>&, CrossEntropyOptions);                         \
-  template Var<B> mse_loss<B>(const Var<B>&, const Var<B>&);                                                      \
-  template Var<B> binary_cross_entropy<B>(const Var<B>&, const Var<B>&, BCELossOptions<B>);                       \
-  template Var<B> binary_cross_entropy_with_logits<B>(const Var<B>&, const Var<B>&, BCEWithLogitsLossOptions<B>); \
-  template Var<B> nll_loss<B>(const Var<B>&, const Tensor<B>&, NLLLossOptions<B>);                                \
-  template Var<B> l1_loss<B>(const Var<B>&, const Var<B>&, Reduction);                                            \
-  template Var<B> smooth_l1_loss<B>(const Var<B>&, const Var<B>&, SmoothL1LossOptions);                           \
-  template Var<B> huber_loss<B>(const Var<B>&, const Var<B>&, HuberLossOptions);                                  \
-  template Var<B> kl_div<B>(const Var<B>&, const Var<B>&, KLDivLossOptions);                                      \
-  template Var<B> cosine_similarity<B>(const Var<B>&, const Var<B>&, int64_t, double);                            \
+#define KILN_INST(B)                                                                                                  \
+  template Var<B> cross_entropy<B>(const Var<B>&, const Tensor<B>&, CrossEntropyOptions);                             \
+  template Var<B> linear_cross_entropy<B>(const Var<B>&, const Var<B>&, const Tensor<B>&, LinearCrossEntropyOptions); \
+  template Var<B> mse_loss<B>(const Var<B>&, const Var<B>&);                                                          \
+  template Var<B> binary_cross_entropy<B>(const Var<B>&, const Var<B>&, BCELossOptions<B>);                           \
+  template Var<B> binary_cross_entropy_with_logits<B>(const Var<B>&, const Var<B>&, BCEWithLogitsLossOptions<B>);     \
+  template Var<B> nll_loss<B>(const Var<B>&, const Tensor<B>&, NLLLossOptions<B>);                                    \
+  template Var<B> l1_loss<B>(const Var<B>&, const Var<B>&, Reduction);                                                \
+  template Var<B> smooth_l1_loss<B>(const Var<B>&, const Var<B>&, SmoothL1LossOptions);                               \
+  template Var<B> huber_loss<B>(const Var<B>&, const Var<B>&, HuberLossOptions);                                      \
+  template Var<B> kl_div<B>(const Var<B>&, const Var<B>&, KLDivLossOptions);                                          \
+  template Var<B> cosine_similarity<B>(const Var<B>&, const Var<B>&, int64_t, double);                                \
   template Var<B> cosine_embedding_loss<B>(const Var<B>&, const Var<B>&, const Tensor<B>&, CosineEmbeddingLossOptions);
 KILN_FOR_EACH_BACKEND(KILN_INST)
 #undef KILN_INST

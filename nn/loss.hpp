@@ -28,6 +28,7 @@
 //                                        max(0, cos − margin) where y = −1 (cos with ‖·‖² + 1e-12)
 // Each has a Module wrapper with PyTorch's name (BCELoss, ..., CosineSimilarity); weights are buffers
 // (`weight`, `pos_weight`), as in torch.nn, so they follow Module::to and appear in the state dict.
+#include <algorithm>
 #include <optional>
 #include <string_view>
 
@@ -43,6 +44,34 @@ struct CrossEntropyOptions {
 };
 
 template <Backend B> KILN_API Var<B> cross_entropy(const Var<B>& logits, const Tensor<B>& targets, CrossEntropyOptions o = {});
+
+// cross_entropy(hidden · weightᵀ, targets) with the mean reduction, without the [N, C] logits: a language
+// model's LM head and loss in one op (hidden [..., D], weight [C, D] as nn::Linear keeps it, targets
+// [...]). Rows go through in chunks of chunk_rows (0: as many as keep a chunk's logits at
+// kLinearCrossEntropyChunkElements, 2^25, i.e. 128 MiB in f32); the gradients are made chunk by chunk
+// in the forward and kept (dhidden and dweight, the size of hidden and weight; dweight in f32 for
+// bf16/f16 inputs), so the step runs the same three products as the composite and holds at most one
+// chunk's logits and dlogits, where the composite keeps the [N, C] logits from the forward to the
+// backward and makes their gradient there (a GPT-2 vocabulary at 8 x 1024 tokens: 1.65 GB each in
+// f32). The values are the composite's up to
+// the order of the sums over chunks (tests/nn/test_linear_cross_entropy.cpp). Under autocast the
+// product runs in the matmul policy's dtype, as the composite's; the loss is f32 (f64 for f64 inputs)
+// whatever the inputs' dtype.
+struct LinearCrossEntropyOptions {
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
+  int64_t chunk_rows = 0;
+};
+inline constexpr int64_t kLinearCrossEntropyChunkElements = int64_t{1} << 25;
+// Whether `rows` rows over `classes` classes make logits larger than one chunk: where the fusion saves
+// memory (kiln train's and evaluate's automatic choice).
+inline bool logits_exceed_chunk(int64_t rows, int64_t classes) { return rows * classes > kLinearCrossEntropyChunkElements; }
+// The rows per chunk that chunk_rows gives over `classes` classes (0: the automatic count).
+inline int64_t linear_cross_entropy_chunk(int64_t classes, int64_t chunk_rows) {
+  return chunk_rows > 0 ? chunk_rows : std::max<int64_t>(1, kLinearCrossEntropyChunkElements / std::max<int64_t>(classes, 1));
+}
+template <Backend B> KILN_API Var<B> linear_cross_entropy(const Var<B>& hidden, const Var<B>& weight, const Tensor<B>& targets,
+                                                          LinearCrossEntropyOptions o = {});
 template <Backend B> KILN_API Var<B> mse_loss(const Var<B>& a, const Var<B>& b);
 
 enum class Reduction { none, mean, sum, batchmean };

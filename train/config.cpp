@@ -7,8 +7,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "kiln/autograd/loss_ops.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/formats/json_fields.hpp"
+#include "kiln/nn/loss.hpp"
 
 namespace kiln {
 
@@ -34,6 +36,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   f.get("zero_stage", c.zero_stage);
   f.get("bucket_mb", c.bucket_mb);
   f.get("activation_checkpointing", c.activation_checkpointing);
+  f.get("loss_chunk_rows", c.loss_chunk_rows);
   f.get("shuffle", c.shuffle);
   one_of(where, "on_nonfinite", c.on_nonfinite, {"error", "skip"});
   one_of(where, "precision", c.precision, {"f32", "bf16", "f16"});
@@ -192,6 +195,19 @@ TrainConfig TrainConfig::load(const std::string& path) {
   return from_json(read_json_file(path), path);
 }
 
+int64_t TrainConfig::loss_chunk(int64_t tokens, int64_t vocab) const {
+  const bool fused = loss_chunk_rows > 0 || (loss_chunk_rows == 0 && nn::logits_exceed_chunk(tokens, vocab));
+  return fused ? nn::linear_cross_entropy_chunk(vocab, loss_chunk_rows) : 0;
+}
+
+std::string TrainConfig::loss_chunk_note(int64_t tokens, int64_t vocab) const {
+  const int64_t chunk = loss_chunk(tokens, vocab);
+  if (chunk == 0) return {};
+  return fmt::format(
+      "kiln train: LM head and cross-entropy fused, {} of the step's {} token rows per chunk (the [{}, {}] logits never made whole)\n",
+      autograd::balanced_chunk_rows(tokens, chunk), tokens, tokens, vocab);
+}
+
 void TrainConfig::validate() const {
   KILN_CHECK(batch_size >= 1, "batch_size must be >= 1, got {}", batch_size);
   KILN_CHECK(seq_len >= 1, "seq_len must be >= 1, got {}", seq_len);
@@ -211,6 +227,7 @@ void TrainConfig::validate() const {
   KILN_CHECK(schedule.step_size >= 1, "schedule step_size must be >= 1, got {}", schedule.step_size);
   KILN_CHECK(std::isfinite(schedule.gamma) && schedule.gamma >= 0,
              "schedule gamma must be >= 0 (a negative one gives negative learning rates), got {}", schedule.gamma);
+  KILN_CHECK(loss_chunk_rows >= -1, "loss_chunk_rows must be -1 (never fused), 0 (automatic) or a row count, got {}", loss_chunk_rows);
   KILN_CHECK(zero_stage == 0 || zero_stage == 1, "zero_stage must be 0 or 1 (ZeRO-1: sharded optimizer state), got {}", zero_stage);
   KILN_CHECK(zero_stage == 0 || optimizer.name == "adamw" || optimizer.name == "adam" || optimizer.name == "sgd",
              "zero_stage 1 shards adamw, adam or sgd, not optimizer '{}'", optimizer.name);
@@ -273,6 +290,7 @@ json TrainConfig::to_json() const {
               {"zero_stage", zero_stage},
               {"bucket_mb", bucket_mb},
               {"activation_checkpointing", activation_checkpointing},
+              {"loss_chunk_rows", loss_chunk_rows},
               {"shuffle", shuffle}};
   if (lora.r > 0) {
     out["lora"] = {{"r", lora.r}, {"alpha", lora.alpha}, {"dropout", lora.dropout}};

@@ -109,6 +109,15 @@ struct TrainConfig {
   // Activation checkpointing (docs/memory.md): each decoder layer's activations are recomputed in
   // backward instead of kept (GPT and Hugging Face models). Same gradients; less memory, more time.
   bool activation_checkpointing = false;
+  // The LM head and its cross-entropy fused (nn::linear_cross_entropy: no [B·T, vocab] logits kept): 0
+  // where the logits would exceed nn::kLinearCrossEntropyChunkElements (2^25), in chunks of rows that
+  // stay under it; N > 0 always, N rows per chunk; -1 never (the logits made whole, then the loss).
+  int64_t loss_chunk_rows = 0;
+  // The rows per chunk of the fused LM head and loss for a step over `tokens` token positions and a
+  // vocabulary of `vocab`; 0: not fused (the logits made whole).
+  int64_t loss_chunk(int64_t tokens, int64_t vocab) const;
+  // The line kiln train prints before the first step where it fuses them (empty where it does not).
+  std::string loss_chunk_note(int64_t tokens, int64_t vocab) const;
   // Rows read the token data's windows in a seeded order, every window once per epoch (train/data.hpp);
   // false: the reference's consecutive rows (docs/specs.md §4).
   bool shuffle = false;

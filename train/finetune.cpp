@@ -1,5 +1,6 @@
 #include "kiln/train/finetune.hpp"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/ranges.h>
@@ -102,12 +103,11 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
   const int64_t V = model->spec().vocab;
   auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& b) {
     const int64_t n = b.first.size(0);
-    const Var<B> logits = model->forward(b.first);
-    return StepOutput<B>{.loss = nn::cross_entropy(logits.reshape({-1, V}), b.second.reshape({-1})),
-                         .metrics = {},
-                         .samples = n,
-                         .tokens = n * T,
-                         .flops = 0};
+    // the fused LM head and loss where train.json's loss_chunk_rows asks for it (TrainConfig::fuses_loss)
+    const int64_t chunk = tc.loss_chunk(b.first.numel(), V);
+    const Var<B> loss = chunk ? model->loss(b.first, b.second, {.chunk_rows = chunk})
+                              : nn::cross_entropy(model->forward(b.first).reshape({-1, V}), b.second.reshape({-1}));
+    return StepOutput<B>{.loss = loss, .metrics = {}, .samples = n, .tokens = n * T, .flops = 0};
   };
   auto train_batch = [&](int64_t i) { return data.rows<B>(i, bs, T, ranks.rows.start, ranks.rows.count); };
   const IndexedBatches<decltype(train_batch)> train{
@@ -131,6 +131,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
   }
   if (!o.quiet && ranks.main && tc.activation_checkpointing)
     fmt::print("kiln train: activation checkpointing on (layer activations recomputed in backward)\n");
+  if (!o.quiet && ranks.main) fmt::print("{}", tc.loss_chunk_note(ranks.rows.count * T, model->spec().vocab));
   const FitResult r = with_eval ? fit(*model, *opt, train, eval, step, fo) : fit(*model, *opt, train, step, fo);
   TrainResult res;
   res.steps_done = r.steps_done;

@@ -1,5 +1,6 @@
 #include "kiln/train/trainer.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -30,9 +31,13 @@ namespace {
 
 using json = nlohmann::json;
 
-template <Backend B> Var<B> lm_loss(const nn::GPT<B>& model, const Tensor<B>& x, const Tensor<B>& y) {
+// The fused LM head and loss where train.json's loss_chunk_rows asks for it (TrainConfig::loss_chunk),
+// else the logits whole and cross_entropy.
+template <Backend B> Var<B> lm_loss(const nn::GPT<B>& model, const Tensor<B>& x, const Tensor<B>& y, const TrainConfig& tc) {
+  const int64_t vocab = model.config().vocab_size;
+  if (const int64_t chunk = tc.loss_chunk(x.numel(), vocab)) return model.loss(x, y, {.chunk_rows = chunk});
   const Var<B> logits = model.forward(x);
-  return nn::cross_entropy(logits.reshape({-1, model.config().vocab_size}), y.reshape({-1}));
+  return nn::cross_entropy(logits.reshape({-1, vocab}), y.reshape({-1}));
 }
 
 }  // namespace
@@ -105,7 +110,8 @@ template <Backend B> std::shared_ptr<optim::EMA<B>> make_ema(const nn::Module<B>
 
 namespace {
 
-// Mean cross-entropy of batches 0..batches-1 of `data` under a model whose forward(ids) gives logits [B, T, vocab].
+// Mean cross-entropy of batches 0..batches-1 of `data` under a model whose forward(ids) gives logits [B, T, vocab];
+// through its loss(ids, targets) (the fused LM head and loss) where the logits would pass one chunk.
 template <Backend B, class Model> double mean_lm_loss(const Model& model, int64_t vocab, const TokenData& data, int64_t batches,
                                                       int64_t batch_size, int64_t seq_len, DType precision) {
   KILN_CHECK(batches >= 1 && batch_size >= 1 && seq_len >= 1, "evaluate: batches {}, batch_size {} and seq_len {} must be >= 1", batches,
@@ -115,6 +121,10 @@ template <Backend B, class Model> double mean_lm_loss(const Model& model, int64_
   for (int64_t i = 0; i < batches; ++i) {
     const auto [x, y] = data.batch<B>(i, batch_size, seq_len);
     const autocast::Scope ac(precision);
+    if (nn::logits_exceed_chunk(x.numel(), vocab)) {
+      total += item<double>(model.loss(x, y).value());
+      continue;
+    }
     const Var<B> logits = model.forward(x);
     total += item<double>(nn::cross_entropy(logits.reshape({-1, vocab}), y.reshape({-1})).value());
   }
@@ -227,6 +237,7 @@ template <Backend B> void print_banner(const TrainOptions& o, const ModelConfig&
                             : std::string(),
              tc.precision == "f32" ? std::string() : fmt::format(", precision {} (autocast)", tc.precision));
   if (tc.activation_checkpointing) fmt::print("kiln train: activation checkpointing on (layer activations recomputed in backward)\n");
+  fmt::print("{}", tc.loss_chunk_note(ranks.rows.count * T, cfg.vocab_size));
 }
 
 // After the loop: the model or its LoRA adapter saved (rank 0), every rank waiting for rank 0's files, the closing lines.
@@ -343,7 +354,7 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
   const double seq_flops = nn::gpt_flops(cfg, T).total();  // the model FLOPs of one row's forward + backward
   auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& b) {
     const int64_t n = b.first.size(0);
-    return StepOutput<B>{.loss = lm_loss(model, b.first, b.second),
+    return StepOutput<B>{.loss = lm_loss(model, b.first, b.second, tc),
                          .metrics = {},
                          .samples = n,
                          .tokens = n * T,

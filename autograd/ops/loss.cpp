@@ -1,6 +1,8 @@
 // Loss ops with a closed-form backward (autograd/loss_ops.hpp): forward and backward side by side.
 // cross_entropy returns the per-row loss, the others the elementwise loss; each closure saves only
 // what its formulas read, and only for the inputs that need a gradient.
+#include <algorithm>
+
 #include "kiln/autograd/autocast.hpp"
 #include "kiln/autograd/loss_ops.hpp"
 #include "kiln/autograd/record.hpp"
@@ -116,6 +118,56 @@ template <Backend B> Var<B> LossOps<B>::cross_entropy(const X& x, const Tensor<B
                    [xv, lse = lse, t, ignore_index, label_smoothing](const Tensor<B>& g) {
                      return Grads<B>{fused::cross_entropy_backward(xv, lse, t, g, ignore_index, label_smoothing)};
                    });
+}
+
+// The LM head and its cross-entropy in row chunks (autograd/loss_ops.hpp): no [N, C] tensor outlives a
+// chunk. The gradients are made in the forward, each row's for a gradient of 1 on its loss, and scaled
+// in the backward by the upstream gradient over `kept`: the products are those the composite's
+// backward would run, chunk by chunk, so the step does no more work than without the fusion. Per row
+// rather than for the mean: dlogits stay within [-1, 1], so bf16/f16 ones neither underflow before
+// f16's loss scale reaches them nor lose what the mean's 1/kept would shift out; dweight sums its
+// chunks in f32 for half inputs and is rounded to their dtype only once scaled.
+template <Backend B> Var<B> LossOps<B>::linear_cross_entropy(const X& h, const X& w, const Tensor<B>& t, int64_t kept, int64_t ignore_index,
+                                                             double label_smoothing, int64_t chunk_rows, std::optional<DType> loss_dtype) {
+  static constexpr const char* op = "linear_cross_entropy";
+  KILN_CHECK(h.dim() == 2 && w.dim() == 2 && h.size(1) == w.size(1), "{}: hidden states [N, D] and weight [C, D] needed, got {} and {}", op,
+             shape_str(h.shape()), shape_str(w.shape()));
+  KILN_CHECK(is_floating(h.dtype()) && h.dtype() == w.dtype(), "{}: hidden states and weight need one float dtype, got {} and {}", op,
+             h.dtype(), w.dtype());
+  KILN_CHECK(t.shape() == Shape{h.size(0)}, "{}: targets [{}] needed, got {}", op, h.size(0), shape_str(t.shape()));
+  KILN_CHECK(chunk_rows > 0 && kept > 0, "{}: chunk_rows and the count of kept rows must be > 0, got {} and {}", op, chunk_rows, kept);
+  const T<B> hv = h.value(), wv = w.value(), wt = wv.t();
+  const DType dt = hv.dtype(), acc = dt == DType::f64 ? DType::f64 : DType::f32;
+  const int64_t N = hv.size(0);
+  const bool dh_wanted = needs_grad(h), dw_wanted = needs_grad(w);
+  T<B> total, dh, dw;
+  if (dh_wanted) dh = T<B>::empty(hv.shape(), dt);
+  const int64_t rows = balanced_chunk_rows(N, chunk_rows);
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t n = std::min(rows, N - r0);
+    const T<B> hc = hv.narrow(0, r0, n), tc = t.narrow(0, r0, n);
+    const T<B> logits = hc.matmul(wt);
+    auto [rows_loss, lse] = fused::cross_entropy_forward(logits, tc, ignore_index, label_smoothing);
+    const T<B> part = rows_loss.sum();
+    total = total.defined() ? total.add(part) : part;
+    if (!dh_wanted && !dw_wanted) continue;
+    const T<B> dlogits = fused::cross_entropy_backward(logits, lse, tc, T<B>::ones({n}, acc), ignore_index, label_smoothing);
+    if (dh_wanted) dh.narrow(0, r0, n).copy_(dlogits.matmul(wv));
+    if (dw_wanted) {
+      const T<B> part_dw = dlogits.t().matmul(hc).to(acc);
+      if (dw.defined())
+        dw.add_(part_dw);
+      else
+        dw = part_dw;
+    }
+  }
+  const T<B> loss = total.div(static_cast<double>(kept)).to(loss_dtype.value_or(dt));
+  return record<B>(op, loss, {&h, &w}, [dh, dw, kept, acc, dt](const T<B>& g) {
+    // the upstream gradient over kept, in f32 (f64 for f64): not rounded to bf16/f16 first
+    const T<B> f = g.to(acc).div(static_cast<double>(kept));
+    const auto scaled = [&f, dt](const T<B>& d) { return d.defined() ? d.to(f.dtype()).mul(f).to(dt) : d; };
+    return Grads<B>{scaled(dh), scaled(dw)};
+  });
 }
 
 #define KILN_INST(B) template struct LossOps<B>;

@@ -240,8 +240,18 @@ template <Backend B> Var<B> CausalLM<B>::forward(const Tensor<B>& ids, std::vect
   return run(ids, &caches, capacity, rows);
 }
 
-template <Backend B>
-Var<B> CausalLM<B>::run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* caches, int64_t capacity, const nn::RowInputs<B>& rows) const {
+template <Backend B> Var<B> CausalLM<B>::hidden(const Tensor<B>& ids) const { return run(ids, nullptr, 0, {}, false); }
+
+template <Backend B> Var<B> CausalLM<B>::loss(const Tensor<B>& ids, const Tensor<B>& targets, nn::LinearCrossEntropyOptions o) const {
+  if (s_.final_softcap > 0 || (lm_head_ && lm_head_->adapter()))
+    return nn::cross_entropy(forward(ids), targets, {.ignore_index = o.ignore_index, .label_smoothing = o.label_smoothing});
+  std::optional<autocast::Scope> scope;  // the head's product in the forward's dtype
+  if (o_.autocast != DType::f32) scope.emplace(o_.autocast);
+  return nn::linear_cross_entropy(hidden(ids), lm_head_ ? lm_head_->weight() : embed_->weight(), targets, o);
+}
+
+template <Backend B> Var<B> CausalLM<B>::run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* caches, int64_t capacity,
+                                             const nn::RowInputs<B>& rows, bool head) const {
   KILN_CHECK(ids.dim() == 2 && (ids.dtype() == DType::i64 || ids.dtype() == DType::i32),
              "hf::CausalLM({}): ids must be i32/i64 [B, T], got {} {}", s_.architecture, ids.dtype(), shape_str(ids.shape()));
   const int64_t T = ids.size(1), pos0 = caches ? (*caches)[0].len : 0;
@@ -311,6 +321,7 @@ Var<B> CausalLM<B>::run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* cache
       x = layer->forward(x, pos0, lc, ls, per_row, m, caches ? &(*caches)[i] : nullptr, capacity);
   }
   x = rms_ ? rms_->forward(x) : ln_->forward(x);
+  if (!head) return x;
   Var<B> logits = lm_head_
                       ? lm_head_->forward(x)
                       : autograd::Linalg<B>::linear(x.reshape({-1, s_.hidden}), embed_->weight(), {}).reshape({ids.size(0), T, s_.vocab});

@@ -31,6 +31,7 @@
 #include "kiln/nn/attention.hpp"
 #include "kiln/nn/embedding.hpp"
 #include "kiln/nn/linear.hpp"
+#include "kiln/nn/loss.hpp"
 #include "kiln/nn/norm.hpp"
 
 #pragma GCC visibility push(default)  // exported from libkiln (CMakeLists.txt: hidden by default)
@@ -126,6 +127,12 @@ template <Backend B> class CausalLM : public nn::Module<B> {
   // A left-padded batch (batched generation, nn/generate.hpp): each row's positions and a mask that
   // hides the padding (nn::RowInputs).
   Var<B> forward(const Tensor<B>& ids, std::vector<nn::KVCache<B>>& caches, int64_t capacity, const nn::RowInputs<B>& rows) const;
+  // The final norm's output [B, T, hidden]: the forward without the LM head (in the autocast dtype).
+  Var<B> hidden(const Tensor<B>& ids) const;
+  // The mean next-token cross-entropy of forward(ids) against targets [B, T] through
+  // nn::linear_cross_entropy (the [B·T, vocab] logits never kept whole); where the head is more than a
+  // matrix (Gemma 2's final soft cap, a LoRA adapter on lm_head) through forward and cross_entropy.
+  Var<B> loss(const Tensor<B>& ids, const Tensor<B>& targets, nn::LinearCrossEntropyOptions o = {}) const;
   std::vector<nn::KVCache<B>> make_caches() const { return std::vector<nn::KVCache<B>>(static_cast<size_t>(s_.layers)); }
   // The most positions a sequence may have (learned positions); 0: no limit.
   int64_t max_positions() const { return s_.learned_positions ? s_.max_positions : 0; }
@@ -141,7 +148,8 @@ template <Backend B> class CausalLM : public nn::Module<B> {
   bool activation_checkpointing() const { return checkpointing_; }
 
  private:
-  Var<B> run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* caches, int64_t capacity, const nn::RowInputs<B>& rows) const;
+  Var<B> run(const Tensor<B>& ids, std::vector<nn::KVCache<B>>* caches, int64_t capacity, const nn::RowInputs<B>& rows,
+             bool head = true) const;
   Spec s_;
   LoadOptions o_;
   bool checkpointing_ = false;
