@@ -5,11 +5,13 @@ under bf16 autocast. One process per run (peak resident set from wait4), the run
 per kiln binary and precision; prints each run's peak, median step time over steps 2.. and last loss.
 
   KILN_NUM_THREADS=2 bench/amp/logits_memory.py [--kiln build-cpu/kiln[,other/kiln]] [--steps 8] [--rounds 2]
+                                                [--loss-chunk-rows -1,0] [--precisions bf16,f32]
 
 Several binaries (comma-separated) compare builds, e.g. before and after a change (bench/RESULTS.md,
-"bf16 logits into the cross-entropy").
+"bf16 logits into the cross-entropy"); several train.json `loss_chunk_rows` values compare the LM head
+and loss made whole (-1) with the fused op (0: automatic, N: rows per chunk), each binary with each.
 """
-import argparse, json, os, random, statistics, struct, subprocess, sys, tempfile
+import argparse, json, os, random, shutil, statistics, struct, subprocess, sys, tempfile
 
 
 def tokens(path, n, vocab):
@@ -37,6 +39,8 @@ def main():
     ap.add_argument("--kiln", default="build-cpu/kiln")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--loss-chunk-rows", default="", help="comma-separated train.json loss_chunk_rows values (default: unset)")
+    ap.add_argument("--precisions", default="bf16,f32")
     a = ap.parse_args()
     vocab, B, T = 50304, 8, 256
     tmp = tempfile.mkdtemp(prefix="kiln-logits-")
@@ -45,14 +49,20 @@ def main():
     json.dump({"vocab_size": vocab, "d_model": 256, "n_layers": 2, "n_heads": 4, "max_seq_len": T, "attention": "mha"}, open(model, "w"))
     env = dict(os.environ, KILN_NUM_THREADS=os.environ.get("KILN_NUM_THREADS", "2"))
     print(f"vocab {vocab}, B {B}, T {T}, KILN_NUM_THREADS={env['KILN_NUM_THREADS']}")
-    bins = a.kiln.split(",")
-    for prec in ("bf16", "f32"):
-        train = os.path.join(tmp, f"train_{prec}.json")
-        json.dump({"batch_size": B, "seq_len": T, "steps": a.steps, "precision": prec}, open(train, "w"))
-        order = [b for _ in range(a.rounds) for b in (bins + bins[::-1])]
-        for i, k in enumerate(order):
+    chunks = [int(c) for c in a.loss_chunk_rows.split(",")] if a.loss_chunk_rows else [None]
+    variants = [(k, c) for k in a.kiln.split(",") for c in chunks]
+    for prec in a.precisions.split(","):
+        order = [v for _ in range(a.rounds) for v in (variants + variants[::-1])]
+        for i, (k, c) in enumerate(order):
+            train = os.path.join(tmp, f"train_{prec}_{c}.json")
+            cfg = {"batch_size": B, "seq_len": T, "steps": a.steps, "precision": prec}
+            if c is not None:
+                cfg["loss_chunk_rows"] = c
+            json.dump(cfg, open(train, "w"))
             rss, ms, loss = run(k, model, train, tok, os.path.join(tmp, f"log{i}.jsonl"), env)
-            print(f"{prec:5s} {k:40s} peak {rss:8.1f} MiB  step {ms:7.1f} ms  loss {loss:.6f}")
+            label = k if c is None else f"{k} loss_chunk_rows {c}"
+            print(f"{prec:5s} {label:48s} peak {rss:8.1f} MiB  step {ms:7.1f} ms  loss {loss:.6f}")
+    shutil.rmtree(tmp)
 
 
 if __name__ == "__main__":
