@@ -1,6 +1,5 @@
 #include "kiln/train/finetune.hpp"
 
-#include <algorithm>
 #include <filesystem>
 
 #include <fmt/ranges.h>
@@ -103,7 +102,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
   const int64_t V = model->spec().vocab;
   auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& b) {
     const int64_t n = b.first.size(0);
-    // the fused LM head and loss where train.json's loss_chunk_rows asks for it (TrainConfig::fuses_loss)
+    // the fused LM head and loss where train.json's loss_chunk_rows asks for it (TrainConfig::loss_chunk)
     const int64_t chunk = tc.loss_chunk(b.first.numel(), V);
     const Var<B> loss = chunk ? model->loss(b.first, b.second, {.chunk_rows = chunk})
                               : nn::cross_entropy(model->forward(b.first).reshape({-1, V}), b.second.reshape({-1}));

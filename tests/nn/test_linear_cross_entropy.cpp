@@ -164,13 +164,7 @@ TEST_CASE("GPT::loss equals cross_entropy of forward: tied and untied heads, and
     for (const bool lora : {false, true}) {
       if (tied && lora) continue;  // a tied head is the embedding: no lm_head to adapt
       INFO("tied " << tied << " lora " << lora);
-      ModelConfig cfg;
-      cfg.vocab_size = 97;
-      cfg.d_model = 32;
-      cfg.n_layers = 2;
-      cfg.n_heads = 4;
-      cfg.max_seq_len = 16;
-      cfg.tie_embeddings = tied;
+      const ModelConfig cfg{.vocab_size = 97, .d_model = 32, .n_layers = 2, .n_heads = 4, .max_seq_len = 16, .tie_embeddings = tied};
       nn::GPT<B> a(cfg, DType::f64), b(cfg, DType::f64);
       a.init_weights(3);
       b.init_weights(3);
