@@ -107,6 +107,22 @@ TEST_CASE("lora cli: kiln train --init-from MODEL_DIR --lora-r fine-tunes a text
   REQUIRE(r.status == 0);
   CHECK_THAT(r.out, Catch::Contains("activation checkpointing on"));
   CHECK(losses(dir / "ac.jsonl") == std::vector<double>(full.begin(), full.begin() + 10));
+  // The LM head and its loss fused (train.json "loss_chunk_rows", nn::linear_cross_entropy): the banner
+  // says so, and the losses are the unfused run's up to the order of sums.
+  std::ofstream(dir / "fused.json") << R"({"batch_size": 4, "seq_len": 16, "steps": 10, "grad_clip": 1.0, "loss_chunk_rows": 8,
+            "optimizer": {"name": "adamw", "lr": 0.05, "weight_decay": 0.0},
+            "lora": {"alpha": 8, "target_modules": ["q_proj", "v_proj", "*.mlp.*_proj"]}})";
+  r = run_kiln(fmt::format(
+      "train --init-from {0} --data {1}/small.txt --train {1}/fused.json --lora-r 4 --progress off --log {1}/fused.jsonl", kModel, d));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("LM head and cross-entropy fused, 8 of the step's 64 token rows per chunk"));
+  const auto fused = losses(dir / "fused.jsonl");
+  REQUIRE(fused.size() == 10);
+  for (size_t i = 0; i < fused.size(); ++i) {
+    INFO("step " << i);
+    CHECK(fused[i] == Approx(full[i]).epsilon(1e-4));
+  }
   // bf16 autocast over f32 master weights (train.json "precision"): the losses of f32 within bf16's rounding.
   std::ofstream(dir / "bf16.json") << R"({"batch_size": 4, "seq_len": 16, "steps": 10, "grad_clip": 1.0, "precision": "bf16",
             "optimizer": {"name": "adamw", "lr": 0.05, "weight_decay": 0.0},
