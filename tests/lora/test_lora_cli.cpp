@@ -107,15 +107,21 @@ TEST_CASE("lora cli: kiln train --init-from MODEL_DIR --lora-r fine-tunes a text
   REQUIRE(r.status == 0);
   CHECK_THAT(r.out, Catch::Contains("activation checkpointing on"));
   CHECK(losses(dir / "ac.jsonl") == std::vector<double>(full.begin(), full.begin() + 10));
-  // The LM head and its loss fused (train.json "loss_chunk_rows", nn::linear_cross_entropy): the banner
-  // says so, and the losses are the unfused run's up to the order of sums.
-  std::ofstream(dir / "fused.json") << R"({"batch_size": 4, "seq_len": 16, "steps": 10, "grad_clip": 1.0, "loss_chunk_rows": 8,
+  // A 10-step fine-tune with train.json's options plus `extra` (as `name`.json): its output; its losses
+  // go to `name`.jsonl.
+  const auto run10 = [&](const std::string& name, const std::string& extra) {
+    std::ofstream(dir / (name + ".json")) << R"({"batch_size": 4, "seq_len": 16, "steps": 10, "grad_clip": 1.0, )" << extra << R"(,
             "optimizer": {"name": "adamw", "lr": 0.05, "weight_decay": 0.0},
             "lora": {"alpha": 8, "target_modules": ["q_proj", "v_proj", "*.mlp.*_proj"]}})";
-  r = run_kiln(fmt::format(
-      "train --init-from {0} --data {1}/small.txt --train {1}/fused.json --lora-r 4 --progress off --log {1}/fused.jsonl", kModel, d));
-  INFO(r.out);
-  REQUIRE(r.status == 0);
+    auto out = run_kiln(fmt::format(
+        "train --init-from {0} --data {1}/small.txt --train {1}/{2}.json --lora-r 4 --progress off --log {1}/{2}.jsonl", kModel, d, name));
+    INFO(out.out);
+    REQUIRE(out.status == 0);
+    return out;
+  };
+  // The LM head and its loss fused (train.json "loss_chunk_rows", nn::linear_cross_entropy): the banner
+  // says so, and the losses are the unfused run's up to the order of sums.
+  r = run10("fused", R"("loss_chunk_rows": 8)");
   CHECK_THAT(r.out, Catch::Contains("LM head and cross-entropy fused, 8 of the step's 64 token rows per chunk"));
   const auto fused = losses(dir / "fused.jsonl");
   REQUIRE(fused.size() == 10);
@@ -124,13 +130,7 @@ TEST_CASE("lora cli: kiln train --init-from MODEL_DIR --lora-r fine-tunes a text
     CHECK(fused[i] == Approx(full[i]).epsilon(1e-4));
   }
   // bf16 autocast over f32 master weights (train.json "precision"): the losses of f32 within bf16's rounding.
-  std::ofstream(dir / "bf16.json") << R"({"batch_size": 4, "seq_len": 16, "steps": 10, "grad_clip": 1.0, "precision": "bf16",
-            "optimizer": {"name": "adamw", "lr": 0.05, "weight_decay": 0.0},
-            "lora": {"alpha": 8, "target_modules": ["q_proj", "v_proj", "*.mlp.*_proj"]}})";
-  r = run_kiln(fmt::format(
-      "train --init-from {0} --data {1}/small.txt --train {1}/bf16.json --lora-r 4 --progress off --log {1}/bf16.jsonl", kModel, d));
-  INFO(r.out);
-  REQUIRE(r.status == 0);
+  r = run10("bf16", R"("precision": "bf16")");
   CHECK_THAT(r.out, Catch::Contains("precision bf16 (autocast)"));
   const auto bf16 = losses(dir / "bf16.jsonl");
   REQUIRE(bf16.size() == 10);
