@@ -53,10 +53,9 @@ template <Backend B> KILN_API Var<B> cross_entropy(const Var<B>& logits, const T
 // bf16/f16 inputs), so the step runs the same three products as the composite and holds at most one
 // chunk's logits and dlogits, where the composite keeps the [N, C] logits from the forward to the
 // backward and makes their gradient there (a GPT-2 vocabulary at 8 x 1024 tokens: 1.65 GB each in
-// f32). The values are the composite's up to
-// the order of the sums over chunks (tests/nn/test_linear_cross_entropy.cpp). Under autocast the
-// product runs in the matmul policy's dtype, as the composite's; the loss is f32 (f64 for f64 inputs)
-// whatever the inputs' dtype.
+// f32). The values are the composite's up to the order of the sums over chunks
+// (tests/nn/test_linear_cross_entropy.cpp). Under autocast the product runs in the matmul policy's
+// dtype, as the composite's; the loss is f32 (f64 for f64 inputs) whatever the inputs' dtype.
 struct LinearCrossEntropyOptions {
   int64_t ignore_index = -100;
   double label_smoothing = 0.0;
