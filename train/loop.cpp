@@ -1,5 +1,6 @@
 #include "kiln/train/loop.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -56,7 +57,7 @@ bool loop_key(const std::string& k) {
                                "optimizer_kinds"};
   for (const char* x : keys)
     if (k == x) return true;
-  return k.rfind("data.", 0) == 0 || k == "scheduler" || k.rfind("scheduler.", 0) == 0;
+  return k.rfind("data.", 0) == 0 || k == "scheduler" || k.rfind("scheduler.", 0) == 0 || k.rfind("time_limit.", 0) == 0;
 }
 
 const std::string& need(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
@@ -136,6 +137,15 @@ template <Backend B> class Engine {
   void evaluate_at_start(FitResult& res, std::FILE* log, ProgressBar* bar);
   void save_checkpoint(int64_t step_count);
   [[noreturn]] void fail_nonfinite(int64_t step, double loss, double norm, double loss_scale);
+  // The time limit (FitOptions::time_limit_s, loop.hpp): the run's clock, the plan, the stop.
+  double elapsed_s() const;  // of the whole run: before this call (a resumed checkpoint's) and since run() began
+  bool out_of_time();        // rank 0's clock past the limit; the same answer on every process
+  struct Plan {
+    bool changed = false;  // the run's total
+    std::string line;      // to print ("" = none)
+  };
+  Plan plan_for_time(int64_t step);  // before `step`
+  double planned_cost(int64_t done, int64_t n, double step_s, double eval_s, double checkpoint_s) const;
 
   nn::Module<B>& model_;
   optim::Optimizer<B>& opt_;
@@ -153,7 +163,27 @@ template <Backend B> class Engine {
   double last_flops_ = 0;
   std::optional<autocast::GradScaler> scaler_;  // precision f16
   optim::EMA<B>* ema_ = nullptr;                // options.ema
+  // The time limit's state.
+  std::chrono::steady_clock::time_point t0_{};
+  double elapsed_before_ = 0;                        // seconds the run had taken at the resumed checkpoint
+  int64_t plans_ = 0;                                // plans made (the first, then its revisions)
+  int64_t timed_at_plan_ = 0;                        // steps timed when the last was made
+  int64_t full_total_ = 0;                           // the run's steps as the options give them (a plan's most)
+  int64_t planned_ = 0;                              // the total the plan set (0: none)
+  int64_t shown_total_ = 0;                          // the total the last plan's line gave
+  int64_t last_step_ = -1;                           // the step the limit made the last
+  std::vector<double> step_s_;                       // wall seconds of the loop's iterations timed for the plan
+  std::chrono::steady_clock::time_point iter_t0_{};  // when the last iteration began
+  bool iter_timed_ = false;                          // whether it counts (no evaluation or checkpoint in it)
+  bool evaluates_ = false;                           // the last step was one that evaluates (on rank 0; every rank knows)
+  double forward_s_ = 0;                             // of the training micro-batches' forwards, in total
+  int64_t forwards_ = 0;
+  double eval_s_ = -1, checkpoint_s_ = -1;  // the last evaluation's and checkpoint's wall seconds (-1: none yet)
 };
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 
 template <Backend B> void Engine<B>::validate() {
   KILN_CHECK(o_.epochs >= 0, "fit: epochs must be >= 0, got {}", o_.epochs);
@@ -168,6 +198,8 @@ template <Backend B> void Engine<B>::validate() {
   KILN_CHECK(o_.checkpoint_every == 0 || !o_.checkpoint_path.empty(), "fit: checkpoint_every = {} needs a checkpoint_path",
              o_.checkpoint_every);
   KILN_CHECK(o_.stop_after >= -1, "fit: stop_after must be >= 0 (or -1 = never), got {}", o_.stop_after);
+  KILN_CHECK(std::isfinite(o_.time_limit_s) && o_.time_limit_s >= 0, "fit: time_limit_s must be >= 0 seconds (0 = none), got {}",
+             o_.time_limit_s);
   KILN_CHECK(o_.progress >= -1 && o_.progress <= 1, "fit: progress must be -1 (auto), 0 or 1, got {}", o_.progress);
   KILN_CHECK(o_.schedule.warmup_steps >= 0, "fit: schedule.warmup_steps must be >= 0, got {}", o_.schedule.warmup_steps);
   for (const auto& [key, value] : o_.metadata)
@@ -210,7 +242,7 @@ template <Backend B> void Engine<B>::validate() {
     KILN_CHECK(eval_->batches_per_epoch() > 0, "fit: the evaluation data has no batches{}",
                eval_->indexed() ? " (set IndexedBatches::count)" : "");
   }
-  total_ = o_.epochs > 0 ? o_.epochs * spe_ : o_.steps;
+  total_ = full_total_ = o_.epochs > 0 ? o_.epochs * spe_ : o_.steps;
   (void)o_.schedule.at(1.0, 0, total_);  // an unknown schedule name throws here, before anything runs
   (void)o_.schedule.at(1.0, total_ - 1, total_);
 }
@@ -235,6 +267,15 @@ template <Backend B> void Engine<B>::resume() {
   const std::string mine = train_.indexed() ? "indexed" : "loader";
   KILN_CHECK(data_kind == mine, "fit: resume checkpoint '{}' was trained on {} data, this run on {}", path,
              data_kind == "loader" ? "DataLoader" : "IndexedBatches", mine == "loader" ? "DataLoader" : "IndexedBatches");
+  // A time limit's state: the time spent, and the plan's total (kept where this run's steps allow it).
+  if (o_.time_limit_s > 0 && m.count("time_limit.elapsed_s")) elapsed_before_ = parse<double>(m, "time_limit.elapsed_s", path);
+  if (o_.time_limit_s > 0 && m.count("time_limit.planned_steps")) {
+    const auto planned = parse<int64_t>(m, "time_limit.planned_steps", path);
+    if (planned >= step && planned <= total_) {
+      planned_ = total_ = planned;
+      plans_ = 1;
+    }
+  }
   KILN_CHECK(step >= 0 && step <= total_, "fit: resume checkpoint '{}' is at step {}, beyond this run's {} steps", path, step, total_);
   try {
     train_.load_state(m);
@@ -306,6 +347,7 @@ template <Backend B> void Engine<B>::fail_nonfinite(int64_t step, double loss, d
 }
 
 template <Backend B> double Engine<B>::evaluate(std::map<std::string, double>& metrics) {
+  const auto t0 = std::chrono::steady_clock::now();
   NoGrad ng;
   const bool was_training = model_.is_training();
   model_.eval();
@@ -341,6 +383,7 @@ template <Backend B> double Engine<B>::evaluate(std::map<std::string, double>& m
     return s / ws;
   };
   for (const auto& [k, v] : values) metrics["eval_" + k] = mean(v);
+  eval_s_ = seconds_since(t0);  // for a time limit's plan
   return mean(losses);
 }
 
@@ -388,6 +431,7 @@ template <Backend B> void Engine<B>::evaluate_at_start(FitResult& res, std::FILE
 }
 
 template <Backend B> void Engine<B>::save_checkpoint(int64_t step_count) {
+  const auto t = std::chrono::steady_clock::now();
   // Never replace a good checkpoint with a diverged model: every parameter must be finite.
   {
     NoGrad ng;
@@ -421,7 +465,10 @@ template <Backend B> void Engine<B>::save_checkpoint(int64_t step_count) {
   }
   meta["data.kind"] = train_.indexed() ? "indexed" : "loader";
   for (auto& [k, v] : train_.state()) meta[k] = v;
+  if (o_.time_limit_s > 0) meta["time_limit.elapsed_s"] = fmt::format("{}", elapsed_s());
+  if (planned_ > 0) meta["time_limit.planned_steps"] = std::to_string(planned_);
   safetensors::save<B>(o_.checkpoint_path, ts, meta);
+  checkpoint_s_ = seconds_since(t);
 }
 
 template <Backend B> FitResult Engine<B>::run() {
@@ -448,6 +495,7 @@ template <Backend B> FitResult Engine<B>::run() {
 
   model_.train();
   SignalGuard signals(o_.handle_signals);
+  t0_ = std::chrono::steady_clock::now();
   FitResult res;
   res.start_step = start_;
   int64_t step = start_, last_checkpoint = -1;
@@ -456,7 +504,10 @@ template <Backend B> FitResult Engine<B>::run() {
   while (step < end_ && !stop) {
     json rec;
     FitState st;
+    const Plan plan = o_.time_limit_s > 0 ? plan_for_time(step) : Plan{};
     one_step(step, rec, st);
+    if (plan.changed) rec["planned_steps"] = planned_;  // the first step under a plan
+    if (o_.progress != 0 && !plan.line.empty()) st.messages.insert(st.messages.begin(), plan.line);
     res.losses.push_back(st.loss);
     if (st.evaluated) {
       res.eval_losses.push_back(st.eval_loss);
@@ -468,11 +519,17 @@ template <Backend B> FitResult Engine<B>::run() {
       save_checkpoint(step);
       last_checkpoint = step;
     }
+    iter_timed_ = step - start_ > kTimePlanSkip && !evaluates_ && last_checkpoint != step;  // the same on every process
     stop = should_stop(st.stop, step, res);
+    if (step == last_step_ + 1) {
+      stop = true;
+      res.out_of_time = true;
+    }
   }
   if (step < total_ && !res.interrupted) res.stopped = true;
   res.steps_done = step;
   res.skipped = skipped_;
+  res.planned_steps = planned_;
   if (!o_.checkpoint_path.empty() && last_checkpoint != step) save_checkpoint(step);
   return res;
 }
@@ -533,6 +590,7 @@ template <Backend B> void Engine<B>::report(int64_t step, json& rec, const FitSt
     if (st.evaluated) extra += fmt::format("{}eval {:.4f}", extra.empty() ? "" : " ", st.eval_loss);
     if (skipped_ > 0) extra += fmt::format("{}skipped {}", extra.empty() ? "" : " ", skipped_);
     if (step == start_) bar->set_unit(last_tokens_ > 0 ? "tok" : "samples");
+    bar->set_total(total_);  // a time limit's plan may have shortened the run
     bar->update(step, st.loss, st.lr, last_tokens_ > 0 ? last_tokens_ : last_samples_, extra, last_flops_);
   }
 }
@@ -569,6 +627,13 @@ template <Backend B> void Engine<B>::one_step(int64_t step, json& rec, FitState&
   reduce_losses(sums);
   const Update u = update(step, sums.loss, norm, loss_scale);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  // Past the time limit: this step is the last (it evaluates as the last one does; the loop stops after it).
+  if (o_.time_limit_s > 0 && step + 1 < total_ && out_of_time()) {
+    last_step_ = step;
+    if (o_.progress != 0)  // the loop's own lines go with its progress output
+      st.print(fmt::format("time limit {:g} s reached after step {} of {} ({:.1f} s): the run ends here", o_.time_limit_s, step + 1, total_,
+                           elapsed_s()));
+  }
 
   rec = step_record(step, sums, lr, norm, ms, loss_scale, u);
   st.step = step;
@@ -613,8 +678,11 @@ template <Backend B> typename Engine<B>::StepSums Engine<B>::run_window(int64_t 
       StepOutput<B> out;
       {
         const profile::Scope prof_fwd("fit.forward", "step");
+        const auto t = std::chrono::steady_clock::now();
         autocast::Scope ac(o_.precision);  // the forward and loss; backward below runs outside it
         out = step_();
+        forward_s_ += seconds_since(t);
+        ++forwards_;
       }
       KILN_CHECK(out.loss.defined() && out.loss.numel() == 1, "fit: the step function must return a scalar loss, got {}",
                  out.loss.defined() ? shape_str(out.loss.shape()) : std::string("an undefined Var"));
@@ -729,7 +797,8 @@ json Engine<B>::step_record(int64_t step, const StepSums& sums, double lr, doubl
 // and the DataLoader's next epoch.
 template <Backend B> void Engine<B>::after_update(int64_t step, int64_t epoch, json& rec, FitState& st) {
   if (o_.scheduler && !o_.scheduler->needs_metric()) o_.scheduler->step();
-  const bool eval_now = eval_ && ((o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == total_);
+  const bool eval_now = eval_ && ((o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == total_ || step == last_step_);
+  evaluates_ = eval_now;
   if (eval_now && o_.hooks.main_process) {
     st.eval_loss = evaluate_weights(st.metrics);
     st.evaluated = true;
@@ -750,6 +819,85 @@ template <Backend B> void Engine<B>::after_update(int64_t step, int64_t epoch, j
     for (const auto& cb : o_.callbacks)
       if (cb.on_epoch) cb.on_epoch(st);
   }
+}
+
+template <Backend B> double Engine<B>::elapsed_s() const { return elapsed_before_ + seconds_since(t0_); }
+
+template <Backend B> bool Engine<B>::out_of_time() {
+  std::vector<double> flag{o_.hooks.main_process && elapsed_s() >= o_.time_limit_s ? 1.0 : 0.0};
+  if (o_.hooks.sum_over_processes) o_.hooks.sum_over_processes(flag);
+  return flag[0] > 0;
+}
+
+// Seconds that n more steps after `done` take: the steps, the evaluations among them (every
+// eval_every-th and the last) and the checkpoints (every checkpoint_every-th and the final one).
+template <Backend B> double Engine<B>::planned_cost(int64_t done, int64_t n, double step_s, double eval_s, double checkpoint_s) const {
+  const int64_t end = done + n;
+  auto every = [&](int64_t k) { return k > 0 ? end / k - done / k : 0; };  // multiples of k in (done, end]
+  int64_t evals = 0, checkpoints = 0;
+  if (eval_) evals = every(o_.eval_every) + (o_.eval_every > 0 && end % o_.eval_every == 0 ? 0 : 1);
+  if (!o_.checkpoint_path.empty())
+    checkpoints = every(o_.checkpoint_every) + (o_.checkpoint_every > 0 && end % o_.checkpoint_every == 0 ? 0 : 1);
+  return static_cast<double>(n) * step_s + static_cast<double>(evals) * eval_s + static_cast<double>(checkpoints) * checkpoint_s;
+}
+
+// The plan (loop.hpp), before step `step`: the last iteration timed; once kTimePlanSteps are, the
+// steps that fit the time left at their mean time (the loop's whole iteration: logging and progress
+// too), then revisions on the mean of all the steps timed so far: every kTimePlanSteps while the run
+// is early (its warmup and the first tenth after it: the lr hardly depends on the total there, so a
+// plan may lengthen the run again, up to its steps), then every max(kTimePlanSteps, total/20), only
+// ever shortening it.
+template <Backend B> typename Engine<B>::Plan Engine<B>::plan_for_time(int64_t step) {
+  const auto now = std::chrono::steady_clock::now();
+  if (iter_timed_) step_s_.push_back(std::chrono::duration<double>(now - iter_t0_).count());
+  iter_t0_ = now;
+  const int64_t warmup = o_.schedule.warmup_steps, timed = static_cast<int64_t>(step_s_.size());
+  const bool early = step < warmup + (total_ - warmup) / 10;
+  const int64_t next = plans_ == 0 ? kTimePlanSteps : timed_at_plan_ + (early ? kTimePlanSteps : std::max(kTimePlanSteps, total_ / 20));
+  if ((o_.scheduler && plans_ > 0) || timed < next) return {};
+  ++plans_;
+  timed_at_plan_ = timed;
+  double mean = 0;
+  for (double t : step_s_) mean += t / static_cast<double>(timed);
+  // Rank 0's clock, evaluation and checkpoint times; the processes' mean step time.
+  const bool main = o_.hooks.main_process;
+  const double eval_estimate =
+      eval_s_ >= 0
+          ? eval_s_
+          : (eval_ && forwards_ > 0 ? static_cast<double>(eval_->batches_per_epoch()) * forward_s_ / static_cast<double>(forwards_) : 0.0);
+  std::vector<double> xs{main ? o_.time_limit_s - elapsed_s() : 0.0, mean, main ? eval_estimate : 0.0,
+                         main ? std::max(0.0, checkpoint_s_) : 0.0};
+  if (o_.hooks.sum_over_processes) {
+    o_.hooks.sum_over_processes(xs);
+    xs[1] /= static_cast<double>(o_.hooks.processes);
+  }
+  const double left_s = xs[0], step_s = xs[1], eval_s = xs[2], checkpoint_s = xs[3];
+  auto cost = [&](int64_t n) { return planned_cost(step, n, step_s, eval_s, checkpoint_s); };
+  const std::string rate = fmt::format("time limit {:g} s: at {:.1f} ms a step{}", o_.time_limit_s, step_s * 1e3,
+                                       eval_ ? fmt::format(" ({:.2f} s an evaluation)", eval_s) : std::string());
+  if (o_.scheduler) {
+    if (total_ <= step || cost(total_ - step) <= left_s) return {};
+    return {
+        .changed = false,
+        .line = rate + fmt::format(", the {} steps would take about {:.0f} s; the scheduler object ({}) keeps its length: the run stops "
+                                   "at the limit",
+                                   total_, o_.time_limit_s - left_s + cost(total_ - step), o_.scheduler->kind())};
+  }
+  const int64_t room = (early ? full_total_ : total_) - step;  // the most steps this plan may give
+  if (room <= 0) return {};
+  int64_t lo = 0, hi = room + 1;  // the most steps that fit: cost(lo) <= left_s (or lo = 0), cost(hi) > left_s
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (cost(mid) <= left_s ? lo : hi) = mid;
+  }
+  const int64_t total = early ? step + std::max<int64_t>(lo, 1) : std::min(total_, step + std::max<int64_t>(lo, 1));
+  if (total == total_) return {};
+  planned_ = total_ = total;
+  end_ = o_.stop_after >= 0 ? std::min(total_, std::max(start_, o_.stop_after)) : total_;
+  // A line for the first plan and for revisions that move the end by 2% or more since the last line.
+  if (shown_total_ > 0 && std::abs(total_ - shown_total_) * 50 < shown_total_) return {.changed = true, .line = {}};
+  shown_total_ = total_;
+  return {.changed = true, .line = rate + fmt::format(", {} of the {} steps fit; the schedule now ends there", total_, full_total_)};
 }
 
 }  // namespace

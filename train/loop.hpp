@@ -62,6 +62,33 @@
 //      progress always finishes; a second signal kills at once). The run ends with a checkpoint
 //      (when checkpoint_path is set).
 //
+// A time limit (time_limit_s > 0, wall seconds of the whole run: steps, evaluations and checkpoints,
+// a resumed run's time before its checkpoint included; Lightning's max_time, with a plan):
+//   - after kTimePlanSteps steps of this call have been timed (the first kTimePlanSkip not counted, nor
+//     those that evaluated or checkpointed), the loop plans, before the next step: when the steps left,
+//     at the mean time of those steps (the loop's whole iteration), with the evaluations and
+//     checkpoints left (an evaluation at its measured time, or before the first one eval batches x
+//     the mean forward time of a training micro-batch), would pass the limit, the run's total becomes
+//     the steps that fit (at least one more). `schedule` then runs over that total: its warmup keeps
+//     its steps and the decay ends at the new last step, so the run still ends annealed. The plan is
+//     revised on the mean time of all the steps timed so far: every kTimePlanSteps timed steps while
+//     the run is early (its warmup and the first tenth of the steps after it, where the lr hardly
+//     depends on the total: a revision may lengthen the run again, up to its steps), then every
+//     max(kTimePlanSteps, total/20), only ever shortening it (the lr steps down a little where it does).
+//     Each plan that changes the total puts "planned_steps" in the record of the first step under it;
+//     the first and those that move the end by 2% or more since the last printed print a line (with
+//     the progress output); FitResult::planned_steps is the last total.
+//     A scheduler object keeps the length it was built with (the first plan's line says so);
+//   - whatever the plan, a step that ends with the limit passed is the run's last: it evaluates (as the
+//     last step does), the run stops (FitResult::out_of_time) and ends with its checkpoint. The limit
+//     is checked between steps, so a run ends after it by at most one step, an evaluation and the
+//     final checkpoint;
+//   - with several processes rank 0's clock decides, and the plans take the processes' mean step time;
+//   - checkpoints carry time_limit.elapsed_s and time_limit.planned_steps: a resumed run with a time
+//     limit counts the time already spent and keeps the plan (a run without one goes back to steps).
+// Everything but the run's total is as without a limit: a run whose steps fit is bit for bit the run
+// without one.
+//
 // A checkpoint (one safetensors file, written atomically: temp file, fsync, rename) holds the
 // model's state dict ("model.<name>"), the optimizer's ("optim.<key>", including its step count),
 // the EMA's ("ema.<key>", with options.ema), and as metadata: kiln_checkpoint = "1", step (completed
@@ -197,6 +224,7 @@ struct FitOptions {
   int progress = -1;                              // progress on stdout: -1 (auto) or 1 on, 0 off; a bar redrawn in place on a
                                                   // terminal, plain lines (ProgressBar) when stdout is a file or a pipe
   int64_t stop_after = -1;                        // end (with a checkpoint) once this many steps are done in total; -1 = never
+  double time_limit_s = 0;                        // wall seconds for the whole run (above: a plan, then a stop); 0 = none
   bool handle_signals = true;                     // SIGINT/SIGTERM finish the step, checkpoint and stop
   std::map<std::string, std::string> metadata{};  // extra checkpoint metadata (e.g. configs)
   std::vector<Callback> callbacks{};
@@ -223,8 +251,14 @@ struct FitResult {
   std::vector<double> eval_losses{};  // of the evaluations run in this call
   std::vector<int64_t> eval_steps{};  // for each: the optimizer steps done (0: before training, s + 1: after step s)
   bool interrupted = false;           // SIGINT/SIGTERM
-  bool stopped = false;               // a callback or stop_after ended the run before total_steps
+  bool stopped = false;               // a callback, stop_after or the time limit ended the run before total_steps
+  bool out_of_time = false;           // the time limit ended it (FitOptions::time_limit_s)
+  int64_t planned_steps = 0;          // the total the time limit's plan set (0: no plan shortened the run)
 };
+
+// The time limit's plan: after this many steps of a fit() call, the first kTimePlanSkip of them not
+// timed (allocations, library set-up).
+inline constexpr int64_t kTimePlanSkip = 3, kTimePlanSteps = 20;
 
 // The metadata every kiln checkpoint starts from (fit's, and save_checkpoint's in train/trainer.hpp):
 // kiln_checkpoint = "1", step, rng_seed / rng_offset (the default generator now), grad_accum, and with

@@ -25,6 +25,8 @@ class ProgressBar {
   void set_unit(std::string unit) { unit_ = std::move(unit); }
   // The first step this bar sees (a resumed run): the ETA then comes from the steps actually timed.
   void start_at(int64_t step) { first_ = step0_ = step; }
+  // A new total (a time limit's plan shortened the run).
+  void set_total(int64_t total) { total_ = total < 1 ? 1 : total; }
   // The line update() draws, without the carriage return (exposed for tests).
   std::string line(int64_t step, double loss, double lr, double tokens_per_s, double eta_s, const std::string& extra,
                    double gflops_per_s = 0) const;

@@ -4,11 +4,13 @@
 // Every rank computes the one-process reference itself (same weights, same data, full batch).
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <kiln/config.hpp>
@@ -536,6 +538,39 @@ TEST_CASE("fit with dist::fit_hooks: N ranks (sharded DataLoader, ZeRO-1, grad_a
   both.insert(both.end(), b.r.losses.begin(), b.r.losses.end());
   CHECK(both == par.r.losses);
   CHECK(b.weights == par.weights);
+}
+
+// A time limit under DDP: rank 0 alone evaluates (every 5 steps, before the plan too) and its clock
+// decides, yet every rank must time the same steps, plan the same total and stop after the same step,
+// or their collectives would no longer pair up. The ranks' steps take different times (sleeps).
+TEST_CASE("fit with dist::fit_hooks and a time limit: every rank plans the same total and stops after the same step", "[ddp]") {
+  manual_seed(3);
+  nn::Linear<Cpu> model({.in = 8, .out = 4, .bias = true});
+  dist::DistributedDataParallel<Cpu> ddp(model);
+  optim::Adam<Cpu> opt(model.named_parameters(), adam());
+  DataLoader train(classes_data(), {.batch_size = 12, .shuffle = true, .seed = 9, .world_size = dist::world_size(), .rank = dist::rank()});
+  DataLoader eval(classes_data(), {.batch_size = 20, .shuffle = false});
+  FitOptions o{.steps = 1000, .eval_every = 5, .progress = 0, .time_limit_s = 1.0, .handle_signals = false};
+  o.hooks = dist::fit_hooks(ddp);
+  o.schedule = {.name = "cosine", .warmup_steps = 5};
+  const FitResult r = fit(
+      model, opt, train, eval,
+      [&](const std::pair<Tensor<Cpu>, Tensor<Cpu>>& b) {
+        if (model.is_training()) std::this_thread::sleep_for(std::chrono::milliseconds(dist::rank() == 1 ? 8 : 4));
+        return nn::cross_entropy(model.forward(Var<Cpu>(b.first)), b.second);
+      },
+      o);
+  INFO("rank " << dist::rank() << ": planned " << r.planned_steps << ", done " << r.steps_done << ", out of time " << r.out_of_time);
+  CHECK(r.planned_steps > kTimePlanSkip + kTimePlanSteps);  // 1,000 steps of 8 ms do not fit 1 s
+  CHECK(r.steps_done < 1000);
+  CHECK(r.eval_losses.empty() == (dist::rank() != 0));
+  const Tensor<Cpu> hi = Tensor<Cpu>::from_vector(std::vector<double>{static_cast<double>(r.planned_steps),
+                                                                      static_cast<double>(r.steps_done), r.out_of_time ? 1.0 : 0.0},
+                                                  {3}),
+                    lo = hi.clone();
+  dist::all_reduce(hi, dist::ReduceOp::max);
+  dist::all_reduce(lo, dist::ReduceOp::min);
+  CHECK(to_vector<double>(hi) == to_vector<double>(lo));  // the same plan, the same last step, on every rank
 }
 
 namespace {

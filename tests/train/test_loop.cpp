@@ -13,6 +13,7 @@
 #include <limits>
 #include <numbers>
 #include <sstream>
+#include <thread>
 #include <typeinfo>
 
 #include <kiln/backends/backends.hpp>
@@ -21,6 +22,7 @@
 #include <kiln/nn/layers.hpp>
 #include <kiln/nn/linear.hpp>
 #include <kiln/nn/loss.hpp>
+#include <kiln/optim/scheduler.hpp>
 #include <kiln/train/loop.hpp>
 #include <kiln/train/trainer.hpp>
 
@@ -606,6 +608,10 @@ TEST_CASE("fit: bad options and mismatched resume checkpoints are kiln::Errors n
        [&] { plain({.steps = 2, .checkpoint_path = (dir / "no/ck.safetensors").string()}); },
        {"no directory", "no/ck.safetensors"}},
       {"unknown schedule", [&] { plain({.steps = 2, .schedule = {.name = "cosin"}}); }, {"unknown name 'cosin'"}},
+      {"a negative time limit", [&] { plain({.steps = 2, .time_limit_s = -1}); }, {"time_limit_s must be >= 0", "-1"}},
+      {"a time limit of nan",
+       [&] { plain({.steps = 2, .time_limit_s = std::numeric_limits<double>::quiet_NaN()}); },
+       {"time_limit_s must be >= 0", "nan"}},
       {"a loop metadata key",
        [&] {
          plain({.steps = 2, .metadata = {{"step", "7"}}});
@@ -651,6 +657,190 @@ TEST_CASE("fit: bad options and mismatched resume checkpoints are kiln::Errors n
     CHECK(slurp(log) == log_bytes);
     CHECK(slurp(ck) == ck_bytes);
     CHECK(!fs::exists(dir / "no"));
+  }
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// A run for the time-limit tests: Net(8) without dropout, SGD at 0.1, one fixed batch of 8 points per step,
+// evaluation on 2 batches, a step function that sleeps sleep_ms(step) milliseconds (so the steps' time
+// is the sleep's, whatever the machine), 1,000 steps and `sched` unless `scheduler` (a CosineAnnealingLR
+// object over the 1,000 steps).
+struct TimedRun {
+  FitResult result;
+  std::vector<json> log;
+  std::map<std::string, std::string> meta;  // the checkpoint's
+};
+const LrSchedule kTimedSchedule{.name = "cosine", .warmup_steps = 5, .min_lr_ratio = 0.1};
+TimedRun timed_run(const fs::path& dir, FitOptions o, const std::function<int(int64_t)>& sleep_ms, bool scheduler = false,
+                   const LrSchedule& sched = kTimedSchedule) {
+  const TensorDataset<C> data = points(24, 12);
+  manual_seed(1);
+  Net<C> model(8, 0.0);
+  optim::SGD<C> opt(model.named_parameters(), {.lr = 0.1});
+  int64_t calls = 0;
+  auto step = [&](const std::pair<Tensor<C>, Tensor<C>>& b) {
+    if (model.is_training()) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms(calls++)));
+    return nn::cross_entropy(model.forward(b.first), b.second);
+  };
+  const IndexedBatches train{.batch = [&](int64_t) { return data.get({0, 1, 2, 3, 4, 5, 6, 7}); }};
+  const IndexedBatches eval{.batch = [&](int64_t i) { return data.get({8 + 8 * i, 9 + 8 * i, 10 + 8 * i, 11 + 8 * i}); }, .count = 2};
+  o.steps = 1000;
+  o.checkpoint_path = (dir / "ck.safetensors").string();
+  o.log_path = (dir / "log.jsonl").string();
+  o.progress = 0;
+  if (scheduler)
+    o.scheduler = std::make_shared<optim::CosineAnnealingLR>(opt, 1000, 0.01);
+  else
+    o.schedule = sched;
+  TimedRun r;
+  r.result = fit(model, opt, train, eval, step, o);
+  r.log = read_log(dir / "log.jsonl");
+  r.meta = safetensors::File::open(o.checkpoint_path).metadata();
+  return r;
+}
+
+}  // namespace
+
+namespace {
+
+// Each record's lr against the schedule over the run's total as the plans set it: 1,000 steps until a
+// record carries planned_steps (the first step under a plan), that total from there on. Returns the
+// totals the plans set, in order.
+std::vector<int64_t> check_planned_lrs(const std::vector<json>& log, const LrSchedule& sched) {
+  std::vector<int64_t> totals;
+  int64_t total = 1000;
+  for (const json& rec : log) {
+    const auto s = rec["step"].get<int64_t>();
+    if (rec.contains("planned_steps")) {
+      total = rec["planned_steps"].get<int64_t>();
+      totals.push_back(total);
+    }
+    INFO("step " << s << ", total " << total);
+    CHECK(rec["lr"].get<double>() == sched.at(0.1, s, total));
+  }
+  return totals;
+}
+
+}  // namespace
+
+// The clock is real (steps that sleep), so what each section checks holds at any speed: a slow moment
+// may make a plan's revision end the run sooner, or the limit stop it before its planned end; the
+// checks allow for both.
+TEST_CASE("fit: a time limit plans the steps that fit and ends the schedule with them, stops at the limit whatever the plan, and resumes",
+          "[fit]") {
+  const fs::path dir = temp_dir();
+  const LrSchedule& sched = kTimedSchedule;
+  const int64_t plan_step = kTimePlanSkip + kTimePlanSteps;  // the first step under the first plan
+  // What every run with a plan shows: the last step evaluated, the checkpoint says where the run ended
+  // and what it planned; when the limit did not stop it, it ran its planned steps and ended annealed.
+  auto check_run = [&](const TimedRun& t, const std::vector<int64_t>& totals, const LrSchedule& sch = kTimedSchedule) {
+    const FitResult& r = t.result;
+    REQUIRE(!totals.empty());
+    CHECK(r.planned_steps == totals.back());
+    CHECK(t.meta.at("time_limit.planned_steps") == std::to_string(r.planned_steps));
+    CHECK(t.meta.at("step") == std::to_string(r.steps_done));
+    CHECK(r.eval_steps.back() == r.steps_done);
+    CHECK(t.log.back().contains("eval_loss"));
+    CHECK(r.stopped == r.out_of_time);
+    if (!r.out_of_time) {
+      CHECK(r.steps_done == r.planned_steps);
+      CHECK(t.log.back()["lr"].get<double>() == sch.at(0.1, r.planned_steps - 1, r.planned_steps));
+    } else {
+      CHECK(r.steps_done < r.planned_steps);
+    }
+  };
+  SECTION("the plan") {
+    const TimedRun t = timed_run(dir, {.time_limit_s = 1.5}, [](int64_t) { return 10; });
+    const FitResult& r = t.result;
+    INFO("planned " << r.planned_steps << ", done " << r.steps_done << ", out of time " << r.out_of_time);
+    REQUIRE(t.log.size() == static_cast<size_t>(r.steps_done));
+    const std::vector<int64_t> totals = check_planned_lrs(t.log, sched);
+    REQUIRE(!totals.empty());
+    CHECK(t.log[plan_step].contains("planned_steps"));  // the first plan, after the 20 steps timed
+    for (int64_t s = 0; s < plan_step; ++s) CHECK(!t.log[s].contains("planned_steps"));
+    CHECK(totals.front() > plan_step);
+    CHECK(totals.front() < 1000);                               // 1,000 steps of 10 ms do not fit 1.5 s
+    CHECK(std::stod(t.meta.at("time_limit.elapsed_s")) > 0.2);  // at least the plan's 23 steps of 10 ms
+    check_run(t, totals);
+  }
+  SECTION("a run that falls behind its plan ends sooner, annealed") {
+    // 5 ms steps while the first plan times them (~380 steps in 2 s), then 15 ms: the revision 20 steps later
+    // shortens the run to ~150.
+    const TimedRun t = timed_run(dir, {.time_limit_s = 2.0}, [&](int64_t i) { return i < plan_step ? 5 : 15; });
+    const FitResult& r = t.result;
+    INFO("planned " << r.planned_steps << ", done " << r.steps_done << ", out of time " << r.out_of_time);
+    const std::vector<int64_t> totals = check_planned_lrs(t.log, sched);
+    REQUIRE(totals.size() >= 2);
+    CHECK(totals.front() > 200);
+    CHECK(totals.back() < 200);
+    for (size_t i = 1; i < totals.size(); ++i) CHECK(totals[i] < totals[i - 1]);  // past the run's first tenth: only shorter
+    check_run(t, totals);
+  }
+  SECTION("early in the run (the warmup), a revision lengthens it again") {
+    // 15 ms steps while the first plan times them (~130 steps in 2 s), then 5 ms: the revisions within
+    // the warmup of 100 steps give the run more steps, each on the mean of all the steps so far.
+    const LrSchedule long_warmup{.name = "cosine", .warmup_steps = 100, .min_lr_ratio = 0.1};
+    const TimedRun t = timed_run(
+        dir, {.time_limit_s = 2.0}, [&](int64_t i) { return i < plan_step ? 15 : 5; }, false, long_warmup);
+    const FitResult& r = t.result;
+    INFO("planned " << r.planned_steps << ", done " << r.steps_done << ", out of time " << r.out_of_time);
+    const std::vector<int64_t> totals = check_planned_lrs(t.log, long_warmup);
+    REQUIRE(totals.size() >= 2);
+    CHECK(totals[1] > totals[0]);
+    CHECK(totals.back() <= 1000);
+    check_run(t, totals, long_warmup);
+  }
+  SECTION("the stop, when the steps slow down faster than the plan is revised") {
+    // 5 ms steps while the plan times them, then 100 ms: the limit stops the run some 9 steps after the plan.
+    const TimedRun t = timed_run(dir, {.time_limit_s = 1.0}, [&](int64_t i) { return i < plan_step ? 5 : 100; });
+    const FitResult& r = t.result;
+    INFO("planned " << r.planned_steps << ", done " << r.steps_done);
+    const std::vector<int64_t> totals = check_planned_lrs(t.log, sched);
+    CHECK(r.out_of_time);
+    CHECK(!r.interrupted);
+    check_run(t, totals);
+    CHECK(t.log.back()["lr"].get<double>() > sched.at(0.1, r.planned_steps - 1, r.planned_steps));  // not annealed
+    CHECK(std::stod(t.meta.at("time_limit.elapsed_s")) >= 1.0);
+  }
+  SECTION("a scheduler object keeps its length: only the stop") {
+    const TimedRun t = timed_run(
+        dir, {.time_limit_s = 0.5}, [](int64_t) { return 10; }, true);
+    const FitResult& r = t.result;
+    INFO("done " << r.steps_done);
+    CHECK(r.planned_steps == 0);
+    CHECK(r.out_of_time);
+    CHECK(r.stopped);
+    CHECK(r.steps_done < 1000);
+    CHECK(r.eval_steps.back() == r.steps_done);
+    for (const json& rec : t.log) CHECK(!rec.contains("planned_steps"));
+    CHECK(!t.meta.count("time_limit.planned_steps"));
+  }
+  SECTION("resume: the time spent counts and the plan is kept; without a limit the run goes back to its steps") {
+    const TimedRun a = timed_run(dir, {.stop_after = 30, .time_limit_s = 1.5}, [](int64_t) { return 10; });
+    const int64_t planned = a.result.planned_steps;
+    INFO("planned " << planned);
+    REQUIRE(planned > 30);
+    REQUIRE(a.result.steps_done == 30);
+    const double spent = std::stod(a.meta.at("time_limit.elapsed_s"));
+    const std::string ck = (dir / "ck.safetensors").string(), a_ck = (dir / "a.safetensors").string();
+    fs::copy_file(ck, a_ck);
+    const TimedRun b = timed_run(dir, {.resume_path = a_ck, .time_limit_s = 1.5}, [](int64_t) { return 10; });
+    CHECK(b.result.start_step == 30);
+    CHECK(b.result.planned_steps <= planned);
+    CHECK(std::stod(b.meta.at("time_limit.elapsed_s")) > spent + 0.01 * static_cast<double>(b.result.steps_done - 30));
+    // The log keeps the first call's records (its plan at step 23); the resumed call starts from its total.
+    const std::vector<int64_t> totals = check_planned_lrs(b.log, sched);
+    REQUIRE(!totals.empty());
+    CHECK(totals.front() == planned);
+    check_run(b, totals);
+    // Resumed without a limit: 1,000 steps again (five of them here).
+    const TimedRun c = timed_run(dir, {.resume_path = a_ck, .stop_after = 35}, [](int64_t) { return 0; });
+    CHECK(c.result.planned_steps == 0);
+    CHECK(c.result.steps_done == 35);
+    CHECK(c.log.back()["lr"].get<double>() == sched.at(0.1, 34, 1000));
+    CHECK(!c.meta.count("time_limit.elapsed_s"));
   }
   fs::remove_all(dir);
 }
