@@ -11,6 +11,7 @@
 #include "kiln/core/error.hpp"
 #include "kiln/formats/json_fields.hpp"
 #include "kiln/nn/loss.hpp"
+#include "kiln/train/loop.hpp"
 
 namespace kiln {
 
@@ -38,6 +39,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   f.get("activation_checkpointing", c.activation_checkpointing);
   f.get("loss_chunk_rows", c.loss_chunk_rows);
   f.get("shuffle", c.shuffle);
+  f.get("time_limit_s", c.time_limit_s);
   one_of(where, "on_nonfinite", c.on_nonfinite, {"error", "skip"});
   one_of(where, "precision", c.precision, {"f32", "bf16", "f16"});
   if (const json* o = f.object("optimizer")) {
@@ -208,6 +210,12 @@ std::string TrainConfig::loss_chunk_note(int64_t tokens, int64_t vocab) const {
       autograd::balanced_chunk_rows(tokens, chunk), tokens, tokens, vocab);
 }
 
+std::string TrainConfig::time_limit_note() const {
+  if (time_limit_s <= 0) return {};
+  return fmt::format("kiln train: time limit {:g} s: after {} steps the run plans the steps that fit, its schedule ending with them\n",
+                     time_limit_s, kTimePlanSkip + kTimePlanSteps);
+}
+
 void TrainConfig::validate() const {
   KILN_CHECK(batch_size >= 1, "batch_size must be >= 1, got {}", batch_size);
   KILN_CHECK(seq_len >= 1, "seq_len must be >= 1, got {}", seq_len);
@@ -228,6 +236,7 @@ void TrainConfig::validate() const {
   KILN_CHECK(std::isfinite(schedule.gamma) && schedule.gamma >= 0,
              "schedule gamma must be >= 0 (a negative one gives negative learning rates), got {}", schedule.gamma);
   KILN_CHECK(loss_chunk_rows >= -1, "loss_chunk_rows must be -1 (never fused), 0 (automatic) or a row count, got {}", loss_chunk_rows);
+  KILN_CHECK(std::isfinite(time_limit_s) && time_limit_s >= 0, "time_limit_s must be >= 0 seconds (0 = none), got {}", time_limit_s);
   KILN_CHECK(zero_stage == 0 || zero_stage == 1, "zero_stage must be 0 or 1 (ZeRO-1: sharded optimizer state), got {}", zero_stage);
   KILN_CHECK(zero_stage == 0 || optimizer.name == "adamw" || optimizer.name == "adam" || optimizer.name == "sgd",
              "zero_stage 1 shards adamw, adam or sgd, not optimizer '{}'", optimizer.name);
@@ -291,7 +300,8 @@ json TrainConfig::to_json() const {
               {"bucket_mb", bucket_mb},
               {"activation_checkpointing", activation_checkpointing},
               {"loss_chunk_rows", loss_chunk_rows},
-              {"shuffle", shuffle}};
+              {"shuffle", shuffle},
+              {"time_limit_s", time_limit_s}};
   if (lora.r > 0) {
     out["lora"] = {{"r", lora.r}, {"alpha", lora.alpha}, {"dropout", lora.dropout}};
     if (!lora.target_modules.empty()) out["lora"]["target_modules"] = lora.target_modules;  // absent: the model's default

@@ -121,6 +121,12 @@ struct TrainConfig {
   // Rows read the token data's windows in a seeded order, every window once per epoch (train/data.hpp);
   // false: the reference's consecutive rows (docs/specs.md §4).
   bool shuffle = false;
+  // Wall seconds for the whole run (FitOptions::time_limit_s): after 23 steps the run plans the steps
+  // that fit and ends its schedule with them (revised as it goes), and stops at the limit whatever the
+  // plan; 0 = none.
+  double time_limit_s = 0;
+  // The line kiln train prints before the first step with a time limit (empty without one).
+  std::string time_limit_note() const;
   LoraTrainConfig lora;  // "lora": {"r", "alpha", "dropout", "target_modules"}
 
   void validate() const;

@@ -45,11 +45,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
                o.resume_path);
     tc = TrainConfig::from_json(nlohmann::json::parse(meta.at("train_config")), o.resume_path + ": train_config");
   }
-  if (o.lora) {
-    tc.lora = *o.lora;
-    tc.validate();
-  }
-  if (o.activation_checkpointing) tc.activation_checkpointing = true;
+  tc = with_flags(o, tc);
   const int64_t bs = tc.batch_size, T = tc.seq_len;
   const Ranks ranks = ranks_of<B>(bs);
   KILN_CHECK(tc.zero_stage == 0, "train: zero_stage {} with --init-from MODEL_DIR is not implemented (use 0)", tc.zero_stage);
@@ -130,7 +126,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
   }
   if (!o.quiet && ranks.main && tc.activation_checkpointing)
     fmt::print("kiln train: activation checkpointing on (layer activations recomputed in backward)\n");
-  if (!o.quiet && ranks.main) fmt::print("{}", tc.loss_chunk_note(ranks.rows.count * T, model->spec().vocab));
+  if (!o.quiet && ranks.main) fmt::print("{}{}", tc.loss_chunk_note(ranks.rows.count * T, model->spec().vocab), tc.time_limit_note());
   const FitResult r = with_eval ? fit(*model, *opt, train, eval, step, fo) : fit(*model, *opt, train, step, fo);
   TrainResult res;
   res.steps_done = r.steps_done;

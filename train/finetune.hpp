@@ -24,6 +24,9 @@ KILN_API TrainResult finetune_causal_lm(const TrainOptions& o);
 // checkpoints. Callbacks, the scheduler object and the EMA are the caller's to add.
 KILN_API FitOptions fit_options(const TrainOptions& o, const TrainConfig& tc, bool main, FitHooks hooks,
                                 std::map<std::string, std::string> metadata);
+// train.json's keys that command-line flags override (--lora-*, --activation-checkpointing,
+// --time-limit), set from `o`, the result validated.
+KILN_API TrainConfig with_flags(const TrainOptions& o, TrainConfig tc);
 
 // Data parallelism (docs/distributed.md), for both engines: under mpirun/srun every rank takes its
 // contiguous share of each batch's rows, DistributedDataParallel averages the gradients, rank 0 logs,

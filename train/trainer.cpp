@@ -212,12 +212,7 @@ RunConfigs run_configs(const TrainOptions& o) {
                "train: --model {} differs from the model of checkpoint '{}': {} vs {}", o.model_path, o.resume_path,
                mc.resolved().to_json().dump(), resume.model.resolved().to_json().dump());
   }
-  // The flags that override train.json's keys.
-  if (o.activation_checkpointing) tc.activation_checkpointing = true;
-  if (o.lora) {
-    tc.lora = *o.lora;
-    tc.validate();
-  }
+  tc = with_flags(o, tc);
   KILN_CHECK(tc.lora.r == 0 || !o.init_from.empty() || !o.resume_path.empty(),
              "train: LoRA (r {}) adapts trained weights: give --init-from (kiln weights or a Hugging Face model directory)", tc.lora.r);
   KILN_CHECK(tc.lora.r == 0 || tc.zero_stage == 0, "train: LoRA with zero_stage {} is not implemented (use 0)", tc.zero_stage);
@@ -237,6 +232,7 @@ template <Backend B> void print_banner(const TrainOptions& o, const ModelConfig&
                             : std::string(),
              tc.precision == "f32" ? std::string() : fmt::format(", precision {} (autocast)", tc.precision));
   if (tc.activation_checkpointing) fmt::print("kiln train: activation checkpointing on (layer activations recomputed in backward)\n");
+  fmt::print("{}", tc.time_limit_note());
   fmt::print("{}", tc.loss_chunk_note(ranks.rows.count * T, cfg.vocab_size));
 }
 
@@ -290,6 +286,14 @@ template <Backend B> Ranks ranks_of(int64_t bs) {
   return r;
 }
 
+TrainConfig with_flags(const TrainOptions& o, TrainConfig tc) {
+  if (o.lora) tc.lora = *o.lora;
+  if (o.activation_checkpointing) tc.activation_checkpointing = true;
+  if (o.time_limit_s) tc.time_limit_s = *o.time_limit_s;
+  tc.validate();
+  return tc;
+}
+
 // docs/specs.md §4 on the generic loop: the schedule over tc.steps from the optimizer's lr, clipping,
 // one record per step, checkpoints that carry the configurations.
 FitOptions fit_options(const TrainOptions& o, const TrainConfig& tc, bool main, FitHooks hooks,
@@ -307,6 +311,7 @@ FitOptions fit_options(const TrainOptions& o, const TrainConfig& tc, bool main, 
                     .log_path = o.log_path,
                     .progress = o.quiet || !main ? 0 : o.progress,
                     .stop_after = o.stop_after,
+                    .time_limit_s = tc.time_limit_s,
                     .metadata = std::move(metadata),
                     .hooks = std::move(hooks),
                     .schedule = tc.schedule};  // peak: the optimizer's lr, tc.optimizer.lr

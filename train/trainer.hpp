@@ -48,6 +48,7 @@ struct TrainOptions {
   bool quiet = false;
   DType dtype = DType::f32;
   bool activation_checkpointing = false;  // --activation-checkpointing: turns train.json's key on
+  std::optional<double> time_limit_s{};   // --time-limit: replaces train.json's "time_limit_s"
   // --tokenizer: a model directory, tokenizer.json or tokenizer.model; --data / --eval-data may then be
   // text files, encoded with it ("" = token files only; with --init-from MODEL_DIR: the directory's)
   std::string tokenizer;

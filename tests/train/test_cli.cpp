@@ -25,6 +25,14 @@ std::string temp(const std::string& name, const std::string& content) {
   return p.string();
 }
 
+// A tiny character corpus (kiln tokenize) and model.json for quick `kiln train` runs: {tokens, model}.
+std::pair<std::string, std::string> tiny_run(const std::string& name) {
+  const std::string text = temp(name + ".txt", std::string(400, 'a') + "the quick brown fox jumps over the lazy dog\n");
+  const std::string tok = temp(name + ".safetensors", "");
+  REQUIRE(kiln(fmt::format("tokenize --text {} --chars --out {}", text, tok)).status == 0);
+  return {tok, temp(name + "_model.json", R"({"vocab_size": 32, "d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16})")};
+}
+
 }  // namespace
 
 TEST_CASE("cli: help for every command, unknown commands and flags list the valid ones", "[cli]") {
@@ -117,11 +125,7 @@ TEST_CASE("cli: a character-level corpus with non-ASCII UTF-8 trains and samples
 }
 
 TEST_CASE("cli: --progress on into a file or pipe prints plain lines, not a bar redrawn with carriage returns", "[cli]") {
-  const std::string text = temp("progress.txt", std::string(400, 'a') + "the quick brown fox jumps over the lazy dog\n");
-  const std::string tok = temp("progress.safetensors", "");
-  REQUIRE(kiln(fmt::format("tokenize --text {} --chars --out {}", text, tok)).status == 0);
-  const std::string model =
-      temp("progress_model.json", R"({"vocab_size": 32, "d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16})");
+  const auto [tok, model] = tiny_run("progress");
   const std::string train = temp("progress_train.json", R"({"batch_size": 2, "seq_len": 8, "steps": 40})");
   for (const char* mode : {"on", "auto"}) {
     INFO("--progress " << mode);
@@ -135,4 +139,45 @@ TEST_CASE("cli: --progress on into a file or pipe prints plain lines, not a bar 
   const Result off = kiln(fmt::format("train --model {} --train {} --data {} --progress off", model, train, tok));
   CHECK(off.status == 0);
   CHECK_THAT(off.out, !Catch::Contains("/40 loss"));
+}
+
+TEST_CASE("cli: --time-limit (train.json time_limit_s) plans the steps that fit and ends there, and refuses bad values", "[cli]") {
+  const auto [tok, model] = tiny_run("limit");
+  // A million steps, a limit in train.json that the flag replaces.
+  const std::string train =
+      temp("limit_train.json", R"({"batch_size": 2, "seq_len": 8, "steps": 1000000, "time_limit_s": 1000, "eval_every": 5000,
+      "schedule": {"name": "cosine", "warmup_steps": 10}})");
+  const std::string log = temp("limit_log.jsonl", "");
+  const Result r = kiln(fmt::format("train --model {} --train {} --data {} --eval-data {} --log {} --time-limit 1.5 --progress on", model,
+                                    train, tok, tok, log));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("kiln train: time limit 1.5 s: after 23 steps the run plans the steps that fit"));
+  CHECK_THAT(r.out, Catch::Contains("time limit 1.5 s: at ") && Catch::Contains("of the 1000000 steps fit; the schedule now ends there"));
+  std::ifstream in(log);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  REQUIRE(lines.size() > 23);
+  REQUIRE(lines.size() < 1000000);
+  CHECK_THAT(lines[23], Catch::Contains("\"planned_steps\":"));  // the first step under the plan
+  CHECK_THAT(lines.back(), Catch::Contains("\"eval_loss\":"));   // the last step evaluates
+  // The run ended at its last plan's total, or the limit stopped it before (and said so).
+  std::string planned;
+  for (const std::string& line : lines)
+    if (const auto at = line.find("\"planned_steps\":"); at != std::string::npos)
+      planned = line.substr(at + 16, line.find_first_of(",}", at) - at - 16);
+  const bool planned_end = planned == std::to_string(lines.size());
+  const bool stopped = r.out.find("reached after step " + std::to_string(lines.size()) + " of") != std::string::npos;
+  CHECK((planned_end || stopped));
+  // Bad values: the flag's and train.json's, named.
+  Result bad = kiln(fmt::format("train --model {} --data {} --time-limit -3", model, tok));
+  CHECK(bad.status != 0);
+  CHECK_THAT(bad.out, Catch::Contains("time_limit_s must be >= 0 seconds (0 = none), got -3"));
+  bad = kiln(fmt::format("train --model {} --data {} --time-limit soon", model, tok));
+  CHECK(bad.status != 0);
+  CHECK_THAT(bad.out, Catch::Contains("--time-limit") && Catch::Contains("soon"));
+  const std::string bad_train = temp("limit_bad.json", R"({"time_limit_s": "soon"})");
+  bad = kiln(fmt::format("train --model {} --train {} --data {}", model, bad_train, tok));
+  CHECK(bad.status != 0);
+  CHECK_THAT(bad.out, Catch::Contains("time_limit_s"));
 }

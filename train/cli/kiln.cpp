@@ -177,6 +177,9 @@ int cmd_train(int argc, char** argv) {
        {"checkpoint", "write a resumable checkpoint here (every checkpoint_every steps and at the end)"},
        {"resume", "resume from this checkpoint (weights, optimizer, step, RNG)"},
        {"stop-after", "stop after this many steps in total (the checkpoint lets a later run resume)"},
+       {"time-limit",
+        "wall seconds for the whole run (train.json \"time_limit_s\"): after 23 timed steps it plans the steps that fit, its "
+        "schedule ending with them, and stops at the limit whatever the plan"},
        {"device", "cpu (default), reference, or cuda"},
        {"seed", "seed for initialisation and sampling (default 0)"},
        {"dtype", "parameter dtype: f32 (default) or f64"},
@@ -202,6 +205,7 @@ int cmd_train(int argc, char** argv) {
   o.checkpoint_path = a.str("checkpoint");
   o.resume_path = a.str("resume");
   o.stop_after = a.integer("stop-after", -1);
+  if (a.has("time-limit")) o.time_limit_s = a.number("time-limit", 0);
   o.device = a.str("device", "cpu");
   o.seed = static_cast<uint64_t>(a.integer("seed", 0));
   o.dtype = parse_dtype(a.str("dtype", "f32"));
