@@ -2,7 +2,7 @@
 # The README's main job: train a small character-level GPT on the fortune cookie corpus of Debian's
 # `fortunes` package, with a progress bar, draw its training curves (out/char_gpt/curves.png), then
 # sample from it.
-#   scripts/train_demo.sh                  full run (2,600 steps; under 5 minutes of training on 2 idle cores)
+#   scripts/train_demo.sh                  full run (2,600 steps, or those that fit in train.json's 280 s)
 #   STEPS=50 scripts/train_demo.sh         shorter
 #   DEVICE=cuda scripts/train_demo.sh      on the GPU (kiln built with the CUDA backend, a GPU visible)
 #   KILN_DEMO_BUILD=DIR KILN_DEMO_OUT=DIR   other build and output folders (the suite's lean-build test)

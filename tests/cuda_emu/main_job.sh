@@ -11,7 +11,8 @@ kiln="$1" src="$2" dir="$3"
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir"
 "$kiln" tokenize --text "$src/README.md" --chars --out train.safetensors --eval-out eval.safetensors --eval-fraction 0.1
 sed 's/"steps": [0-9]*/"steps": 4/; s/"eval_every": [0-9]*/"eval_every": 2/; s/"batch_size": [0-9]*/"batch_size": 2/;
-     s/"seq_len": [0-9]*/"seq_len": 32/; s/"eval_batches": [0-9]*/"eval_batches": 2/' "$src/examples/char_gpt/train.json" > train.json
+     s/"seq_len": [0-9]*/"seq_len": 32/; s/"eval_batches": [0-9]*/"eval_batches": 2/; s/"time_limit_s": [0-9]*/"time_limit_s": 0/' \
+  "$src/examples/char_gpt/train.json" > train.json  # no time limit: its elapsed seconds in the checkpoints would differ
 "$kiln" train --model "$src/examples/char_gpt/model.json" --train train.json --data train.safetensors --eval-data eval.safetensors \
   --checkpoint ck.safetensors --log log.jsonl --device cuda --progress on
 test "$(wc -l < log.jsonl)" -ge 4
