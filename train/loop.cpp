@@ -167,12 +167,11 @@ template <Backend B> class Engine {
   std::chrono::steady_clock::time_point t0_{};
   double elapsed_before_ = 0;                        // seconds the run had taken at the resumed checkpoint
   int64_t plans_ = 0;                                // plans made (the first, then its revisions)
-  int64_t timed_at_plan_ = 0;                        // steps timed when the last was made
   int64_t full_total_ = 0;                           // the run's steps as the options give them (a plan's most)
   int64_t planned_ = 0;                              // the total the plan set (0: none)
   int64_t shown_total_ = 0;                          // the total the last plan's line gave
   int64_t last_step_ = -1;                           // the step the limit made the last
-  std::vector<double> step_s_;                       // wall seconds of the loop's iterations timed for the plan
+  std::vector<double> step_s_;                       // wall seconds of the loop's iterations timed since the last plan
   std::chrono::steady_clock::time_point iter_t0_{};  // when the last iteration began
   bool iter_timed_ = false;                          // whether it counts (no evaluation or checkpoint in it)
   bool evaluates_ = false;                           // the last step was one that evaluates (on rank 0; every rank knows)
@@ -843,22 +842,22 @@ template <Backend B> double Engine<B>::planned_cost(int64_t done, int64_t n, dou
 
 // The plan (loop.hpp), before step `step`: the last iteration timed; once kTimePlanSteps are, the
 // steps that fit the time left at their mean time (the loop's whole iteration: logging and progress
-// too), then revisions on the mean of all the steps timed so far: every kTimePlanSteps while the run
-// is early (its warmup and the first tenth after it: the lr hardly depends on the total there, so a
-// plan may lengthen the run again, up to its steps), then every max(kTimePlanSteps, total/20), only
-// ever shortening it.
+// too); then revisions, each on the mean time of the steps timed since the last: every kTimePlanSteps
+// while the run is early (its warmup and the first tenth after it, where the lr hardly depends on the
+// total: anywhere up to the run's steps), then every max(kTimePlanSteps, total/20) steps, by at most
+// kTimePlanMove of the steps either way.
 template <Backend B> typename Engine<B>::Plan Engine<B>::plan_for_time(int64_t step) {
   const auto now = std::chrono::steady_clock::now();
   if (iter_timed_) step_s_.push_back(std::chrono::duration<double>(now - iter_t0_).count());
   iter_t0_ = now;
   const int64_t warmup = o_.schedule.warmup_steps, timed = static_cast<int64_t>(step_s_.size());
   const bool early = step < warmup + (total_ - warmup) / 10;
-  const int64_t next = plans_ == 0 ? kTimePlanSteps : timed_at_plan_ + (early ? kTimePlanSteps : std::max(kTimePlanSteps, total_ / 20));
-  if ((o_.scheduler && plans_ > 0) || timed < next) return {};
+  const int64_t window = plans_ == 0 || early ? kTimePlanSteps : std::max(kTimePlanSteps, total_ / 20);
+  if ((o_.scheduler && plans_ > 0) || timed < window) return {};
   ++plans_;
-  timed_at_plan_ = timed;
   double mean = 0;
   for (double t : step_s_) mean += t / static_cast<double>(timed);
+  step_s_.clear();
   // Rank 0's clock, evaluation and checkpoint times; the processes' mean step time.
   const bool main = o_.hooks.main_process;
   const double eval_estimate =
@@ -883,19 +882,23 @@ template <Backend B> typename Engine<B>::Plan Engine<B>::plan_for_time(int64_t s
                                    "at the limit",
                                    total_, o_.time_limit_s - left_s + cost(total_ - step), o_.scheduler->kind())};
   }
-  const int64_t room = (early ? full_total_ : total_) - step;  // the most steps this plan may give
+  const int64_t room = full_total_ - step;  // the most steps a plan may give
   if (room <= 0) return {};
   int64_t lo = 0, hi = room + 1;  // the most steps that fit: cost(lo) <= left_s (or lo = 0), cost(hi) > left_s
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
     (cost(mid) <= left_s ? lo : hi) = mid;
   }
-  const int64_t total = early ? step + std::max<int64_t>(lo, 1) : std::min(total_, step + std::max<int64_t>(lo, 1));
+  int64_t total = step + std::max<int64_t>(lo, 1);
+  if (!early && plans_ > 1) {  // later revisions move the end a little: the lr by about a percent of its peak at most
+    const auto move = std::max<int64_t>(1, static_cast<int64_t>(kTimePlanMove * static_cast<double>(full_total_)));
+    total = std::clamp(total, std::max(step + 1, total_ - move), total_ + move);
+  }
   if (total == total_) return {};
   planned_ = total_ = total;
   end_ = o_.stop_after >= 0 ? std::min(total_, std::max(start_, o_.stop_after)) : total_;
-  // A line for the first plan and for revisions that move the end by 2% or more since the last line.
-  if (shown_total_ > 0 && std::abs(total_ - shown_total_) * 50 < shown_total_) return {.changed = true, .line = {}};
+  // A line for the first plan and for revisions that move the end by 5% or more since the last line.
+  if (shown_total_ > 0 && std::abs(total_ - shown_total_) * 20 < shown_total_) return {.changed = true, .line = {}};
   shown_total_ = total_;
   return {.changed = true, .line = rate + fmt::format(", {} of the {} steps fit; the schedule now ends there", total_, full_total_)};
 }

@@ -71,12 +71,14 @@
 //     the mean forward time of a training micro-batch), would pass the limit, the run's total becomes
 //     the steps that fit (at least one more). `schedule` then runs over that total: its warmup keeps
 //     its steps and the decay ends at the new last step, so the run still ends annealed. The plan is
-//     revised on the mean time of all the steps timed so far: every kTimePlanSteps timed steps while
-//     the run is early (its warmup and the first tenth of the steps after it, where the lr hardly
-//     depends on the total: a revision may lengthen the run again, up to its steps), then every
-//     max(kTimePlanSteps, total/20), only ever shortening it (the lr steps down a little where it does).
+//     revised on the mean time of the steps timed since the last plan: every kTimePlanSteps timed
+//     steps while the run is early (its warmup and the first tenth of the steps after it, where the lr
+//     hardly depends on the total: the end may move anywhere up to the run's steps), then every
+//     max(kTimePlanSteps, total/20), by at most kTimePlanMove of the steps either way (a cosine's lr
+//     moves by about a percent of its peak at most), so that a slow or a fast patch moves the end by a
+//     little and a lasting change of speed by as much as it needs.
 //     Each plan that changes the total puts "planned_steps" in the record of the first step under it;
-//     the first and those that move the end by 2% or more since the last printed print a line (with
+//     the first and those that move the end by 5% or more since the last printed print a line (with
 //     the progress output); FitResult::planned_steps is the last total.
 //     A scheduler object keeps the length it was built with (the first plan's line says so);
 //   - whatever the plan, a step that ends with the limit passed is the run's last: it evaluates (as the
@@ -259,6 +261,7 @@ struct FitResult {
 // The time limit's plan: after this many steps of a fit() call, the first kTimePlanSkip of them not
 // timed (allocations, library set-up).
 inline constexpr int64_t kTimePlanSkip = 3, kTimePlanSteps = 20;
+inline constexpr double kTimePlanMove = 0.02;  // of the run's steps, the most a later revision moves its end
 
 // The metadata every kiln checkpoint starts from (fit's, and save_checkpoint's in train/trainer.hpp):
 // kiln_checkpoint = "1", step, rng_seed / rng_offset (the default generator now), grad_accum, and with
