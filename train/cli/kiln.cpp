@@ -178,9 +178,8 @@ int cmd_train(int argc, char** argv) {
        {"resume", "resume from this checkpoint (weights, optimizer, step, RNG)"},
        {"stop-after", "stop after this many steps in total (the checkpoint lets a later run resume)"},
        {"time-limit",
-        "wall seconds for the whole run (train.json \"time_limit_s\"): after 23 steps it plans the steps that fit (revised as it goes), "
-        "its "
-        "schedule ending with them, and stops at the limit whatever the plan"},
+        "wall seconds for the whole run (train.json \"time_limit_s\"): after 23 steps it plans the steps that fit (revised as it "
+        "goes), its schedule ending with them, and stops at the limit whatever the plan"},
        {"device", "cpu (default), reference, or cuda"},
        {"seed", "seed for initialisation and sampling (default 0)"},
        {"dtype", "parameter dtype: f32 (default) or f64"},
