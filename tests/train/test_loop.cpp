@@ -1,8 +1,8 @@
 // kiln::fit (train/loop.hpp): resume is bit-identical (mid-epoch, at and across epoch boundaries, after
 // SIGINT), gradient accumulation equals one big batch, clipping equals optim::clip_grad_norm, the
 // LR follows the schedule, non-finite steps error or skip and never reach a checkpoint, callbacks
-// log and stop, evaluation runs exactly at its steps, and bad options or resume files are refused
-// before any file is touched.
+// log and stop, evaluation runs exactly at its steps, a time limit plans, revises and stops the run
+// (and resumes), and bad options or resume files are refused before any file is touched.
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -700,10 +700,6 @@ TimedRun timed_run(const fs::path& dir, FitOptions o, const std::function<int(in
   r.meta = safetensors::File::open(o.checkpoint_path).metadata();
   return r;
 }
-
-}  // namespace
-
-namespace {
 
 // Each record's lr against the schedule over the run's total as the plans set it: 1,000 steps until a
 // record carries planned_steps (the first step under a plan), that total from there on. Returns the
