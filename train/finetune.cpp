@@ -98,10 +98,7 @@ template <Backend B> TrainResult finetune_causal_lm(const TrainOptions& o) {
   const int64_t V = model->spec().vocab;
   auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& b) {
     const int64_t n = b.first.size(0);
-    // the fused LM head and loss where train.json's loss_chunk_rows asks for it (TrainConfig::loss_chunk)
-    const int64_t chunk = tc.loss_chunk(b.first.numel(), V);
-    const Var<B> loss = chunk ? model->loss(b.first, b.second, {.chunk_rows = chunk})
-                              : nn::cross_entropy(model->forward(b.first).reshape({-1, V}), b.second.reshape({-1}));
+    const Var<B> loss = lm_loss<B>(*model, V, b.first, b.second, tc.loss_chunk(b.first.numel(), V));
     return StepOutput<B>{.loss = loss, .metrics = {}, .samples = n, .tokens = n * T, .flops = 0};
   };
   auto train_batch = [&](int64_t i) { return data.rows<B>(i, bs, T, ranks.rows.start, ranks.rows.count); };

@@ -31,15 +31,6 @@ namespace {
 
 using json = nlohmann::json;
 
-// The fused LM head and loss where train.json's loss_chunk_rows asks for it (TrainConfig::loss_chunk),
-// else the logits whole and cross_entropy.
-template <Backend B> Var<B> lm_loss(const nn::GPT<B>& model, const Tensor<B>& x, const Tensor<B>& y, const TrainConfig& tc) {
-  const int64_t vocab = model.config().vocab_size;
-  if (const int64_t chunk = tc.loss_chunk(x.numel(), vocab)) return model.loss(x, y, {.chunk_rows = chunk});
-  const Var<B> logits = model.forward(x);
-  return nn::cross_entropy(logits.reshape({-1, vocab}), y.reshape({-1}));
-}
-
 }  // namespace
 
 template <Backend B> std::unique_ptr<optim::Optimizer<B>> make_optimizer(const nn::Module<B>& model, const OptimizerConfig& o, bool zero) {
@@ -121,12 +112,8 @@ template <Backend B, class Model> double mean_lm_loss(const Model& model, int64_
   for (int64_t i = 0; i < batches; ++i) {
     const auto [x, y] = data.batch<B>(i, batch_size, seq_len);
     const autocast::Scope ac(precision);
-    if (nn::logits_exceed_chunk(x.numel(), vocab)) {
-      total += item<double>(model.loss(x, y).value());
-      continue;
-    }
-    const Var<B> logits = model.forward(x);
-    total += item<double>(nn::cross_entropy(logits.reshape({-1, vocab}), y.reshape({-1})).value());
+    const int64_t chunk = nn::logits_exceed_chunk(x.numel(), vocab) ? nn::linear_cross_entropy_chunk(vocab, 0) : 0;
+    total += item<double>(lm_loss<B>(model, vocab, x, y, chunk).value());
   }
   return total / static_cast<double>(batches);
 }
@@ -359,7 +346,7 @@ template <Backend B> TrainResult train_gpt(const TrainOptions& o) {
   const double seq_flops = nn::gpt_flops(cfg, T).total();  // the model FLOPs of one row's forward + backward
   auto step = [&](const std::pair<Tensor<B>, Tensor<B>>& b) {
     const int64_t n = b.first.size(0);
-    return StepOutput<B>{.loss = lm_loss(model, b.first, b.second, tc),
+    return StepOutput<B>{.loss = lm_loss<B>(model, cfg.vocab_size, b.first, b.second, tc.loss_chunk(b.first.numel(), cfg.vocab_size)),
                          .metrics = {},
                          .samples = n,
                          .tokens = n * T,

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kiln/nn/gpt.hpp"
+#include "kiln/nn/loss.hpp"
 #include "kiln/optim/ema.hpp"
 #include "kiln/optim/optimizer.hpp"
 #include "kiln/optim/scheduler.hpp"
@@ -84,6 +85,16 @@ template <Backend B> KILN_API void save_checkpoint(const std::string& path, cons
 
 // Loads a model from a checkpoint or a weights file (then model_json gives the config).
 template <Backend B> KILN_API std::shared_ptr<nn::GPT<B>> load_gpt(const std::string& path, const std::string& model_json = "");
+
+// A language model's mean cross-entropy on ids x and targets y (nn::GPT, hf::CausalLM): with chunk_rows
+// > 0 through model.loss (the LM head and loss fused, nn::linear_cross_entropy, in chunks of that many
+// rows), with 0 the logits [.., vocab] made whole and nn::cross_entropy. kiln train's steps take
+// chunk_rows from TrainConfig::loss_chunk, evaluate from the automatic choice (nn::logits_exceed_chunk).
+template <Backend B, class Model>
+Var<B> lm_loss(const Model& model, int64_t vocab, const Tensor<B>& x, const Tensor<B>& y, int64_t chunk_rows) {
+  if (chunk_rows > 0) return model.loss(x, y, {.chunk_rows = chunk_rows});
+  return nn::cross_entropy(model.forward(x).reshape({-1, vocab}), y.reshape({-1}));
+}
 
 // Mean cross-entropy of `batches` batches of held-out data (under NoGrad), the forward under autocast
 // to `precision` (f32: none), as kiln::fit evaluates a model trained with "precision".
