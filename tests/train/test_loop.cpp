@@ -827,12 +827,13 @@ TEST_CASE("fit: a time limit plans the steps that fit and ends the schedule with
     fs::copy_file(ck, a_ck);
     const TimedRun b = timed_run(dir, {.resume_path = a_ck, .time_limit_s = 1.5}, [](int64_t) { return 10; });
     CHECK(b.result.start_step == 30);
-    CHECK(b.result.planned_steps <= planned);
     CHECK(std::stod(b.meta.at("time_limit.elapsed_s")) > spent + 0.01 * static_cast<double>(b.result.steps_done - 30));
     // The log keeps the first call's records (its plan at step 23); the resumed call starts from its total.
     const std::vector<int64_t> totals = check_planned_lrs(b.log, sched);
     REQUIRE(!totals.empty());
     CHECK(totals.front() == planned);
+    // The resumed call kept the plan and only revises it, past the run's first tenth: 2% of the steps at most.
+    for (size_t i = 1; i < totals.size(); ++i) CHECK(std::abs(totals[i] - totals[i - 1]) <= static_cast<int64_t>(kTimePlanMove * 1000));
     check_run(b, totals);
     // Resumed without a limit: 1,000 steps again (five of them here).
     const TimedRun c = timed_run(dir, {.resume_path = a_ck, .stop_after = 35}, [](int64_t) { return 0; });
