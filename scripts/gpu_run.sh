@@ -60,6 +60,10 @@
 #             over test_attention's Cuda cases from the 25th (targets kiln_cli test_attention test_nn)
 #   lease12   racecheck over test_attention's Cuda cases from the 29th (KILN_RACECHECK_FROM=N: from the Nth)
 #             (target test_attention)
+#   lease13   the LM head and its loss in chunks (nn::linear_cross_entropy, written after the ninth lease) on a
+#             GPU: test_nn's fused-loss and linear cross-entropy cases, then the GPT-2-small step's peak memory
+#             and time with train.json loss_chunk_rows -1 (the logits made whole) and 0 (fused), in f32 and
+#             bf16 (targets kiln_cli test_nn)
 #   profile   test_profile's Cuda cases and KILN_PROFILE=1's exit report on Cuda (targets kiln_cli test_profile)
 #
 # KILN_GPU_TARGETS="t1 t2 ...": build only these targets (default: all), to save a short lease's minutes.
@@ -313,18 +317,34 @@ phase_lease12() {
   return $rc
 }
 
+# What the eleventh lease should run: nn::linear_cross_entropy (the LM head and loss in chunks, tensor ops on
+# cuBLAS and the cross-entropy kernel, checked on the emulated device only) on a GPU, its memory and time in
+# the GPT-2-small step against the logits made whole.
+phase_lease13() {
+  local rc=0 t0=$SECONDS
+  build-gpu/tests/test_nn "[fused],[linear_cross_entropy]" || rc=1
+  echo "--- test_nn fused losses: $((SECONDS - t0)) s"
+  CHECKPOINTING="false" LOSS_CHUNK_ROWS="-1 0" checkpoint_memory f32 bf16 || rc=1
+  echo "--- fused loss memory: $((SECONDS - t0)) s"
+  return $rc
+}
+
 # GPT-2-small (B 8, T 1024) trained 6 steps by `kiln train --device cuda` with activation checkpointing
-# off and on, in the precisions given (default f32 and bf16): the device's peak memory in use (nvidia-smi
-# every 100 ms, less what was in use before) and the median step time of steps 2.. .
+# off and on (CHECKPOINTING="false true"), for each train.json loss_chunk_rows in LOSS_CHUNK_ROWS (unset:
+# train.json leaves it out), in the precisions given (default f32 and bf16): the device's peak memory in
+# use (nvidia-smi every 100 ms, less what was in use before) and the median step time of steps 2.. .
 checkpoint_memory() {
-  local d rc=0 p ck base peak ms precisions="${*:-f32 bf16}"
+  local d rc=0 p ck lc extra base peak ms precisions="${*:-f32 bf16}"
   d="$(mktemp -d)" || return 1
   gpt2_small_json > "$d/m.json"
   "$KILN_PYTHON" tests/reference/kiln_ref.py tokens --vocab 50304 --n 200000 --out "$d/tok.safetensors" || rc=1
   base="$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)"
   for p in $precisions; do
-    for ck in false true; do
-      echo "{\"batch_size\": 8, \"seq_len\": 1024, \"steps\": 6, \"precision\": \"$p\", \"activation_checkpointing\": $ck}" > "$d/t.json"
+    for ck in ${CHECKPOINTING:-false true}; do
+     for lc in ${LOSS_CHUNK_ROWS:-unset}; do
+      extra=""
+      [ "$lc" != unset ] && extra=", \"loss_chunk_rows\": $lc"
+      echo "{\"batch_size\": 8, \"seq_len\": 1024, \"steps\": 6, \"precision\": \"$p\", \"activation_checkpointing\": $ck$extra}" > "$d/t.json"
       nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$d/mem.txt" &
       local poll=$!
       build-gpu/kiln train --model "$d/m.json" --train "$d/t.json" --data "$d/tok.safetensors" --device cuda --log "$d/log.jsonl" \
@@ -332,7 +352,8 @@ checkpoint_memory() {
       kill "$poll"; wait "$poll" 2>/dev/null
       peak="$(sort -n "$d/mem.txt" | tail -1)"
       ms="$("$KILN_PYTHON" -c 'import json,statistics,sys; r=[json.loads(l) for l in open(sys.argv[1]) if "\"ms\"" in l]; print(statistics.median(x["ms"] for x in r[2:]))' "$d/log.jsonl")"
-      echo "{\"precision\": \"$p\", \"activation_checkpointing\": $ck, \"peak_mib_over_idle\": $((peak - base)), \"median_step_ms\": $ms}"
+      echo "{\"precision\": \"$p\", \"activation_checkpointing\": $ck, \"loss_chunk_rows\": \"$lc\", \"peak_mib_over_idle\": $((peak - base)), \"median_step_ms\": $ms}"
+     done
     done
   done
   rm -rf "$d"
