@@ -118,12 +118,13 @@ template <Backend B> struct AttentionBackward {
   double scale = 1;
   bool causal = false;
   int64_t pos0 = 0;
+  double softcap = 0;
   Grads<B> operator()(const Tensor<B>& grad_out) const;
   std::vector<Tensor<B>> saved() const { return {q, k, v, o, lse, key_padding, mask}; }
 };
 template <Backend B> struct AttentionOps {
   static Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, double scale, bool causal, int64_t pos0,
-                          const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
+                          const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}, double softcap = 0);
 };
 
 // autograd/ops/diff_attention.cpp

@@ -70,10 +70,11 @@
 #define KILN_FUSED_SUM_SQUARES static void sum_squares(M out, const std::vector<V>& xs);
 
 // flash attention, forward and backward (core/fused.hpp)
-#define KILN_FUSED_ATTENTION                                                                                                              \
-  static void attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0); \
-  static void attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, const V* mask, double scale,  \
-                                 bool causal, int64_t pos0);
+#define KILN_FUSED_ATTENTION                                                                                                             \
+  static void attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0, \
+                                double softcap);                                                                                         \
+  static void attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, const V* mask, double scale, \
+                                 bool causal, int64_t pos0, double softcap);
 
 // differential attention, both branches in one op (core/fused_diff_attention.hpp)
 #define KILN_FUSED_DIFF_ATTENTION                                                                                                          \

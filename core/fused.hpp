@@ -6,10 +6,10 @@
 //   softmax_lastdim(MutView out, View x, bool log)            rows of the last axis, x contiguous
 //   softmax_lastdim_backward(MutView dx, View y, View dy, bool log)   y = forward output
 //   attention_forward(MutView o, MutView lse, View q, View k, View v, const View* key_padding,
-//                     const View* mask, double scale, bool causal, int64_t pos0)
+//                     const View* mask, double scale, bool causal, int64_t pos0, double softcap)
 //   attention_backward(MutView dq, MutView dk, MutView dv, View q, View k, View v, View o, View lse,
 //                      View dout, const View* key_padding, const View* mask, double scale, bool causal,
-//                      int64_t pos0)
+//                      int64_t pos0, double softcap)
 //     see attention_forward below for what the override receives.
 #include <cmath>
 #include <limits>
@@ -83,7 +83,8 @@ template <Backend B> Tensor<B> softmax_backward(const Tensor<B>& y, const Tensor
 // Softmax attention without the [T, S] matrix in memory (the flash-attention contract):
 //   q [B, H, T, d], k [B, Hkv, S, d], v [B, Hkv, S, dv]; H a multiple of Hkv, query head i uses kv
 //   head i / (H/Hkv) (GQA); dv may differ from d.
-//   scores s_ij = scale · q_i·k_j (+ mask_ij when the mask is additive), masked to −inf where
+//   scores s_ij = scale · q_i·k_j, or with softcap > 0 softcap · tanh(scale · q_i·k_j / softcap) (Gemma 2's
+//   attn_logit_softcapping; softcap 0: none), (+ mask_ij when the mask is additive), masked to −inf where
 //   causal && j > pos0 + i (query i sits at position pos0 + i, keys at 0..S−1: KV-cache decoding has
 //   T ≠ S; pos0 = 0 is the top-left alignment of torch's scaled_dot_product_attention(is_causal)),
 //   where key_padding [B, S] (bool, optional) is false, and where a bool mask is false.
@@ -102,7 +103,9 @@ template <Backend B> Tensor<B> softmax_backward(const Tensor<B>& y, const Tensor
 // row width (else they are made contiguous here), any strides elsewhere (zero included); the outputs
 // and lse are contiguous; key_padding is nullptr or a contiguous bool [B, S]; mask is nullptr or a
 // [B, H, T, S] view with any strides (zero on broadcast dims, so no size-T·S buffer), bool or of the
-// compute dtype (f32/f64, additive). dq, dk, dv arrive zero-filled.
+// compute dtype (f32/f64, additive). dq, dk, dv arrive zero-filled. softcap is 0 unless the backend
+// declares `static constexpr bool attention_softcap = true`: without it a soft-capped call takes the
+// composite path (the [T, S] scores materialised).
 // A backend that also declares `static constexpr bool attention_any_layout = true` receives instead
 // outputs laid out in their inputs' memory order (Tensor::empty_like_layout: O and dq like q, dk like k,
 // dv like v; for the transposed [B, H, T, hd] views of a [B, T, H, hd] projection that MultiHeadAttention
@@ -124,14 +127,18 @@ concept AttentionHalf = requires {
   requires B::attention_half;
 };
 template <class B>
+concept AttentionSoftcap = requires {
+  requires B::attention_softcap;
+};
+template <class B>
 concept HasAttention = requires(MutView<typename B::Storage> out, View<typename B::Storage> in, const View<typename B::Storage>* kp,
-                                double scale, bool causal, int64_t pos0) {
-  B::attention_forward(out, out, in, in, in, kp, kp, scale, causal, pos0);
+                                double scale, bool causal, int64_t pos0, double softcap) {
+  B::attention_forward(out, out, in, in, in, kp, kp, scale, causal, pos0, softcap);
 };
 template <class B>
 concept HasAttentionBackward = requires(MutView<typename B::Storage> out, View<typename B::Storage> in, const View<typename B::Storage>* kp,
-                                        double scale, bool causal, int64_t pos0) {
-  B::attention_backward(out, out, out, in, in, in, in, in, in, kp, kp, scale, causal, pos0);
+                                        double scale, bool causal, int64_t pos0, double softcap) {
+  B::attention_backward(out, out, out, in, in, in, in, in, in, kp, kp, scale, causal, pos0, softcap);
 };
 
 namespace detail {
@@ -171,6 +178,15 @@ template <Backend B> AttnDims attention_check(const char* op, const Tensor<B>& q
                shape_str(q.shape()), shape_str(k.shape()));
   }
   return a;
+}
+
+inline void softcap_check(const char* op, double softcap) {
+  KILN_CHECK(softcap >= 0 && std::isfinite(softcap), "{}: softcap must be finite and >= 0 (0: none), got {}", op, softcap);
+}
+
+// The scaled scores through the soft cap: softcap · tanh(s / softcap) (softcap 0: s).
+template <Backend B> Tensor<B> soft_capped(const Tensor<B>& s, double softcap) {
+  return softcap > 0 ? s.div(softcap).tanh().mul(softcap) : s;
 }
 
 // The mask as a [B, H, T, S] view of the user's tensor (zero strides on broadcast dims), in dtype dt
@@ -239,18 +255,19 @@ Tensor<B> attention_mask(const AttnDims& a, bool causal, int64_t pos0, const Ten
 template <Backend B> std::pair<Tensor<B>, Tensor<B>> attention_forward_composite(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
                                                                                  double scale, bool causal, int64_t pos0,
                                                                                  const Tensor<B>& key_padding = {},
-                                                                                 const Tensor<B>& mask = {}) {
+                                                                                 const Tensor<B>& mask = {}, double softcap = 0) {
   const detail::AttnDims a = detail::attention_check("attention_forward", q, k, v, key_padding, pos0, mask);
+  detail::softcap_check("attention_forward", softcap);
   if (q.dtype() == DType::bf16 || q.dtype() == DType::f16) {
     const Tensor<B> m32 = mask.defined() && mask.dtype() != DType::boolean ? mask.to(DType::f32) : mask;
     auto [o, lse] =
-        attention_forward_composite(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), scale, causal, pos0, key_padding, m32);
+        attention_forward_composite(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), scale, causal, pos0, key_padding, m32, softcap);
     return {o.to(q.dtype()), lse};
   }
   const int64_t rep = a.H / a.Hkv;
   const Tensor<B> q5 = q.reshape({a.B, a.Hkv, rep, a.T, a.d});
   const Tensor<B> k5 = k.unsqueeze(2), v5 = v.unsqueeze(2);
-  Tensor<B> s = q5.matmul(k5.transpose(-1, -2)).mul(scale);  // [B, Hkv, rep, T, S]
+  Tensor<B> s = detail::soft_capped(q5.matmul(k5.transpose(-1, -2)).mul(scale), softcap);  // [B, Hkv, rep, T, S]
   const Tensor<B> madd = detail::attention_mask(a, causal, pos0, key_padding, q.dtype(), mask);
   if (madd.defined()) s = s.add(madd);
   Tensor<B> m = a.S > 0 ? s.max({-1}, true) : Tensor<B>::full({a.B, a.Hkv, rep, a.T, 1}, -INFINITY, q.dtype());
@@ -264,18 +281,18 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> attention_forward_composite
 
 // Composite attention backward from the saved {q, k, v, O, LSE} and dO (FlashAttention-2 formulas):
 //   P = exp(s − LSE), dV = Pᵀ dO, dP = dO Vᵀ, D = rowsum(dO ⊙ O), dS = P ⊙ (dP − D),
-//   dQ = scale dS K, dK = scale dSᵀ Q (dK, dV summed over the query heads of each kv head).
-template <Backend B>
-std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward_composite(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
-                                                                         const Tensor<B>& o, const Tensor<B>& lse, const Tensor<B>& dout,
-                                                                         double scale, bool causal, int64_t pos0,
-                                                                         const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}) {
+//   dQ = scale dS K, dK = scale dSᵀ Q (dK, dV summed over the query heads of each kv head); with a soft
+//   cap, dS is also multiplied by the cap's derivative 1 − tanh²(scale · q·k / softcap).
+template <Backend B> std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward_composite(
+    const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v, const Tensor<B>& o, const Tensor<B>& lse, const Tensor<B>& dout,
+    double scale, bool causal, int64_t pos0, const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}, double softcap = 0) {
   const detail::AttnDims a = detail::attention_check("attention_backward", q, k, v, key_padding, pos0, mask);
+  detail::softcap_check("attention_backward", softcap);
   if (q.dtype() == DType::bf16 || q.dtype() == DType::f16) {
     const DType f = DType::f32;
     const Tensor<B> m32 = mask.defined() && mask.dtype() != DType::boolean ? mask.to(f) : mask;
-    auto [dq, dk, dv] =
-        attention_backward_composite(q.to(f), k.to(f), v.to(f), o.to(f), lse.to(f), dout.to(f), scale, causal, pos0, key_padding, m32);
+    auto [dq, dk, dv] = attention_backward_composite(q.to(f), k.to(f), v.to(f), o.to(f), lse.to(f), dout.to(f), scale, causal, pos0,
+                                                     key_padding, m32, softcap);
     return {dq.to(q.dtype()), dk.to(q.dtype()), dv.to(q.dtype())};
   }
   const int64_t rep = a.H / a.Hkv;
@@ -286,14 +303,19 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward_composite(const T
   const Tensor<B> l5 = lse.to(dt).reshape({a.B, a.Hkv, rep, a.T, 1});
   const Tensor<B> dead = l5.eq(-INFINITY);  // rows with no visible key
   const Tensor<B> zero = Tensor<B>::zeros({}, dt);
-  Tensor<B> s = q5.matmul(k5.transpose(-1, -2)).mul(scale);
+  const Tensor<B> raw = q5.matmul(k5.transpose(-1, -2)).mul(scale);
+  Tensor<B> s = detail::soft_capped(raw, softcap);
   const Tensor<B> madd = detail::attention_mask(a, causal, pos0, key_padding, dt, mask);
   if (madd.defined()) s = s.add(madd);
   const Tensor<B> p = Tensor<B>::where(dead, zero, s.sub(l5).exp());  // [B, Hkv, rep, T, S]
   const Tensor<B> dvv = p.transpose(-1, -2).matmul(g5).sum({2});      // [B, Hkv, S, dv]
   const Tensor<B> dp = g5.matmul(v5.transpose(-1, -2));               // [B, Hkv, rep, T, S]
   const Tensor<B> D = Tensor<B>::where(dead, zero, g5.mul(o5).sum({-1}, true));
-  const Tensor<B> ds = p.mul(dp.sub(D)).mul(scale);
+  Tensor<B> ds = p.mul(dp.sub(D)).mul(scale);
+  if (softcap > 0) {  // d(c · tanh(x / c))/dx = 1 − tanh²(x / c)
+    const Tensor<B> t = raw.div(softcap).tanh();
+    ds = ds.mul(t.mul(t).neg().add(1.0));
+  }
   const Tensor<B> dq = ds.matmul(k5).reshape({a.B, a.H, a.T, a.d});
   const Tensor<B> dk = ds.transpose(-1, -2).matmul(q5).sum({2});
   return {dq, dk, dvv};
@@ -302,16 +324,20 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward_composite(const T
 // Fused attention forward: {O [B, H, T, dv], LSE [B, H, T]} (see the contract above).
 template <Backend B> std::pair<Tensor<B>, Tensor<B>> attention_forward(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
                                                                        double scale, bool causal, int64_t pos0,
-                                                                       const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}) {
+                                                                       const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {},
+                                                                       double softcap = 0) {
   const detail::AttnDims a = detail::attention_check("attention_forward", q, k, v, key_padding, pos0, mask);
+  detail::softcap_check("attention_forward", softcap);
   if constexpr (HasAttention<B>) {
     const DType dt = q.dtype(), ct = detail::lse_dtype(dt);  // ct: the compute dtype, f32 for half types
+    if (a.empty() || (softcap > 0 && !AttentionSoftcap<B>))
+      return attention_forward_composite(q, k, v, scale, causal, pos0, key_padding, mask, softcap);
     if (is_half(dt) && !AttentionHalf<B>) {
       const Tensor<B> m32 = mask.defined() && mask.dtype() != DType::boolean ? mask.to(DType::f32) : mask;
-      auto [o, lse] = attention_forward(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), scale, causal, pos0, key_padding, m32);
+      auto [o, lse] =
+          attention_forward(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), scale, causal, pos0, key_padding, m32, softcap);
       return {o.to(dt), lse};
     }
-    if (a.empty()) return attention_forward_composite(q, k, v, scale, causal, pos0, key_padding, mask);
     const Tensor<B> qc = detail::attn_rows(q), kc = detail::attn_rows(k), vc = detail::attn_rows(v);
     const Shape os{a.B, a.H, a.T, a.dv};
     Tensor<B> o = AttentionAnyLayout<B> ? qc.empty_like_layout(os, dt) : Tensor<B>::empty(os, dt);
@@ -322,11 +348,11 @@ template <Backend B> std::pair<Tensor<B>, Tensor<B>> attention_forward(const Ten
     const View<typename B::Storage> mvv = mv.defined() ? mv.cview() : qc.cview();
     KILN_PROFILED_FLOPS("attention_forward", detail::attention_flops(a, causal, false), o, lse, qc, kc, vc)
     B::attention_forward(o.mview(), lse.mview(), qc.cview(), kc.cview(), vc.cview(), kp.defined() ? &kpv : nullptr,
-                         mv.defined() ? &mvv : nullptr, scale, causal, pos0);
+                         mv.defined() ? &mvv : nullptr, scale, causal, pos0, softcap);
     return {o, lse};
   } else {
     (void)a;
-    return attention_forward_composite(q, k, v, scale, causal, pos0, key_padding, mask);
+    return attention_forward_composite(q, k, v, scale, causal, pos0, key_padding, mask, softcap);
   }
 }
 
@@ -335,8 +361,9 @@ template <Backend B>
 std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward(const Tensor<B>& q, const Tensor<B>& k, const Tensor<B>& v,
                                                                const Tensor<B>& o, const Tensor<B>& lse, const Tensor<B>& dout,
                                                                double scale, bool causal, int64_t pos0, const Tensor<B>& key_padding = {},
-                                                               const Tensor<B>& mask = {}) {
+                                                               const Tensor<B>& mask = {}, double softcap = 0) {
   const detail::AttnDims a = detail::attention_check("attention_backward", q, k, v, key_padding, pos0, mask);
+  detail::softcap_check("attention_backward", softcap);
   KILN_CHECK(o.defined() && dout.defined() && lse.defined() && o.shape() == Shape({a.B, a.H, a.T, a.dv}) && dout.shape() == o.shape() &&
                  lse.shape() == Shape({a.B, a.H, a.T}) && o.dtype() == q.dtype() && dout.dtype() == q.dtype() &&
                  lse.dtype() == detail::lse_dtype(q.dtype()),
@@ -345,13 +372,15 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward(const Tensor<B>& 
              shape_str(v.shape()));
   if constexpr (HasAttentionBackward<B>) {
     const DType dt = q.dtype(), ct = detail::lse_dtype(dt);
+    if (a.empty() || (softcap > 0 && !AttentionSoftcap<B>))
+      return attention_backward_composite(q, k, v, o, lse, dout, scale, causal, pos0, key_padding, mask, softcap);
     if (is_half(dt) && !AttentionHalf<B>) {
       const DType f = DType::f32;
       const Tensor<B> m32 = mask.defined() && mask.dtype() != DType::boolean ? mask.to(f) : mask;
-      auto [dq, dk, dv] = attention_backward(q.to(f), k.to(f), v.to(f), o.to(f), lse, dout.to(f), scale, causal, pos0, key_padding, m32);
+      auto [dq, dk, dv] =
+          attention_backward(q.to(f), k.to(f), v.to(f), o.to(f), lse, dout.to(f), scale, causal, pos0, key_padding, m32, softcap);
       return {dq.to(dt), dk.to(dt), dv.to(dt)};
     }
-    if (a.empty()) return attention_backward_composite(q, k, v, o, lse, dout, scale, causal, pos0, key_padding, mask);
     const Tensor<B> qc = detail::attn_rows(q), kc = detail::attn_rows(k), vc = detail::attn_rows(v);
     Tensor<B> dq, dk, dv;
     if constexpr (AttentionAnyLayout<B>) {
@@ -366,11 +395,11 @@ std::tuple<Tensor<B>, Tensor<B>, Tensor<B>> attention_backward(const Tensor<B>& 
     const View<typename B::Storage> mvv = mv.defined() ? mv.cview() : qc.cview();
     KILN_PROFILED_FLOPS("attention_backward", detail::attention_flops(a, causal, true), dq, qc, kc, vc, dk, dv, oc, lc, gc)
     B::attention_backward(dq.mview(), dk.mview(), dv.mview(), qc.cview(), kc.cview(), vc.cview(), oc.cview(), lc.cview(), gc.cview(),
-                          kp.defined() ? &kpv : nullptr, mv.defined() ? &mvv : nullptr, scale, causal, pos0);
+                          kp.defined() ? &kpv : nullptr, mv.defined() ? &mvv : nullptr, scale, causal, pos0, softcap);
     return {dq, dk, dv};
   } else {
     (void)a;
-    return attention_backward_composite(q, k, v, o, lse, dout, scale, causal, pos0, key_padding, mask);
+    return attention_backward_composite(q, k, v, o, lse, dout, scale, causal, pos0, key_padding, mask, softcap);
   }
 }
 

@@ -106,9 +106,10 @@ std::pair<Tensor<B>, Tensor<B>> kv_cache_append(KVCache<B>& cache, const Tensor<
 }
 
 template <Backend B> Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
-                                      const Tensor<B>& key_padding, const Tensor<B>& mask) {
+                                      const Tensor<B>& key_padding, const Tensor<B>& mask, double softcap) {
   KILN_CHECK(q.dim() == 4, "attention: q {} must be [B, H, T, d]", shape_str(q.shape()));
-  return autograd::AttentionOps<B>::attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(q.size(3))), causal, pos0, key_padding, mask);
+  return autograd::AttentionOps<B>::attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(q.size(3))), causal, pos0, key_padding, mask,
+                                              softcap);
 }
 
 template <Backend B> Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
@@ -242,7 +243,7 @@ template <Backend B> Var<B> MultiHeadAttention<B>::forward(const Var<B>& x, cons
   template class RopeTable<B>;                                                                                                             \
   template Var<B> rope<B>(const Var<B>&, int64_t, double, const RopeTable<B>*);                                                            \
   template std::pair<Tensor<B>, Tensor<B>> kv_cache_append<B>(KVCache<B>&, const Tensor<B>&, const Tensor<B>&, int64_t);                   \
-  template Var<B> attention<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&, const Tensor<B>&);            \
+  template Var<B> attention<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&, const Tensor<B>&, double);    \
   template Var<B> attention_decomposed<B>(const Var<B>&, const Var<B>&, const Var<B>&, bool, int64_t, const Tensor<B>&, const Tensor<B>&,  \
                                           double);                                                                                         \
   template Var<B> rope_rows<B>(const Var<B>&, const Tensor<B>&, const Tensor<B>&);                                                         \

@@ -89,16 +89,18 @@ KILN_API std::pair<int64_t, int64_t> row_positions_check(const char* op, const R
 // mask: optional, broadcastable to [B, H, T, S]: bool (true = may attend, as torch's
 // scaled_dot_product_attention) or additive of q's dtype (added to the scaled scores; −inf hides a
 // key). Not differentiable: no gradient flows into an additive mask.
+// softcap > 0: the scaled scores become softcap · tanh(scores / softcap) before the masks (Gemma 2's
+// attn_logit_softcapping; 0: none). The Cpu kernels apply it in the fused pass; on a backend whose
+// kernels lack it (Cuda) the call takes fused::attention_forward's composite path, [T, S] scores included.
 template <Backend B> KILN_API Var<B> attention(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
-                                               const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {});
+                                               const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {}, double softcap = 0);
 // Runs the fused kernel (fused::attention_forward/backward through autograd::AttentionOps): memory O(T)
 // beyond q, k, v, O — the autograd node saves q, k, v, O and the row log-sum-exp only (plus the key
 // padding and the mask as given; a [T, S] mask is the user's own tensor, never expanded or copied).
 // A row with no visible key gets a zero gradient (it contributes nothing to dq, dk, dv).
 
 // The same attention built from autograd ops (scores [B, H, T, S], softmax, matmul): the test oracle
-// of the fused path. softcap > 0: the scaled scores become softcap · tanh(scores / softcap) before the
-// masks (Gemma 2's attn_logit_softcapping), which the fused kernels do not implement.
+// of the fused path, soft cap included.
 template <Backend B> KILN_API Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
                                                           const Tensor<B>& key_padding = {}, const Tensor<B>& mask = {},
                                                           double softcap = 0);

@@ -45,7 +45,9 @@
 // it is 8 of 16, the same step right after the product on the tile in L1: softmax_row256). Tiles with
 // key padding or a user mask, f64 and the baseline ISA run the same formulas as separate row passes,
 // kernel variants chosen per call for the instruction set (common.hpp), one call per tile; both
-// forms give the same floats (test_attention checks it bit for bit).
+// forms give the same floats (test_attention checks it bit for bit). A soft cap (Gemma 2: S = cap ·
+// tanh(S / cap) before the masks) also runs as row passes (cap_row; the backward keeps its derivative
+// in a scratch tile and multiplies dS by it).
 #include <cblas.h>
 
 #include <cmath>
@@ -680,6 +682,21 @@ template <class T> void mask_row(T* row, int64_t bc, int64_t j0, const bool* kp,
       if (!kp[j0 + c]) row[c] = ninf;
 }
 
+// Gemma 2's soft cap on the visible prefix of a scaled score row, before any mask: s = cap · tanh(s / cap)
+// (the vector tanh of vecmath.hpp for f32, as the Tanh op; std::tanh for f64), and with deriv set its
+// derivative 1 − tanh² there (the backward's factor on dS). The forward and the backward run this same
+// function, so the backward's P = exp(s − LSE) matches the forward's softmax.
+template <class I, class T> void cap_row(T* row, int64_t n, T cap, T* deriv) {
+  for (int64_t c = 0; c < n; ++c) row[c] /= cap;
+  if constexpr (std::is_same_v<T, float>)
+    vm::tanh_n(I{}, row, row, n);
+  else
+    for (int64_t c = 0; c < n; ++c) row[c] = std::tanh(row[c]);
+  if (deriv)
+    for (int64_t c = 0; c < n; ++c) deriv[c] = T(1) - row[c] * row[c];
+  for (int64_t c = 0; c < n; ++c) row[c] *= cap;
+}
+
 // The causal prefix of a tile row: keys c <= last (the row's position minus the tile's first key) are
 // visible; only those are masked further and exponentiated, and the rest become exact zeros, so a
 // causal row's hidden keys never reach the vector exp as −∞ (which takes its slow, range-checked path).
@@ -688,18 +705,19 @@ inline int64_t visible(bool diag, int64_t last, int64_t bc) { return diag ? std:
 // ---------------------------------------------------------------------------------- tile kernels
 // Kernels (common.hpp), one call per tile; s holds br rows of bc scores with row stride ld.
 
-// Forward: mask (causal when diag: the row's visible prefix; padding kp; the user's mask), then the
+// Forward: the soft cap (cap > 0), mask (causal when diag: the row's visible prefix; padding kp; the user's mask), then the
 // online-softmax step of each row: the new max
 // m', P = exp(S − m') in place, l = l·e^(m−m') + ΣP, and the output rows orow (dv wide, row stride
 // ldo) rescaled by e^(m−m'); orow null: the first key tile, whose P·V product overwrites the rows.
 // Rows with nothing visible yet become zeros.
 template <class I, class T> void tile_softmax(T* s, int64_t ld, int64_t br, int64_t bc, int64_t i0, int64_t j0, bool diag, int64_t pos0,
-                                              const bool* kp, const TileMask<T>& um, T* m, T* l, T* orow, int64_t ldo, int64_t dv) {
+                                              const bool* kp, const TileMask<T>& um, T cap, T* m, T* l, T* orow, int64_t ldo, int64_t dv) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
   const bool masked = kp || um.any();
   for (int64_t r = 0; r < br; ++r) {
     T* row = s + r * ld;
     const int64_t n = visible(diag, pos0 + i0 + r - j0, bc);
+    if (cap > 0) cap_row<I>(row, n, cap, static_cast<T*>(nullptr));
     if (masked) mask_row(row, n, j0, kp, um, r);
     const T mnew = std::max(m[r], n ? row_max<I>(row, n) : ninf);
     if (mnew == ninf) {  // nothing visible yet
@@ -745,20 +763,27 @@ template <class I, class T> void softmax_update(T* m, T* l, const T* mn, const T
   }
 }
 
-// Backward: P = exp(S − LSE) in place after the mask (the visible prefix, as the forward); rows whose
-// LSE is −inf (no visible key) become zeros.
+// Backward: P = exp(S − LSE) in place after the soft cap (cap > 0) and the mask (the visible prefix,
+// as the forward); rows whose LSE is −inf (no visible key) become zeros. With cap > 0, the cap's
+// derivative goes to cf (same layout; 0 where P is 0) for tile_cap_ds.
 template <class I, class T> void tile_probs(T* s, int64_t ld, int64_t br, int64_t bc, const T* lse, int64_t i0, int64_t j0, bool diag,
-                                            int64_t pos0, const bool* kp, const TileMask<T>& um) {
+                                            int64_t pos0, const bool* kp, const TileMask<T>& um, T cap, T* cf) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
   const bool masked = kp || um.any();
   for (int64_t r = 0; r < br; ++r) {
     T* row = s + r * ld;
+    T* crow = cap > 0 ? cf + r * ld : nullptr;
     const T L = lse[r];
     if (L == ninf) {  // a row with no visible key contributes nothing
       std::fill(row, row + bc, T(0));
+      if (crow) std::fill(crow, crow + bc, T(0));
       continue;
     }
     const int64_t n = visible(diag, pos0 + i0 + r - j0, bc);
+    if (crow) {
+      cap_row<I>(row, n, cap, crow);
+      std::fill(crow + n, crow + bc, T(0));
+    }
     if (masked) mask_row(row, n, j0, kp, um, r);
     exp_shift_sum<I>(row, n, L);
     std::fill(row + n, row + bc, T(0));
@@ -772,6 +797,15 @@ template <class I, class T> void tile_ds(T* p, const T* dp, int64_t ld, int64_t 
     T* pr = p + r * ld;
     const T* dr = dp + r * ld;
     for (int64_t c = 0; c < bc; ++c) pr[c] = scale * pr[c] * (dr[c] - Dr);
+  }
+}
+
+// Backward with a soft cap: dS ⊙= the cap's derivative (tile_probs' cf), in place.
+template <class I, class T> void tile_cap_ds(T* ds, const T* cf, int64_t ld, int64_t br, int64_t bc) {
+  for (int64_t r = 0; r < br; ++r) {
+    T* dr = ds + r * ld;
+    const T* fr = cf + r * ld;
+    for (int64_t c = 0; c < bc; ++c) dr[c] *= fr[c];
   }
 }
 
@@ -816,6 +850,7 @@ template <class T> struct TileKernels {
   decltype(&tile_finish<Baseline, T>) finish = pick<tile_finish<Baseline, T>, tile_finish<Avx2, T>, tile_finish<Avx512, T>>();
   decltype(&tile_probs<Baseline, T>) probs = pick<tile_probs<Baseline, T>, tile_probs<Avx2, T>, tile_probs<Avx512, T>>();
   decltype(&tile_ds<Baseline, T>) ds = pick<tile_ds<Baseline, T>, tile_ds<Avx2, T>, tile_ds<Avx512, T>>();
+  decltype(&tile_cap_ds<Baseline, T>) cap_ds = pick<tile_cap_ds<Baseline, T>, tile_cap_ds<Avx2, T>, tile_cap_ds<Avx512, T>>();
   decltype(&tile_combine<Baseline, T>) combine = pick<tile_combine<Baseline, T>, tile_combine<Avx2, T>, tile_combine<Avx512, T>>();
   decltype(&rows_dot<Baseline, T>) dot = pick<rows_dot<Baseline, T>, rows_dot<Avx2, T>, rows_dot<Avx512, T>>();
   decltype(&transpose_tile<Baseline, T>) transpose = pick<transpose_tile<Baseline, T>, transpose_tile<Avx2, T>>();
@@ -873,6 +908,7 @@ template <class T> struct Problem {
   Rows<T> q, k, v;
   int64_t B = 0, H = 0, Hkv = 0, T_ = 0, S = 0, d = 0, dv = 0, rep = 1;
   T scale = 1;
+  T cap = 0;  // the soft cap (0: none): attention only, never a differential branch
   bool causal = false;
   int64_t pos0 = 0;
   const bool* kp = nullptr;     // [B, S] contiguous or nullptr
@@ -954,7 +990,7 @@ template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse
       for (int64_t j0 = 0; j0 < kend; j0 += kBc) {
         const int64_t bc = std::min(kBc, kend - j0);
         const bool nn = br >= kMinRowsT;
-        const bool fused = nn && !kp && !P.madd && !P.mkeep;  // the softmax step in the S product's epilogue
+        const bool fused = nn && !kp && !P.madd && !P.mkeep && P.cap == 0;  // the softmax step in the S product's epilogue
         const int64_t jt = j0 / kBc;
         T* kt = kts + (jt % slots) * P.d * kBc;
         if (nn && tag[jt % slots] != (b * P.Hkv + hk) * nkt + jt) {  // the whole tile, whatever this query tile sees of it
@@ -975,8 +1011,8 @@ template <class T> void forward(const Problem<T>& P, const OutRows<T>& o, T* lse
               K.mm(false, false, rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, kt, kBc, T(0), s, kBc);
             else
               K.mm(false, true, rb, bcs, P.d, P.scale, P.q.row(b, h, ii), P.q.ld, P.k.row(b, hk, j0), P.k.ld, T(0), s, kBc);
-            K.softmax(s, kBc, rb, bcs, ii, j0, diag, P.pos0, kp, P.tile_mask(b, h, ii, j0), m + r0, l + r0, first ? nullptr : ob, o.ld,
-                      P.dv);
+            K.softmax(s, kBc, rb, bcs, ii, j0, diag, P.pos0, kp, P.tile_mask(b, h, ii, j0), P.cap, m + r0, l + r0, first ? nullptr : ob,
+                      o.ld, P.dv);
           }
           K.mm(false, false, rb, P.dv, bcs, T(1), s, kBc, P.v.row(b, hk, j0), P.v.ld, T(first ? 0 : 1), ob, o.ld);
         });
@@ -1000,16 +1036,20 @@ template <class T> struct Branches {
   OutRows<T> dq[2], dk[2];
 };
 
-// Per-thread scratch of the backward: the score tiles s[x], dp, and the key tile's Kᵀ per branch and Vᵀ.
+// Per-thread scratch of the backward: the score tiles s[x], dp, the soft cap's derivative cf, and the key
+// tile's Kᵀ per branch and Vᵀ.
 template <class T> struct BwdScratch {
   T* s[2] = {};
   T* dp = nullptr;
+  T* cf = nullptr;
   T* kt[2] = {};
   T* vt = nullptr;
-  static size_t size(int n, int64_t d, int64_t dv) { return static_cast<size_t>(((n + 1) * kBrB + n * d + dv) * kBcB); }
+  static size_t size(int n, int64_t d, int64_t dv) { return static_cast<size_t>(((n + 2) * kBrB + n * d + dv) * kBcB); }
   BwdScratch(T* p, int n, int64_t d) {
     for (int x = 0; x < n; ++x, p += kBrB * kBcB) s[x] = p;
     dp = p;
+    p += kBrB * kBcB;
+    cf = p;
     p += kBrB * kBcB;
     for (int x = 0; x < n; ++x, p += d * kBcB) kt[x] = p;
     vt = p;
@@ -1035,7 +1075,7 @@ template <class T> void backward_key_tile(const Branches<T>& X, const TileKernel
     K.transpose(P.v.row(b, hk, j0), P.v.ld, w.vt, kBcB, bc, P.dv);
   }
   // The row work in the products' epilogues where the f32 kernels run them (NN form, no padding, no user mask).
-  const bool fused = nn && !kp && !P.madd && !P.mkeep;
+  const bool fused = nn && !kp && !P.madd && !P.mkeep && P.cap == 0;
   bool kv_written = false;
   for (int64_t hr = 0; hr < P.rep; ++hr) {
     const int64_t h = hk * P.rep + hr, bh = b * P.H + h;
@@ -1062,7 +1102,7 @@ template <class T> void backward_key_tile(const Branches<T>& X, const TileKernel
             K.mm(false, false, br, n, P.d, P.scale, Px.q.row(b, h, i0), Px.q.ld, w.kt[x], kBcB, T(0), w.s[x], kBcB);
           else
             K.mm(false, true, br, n, P.d, P.scale, Px.q.row(b, h, i0), Px.q.ld, Px.k.row(b, hk, j0), Px.k.ld, T(0), w.s[x], kBcB);
-          K.probs(w.s[x], kBcB, br, n, lse, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0));
+          K.probs(w.s[x], kBcB, br, n, lse, i0, j0, diag, P.pos0, kp, P.tile_mask(b, h, i0, j0), Px.cap, w.cf);
         }
         const T* grow = g.row(b, h, i0);
         const T* pv = w.s[0];
@@ -1090,6 +1130,7 @@ template <class T> void backward_key_tile(const Branches<T>& X, const TileKernel
         for (int x = 0; x < X.n; ++x) {
           const Problem<T>& Px = *X.P[x];
           if (!ds_done) K.ds(w.s[x], w.dp, kBcB, br, n, X.D[x] + bh * P.T_ + i0, X.dsf[x] * P.scale);  // dS (scaled)
+          if (Px.cap > 0) K.cap_ds(w.s[x], w.cf, kBcB, br, n);                                         // through the soft cap
           K.mm(true, false, n, P.d, br, T(1), w.s[x], kBcB, Px.q.row(b, h, i0), Px.q.ld, kv_beta, X.dk[x].row(b, hk, j0),
                X.dk[x].ld);  // dK += dSᵀ Q
           K.mm(false, false, br, P.d, n, T(1), w.s[x], kBcB, Px.k.row(b, hk, j0), Px.k.ld, T(dq_first ? 0 : 1), dq[x].row(b, h, i0),
@@ -1414,11 +1455,13 @@ void check_vector(const char* op, const char* what, const Cpu::V& x, DType dt, i
 
 }  // namespace
 
-void Cpu::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0) {
+void Cpu::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0,
+                            double softcap) {
   check_forward_outputs("attention_forward", o, lse, q, v);
   check_views("attention_forward", {q, k, v}, q.dtype);
   auto run = [&]<class T>(type_tag<T>) {
-    const Problem<T> P = make_problem<T>(q, k, v, key_padding, mask, scale, causal, pos0);
+    Problem<T> P = make_problem<T>(q, k, v, key_padding, mask, scale, causal, pos0);
+    P.cap = static_cast<T>(softcap);
     forward(P, OutRows<T>(o), lse.storage.as<T>() + lse.layout.offset);
   };
   if (q.dtype == DType::f32)
@@ -1428,11 +1471,12 @@ void Cpu::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, con
 }
 
 void Cpu::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, const V* mask, double scale,
-                             bool causal, int64_t pos0) {
+                             bool causal, int64_t pos0, double softcap) {
   check_backward_outputs("attention_backward", dq, dk, dv, q, k, v, o, dout, lse);
   check_views("attention_backward", {q, k, v, o, dout}, q.dtype);
   auto run = [&]<class T>(type_tag<T>) {
-    const Problem<T> P = make_problem<T>(q, k, v, key_padding, mask, scale, causal, pos0);
+    Problem<T> P = make_problem<T>(q, k, v, key_padding, mask, scale, causal, pos0);
+    P.cap = static_cast<T>(softcap);
     Branches<T> X;
     X.P[0] = &P;
     X.lse[0] = lse.storage.as<T>() + lse.layout.offset;

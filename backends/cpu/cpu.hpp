@@ -39,6 +39,8 @@ struct Cpu {
                                       KILN_FUSED_SUM_SQUARES  // optim.cpp
       // flash attention (attention.cpp): outputs in the inputs' layouts, every element written
       static constexpr bool attention_any_layout = true;
+  // and with Gemma 2's soft cap on the scores (core/fused.hpp)
+  static constexpr bool attention_softcap = true;
   // cross-entropy on bf16/f16 logits as they are (softmax.cpp; core/fused_loss.hpp)
   static constexpr bool cross_entropy_half = true;
   KILN_FUSED_ATTENTION

@@ -1833,7 +1833,10 @@ void check_half(const char* op, DType dt, std::initializer_list<Named> xs, DType
 
 }  // namespace
 
-void Cuda::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0) {
+// softcap: always 0 here (the Cuda kernels have no soft cap, so core/fused.hpp takes the composite path).
+void Cuda::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, const V* mask, double scale, bool causal, int64_t pos0,
+                             double softcap) {
+  KILN_CHECK(softcap == 0, "attention_forward: the Cuda kernels have no soft cap (got {}; core/fused.hpp takes the composite)", softcap);
   if (is_half(q.dtype)) {
     check_half("attention_forward", q.dtype, {{"k", k.dtype}, {"v", v.dtype}, {"o", o.dtype}}, lse.dtype);
     bool done = false;
@@ -1852,7 +1855,8 @@ void Cuda::attention_forward(M o, M lse, V q, V k, V v, const V* key_padding, co
 }
 
 void Cuda::attention_backward(M dq, M dk, M dv, V q, V k, V v, V o, V lse, V dout, const V* key_padding, const V* mask, double scale,
-                              bool causal, int64_t pos0) {
+                              bool causal, int64_t pos0, double softcap) {
+  KILN_CHECK(softcap == 0, "attention_backward: the Cuda kernels have no soft cap (got {}; core/fused.hpp takes the composite)", softcap);
   if (is_half(q.dtype)) {
     check_half("attention_backward", q.dtype,
                {{"k", k.dtype}, {"v", v.dtype}, {"o", o.dtype}, {"dout", dout.dtype}, {"dq", dq.dtype}, {"dk", dk.dtype}, {"dv", dv.dtype}},

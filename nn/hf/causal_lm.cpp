@@ -121,8 +121,7 @@ template <Backend B> class DecoderLayer : public nn::Module<B> {
     }
     // The kernels scale by hd^-1/2; attn_scalar^-1/2 (Gemma's query_pre_attn_scalar) goes into q.
     if (s_.attn_scalar > 0 && s_.attn_scalar != static_cast<double>(hd)) q = q.mul(std::sqrt(static_cast<double>(hd) / s_.attn_scalar));
-    const Var<B> y = s_.attn_softcap > 0 ? nn::attention_decomposed(q, k, v, /*causal=*/true, pos0, {}, mask, s_.attn_softcap)
-                                         : nn::attention(q, k, v, /*causal=*/true, pos0, {}, mask);  // [B, H, T, hd]
+    const Var<B> y = nn::attention(q, k, v, /*causal=*/true, pos0, {}, mask, s_.attn_softcap);  // [B, H, T, hd]
     Var<B> o = o_->forward(y.transpose(1, 2).reshape({Bn, T, H * hd}));
     if (attn_post_) o = attn_post_->forward(o);
     const Var<B> x1 = x + o;

@@ -72,8 +72,8 @@ struct Spec {
   double embed_scale = 0;   // Gemma: the embeddings times this (√hidden, rounded to the parameters' dtype); 0: none
   bool post_norms = false;  // Gemma 2/3: an RMSNorm on the attention's and the MLP's outputs before each residual add
   double attn_scalar = 0;   // the scores are scaled by attn_scalar^-1/2 (Gemma 2/3's query_pre_attn_scalar); 0: head_dim
-  // Gemma 2: cap · tanh(x / cap) on the attention scores (before the mask; the decomposed attention,
-  // nn::attention_decomposed) and on the logits. 0: none.
+  // Gemma 2: cap · tanh(x / cap) on the attention scores (before the mask; nn::attention's softcap) and
+  // on the logits. 0: none.
   double attn_softcap = 0, final_softcap = 0;
   bool qkv_bias = false, o_bias = false, mlp_bias = false;
   bool learned_positions = false;  // GPT-2's wpe; otherwise RoPE

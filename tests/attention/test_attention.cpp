@@ -16,6 +16,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -43,9 +44,10 @@ struct Case {
                           // 3 rows at an odd element offset (not 16-byte aligned)
   std::string mask{};     // the attention mask's shape (kMaskShapes), "" for none
   bool additive = false;  // additive float mask (with −inf entries) rather than bool
+  double softcap = 0;     // Gemma 2's soft cap on the scores (0: none)
   std::string str() const {
-    return fmt::format("B={} H={} Hkv={} T={} S={} d={} dv={} causal={} pos0={} padding={} layout={} mask={} additive={}", B, H, Hkv, T, S,
-                       d, dv, causal, pos0, padding, layout, mask, additive);
+    return fmt::format("B={} H={} Hkv={} T={} S={} d={} dv={} causal={} pos0={} padding={} layout={} mask={} additive={} softcap={}", B, H,
+                       Hkv, T, S, d, dv, causal, pos0, padding, layout, mask, additive, softcap);
   }
 };
 
@@ -176,6 +178,7 @@ template <Backend B> double max_score(const Inputs<B>& in, const Case& c) {
     return std::sqrt(max_abs(kt::host(x64.mul(x64).sum({-1}))));
   };
   double m = row_norm_max(in.q) * row_norm_max(in.k) / std::sqrt(static_cast<double>(c.d));
+  if (c.softcap > 0) m = std::min(m, c.softcap);  // |cap · tanh(s / cap)| < cap
   if (in.mask.defined() && in.mask.dtype() != DType::boolean) m += max_abs(kt::host(in.mask.to(DType::f64)));  // scores + mask
   return m;
 }
@@ -188,8 +191,8 @@ struct Result {
 template <Backend B> Result run(const Inputs<B>& in, const Case& c, DType dt, bool fused) {
   Var<B> q(in.q.to(dt), true), k(in.k.to(dt), true), v(in.v.to(dt), true);
   const Tensor<B> mask = in.mask.defined() && in.mask.dtype() != DType::boolean ? in.mask.to(dt) : in.mask;
-  const Var<B> o =
-      fused ? nn::attention(q, k, v, c.causal, c.pos0, in.kp, mask) : nn::attention_decomposed(q, k, v, c.causal, c.pos0, in.kp, mask);
+  const Var<B> o = fused ? nn::attention(q, k, v, c.causal, c.pos0, in.kp, mask, c.softcap)
+                         : nn::attention_decomposed(q, k, v, c.causal, c.pos0, in.kp, mask, c.softcap);
   if (fused) CHECK(std::string(o.grad_fn()) == "attention");
   o.backward(in.dout.to(dt));
   return {kt::host(o.value()), kt::host(q.grad()), kt::host(k.grad()), kt::host(v.grad())};
@@ -654,6 +657,78 @@ TEMPLATE_TEST_CASE("attention: the decomposed path's soft cap (Gemma 2) against 
   CHECK(r.ok);
   CHECK_THROWS_WITH(nn::attention_decomposed(Var<TestType>(q), Var<TestType>(k), Var<TestType>(v), true, 2, {}, {}, -1.0),
                     Catch::Contains("softcap must be finite and >= 0"));
+}
+
+// The soft-capped cases: the file's cases (decoding, GQA, ragged tiles, private dQ buffers, layouts,
+// padding) and one of each mask kind, with a cap of 1.5 that most rows' largest scores (up to ~4 here)
+// reach, for backends that cap in their kernels (Cpu: the row passes). Where the call takes the
+// composite path (Reference; Cuda, whose kernels have no cap) one code path serves every case: four of
+// them (plain, decoding with GQA, padding, an additive mask).
+template <Backend B> std::vector<Case> softcap_cases() {
+  std::vector<Case> out = kCases;
+  const std::vector<Case> masks = mask_cases();
+  for (size_t i = 0; i < masks.size(); i += 3) out.push_back(masks[i]);
+  if (!fused::AttentionSoftcap<B>) out = {kCases[0], kCases[2], kCases[9], masks[3]};
+  for (Case& c : out) c.softcap = 1.5;
+  return out;
+}
+
+TEMPLATE_TEST_CASE("attention: Gemma 2's soft cap in the fused op matches the decomposed oracle (f64, f32 vs f64 oracle)",
+                   "[attention][softcap]", KILN_BACKEND_TYPES) {
+  uint64_t seed = 700;
+  for (const Case& c : softcap_cases<TestType>()) {
+    check_case<TestType>(c, DType::f64, seed);
+    check_case<TestType>(c, DType::f32, 100 + seed++);
+  }
+}
+
+TEMPLATE_TEST_CASE("attention: the fused soft cap's gradients (f64 finite differences), its bf16 rounding, its node and its errors",
+                   "[attention][softcap]", KILN_BACKEND_TYPES) {
+  using T = Tensor<TestType>;
+  Generator gen(31);
+  // Scores up to ~6: the cap (2) bends them; causal from pos0 2 with GQA, an additive mask and padding.
+  const T q = T::randn({2, 4, 5, 3}, DType::f64, &gen).mul(2.0), k = T::randn({2, 2, 7, 3}, DType::f64, &gen).mul(2.0);
+  const T v = T::randn({2, 2, 7, 4}, DType::f64, &gen);
+  T kp = T::ones({2, 7}, DType::boolean);
+  kp.narrow(1, 5, 1).fill_(0);
+  const T mask = T::randn({5, 7}, DType::f64, &gen);
+  const double cap = 2.0;
+  auto fused = [&](const std::vector<Var<TestType>>& x) { return nn::attention(x[0], x[1], x[2], true, 2, kp, mask, cap); };
+  const auto r = gradcheck<TestType>(fused, {q, k, v});
+  INFO(r.message);
+  CHECK(r.ok);
+  // the same values as the decomposed path, and not those of the uncapped attention
+  const T got = fused({Var<TestType>(q), Var<TestType>(k), Var<TestType>(v)}).value();
+  const T want = nn::attention_decomposed(Var<TestType>(q), Var<TestType>(k), Var<TestType>(v), true, 2, kp, mask, cap).value();
+  compare(kt::host(got), kt::host(want), {1e-13, 1e-13}, "O, capped");
+  CHECK(nn::attention(Var<TestType>(q), Var<TestType>(k), Var<TestType>(v), true, 2, kp, mask)
+            .value()
+            .sub(got)
+            .abs()
+            .max()
+            .template item<double>() > 1e-2);
+  // bf16 and f16: the f32 computation on the widened inputs, O rounded once (as without a cap)
+  for (const DType h : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(h));
+    const T qh = q.to(h), kh = k.to(h), vh = v.to(h);
+    const T oh = nn::attention(Var<TestType>(qh), Var<TestType>(kh), Var<TestType>(vh), true, 2, kp, mask.to(h), cap).value();
+    const T o32 = nn::attention(Var<TestType>(qh.to(DType::f32)), Var<TestType>(kh.to(DType::f32)), Var<TestType>(vh.to(DType::f32)), true,
+                                2, kp, mask.to(h).to(DType::f32), cap)
+                      .value();
+    CHECK(oh.dtype() == h);
+    CHECK(kt::host(oh) == kt::host(o32.to(h)));
+  }
+  // The node keeps q, k, v, O and LSE: nothing of size T·S, with the cap as without it.
+  Var<TestType> qv(T::randn({1, 2, 128, 8}), true), kv(T::randn({1, 1, 128, 8}), true), vv(T::randn({1, 1, 128, 8}), true);
+  const Var<TestType> o = nn::attention(qv, kv, vv, true, 0, {}, {}, 30.0);
+  const auto* saved = o.node()->backward.template target<autograd::AttentionBackward<TestType>>();
+  REQUIRE(saved != nullptr);
+  CHECK(saved->softcap == 30.0);
+  for (const T& t : saved->saved())
+    if (t.defined()) CHECK(t.numel() < 128 * 128);
+  for (const double bad : {-1.0, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()})
+    CHECK_THROWS_WITH(nn::attention(qv, kv, vv, true, 0, {}, {}, bad),
+                      Catch::Contains("attention_forward: softcap must be finite and >= 0 (0: none)"));
 }
 
 TEMPLATE_TEST_CASE("attention: the autograd node saves q, k, v, O, LSE and nothing of size T·S", "[attention]", KILN_BACKEND_TYPES) {

@@ -236,7 +236,7 @@ void attention_forward(const Buf& o, const Buf& lse, const Buf& q, const Buf& k,
     std::unique_ptr<Wrapped> kp = key_padding ? std::make_unique<Wrapped>(*key_padding) : nullptr;
     std::unique_ptr<Wrapped> mk = mask ? std::make_unique<Wrapped>(*mask) : nullptr;
     const Cuda::V kpv = kp ? kp->v() : qq.v(), mkv = mk ? mk->v() : qq.v();
-    Cuda::attention_forward(oo.m(), ll.m(), qq.v(), kk.v(), vv.v(), kp ? &kpv : nullptr, mk ? &mkv : nullptr, scale, causal, pos0);
+    Cuda::attention_forward(oo.m(), ll.m(), qq.v(), kk.v(), vv.v(), kp ? &kpv : nullptr, mk ? &mkv : nullptr, scale, causal, pos0, 0.0);
   });
 }
 
@@ -248,7 +248,7 @@ void attention_backward(const Buf& dq, const Buf& dk, const Buf& dv, const Buf& 
     std::unique_ptr<Wrapped> mk = mask ? std::make_unique<Wrapped>(*mask) : nullptr;
     const Cuda::V kpv = kp ? kp->v() : qq.v(), mkv = mk ? mk->v() : qq.v();
     Cuda::attention_backward(a.m(), b.m(), c.m(), qq.v(), kk.v(), vv.v(), oo.v(), ll.v(), dd.v(), kp ? &kpv : nullptr, mk ? &mkv : nullptr,
-                             scale, causal, pos0);
+                             scale, causal, pos0, 0.0);
   });
 }
 

@@ -774,7 +774,7 @@ TEST_CASE("emu: flash attention forward and backward", "[cuda-emu]") {
       INFO("mask kind " << mkind);
       CT wo = garbage({B, H, T, dv}, dt), go = garbage({B, H, T, dv}, dt), wl = garbage({B, H, T}, ld), gl = garbage({B, H, T}, ld);
       Cpu::attention_forward(wo.mview(), wl.mview(), q.cview(), k.cview(), v.cview(), padding ? &kpv : nullptr, mkind ? &mv : nullptr,
-                             scale, causal, pos0);
+                             scale, causal, pos0, 0.0);
       cuda_emu::attention_forward(buf(go), buf(gl), buf(q), buf(k), buf(v), padding ? &kpb : nullptr, mkind ? &mb : nullptr, scale, causal,
                                   pos0);
       const double u = kt::u_acc(dt), n = static_cast<double>(S + d + dv);
@@ -784,7 +784,7 @@ TEST_CASE("emu: flash attention forward and backward", "[cuda-emu]") {
       CT wdq = CT::zeros({B, H, T, d}, dt), gdq = CT::zeros({B, H, T, d}, dt), wdk = CT::zeros({B, Hkv, S, d}, dt),
          gdk = CT::zeros({B, Hkv, S, d}, dt), wdv = CT::zeros({B, Hkv, S, dv}, dt), gdv = CT::zeros({B, Hkv, S, dv}, dt);
       Cpu::attention_backward(wdq.mview(), wdk.mview(), wdv.mview(), q.cview(), k.cview(), v.cview(), wo.cview(), wl.cview(), dout.cview(),
-                              padding ? &kpv : nullptr, mkind ? &mv : nullptr, scale, causal, pos0);
+                              padding ? &kpv : nullptr, mkind ? &mv : nullptr, scale, causal, pos0, 0.0);
       cuda_emu::attention_backward(buf(gdq), buf(gdk), buf(gdv), buf(q), buf(k), buf(v), buf(wo), buf(wl), buf(dout),
                                    padding ? &kpb : nullptr, mkind ? &mb : nullptr, scale, causal, pos0);
       const kt::Tol btol{64 * n * u * (H / Hkv), 64 * n * u * static_cast<double>(T) * (H / Hkv)};
