@@ -5,6 +5,9 @@
 //   Diff: B = 8, h = 4, d = 32, dv = 2d = 64 (d_model 256): O = FA(q1, k1, v) − λ FA(q2, k2, v)
 //   MHA_hd (fused only): d_model 256 at head dim 32 / 128 / 64 and T 64..2048 (B 2 from T 1024)
 //   DiffNorm (fused only): nn::diff_attention_norm as the d256 diff model runs it (h = 2, d = 64, dv = 128)
+//   Softcap: Gemma 2 2B's attention (B = 1, H = 8, Hkv = 4, d = 256, the scores capped at 50) at T = 512,
+//            1024, 2048, fused (the cap in the flash pass), decomposed (what Gemma 2 ran before), and
+//            fused without the cap (what the cap's row passes cost)
 // Counters: saved_MiB = bytes the autograd graph keeps for backward (fused: q, k, v, O, LSE; decomposed:
 // q, k, v and the [B, H, T, S] probabilities, which both softmax and the P·V matmul keep), and
 // transient_MiB = the largest [B, H, T, S]-sized buffers the decomposed forward allocates
@@ -136,6 +139,22 @@ void BM_MHA_layout(benchmark::State& st) {
   }
 }
 
+void BM_Softcap(benchmark::State& st, bool fused, double cap) {
+  const int64_t Tn = st.range(0), H = 8, Hkv = 4, d = 256;
+  Generator gen(7);
+  V q(T::randn({1, H, Tn, d}, DType::f32, &gen), true), k(T::randn({1, Hkv, Tn, d}, DType::f32, &gen), true),
+      v(T::randn({1, Hkv, Tn, d}, DType::f32, &gen), true);
+  const T g = T::randn({1, H, Tn, d}, DType::f32, &gen);
+  for (auto _ : st) {
+    const V o = fused ? nn::attention(q, k, v, true, 0, {}, {}, cap) : nn::attention_decomposed(q, k, v, true, 0, {}, {}, cap);
+    o.backward(g);
+    benchmark::DoNotOptimize(q.grad().storage().get());
+    q.zero_grad();
+    k.zero_grad();
+    v.zero_grad();
+  }
+}
+
 void BM_MHA_forward(benchmark::State& st, bool fused) {  // inference: no graph
   const int64_t Tn = st.range(0), d = 64;
   Generator gen(3);
@@ -157,6 +176,9 @@ BENCHMARK_CAPTURE(BM_Diff, fused, true)->Arg(128)->Arg(512)->Unit(benchmark::kMi
 BENCHMARK_CAPTURE(BM_Diff, decomposed, false)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_MHA_layout)->Args({0, 0})->Args({1, 0})->Args({0, 1})->Args({1, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DiffNorm)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Softcap, fused, true, 50.0)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Softcap, decomposed, false, 50.0)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Softcap, fused_nocap, true, 0.0)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MHA_forward, fused, true)->Arg(128)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MHA_forward, decomposed, false)->Arg(128)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
 
