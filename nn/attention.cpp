@@ -1,6 +1,7 @@
 #include "kiln/nn/attention.hpp"
 
 #include "kiln/autograd/layer_ops.hpp"
+#include "kiln/core/fused.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -114,7 +115,7 @@ template <Backend B> Var<B> attention(const Var<B>& q, const Var<B>& k, const Va
 
 template <Backend B> Var<B> attention_decomposed(const Var<B>& q, const Var<B>& k, const Var<B>& v, bool causal, int64_t pos0,
                                                  const Tensor<B>& key_padding, const Tensor<B>& mask, double softcap) {
-  KILN_CHECK(softcap >= 0 && std::isfinite(softcap), "attention: softcap must be finite and >= 0 (0: none), got {}", softcap);
+  fused::detail::softcap_check("attention", softcap);
   KILN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q {}, k {}, v {} must be [B, H, T, d]", shape_str(q.shape()),
              shape_str(k.shape()), shape_str(v.shape()));
   const int64_t Bn = q.size(0), H = q.size(1), T = q.size(2), d = q.size(3);
